@@ -1,0 +1,546 @@
+//! The emu device context, its completion queues and queue pairs.
+
+use super::node::EmuEndpoint;
+use super::EmuConfig;
+use crate::addr::NodeId;
+use crate::nic::{
+    CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
+    Registration, RemoteRegion,
+};
+use crate::verbs::{
+    Access, Caps, Completion, LKey, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp,
+};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+const MAX_LOCAL_MRS: usize = 1024;
+const LKEY_INDEX_MASK: u32 = (MAX_LOCAL_MRS as u32) - 1;
+
+/// One entry of the process-local table of registered memory. `lkey` is
+/// written last with Release on registration and cleared first on
+/// deregistration, so a reader that sees a key (Acquire) sees its range.
+struct LocalMrSlot {
+    lkey: AtomicU32,
+    base: AtomicU64,
+    len: AtomicU64,
+    access: AtomicU8,
+}
+
+struct NicInner {
+    cfg: EmuConfig,
+    mrs: Box<[LocalMrSlot]>,
+    next_qp_num: AtomicU32,
+    key_tag: AtomicU32,
+    epoch: Instant,
+}
+
+/// The emu device context: one per process is enough; clones share it.
+#[derive(Clone)]
+pub struct EmuNic {
+    inner: Arc<NicInner>,
+}
+
+impl EmuNic {
+    pub fn new(cfg: EmuConfig) -> EmuNic {
+        let mrs = (0..MAX_LOCAL_MRS)
+            .map(|_| LocalMrSlot {
+                lkey: AtomicU32::new(0),
+                base: AtomicU64::new(0),
+                len: AtomicU64::new(0),
+                access: AtomicU8::new(0),
+            })
+            .collect();
+        EmuNic {
+            inner: Arc::new(NicInner {
+                cfg,
+                mrs,
+                next_qp_num: AtomicU32::new(1),
+                key_tag: AtomicU32::new(1),
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &EmuConfig {
+        &self.inner.cfg
+    }
+
+    /// A completion queue of `capacity` entries (`ibv_create_cq`).
+    pub fn create_cq(&self, capacity: u32) -> Result<EmuCq, RegError> {
+        if capacity == 0 || capacity > self.inner.cfg.max_cqe {
+            return Err(RegError::TooLarge {
+                len: capacity as u64,
+            });
+        }
+        Ok(EmuCq {
+            inner: Rc::new(CqInner {
+                nic: self.clone(),
+                queue: RefCell::new(VecDeque::with_capacity(capacity as usize)),
+                capacity,
+                reserved: Cell::new(0),
+                qps: RefCell::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// A queue pair in the INIT state (`ibv_create_qp`); connect it to a
+    /// memory node to make it ready. Its depth is reserved in the CQ so the
+    /// CQ can never overflow.
+    pub fn create_qp(&self, cq: &EmuCq, depth: u32) -> Result<EmuPreparedQp, RegError> {
+        if depth == 0 || depth > self.inner.cfg.max_send_wr {
+            return Err(RegError::TooLarge { len: depth as u64 });
+        }
+        let reserved = cq.inner.reserved.get() + depth;
+        if reserved > cq.inner.capacity {
+            return Err(RegError::Device(format!(
+                "completion queue of {} entries cannot serve another queue pair of depth {depth}",
+                cq.inner.capacity
+            )));
+        }
+        cq.inner.reserved.set(reserved);
+        Ok(EmuPreparedQp {
+            nic: self.clone(),
+            cq: cq.inner.clone(),
+            depth,
+            qp_num: self.inner.next_qp_num.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// Registers raw memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until the returned registration drops.
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<EmuReg, RegError> {
+        if ptr.is_null() || len == 0 {
+            return Err(RegError::Empty);
+        }
+        for (idx, slot) in self.inner.mrs.iter().enumerate() {
+            // Claim a free slot with a reserved marker so no reader sees a
+            // half-written entry; the real key is published after the range.
+            if slot
+                .lkey
+                .compare_exchange(0, u32::MAX, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                let tag = self.inner.key_tag.fetch_add(1, Ordering::Relaxed) & 0x3f_ffff;
+                let lkey = ((tag.max(1)) << 10) | idx as u32;
+                slot.base.store(ptr as u64, Ordering::Relaxed);
+                slot.len.store(len as u64, Ordering::Relaxed);
+                slot.access.store(access.bits(), Ordering::Relaxed);
+                slot.lkey.store(lkey, Ordering::Release);
+                return Ok(EmuReg {
+                    nic: self.inner.clone(),
+                    idx,
+                    lkey,
+                });
+            }
+        }
+        Err(RegError::TooManyRegions)
+    }
+
+    /// True when `sge` lies inside a live region registered under its lkey
+    /// that grants `need`.
+    fn local_ok(&self, sge: &Sge, need: Access) -> bool {
+        let idx = (sge.lkey.0 & LKEY_INDEX_MASK) as usize;
+        let slot = &self.inner.mrs[idx];
+        if sge.lkey.0 == 0 || slot.lkey.load(Ordering::Acquire) != sge.lkey.0 {
+            return false;
+        }
+        let base = slot.base.load(Ordering::Relaxed);
+        let len = slot.len.load(Ordering::Relaxed);
+        let access = Access::from_bits_truncate(slot.access.load(Ordering::Relaxed));
+        let addr = sge.addr as u64;
+        access.contains(need) && addr >= base && addr + sge.len as u64 <= base + len
+    }
+}
+
+/// A local registration; dropping it deregisters.
+pub struct EmuReg {
+    nic: Arc<NicInner>,
+    idx: usize,
+    lkey: u32,
+}
+
+impl Registration for EmuReg {
+    fn lkey(&self) -> LKey {
+        LKey(self.lkey)
+    }
+    fn rkey(&self) -> RKey {
+        // Compute-side memory is not exposed to peers in emu.
+        RKey(self.lkey)
+    }
+}
+
+impl Drop for EmuReg {
+    fn drop(&mut self) {
+        // Release pairs with the Acquire claim in register_raw.
+        self.nic.mrs[self.idx].lkey.store(0, Ordering::Release);
+    }
+}
+
+impl Nic for EmuNic {
+    type Qp = EmuQp;
+    type Cq = EmuCq;
+    type Reg = EmuReg;
+
+    fn caps(&self) -> Caps {
+        let c = &self.inner.cfg;
+        Caps {
+            masked_cas: c.masked_cas,
+            max_inline_bytes: c.max_inline_bytes,
+            max_msg_bytes: c.max_msg_bytes,
+            max_send_wr: c.max_send_wr,
+            max_cqe: c.max_cqe,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.inner.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn register<M: RegisterableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Mr<M, EmuReg>, RegError> {
+        // SAFETY: the Mr owns `mem` and drops the registration first.
+        let reg = unsafe { self.register_raw(mem.as_ptr(), mem.len(), access)? };
+        Ok(Mr::new(reg, mem))
+    }
+}
+
+struct Pending {
+    due_ns: u64,
+    wc: Completion,
+    qp_slot: u16,
+    retire: u32,
+}
+
+struct QpShared {
+    outstanding: Cell<u32>,
+}
+
+struct CqInner {
+    nic: EmuNic,
+    queue: RefCell<VecDeque<Pending>>,
+    capacity: u32,
+    reserved: Cell<u32>,
+    qps: RefCell<Vec<Rc<QpShared>>>,
+}
+
+/// An emu completion queue. Not `Send`: a core makes its own at start.
+pub struct EmuCq {
+    inner: Rc<CqInner>,
+}
+
+impl CompletionQueue for EmuCq {
+    fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let inner = &*self.inner;
+        let now = if inner.nic.inner.cfg.injects_delay() {
+            inner.nic.now_ns()
+        } else {
+            u64::MAX
+        };
+        let mut q = inner.queue.borrow_mut();
+        let qps = inner.qps.borrow();
+        let mut n = 0;
+        while n < out.len() {
+            match q.front() {
+                Some(p) if p.due_ns <= now => {
+                    let p = q.pop_front().expect("front exists");
+                    let sh = &qps[p.qp_slot as usize];
+                    debug_assert!(sh.outstanding.get() >= p.retire);
+                    sh.outstanding.set(sh.outstanding.get() - p.retire);
+                    out[n] = p.wc;
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        n
+    }
+}
+
+/// A queue pair made but not yet connected (INIT).
+pub struct EmuPreparedQp {
+    nic: EmuNic,
+    cq: Rc<CqInner>,
+    depth: u32,
+    qp_num: u32,
+}
+
+impl EmuPreparedQp {
+    /// Connects to a memory node (INIT → RTR → RTS), learning its regions.
+    pub fn connect(self, peer: &EmuEndpoint) -> EmuQp {
+        let shared = Rc::new(QpShared {
+            outstanding: Cell::new(0),
+        });
+        let slot = {
+            let mut qps = self.cq.qps.borrow_mut();
+            qps.push(shared.clone());
+            (qps.len() - 1) as u16
+        };
+        let mut regions = Vec::with_capacity(super::MAX_REGIONS);
+        let regions_gen = peer.map.read_regions(&mut regions);
+        EmuQp {
+            caps: self.nic.caps(),
+            nic: self.nic,
+            cq: self.cq,
+            shared,
+            slot,
+            qp_num: self.qp_num,
+            depth: self.depth,
+            peer: peer.clone(),
+            regions,
+            regions_gen,
+            state: QpState::Ready,
+            unsignaled: 0,
+            busy_until_ns: 0,
+        }
+    }
+}
+
+/// A connected emu queue pair.
+pub struct EmuQp {
+    nic: EmuNic,
+    caps: Caps,
+    cq: Rc<CqInner>,
+    shared: Rc<QpShared>,
+    slot: u16,
+    qp_num: u32,
+    depth: u32,
+    peer: EmuEndpoint,
+    regions: Vec<RemoteRegion>,
+    regions_gen: u64,
+    state: QpState,
+    /// Successful unsignaled requests not yet retired by a completion.
+    unsignaled: u32,
+    busy_until_ns: u64,
+}
+
+impl EmuQp {
+    pub fn endpoint(&self) -> &EmuEndpoint {
+        &self.peer
+    }
+
+    fn push(&mut self, wr: &WorkRequest, status: WcStatus, due_ns: u64) {
+        let retire = self.unsignaled + 1;
+        self.unsignaled = 0;
+        let wc = Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: wr.op.opcode(),
+            byte_len: if status.is_ok() { wr.op.len() } else { 0 },
+            qp_num: self.qp_num,
+        };
+        let mut q = self.cq.queue.borrow_mut();
+        // The CQ reserved this QP's depth at creation and outstanding never
+        // exceeds depth, so the queue cannot overflow.
+        assert!(q.len() < self.cq.capacity as usize, "emu CQ overflow");
+        q.push_back(Pending {
+            due_ns,
+            wc,
+            qp_slot: self.slot,
+            retire,
+        });
+    }
+
+    /// When a request of `len` bytes posted now completes.
+    fn due(&mut self, now_ns: u64, len: u32) -> u64 {
+        let cfg = &self.nic.inner.cfg;
+        if !cfg.injects_delay() {
+            return 0;
+        }
+        let xfer = if cfg.bandwidth_bytes_per_sec == 0 {
+            0
+        } else {
+            (len as u128 * 1_000_000_000 / cfg.bandwidth_bytes_per_sec as u128) as u64
+        };
+        self.busy_until_ns = self.busy_until_ns.max(now_ns) + xfer;
+        self.busy_until_ns + 2 * cfg.latency_ns_one_way
+    }
+
+    /// Executes one request against the peer's memory: the responder's
+    /// checks (rkey, bounds, rights, alignment), then the access.
+    ///
+    /// # Safety
+    /// As for `post_send`: the local SGE is valid and unaliased.
+    unsafe fn execute(&self, wr: &WorkRequest) -> WcStatus {
+        let op = &wr.op;
+        let remote = op.remote();
+        let (space, off, len) = (remote.space(), remote.offset(), op.len() as u64);
+        let opcode = op.opcode();
+        let need = match opcode {
+            Opcode::Read => Access::REMOTE_READ,
+            Opcode::Write => Access::REMOTE_WRITE,
+            _ => Access::REMOTE_ATOMIC,
+        };
+        let rkey = op.rkey();
+        let region_ok = self
+            .regions
+            .iter()
+            .any(|r| r.rkey == rkey && r.contains(space, off, len) && r.access.contains(need));
+        if !region_ok {
+            return WcStatus::RemoteAccess;
+        }
+        let local = op.local();
+        let local_need = match op {
+            WrOp::Write { inline: true, .. } => None,
+            WrOp::Write { .. } => Some(Access::empty()),
+            _ => Some(Access::LOCAL_WRITE),
+        };
+        if let Some(need) = local_need {
+            if !self.nic.local_ok(&local, need) {
+                return WcStatus::LocalProtection;
+            }
+        }
+        if opcode.is_atomic() && off % 8 != 0 {
+            return WcStatus::RemoteInvalidRequest;
+        }
+        let mem = self.peer.map.window(space);
+        // The region table only holds ranges inside the window (register
+        // checks), so these accesses are in bounds.
+        let old = match *op {
+            WrOp::Read { local, .. } => {
+                mem.read_into(off, local.addr, local.len as usize);
+                return WcStatus::Success;
+            }
+            WrOp::Write { local, .. } => {
+                mem.write_from(off, local.addr, local.len as usize);
+                return WcStatus::Success;
+            }
+            WrOp::Cas { compare, swap, .. } => mem.cas_u64(off, compare, swap),
+            WrOp::Faa { add, .. } => mem.faa_u64(off, add),
+            WrOp::MaskedCas {
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+                ..
+            } => mem.masked_cas_u64(off, compare, compare_mask, swap, swap_mask),
+        };
+        (local.addr as *mut u64).write_unaligned(old);
+        WcStatus::Success
+    }
+}
+
+impl QueuePair for EmuQp {
+    fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    fn peer(&self) -> NodeId {
+        self.peer.node()
+    }
+
+    fn state(&self) -> QpState {
+        self.state
+    }
+
+    fn outstanding(&self) -> u32 {
+        self.shared.outstanding.get()
+    }
+
+    fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    fn remote_regions(&self) -> &[RemoteRegion] {
+        &self.regions
+    }
+
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
+        if self.state == QpState::Error {
+            return Err(PostError::QpInError);
+        }
+        if wrs.is_empty() {
+            return Err(PostError::EmptyBatch);
+        }
+        let outstanding = self.shared.outstanding.get();
+        if outstanding as usize + wrs.len() > self.depth as usize {
+            return Err(PostError::SendQueueFull { depth: self.depth });
+        }
+        let peer = self.peer.node();
+        for wr in wrs {
+            self.caps.check(&wr.op)?;
+            if wr.op.remote().node() != peer {
+                return Err(PostError::WrongNode {
+                    addr: wr.op.remote(),
+                    peer,
+                });
+            }
+        }
+        self.shared.outstanding.set(outstanding + wrs.len() as u32);
+        let now = if self.nic.inner.cfg.injects_delay() {
+            self.nic.now_ns()
+        } else {
+            0
+        };
+        let map = &self.peer.map;
+        let gen = map.region_gen();
+        if gen != self.regions_gen {
+            self.regions_gen = map.read_regions(&mut self.regions);
+        }
+        // A dead peer answers nothing: the first request times out, the
+        // rest are flushed (checked once per doorbell).
+        let alive = map.is_alive();
+        for (i, wr) in wrs.iter().enumerate() {
+            let due = self.due(now, wr.op.len());
+            let status = if alive {
+                self.execute(wr)
+            } else {
+                WcStatus::RetryExceeded
+            };
+            if status.is_ok() {
+                if wr.signaled {
+                    self.push(wr, status, due);
+                } else {
+                    self.unsignaled += 1;
+                }
+                continue;
+            }
+            self.push(wr, status, due);
+            for rest in &wrs[i + 1..] {
+                self.push(rest, WcStatus::Flushed, due);
+            }
+            self.state = QpState::Error;
+            break;
+        }
+        Ok(())
+    }
+
+    fn recover(&mut self) -> Result<(), RecoverError> {
+        if self.state == QpState::Ready {
+            return Ok(());
+        }
+        // In the error state every posted request has produced (or will
+        // produce) a completion; recovery waits until all are polled.
+        let outstanding = self.shared.outstanding.get();
+        if outstanding > 0 {
+            return Err(RecoverError::Busy { outstanding });
+        }
+        if !self.peer.is_alive() {
+            return Err(RecoverError::PeerDead(self.peer.node()));
+        }
+        // RESET drops whatever the send queue still held.
+        self.shared.outstanding.set(0);
+        self.unsignaled = 0;
+        self.state = QpState::Ready;
+        Ok(())
+    }
+}
+
+impl Drop for EmuQp {
+    fn drop(&mut self) {
+        self.cq.reserved.set(self.cq.reserved.get() - self.depth);
+    }
+}

@@ -1,0 +1,229 @@
+//! Atomic access to memory shared with other threads and processes.
+//!
+//! An emu memory node is a `MAP_SHARED` mapping that any number of threads
+//! and processes read and write at once, exactly as NICs and CPUs touch a
+//! real memory node. Rust makes a plain load racing a store undefined
+//! behaviour, so every access here is atomic: aligned 8-byte words go
+//! through `AtomicU64`, the unaligned head and tail of a range through
+//! `AtomicU8`. A multi-word copy is a sequence of independent word accesses,
+//! so a READ racing a WRITE can return a mix of old and new words — the
+//! torn reads real NICs produce, which upper layers must tolerate.
+//!
+//! Orderings: word loads are `Acquire` and word stores `Release`. On x86-64
+//! both compile to plain moves, so they cost nothing there, and they give a
+//! WRITE that releases a lock (Sherman writes 0 to its lock word) the
+//! publish semantics its protocol needs against a later acquiring CAS.
+//! Atomic verbs use `AcqRel` read-modify-writes.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// A window of shared memory accessed only through atomics.
+#[derive(Copy, Clone, Debug)]
+pub struct SharedMem {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: SharedMem is a pointer to memory that is only ever accessed through
+// atomic operations, which are sound from any thread.
+unsafe impl Send for SharedMem {}
+// SAFETY: as above: `&SharedMem` only permits atomic accesses.
+unsafe impl Sync for SharedMem {}
+
+impl SharedMem {
+    /// # Safety
+    /// `base..base+len` must be valid for atomic reads and writes for the
+    /// lifetime of every copy of this value, and `base` must be 8-byte
+    /// aligned (page-aligned mappings are).
+    pub unsafe fn new(base: *mut u8, len: usize) -> SharedMem {
+        debug_assert_eq!(base as usize % 8, 0);
+        SharedMem { base, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// True when `off..off+len` lies inside the window.
+    pub fn in_bounds(&self, off: u64, len: u64) -> bool {
+        off.checked_add(len)
+            .is_some_and(|end| end <= self.len as u64)
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(
+            off % 8 == 0 && off + 8 <= self.len,
+            "word access out of bounds"
+        );
+        // SAFETY: in bounds and 8-byte aligned (checked above; base is
+        // aligned); the memory is valid for the window's lifetime and only
+        // accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(off) as *mut u64) }
+    }
+
+    fn byte(&self, off: usize) -> &AtomicU8 {
+        assert!(off < self.len, "byte access out of bounds");
+        // SAFETY: in bounds; AtomicU8 has no alignment requirement.
+        unsafe { AtomicU8::from_ptr(self.base.add(off)) }
+    }
+
+    pub fn load_u64(&self, off: u64) -> u64 {
+        self.word(off as usize).load(Ordering::Acquire)
+    }
+
+    pub fn store_u64(&self, off: u64, v: u64) {
+        self.word(off as usize).store(v, Ordering::Release)
+    }
+
+    pub fn cas_u64(&self, off: u64, compare: u64, swap: u64) -> u64 {
+        match self.word(off as usize).compare_exchange(
+            compare,
+            swap,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(old) | Err(old) => old,
+        }
+    }
+
+    pub fn faa_u64(&self, off: u64, add: u64) -> u64 {
+        self.word(off as usize).fetch_add(add, Ordering::AcqRel)
+    }
+
+    /// Masked compare-and-swap: succeeds when the bits under `compare_mask`
+    /// equal those of `compare`, then replaces the bits under `swap_mask`.
+    /// Returns the old word either way.
+    pub fn masked_cas_u64(
+        &self,
+        off: u64,
+        compare: u64,
+        compare_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    ) -> u64 {
+        let w = self.word(off as usize);
+        let mut cur = w.load(Ordering::Acquire);
+        loop {
+            if (cur ^ compare) & compare_mask != 0 {
+                return cur;
+            }
+            let new = (cur & !swap_mask) | (swap & swap_mask);
+            match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(old) => return old,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Copies `len` bytes at `off` into `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be valid for writes and not aliased by any live
+    /// reference. The source range must be in bounds (asserted).
+    pub unsafe fn read_into(&self, off: u64, dst: *mut u8, len: usize) {
+        assert!(self.in_bounds(off, len as u64));
+        let mut off = off as usize;
+        let end = off + len;
+        let mut d = dst;
+        while off < end && off % 8 != 0 {
+            // SAFETY: d stays within dst..dst+len (one byte per source byte).
+            d.write(self.byte(off).load(Ordering::Acquire));
+            d = d.add(1);
+            off += 1;
+        }
+        while off + 8 <= end {
+            let v = self.word(off).load(Ordering::Acquire);
+            // SAFETY: as above; the destination may be unaligned.
+            (d as *mut u64).write_unaligned(v);
+            d = d.add(8);
+            off += 8;
+        }
+        while off < end {
+            d.write(self.byte(off).load(Ordering::Acquire));
+            d = d.add(1);
+            off += 1;
+        }
+    }
+
+    /// Copies `len` bytes from `src` to `off`.
+    ///
+    /// # Safety
+    /// `src..src+len` must be valid for reads and not mutably aliased. The
+    /// destination range must be in bounds (asserted).
+    pub unsafe fn write_from(&self, off: u64, src: *const u8, len: usize) {
+        assert!(self.in_bounds(off, len as u64));
+        let mut off = off as usize;
+        let end = off + len;
+        let mut s = src;
+        while off < end && off % 8 != 0 {
+            self.byte(off).store(s.read(), Ordering::Release);
+            s = s.add(1);
+            off += 1;
+        }
+        while off + 8 <= end {
+            let v = (s as *const u64).read_unaligned();
+            self.word(off).store(v, Ordering::Release);
+            s = s.add(8);
+            off += 8;
+        }
+        while off < end {
+            self.byte(off).store(s.read(), Ordering::Release);
+            s = s.add(1);
+            off += 1;
+        }
+    }
+
+    /// Safe read into a slice (for the owner's CPU and for tests).
+    pub fn read(&self, off: u64, dst: &mut [u8]) {
+        // SAFETY: a `&mut [u8]` is valid for writes and unaliased.
+        unsafe { self.read_into(off, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Safe write from a slice (for the owner's CPU and for tests).
+    pub fn write(&self, off: u64, src: &[u8]) {
+        // SAFETY: a `&[u8]` is valid for reads and not mutably aliased.
+        unsafe { self.write_from(off, src.as_ptr(), src.len()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unaligned_copies_round_trip() {
+        let mut backing = vec![0u64; 16];
+        // SAFETY: the vector outlives `m` and is only touched through `m`.
+        let m = unsafe { SharedMem::new(backing.as_mut_ptr() as *mut u8, 128) };
+        let src: Vec<u8> = (0..77u8).collect();
+        m.write(3, &src);
+        let mut dst = vec![0u8; 77];
+        m.read(3, &mut dst);
+        assert_eq!(src, dst);
+        assert_eq!(
+            m.load_u64(0) & 0xff_ffff,
+            0,
+            "bytes before the range untouched"
+        );
+        assert_eq!(m.faa_u64(96, 5), 0);
+        assert_eq!(m.cas_u64(96, 5, 9), 5);
+        assert_eq!(m.cas_u64(96, 5, 1), 9);
+        assert_eq!(m.masked_cas_u64(104, 0, 0xff, 0xabcd, 0xff00), 0);
+        assert_eq!(m.load_u64(104), 0xab00);
+        assert_eq!(
+            m.masked_cas_u64(104, 1, 0xff, 0xff, 0xff),
+            0xab00,
+            "compare fails"
+        );
+        assert_eq!(m.load_u64(104), 0xab00);
+        drop(backing);
+    }
+}

@@ -1,0 +1,610 @@
+//! What a task sees: its context ([`Ctx`]), batches of verbs ([`Batch`])
+//! and their results ([`Done`]).
+//!
+//! A batch is the unit of waiting. Its requests are grouped by memory node
+//! in the order they were added; each group is posted on that node's queue
+//! pair with one doorbell, with only its last request signaled, and the
+//! batch completes when every group's last completion has arrived (a
+//! reliable-connected queue pair completes in order, so the last one implies
+//! the rest). One batch is one round trip however many nodes it spans.
+//! Requests to one node execute in the order they were added; requests to
+//! different nodes are unordered, as on a real fabric.
+
+use super::arena::{self, Buf};
+use super::error::VerbError;
+use super::{Core, Slot};
+use crate::addr::{GlobalAddr, NodeId};
+use crate::counters::VerbCounters;
+use crate::nic::{Nic, QpState, QueuePair, RecoverError};
+use crate::verbs::{Caps, RKey, Sge, WorkRequest, WrOp};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+/// Most requests in one batch.
+pub const MAX_BATCH: usize = 16;
+
+const LAST_BIT: u64 = 1 << 31;
+
+fn encode_wr_id(slot: usize, seq: u16, op: usize, last: bool) -> u64 {
+    ((slot as u64) << 48) | ((seq as u64) << 32) | if last { LAST_BIT } else { 0 } | op as u64
+}
+
+/// (slot, seq, request index, last-of-group).
+pub(crate) fn decode_wr_id(id: u64) -> (usize, u16, u8, bool) {
+    (
+        (id >> 48) as usize,
+        (id >> 32) as u16,
+        id as u8,
+        id & LAST_BIT != 0,
+    )
+}
+
+/// A task's handle on its core: verbs, scratch buffers, the clock and its
+/// counters. One per task slot; not cloneable, so a slot's batches are
+/// posted one at a time.
+pub struct Ctx<N: Nic> {
+    core: Rc<Core<N>>,
+    slot: usize,
+}
+
+impl<N: Nic> Ctx<N> {
+    pub(crate) fn new(core: Rc<Core<N>>, slot: usize) -> Ctx<N> {
+        Ctx { core, slot }
+    }
+
+    fn s(&self) -> &Slot {
+        &self.core.slots[self.slot]
+    }
+
+    /// This task's slot number on its core.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The time at the start of the current executor turn (ns): wall clock
+    /// on real backends, virtual in the simulator. Reading it is free.
+    pub fn now_ns(&self) -> u64 {
+        self.core.now_ns.get()
+    }
+
+    pub fn caps(&self) -> Caps {
+        self.core.caps
+    }
+
+    /// The device this core runs on.
+    pub fn nic(&self) -> &N {
+        &self.core.nic
+    }
+
+    /// Memory nodes this core has a queue pair to.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.core
+            .qps
+            .borrow()
+            .iter()
+            .flatten()
+            .map(|q| q.peer())
+            .collect()
+    }
+
+    /// The regions of `node` this core knows, as (space, offset, len, rkey).
+    pub fn remote_regions(&self, node: NodeId) -> Vec<crate::nic::RemoteRegion> {
+        self.core
+            .qps
+            .borrow()
+            .get(node as usize)
+            .and_then(|q| q.as_ref())
+            .map(|q| q.remote_regions().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// This task's counters so far.
+    pub fn counters(&self) -> VerbCounters {
+        self.s().counters.get()
+    }
+
+    /// A zeroed buffer of registered scratch memory.
+    pub fn alloc(&self, len: usize) -> Result<Buf, VerbError> {
+        let a = &self.s().arena;
+        arena::alloc(a, len).ok_or(VerbError::Scratch {
+            requested: len,
+            free: a.free_bytes(),
+        })
+    }
+
+    pub fn batch(&self) -> Batch<'_, N> {
+        Batch {
+            ctx: self,
+            ops: [const { None }; MAX_BATCH],
+            len: 0,
+            error: None,
+        }
+    }
+
+    /// Gives the other tasks on this core a turn.
+    pub fn yield_now(&self) -> YieldNow {
+        YieldNow { yielded: false }
+    }
+
+    /// READ of `len` bytes at `addr`, in one round trip.
+    pub async fn read(&self, addr: GlobalAddr, len: usize) -> Result<Buf, VerbError> {
+        let mut b = self.batch();
+        let op = b.read_new(addr, len);
+        Ok(b.submit().await?.take_buf(op))
+    }
+
+    /// WRITE of `data` at `addr`, in one round trip.
+    pub async fn write(&self, addr: GlobalAddr, data: &[u8]) -> Result<(), VerbError> {
+        let mut b = self.batch();
+        b.write_bytes(addr, data);
+        b.submit().await.map(drop)
+    }
+
+    /// 8-byte CAS; returns the old value (success iff it equals `compare`).
+    pub async fn cas(&self, addr: GlobalAddr, compare: u64, swap: u64) -> Result<u64, VerbError> {
+        let mut b = self.batch();
+        let op = b.cas(addr, compare, swap);
+        Ok(b.submit().await?.old(op))
+    }
+
+    /// 8-byte fetch-and-add; returns the old value.
+    pub async fn faa(&self, addr: GlobalAddr, add: u64) -> Result<u64, VerbError> {
+        let mut b = self.batch();
+        let op = b.faa(addr, add);
+        Ok(b.submit().await?.old(op))
+    }
+
+    /// The rkey covering `len` bytes at `addr`, as the queue pair knows it.
+    /// An address outside every region still gets its space's key, so that
+    /// the responder — not the client — rejects it, as a real NIC would.
+    fn rkey_for(&self, addr: GlobalAddr, len: u64) -> Result<RKey, VerbError> {
+        let qps = self.core.qps.borrow();
+        let qp = qps
+            .get(addr.node() as usize)
+            .and_then(|q| q.as_ref())
+            .ok_or(VerbError::NoRoute { node: addr.node() })?;
+        let regions = qp.remote_regions();
+        let (space, off) = (addr.space(), addr.offset());
+        Ok(regions
+            .iter()
+            .find(|r| r.contains(space, off, len))
+            .or_else(|| regions.iter().find(|r| r.space == space))
+            .map_or(RKey(0), |r| r.rkey))
+    }
+
+    /// Posts one group on `node`'s queue pair, recovering it first if an
+    /// earlier failure left it in error.
+    ///
+    /// # Safety
+    /// Every local SGE in `wrs` must satisfy `QueuePair::post_send`'s
+    /// contract (the batch machinery guarantees it; see `submit`).
+    unsafe fn post(&self, node: NodeId, wrs: &[WorkRequest]) -> Result<(), VerbError> {
+        let mut qps = self.core.qps.borrow_mut();
+        let qp = qps
+            .get_mut(node as usize)
+            .and_then(|q| q.as_mut())
+            .ok_or(VerbError::NoRoute { node })?;
+        if qp.state() == QpState::Error {
+            match qp.recover() {
+                Ok(()) => {}
+                Err(RecoverError::PeerDead(_)) => return Err(VerbError::NodeDead { node }),
+                Err(RecoverError::Busy { .. }) => {
+                    return Err(VerbError::Post {
+                        node,
+                        error: crate::verbs::PostError::QpInError,
+                    })
+                }
+            }
+        }
+        qp.post_send(wrs)
+            .map_err(|error| VerbError::Post { node, error })
+    }
+}
+
+/// Handle of one request in a batch, to fetch its result from [`Done`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct OpId(u8);
+
+struct PendingOp {
+    node: NodeId,
+    op: WrOp,
+    buf: Option<Buf>,
+}
+
+/// Requests being gathered for one doorbell-and-wait. Builder calls never
+/// fail on the spot: the first problem is remembered and returned by
+/// [`submit`](Batch::submit), and nothing is posted.
+pub struct Batch<'a, N: Nic> {
+    ctx: &'a Ctx<N>,
+    ops: [Option<PendingOp>; MAX_BATCH],
+    len: usize,
+    error: Option<VerbError>,
+}
+
+impl<'a, N: Nic> Batch<'a, N> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn fail(&mut self, e: VerbError) -> OpId {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+        OpId(MAX_BATCH as u8)
+    }
+
+    fn push(
+        &mut self,
+        addr: GlobalAddr,
+        len: u64,
+        buf: Option<Buf>,
+        make: impl FnOnce(RKey, Sge) -> WrOp,
+    ) -> OpId {
+        if self.len == MAX_BATCH {
+            return self.fail(VerbError::BatchFull { max: MAX_BATCH });
+        }
+        let rkey = match self.ctx.rkey_for(addr, len) {
+            Ok(k) => k,
+            Err(e) => return self.fail(e),
+        };
+        let ix = self.len;
+        let local = match &buf {
+            Some(b) => b.sge(),
+            None => Sge {
+                // SAFETY: word `ix` of the slot's MAX_BATCH-word atomics area.
+                addr: unsafe { self.ctx.s().atomics.add(ix) } as *mut u8,
+                len: 8,
+                lkey: self.ctx.core.lkey,
+            },
+        };
+        self.ops[ix] = Some(PendingOp {
+            node: addr.node(),
+            op: make(rkey, local),
+            buf,
+        });
+        self.len += 1;
+        OpId(ix as u8)
+    }
+
+    /// READ into `buf` (its whole length).
+    pub fn read(&mut self, addr: GlobalAddr, buf: Buf) -> OpId {
+        self.push(addr, buf.len() as u64, Some(buf), |rkey, local| {
+            WrOp::Read {
+                remote: addr,
+                rkey,
+                local,
+            }
+        })
+    }
+
+    /// READ of `len` bytes into a fresh scratch buffer.
+    pub fn read_new(&mut self, addr: GlobalAddr, len: usize) -> OpId {
+        match self.ctx.alloc(len) {
+            Ok(b) => self.read(addr, b),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// WRITE of `buf` (inline when it fits the device's inline limit).
+    pub fn write(&mut self, addr: GlobalAddr, buf: Buf) -> OpId {
+        let inline = buf.len() as u32 <= self.ctx.core.caps.max_inline_bytes;
+        self.push(addr, buf.len() as u64, Some(buf), |rkey, local| {
+            WrOp::Write {
+                remote: addr,
+                rkey,
+                local,
+                inline,
+            }
+        })
+    }
+
+    /// WRITE of a copy of `data`.
+    pub fn write_bytes(&mut self, addr: GlobalAddr, data: &[u8]) -> OpId {
+        match self.ctx.alloc(data.len()) {
+            Ok(mut b) => {
+                b.as_mut_slice().copy_from_slice(data);
+                self.write(addr, b)
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// WRITE of one little-endian word.
+    pub fn write_u64(&mut self, addr: GlobalAddr, v: u64) -> OpId {
+        self.write_bytes(addr, &v.to_le_bytes())
+    }
+
+    pub fn cas(&mut self, addr: GlobalAddr, compare: u64, swap: u64) -> OpId {
+        self.push(addr, 8, None, |rkey, local| WrOp::Cas {
+            remote: addr,
+            rkey,
+            compare,
+            swap,
+            local,
+        })
+    }
+
+    pub fn faa(&mut self, addr: GlobalAddr, add: u64) -> OpId {
+        self.push(addr, 8, None, |rkey, local| WrOp::Faa {
+            remote: addr,
+            rkey,
+            add,
+            local,
+        })
+    }
+
+    pub fn masked_cas(
+        &mut self,
+        addr: GlobalAddr,
+        compare: u64,
+        compare_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    ) -> OpId {
+        self.push(addr, 8, None, |rkey, local| WrOp::MaskedCas {
+            remote: addr,
+            rkey,
+            compare,
+            compare_mask,
+            swap,
+            swap_mask,
+            local,
+        })
+    }
+
+    /// Replaces the rkey of a request already added (tests of the
+    /// responder's key check use it).
+    pub fn set_rkey(&mut self, op: OpId, key: RKey) {
+        if let Some(Some(p)) = self.ops.get_mut(op.0 as usize) {
+            match &mut p.op {
+                WrOp::Read { rkey, .. }
+                | WrOp::Write { rkey, .. }
+                | WrOp::Cas { rkey, .. }
+                | WrOp::Faa { rkey, .. }
+                | WrOp::MaskedCas { rkey, .. } => *rkey = key,
+            }
+        }
+    }
+
+    /// Posts the batch and waits for it: one round trip. Succeeds only if
+    /// every request succeeded; otherwise returns the first failure.
+    pub async fn submit(mut self) -> Result<Done, VerbError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let mut done = Done::new();
+        if self.len == 0 {
+            return Ok(done);
+        }
+        let ctx = self.ctx;
+        let slot = ctx.s();
+        // One batch per slot at a time: wait out a batch posted by a future
+        // that was dropped (its buffers are still the NIC's) or by another
+        // sub-future of this task.
+        SlotIdle { slot }.await;
+        let _busy = BusyGuard::take(slot);
+        let seq = slot.seq.get().wrapping_add(1);
+        slot.seq.set(seq);
+        slot.failure.set(None);
+
+        let mut grouped = [false; MAX_BATCH];
+        let mut groups = 0u32;
+        let mut post_err = None;
+        let mut counters = slot.counters.get();
+        for i in 0..self.len {
+            if grouped[i] {
+                continue;
+            }
+            let node = self.ops[i].as_ref().expect("pushed").node;
+            let filler = WorkRequest {
+                wr_id: 0,
+                signaled: false,
+                op: self.ops[i].as_ref().expect("pushed").op,
+            };
+            let mut wrs = [filler; MAX_BATCH];
+            let mut n = 0;
+            for (j, p) in self.ops[..self.len].iter().enumerate().skip(i) {
+                let p = p.as_ref().expect("pushed");
+                if p.node == node {
+                    grouped[j] = true;
+                    wrs[n] = WorkRequest {
+                        wr_id: encode_wr_id(ctx.slot, seq, j, false),
+                        signaled: false,
+                        op: p.op,
+                    };
+                    n += 1;
+                }
+            }
+            wrs[n - 1].signaled = true;
+            wrs[n - 1].wr_id |= LAST_BIT;
+            // SAFETY: each local SGE is either a Buf owned by `self.ops`
+            // (kept until the batch completes; if this future is dropped
+            // first, the arena keeps its bytes reserved until the slot has
+            // nothing in flight) or a word of the slot's atomics area, which
+            // only the next batch reuses, and that batch waits in SlotIdle
+            // until nothing is in flight. All of it lies in the executor's
+            // registered scratch under the core's lkey, kept alive by the
+            // arena's reference count.
+            match unsafe { ctx.post(node, &wrs[..n]) } {
+                Ok(()) => {
+                    groups += 1;
+                    slot.arena.posted_group();
+                    counters.doorbells += 1;
+                    for w in &wrs[..n] {
+                        counters.count(w.op.opcode(), w.op.len());
+                    }
+                }
+                Err(e) => {
+                    post_err = Some(e);
+                    break;
+                }
+            }
+        }
+        slot.pending.set(groups);
+        if groups > 0 {
+            counters.round_trips += 1;
+        }
+        // Errors are counted by the executor as completions arrive; merge.
+        let errors_before = slot.counters.get().errors;
+        slot.counters.set(counters);
+        if groups > 0 {
+            BatchDone { slot, seq }.await;
+        }
+        let mut c = slot.counters.get();
+        c.errors = c.errors.max(errors_before);
+        slot.counters.set(c);
+        if let Some(e) = post_err {
+            return Err(e);
+        }
+        if let Some((op, status, node)) = slot.failure.take() {
+            let opcode = self.ops[op as usize]
+                .as_ref()
+                .map_or(crate::verbs::Opcode::Read, |p| p.op.opcode());
+            return Err(VerbError::Failed {
+                node,
+                op,
+                opcode,
+                status,
+            });
+        }
+        for i in 0..self.len {
+            let p = self.ops[i].take().expect("pushed");
+            match p.buf {
+                Some(b) => done.bufs[i] = Some(b),
+                // SAFETY: the batch completed, so the NIC is done with the
+                // atomics area; word i belongs to request i.
+                None => done.words[i] = unsafe { slot.atomics.add(i).read_unaligned() },
+            }
+        }
+        done.len = self.len as u8;
+        Ok(done)
+    }
+}
+
+/// Marks a slot as having a batch between post and result, so another
+/// sub-future of the same task waits its turn. Cleared on drop, even when
+/// the batch future is dropped early.
+struct BusyGuard<'a>(&'a Slot);
+
+impl<'a> BusyGuard<'a> {
+    fn take(slot: &'a Slot) -> Self {
+        debug_assert!(slot.pending.get() == 0);
+        slot.busy.set(true);
+        BusyGuard(slot)
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.busy.set(false);
+        self.0.wake.wake();
+    }
+}
+
+struct SlotIdle<'a> {
+    slot: &'a Slot,
+}
+
+impl Future for SlotIdle<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        // The executor wakes the slot when its last in-flight group
+        // completes, and BusyGuard wakes it when a batch finishes.
+        if self.slot.busy.get() || self.slot.arena.inflight() > 0 {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+}
+
+struct BatchDone<'a> {
+    slot: &'a Slot,
+    seq: u16,
+}
+
+impl Future for BatchDone<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        debug_assert_eq!(self.slot.seq.get(), self.seq);
+        if self.slot.pending.get() == 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// Results of a completed batch.
+pub struct Done {
+    bufs: [Option<Buf>; MAX_BATCH],
+    words: [u64; MAX_BATCH],
+    len: u8,
+}
+
+impl Done {
+    fn new() -> Done {
+        Done {
+            bufs: [const { None }; MAX_BATCH],
+            words: [0; MAX_BATCH],
+            len: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Takes back the buffer of a READ or WRITE. Asking twice, or for an
+    /// atomic, is a bug and panics.
+    pub fn take_buf(&mut self, op: OpId) -> Buf {
+        self.bufs[op.0 as usize]
+            .take()
+            .expect("no buffer for this request (an atomic, or taken already)")
+    }
+
+    /// The bytes a READ returned.
+    pub fn bytes(&self, op: OpId) -> &[u8] {
+        self.bufs[op.0 as usize]
+            .as_ref()
+            .expect("no buffer for this request")
+            .as_slice()
+    }
+
+    /// The old value an atomic returned.
+    pub fn old(&self, op: OpId) -> u64 {
+        assert!(
+            self.bufs[op.0 as usize].is_none(),
+            "request {} is not an atomic",
+            op.0
+        );
+        self.words[op.0 as usize]
+    }
+}
+
+/// Future of [`Ctx::yield_now`].
+pub struct YieldNow {
+    yielded: bool,
+}
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.yielded {
+            return Poll::Ready(());
+        }
+        self.yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}

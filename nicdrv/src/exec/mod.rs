@@ -1,0 +1,455 @@
+//! The per-core run-to-completion executor.
+//!
+//! One executor runs on one pinned core. It owns a fixed set of task slots
+//! made at start, one completion queue and one queue pair per memory node.
+//! A turn reads the clock once, polls the completion queue for a bounded
+//! number of completions, routes each to the slot that posted it, and polls
+//! the slots that were woken. Tasks are `async` code that builds batches of
+//! verbs through their [`Ctx`]; each batch is one or more doorbells and one
+//! wait. No allocation happens after start: futures are boxed once when a
+//! task is spawned, work requests are built on the stack, and buffers come
+//! from the slot's registered scratch ([`arena`]).
+//!
+//! The same executor runs over any [`Nic`]: the emu backend in wall-clock
+//! time, and the simulator in virtual time.
+
+pub mod arena;
+mod ctx;
+mod error;
+mod waker;
+
+pub use arena::Buf;
+pub use ctx::{Batch, Ctx, Done, OpId, YieldNow, MAX_BATCH};
+pub use error::VerbError;
+
+use crate::addr::NodeId;
+use crate::counters::VerbCounters;
+use crate::nic::{CompletionQueue, Mr, Nic, QpState, QueuePair, RegisterableMemory};
+use crate::verbs::{Caps, Completion};
+use arena::SlotArena;
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use waker::SlotWake;
+
+/// Sizes of an executor, fixed at start.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ExecutorConfig {
+    /// Task slots (coroutines) on this core.
+    pub slots: usize,
+    /// Registered scratch each slot may hold at once.
+    pub scratch_bytes_per_slot: usize,
+    /// Completions taken from the queue per turn (bounded work).
+    pub poll_batch: usize,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            slots: 8,
+            scratch_bytes_per_slot: 64 * 1024,
+            poll_batch: 32,
+        }
+    }
+}
+
+impl ExecutorConfig {
+    /// Bytes of registered scratch memory the executor needs.
+    pub fn scratch_bytes(&self) -> usize {
+        self.slots * (self.scratch_bytes_per_slot + MAX_BATCH * 8)
+    }
+
+    /// Send-queue depth each queue pair needs: every slot may have a full
+    /// batch on it.
+    pub fn qp_depth(&self) -> u32 {
+        (self.slots * MAX_BATCH) as u32
+    }
+}
+
+/// Why an executor could not be made or a task spawned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecError {
+    BadConfig(String),
+    ScratchTooSmall { have: usize, need: usize },
+    QpTooShallow { node: NodeId, depth: u32, need: u32 },
+    DuplicateQp(NodeId),
+    NoFreeSlot,
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::BadConfig(s) => write!(f, "invalid executor configuration: {s}"),
+            ExecError::ScratchTooSmall { have, need } => {
+                write!(f, "scratch region of {have} bytes, executor needs {need}")
+            }
+            ExecError::QpTooShallow { node, depth, need } => write!(
+                f,
+                "queue pair to node {node} has depth {depth}, executor needs {need}"
+            ),
+            ExecError::DuplicateQp(n) => write!(f, "two queue pairs to node {n}"),
+            ExecError::NoFreeSlot => write!(f, "no free task slot"),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+pub(crate) struct Slot {
+    pub(crate) wake: Arc<SlotWake>,
+    pub(crate) arena: Rc<SlotArena>,
+    /// Sequence number of the slot's current batch.
+    pub(crate) seq: Cell<u16>,
+    /// Queue-pair groups of the current batch still to complete.
+    pub(crate) pending: Cell<u32>,
+    /// First failure of the current batch: (request index, status, node).
+    pub(crate) failure: Cell<Option<(u8, crate::verbs::WcStatus, NodeId)>>,
+    /// The 8-byte words atomics of the current batch return into.
+    pub(crate) atomics: *mut u64,
+    pub(crate) counters: Cell<VerbCounters>,
+    /// A batch of this slot is between post and result.
+    pub(crate) busy: Cell<bool>,
+}
+
+/// State shared by the executor and its tasks' contexts (one core, one
+/// thread: `Rc` and `Cell`, no locks).
+pub(crate) struct Core<N: Nic> {
+    pub(crate) nic: N,
+    pub(crate) caps: Caps,
+    pub(crate) qps: RefCell<Vec<Option<N::Qp>>>,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) now_ns: Cell<u64>,
+    pub(crate) lkey: crate::verbs::LKey,
+    /// Set when an error completion arrived; the executor then recovers
+    /// queue pairs whose requests have all been polled.
+    pub(crate) qp_errors: Cell<bool>,
+}
+
+impl<N: Nic> Core<N> {
+    /// Routes one completion to the slot that posted it.
+    fn route(&self, wc: &Completion) {
+        let (slot_ix, seq, op, last) = ctx::decode_wr_id(wc.wr_id);
+        let Some(slot) = self.slots.get(slot_ix) else {
+            debug_assert!(false, "completion for unknown slot {slot_ix}");
+            return;
+        };
+        let current = slot.seq.get() == seq;
+        if !wc.status.is_ok() {
+            self.qp_errors.set(true);
+            let mut c = slot.counters.get();
+            c.errors += 1;
+            slot.counters.set(c);
+            if current && slot.failure.get().is_none() {
+                let node = self.node_of_qp(wc.qp_num);
+                slot.failure.set(Some((op, wc.status, node)));
+            }
+        }
+        if last {
+            slot.arena.completed_group();
+            if current {
+                let p = slot.pending.get();
+                debug_assert!(p > 0);
+                slot.pending.set(p.saturating_sub(1));
+                if p == 1 {
+                    slot.wake.wake();
+                }
+            } else if slot.arena.inflight() == 0 {
+                // A task waiting to post after a dropped batch may go on.
+                slot.wake.wake();
+            }
+        }
+    }
+
+    fn node_of_qp(&self, qp_num: u32) -> NodeId {
+        self.qps
+            .borrow()
+            .iter()
+            .flatten()
+            .find(|q| q.qp_num() == qp_num)
+            .map_or(NodeId::MAX, |q| q.peer())
+    }
+
+    fn recover_qps(&self) {
+        let mut qps = self.qps.borrow_mut();
+        let mut still = false;
+        for qp in qps.iter_mut().flatten() {
+            if qp.state() == QpState::Error && qp.recover().is_err() {
+                still = true;
+            }
+        }
+        self.qp_errors.set(still);
+    }
+}
+
+type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+/// A run-to-completion executor for one core.
+pub struct Executor<N: Nic> {
+    core: Rc<Core<N>>,
+    cq: N::Cq,
+    tasks: Vec<Option<Task>>,
+    wakers: Vec<Waker>,
+    live: usize,
+    wcs: Vec<Completion>,
+    turns: u64,
+}
+
+impl<N: Nic> Executor<N> {
+    /// Makes an executor over a completion queue, one connected queue pair
+    /// per memory node (all on `cq`), and a registered scratch region of at
+    /// least [`ExecutorConfig::scratch_bytes`].
+    pub fn new<M: RegisterableMemory + 'static>(
+        nic: N,
+        cq: N::Cq,
+        qps: Vec<N::Qp>,
+        scratch: Mr<M, N::Reg>,
+        cfg: ExecutorConfig,
+    ) -> Result<Executor<N>, ExecError>
+    where
+        N::Reg: 'static,
+    {
+        if cfg.slots == 0 || cfg.slots > u16::MAX as usize || cfg.poll_batch == 0 {
+            return Err(ExecError::BadConfig(format!(
+                "slots must be 1..=65535 and poll_batch positive (got {} and {})",
+                cfg.slots, cfg.poll_batch
+            )));
+        }
+        let need = cfg.scratch_bytes();
+        if scratch.len() < need || (scratch.as_ptr() as usize) % 8 != 0 {
+            return Err(ExecError::ScratchTooSmall {
+                have: scratch.len(),
+                need,
+            });
+        }
+        let mut by_node: Vec<Option<N::Qp>> = Vec::new();
+        for qp in qps {
+            let node = qp.peer();
+            if qp.depth() < cfg.qp_depth() {
+                return Err(ExecError::QpTooShallow {
+                    node,
+                    depth: qp.depth(),
+                    need: cfg.qp_depth(),
+                });
+            }
+            if by_node.len() <= node as usize {
+                by_node.resize_with(node as usize + 1, || None);
+            }
+            if by_node[node as usize].is_some() {
+                return Err(ExecError::DuplicateQp(node));
+            }
+            by_node[node as usize] = Some(qp);
+        }
+        let lkey = scratch.lkey();
+        let base = scratch.as_ptr();
+        let keep: Rc<dyn std::any::Any> = Rc::new(scratch);
+        let per_slot = cfg.scratch_bytes_per_slot + MAX_BATCH * 8;
+        let slots: Box<[Slot]> = (0..cfg.slots)
+            .map(|i| {
+                // SAFETY: slot i's window [i*per_slot, (i+1)*per_slot) lies in
+                // the registered scratch (size checked above), is disjoint
+                // from every other slot's, and `keep` keeps it alive. The
+                // first MAX_BATCH words are the atomics area; the arena gets
+                // the rest. per_slot is a multiple of 8 when the scratch size
+                // is, and we round the arena down to keep it aligned.
+                unsafe {
+                    let w = base.add(i * per_slot);
+                    let atomics = w as *mut u64;
+                    let arena_base = w.add(MAX_BATCH * 8);
+                    let arena_len = cfg.scratch_bytes_per_slot & !7;
+                    Slot {
+                        wake: Arc::new(SlotWake {
+                            woken: std::sync::atomic::AtomicBool::new(false),
+                        }),
+                        arena: Rc::new(SlotArena::new(arena_base, arena_len, lkey, keep.clone())),
+                        seq: Cell::new(0),
+                        pending: Cell::new(0),
+                        failure: Cell::new(None),
+                        atomics,
+                        counters: Cell::new(VerbCounters::default()),
+                        busy: Cell::new(false),
+                    }
+                }
+            })
+            .collect();
+        if per_slot % 8 != 0 {
+            return Err(ExecError::BadConfig(
+                "scratch_bytes_per_slot must be a multiple of 8".into(),
+            ));
+        }
+        let wakers = slots.iter().map(|s| waker::waker_for(&s.wake)).collect();
+        let core = Rc::new(Core {
+            caps: nic.caps(),
+            now_ns: Cell::new(nic.now_ns()),
+            nic,
+            qps: RefCell::new(by_node),
+            slots,
+            lkey,
+            qp_errors: Cell::new(false),
+        });
+        Ok(Executor {
+            core,
+            cq,
+            tasks: (0..cfg.slots).map(|_| None).collect(),
+            wakers,
+            live: 0,
+            wcs: vec![Completion::EMPTY; cfg.poll_batch],
+            turns: 0,
+        })
+    }
+
+    /// Starts a task in a free slot. The future is boxed here, once; what it
+    /// does afterwards allocates nothing.
+    pub fn spawn<F, Fut>(&mut self, f: F) -> Result<usize, ExecError>
+    where
+        F: FnOnce(Ctx<N>) -> Fut,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let ix = (0..self.tasks.len())
+            .find(|&i| self.tasks[i].is_none() && self.core.slots[i].arena.inflight() == 0)
+            .ok_or(ExecError::NoFreeSlot)?;
+        let ctx = Ctx::new(self.core.clone(), ix);
+        self.tasks[ix] = Some(Box::pin(f(ctx)));
+        self.live += 1;
+        self.core.slots[ix].wake.wake();
+        Ok(ix)
+    }
+
+    /// Tasks that have not finished.
+    pub fn live_tasks(&self) -> usize {
+        self.live
+    }
+
+    pub fn slots(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Turns run so far.
+    pub fn turns(&self) -> u64 {
+        self.turns
+    }
+
+    /// One turn: read the clock, poll at most `poll_batch` completions, route
+    /// them, then poll every woken task once. Returns whether anything
+    /// happened (a completion or a task poll).
+    pub fn turn(&mut self) -> bool {
+        self.turns += 1;
+        let core = &*self.core;
+        core.now_ns.set(core.nic.now_ns());
+        let n = self.cq.poll(&mut self.wcs);
+        for wc in &self.wcs[..n] {
+            core.route(wc);
+        }
+        if core.qp_errors.get() {
+            core.recover_qps();
+        }
+        let mut ran = false;
+        for i in 0..self.tasks.len() {
+            if !core.slots[i].wake.take() {
+                continue;
+            }
+            let Some(task) = self.tasks[i].as_mut() else {
+                continue;
+            };
+            ran = true;
+            let mut cx = Context::from_waker(&self.wakers[i]);
+            if task.as_mut().poll(&mut cx).is_ready() {
+                self.tasks[i] = None;
+                self.live -= 1;
+            }
+        }
+        n > 0 || ran
+    }
+
+    /// Runs turns until every task has finished.
+    pub fn run(&mut self) {
+        while self.live > 0 {
+            self.turn();
+        }
+    }
+
+    /// Runs turns until every task has finished or `stop()` says so
+    /// (checked every 64 turns, so it may be a little costly).
+    pub fn run_until(&mut self, mut stop: impl FnMut() -> bool) {
+        while self.live > 0 {
+            self.turn();
+            if self.turns % 64 == 0 && stop() {
+                break;
+            }
+        }
+    }
+
+    /// Counters of one slot.
+    pub fn slot_counters(&self, slot: usize) -> VerbCounters {
+        self.core.slots[slot].counters.get()
+    }
+
+    /// Counters summed over the core.
+    pub fn counters(&self) -> VerbCounters {
+        self.core
+            .slots
+            .iter()
+            .fold(VerbCounters::default(), |a, s| a + s.counters.get())
+    }
+
+    /// Largest scratch any slot used at once (bytes), to size the config.
+    pub fn scratch_peak(&self) -> usize {
+        self.core
+            .slots
+            .iter()
+            .map(|s| s.arena.peak())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The queue pairs, for backend-specific inspection.
+    pub fn with_qp<R>(&self, node: NodeId, f: impl FnOnce(&N::Qp) -> R) -> Option<R> {
+        self.core
+            .qps
+            .borrow()
+            .get(node as usize)
+            .and_then(|q| q.as_ref())
+            .map(f)
+    }
+
+    /// Waits (polling, bounded by `max_turns`) until no slot has requests in
+    /// flight. Returns false if some are still in flight.
+    pub fn drain(&mut self, max_turns: u64) -> bool {
+        for _ in 0..max_turns {
+            if self.core.slots.iter().all(|s| s.arena.inflight() == 0) {
+                return true;
+            }
+            let n = self.cq.poll(&mut self.wcs);
+            for wc in &self.wcs[..n] {
+                self.core.route(wc);
+            }
+            if n == 0 {
+                std::hint::spin_loop();
+            }
+        }
+        self.core.slots.iter().all(|s| s.arena.inflight() == 0)
+    }
+}
+
+impl<N: Nic> Drop for Executor<N> {
+    fn drop(&mut self) {
+        // Futures own buffers the NIC may still write; their memory stays
+        // alive through the arena's reference count, but the queue pairs must
+        // be quiet before the registration goes. Drain what we can first.
+        self.tasks.iter_mut().for_each(|t| *t = None);
+        if !self.drain(1_000_000) {
+            log::warn!("executor dropped with requests still in flight");
+        }
+    }
+}
+
+/// Pins the calling thread to `core` (by index among the cores the process
+/// may use). Returns false if the core does not exist or pinning failed.
+pub fn pin_current_thread(core: usize) -> bool {
+    core_affinity::get_core_ids()
+        .and_then(|ids| ids.into_iter().find(|c| c.id == core))
+        .is_some_and(core_affinity::set_for_current)
+}

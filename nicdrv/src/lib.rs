@@ -1,0 +1,32 @@
+//! # nicdrv — the NIC contract of Loch
+//!
+//! Owns everything between Loch's data structures and the wire: global
+//! addresses ([`addr`]), the verbs vocabulary ([`verbs`]), the backend
+//! contract ([`nic`]) that every backend keeps, the backends themselves
+//! ([`emu`] now; `sim` and `mlx5` join later), per-task counters
+//! ([`counters`]) and the per-core run-to-completion executor ([`exec`]).
+//!
+//! Promises to upper layers (design.md §2): work requests on one queue pair
+//! execute in posting order; only signaled requests complete on success; a
+//! failure completes with its status and flushes the rest of the queue
+//! pair; READs and WRITEs longer than 8 bytes are not atomic (a concurrent
+//! READ may see a torn mix), aligned 8-byte words never tear; atomics are
+//! atomic with respect to other NIC atomics; nothing orders two queue pairs.
+
+pub mod addr;
+pub mod conformance;
+pub mod counters;
+pub mod emu;
+pub mod exec;
+pub mod nic;
+pub mod verbs;
+
+pub use addr::{GlobalAddr, NodeId, Space};
+pub use counters::VerbCounters;
+pub use exec::{Batch, Buf, Ctx, Done, ExecError, Executor, ExecutorConfig, OpId, VerbError};
+pub use nic::{
+    CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair, RegisterableMemory, RemoteRegion,
+};
+pub use verbs::{
+    Access, Caps, Completion, LKey, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp,
+};

@@ -1,0 +1,244 @@
+//! The backend contract: what every NIC backend (emu, sim, mlx5) provides to
+//! the executor and to tests. It is ibverbs in Rust clothes: a device
+//! context ([`Nic`]), completion queues, reliable-connected queue pairs that
+//! execute their work requests in posting order, and memory registration.
+
+use crate::addr::{NodeId, Space};
+use crate::verbs::{Access, Caps, Completion, LKey, PostError, RKey, WorkRequest};
+use std::fmt;
+
+/// A device context: the handle every per-core resource is made from.
+/// Cloning is cheap and shares the device.
+pub trait Nic: Clone + 'static {
+    type Qp: QueuePair;
+    type Cq: CompletionQueue;
+    /// What local registration hands back; dropping it deregisters.
+    type Reg: Registration;
+
+    fn caps(&self) -> Caps;
+
+    /// The clock executors read once per turn: wall-clock nanoseconds on
+    /// real backends, virtual nanoseconds in the simulator.
+    fn now_ns(&self) -> u64;
+
+    /// Registers local memory (`ibv_reg_mr`). The region keeps the memory
+    /// alive and deregisters before releasing it.
+    fn register<M: RegisterableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Mr<M, Self::Reg>, RegError>;
+}
+
+/// State of a queue pair as the contract sees it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Ready to send (RTS).
+    Ready,
+    /// A request failed; the rest were flushed; posts are refused until
+    /// [`QueuePair::recover`] succeeds.
+    Error,
+}
+
+/// A region of the peer's memory this queue pair may name, with its rkey.
+/// Learnt when the queue pair was connected (bootstrap exchanges them).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub space: Space,
+    pub offset: u64,
+    pub len: u64,
+    pub rkey: RKey,
+    pub access: Access,
+}
+
+impl RemoteRegion {
+    pub fn contains(&self, space: Space, offset: u64, len: u64) -> bool {
+        space == self.space
+            && offset >= self.offset
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.offset + self.len)
+    }
+}
+
+/// A reliable-connected queue pair to one memory node.
+pub trait QueuePair {
+    /// Local queue pair number; completions carry it.
+    fn qp_num(&self) -> u32;
+    /// The memory node this queue pair is connected to.
+    fn peer(&self) -> NodeId;
+    fn state(&self) -> QpState;
+    /// Work requests posted and not yet retired by a polled completion.
+    fn outstanding(&self) -> u32;
+    /// Send queue depth (`max_send_wr`).
+    fn depth(&self) -> u32;
+    /// The peer's regions known to this queue pair.
+    fn remote_regions(&self) -> &[RemoteRegion];
+
+    /// Posts a batch with one doorbell (`ibv_post_send` on a linked list).
+    /// Requests execute in order; only signaled ones complete on success; the
+    /// first failure completes with its error and flushes the rest, and the
+    /// queue pair enters [`QpState::Error`]. A refused batch executes nothing.
+    ///
+    /// # Safety
+    /// The local memory of every request that is not an inline WRITE must be
+    /// inside a region registered on this device and must stay valid, and
+    /// must not be read or written by the CPU if the NIC writes it (READ
+    /// targets, atomic results), until a completion of that request or of a
+    /// later request on this queue pair has been polled.
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError>;
+
+    /// Brings a queue pair in error back to ready (RESET → INIT → RTR → RTS
+    /// with the same peer). Allowed once every posted request is retired.
+    fn recover(&mut self) -> Result<(), RecoverError>;
+}
+
+/// A completion queue shared by the queue pairs of one core.
+pub trait CompletionQueue {
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    /// Bounded work, never blocks (`ibv_poll_cq`).
+    fn poll(&mut self, out: &mut [Completion]) -> usize;
+}
+
+/// Why a queue pair could not be recovered.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RecoverError {
+    /// Requests are still outstanding; poll their completions first.
+    Busy { outstanding: u32 },
+    /// The peer node is dead: the queue pair stays in error.
+    PeerDead(NodeId),
+}
+
+impl fmt::Display for RecoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecoverError::Busy { outstanding } => {
+                write!(f, "queue pair still has {outstanding} outstanding requests")
+            }
+            RecoverError::PeerDead(n) => write!(f, "memory node {n} is dead"),
+        }
+    }
+}
+
+impl std::error::Error for RecoverError {}
+
+/// Why registration failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegError {
+    /// The memory is empty or its address is null.
+    Empty,
+    /// The device's table of regions is full.
+    TooManyRegions,
+    /// The region is larger than the device allows.
+    TooLarge { len: u64 },
+    /// The device refused (mlx5: errno text).
+    Device(String),
+}
+
+impl fmt::Display for RegError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegError::Empty => write!(f, "cannot register empty memory"),
+            RegError::TooManyRegions => write!(f, "the device's region table is full"),
+            RegError::TooLarge { len } => write!(f, "region of {len} bytes is too large"),
+            RegError::Device(s) => write!(f, "device refused registration: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for RegError {}
+
+/// Memory that can be registered: a stable pointer and length for as long as
+/// the value lives.
+///
+/// # Safety
+/// `as_ptr()..as_ptr()+len()` must be valid for reads and writes, not move,
+/// and not be accessed through references while a NIC may write it, for as
+/// long as the value is alive.
+pub unsafe trait RegisterableMemory {
+    fn as_ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A backend's registration record; dropping it deregisters.
+pub trait Registration {
+    fn lkey(&self) -> LKey;
+    fn rkey(&self) -> RKey;
+}
+
+/// A registered memory region that owns its memory.
+pub struct Mr<M, R> {
+    // Field order matters: `reg` drops (deregisters) before `mem` is freed.
+    reg: R,
+    mem: M,
+}
+
+impl<M: RegisterableMemory, R: Registration> Mr<M, R> {
+    pub fn new(reg: R, mem: M) -> Self {
+        Mr { reg, mem }
+    }
+    pub fn lkey(&self) -> LKey {
+        self.reg.lkey()
+    }
+    pub fn rkey(&self) -> RKey {
+        self.reg.rkey()
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.mem.as_ptr()
+    }
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+}
+
+/// Page-aligned, zeroed heap memory owned through a raw pointer, so that a
+/// NIC may write it without aliasing any Rust reference.
+pub struct HeapMem {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl HeapMem {
+    /// Allocates `len` zeroed bytes aligned to 4 KiB; `None` if `len` is 0 or
+    /// the allocation fails.
+    pub fn zeroed(len: usize) -> Option<HeapMem> {
+        if len == 0 {
+            return None;
+        }
+        let layout = std::alloc::Layout::from_size_align(len, 4096).ok()?;
+        // SAFETY: the layout has non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        std::ptr::NonNull::new(ptr).map(|ptr| HeapMem { ptr, layout })
+    }
+}
+
+impl Drop for HeapMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: HeapMem owns its allocation outright; moving it to another thread
+// moves that ownership.
+unsafe impl Send for HeapMem {}
+
+// SAFETY: the pointer comes from a live allocation of `layout.size()` bytes
+// that only this value frees, and no reference into it is ever handed out.
+unsafe impl RegisterableMemory for HeapMem {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
