@@ -331,7 +331,7 @@ impl EmuNode {
     /// Creates the node's file, maps it and takes the owner's lock. A stale
     /// file left by a dead owner at the same path is reused.
     pub fn create(cfg: &EmuNodeConfig) -> Result<EmuNode, EmuError> {
-        if cfg.host_bytes == 0 || cfg.host_bytes % 8 != 0 {
+        if cfg.host_bytes == 0 || !cfg.host_bytes.is_multiple_of(8) {
             return Err(EmuError::BadConfig(format!(
                 "host memory must be a positive multiple of 8 bytes, got {}",
                 cfg.host_bytes
@@ -342,7 +342,7 @@ impl EmuNode {
                 "memory larger than a 47-bit offset can address".into(),
             ));
         }
-        if cfg.dm_bytes % 8 != 0 {
+        if !cfg.dm_bytes.is_multiple_of(8) {
             return Err(EmuError::BadConfig(format!(
                 "device memory must be a multiple of 8 bytes, got {}",
                 cfg.dm_bytes

@@ -60,7 +60,7 @@ impl SharedMem {
 
     fn word(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.len,
+            off.is_multiple_of(8) && off + 8 <= self.len,
             "word access out of bounds"
         );
         // SAFETY: in bounds and 8-byte aligned (checked above; base is
@@ -133,7 +133,7 @@ impl SharedMem {
         let mut off = off as usize;
         let end = off + len;
         let mut d = dst;
-        while off < end && off % 8 != 0 {
+        while off < end && !off.is_multiple_of(8) {
             // SAFETY: d stays within dst..dst+len (one byte per source byte).
             d.write(self.byte(off).load(Ordering::Acquire));
             d = d.add(1);
@@ -163,7 +163,7 @@ impl SharedMem {
         let mut off = off as usize;
         let end = off + len;
         let mut s = src;
-        while off < end && off % 8 != 0 {
+        while off < end && !off.is_multiple_of(8) {
             self.byte(off).store(s.read(), Ordering::Release);
             s = s.add(1);
             off += 1;

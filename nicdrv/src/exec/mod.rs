@@ -219,7 +219,7 @@ impl<N: Nic> Executor<N> {
             )));
         }
         let need = cfg.scratch_bytes();
-        if scratch.len() < need || (scratch.as_ptr() as usize) % 8 != 0 {
+        if scratch.len() < need || !(scratch.as_ptr() as usize).is_multiple_of(8) {
             return Err(ExecError::ScratchTooSmall {
                 have: scratch.len(),
                 need,
@@ -275,7 +275,7 @@ impl<N: Nic> Executor<N> {
                 }
             })
             .collect();
-        if per_slot % 8 != 0 {
+        if !per_slot.is_multiple_of(8) {
             return Err(ExecError::BadConfig(
                 "scratch_bytes_per_slot must be a multiple of 8".into(),
             ));
@@ -376,7 +376,7 @@ impl<N: Nic> Executor<N> {
     pub fn run_until(&mut self, mut stop: impl FnMut() -> bool) {
         while self.live > 0 {
             self.turn();
-            if self.turns % 64 == 0 && stop() {
+            if self.turns.is_multiple_of(64) && stop() {
                 break;
             }
         }

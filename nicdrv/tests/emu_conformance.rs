@@ -1,0 +1,435 @@
+//! The conformance suite on the emu backend, plus what only emu has:
+//! several processes, owners that die, files that are not nodes, and
+//! latency injection.
+
+use nicdrv::conformance::{self, Harness, RawRig, TaskFactory};
+use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuError, EmuNic, EmuNode, EmuNodeConfig};
+use nicdrv::*;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const HOST: u64 = 4 << 20;
+const DM: u64 = 64 << 10;
+
+enum Owner {
+    Here(EmuNode),
+    Child(Child, PathBuf),
+    Gone,
+}
+
+struct EmuHarness {
+    nic: EmuNic,
+    owners: Vec<Owner>,
+    endpoints: Vec<EmuEndpoint>,
+}
+
+fn shm_path(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    PathBuf::from(format!(
+        "/dev/shm/loch-test-{}-{tag}-{n}",
+        std::process::id()
+    ))
+}
+
+/// Starts a child process owning node `id` at `path`.
+fn child_owner(path: &std::path::Path, id: u16) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch-emu-child"))
+        .args([
+            "own",
+            path.to_str().unwrap(),
+            &id.to_string(),
+            &HOST.to_string(),
+            &DM.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY", "child failed to create its node");
+    child
+}
+
+impl EmuHarness {
+    fn with_config(cfg: EmuConfig) -> EmuHarness {
+        let mut owners = Vec::new();
+        let mut endpoints = Vec::new();
+        for id in 0..2 {
+            let node = EmuNode::create(&EmuNodeConfig {
+                id,
+                host_bytes: HOST,
+                dm_bytes: DM,
+                backing: Backing::Memfd,
+            })
+            .unwrap();
+            node.register_all().unwrap();
+            endpoints.push(node.endpoint());
+            owners.push(Owner::Here(node));
+        }
+        EmuHarness {
+            nic: EmuNic::new(cfg),
+            owners,
+            endpoints,
+        }
+    }
+
+    fn new() -> EmuHarness {
+        Self::with_config(EmuConfig::default())
+    }
+
+    /// Node 0 is owned by another process, attached by path.
+    fn with_child_owner() -> EmuHarness {
+        let mut h = Self::new();
+        let path = shm_path("owner");
+        let child = child_owner(&path, 0);
+        h.endpoints[0] = EmuEndpoint::attach(&path).unwrap();
+        h.owners[0] = Owner::Child(child, path);
+        h
+    }
+}
+
+impl Drop for EmuHarness {
+    fn drop(&mut self) {
+        for o in &mut self.owners {
+            if let Owner::Child(c, p) = o {
+                let _ = c.kill();
+                let _ = c.wait();
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+fn build_executor(nic: &EmuNic, eps: &[EmuEndpoint], cfg: ExecutorConfig) -> Executor<EmuNic> {
+    let cq = nic.create_cq(cfg.qp_depth() * eps.len() as u32).unwrap();
+    let qps = eps
+        .iter()
+        .map(|e| nic.create_qp(&cq, cfg.qp_depth()).unwrap().connect(e))
+        .collect();
+    let mr = nic
+        .register(
+            HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    Executor::new(nic.clone(), cq, qps, mr, cfg).unwrap()
+}
+
+impl Harness for EmuHarness {
+    type N = EmuNic;
+
+    fn memory_nodes(&self) -> Vec<NodeId> {
+        self.endpoints.iter().map(|e| e.node()).collect()
+    }
+    fn host_bytes(&self, node: NodeId) -> u64 {
+        self.endpoints[node as usize].host_bytes()
+    }
+    fn dm_bytes(&self, node: NodeId) -> u64 {
+        self.endpoints[node as usize].dm_bytes()
+    }
+    fn executor(&self, cfg: ExecutorConfig) -> Executor<EmuNic> {
+        build_executor(&self.nic, &self.endpoints, cfg)
+    }
+    fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<EmuNic>) {
+        std::thread::scope(|s| {
+            for th in 0..threads {
+                let f = f.clone();
+                s.spawn(move || {
+                    let cfg = ExecutorConfig {
+                        slots: tasks,
+                        ..Default::default()
+                    };
+                    let mut ex = build_executor(&self.nic, &self.endpoints, cfg);
+                    for tk in 0..tasks {
+                        let f = f.clone();
+                        ex.spawn(move |ctx| f(ctx, th, tk)).unwrap();
+                    }
+                    ex.run();
+                });
+            }
+        });
+    }
+    fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<EmuNic> {
+        let mut cq = self.nic.create_cq(64).unwrap();
+        let qp = self
+            .nic
+            .create_qp(&cq, 16)
+            .unwrap()
+            .connect(&self.endpoints[node as usize]);
+        let mr = self
+            .nic
+            .register(HeapMem::zeroed(local_bytes).unwrap(), Access::LOCAL_WRITE)
+            .unwrap();
+        let _ = cq.poll(&mut [Completion::EMPTY; 1]);
+        RawRig { cq, qp, mr }
+    }
+    fn kill_node(&mut self, node: NodeId) {
+        match std::mem::replace(&mut self.owners[node as usize], Owner::Gone) {
+            Owner::Here(n) => drop(n),
+            Owner::Child(mut c, p) => {
+                c.kill().unwrap();
+                c.wait().unwrap();
+                let _ = std::fs::remove_file(p);
+                let ep = &self.endpoints[node as usize];
+                let t0 = Instant::now();
+                while ep.is_alive() {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(5),
+                        "owner death not noticed within 5 s"
+                    );
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                assert!(ep.owner_died());
+                eprintln!(
+                    "owner death noticed {:?} after the child was reaped",
+                    t0.elapsed()
+                );
+            }
+            Owner::Gone => {}
+        }
+    }
+}
+
+nicdrv::conformance_suite!(EmuHarness::new());
+
+#[test]
+fn dead_node_when_owner_process_is_killed() {
+    conformance::dead_node(&mut EmuHarness::with_child_owner());
+}
+
+#[test]
+fn suite_runs_against_a_node_in_another_process() {
+    let h = EmuHarness::with_child_owner();
+    conformance::ordering_within_qp(&h);
+    conformance::faa_exact_totals(&h, 2, 2, 500);
+    conformance::remote_errors(&h);
+}
+
+/// N threads × M FAA on one word from several processes at once: the total
+/// is exact and every old value was handed out exactly once.
+#[test]
+fn faa_exact_across_processes() {
+    let path = shm_path("faa");
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 3,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    node.register_all().unwrap();
+    let (procs, threads, tasks, per_task) = (3u64, 2u64, 2u64, 1500u64);
+    let children: Vec<Child> = (0..procs)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_loch-emu-child"))
+                .args([
+                    "faa",
+                    path.to_str().unwrap(),
+                    "64",
+                    &threads.to_string(),
+                    &tasks.to_string(),
+                    &per_task.to_string(),
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut olds = Vec::new();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.pop(), Some("DONE"));
+        olds.extend(lines.iter().map(|l| l.parse::<u64>().unwrap()));
+    }
+    let total = procs * threads * tasks * per_task;
+    olds.sort_unstable();
+    assert_eq!(olds.len() as u64, total);
+    assert!(
+        olds.iter().copied().eq(0..total),
+        "an FAA result was duplicated or lost across processes"
+    );
+    assert_eq!(node.host().load_u64(64), total);
+}
+
+#[test]
+fn attach_rejects_bad_paths_and_files() {
+    match EmuEndpoint::attach("/nonexistent/loch-node") {
+        Err(EmuError::Io { .. }) => {}
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    let junk = shm_path("junk");
+    std::fs::write(&junk, vec![7u8; 8192]).unwrap();
+    match EmuEndpoint::attach(&junk) {
+        Err(e @ EmuError::NotALochNode { .. }) => {
+            assert!(e.to_string().contains("not a Loch memory node"))
+        }
+        other => panic!("expected NotALochNode, got {other:?}"),
+    }
+    std::fs::write(&junk, b"tiny").unwrap();
+    assert!(matches!(
+        EmuEndpoint::attach(&junk),
+        Err(EmuError::NotALochNode { .. })
+    ));
+    std::fs::remove_file(&junk).unwrap();
+
+    // A node file whose owner was killed: attaching says it is dead.
+    let path = shm_path("stale");
+    let mut child = child_owner(&path, 5);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(matches!(
+        EmuEndpoint::attach(&path),
+        Err(EmuError::NodeDead { .. })
+    ));
+    // ... and a new owner may take the stale file over.
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 5,
+        host_bytes: HOST,
+        dm_bytes: 0,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    let ep = EmuEndpoint::attach(&path).unwrap();
+    assert!(ep.is_alive());
+    // A second owner of a live node is refused.
+    assert!(matches!(
+        EmuNode::create(&EmuNodeConfig {
+            id: 5,
+            host_bytes: HOST,
+            dm_bytes: 0,
+            backing: Backing::File(path.clone())
+        }),
+        Err(EmuError::InUse { .. })
+    ));
+    drop(node);
+    assert!(!ep.is_alive(), "a closed node reads as not alive");
+    assert!(!path.exists(), "the owner removes its file on close");
+}
+
+#[test]
+fn bad_node_configs_are_refused() {
+    for (host, dm) in [(0u64, 0u64), (12, 0), (4096, 3), (1 << 48, 0)] {
+        let r = EmuNode::create(&EmuNodeConfig {
+            id: 0,
+            host_bytes: host,
+            dm_bytes: dm,
+            backing: Backing::Memfd,
+        });
+        assert!(
+            matches!(r, Err(EmuError::BadConfig(_))),
+            "host {host} dm {dm}"
+        );
+    }
+}
+
+#[test]
+fn created_files_are_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = shm_path("mode");
+    let _node = EmuNode::create(&EmuNodeConfig {
+        id: 1,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+/// With injected latency a verb completes no sooner than two one-way
+/// delays after it was posted, and polling before then returns nothing.
+#[test]
+fn latency_injection_delays_completions() {
+    let one_way = 200_000; // 200 µs
+    let h = EmuHarness::with_config(EmuConfig {
+        latency_ns_one_way: one_way,
+        ..Default::default()
+    });
+    let mut rig = h.raw(0, 64);
+    let rkey = rig.qp.remote_regions()[0].rkey;
+    let wr = WorkRequest {
+        wr_id: 1,
+        signaled: true,
+        op: WrOp::Faa {
+            remote: GlobalAddr::host(0, 0),
+            rkey,
+            add: 1,
+            local: Sge {
+                addr: rig.mr.as_ptr(),
+                len: 8,
+                lkey: rig.mr.lkey(),
+            },
+        },
+    };
+    let t0 = Instant::now();
+    // SAFETY: the SGE lies in rig.mr, alive until the completion is polled.
+    unsafe { rig.qp.post_send(&[wr]) }.unwrap();
+    let mut wc = [Completion::EMPTY; 1];
+    assert_eq!(
+        rig.cq.poll(&mut wc),
+        0,
+        "completion visible before its latency elapsed"
+    );
+    while rig.cq.poll(&mut wc) == 0 {
+        std::hint::spin_loop();
+    }
+    let rtt = t0.elapsed();
+    assert!(
+        rtt >= Duration::from_nanos(2 * one_way),
+        "completed after {rtt:?}"
+    );
+    assert_eq!(wc[0].status, WcStatus::Success);
+
+    // Bandwidth: 50 KB at 100 MB/s takes at least 500 µs.
+    let h = EmuHarness::with_config(EmuConfig {
+        bandwidth_bytes_per_sec: 100_000_000,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    conformance::run_task(&h, |ctx| async move {
+        ctx.read(GlobalAddr::host(0, 0), 50_000).await.unwrap();
+    });
+    assert!(
+        t0.elapsed() >= Duration::from_micros(500),
+        "50 KB at 100 MB/s took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn owner_cpu_sees_remote_writes_and_vice_versa() {
+    let h = EmuHarness::new();
+    let Owner::Here(node) = &h.owners[1] else {
+        unreachable!()
+    };
+    node.host().store_u64(0x100, 0xfeed);
+    let got = conformance::run_task(&h, |ctx| async move {
+        let v = ctx
+            .read(GlobalAddr::host(1, 0x100), 8)
+            .await
+            .unwrap()
+            .u64_at(0);
+        ctx.write(GlobalAddr::host(1, 0x108), &[1, 2, 3])
+            .await
+            .unwrap();
+        v
+    });
+    assert_eq!(got, 0xfeed);
+    let mut b = [0u8; 3];
+    node.host().read(0x108, &mut b);
+    assert_eq!(b, [1, 2, 3]);
+    // A message ring receiver polls its own memory for WRITEs (FaRM §6).
+    let _ = std::io::stderr().flush();
+}
