@@ -1,1 +1,44 @@
-fn main() {}
+//! `loch-bench`: Loch's benchmarks, run from scripts. Exit code 2 on bad
+//! input, with one line naming the problem.
+
+mod args;
+mod verbs;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: loch-bench <command> [flags]
+commands:
+  verbs   perftest-style microbenchmark of single verbs
+run `loch-bench <command> --help` for its flags";
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = argv.first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &argv[1..];
+    let wants_help = rest.iter().any(|a| a == "--help" || a == "-h");
+    let result = match cmd.as_str() {
+        "verbs" if wants_help => {
+            println!("{}", verbs::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        "verbs" => verbs::run(rest),
+        "--help" | "-h" | "help" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        other => Err(args::ArgError(format!(
+            "unknown command `{other}`\n{USAGE}"
+        ))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loch-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -127,7 +127,7 @@ pub fn ordering_within_qp<H: Harness>(h: &H) {
         let f = b.faa(x, 10);
         let r3 = b.read_new(x, 8);
         let d = b.submit().await.expect("batch succeeds");
-        let w = |op| u64::from_le_bytes(d.bytes(op).try_into().unwrap());
+        let w = |op| d.word(op);
         (w(r1), w(r2), d.old(f), w(r3))
     });
     assert_eq!(
@@ -183,8 +183,8 @@ pub fn batch_semantics<H: Harness>(h: &H) {
         let d = check.submit().await.expect("read back");
         for (i, op) in reads.into_iter().enumerate() {
             assert_eq!(
-                d.bytes(op),
-                (100 + i as u64).to_le_bytes(),
+                d.word(op),
+                100 + i as u64,
                 "word {i} changed by a refused batch"
             );
         }

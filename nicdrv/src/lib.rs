@@ -14,11 +14,13 @@
 //! atomic with respect to other NIC atomics; nothing orders two queue pairs.
 
 pub mod addr;
+pub mod clock;
 pub mod conformance;
 pub mod counters;
 pub mod emu;
 pub mod exec;
 pub mod nic;
+pub mod rng;
 pub mod verbs;
 
 pub use addr::{GlobalAddr, NodeId, Space};

@@ -42,3 +42,37 @@ fn smoke() {
     assert_eq!(out.get(), 43);
     assert_eq!(ex.counters().round_trips, 3);
 }
+
+#[test]
+fn bad_executor_configs_are_errors_not_panics() {
+    let nic = EmuNic::new(EmuConfig::default());
+    for cfg in [
+        ExecutorConfig {
+            slots: 0,
+            ..Default::default()
+        },
+        ExecutorConfig {
+            slots: 4,
+            scratch_bytes_per_slot: 4095,
+            ..Default::default()
+        },
+        ExecutorConfig {
+            slots: 4,
+            scratch_bytes_per_slot: usize::MAX - 7,
+            ..Default::default()
+        },
+        ExecutorConfig {
+            poll_batch: 0,
+            ..Default::default()
+        },
+    ] {
+        let cq = nic.create_cq(64).unwrap();
+        let mr = nic
+            .register(HeapMem::zeroed(1 << 20).unwrap(), Access::LOCAL_WRITE)
+            .unwrap();
+        match Executor::new(nic.clone(), cq, vec![], mr, cfg) {
+            Err(ExecError::BadConfig(_)) => {}
+            other => panic!("{cfg:?}: expected BadConfig, got {:?}", other.err()),
+        }
+    }
+}

@@ -15,7 +15,6 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 const MAX_LOCAL_MRS: usize = 1024;
 const LKEY_INDEX_MASK: u32 = (MAX_LOCAL_MRS as u32) - 1;
@@ -35,7 +34,6 @@ struct NicInner {
     mrs: Box<[LocalMrSlot]>,
     next_qp_num: AtomicU32,
     key_tag: AtomicU32,
-    epoch: Instant,
 }
 
 /// The emu device context: one per process is enough; clones share it.
@@ -60,7 +58,6 @@ impl EmuNic {
                 mrs,
                 next_qp_num: AtomicU32::new(1),
                 key_tag: AtomicU32::new(1),
-                epoch: Instant::now(),
             }),
         }
     }
@@ -204,7 +201,7 @@ impl Nic for EmuNic {
     }
 
     fn now_ns(&self) -> u64 {
-        self.inner.epoch.elapsed().as_nanos() as u64
+        crate::clock::now_ns()
     }
 
     fn register<M: RegisterableMemory>(

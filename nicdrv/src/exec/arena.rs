@@ -92,6 +92,15 @@ impl SlotArena {
 /// Allocates `len` bytes (zeroed) from `arena`; `None` when the window is
 /// exhausted.
 pub(crate) fn alloc(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
+    let mut b = alloc_raw(arena, len)?;
+    // Zeroing keeps data of earlier operations out of a fresh buffer.
+    b.as_mut_slice().fill(0);
+    Some(b)
+}
+
+/// Allocates without zeroing: the bytes are whatever an earlier buffer of
+/// this slot left (always initialized: the scratch came zeroed).
+fn alloc_raw(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
     let start = arena.top.get();
     let end = start.checked_add(len.max(1).next_multiple_of(BUF_ALIGN))?;
     if end > arena.cap || len > u32::MAX as usize {
@@ -102,12 +111,8 @@ pub(crate) fn alloc(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
     arena.live.set(arena.live.get() + 1);
     // SAFETY: start..start+len is inside the window and was handed to no
     // one else since the last rewind; the NIC writes it only once the Buf is
-    // posted. Zeroing keeps stale data of earlier operations invisible.
-    let ptr = unsafe {
-        let p = arena.base.add(start);
-        std::ptr::write_bytes(p, 0, len);
-        p
-    };
+    // posted.
+    let ptr = unsafe { arena.base.add(start) };
     Some(Buf {
         ptr,
         len: len as u32,
@@ -115,6 +120,13 @@ pub(crate) fn alloc(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
         end: end as u32,
         arena: arena.clone(),
     })
+}
+
+/// Allocates a buffer holding a copy of `data` (not zeroed first).
+pub(crate) fn alloc_copy(arena: &Rc<SlotArena>, data: &[u8]) -> Option<Buf> {
+    let mut b = alloc_raw(arena, data.len())?;
+    b.as_mut_slice().copy_from_slice(data);
+    Some(b)
 }
 
 /// A task-owned buffer of registered memory. While a `Buf` is outside a

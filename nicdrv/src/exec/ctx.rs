@@ -25,9 +25,9 @@ use std::task::{Context, Poll};
 /// Most requests in one batch.
 pub const MAX_BATCH: usize = 16;
 
-const LAST_BIT: u64 = 1 << 31;
+pub(crate) const LAST_BIT: u64 = 1 << 31;
 
-fn encode_wr_id(slot: usize, seq: u16, op: usize, last: bool) -> u64 {
+pub(crate) fn encode_wr_id(slot: usize, seq: u16, op: usize, last: bool) -> u64 {
     ((slot as u64) << 48) | ((seq as u64) << 32) | if last { LAST_BIT } else { 0 } | op as u64
 }
 
@@ -78,7 +78,8 @@ impl<N: Nic> Ctx<N> {
         &self.core.nic
     }
 
-    /// Memory nodes this core has a queue pair to.
+    /// Memory nodes this core has a queue pair to (allocates: for setup,
+    /// not the data path).
     pub fn nodes(&self) -> Vec<NodeId> {
         self.core
             .qps
@@ -89,7 +90,8 @@ impl<N: Nic> Ctx<N> {
             .collect()
     }
 
-    /// The regions of `node` this core knows, as (space, offset, len, rkey).
+    /// The regions of `node` this core knows (allocates: for setup, not
+    /// the data path).
     pub fn remote_regions(&self, node: NodeId) -> Vec<crate::nic::RemoteRegion> {
         self.core
             .qps
@@ -114,13 +116,10 @@ impl<N: Nic> Ctx<N> {
         })
     }
 
+    /// Starts a batch (and ends the validity of the previous batch's
+    /// results).
     pub fn batch(&self) -> Batch<'_, N> {
-        Batch {
-            ctx: self,
-            ops: [const { None }; MAX_BATCH],
-            len: 0,
-            error: None,
-        }
+        Batch::new(self)
     }
 
     /// Gives the other tasks on this core a turn.
@@ -180,7 +179,7 @@ impl<N: Nic> Ctx<N> {
     /// # Safety
     /// Every local SGE in `wrs` must satisfy `QueuePair::post_send`'s
     /// contract (the batch machinery guarantees it; see `submit`).
-    unsafe fn post(&self, node: NodeId, wrs: &[WorkRequest]) -> Result<(), VerbError> {
+    pub(crate) unsafe fn post(&self, node: NodeId, wrs: &[WorkRequest]) -> Result<(), VerbError> {
         let mut qps = self.core.qps.borrow_mut();
         let qp = qps
             .get_mut(node as usize)
@@ -207,25 +206,47 @@ impl<N: Nic> Ctx<N> {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct OpId(u8);
 
-struct PendingOp {
-    node: NodeId,
-    op: WrOp,
-    buf: Option<Buf>,
-}
-
-/// Requests being gathered for one doorbell-and-wait. Builder calls never
-/// fail on the spot: the first problem is remembered and returned by
-/// [`submit`](Batch::submit), and nothing is posted.
+/// Requests being gathered for one doorbell-and-wait.
+///
+/// The requests live in the slot's storage, made at start, so a batch is a
+/// few words and moving its future copies almost nothing. A task builds one
+/// batch at a time: starting a new batch invalidates an unsubmitted one and
+/// the results of the previous one. Builder calls never fail on the spot:
+/// the first problem is remembered and returned by
+/// [`submit`](Batch::submit), and then nothing is posted.
 pub struct Batch<'a, N: Nic> {
     ctx: &'a Ctx<N>,
-    ops: [Option<PendingOp>; MAX_BATCH],
-    len: usize,
+    gen: u32,
+    len: u8,
     error: Option<VerbError>,
 }
 
 impl<'a, N: Nic> Batch<'a, N> {
+    pub(crate) fn new(ctx: &'a Ctx<N>) -> Batch<'a, N> {
+        let slot = ctx.s();
+        if slot.busy.get() {
+            // Another sub-future of this task has a batch in flight; its
+            // storage must not be touched.
+            return Batch {
+                ctx,
+                gen: 0,
+                len: 0,
+                error: Some(VerbError::BatchInProgress),
+            };
+        }
+        let gen = slot.gen.get().wrapping_add(1);
+        slot.gen.set(gen);
+        slot.clear_storage();
+        Batch {
+            ctx,
+            gen,
+            len: 0,
+            error: None,
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     pub fn is_empty(&self) -> bool {
@@ -246,33 +267,42 @@ impl<'a, N: Nic> Batch<'a, N> {
         buf: Option<Buf>,
         make: impl FnOnce(RKey, Sge) -> WrOp,
     ) -> OpId {
-        if self.len == MAX_BATCH {
+        if self.error.is_some() {
+            return OpId(MAX_BATCH as u8);
+        }
+        let slot = self.ctx.s();
+        if slot.gen.get() != self.gen {
+            return self.fail(VerbError::BatchSuperseded);
+        }
+        let ix = self.len as usize;
+        if ix == MAX_BATCH {
             return self.fail(VerbError::BatchFull { max: MAX_BATCH });
         }
         let rkey = match self.ctx.rkey_for(addr, len) {
             Ok(k) => k,
             Err(e) => return self.fail(e),
         };
-        let ix = self.len;
         let local = match &buf {
             Some(b) => b.sge(),
             None => Sge {
                 // SAFETY: word `ix` of the slot's MAX_BATCH-word atomics area.
-                addr: unsafe { self.ctx.s().atomics.add(ix) } as *mut u8,
+                addr: unsafe { slot.atomics.add(ix) } as *mut u8,
                 len: 8,
                 lkey: self.ctx.core.lkey,
             },
         };
-        self.ops[ix] = Some(PendingOp {
-            node: addr.node(),
+        let wr = WorkRequest {
+            wr_id: encode_wr_id(self.ctx.slot, 0, ix, false),
+            signaled: false,
             op: make(rkey, local),
-            buf,
-        });
+        };
+        slot.store(ix, addr.node(), wr, buf);
         self.len += 1;
         OpId(ix as u8)
     }
 
-    /// READ into `buf` (its whole length).
+    /// READ into `buf` (its whole length); the buffer comes back through
+    /// [`Done::take_buf`].
     pub fn read(&mut self, addr: GlobalAddr, buf: Buf) -> OpId {
         self.push(addr, buf.len() as u64, Some(buf), |rkey, local| {
             WrOp::Read {
@@ -306,12 +336,15 @@ impl<'a, N: Nic> Batch<'a, N> {
 
     /// WRITE of a copy of `data`.
     pub fn write_bytes(&mut self, addr: GlobalAddr, data: &[u8]) -> OpId {
-        match self.ctx.alloc(data.len()) {
-            Ok(mut b) => {
-                b.as_mut_slice().copy_from_slice(data);
-                self.write(addr, b)
+        match arena::alloc_copy(&self.ctx.s().arena, data) {
+            Some(b) => self.write(addr, b),
+            None => {
+                let free = self.ctx.s().arena.free_bytes();
+                self.fail(VerbError::Scratch {
+                    requested: data.len(),
+                    free,
+                })
             }
-            Err(e) => self.fail(e),
         }
     }
 
@@ -361,111 +394,71 @@ impl<'a, N: Nic> Batch<'a, N> {
     /// Replaces the rkey of a request already added (tests of the
     /// responder's key check use it).
     pub fn set_rkey(&mut self, op: OpId, key: RKey) {
-        if let Some(Some(p)) = self.ops.get_mut(op.0 as usize) {
-            match &mut p.op {
+        let slot = self.ctx.s();
+        if slot.gen.get() == self.gen && (op.0 as usize) < self.len as usize {
+            slot.with_wr(op.0 as usize, |wr| match &mut wr.op {
                 WrOp::Read { rkey, .. }
                 | WrOp::Write { rkey, .. }
                 | WrOp::Cas { rkey, .. }
                 | WrOp::Faa { rkey, .. }
                 | WrOp::MaskedCas { rkey, .. } => *rkey = key,
-            }
+            });
         }
     }
 
     /// Posts the batch and waits for it: one round trip. Succeeds only if
     /// every request succeeded; otherwise returns the first failure.
-    pub async fn submit(mut self) -> Result<Done, VerbError> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let mut done = Done::new();
-        if self.len == 0 {
-            return Ok(done);
-        }
+    pub async fn submit(self) -> Result<Done<'a>, VerbError> {
         let ctx = self.ctx;
         let slot = ctx.s();
-        // One batch per slot at a time: wait out a batch posted by a future
-        // that was dropped (its buffers are still the NIC's) or by another
-        // sub-future of this task.
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if slot.gen.get() != self.gen {
+            return Err(VerbError::BatchSuperseded);
+        }
+        let len = self.len as usize;
+        if len == 0 {
+            return Ok(Done {
+                slot,
+                gen: self.gen,
+                len: 0,
+            });
+        }
+        // Wait out a batch posted by a future that was dropped: its buffers
+        // are still the NIC's.
         SlotIdle { slot }.await;
         let _busy = BusyGuard::take(slot);
         let seq = slot.seq.get().wrapping_add(1);
         slot.seq.set(seq);
         slot.failure.set(None);
-
-        let mut grouped = [false; MAX_BATCH];
-        let mut groups = 0u32;
-        let mut post_err = None;
         let mut counters = slot.counters.get();
-        for i in 0..self.len {
-            if grouped[i] {
-                continue;
-            }
-            let node = self.ops[i].as_ref().expect("pushed").node;
-            let filler = WorkRequest {
-                wr_id: 0,
-                signaled: false,
-                op: self.ops[i].as_ref().expect("pushed").op,
-            };
-            let mut wrs = [filler; MAX_BATCH];
-            let mut n = 0;
-            for (j, p) in self.ops[..self.len].iter().enumerate().skip(i) {
-                let p = p.as_ref().expect("pushed");
-                if p.node == node {
-                    grouped[j] = true;
-                    wrs[n] = WorkRequest {
-                        wr_id: encode_wr_id(ctx.slot, seq, j, false),
-                        signaled: false,
-                        op: p.op,
-                    };
-                    n += 1;
-                }
-            }
-            wrs[n - 1].signaled = true;
-            wrs[n - 1].wr_id |= LAST_BIT;
-            // SAFETY: each local SGE is either a Buf owned by `self.ops`
-            // (kept until the batch completes; if this future is dropped
-            // first, the arena keeps its bytes reserved until the slot has
-            // nothing in flight) or a word of the slot's atomics area, which
-            // only the next batch reuses, and that batch waits in SlotIdle
-            // until nothing is in flight. All of it lies in the executor's
-            // registered scratch under the core's lkey, kept alive by the
-            // arena's reference count.
-            match unsafe { ctx.post(node, &wrs[..n]) } {
-                Ok(()) => {
-                    groups += 1;
-                    slot.arena.posted_group();
-                    counters.doorbells += 1;
-                    for w in &wrs[..n] {
-                        counters.count(w.op.opcode(), w.op.len());
-                    }
-                }
-                Err(e) => {
-                    post_err = Some(e);
-                    break;
-                }
-            }
-        }
+        let (groups, post_err) = slot.post_groups(len, seq, &mut counters, |node, wrs| {
+            // SAFETY: each local SGE is a Buf held in the slot's storage
+            // until the batch completes (if this future is dropped first, the
+            // storage is cleared only by a later batch, and the arena keeps
+            // the bytes reserved until the slot has nothing in flight), or a
+            // word of the slot's atomics area, which only the next batch
+            // reuses after waiting in SlotIdle. All of it lies in the
+            // executor's registered scratch under the core's lkey, kept alive
+            // by the arena's reference count.
+            unsafe { ctx.post(node, wrs) }
+        });
         slot.pending.set(groups);
         if groups > 0 {
             counters.round_trips += 1;
         }
-        // Errors are counted by the executor as completions arrive; merge.
-        let errors_before = slot.counters.get().errors;
+        // Error completions are counted by the executor; keep its count.
+        counters.errors = slot.counters.get().errors;
         slot.counters.set(counters);
         if groups > 0 {
             BatchDone { slot, seq }.await;
         }
-        let mut c = slot.counters.get();
-        c.errors = c.errors.max(errors_before);
-        slot.counters.set(c);
         if let Some(e) = post_err {
             return Err(e);
         }
         if let Some((op, status, node)) = slot.failure.take() {
-            let opcode = self.ops[op as usize]
-                .as_ref()
-                .map_or(crate::verbs::Opcode::Read, |p| p.op.opcode());
+            let opcode = slot.opcode_of(op as usize);
             return Err(VerbError::Failed {
                 node,
                 op,
@@ -473,22 +466,16 @@ impl<'a, N: Nic> Batch<'a, N> {
                 status,
             });
         }
-        for i in 0..self.len {
-            let p = self.ops[i].take().expect("pushed");
-            match p.buf {
-                Some(b) => done.bufs[i] = Some(b),
-                // SAFETY: the batch completed, so the NIC is done with the
-                // atomics area; word i belongs to request i.
-                None => done.words[i] = unsafe { slot.atomics.add(i).read_unaligned() },
-            }
-        }
-        done.len = self.len as u8;
-        Ok(done)
+        Ok(Done {
+            slot,
+            gen: self.gen,
+            len: self.len,
+        })
     }
 }
 
 /// Marks a slot as having a batch between post and result, so another
-/// sub-future of the same task waits its turn. Cleared on drop, even when
+/// sub-future of the same task cannot start one. Cleared on drop, even when
 /// the batch future is dropped early.
 struct BusyGuard<'a>(&'a Slot);
 
@@ -503,7 +490,6 @@ impl<'a> BusyGuard<'a> {
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         self.0.busy.set(false);
-        self.0.wake.wake();
     }
 }
 
@@ -515,8 +501,8 @@ impl Future for SlotIdle<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
         // The executor wakes the slot when its last in-flight group
-        // completes, and BusyGuard wakes it when a batch finishes.
-        if self.slot.busy.get() || self.slot.arena.inflight() > 0 {
+        // completes.
+        if self.slot.arena.inflight() > 0 {
             Poll::Pending
         } else {
             Poll::Ready(())
@@ -541,22 +527,16 @@ impl Future for BatchDone<'_> {
     }
 }
 
-/// Results of a completed batch.
-pub struct Done {
-    bufs: [Option<Buf>; MAX_BATCH],
-    words: [u64; MAX_BATCH],
+/// Results of a completed batch, valid until the task starts its next batch
+/// (asking after that is a bug and panics). Buffers are moved out with
+/// [`take_buf`](Done::take_buf); untaken ones are freed by the next batch.
+pub struct Done<'a> {
+    slot: &'a Slot,
+    gen: u32,
     len: u8,
 }
 
-impl Done {
-    fn new() -> Done {
-        Done {
-            bufs: [const { None }; MAX_BATCH],
-            words: [0; MAX_BATCH],
-            len: 0,
-        }
-    }
-
+impl Done<'_> {
     pub fn len(&self) -> usize {
         self.len as usize
     }
@@ -565,30 +545,42 @@ impl Done {
         self.len == 0
     }
 
+    fn check(&self, op: OpId) -> usize {
+        assert_eq!(
+            self.slot.gen.get(),
+            self.gen,
+            "batch results used after the next batch was started"
+        );
+        assert!(op.0 < self.len, "request {} is not in this batch", op.0);
+        op.0 as usize
+    }
+
     /// Takes back the buffer of a READ or WRITE. Asking twice, or for an
     /// atomic, is a bug and panics.
     pub fn take_buf(&mut self, op: OpId) -> Buf {
-        self.bufs[op.0 as usize]
-            .take()
+        let ix = self.check(op);
+        self.slot
+            .take_buf(ix)
             .expect("no buffer for this request (an atomic, or taken already)")
-    }
-
-    /// The bytes a READ returned.
-    pub fn bytes(&self, op: OpId) -> &[u8] {
-        self.bufs[op.0 as usize]
-            .as_ref()
-            .expect("no buffer for this request")
-            .as_slice()
     }
 
     /// The old value an atomic returned.
     pub fn old(&self, op: OpId) -> u64 {
+        let ix = self.check(op);
         assert!(
-            self.bufs[op.0 as usize].is_none(),
-            "request {} is not an atomic",
-            op.0
+            self.slot.opcode_of(ix).is_atomic(),
+            "request {ix} is not an atomic"
         );
-        self.words[op.0 as usize]
+        // SAFETY: the batch completed, so the NIC is done with word ix of the
+        // atomics area, and no later batch has started (checked above).
+        unsafe { self.slot.atomics.add(ix).read_unaligned() }
+    }
+
+    /// The first 8 bytes a READ returned, as a little-endian word (without
+    /// taking the buffer).
+    pub fn word(&self, op: OpId) -> u64 {
+        let ix = self.check(op);
+        self.slot.peek_word(ix).expect("no buffer for this request")
     }
 }
 

@@ -22,6 +22,12 @@ pub enum VerbError {
     NoRoute { node: NodeId },
     /// More requests than a batch holds.
     BatchFull { max: usize },
+    /// Another batch of this task is in flight (a task posts one batch at a
+    /// time: put parallel requests in one batch).
+    BatchInProgress,
+    /// This batch was replaced by a newer batch of the same task before it
+    /// was submitted.
+    BatchSuperseded,
     /// The task's scratch memory cannot hold another buffer.
     Scratch { requested: usize, free: usize },
 }
@@ -69,6 +75,16 @@ impl fmt::Display for VerbError {
                 write!(f, "this core has no queue pair to memory node {node}")
             }
             VerbError::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
+            VerbError::BatchInProgress => write!(
+                f,
+                "this task already has a batch in flight (a task posts one batch at a time)"
+            ),
+            VerbError::BatchSuperseded => {
+                write!(
+                    f,
+                    "this batch was replaced by a newer batch of the same task"
+                )
+            }
             VerbError::Scratch { requested, free } => write!(
                 f,
                 "task scratch exhausted: {requested} bytes requested, {free} free \

@@ -16,6 +16,7 @@
 pub mod arena;
 mod ctx;
 mod error;
+mod storage;
 mod waker;
 
 pub use arena::Buf;
@@ -58,9 +59,44 @@ impl Default for ExecutorConfig {
 }
 
 impl ExecutorConfig {
-    /// Bytes of registered scratch memory the executor needs.
+    /// Bytes of registered scratch memory the executor needs (saturating;
+    /// [`check`](Self::check) rejects configurations that overflow).
     pub fn scratch_bytes(&self) -> usize {
-        self.slots * (self.scratch_bytes_per_slot + MAX_BATCH * 8)
+        self.checked_scratch_bytes().unwrap_or(usize::MAX)
+    }
+
+    fn checked_scratch_bytes(&self) -> Option<usize> {
+        self.scratch_bytes_per_slot
+            .checked_add(MAX_BATCH * 8)?
+            .checked_mul(self.slots)
+    }
+
+    /// Rejects configurations an executor cannot be made with.
+    pub fn check(&self) -> Result<(), ExecError> {
+        let bad = |s: String| Err(ExecError::BadConfig(s));
+        if self.slots == 0 || self.slots > u16::MAX as usize {
+            return bad(format!("slots must be 1..=65535, got {}", self.slots));
+        }
+        if self.poll_batch == 0 {
+            return bad("poll_batch must be positive".into());
+        }
+        if !self.scratch_bytes_per_slot.is_multiple_of(8) {
+            return bad(format!(
+                "scratch_bytes_per_slot must be a multiple of 8, got {}",
+                self.scratch_bytes_per_slot
+            ));
+        }
+        if self.checked_scratch_bytes().is_none() || self.scratch_bytes_per_slot > u32::MAX as usize
+        {
+            return bad(format!(
+                "scratch_bytes_per_slot of {} is too large",
+                self.scratch_bytes_per_slot
+            ));
+        }
+        if self.slots * MAX_BATCH > u32::MAX as usize {
+            return bad("too many slots for a queue pair's depth".into());
+        }
+        Ok(())
     }
 
     /// Send-queue depth each queue pair needs: every slot may have a full
@@ -113,6 +149,9 @@ pub(crate) struct Slot {
     pub(crate) counters: Cell<VerbCounters>,
     /// A batch of this slot is between post and result.
     pub(crate) busy: Cell<bool>,
+    /// Generation of the slot's batch storage; a new batch bumps it.
+    pub(crate) gen: Cell<u32>,
+    pub(crate) storage: storage::BatchStorage,
 }
 
 /// State shared by the executor and its tasks' contexts (one core, one
@@ -173,15 +212,21 @@ impl<N: Nic> Core<N> {
             .map_or(NodeId::MAX, |q| q.peer())
     }
 
+    /// Recovers errored queue pairs whose completions are all in. One whose
+    /// peer is dead stays in error and is not retried here (a post to it
+    /// retries, and reports the node dead), so a dead node costs nothing
+    /// per turn.
     fn recover_qps(&self) {
         let mut qps = self.qps.borrow_mut();
-        let mut still = false;
+        let mut busy = false;
         for qp in qps.iter_mut().flatten() {
-            if qp.state() == QpState::Error && qp.recover().is_err() {
-                still = true;
+            if qp.state() == QpState::Error {
+                if let Err(crate::nic::RecoverError::Busy { .. }) = qp.recover() {
+                    busy = true;
+                }
             }
         }
-        self.qp_errors.set(still);
+        self.qp_errors.set(busy);
     }
 }
 
@@ -212,12 +257,7 @@ impl<N: Nic> Executor<N> {
     where
         N::Reg: 'static,
     {
-        if cfg.slots == 0 || cfg.slots > u16::MAX as usize || cfg.poll_batch == 0 {
-            return Err(ExecError::BadConfig(format!(
-                "slots must be 1..=65535 and poll_batch positive (got {} and {})",
-                cfg.slots, cfg.poll_batch
-            )));
-        }
+        cfg.check()?;
         let need = cfg.scratch_bytes();
         if scratch.len() < need || !(scratch.as_ptr() as usize).is_multiple_of(8) {
             return Err(ExecError::ScratchTooSmall {
@@ -253,13 +293,13 @@ impl<N: Nic> Executor<N> {
                 // the registered scratch (size checked above), is disjoint
                 // from every other slot's, and `keep` keeps it alive. The
                 // first MAX_BATCH words are the atomics area; the arena gets
-                // the rest. per_slot is a multiple of 8 when the scratch size
-                // is, and we round the arena down to keep it aligned.
+                // the rest. `check` made per_slot a multiple of 8 and the
+                // scratch base is 8-aligned (checked), so every window is.
                 unsafe {
                     let w = base.add(i * per_slot);
                     let atomics = w as *mut u64;
                     let arena_base = w.add(MAX_BATCH * 8);
-                    let arena_len = cfg.scratch_bytes_per_slot & !7;
+                    let arena_len = cfg.scratch_bytes_per_slot;
                     Slot {
                         wake: Arc::new(SlotWake {
                             woken: std::sync::atomic::AtomicBool::new(false),
@@ -271,6 +311,8 @@ impl<N: Nic> Executor<N> {
                         atomics,
                         counters: Cell::new(VerbCounters::default()),
                         busy: Cell::new(false),
+                        gen: Cell::new(0),
+                        storage: storage::BatchStorage::new(),
                     }
                 }
             })

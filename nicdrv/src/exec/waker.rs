@@ -22,7 +22,9 @@ impl SlotWake {
     }
 
     pub(crate) fn take(&self) -> bool {
-        self.woken.swap(false, Ordering::Acquire)
+        // A plain load first: most slots are not woken, and a swap is a
+        // locked read-modify-write even when it changes nothing.
+        self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Acquire)
     }
 }
 

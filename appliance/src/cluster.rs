@@ -1,0 +1,177 @@
+//! A whole cluster on one host with the emu backend: memory nodes as
+//! shared mappings owned by this process, and compute cores as pinned
+//! threads, each running one executor with a queue pair to every memory
+//! node.
+
+use mempool::CorePool;
+use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
+use nicdrv::{Executor, ExecutorConfig};
+use std::fmt;
+
+/// What an emu cluster is made of.
+#[derive(Clone, Debug)]
+pub struct EmuClusterConfig {
+    pub memory_nodes: usize,
+    /// Host memory per memory node.
+    pub host_bytes: u64,
+    /// Device memory per memory node (the HOCL lock table lives there).
+    pub dm_bytes: u64,
+    pub emu: EmuConfig,
+}
+
+impl Default for EmuClusterConfig {
+    fn default() -> Self {
+        EmuClusterConfig {
+            memory_nodes: 2,
+            host_bytes: 256 << 20,
+            dm_bytes: 256 << 10,
+            emu: EmuConfig::default(),
+        }
+    }
+}
+
+/// Why a cluster could not boot or a core could not start.
+#[derive(Debug)]
+pub enum ClusterError {
+    Config(String),
+    Node(nicdrv::emu::EmuError),
+    Device(String),
+    Memory(mempool::MemError),
+    Executor(nicdrv::ExecError),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Config(s) => write!(f, "invalid cluster configuration: {s}"),
+            ClusterError::Node(e) => write!(f, "memory node: {e}"),
+            ClusterError::Device(s) => write!(f, "device: {s}"),
+            ClusterError::Memory(e) => write!(f, "memory: {e}"),
+            ClusterError::Executor(e) => write!(f, "executor: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {}
+
+/// A booted single-host cluster.
+pub struct EmuCluster {
+    nic: EmuNic,
+    endpoints: Vec<EmuEndpoint>,
+    // Owners last: endpoints keep the mappings, owners keep the nodes alive.
+    nodes: Vec<EmuNode>,
+}
+
+impl EmuCluster {
+    /// Creates and registers the memory nodes (ids 0..n).
+    pub fn boot(cfg: &EmuClusterConfig) -> Result<EmuCluster, ClusterError> {
+        if cfg.memory_nodes == 0 || cfg.memory_nodes > u16::MAX as usize {
+            return Err(ClusterError::Config(format!(
+                "memory_nodes must be 1..=65535, got {}",
+                cfg.memory_nodes
+            )));
+        }
+        let mut nodes = Vec::with_capacity(cfg.memory_nodes);
+        for id in 0..cfg.memory_nodes {
+            let node = EmuNode::create(&EmuNodeConfig {
+                id: id as u16,
+                host_bytes: cfg.host_bytes,
+                dm_bytes: cfg.dm_bytes,
+                backing: Backing::Memfd,
+            })
+            .map_err(ClusterError::Node)?;
+            node.register_all()
+                .map_err(|e| ClusterError::Device(e.to_string()))?;
+            nodes.push(node);
+        }
+        let endpoints = nodes.iter().map(EmuNode::endpoint).collect();
+        Ok(EmuCluster {
+            nic: EmuNic::new(cfg.emu),
+            endpoints,
+            nodes,
+        })
+    }
+
+    pub fn nic(&self) -> &EmuNic {
+        &self.nic
+    }
+
+    pub fn memory_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn endpoints(&self) -> &[EmuEndpoint] {
+        &self.endpoints
+    }
+
+    /// The owner's view of a node (for checks after a run).
+    pub fn node(&self, id: usize) -> &EmuNode {
+        &self.nodes[id]
+    }
+
+    /// An executor on the calling thread with a queue pair to every node and
+    /// registered scratch from mempool.
+    pub fn executor(&self, cfg: ExecutorConfig) -> Result<Executor<EmuNic>, ClusterError> {
+        let dev = |e: nicdrv::nic::RegError| ClusterError::Device(e.to_string());
+        let cq = self
+            .nic
+            .create_cq(cfg.qp_depth() * self.endpoints.len() as u32)
+            .map_err(dev)?;
+        let mut qps = Vec::with_capacity(self.endpoints.len());
+        for ep in &self.endpoints {
+            qps.push(
+                self.nic
+                    .create_qp(&cq, cfg.qp_depth())
+                    .map_err(dev)?
+                    .connect(ep),
+            );
+        }
+        let scratch = CorePool::new(&self.nic, &cfg)
+            .map_err(ClusterError::Memory)?
+            .into_scratch();
+        Executor::new(self.nic.clone(), cq, qps, scratch, cfg).map_err(ClusterError::Executor)
+    }
+
+    /// Runs `cores` compute cores, each a thread (pinned to CPU `i mod
+    /// cpus` when `pin`) with its own executor, and returns what each
+    /// returned.
+    pub fn run_cores<R: Send>(
+        &self,
+        cores: usize,
+        cfg: ExecutorConfig,
+        pin: bool,
+        per_core: impl Fn(usize, &mut Executor<EmuNic>) -> R + Sync,
+    ) -> Result<Vec<R>, ClusterError> {
+        let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len().max(1));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..cores)
+                .map(|i| {
+                    let per_core = &per_core;
+                    std::thread::Builder::new()
+                        .name(format!("loch-core-{i}"))
+                        .spawn_scoped(s, move || {
+                            if pin && !nicdrv::exec::pin_current_thread(i % cpus) {
+                                log::warn!("could not pin core thread {i} to CPU {}", i % cpus);
+                            }
+                            let mut ex = self.executor(cfg)?;
+                            Ok(per_core(i, &mut ex))
+                        })
+                        .expect("spawn core thread")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("core thread panicked"))
+                .collect()
+        })
+    }
+}
+
+/// The CPU time a run used per operation (ns), from the wall time of
+/// `threads` busy-polling cores: each pinned core spins for the whole run.
+pub fn cpu_ns_per_op(elapsed_ns: u64, threads: usize, ops: u64) -> f64 {
+    if ops == 0 {
+        return 0.0;
+    }
+    elapsed_ns as f64 * threads as f64 / ops as f64
+}

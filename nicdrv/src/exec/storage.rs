@@ -1,0 +1,170 @@
+//! A slot's batch storage: the requests of the batch being built, their
+//! target nodes and buffers, laid out once at start. Keeping them here
+//! rather than in the batch value keeps task futures small, so moving them
+//! (which Rust does whenever a future is created or awaited) costs a few
+//! words instead of kilobytes.
+//!
+//! Access goes through `UnsafeCell`s. That is sound because a slot belongs
+//! to one executor thread, every access is a short borrow inside one of the
+//! methods below that never calls back into task code, and no reference
+//! into the storage escapes these methods.
+
+use super::arena::Buf;
+use super::ctx::{LAST_BIT, MAX_BATCH};
+use super::error::VerbError;
+use super::Slot;
+use crate::addr::{GlobalAddr, NodeId};
+use crate::counters::VerbCounters;
+use crate::verbs::{LKey, Opcode, RKey, Sge, WorkRequest, WrOp};
+use std::cell::UnsafeCell;
+
+/// A work request that is never posted; fills unused storage.
+pub(crate) const PLACEHOLDER_WR: WorkRequest = WorkRequest {
+    wr_id: 0,
+    signaled: false,
+    op: WrOp::Read {
+        remote: GlobalAddr::NULL,
+        rkey: RKey(0),
+        local: Sge {
+            addr: std::ptr::null_mut(),
+            len: 0,
+            lkey: LKey(0),
+        },
+    },
+};
+
+pub(crate) struct BatchStorage {
+    wrs: UnsafeCell<[WorkRequest; MAX_BATCH]>,
+    nodes: UnsafeCell<[NodeId; MAX_BATCH]>,
+    grouped: UnsafeCell<[WorkRequest; MAX_BATCH]>,
+    bufs: UnsafeCell<[Option<Buf>; MAX_BATCH]>,
+    /// Entries of `bufs` that may hold a buffer (a high-water mark since the
+    /// last clear), so clearing touches only those.
+    used: std::cell::Cell<u8>,
+}
+
+impl BatchStorage {
+    pub(crate) fn new() -> BatchStorage {
+        BatchStorage {
+            wrs: UnsafeCell::new([PLACEHOLDER_WR; MAX_BATCH]),
+            nodes: UnsafeCell::new([0; MAX_BATCH]),
+            grouped: UnsafeCell::new([PLACEHOLDER_WR; MAX_BATCH]),
+            bufs: UnsafeCell::new([const { None }; MAX_BATCH]),
+            used: std::cell::Cell::new(0),
+        }
+    }
+}
+
+const SEQ_MASK: u64 = 0xffff << 32;
+
+impl Slot {
+    /// Drops the buffers a previous batch left (untaken results, or those of
+    /// a batch that was never submitted).
+    pub(crate) fn clear_storage(&self) {
+        // SAFETY: see the module comment; dropping a Buf only touches its
+        // arena's counters, never this storage.
+        let bufs = unsafe { &mut *self.storage.bufs.get() };
+        for b in bufs[..self.storage.used.get() as usize].iter_mut() {
+            drop(b.take());
+        }
+        self.storage.used.set(0);
+    }
+
+    pub(crate) fn store(&self, ix: usize, node: NodeId, wr: WorkRequest, buf: Option<Buf>) {
+        // SAFETY: see the module comment.
+        unsafe {
+            (*self.storage.wrs.get())[ix] = wr;
+            (*self.storage.nodes.get())[ix] = node;
+            (*self.storage.bufs.get())[ix] = buf;
+        }
+        let used = &self.storage.used;
+        used.set(used.get().max(ix as u8 + 1));
+    }
+
+    pub(crate) fn with_wr(&self, ix: usize, f: impl FnOnce(&mut WorkRequest)) {
+        // SAFETY: see the module comment; `f` is ours (a field update).
+        f(unsafe { &mut (*self.storage.wrs.get())[ix] })
+    }
+
+    pub(crate) fn opcode_of(&self, ix: usize) -> Opcode {
+        // SAFETY: see the module comment.
+        unsafe { (*self.storage.wrs.get())[ix].op.opcode() }
+    }
+
+    pub(crate) fn take_buf(&self, ix: usize) -> Option<Buf> {
+        // SAFETY: see the module comment.
+        unsafe { (*self.storage.bufs.get())[ix].take() }
+    }
+
+    pub(crate) fn peek_word(&self, ix: usize) -> Option<u64> {
+        // SAFETY: see the module comment; the value is copied out.
+        unsafe { (*self.storage.bufs.get())[ix].as_ref().map(|b| b.u64_at(0)) }
+    }
+
+    /// Posts the first `len` stored requests, one doorbell per memory node
+    /// (in order of first appearance), each group's last request signaled
+    /// and marked last. Stops at the first refused post. Returns the groups
+    /// posted and the refusal, if any.
+    pub(crate) fn post_groups(
+        &self,
+        len: usize,
+        seq: u16,
+        counters: &mut VerbCounters,
+        mut post: impl FnMut(NodeId, &[WorkRequest]) -> Result<(), VerbError>,
+    ) -> (u32, Option<VerbError>) {
+        // SAFETY: see the module comment; `post` reaches the queue pairs,
+        // never this storage.
+        let (wrs, nodes, grouped) = unsafe {
+            (
+                &mut *self.storage.wrs.get(),
+                &*self.storage.nodes.get(),
+                &mut *self.storage.grouped.get(),
+            )
+        };
+        for w in wrs[..len].iter_mut() {
+            w.wr_id = (w.wr_id & !SEQ_MASK & !LAST_BIT) | ((seq as u64) << 32);
+            w.signaled = false;
+        }
+        let mut groups = 0u32;
+        let mut send = |node: NodeId, g: &mut [WorkRequest], counters: &mut VerbCounters| {
+            let last = g.len() - 1;
+            g[last].signaled = true;
+            g[last].wr_id |= LAST_BIT;
+            post(node, g)?;
+            self.arena.posted_group();
+            counters.doorbells += 1;
+            for w in g.iter() {
+                counters.count(w.op.opcode(), w.op.len());
+            }
+            Ok::<(), VerbError>(())
+        };
+        let first = nodes[0];
+        if nodes[..len].iter().all(|&n| n == first) {
+            return match send(first, &mut wrs[..len], counters) {
+                Ok(()) => (1, None),
+                Err(e) => (0, Some(e)),
+            };
+        }
+        let mut done = [false; MAX_BATCH];
+        for i in 0..len {
+            if done[i] {
+                continue;
+            }
+            let node = nodes[i];
+            let mut n = 0;
+            for j in i..len {
+                if nodes[j] == node {
+                    done[j] = true;
+                    grouped[n] = wrs[j];
+                    n += 1;
+                }
+            }
+            if let Err(e) = send(node, &mut grouped[..n], counters) {
+                return (groups, Some(e));
+            }
+            groups += 1;
+        }
+        debug_assert!(groups > 1);
+        (groups, None)
+    }
+}
