@@ -3,7 +3,9 @@
 //! path every Loch data structure takes.
 //!
 //! Each compute thread runs one executor with `depth` tasks; each task
-//! keeps one verb in flight, so `depth` is the number in flight per thread.
+//! keeps one doorbell of `batch` verbs in flight (perftest's post list), so
+//! `depth × batch` verbs are in flight per thread; `--batch 1` (the
+//! default) is one verb per doorbell.
 //! Tasks reuse one registered buffer each, so nothing is allocated or
 //! zeroed per verb. Every task targets its own 64-byte-aligned slot on a
 //! memory node (round robin over nodes) unless `--contended` puts them all
@@ -24,6 +26,7 @@ pub struct VerbSpec {
     pub verb: Opcode,
     pub size: usize,
     pub depth: usize,
+    pub batch: usize,
     pub threads: usize,
     pub duration_ms: u64,
     pub max_ops: u64,
@@ -48,9 +51,10 @@ fn parse_verb(s: &str) -> Result<Opcode, ArgError> {
     })
 }
 
+/// Latency is per doorbell (all `batch` verbs of it complete together).
 pub const USAGE: &str =
     "loch-bench verbs [--backend emu] [--verb read|write|cas|faa|masked-cas] [--size BYTES]
-                  [--depth N] [--threads N] [--duration SECS] [--ops N] [--memory-nodes N]
+                  [--depth N] [--batch N] [--threads N] [--duration SECS] [--ops N] [--memory-nodes N]
                   [--latency-ns N] [--contended] [--no-pin] [--json] [--matrix]
   --matrix runs the foundation figures: 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at
   depth 1 and 16 (other flags still apply).";
@@ -68,6 +72,7 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
     let size =
         parse_size(&size_s).ok_or_else(|| ArgError(format!("--size: cannot parse `{size_s}`")))?;
     let depth: usize = a.get("depth", 1)?;
+    let batch: usize = a.get("batch", 1)?;
     let threads: usize = a.get("threads", 1)?;
     let duration: f64 = a.get("duration", 2.0)?;
     let max_ops: u64 = a.get("ops", 0)?;
@@ -80,6 +85,12 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
     a.finish()?;
     if depth == 0 || depth > 1024 {
         return Err(ArgError(format!("--depth must be 1..=1024, got {depth}")));
+    }
+    if batch == 0 || batch > nicdrv::exec::MAX_BATCH {
+        return Err(ArgError(format!(
+            "--batch must be 1..={}, got {batch}",
+            nicdrv::exec::MAX_BATCH
+        )));
     }
     if threads == 0 || threads > 256 {
         return Err(ArgError(format!(
@@ -107,6 +118,7 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
         verb,
         size: if verb.is_atomic() { 8 } else { size },
         depth,
+        batch,
         threads,
         duration_ms: (duration * 1000.0) as u64,
         max_ops,
@@ -163,7 +175,7 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
 /// Runs one point on a fresh emu cluster.
 pub fn measure(spec: &VerbSpec) -> Result<RunStats, String> {
     let stride = spec.size.next_multiple_of(64).max(64) as u64;
-    let slots_total = (spec.threads * spec.depth) as u64;
+    let slots_total = (spec.threads * spec.depth * spec.batch) as u64;
     let per_node = slots_total.div_ceil(spec.memory_nodes as u64);
     let host_bytes = (mempool::SUPERBLOCK_BYTES + per_node * stride).next_multiple_of(1 << 20);
     let cluster = EmuCluster::boot(&EmuClusterConfig {
@@ -178,7 +190,7 @@ pub fn measure(spec: &VerbSpec) -> Result<RunStats, String> {
     .map_err(|e| e.to_string())?;
     let cfg = ExecutorConfig {
         slots: spec.depth,
-        scratch_bytes_per_slot: (spec.size.next_multiple_of(8)).max(4096),
+        scratch_bytes_per_slot: (spec.size.next_multiple_of(8) * spec.batch).max(4096),
         poll_batch: 32,
     };
     let spec2 = spec.clone();
@@ -215,28 +227,36 @@ fn core_loop(
     let nodes = spec.memory_nodes as u64;
     for slot in 0..spec.depth {
         let (hist, ops, spec, failure) = (hist.clone(), ops.clone(), spec.clone(), failure.clone());
-        let k = (core * spec.depth + slot) as u64;
-        let addr = if spec.contended {
-            GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES)
-        } else {
-            GlobalAddr::host(
-                (k % nodes) as u16,
-                mempool::SUPERBLOCK_BYTES + (k / nodes) * stride,
-            )
+        let addr_of = move |i: usize| {
+            let k = ((core * spec.depth + slot) * spec.batch + i) as u64;
+            if spec.contended {
+                GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES)
+            } else {
+                GlobalAddr::host(
+                    (k % nodes) as u16,
+                    mempool::SUPERBLOCK_BYTES + (k / nodes) * stride,
+                )
+            }
         };
         ex.spawn(move |ctx| async move {
             let deadline = ctx.nic().now_ns() + spec.duration_ms * 1_000_000;
-            let mut buf = Some(ctx.alloc(spec.size).expect("scratch sized for the verb"));
+            let mut bufs: Vec<Option<nicdrv::Buf>> = (0..spec.batch)
+                .map(|_| Some(ctx.alloc(spec.size).expect("scratch sized for the verbs")))
+                .collect();
+            let mut ids = [None; nicdrv::exec::MAX_BATCH];
             while ctx.now_ns() < deadline && ops.get() < budget {
                 let t = ctx.now_ns();
                 let mut b = ctx.batch();
-                let op = match spec.verb {
-                    Opcode::Read => b.read(addr, buf.take().expect("buffer")),
-                    Opcode::Write => b.write(addr, buf.take().expect("buffer")),
-                    Opcode::Cas => b.cas(addr, 0, 0),
-                    Opcode::Faa => b.faa(addr, 1),
-                    Opcode::MaskedCas => b.masked_cas(addr, 0, 0xff, 0, 0xff),
-                };
+                for (i, buf) in bufs.iter_mut().enumerate() {
+                    let addr = addr_of(i);
+                    ids[i] = Some(match spec.verb {
+                        Opcode::Read => b.read(addr, buf.take().expect("buffer")),
+                        Opcode::Write => b.write(addr, buf.take().expect("buffer")),
+                        Opcode::Cas => b.cas(addr, 0, 0),
+                        Opcode::Faa => b.faa(addr, 1),
+                        Opcode::MaskedCas => b.masked_cas(addr, 0, 0xff, 0, 0xff),
+                    });
+                }
                 let mut done = match b.submit().await {
                     Ok(d) => d,
                     Err(e) => {
@@ -245,10 +265,12 @@ fn core_loop(
                     }
                 };
                 if !spec.verb.is_atomic() {
-                    buf = Some(done.take_buf(op));
+                    for (buf, id) in bufs.iter_mut().zip(ids) {
+                        *buf = Some(done.take_buf(id.expect("posted")));
+                    }
                 }
                 let _ = hist.borrow_mut().record((ctx.now_ns() - t).max(1));
-                ops.set(ops.get() + 1);
+                ops.set(ops.get() + spec.batch as u64);
             }
         })
         .expect("slot per depth");
@@ -272,10 +294,11 @@ fn core_loop(
 
 fn print_header() {
     println!(
-        "{:<6} {:>6} {:>5} {:>7} {:>11} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>6}",
+        "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>6}",
         "verb",
         "bytes",
         "depth",
+        "batch",
         "threads",
         "ops",
         "Mops/s",
@@ -291,10 +314,11 @@ fn print_header() {
 fn print_row(s: &VerbSpec, r: &RunStats) {
     let gbs = r.ops_per_sec() * s.size as f64 / 1e9;
     println!(
-        "{:<6} {:>6} {:>5} {:>7} {:>11} {:>9.2} {:>10.1} {:>8} {:>8} {:>8} {:>8.2} {:>6.2}",
+        "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9.2} {:>10.1} {:>8} {:>8} {:>8} {:>8.2} {:>6.2}",
         s.verb.name(),
         s.size,
         s.depth,
+        s.batch,
         s.threads,
         r.ops,
         r.ops_per_sec() / 1e6,
@@ -313,6 +337,7 @@ pub fn report_json(s: &VerbSpec, r: &RunStats) -> serde_json::Value {
         "verb": s.verb.name(),
         "size": s.size,
         "depth": s.depth,
+        "batch": s.batch,
         "threads": s.threads,
         "memory_nodes": s.memory_nodes,
         "injected_latency_ns_one_way": s.latency_ns,

@@ -159,13 +159,23 @@ impl<N: Nic> Ctx<N> {
     /// An address outside every region still gets its space's key, so that
     /// the responder — not the client — rejects it, as a real NIC would.
     fn rkey_for(&self, addr: GlobalAddr, len: u64) -> Result<RKey, VerbError> {
+        let (space, off) = (addr.space(), addr.offset());
+        if let Some(Some(r)) = self
+            .core
+            .routes
+            .get(addr.node() as usize)
+            .map(|r| &r[space.index()])
+        {
+            if r.contains(space, off, len) {
+                return Ok(r.rkey);
+            }
+        }
         let qps = self.core.qps.borrow();
         let qp = qps
             .get(addr.node() as usize)
             .and_then(|q| q.as_ref())
             .ok_or(VerbError::NoRoute { node: addr.node() })?;
         let regions = qp.remote_regions();
-        let (space, off) = (addr.space(), addr.offset());
         Ok(regions
             .iter()
             .find(|r| r.contains(space, off, len))
@@ -432,8 +442,7 @@ impl<'a, N: Nic> Batch<'a, N> {
         let seq = slot.seq.get().wrapping_add(1);
         slot.seq.set(seq);
         slot.failure.set(None);
-        let mut counters = slot.counters.get();
-        let (groups, post_err) = slot.post_groups(len, seq, &mut counters, |node, wrs| {
+        let (groups, post_err) = slot.post_groups(len, seq, |node, wrs| {
             // SAFETY: each local SGE is a Buf held in the slot's storage
             // until the batch completes (if this future is dropped first, the
             // storage is cleared only by a later batch, and the arena keeps
@@ -446,12 +455,7 @@ impl<'a, N: Nic> Batch<'a, N> {
         });
         slot.pending.set(groups);
         if groups > 0 {
-            counters.round_trips += 1;
-        }
-        // Error completions are counted by the executor; keep its count.
-        counters.errors = slot.counters.get().errors;
-        slot.counters.set(counters);
-        if groups > 0 {
+            slot.bump(|c| c.round_trips += 1);
             BatchDone { slot, seq }.await;
         }
         if let Some(e) = post_err {

@@ -160,12 +160,25 @@ pub(crate) struct Core<N: Nic> {
     pub(crate) nic: N,
     pub(crate) caps: Caps,
     pub(crate) qps: RefCell<Vec<Option<N::Qp>>>,
+    /// Per node, the first region of each space as learnt at start: the
+    /// fast path of rkey lookup (see `Ctx::rkey_for`).
+    pub(crate) routes: Vec<[Option<crate::nic::RemoteRegion>; 2]>,
     pub(crate) slots: Box<[Slot]>,
     pub(crate) now_ns: Cell<u64>,
     pub(crate) lkey: crate::verbs::LKey,
     /// Set when an error completion arrived; the executor then recovers
     /// queue pairs whose requests have all been polled.
     pub(crate) qp_errors: Cell<bool>,
+}
+
+impl Slot {
+    /// Updates the slot's counters in place (they are 80 bytes; copying
+    /// them out and back costs more than the update).
+    pub(crate) fn bump(&self, f: impl FnOnce(&mut VerbCounters)) {
+        // SAFETY: the Cell is !Sync and this thread is its only user; `f`
+        // only edits the counters and cannot reach this Cell again.
+        f(unsafe { &mut *self.counters.as_ptr() })
+    }
 }
 
 impl<N: Nic> Core<N> {
@@ -179,9 +192,7 @@ impl<N: Nic> Core<N> {
         let current = slot.seq.get() == seq;
         if !wc.status.is_ok() {
             self.qp_errors.set(true);
-            let mut c = slot.counters.get();
-            c.errors += 1;
-            slot.counters.set(c);
+            slot.bump(|c| c.errors += 1);
             if current && slot.failure.get().is_none() {
                 let node = self.node_of_qp(wc.qp_num);
                 slot.failure.set(Some((op, wc.status, node)));
@@ -323,11 +334,22 @@ impl<N: Nic> Executor<N> {
             ));
         }
         let wakers = slots.iter().map(|s| waker::waker_for(&s.wake)).collect();
+        let routes = by_node
+            .iter()
+            .map(|q| {
+                let mut r = [None, None];
+                for reg in q.iter().flat_map(|q| q.remote_regions()) {
+                    r[reg.space.index()].get_or_insert(*reg);
+                }
+                r
+            })
+            .collect();
         let core = Rc::new(Core {
             caps: nic.caps(),
             now_ns: Cell::new(nic.now_ns()),
             nic,
             qps: RefCell::new(by_node),
+            routes,
             slots,
             lkey,
             qp_errors: Cell::new(false),

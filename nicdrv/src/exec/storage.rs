@@ -109,7 +109,6 @@ impl Slot {
         &self,
         len: usize,
         seq: u16,
-        counters: &mut VerbCounters,
         mut post: impl FnMut(NodeId, &[WorkRequest]) -> Result<(), VerbError>,
     ) -> (u32, Option<VerbError>) {
         // SAFETY: see the module comment; `post` reaches the queue pairs,
@@ -126,21 +125,23 @@ impl Slot {
             w.signaled = false;
         }
         let mut groups = 0u32;
-        let mut send = |node: NodeId, g: &mut [WorkRequest], counters: &mut VerbCounters| {
+        let mut send = |node: NodeId, g: &mut [WorkRequest]| {
             let last = g.len() - 1;
             g[last].signaled = true;
             g[last].wr_id |= LAST_BIT;
             post(node, g)?;
             self.arena.posted_group();
-            counters.doorbells += 1;
-            for w in g.iter() {
-                counters.count(w.op.opcode(), w.op.len());
-            }
+            self.bump(|c: &mut VerbCounters| {
+                c.doorbells += 1;
+                for w in g.iter() {
+                    c.count(w.op.opcode(), w.op.len());
+                }
+            });
             Ok::<(), VerbError>(())
         };
         let first = nodes[0];
         if nodes[..len].iter().all(|&n| n == first) {
-            return match send(first, &mut wrs[..len], counters) {
+            return match send(first, &mut wrs[..len]) {
                 Ok(()) => (1, None),
                 Err(e) => (0, Some(e)),
             };
@@ -159,7 +160,7 @@ impl Slot {
                     n += 1;
                 }
             }
-            if let Err(e) = send(node, &mut grouped[..n], counters) {
+            if let Err(e) = send(node, &mut grouped[..n]) {
                 return (groups, Some(e));
             }
             groups += 1;

@@ -1,0 +1,45 @@
+//! `loch demo` as a user runs it: it boots, works, checks itself and exits 0;
+//! bad flags exit 2.
+
+use std::process::Command;
+
+#[test]
+fn demo_runs_and_passes_its_checks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args(["demo", "--seconds", "0.5", "--no-pin"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "operations/s",
+        "round trips/op",
+        "bytes read/op",
+        "latency p50",
+        "latency p99",
+    ] {
+        assert!(stdout.contains(line), "summary lacks {line}: {stdout}");
+    }
+    assert_eq!(stdout.matches(": ok").count(), 3, "{stdout}");
+}
+
+#[test]
+fn demo_refuses_bad_flags() {
+    for args in [
+        &["demo", "--cores", "zero"][..],
+        &["demo", "--warp"],
+        &["teleport"],
+        &["demo", "--seconds", "0"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}");
+    }
+}

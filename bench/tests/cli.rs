@@ -1,0 +1,65 @@
+//! `loch-bench` as scripts use it: JSON with the promised keys, and exit
+//! code 2 with one clear line on bad input.
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(args)
+        .output()
+        .expect("run loch-bench")
+}
+
+#[test]
+fn verbs_json_has_the_promised_keys() {
+    for verb in ["read", "write", "cas", "faa", "masked-cas"] {
+        let out = bench(&[
+            "verbs", "--verb", verb, "--depth", "4", "--batch", "2", "--ops", "20000", "--json",
+            "--no-pin",
+        ]);
+        assert!(
+            out.status.success(),
+            "{verb}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        for key in [
+            "ops",
+            "ops_per_sec",
+            "ns_per_op",
+            "bytes_per_op",
+            "round_trips_per_op",
+        ] {
+            assert!(v[key].is_number(), "{verb}: missing {key} in {v}");
+        }
+        for q in ["p50", "p99", "p999"] {
+            assert!(
+                v["latency_ns"][q].as_u64().is_some_and(|x| x > 0),
+                "{verb}: latency {q}"
+            );
+        }
+        assert!(v["ops"].as_u64().unwrap() >= 20000);
+        assert_eq!(v["errors"].as_u64(), Some(0));
+        // Two verbs per doorbell: half a round trip per verb.
+        assert!((v["round_trips_per_op"].as_f64().unwrap() - 0.5).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_line() {
+    for (args, needle) in [
+        (vec!["verbs", "--verb", "teleport"], "unknown verb"),
+        (vec!["verbs", "--depth", "0"], "--depth"),
+        (vec!["verbs", "--size", "lots"], "--size"),
+        (vec!["verbs", "--backend", "carrier-pigeon"], "--backend"),
+        (vec!["verbs", "--bogus", "1"], "unknown flag"),
+        (vec!["verbs", "--duration"], "needs a value"),
+        (vec!["frobnicate"], "unknown command"),
+    ] {
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: no partial output");
+    }
+}
