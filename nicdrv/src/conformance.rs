@@ -8,13 +8,11 @@
 //! that reorders, drops or duplicates a request fails them.
 
 use crate::addr::{GlobalAddr, NodeId, Space};
-use crate::exec::{Ctx, Executor, ExecutorConfig, VerbError, MAX_BATCH};
+use crate::exec::{Ctx, VerbError, MAX_BATCH};
 use crate::nic::{CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair};
 use crate::verbs::{Completion, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp};
-use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 /// Makes one task per (thread, task) pair, inside the thread that runs it.
@@ -37,8 +35,6 @@ pub trait Harness {
     fn memory_nodes(&self) -> Vec<NodeId>;
     fn host_bytes(&self, node: NodeId) -> u64;
     fn dm_bytes(&self, node: NodeId) -> u64;
-    /// An executor on the calling thread, connected to every memory node.
-    fn executor(&self, cfg: ExecutorConfig) -> Executor<Self::N>;
     /// Runs `threads` executors in parallel (OS threads, or simulated
     /// threads), each with `tasks` tasks made by `f`, to completion.
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<Self::N>);
@@ -76,32 +72,32 @@ pub trait Harness {
     fn kill_node(&mut self, node: NodeId);
 }
 
-/// Runs one task on a fresh executor and returns what it produced.
-pub fn run_task<H: Harness, T: 'static, Fut>(h: &H, f: impl FnOnce(Ctx<H::N>) -> Fut) -> T
+/// Runs one task (on one thread of the harness) and returns what it
+/// produced.
+pub fn run_task<H: Harness, T, F, Fut>(h: &H, f: F) -> T
 where
+    T: Send + 'static,
+    F: FnOnce(Ctx<H::N>) -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
 {
-    let mut ex = h.executor(ExecutorConfig::default());
-    let out: Rc<RefCell<Option<T>>> = Rc::new(RefCell::new(None));
+    let f = Mutex::new(Some(f));
+    let out: Arc<Mutex<Option<T>>> = Arc::new(Mutex::new(None));
     let o = out.clone();
-    let fut = f_into(f, o);
-    ex.spawn(fut).expect("a free slot");
-    ex.run();
-    let v = out.borrow_mut().take();
+    h.parallel(
+        1,
+        1,
+        Arc::new(move |ctx, _, _| {
+            let f = f.lock().unwrap().take().expect("run_task's task runs once");
+            let o = o.clone();
+            let fut = f(ctx);
+            Box::pin(async move {
+                let v = fut.await;
+                *o.lock().unwrap() = Some(v);
+            })
+        }),
+    );
+    let v = out.lock().unwrap().take();
     v.expect("task finished")
-}
-
-fn f_into<N: Nic, T: 'static, Fut: Future<Output = T> + 'static>(
-    f: impl FnOnce(Ctx<N>) -> Fut,
-    out: Rc<RefCell<Option<T>>>,
-) -> impl FnOnce(Ctx<N>) -> Pin<Box<dyn Future<Output = ()>>> {
-    move |ctx| {
-        let fut = f(ctx);
-        Box::pin(async move {
-            let v = fut.await;
-            *out.borrow_mut() = Some(v);
-        })
-    }
 }
 
 fn two_nodes<H: Harness>(h: &H) -> (NodeId, NodeId) {

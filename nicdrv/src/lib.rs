@@ -21,6 +21,7 @@ pub mod emu;
 pub mod exec;
 pub mod nic;
 pub mod rng;
+pub mod sim;
 pub mod verbs;
 
 pub use addr::{GlobalAddr, NodeId, Space};

@@ -28,6 +28,22 @@ pub trait Nic: Clone + 'static {
         mem: M,
         access: Access,
     ) -> Result<Mr<M, Self::Reg>, RegError>;
+
+    /// Told by the executor after each turn how many completions it routed
+    /// and how many task polls it made, so a simulated NIC can charge the
+    /// thread's CPU for them. Real backends spend real CPU and ignore it.
+    fn charge_turn(&self, _completions: usize, _task_polls: usize) {}
+
+    /// Charges `ns` of local computation (searching a node, hashing) to the
+    /// calling thread. Real backends ignore it; the simulator advances the
+    /// thread's virtual CPU clock.
+    fn charge_cpu(&self, _ns: u64) {}
+
+    /// Whether dropping an executor must first wait for its requests in
+    /// flight. The simulator cancels them itself when its world ends.
+    fn drain_on_drop(&self) -> bool {
+        true
+    }
 }
 
 /// State of a queue pair as the contract sees it.

@@ -133,9 +133,6 @@ impl Harness for EmuHarness {
     fn dm_bytes(&self, node: NodeId) -> u64 {
         self.endpoints[node as usize].dm_bytes()
     }
-    fn executor(&self, cfg: ExecutorConfig) -> Executor<EmuNic> {
-        build_executor(&self.nic, &self.endpoints, cfg)
-    }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<EmuNic>) {
         std::thread::scope(|s| {
             for th in 0..threads {

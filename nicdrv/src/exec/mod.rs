@@ -16,7 +16,7 @@
 pub mod arena;
 mod ctx;
 mod error;
-mod storage;
+pub(crate) mod storage;
 mod waker;
 
 pub use arena::Buf;
@@ -382,6 +382,14 @@ impl<N: Nic> Executor<N> {
         Ok(ix)
     }
 
+    /// Whether some task is woken and waiting for a turn.
+    pub fn has_ready(&self) -> bool {
+        self.core
+            .slots
+            .iter()
+            .any(|s| s.wake.woken.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Tasks that have not finished.
     pub fn live_tasks(&self) -> usize {
         self.live
@@ -410,7 +418,7 @@ impl<N: Nic> Executor<N> {
         if core.qp_errors.get() {
             core.recover_qps();
         }
-        let mut ran = false;
+        let mut polls = 0;
         for i in 0..self.tasks.len() {
             if !core.slots[i].wake.take() {
                 continue;
@@ -418,14 +426,15 @@ impl<N: Nic> Executor<N> {
             let Some(task) = self.tasks[i].as_mut() else {
                 continue;
             };
-            ran = true;
+            polls += 1;
             let mut cx = Context::from_waker(&self.wakers[i]);
             if task.as_mut().poll(&mut cx).is_ready() {
                 self.tasks[i] = None;
                 self.live -= 1;
             }
         }
-        n > 0 || ran
+        core.nic.charge_turn(n, polls);
+        n > 0 || polls > 0
     }
 
     /// Runs turns until every task has finished.
@@ -504,7 +513,7 @@ impl<N: Nic> Drop for Executor<N> {
         // alive through the arena's reference count, but the queue pairs must
         // be quiet before the registration goes. Drain what we can first.
         self.tasks.iter_mut().for_each(|t| *t = None);
-        if !self.drain(1_000_000) {
+        if self.core.nic.drain_on_drop() && !self.drain(1_000_000) {
             log::warn!("executor dropped with requests still in flight");
         }
     }
