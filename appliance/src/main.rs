@@ -1,13 +1,16 @@
 //! `loch`: boots Loch. `loch demo` runs a whole cluster on this host.
 
-use appliance::demo::{self, DemoConfig};
+use appliance::demo::{self, DemoBackend, DemoConfig};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: loch <command> [flags]
 commands:
-  demo    run a whole cluster on this host (emu backend) with a mixed verb workload
-          flags: --memory-nodes N (2)  --cores N (2)  --tasks N per core (8)
-                 --seconds S (3)  --seed N (1)  --latency-ns N injected one-way (0)  --no-pin";
+  demo    run a whole cluster with a mixed verb workload: on this host (--backend emu,
+          the default) or simulated in virtual time (--backend sim)
+          flags: --backend emu|sim  --memory-nodes N (2)  --cores N (emu 2, sim 16)  --tasks N per core (8)
+                 --seconds S (emu: wall, 3; sim: virtual, 0.005)  --seed N (1)
+                 --compute-nodes N (sim only, 4)  --latency-ns N one-way (emu: injected; sim: link)
+                 --no-pin";
 
 fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
     let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -16,19 +19,38 @@ fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, Stri
 
 fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
     let mut cfg = DemoConfig::default();
+    let mut seconds = None;
+    let (mut cores, mut compute_nodes) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--backend" => {
+                cfg.backend = match it.next().map(String::as_str) {
+                    Some("emu") => DemoBackend::Emu,
+                    Some("sim") => DemoBackend::Sim,
+                    Some(other) => {
+                        return Err(format!("--backend: `{other}` is not available (emu, sim)"))
+                    }
+                    None => return Err("--backend needs a value".into()),
+                }
+            }
+            "--compute-nodes" => compute_nodes = Some(parse(a, it.next())?),
             "--memory-nodes" => cfg.memory_nodes = parse(a, it.next())?,
-            "--cores" => cfg.cores = parse(a, it.next())?,
+            "--cores" => cores = Some(parse(a, it.next())?),
             "--tasks" => cfg.tasks_per_core = parse(a, it.next())?,
-            "--seconds" => cfg.seconds = parse(a, it.next())?,
+            "--seconds" => seconds = Some(parse(a, it.next())?),
             "--seed" => cfg.seed = parse(a, it.next())?,
             "--latency-ns" => cfg.latency_ns = parse(a, it.next())?,
             "--no-pin" => cfg.pin = false,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }
+    // The emu cluster is as big as this host; the simulated one defaults
+    // to 4 compute nodes × 4 threads.
+    let sim = cfg.backend == DemoBackend::Sim;
+    cfg.seconds = seconds.unwrap_or(if sim { 0.005 } else { 3.0 });
+    cfg.cores = cores.unwrap_or(if sim { 16 } else { 2 });
+    cfg.compute_nodes = compute_nodes.unwrap_or(if sim { 4 } else { 1 });
     Ok(cfg)
 }
 

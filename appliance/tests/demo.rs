@@ -24,7 +24,44 @@ fn demo_runs_and_passes_its_checks() {
     ] {
         assert!(stdout.contains(line), "summary lacks {line}: {stdout}");
     }
-    assert_eq!(stdout.matches(": ok").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches(": ok").count(), 4, "{stdout}");
+}
+
+#[test]
+fn demo_on_sim_is_deterministic_and_passes_its_checks() {
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+            .args([
+                "demo",
+                "--backend",
+                "sim",
+                "--seed",
+                "9",
+                "--seconds",
+                "0.002",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(s.matches(": ok").count(), 4, "{s}");
+        assert!(s.contains("SIMULATED"), "{s}");
+        // Everything but the wall-clock speed is a function of the seed.
+        s.lines()
+            .map(|l| {
+                if l.starts_with("loch demo summary") {
+                    l.split(';').next().unwrap().to_string() + &l[l.find("trace").unwrap()..]
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
 }
 
 #[test]

@@ -1,39 +1,54 @@
 //! `loch-bench verbs`: a perftest-style microbenchmark of single verbs
 //! (like ib_read_lat, ib_write_bw, ib_atomic_bw) through the executor, the
-//! path every Loch data structure takes.
+//! path every Loch data structure takes, on the emu backend (wall clock) or
+//! the sim backend (virtual time, paper scale).
 //!
 //! Each compute thread runs one executor with `depth` tasks; each task
 //! keeps one doorbell of `batch` verbs in flight (perftest's post list), so
 //! `depth × batch` verbs are in flight per thread; `--batch 1` (the
-//! default) is one verb per doorbell.
-//! Tasks reuse one registered buffer each, so nothing is allocated or
-//! zeroed per verb. Every task targets its own 64-byte-aligned slot on a
-//! memory node (round robin over nodes) unless `--contended` puts them all
-//! on one word. Latency is measured with the executor's per-turn clock.
+//! default) is one verb per doorbell. Tasks reuse their registered buffers,
+//! so nothing is allocated or zeroed per verb. Every verb targets its own
+//! 64-byte-aligned slot on a memory node (round robin over nodes) unless
+//! `--contended` puts them all on one word. Latency is per doorbell,
+//! measured with the executor's per-turn clock.
 
 use crate::args::{parse_size, ArgError, Args};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::{latency_histogram, CoreStats, RunStats};
+use hdrhistogram::Histogram;
 use nicdrv::emu::EmuConfig;
-use nicdrv::{ExecutorConfig, GlobalAddr, Nic, Opcode};
+use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
+use nicdrv::{Buf, Ctx, ExecutorConfig, GlobalAddr, Nic, Opcode};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Emu,
+    Sim,
+}
+
 /// One benchmark point.
 #[derive(Clone, Debug)]
 pub struct VerbSpec {
+    pub backend: Backend,
     pub verb: Opcode,
     pub size: usize,
     pub depth: usize,
     pub batch: usize,
+    /// Client threads in all (emu: pinned cores; sim: simulated threads
+    /// spread over the compute nodes).
     pub threads: usize,
-    pub duration_ms: u64,
+    /// Wall-clock (emu) or virtual (sim) duration.
+    pub duration_ns: u64,
     pub max_ops: u64,
     pub memory_nodes: usize,
+    pub compute_nodes: usize,
     pub latency_ns: u64,
     pub contended: bool,
     pub pin: bool,
+    pub seed: u64,
 }
 
 fn parse_verb(s: &str) -> Result<Opcode, ArgError> {
@@ -51,32 +66,42 @@ fn parse_verb(s: &str) -> Result<Opcode, ArgError> {
     })
 }
 
-/// Latency is per doorbell (all `batch` verbs of it complete together).
 pub const USAGE: &str =
-    "loch-bench verbs [--backend emu] [--verb read|write|cas|faa|masked-cas] [--size BYTES]
-                  [--depth N] [--batch N] [--threads N] [--duration SECS] [--ops N] [--memory-nodes N]
-                  [--latency-ns N] [--contended] [--no-pin] [--json] [--matrix]
-  --matrix runs the foundation figures: 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at
-  depth 1 and 16 (other flags still apply).";
+    "loch-bench verbs [--backend emu|sim] [--verb read|write|cas|faa|masked-cas] [--size BYTES]
+                  [--depth N] [--batch N] [--threads N] [--duration SECS] [--ops N]
+                  [--memory-nodes N] [--compute-nodes N] [--seed N] [--latency-ns N]
+                  [--contended] [--no-pin] [--json] [--matrix]
+  emu: --threads pinned cores (default 1), --duration wall seconds (default 2), 1 memory node.
+  sim: --threads simulated client threads over --compute-nodes (defaults: 176 threads on 8
+       compute nodes, 8 memory nodes: the Sherman paper's setup), --duration virtual seconds
+       (default 0.01), --seed for the run; --latency-ns overrides the one-way link latency.
+  Latency is per doorbell (all --batch verbs of it complete together).
+  --matrix runs 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at depth 1 and 16.";
 
 pub fn run(raw: &[String]) -> Result<(), ArgError> {
     let mut a = Args::parse(raw, &["json", "contended", "no-pin", "matrix"])?;
-    let backend = a.string("backend").unwrap_or_else(|| "emu".into());
-    if backend != "emu" {
-        return Err(ArgError(format!(
-            "--backend: `{backend}` is not available (this build has: emu)"
-        )));
-    }
+    let backend = match a.string("backend").as_deref().unwrap_or("emu") {
+        "emu" => Backend::Emu,
+        "sim" => Backend::Sim,
+        other => {
+            return Err(ArgError(format!(
+                "--backend: `{other}` is not available (this build has: emu, sim)"
+            )))
+        }
+    };
+    let sim = backend == Backend::Sim;
     let verb = parse_verb(&a.string("verb").unwrap_or_else(|| "read".into()))?;
     let size_s = a.string("size").unwrap_or_else(|| "8".into());
     let size =
         parse_size(&size_s).ok_or_else(|| ArgError(format!("--size: cannot parse `{size_s}`")))?;
     let depth: usize = a.get("depth", 1)?;
     let batch: usize = a.get("batch", 1)?;
-    let threads: usize = a.get("threads", 1)?;
-    let duration: f64 = a.get("duration", 2.0)?;
+    let threads: usize = a.get("threads", if sim { 176 } else { 1 })?;
+    let duration: f64 = a.get("duration", if sim { 0.01 } else { 2.0 })?;
     let max_ops: u64 = a.get("ops", 0)?;
-    let memory_nodes: usize = a.get("memory-nodes", 1)?;
+    let memory_nodes: usize = a.get("memory-nodes", if sim { 8 } else { 1 })?;
+    let compute_nodes: usize = a.get("compute-nodes", if sim { 8 } else { 1 })?;
+    let seed: u64 = a.get("seed", 1)?;
     let latency_ns: u64 = a.get("latency-ns", 0)?;
     let contended = a.switch("contended");
     let pin = !a.switch("no-pin");
@@ -92,14 +117,20 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
             nicdrv::exec::MAX_BATCH
         )));
     }
-    if threads == 0 || threads > 256 {
+    let max_threads = if sim { 100_000 } else { 256 };
+    if threads == 0 || threads > max_threads {
         return Err(ArgError(format!(
-            "--threads must be 1..=256, got {threads}"
+            "--threads must be 1..={max_threads}, got {threads}"
         )));
     }
-    if memory_nodes == 0 || memory_nodes > 64 {
+    if memory_nodes == 0 || memory_nodes > 1024 {
         return Err(ArgError(format!(
-            "--memory-nodes must be 1..=64, got {memory_nodes}"
+            "--memory-nodes must be 1..=1024, got {memory_nodes}"
+        )));
+    }
+    if compute_nodes == 0 || compute_nodes > 1024 {
+        return Err(ArgError(format!(
+            "--compute-nodes must be 1..=1024, got {compute_nodes}"
         )));
     }
     if !(duration > 0.0 && duration <= 3600.0) {
@@ -108,24 +139,27 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
         )));
     }
     if verb.is_atomic() {
-        if size != 8 && size_s != "8" {
+        if size != 8 {
             return Err(ArgError("--size: atomics are 8 bytes".into()));
         }
     } else if size == 0 || size > 16 << 20 {
         return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
     }
     let base = VerbSpec {
+        backend,
         verb,
-        size: if verb.is_atomic() { 8 } else { size },
+        size,
         depth,
         batch,
         threads,
-        duration_ms: (duration * 1000.0) as u64,
+        duration_ns: (duration * 1e9) as u64,
         max_ops,
         memory_nodes,
+        compute_nodes,
         latency_ns,
         contended,
         pin,
+        seed,
     };
     let specs: Vec<VerbSpec> = if matrix {
         let mut v = Vec::new();
@@ -150,15 +184,15 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
         vec![base]
     };
     if !json {
-        print_header();
+        print_header(sim);
     }
     let mut docs = Vec::new();
     for spec in &specs {
-        let stats = measure(spec).map_err(|e| ArgError(format!("benchmark failed: {e}")))?;
+        let r = measure(spec).map_err(|e| ArgError(format!("benchmark failed: {e}")))?;
         if json {
-            docs.push(report_json(spec, &stats));
+            docs.push(report_json(spec, &r));
         } else {
-            print_row(spec, &stats);
+            print_row(spec, &r);
         }
     }
     if json {
@@ -168,19 +202,126 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
             serde_json::Value::Array(docs)
         };
         println!("{out}");
+    } else if sim {
+        println!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
     }
     Ok(())
 }
 
-/// Runs one point on a fresh emu cluster.
-pub fn measure(spec: &VerbSpec) -> Result<RunStats, String> {
-    let stride = spec.size.next_multiple_of(64).max(64) as u64;
+/// A measured point: the run's statistics and, on sim, the simulator's
+/// own speed.
+pub struct Measured {
+    pub stats: RunStats,
+    pub sim_wall_sec: f64,
+    pub sim_verbs: u64,
+}
+
+pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
+    match spec.backend {
+        Backend::Emu => measure_emu(spec),
+        Backend::Sim => measure_sim(spec),
+    }
+}
+
+fn stride(spec: &VerbSpec) -> u64 {
+    spec.size.next_multiple_of(64).max(64) as u64
+}
+
+fn host_bytes(spec: &VerbSpec) -> u64 {
     let slots_total = (spec.threads * spec.depth * spec.batch) as u64;
     let per_node = slots_total.div_ceil(spec.memory_nodes as u64);
-    let host_bytes = (mempool::SUPERBLOCK_BYTES + per_node * stride).next_multiple_of(1 << 20);
+    (mempool::SUPERBLOCK_BYTES + per_node * stride(spec)).next_multiple_of(1 << 20)
+}
+
+fn exec_config(spec: &VerbSpec) -> ExecutorConfig {
+    ExecutorConfig {
+        slots: spec.depth,
+        scratch_bytes_per_slot: (spec.size.next_multiple_of(8) * spec.batch).max(4096),
+        poll_batch: 32,
+    }
+}
+
+/// What the tasks of one executor (emu) or one world (sim) share.
+struct Tally {
+    hist: RefCell<Histogram<u64>>,
+    ops: Cell<u64>,
+    budget: u64,
+    failure: RefCell<Option<String>>,
+}
+
+impl Tally {
+    fn new(budget: u64) -> Rc<Tally> {
+        Rc::new(Tally {
+            hist: RefCell::new(latency_histogram()),
+            ops: Cell::new(0),
+            budget,
+            failure: RefCell::new(None),
+        })
+    }
+}
+
+/// One task: `batch` verbs per doorbell until the deadline or the budget.
+/// Generic over the backend: the same code runs on emu and sim.
+async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Tally>) {
+    let nodes = spec.memory_nodes as u64;
+    let stride = stride(&spec);
+    let addr_of = |i: usize| {
+        let k = first + i as u64;
+        if spec.contended {
+            GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES)
+        } else {
+            GlobalAddr::host(
+                (k % nodes) as u16,
+                mempool::SUPERBLOCK_BYTES + (k / nodes) * stride,
+            )
+        }
+    };
+    let deadline = ctx.nic().now_ns() + spec.duration_ns;
+    let mut bufs: Vec<Option<Buf>> = Vec::with_capacity(spec.batch);
+    for _ in 0..spec.batch {
+        match ctx.alloc(spec.size) {
+            Ok(b) => bufs.push(Some(b)),
+            Err(e) => {
+                *tally.failure.borrow_mut() = Some(e.to_string());
+                return;
+            }
+        }
+    }
+    let mut ids = [None; nicdrv::exec::MAX_BATCH];
+    while ctx.now_ns() < deadline && tally.ops.get() < tally.budget {
+        let t = ctx.now_ns();
+        let mut b = ctx.batch();
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let addr = addr_of(i);
+            ids[i] = Some(match spec.verb {
+                Opcode::Read => b.read(addr, buf.take().expect("buffer")),
+                Opcode::Write => b.write(addr, buf.take().expect("buffer")),
+                Opcode::Cas => b.cas(addr, 0, 0),
+                Opcode::Faa => b.faa(addr, 1),
+                Opcode::MaskedCas => b.masked_cas(addr, 0, 0xff, 0, 0xff),
+            });
+        }
+        let mut done = match b.submit().await {
+            Ok(d) => d,
+            Err(e) => {
+                *tally.failure.borrow_mut() = Some(e.to_string());
+                return;
+            }
+        };
+        if !spec.verb.is_atomic() {
+            for (buf, id) in bufs.iter_mut().zip(ids) {
+                *buf = Some(done.take_buf(id.expect("posted")));
+            }
+        }
+        let _ = tally.hist.borrow_mut().record((ctx.now_ns() - t).max(1));
+        tally.ops.set(tally.ops.get() + spec.batch as u64);
+    }
+}
+
+fn measure_emu(spec: &VerbSpec) -> Result<Measured, String> {
     let cluster = EmuCluster::boot(&EmuClusterConfig {
         memory_nodes: spec.memory_nodes,
-        host_bytes,
+        host_bytes: host_bytes(spec),
         dm_bytes: 64 << 10,
         emu: EmuConfig {
             latency_ns_one_way: spec.latency_ns,
@@ -188,112 +329,111 @@ pub fn measure(spec: &VerbSpec) -> Result<RunStats, String> {
         },
     })
     .map_err(|e| e.to_string())?;
-    let cfg = ExecutorConfig {
-        slots: spec.depth,
-        scratch_bytes_per_slot: (spec.size.next_multiple_of(8) * spec.batch).max(4096),
-        poll_batch: 32,
-    };
-    let spec2 = spec.clone();
-    let cores = cluster
-        .run_cores(spec.threads, cfg, spec.pin, move |core, ex| {
-            core_loop(&spec2, core, ex, stride)
-        })
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .collect::<Result<Vec<_>, String>>()?;
-    let elapsed = cores.iter().map(|c| c.1).max().unwrap_or(0);
-    Ok(RunStats::merge(
-        cores.into_iter().map(|c| c.0).collect(),
-        elapsed,
-    ))
-}
-
-type CoreResult = Result<(CoreStats, u64), String>;
-
-fn core_loop(
-    spec: &VerbSpec,
-    core: usize,
-    ex: &mut nicdrv::Executor<nicdrv::emu::EmuNic>,
-    stride: u64,
-) -> CoreResult {
-    let hist = Rc::new(RefCell::new(latency_histogram()));
-    let ops = Rc::new(Cell::new(0u64));
-    let failure: Rc<RefCell<Option<String>>> = Rc::new(RefCell::new(None));
     let budget = if spec.max_ops == 0 {
         u64::MAX
     } else {
         spec.max_ops.div_ceil(spec.threads as u64)
     };
-    let nodes = spec.memory_nodes as u64;
-    for slot in 0..spec.depth {
-        let (hist, ops, spec, failure) = (hist.clone(), ops.clone(), spec.clone(), failure.clone());
-        let addr_of = move |i: usize| {
-            let k = ((core * spec.depth + slot) * spec.batch + i) as u64;
-            if spec.contended {
-                GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES)
-            } else {
-                GlobalAddr::host(
-                    (k % nodes) as u16,
-                    mempool::SUPERBLOCK_BYTES + (k / nodes) * stride,
-                )
+    let cores = cluster
+        .run_cores(spec.threads, exec_config(spec), spec.pin, |core, ex| {
+            let tally = Tally::new(budget);
+            for slot in 0..spec.depth {
+                let first = ((core * spec.depth + slot) * spec.batch) as u64;
+                let (s, t) = (spec.clone(), tally.clone());
+                ex.spawn(move |ctx| verb_task(ctx, s, first, t))
+                    .expect("one slot per depth");
             }
-        };
-        ex.spawn(move |ctx| async move {
-            let deadline = ctx.nic().now_ns() + spec.duration_ms * 1_000_000;
-            let mut bufs: Vec<Option<nicdrv::Buf>> = (0..spec.batch)
-                .map(|_| Some(ctx.alloc(spec.size).expect("scratch sized for the verbs")))
-                .collect();
-            let mut ids = [None; nicdrv::exec::MAX_BATCH];
-            while ctx.now_ns() < deadline && ops.get() < budget {
-                let t = ctx.now_ns();
-                let mut b = ctx.batch();
-                for (i, buf) in bufs.iter_mut().enumerate() {
-                    let addr = addr_of(i);
-                    ids[i] = Some(match spec.verb {
-                        Opcode::Read => b.read(addr, buf.take().expect("buffer")),
-                        Opcode::Write => b.write(addr, buf.take().expect("buffer")),
-                        Opcode::Cas => b.cas(addr, 0, 0),
-                        Opcode::Faa => b.faa(addr, 1),
-                        Opcode::MaskedCas => b.masked_cas(addr, 0, 0xff, 0, 0xff),
-                    });
-                }
-                let mut done = match b.submit().await {
-                    Ok(d) => d,
-                    Err(e) => {
-                        *failure.borrow_mut() = Some(e.to_string());
-                        return;
-                    }
-                };
-                if !spec.verb.is_atomic() {
-                    for (buf, id) in bufs.iter_mut().zip(ids) {
-                        *buf = Some(done.take_buf(id.expect("posted")));
-                    }
-                }
-                let _ = hist.borrow_mut().record((ctx.now_ns() - t).max(1));
-                ops.set(ops.get() + spec.batch as u64);
+            let begin = std::time::Instant::now();
+            ex.run();
+            let elapsed = begin.elapsed().as_nanos() as u64;
+            if let Some(e) = tally.failure.borrow_mut().take() {
+                return Err(format!("a verb failed: {e}"));
             }
+            let latency_ns = tally.hist.borrow().clone();
+            Ok((
+                CoreStats {
+                    ops: tally.ops.get(),
+                    latency_ns,
+                    counters: ex.counters(),
+                },
+                elapsed,
+            ))
         })
-        .expect("slot per depth");
-    }
-    let begin = std::time::Instant::now();
-    ex.run();
-    let elapsed = begin.elapsed().as_nanos() as u64;
-    let latency_ns = hist.borrow().clone();
-    if let Some(e) = failure.borrow_mut().take() {
-        return Err(format!("a verb failed: {e}"));
-    }
-    Ok((
-        CoreStats {
-            ops: ops.get(),
-            latency_ns,
-            counters: ex.counters(),
-        },
-        elapsed,
-    ))
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .collect::<Result<Vec<_>, String>>()?;
+    let elapsed = cores.iter().map(|c| c.1).max().unwrap_or(0);
+    Ok(Measured {
+        stats: RunStats::merge(cores.into_iter().map(|c| c.0).collect(), elapsed),
+        sim_wall_sec: 0.0,
+        sim_verbs: 0,
+    })
 }
 
-fn print_header() {
-    println!(
+fn measure_sim(spec: &VerbSpec) -> Result<Measured, String> {
+    let mut model = SimModel::default();
+    if spec.latency_ns != 0 {
+        model.link_latency_ns_one_way = spec.latency_ns;
+    }
+    let mut w = World::new(SimConfig {
+        seed: spec.seed,
+        memory_nodes: spec.memory_nodes,
+        host_bytes: host_bytes(spec),
+        dm_bytes: 64 << 10,
+        compute_nodes: spec.compute_nodes,
+        model,
+        faults: Vec::new(),
+    })
+    .map_err(|e| e.to_string())?;
+    let budget = if spec.max_ops == 0 {
+        u64::MAX
+    } else {
+        spec.max_ops
+    };
+    let tally = Tally::new(budget);
+    for th in 0..spec.threads {
+        let t = w
+            .add_thread((th % spec.compute_nodes) as u16, exec_config(spec))
+            .map_err(|e| e.to_string())?;
+        for slot in 0..spec.depth {
+            let first = ((th * spec.depth + slot) * spec.batch) as u64;
+            let (s, tl) = (spec.clone(), tally.clone());
+            w.spawn(t, move |ctx| verb_task(ctx, s, first, tl))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let wall = std::time::Instant::now();
+    let end = w.run();
+    let sim_wall_sec = wall.elapsed().as_secs_f64();
+    if let Some(e) = tally.failure.borrow_mut().take() {
+        return Err(format!("a verb failed: {e}"));
+    }
+    if end != RunEnd::Done {
+        return Err(format!(
+            "the simulation ended {end:?} with tasks unfinished"
+        ));
+    }
+    let mut counters = nicdrv::VerbCounters::default();
+    for t in 0..w.threads() as u32 {
+        counters += w.executor(t).map(|e| e.counters()).unwrap_or_default();
+    }
+    let latency_ns = tally.hist.borrow().clone();
+    let core = CoreStats {
+        ops: tally.ops.get(),
+        latency_ns,
+        counters,
+    };
+    let mut stats = RunStats::merge(vec![core], w.now_ns());
+    stats.threads = spec.threads;
+    Ok(Measured {
+        stats,
+        sim_wall_sec,
+        sim_verbs: w.verbs(),
+    })
+}
+
+fn print_header(sim: bool) {
+    print!(
         "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>6}",
         "verb",
         "bytes",
@@ -309,11 +449,16 @@ fn print_header() {
         "GB/s",
         "rt/op"
     );
+    if sim {
+        print!(" {:>8} {:>12}", "wall s", "sim verbs/s");
+    }
+    println!();
 }
 
-fn print_row(s: &VerbSpec, r: &RunStats) {
+fn print_row(s: &VerbSpec, m: &Measured) {
+    let r = &m.stats;
     let gbs = r.ops_per_sec() * s.size as f64 / 1e9;
-    println!(
+    print!(
         "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9.2} {:>10.1} {:>8} {:>8} {:>8} {:>8.2} {:>6.2}",
         s.verb.name(),
         s.size,
@@ -329,11 +474,21 @@ fn print_row(s: &VerbSpec, r: &RunStats) {
         gbs,
         r.per_op(r.counters.round_trips),
     );
+    if s.backend == Backend::Sim {
+        print!(
+            " {:>8.2} {:>12.0}",
+            m.sim_wall_sec,
+            m.sim_verbs as f64 / m.sim_wall_sec.max(1e-9)
+        );
+    }
+    println!();
 }
 
-pub fn report_json(s: &VerbSpec, r: &RunStats) -> serde_json::Value {
-    json!({
-        "backend": "emu",
+pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
+    let r = &m.stats;
+    let mut v = json!({
+        "backend": if s.backend == Backend::Sim { "sim" } else { "emu" },
+        "simulated": s.backend == Backend::Sim,
         "verb": s.verb.name(),
         "size": s.size,
         "depth": s.depth,
@@ -361,5 +516,12 @@ pub fn report_json(s: &VerbSpec, r: &RunStats) -> serde_json::Value {
         "bytes_read_per_op": r.per_op(r.counters.bytes_read),
         "bytes_written_per_op": r.per_op(r.counters.bytes_written),
         "errors": r.counters.errors,
-    })
+    });
+    if s.backend == Backend::Sim {
+        v["seed"] = json!(s.seed);
+        v["compute_nodes"] = json!(s.compute_nodes);
+        v["sim_wall_sec"] = json!(m.sim_wall_sec);
+        v["sim_verbs_per_wall_sec"] = json!(m.sim_verbs as f64 / m.sim_wall_sec.max(1e-9));
+    }
+    v
 }

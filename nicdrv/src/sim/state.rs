@@ -529,14 +529,19 @@ impl Shared {
             _ => {
                 let slots = m.atomic_slots as u64;
                 let slot = (space.index() as u64 * slots + (off / 8) % slots) as usize;
-                let exec = start.max(node.slot_free[slot]).max(node.atomic_free);
+                // The atomic unit issues at most nic_atomic_rate atomics per
+                // second; each then waits for its slot. Slots serialize only
+                // their own atomics, so a busy slot does not hold up atomics
+                // to other slots.
+                let issue = start.max(node.atomic_free);
+                node.atomic_free = issue + SimModel::per_op_ns(m.nic_atomic_rate_per_sec);
+                let exec = issue.max(node.slot_free[slot]);
                 let cost = if space == Space::Host {
                     m.host_atomic_ns
                 } else {
                     m.dm_atomic_ns
                 };
                 node.slot_free[slot] = exec + cost;
-                node.atomic_free = exec + SimModel::per_op_ns(m.nic_atomic_rate_per_sec);
                 drop(mems);
                 self.reqs.borrow_mut()[r as usize].lines_left = 1;
                 if exec == now {
