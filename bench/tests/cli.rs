@@ -46,6 +46,47 @@ fn verbs_json_has_the_promised_keys() {
 }
 
 #[test]
+fn sim_json_has_the_seed_and_the_simulator_speed_and_is_reproducible() {
+    let run = || {
+        let out = bench(&[
+            "verbs",
+            "--backend",
+            "sim",
+            "--verb",
+            "faa",
+            "--threads",
+            "16",
+            "--compute-nodes",
+            "2",
+            "--memory-nodes",
+            "2",
+            "--duration",
+            "0.0005",
+            "--seed",
+            "4",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a["seed"].as_u64(), Some(4));
+    assert_eq!(a["simulated"].as_bool(), Some(true));
+    assert!(a["sim_verbs_per_wall_sec"].as_f64().unwrap() > 0.0);
+    for key in ["ops", "ops_per_sec", "latency_ns", "round_trips_per_op"] {
+        assert_eq!(a[key], b[key], "{key} differs between two runs of one seed");
+    }
+    // Uncontended 8-byte FAA on host memory: two link latencies, the atomic,
+    // the post and a turn; nowhere near a millisecond.
+    let p50 = a["latency_ns"]["p50"].as_u64().unwrap();
+    assert!((2_000..4_000).contains(&p50), "p50 {p50} ns");
+}
+
+#[test]
 fn bad_input_exits_2_with_a_clear_line() {
     for (args, needle) in [
         (vec!["verbs", "--verb", "teleport"], "unknown verb"),
@@ -55,6 +96,14 @@ fn bad_input_exits_2_with_a_clear_line() {
         (vec!["verbs", "--bogus", "1"], "unknown flag"),
         (vec!["verbs", "--duration"], "needs a value"),
         (vec!["frobnicate"], "unknown command"),
+        (
+            vec!["verbs", "--backend", "sim", "--duration", "-1"],
+            "--duration",
+        ),
+        (
+            vec!["verbs", "--backend", "sim", "--memory-nodes", "0"],
+            "--memory-nodes",
+        ),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
