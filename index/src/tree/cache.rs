@@ -1,0 +1,226 @@
+//! The index cache of a compute node (Sherman §4.4): internal nodes —
+//! those one level above the leaves and the levels above — so that a lookup
+//! whose route is cached reads only its leaf. Bounded in bytes; when full, an
+//! entry is evicted by the power of two choices (the less used of two
+//! random entries). A cached route can go stale when another compute node
+//! splits; clients detect that from the fences of the node they reach and
+//! invalidate the entry.
+//!
+//! Shared by the compute node's threads behind a reader-writer lock (reads
+//! dominate; an uncontended read lock is two atomic operations).
+
+use super::layout::Node;
+use nicdrv::GlobalAddr;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+struct Cached {
+    addr: GlobalAddr,
+    level: u8,
+    low: u64,
+    high: u64,
+    children: Vec<(u64, GlobalAddr)>,
+    uses: AtomicU64,
+}
+
+impl Cached {
+    fn bytes(&self) -> usize {
+        64 + self.children.len() * 16
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    by_range: BTreeMap<(u8, u64), usize>,
+    slots: Vec<Option<Cached>>,
+    free: Vec<usize>,
+    bytes: usize,
+}
+
+/// A compute node's cache of internal nodes.
+pub struct IndexCache {
+    inner: RwLock<Inner>,
+    max_bytes: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    rng: AtomicU64,
+}
+
+/// What a cache lookup found: the cached node and its child for the key.
+#[derive(Copy, Clone, Debug)]
+pub struct Route {
+    pub node: GlobalAddr,
+    pub level: u8,
+    pub child: GlobalAddr,
+}
+
+impl IndexCache {
+    pub fn new(max_bytes: usize) -> IndexCache {
+        IndexCache {
+            inner: RwLock::new(Inner::default()),
+            max_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            rng: AtomicU64::new(0x2545_F491_4F6C_DD1D),
+        }
+    }
+
+    /// (hits, misses) of leaf-route lookups so far.
+    pub fn hit_counts(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn count_hit(&self, hit: bool) {
+        // Relaxed: statistics only.
+        if hit {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The deepest cached node at or above `min_level` covering `key`, with
+    /// its child for `key`.
+    pub fn route(&self, key: u64, min_level: u8, max_level: u8) -> Option<Route> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        for level in min_level..=max_level {
+            let Some((_, &slot)) = inner.by_range.range((level, 0)..=(level, key)).next_back()
+            else {
+                continue;
+            };
+            let Some(c) = inner.slots[slot].as_ref() else {
+                continue;
+            };
+            if key < c.low || key >= c.high {
+                continue;
+            }
+            c.uses.fetch_add(1, Ordering::Relaxed);
+            let child = match c.children.partition_point(|&(k, _)| k <= key) {
+                0 => c.children[0].1,
+                i => c.children[i - 1].1,
+            };
+            return Some(Route {
+                node: c.addr,
+                level,
+                child,
+            });
+        }
+        None
+    }
+
+    /// Caches an internal node just read (replacing what covered its low
+    /// fence at its level).
+    pub fn insert(&self, addr: GlobalAddr, node: &Node<'_>) {
+        if node.is_leaf() || self.max_bytes == 0 {
+            return;
+        }
+        let c = Cached {
+            addr,
+            level: node.level(),
+            low: node.low(),
+            high: node.high(),
+            children: node.children(),
+            uses: AtomicU64::new(1),
+        };
+        let need = c.bytes();
+        if need > self.max_bytes {
+            return;
+        }
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let key = (c.level, c.low);
+        if let Some(old) = inner.by_range.remove(&key) {
+            Self::drop_slot(&mut inner, old);
+        }
+        while inner.bytes + need > self.max_bytes && !inner.by_range.is_empty() {
+            self.evict_one(&mut inner);
+        }
+        let slot = match inner.free.pop() {
+            Some(s) => s,
+            None => {
+                inner.slots.push(None);
+                inner.slots.len() - 1
+            }
+        };
+        inner.bytes += need;
+        inner.slots[slot] = Some(c);
+        inner.by_range.insert(key, slot);
+    }
+
+    /// Forgets the cached node at `level` whose range starts at `low`.
+    pub fn invalidate(&self, level: u8, low: u64) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = inner.by_range.remove(&(level, low)) {
+            Self::drop_slot(&mut inner, slot);
+        }
+    }
+
+    /// Forgets the cached node covering `key` at `level`, if any.
+    pub fn invalidate_covering(&self, level: u8, key: u64) {
+        let low = {
+            let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+            inner
+                .by_range
+                .range((level, 0)..=(level, key))
+                .next_back()
+                .map(|(&(_, low), _)| low)
+        };
+        if let Some(low) = low {
+            self.invalidate(level, low);
+        }
+    }
+
+    fn drop_slot(inner: &mut Inner, slot: usize) {
+        if let Some(c) = inner.slots[slot].take() {
+            inner.bytes -= c.bytes();
+            inner.free.push(slot);
+        }
+    }
+
+    fn next_rand(&self) -> u64 {
+        // xorshift; Relaxed: any interleaving of updates is random enough.
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+
+    /// Power of two choices: of two random cached nodes, evict the one used
+    /// less.
+    fn evict_one(&self, inner: &mut Inner) {
+        let n = inner.slots.len();
+        let pick = || {
+            for _ in 0..8 {
+                let s = (self.next_rand() % n as u64) as usize;
+                if inner.slots[s].is_some() {
+                    return Some(s);
+                }
+            }
+            inner.slots.iter().position(|s| s.is_some())
+        };
+        let (Some(a), Some(b)) = (pick(), pick()) else {
+            return;
+        };
+        let uses = |s: usize| {
+            inner.slots[s]
+                .as_ref()
+                .map_or(0, |c| c.uses.load(Ordering::Relaxed))
+        };
+        let victim = if uses(a) <= uses(b) { a } else { b };
+        if let Some(c) = inner.slots[victim].as_ref() {
+            let key = (c.level, c.low);
+            inner.by_range.remove(&key);
+        }
+        Self::drop_slot(inner, victim);
+    }
+
+    /// Bytes cached now.
+    pub fn bytes(&self) -> usize {
+        self.inner.read().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+}

@@ -1,0 +1,96 @@
+//! The tree's configuration: Sherman's techniques, each switchable on its
+//! own, and the FG+ baseline (Sherman §5.1) as a preset.
+
+use mempool::ChunkConfig;
+
+/// How a reader decides a node it read is consistent.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum VersionScheme {
+    /// A version byte in every 64-byte line; all must agree (ours).
+    Lines,
+    /// Sherman's two-level scheme: front/rear node versions plus front/rear
+    /// 4-bit entry versions. Fooled by out-of-order line writes; kept so
+    /// the simulator can show the anomaly.
+    FrontRear,
+}
+
+/// Everything that shapes a tree and how clients change it. Every compute
+/// node of a cluster must use the same layout-relevant values
+/// (`lock_table_words`, `lock_in_dm`, `chunk`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Write back only the changed entry and release the lock in the same
+    /// doorbell (command combination, Sherman §4.3).
+    pub combine: bool,
+    /// The global lock table lives in the NIC's device memory (on-chip
+    /// locks); otherwise each node's own lock word in host memory is used.
+    pub lock_in_dm: bool,
+    /// A local lock table per compute node queues its threads (HOCL).
+    pub local_lock_table: bool,
+    /// A releasing holder hands the lock to the next local waiter without a
+    /// remote release.
+    pub handover: bool,
+    /// Handovers in a row before a remote release (paper: 4; Sherman's
+    /// code: 8).
+    pub max_handover: u32,
+    pub versions: VersionScheme,
+    /// Leaves keep entries sorted and every change writes the whole node
+    /// back (FG+); otherwise leaves are unsorted and entries change in place.
+    pub whole_node_writes: bool,
+    /// Lock words per memory node in device memory (32 Ki in 256 KiB by
+    /// default; cut down to the device memory a node has).
+    pub lock_table_words: u64,
+    /// Bytes of internal nodes a compute node caches.
+    pub cache_bytes: usize,
+    /// How memory nodes are cut into chunks for node allocation.
+    pub chunk: ChunkConfig,
+}
+
+impl TreeConfig {
+    /// Sherman with every technique on, for memory nodes of `node_bytes`.
+    pub fn sherman(node_bytes: u64) -> TreeConfig {
+        TreeConfig {
+            combine: true,
+            lock_in_dm: true,
+            local_lock_table: true,
+            handover: true,
+            max_handover: 4,
+            versions: VersionScheme::Lines,
+            whole_node_writes: false,
+            lock_table_words: 32 * 1024,
+            cache_bytes: 64 << 20,
+            chunk: ChunkConfig {
+                chunk_bytes: 1 << 20,
+                ..ChunkConfig::new(node_bytes)
+            },
+        }
+    }
+
+    /// The FG+ baseline: sorted leaves written back whole, a node-level
+    /// check, locks by CAS on the node's word in host memory, no
+    /// combination, no local lock table; the same cache.
+    pub fn fg_plus(node_bytes: u64) -> TreeConfig {
+        TreeConfig {
+            combine: false,
+            lock_in_dm: false,
+            local_lock_table: false,
+            handover: false,
+            whole_node_writes: true,
+            ..TreeConfig::sherman(node_bytes)
+        }
+    }
+
+    /// Rejects configurations a tree cannot run with.
+    pub fn check(&self) -> Result<(), String> {
+        if self.lock_table_words == 0 {
+            return Err("lock_table_words must be positive".into());
+        }
+        if self.handover && !self.local_lock_table {
+            return Err("handover needs the local lock table".into());
+        }
+        if self.chunk.chunk_bytes < 4096 {
+            return Err("chunks must hold at least a few nodes (4 KiB)".into());
+        }
+        self.chunk.validate().map_err(|e| e.to_string())
+    }
+}

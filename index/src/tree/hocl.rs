@@ -1,0 +1,144 @@
+//! HOCL, Sherman's hierarchical on-chip lock (§4.2): a global table of
+//! 8-byte lock words in each memory node's device memory, taken by one
+//! remote CAS, and a local table per compute node that queues the node's own
+//! threads so they do not fight over the NIC: waiters are served in FIFO
+//! order, and a releasing holder can hand the lock to the next local waiter
+//! without releasing it remotely — up to `max_handover` times in a row, then
+//! it releases remotely so other compute nodes are not starved.
+//!
+//! A lock protects a tree node; lock index = hash(node address) mod table
+//! size, so unrelated nodes may share a lock (never a problem: a client
+//! holds one lock at a time). The local table is shared by every thread of
+//! the compute node, so its words are atomics.
+
+use super::config::TreeConfig;
+use super::layout::OFF_LOCK;
+use nicdrv::{GlobalAddr, Space};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// The per-compute-node lock queue state of one lock index.
+struct LocalLock {
+    next_ticket: AtomicU32,
+    now_serving: AtomicU32,
+    /// This compute node holds the global lock on behalf of its queue.
+    remote_held: AtomicBool,
+    handovers: AtomicU32,
+}
+
+/// The local lock table of one compute node.
+pub struct LocalLocks {
+    locks: Box<[LocalLock]>,
+}
+
+impl LocalLocks {
+    pub fn new(entries: usize) -> LocalLocks {
+        LocalLocks {
+            locks: (0..entries.max(1))
+                .map(|_| LocalLock {
+                    next_ticket: AtomicU32::new(0),
+                    now_serving: AtomicU32::new(0),
+                    remote_held: AtomicBool::new(false),
+                    handovers: AtomicU32::new(0),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Where a node's lock lives and which local queue guards it.
+#[derive(Copy, Clone, Debug)]
+pub struct LockRef {
+    pub word: GlobalAddr,
+    pub local: usize,
+}
+
+fn mix(a: u64) -> u64 {
+    let mut z = a.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The lock of the tree node at `node`.
+pub fn lock_of(
+    cfg: &TreeConfig,
+    table_words: u64,
+    local_entries: usize,
+    node: GlobalAddr,
+) -> LockRef {
+    let h = mix(node.raw());
+    let word = if cfg.lock_in_dm {
+        GlobalAddr::new(node.node(), Space::Device, (h % table_words) * 8)
+    } else {
+        node.add(OFF_LOCK as u64)
+    };
+    LockRef {
+        word,
+        local: (h % local_entries as u64) as usize,
+    }
+}
+
+/// What a local acquire found.
+pub enum Local {
+    /// The previous local holder handed the global lock over: no remote CAS.
+    HandedOver,
+    /// This thread must take the global lock itself.
+    MustAcquire,
+}
+
+impl LocalLocks {
+    /// Takes a ticket; the caller then waits with [`is_turn`].
+    pub fn ticket(&self, i: usize) -> u32 {
+        // Relaxed: the ticket counter only orders waiters among themselves;
+        // the hand-off itself is published through now_serving.
+        self.locks[i].next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True when ticket `t` may go.
+    pub fn is_turn(&self, i: usize, t: u32) -> bool {
+        // Acquire pairs with the Release in `release`, so the new holder
+        // sees remote_held/handovers as the previous holder left them.
+        self.locks[i].now_serving.load(Ordering::Acquire) == t
+    }
+
+    pub fn on_turn(&self, i: usize) -> Local {
+        if self.locks[i].remote_held.load(Ordering::Relaxed) {
+            Local::HandedOver
+        } else {
+            Local::MustAcquire
+        }
+    }
+
+    pub fn set_remote_held(&self, i: usize) {
+        self.locks[i].remote_held.store(true, Ordering::Relaxed);
+    }
+
+    /// Decides how the holder of ticket `t` releases: true to hand over
+    /// (keep the global lock for the next local waiter), false to release
+    /// remotely. Call before writing back; then call [`pass`].
+    pub fn plan_release(&self, i: usize, t: u32, max_handover: u32, handover: bool) -> bool {
+        let l = &self.locks[i];
+        let waiters = l
+            .next_ticket
+            .load(Ordering::Relaxed)
+            .wrapping_sub(t.wrapping_add(1))
+            > 0;
+        let give = handover && waiters && l.handovers.load(Ordering::Relaxed) < max_handover;
+        if give {
+            l.handovers.fetch_add(1, Ordering::Relaxed);
+        } else {
+            l.handovers.store(0, Ordering::Relaxed);
+            l.remote_held.store(false, Ordering::Relaxed);
+        }
+        give
+    }
+
+    /// Lets the next local waiter go (after the holder's writes completed).
+    pub fn pass(&self, i: usize, t: u32) {
+        // Release: the next holder (Acquire in is_turn) sees our updates of
+        // remote_held and handovers.
+        self.locks[i]
+            .now_serving
+            .store(t.wrapping_add(1), Ordering::Release);
+    }
+}

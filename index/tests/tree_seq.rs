@@ -1,0 +1,287 @@
+//! The tree against `BTreeMap`, one client at a time: random operations
+//! (with splits at every level, deletes, scans and bulk load) on the sim
+//! and emu backends, in every configuration.
+
+mod common;
+
+use common::*;
+use index::tree::{Tree, TreeClient, TreeConfig, TreeError, VersionScheme};
+use nicdrv::{Ctx, Nic};
+use proptest::prelude::*;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u64, u64),
+    Get(u64),
+    Delete(u64),
+    Scan(u64, u64, usize),
+}
+
+fn op(keys: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0..keys, any::<u64>()).prop_map(|(k, v)| Op::Put(k, v)),
+        3 => (0..keys).prop_map(Op::Get),
+        2 => (0..keys).prop_map(Op::Delete),
+        1 => (0..keys, 0..keys, 0usize..80).prop_map(|(a, b, l)| Op::Scan(a.min(b), a.max(b) + 1, l)),
+    ]
+}
+
+/// Applies `ops` through `c` and to a model; panics at the first mismatch.
+async fn check_ops<N: Nic>(
+    ctx: &Ctx<N>,
+    c: &mut TreeClient,
+    ops: &[Op],
+    model: &mut BTreeMap<u64, u64>,
+) {
+    for (i, o) in ops.iter().enumerate() {
+        match *o {
+            Op::Put(k, v) => {
+                c.put(ctx, k, v).await.unwrap();
+                model.insert(k, v);
+            }
+            Op::Get(k) => assert_eq!(
+                c.get(ctx, k).await.unwrap(),
+                model.get(&k).copied(),
+                "op {i}: get {k}"
+            ),
+            Op::Delete(k) => assert_eq!(
+                c.delete(ctx, k).await.unwrap(),
+                model.remove(&k).is_some(),
+                "op {i}: delete {k}"
+            ),
+            Op::Scan(lo, hi, limit) => {
+                let want: Vec<(u64, u64)> = model
+                    .range(lo..hi)
+                    .take(limit)
+                    .map(|(&k, &v)| (k, v))
+                    .collect();
+                assert_eq!(
+                    c.scan(ctx, lo, hi, limit).await.unwrap(),
+                    want,
+                    "op {i}: scan [{lo},{hi}) limit {limit}"
+                );
+            }
+        }
+    }
+    // Everything, at the end.
+    let all = c.scan(ctx, 0, u64::MAX, usize::MAX).await.unwrap();
+    let want: Vec<(u64, u64)> = model.iter().map(|(&k, &v)| (k, v)).collect();
+    assert_eq!(all, want, "final full scan");
+}
+
+fn run_sim_ops(cfg: TreeConfig, ops: Vec<Op>, seed: u64) {
+    let mut w = sim_world(seed, 2, 1);
+    let tree = Tree::new(cfg, DM).unwrap();
+    sim_create(&mut w, &tree);
+    let tr = tree.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        let mut model = BTreeMap::new();
+        check_ops(&ctx, &mut c, &ops, &mut model).await;
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn sherman_matches_btreemap_on_sim(ops in prop::collection::vec(op(600), 1..2500), seed in 0u64..1000) {
+        run_sim_ops(sherman(), ops, seed);
+    }
+
+    #[test]
+    fn fg_plus_matches_btreemap_on_sim(ops in prop::collection::vec(op(400), 1..1500), seed in 0u64..1000) {
+        run_sim_ops(TreeConfig::fg_plus(HOST), ops, seed);
+    }
+}
+
+/// Every ablation switch on its own, with enough keys for three levels.
+#[test]
+fn every_configuration_matches_btreemap() {
+    let base = sherman();
+    let configs = [
+        base.clone(),
+        TreeConfig {
+            combine: false,
+            ..base.clone()
+        },
+        TreeConfig {
+            lock_in_dm: false,
+            ..base.clone()
+        },
+        TreeConfig {
+            local_lock_table: false,
+            handover: false,
+            ..base.clone()
+        },
+        TreeConfig {
+            handover: false,
+            ..base.clone()
+        },
+        TreeConfig {
+            versions: VersionScheme::FrontRear,
+            ..base.clone()
+        },
+        TreeConfig {
+            cache_bytes: 0,
+            ..base.clone()
+        },
+        TreeConfig {
+            cache_bytes: 4096,
+            ..base.clone()
+        },
+        TreeConfig::fg_plus(HOST),
+    ];
+    for (i, cfg) in configs.into_iter().enumerate() {
+        let mut rng = nicdrv::rng::Rng::new(i as u64);
+        let mut ops = Vec::new();
+        for _ in 0..6000 {
+            let k = rng.below(5000) * 7;
+            ops.push(match rng.below(10) {
+                0..=5 => Op::Put(k, rng.next_u64()),
+                6..=7 => Op::Get(k),
+                8 => Op::Delete(k),
+                _ => Op::Scan(k, k + rng.below(3000), rng.below(100) as usize),
+            });
+        }
+        run_sim_ops(cfg, ops, i as u64);
+    }
+}
+
+#[test]
+fn grows_to_several_levels_and_shrinks_by_deletes() {
+    let mut w = sim_world(3, 3, 1);
+    let tree = Tree::new(sherman(), DM).unwrap();
+    sim_create(&mut w, &tree);
+    let tr = tree.clone();
+    let levels = Rc::new(RefCell::new(0u8));
+    let lv = levels.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        let mut model = BTreeMap::new();
+        let mut rng = nicdrv::rng::Rng::new(9);
+        for _ in 0..40_000 {
+            let k = rng.below(1 << 40);
+            let v = rng.next_u64();
+            c.put(&ctx, k, v).await.unwrap();
+            model.insert(k, v);
+        }
+        let root = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+        *lv.borrow_mut() = (root & 1023) as u8;
+        for (&k, &v) in model.iter().step_by(7) {
+            assert_eq!(c.get(&ctx, k).await.unwrap(), Some(v));
+        }
+        let keys: Vec<u64> = model.keys().copied().step_by(2).collect();
+        for k in keys {
+            assert!(c.delete(&ctx, k).await.unwrap());
+            model.remove(&k);
+        }
+        check_ops(&ctx, &mut c, &[], &mut model).await;
+        assert!(c.stats.splits > 800, "{} splits", c.stats.splits);
+    });
+    assert!(*levels.borrow() >= 2, "root level {}", levels.borrow());
+}
+
+#[test]
+fn bulk_load_then_mixed_operations() {
+    for cfg in [sherman(), TreeConfig::fg_plus(HOST)] {
+        let mut w = sim_world(5, 2, 1);
+        let tree = Tree::new(cfg, DM).unwrap();
+        sim_create(&mut w, &tree);
+        let tr = tree.clone();
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = tr.client(1).unwrap();
+            let items: Vec<(u64, u64)> = (0..20_000u64).map(|i| (i * 3, i)).collect();
+            assert_eq!(c.bulk_load(&ctx, items.clone(), 36).await.unwrap(), 20_000);
+            let mut model: BTreeMap<u64, u64> = items.into_iter().collect();
+            // A second bulk load is refused: the tree is not empty.
+            assert!(matches!(
+                c.bulk_load(&ctx, vec![(1, 1)], 36).await,
+                Err(TreeError::NotEmpty)
+            ));
+            let mut rng = nicdrv::rng::Rng::new(1);
+            let mut ops = Vec::new();
+            for _ in 0..3000 {
+                let k = rng.below(70_000);
+                ops.push(match rng.below(4) {
+                    0 => Op::Put(k, rng.next_u64()),
+                    1 => Op::Delete(k),
+                    2 => Op::Get(k),
+                    _ => Op::Scan(k, k + 500, 50),
+                });
+            }
+            check_ops(&ctx, &mut c, &ops, &mut model).await;
+        });
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let mut w = sim_world(1, 1, 1);
+    let tree = Tree::new(sherman(), DM).unwrap();
+    assert!(tree.client(0).is_err(), "client id 0 is refused");
+    let tr = tree.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        assert!(matches!(c.get(&ctx, 5).await, Err(TreeError::NotCreated)));
+        c.create(&ctx).await.unwrap();
+        c.create(&ctx).await.unwrap();
+        assert!(matches!(
+            c.put(&ctx, u64::MAX, 1).await,
+            Err(TreeError::ReservedKey)
+        ));
+        assert!(matches!(
+            c.bulk_load(&ctx, vec![(5, 1), (5, 2)], 10).await,
+            Err(TreeError::Unsorted { .. })
+        ));
+        assert_eq!(c.scan(&ctx, 10, 5, 10).await.unwrap(), vec![]);
+        // A corrupted node: scribble over the root leaf.
+        let root = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+        let leaf = nicdrv::GlobalAddr::from_raw(root & !1023);
+        ctx.write(leaf, &[0xA5u8; 1024]).await.unwrap();
+        let e = c.get(&ctx, 5).await.unwrap_err();
+        assert!(matches!(e, TreeError::Corrupt { .. }), "{e}");
+    });
+    assert!(Tree::new(
+        TreeConfig {
+            lock_table_words: 0,
+            ..sherman()
+        },
+        DM
+    )
+    .is_err());
+    assert!(
+        Tree::new(sherman(), 0).is_err(),
+        "locks in device memory need device memory"
+    );
+}
+
+#[test]
+fn sequential_on_emu() {
+    let emu = Emu::new(2);
+    let mut ex = emu.executor(1);
+    let tree = Tree::new(sherman(), DM).unwrap();
+    let tr = tree.clone();
+    ex.spawn(move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        c.create(&ctx).await.unwrap();
+        let mut rng = nicdrv::rng::Rng::new(77);
+        let mut ops = Vec::new();
+        for _ in 0..20_000 {
+            let k = rng.below(8000);
+            ops.push(match rng.below(10) {
+                0..=5 => Op::Put(k, rng.next_u64()),
+                6..=7 => Op::Get(k),
+                8 => Op::Delete(k),
+                _ => Op::Scan(k, k + 300, 40),
+            });
+        }
+        let mut model = BTreeMap::new();
+        check_ops(&ctx, &mut c, &ops, &mut model).await;
+    })
+    .unwrap();
+    ex.run();
+}
