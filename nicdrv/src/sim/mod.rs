@@ -267,6 +267,9 @@ impl World {
             resp_error: false,
             resp_last_end: 0,
             last_deliver: 0,
+            last_arrive: 0,
+            next_psn: 0,
+            resp_psn: 0,
         });
         let regions = self.shared.mem.borrow()[mn as usize].regions.clone();
         SimQp {

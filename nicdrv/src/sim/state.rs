@@ -100,6 +100,19 @@ pub(crate) struct QpSim {
     pub resp_last_end: u64,
     /// Time of the last answer delivered (answers arrive in order).
     pub last_deliver: u64,
+    /// Time the last request sent reaches the responder: requests arrive
+    /// in order too, even when a latency spike ends between two of them.
+    pub last_arrive: u64,
+    /// Sequence number the next posted request gets (RC's PSN).
+    pub next_psn: u32,
+    /// Sequence number the responder executes next. A request that never
+    /// reaches it (lost in a cut, or failed locally before leaving) leaves
+    /// a gap: the responder drops every later one as out of sequence, so
+    /// nothing behind a failure executes (they are flushed when the
+    /// failure completes). Sound only because requests arrive in PSN
+    /// order (`last_arrive`): an overtaken request would be dropped with no
+    /// answer and no timer, and its QP would hang.
+    pub resp_psn: u32,
 }
 
 pub(crate) struct CqSim {
@@ -119,6 +132,8 @@ pub(crate) struct Request {
     pub answered: bool,
     pub lost: bool,
     pub lines_left: u16,
+    /// Position in its QP's posting order (see `QpSim::next_psn`).
+    pub psn: u32,
 }
 
 pub(crate) struct LocalMr {
@@ -288,6 +303,7 @@ impl Shared {
             answered: false,
             lost: false,
             lines_left: 0,
+            psn: 0,
         });
         (reqs.len() - 1) as u32
     }
@@ -331,6 +347,12 @@ impl Shared {
         let mut failed = false;
         for wr in wrs {
             let r = self.alloc_req();
+            let psn = {
+                let mut qps = self.qps.borrow_mut();
+                let q = &mut qps[qpi as usize];
+                q.next_psn = q.next_psn.wrapping_add(1);
+                q.next_psn.wrapping_sub(1)
+            };
             let gen = {
                 let mut reqs = self.reqs.borrow_mut();
                 let q = &mut reqs[r as usize];
@@ -342,6 +364,7 @@ impl Shared {
                 q.answered = false;
                 q.lost = false;
                 q.lines_left = 0;
+                q.psn = psn;
                 q.payload.clear();
                 q.gen
             };
@@ -387,7 +410,17 @@ impl Shared {
             if self.link_cut(cn, mn) || self.cn.borrow()[cn as usize].crashed {
                 self.lose(r, gen);
             } else {
-                self.schedule(depart + self.latency(depart), Ev::Arrive(r, gen));
+                // A spike that ends between two requests of this QP must not
+                // let the later one overtake the earlier one and execute
+                // first: RC delivers a QP's packets in order.
+                let arrive = depart + self.latency(depart);
+                let arrive = {
+                    let mut qps = self.qps.borrow_mut();
+                    let q = &mut qps[qpi as usize];
+                    q.last_arrive = q.last_arrive.max(arrive);
+                    q.last_arrive
+                };
+                self.schedule(arrive, Ev::Arrive(r, gen));
             }
         }
     }
@@ -432,14 +465,15 @@ impl Shared {
         }
         let now = self.now.get();
         let m = &self.model;
-        let (qpi, wr) = {
+        let (qpi, wr, psn) = {
             let reqs = self.reqs.borrow();
-            (reqs[r as usize].qp, reqs[r as usize].wr)
+            let q = &reqs[r as usize];
+            (q.qp, q.wr, q.psn)
         };
-        let (mn, cn, resp_error, last_end) = {
+        let (mn, cn, resp_error, last_end, in_sequence) = {
             let qps = self.qps.borrow();
             let q = &qps[qpi as usize];
-            (q.mn, q.cn, q.resp_error, q.resp_last_end)
+            (q.mn, q.cn, q.resp_error, q.resp_last_end, q.resp_psn == psn)
         };
         let mut mems = self.mem.borrow_mut();
         let node = &mut mems[mn as usize];
@@ -448,10 +482,16 @@ impl Shared {
             self.lose(r, gen);
             return;
         }
-        if resp_error {
-            // The responder's QP is in error: it drops the request; the
-            // requester flushes it when the failure's answer arrives.
+        if resp_error || !in_sequence {
+            // The responder's QP is in error, or an earlier request never
+            // reached it: it drops the request; the requester flushes it
+            // when the earlier failure completes (its answer or timeout).
             return;
+        }
+        {
+            let mut qps = self.qps.borrow_mut();
+            let q = &mut qps[qpi as usize];
+            q.resp_psn = q.resp_psn.wrapping_add(1);
         }
         let mut start = now.max(node.nic_free);
         node.nic_free = start + SimModel::per_op_ns(m.nic_msg_rate_per_sec);
@@ -828,6 +868,9 @@ impl Shared {
         q.life = QpLife::Ready;
         q.resp_error = false;
         q.pending_retire = 0;
+        // Both ends start again in sequence (requests of before the reset
+        // were all flushed; their events are stale by generation).
+        q.resp_psn = q.next_psn;
         Ok(())
     }
 
