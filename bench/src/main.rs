@@ -2,13 +2,16 @@
 //! input, with one line naming the problem.
 
 mod args;
+mod run;
 mod verbs;
+mod workload;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: loch-bench <command> [flags]
 commands:
   verbs   perftest-style microbenchmark of single verbs
+  run     index workloads (Sherman's mixes, YCSB) on sim or emu, systems side by side
 run `loch-bench <command> --help` for its flags";
 
 fn main() -> ExitCode {
@@ -26,6 +29,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         "verbs" => verbs::run(rest),
+        "run" if wants_help => {
+            println!("{}", run::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        "run" => run::run(rest),
         "--help" | "-h" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

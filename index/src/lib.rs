@@ -2,7 +2,9 @@
 //!
 //! Owns the data structures that compute nodes run over one-sided verbs:
 //! [`tree`], the Sherman B+tree with HOCL locks, command combination, line
-//! versions and the index cache, plus its FG+ baseline. The Nessie cuckoo
-//! hash joins later.
+//! versions and the index cache, plus its FG+ baseline; and [`history`],
+//! the recorder and linearizability checker their concurrency tests (and
+//! the benchmark's `--history`) use. The Nessie cuckoo hash joins later.
 
+pub mod history;
 pub mod tree;

@@ -8,13 +8,17 @@
 //!
 //! A lock protects a tree node; lock index = hash(node address) mod table
 //! size, so unrelated nodes may share a lock (never a problem: a client
-//! holds one lock at a time). The local table is shared by every thread of
-//! the compute node, so its words are atomics.
+//! holds one lock at a time). The local table is indexed the same way, but
+//! two tree nodes on different memory nodes can share a local entry while
+//! their global words differ; so a local entry remembers which global word
+//! it holds, and a holder handed an entry that holds another word releases
+//! that word before taking its own. The local table is shared by every
+//! thread of the compute node, so its words are atomics.
 
 use super::config::TreeConfig;
 use super::layout::OFF_LOCK;
 use nicdrv::{GlobalAddr, Space};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// The per-compute-node lock queue state of one lock index.
 struct LocalLock {
@@ -22,6 +26,8 @@ struct LocalLock {
     now_serving: AtomicU32,
     /// This compute node holds the global lock on behalf of its queue.
     remote_held: AtomicBool,
+    /// The global lock word held (raw address) while `remote_held`.
+    held_word: AtomicU64,
     handovers: AtomicU32,
 }
 
@@ -38,6 +44,7 @@ impl LocalLocks {
                     next_ticket: AtomicU32::new(0),
                     now_serving: AtomicU32::new(0),
                     remote_held: AtomicBool::new(false),
+                    held_word: AtomicU64::new(0),
                     handovers: AtomicU32::new(0),
                 })
                 .collect(),
@@ -84,6 +91,9 @@ pub enum Local {
     HandedOver,
     /// This thread must take the global lock itself.
     MustAcquire,
+    /// The entry holds another global word (a hash collision across memory
+    /// nodes): release it, then take ours.
+    ReleaseFirst(GlobalAddr),
 }
 
 impl LocalLocks {
@@ -101,16 +111,25 @@ impl LocalLocks {
         self.locks[i].now_serving.load(Ordering::Acquire) == t
     }
 
-    pub fn on_turn(&self, i: usize) -> Local {
-        if self.locks[i].remote_held.load(Ordering::Relaxed) {
+    pub fn on_turn(&self, i: usize, word: GlobalAddr) -> Local {
+        let l = &self.locks[i];
+        if !l.remote_held.load(Ordering::Relaxed) {
+            return Local::MustAcquire;
+        }
+        let held = GlobalAddr::from_raw(l.held_word.load(Ordering::Relaxed));
+        if held == word {
             Local::HandedOver
         } else {
-            Local::MustAcquire
+            l.remote_held.store(false, Ordering::Relaxed);
+            l.handovers.store(0, Ordering::Relaxed);
+            Local::ReleaseFirst(held)
         }
     }
 
-    pub fn set_remote_held(&self, i: usize) {
-        self.locks[i].remote_held.store(true, Ordering::Relaxed);
+    pub fn set_remote_held(&self, i: usize, word: GlobalAddr) {
+        let l = &self.locks[i];
+        l.held_word.store(word.raw(), Ordering::Relaxed);
+        l.remote_held.store(true, Ordering::Relaxed);
     }
 
     /// Decides how the holder of ticket `t` releases: true to hand over

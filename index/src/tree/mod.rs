@@ -161,7 +161,7 @@ impl Tree {
             ));
         }
         Ok(Arc::new(Tree {
-            locks: LocalLocks::new(table_words.max(1024) as usize),
+            locks: LocalLocks::new(table_words.max(64) as usize),
             cache: IndexCache::new(cfg.cache_bytes),
             table_words: table_words.max(1),
             cfg,
@@ -180,7 +180,7 @@ impl Tree {
         hocl::lock_of(
             &self.cfg,
             self.table_words,
-            self.table_words.max(1024) as usize,
+            self.table_words.max(64) as usize,
             node,
         )
     }
@@ -425,12 +425,27 @@ impl TreeClient {
             while !locks.is_turn(lock.local, t) {
                 ctx.yield_now().await;
             }
-            if let Local::HandedOver = locks.on_turn(lock.local) {
-                self.stats.handovers += 1;
-                return Ok(Held {
-                    lock,
-                    ticket: Some(t),
-                });
+            match locks.on_turn(lock.local, lock.word) {
+                Local::HandedOver => {
+                    self.stats.handovers += 1;
+                    return Ok(Held {
+                        lock,
+                        ticket: Some(t),
+                    });
+                }
+                Local::MustAcquire => {}
+                Local::ReleaseFirst(other) => {
+                    // The previous holder finished its writes before passing
+                    // the entry on, so releasing its word now is safe.
+                    if let Err(e) = ctx.write(other, &0u64.to_le_bytes()).await {
+                        let held = Held {
+                            lock,
+                            ticket: Some(t),
+                        };
+                        self.abandon(ctx, held, false).await;
+                        return Err(e.into());
+                    }
+                }
             }
             Some(t)
         } else {
@@ -450,8 +465,8 @@ impl TreeClient {
                 }
             }
         }
-        if let Some(_t) = held.ticket {
-            self.tree.locks.set_remote_held(lock.local);
+        if held.ticket.is_some() {
+            self.tree.locks.set_remote_held(lock.local, lock.word);
         }
         Ok(held)
     }

@@ -421,11 +421,13 @@ impl<'a, N: Nic> Batch<'a, N> {
     pub async fn submit(self) -> Result<Done<'a>, VerbError> {
         let ctx = self.ctx;
         let slot = ctx.s();
-        if let Some(e) = self.error {
-            return Err(e);
-        }
         if slot.gen.get() != self.gen {
-            return Err(VerbError::BatchSuperseded);
+            return Err(self.error.unwrap_or(VerbError::BatchSuperseded));
+        }
+        if let Some(e) = self.error {
+            // Nothing was posted: free the buffers this batch took.
+            slot.clear_storage();
+            return Err(e);
         }
         let len = self.len as usize;
         if len == 0 {
@@ -458,11 +460,17 @@ impl<'a, N: Nic> Batch<'a, N> {
             slot.bump(|c| c.round_trips += 1);
             BatchDone { slot, seq }.await;
         }
+        // A failed batch's buffers are freed at once: every posted group has
+        // completed (we waited), so the NIC is done with them, and holding
+        // them until the next batch would pin arena space below buffers
+        // allocated meanwhile.
         if let Some(e) = post_err {
+            slot.clear_storage();
             return Err(e);
         }
         if let Some((op, status, node)) = slot.failure.take() {
             let opcode = slot.opcode_of(op as usize);
+            slot.clear_storage();
             return Err(VerbError::Failed {
                 node,
                 op,
