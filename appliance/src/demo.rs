@@ -46,6 +46,8 @@ pub struct DemoConfig {
     pub seed: u64,
     pub latency_ns: u64,
     pub pin: bool,
+    /// Records bulk-loaded into the tree phase's B+tree (0 skips the phase).
+    pub tree_records: u64,
 }
 
 impl Default for DemoConfig {
@@ -60,6 +62,7 @@ impl Default for DemoConfig {
             seed: 1,
             latency_ns: 0,
             pin: true,
+            tree_records: 100_000,
         }
     }
 }
@@ -89,12 +92,19 @@ pub struct DemoReport {
     pub faa_counter: u64,
     pub mismatches: u64,
     pub failures: u64,
+    pub tree: Option<crate::demo_tree::TreePhase>,
     pub text: String,
 }
 
 impl DemoReport {
     pub fn ok(&self) -> bool {
-        self.faa_issued == self.faa_counter && self.mismatches == 0 && self.failures == 0
+        self.faa_issued == self.faa_counter
+            && self.mismatches == 0
+            && self.failures == 0
+            && self
+                .tree
+                .as_ref()
+                .is_none_or(|t| t.mismatches == 0 && t.failures == 0)
     }
 }
 
@@ -239,7 +249,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
             chunks_per_node * cfg.memory_nodes as u64
         ));
     }
-    let (stats, tally, counters, header) = match cfg.backend {
+    let (stats, tally, counters, header, tree) = match cfg.backend {
         DemoBackend::Emu => run_emu(cfg)?,
         DemoBackend::Sim => run_sim(cfg)?,
     };
@@ -305,19 +315,29 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
         verdict(fail == 0)
     );
     let failures = fail + u64::from(cas_total != cas);
+    if let Some(t) = &tree {
+        text.push_str(&crate::demo_tree::summary(t));
+    }
     Ok(DemoReport {
         stats,
         faa_issued: faa,
         faa_counter,
         mismatches: mism,
         failures,
+        tree,
         text,
     })
 }
 
 /// Stats, (FAAs, CAS increments, mismatches, failures) as the tasks counted
 /// them, (FAA counter, sum of CAS words) as memory holds them, header.
-type Outcome = (RunStats, (u64, u64, u64, u64), (u64, u64), String);
+type Outcome = (
+    RunStats,
+    (u64, u64, u64, u64),
+    (u64, u64),
+    String,
+    Option<crate::demo_tree::TreePhase>,
+);
 
 fn tally_of(sh: &Shared) -> (u64, u64, u64, u64) {
     (
@@ -426,11 +446,22 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo summary (emu backend, {} memory nodes, {} cores × {} tasks)",
         cfg.memory_nodes, cfg.cores, cfg.tasks_per_core
     );
+    let tree = if cfg.tree_records > 0 {
+        eprintln!(
+            "loch demo: tree phase: bulk-loading {} records, then a mixed workload",
+            cfg.tree_records
+        );
+        let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
+        Some(crate::demo_tree::run_emu(&cluster, tcfg, cfg)?)
+    } else {
+        None
+    };
     Ok((
         RunStats::merge(cores, elapsed_ns),
         tally,
         (faa_counter, cas_total),
         header,
+        tree,
     ))
 }
 
@@ -543,7 +574,17 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.verbs() as f64 / wall_s.max(1e-9) / 1e6,
         w.trace_hash()
     );
-    Ok((stats, tally_of(&sh), (faa_counter, cas_total), header))
+    let tree = if cfg.tree_records > 0 {
+        eprintln!(
+            "loch demo: tree phase: bulk-loading {} records, then a mixed workload",
+            cfg.tree_records
+        );
+        let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
+        Some(crate::demo_tree::run_sim(&mut w, tcfg, cfg)?)
+    } else {
+        None
+    };
+    Ok((stats, tally_of(&sh), (faa_counter, cas_total), header, tree))
 }
 
 fn verdict(ok: bool) -> &'static str {

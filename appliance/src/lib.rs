@@ -7,4 +7,5 @@
 
 pub mod cluster;
 pub mod demo;
+pub mod demo_tree;
 pub mod stats;

@@ -10,6 +10,7 @@ commands:
           flags: --backend emu|sim  --memory-nodes N (2)  --cores N (emu 2, sim 16)  --tasks N per core (8)
                  --seconds S (emu: wall, 3; sim: virtual, 0.005)  --seed N (1)
                  --compute-nodes N (sim only, 4)  --latency-ns N one-way (emu: injected; sim: link)
+                 --tree-records N (records bulk-loaded into the B+tree phase; 0 skips it; 100000)
                  --no-pin";
 
 fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
@@ -42,6 +43,7 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
             "--seed" => cfg.seed = parse(a, it.next())?,
             "--latency-ns" => cfg.latency_ns = parse(a, it.next())?,
             "--no-pin" => cfg.pin = false,
+            "--tree-records" => cfg.tree_records = parse(a, it.next())?,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

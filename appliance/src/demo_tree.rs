@@ -1,0 +1,350 @@
+//! The tree phase of `loch demo`: bulk-load a Sherman B+tree, then run a
+//! mixed workload of lookups, inserts, updates, deletes and scans from every
+//! task, on the same cluster (emu or sim) the verb phase used. It checks
+//! itself: loaded records are never written, so every lookup of one must
+//! return its value; each task owns a set of extra keys and keeps a shadow
+//! of them, so its lookups and deletes of those must agree with the shadow;
+//! every scan must be in order.
+
+use crate::cluster::EmuCluster;
+use crate::demo::DemoConfig;
+use crate::stats::{latency_histogram, CoreStats, RunStats};
+use hdrhistogram::Histogram;
+use index::tree::{Tree, TreeClient, TreeConfig, TreeStats};
+use mempool::ChunkConfig;
+use nicdrv::rng::Rng;
+use nicdrv::sim::{RunEnd, World};
+use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Keys each task owns beyond the loaded records.
+const OWN_KEYS: u64 = 256;
+
+/// The key of record `i`: spread over the key space (odd multiplier: a
+/// bijection on u64; the top bit is cleared, so u64::MAX is never used).
+pub fn key_of(i: u64) -> u64 {
+    i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1
+}
+
+/// What the tree phase measured and checked.
+pub struct TreePhase {
+    pub stats: RunStats,
+    pub tree: TreeStats,
+    pub records: u64,
+    pub mismatches: u64,
+    pub failures: u64,
+}
+
+struct Shared {
+    hist: RefCell<Histogram<u64>>,
+    ops: Cell<u64>,
+    mismatches: Cell<u64>,
+    failures: Cell<u64>,
+    tree: RefCell<TreeStats>,
+}
+
+fn shared() -> Rc<Shared> {
+    Rc::new(Shared {
+        hist: RefCell::new(latency_histogram()),
+        ops: Cell::new(0),
+        mismatches: Cell::new(0),
+        failures: Cell::new(0),
+        tree: RefCell::new(TreeStats::default()),
+    })
+}
+
+fn records_sorted(n: u64) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
+    v.sort_unstable();
+    v
+}
+
+/// The tree configuration of the demo: Sherman, with the demo's chunks
+/// (every user of a memory node must cut it into the same chunks).
+pub fn demo_tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
+    TreeConfig {
+        chunk: chunk.clone(),
+        cache_bytes: 16 << 20,
+        ..TreeConfig::sherman(host_bytes)
+    }
+}
+
+async fn load<N: Nic>(
+    ctx: Ctx<N>,
+    tree: Arc<Tree>,
+    records: u64,
+    err: Rc<RefCell<Option<String>>>,
+) {
+    let r = async {
+        let mut c = tree.client(u64::MAX - 1)?;
+        c.create(&ctx).await?;
+        c.bulk_load(&ctx, records_sorted(records), 36).await
+    };
+    if let Err(e) = r.await {
+        *err.borrow_mut() = Some(e.to_string());
+    }
+}
+
+fn mismatch(sh: &Shared) {
+    sh.mismatches.set(sh.mismatches.get() + 1);
+}
+
+async fn tree_task<N: Nic>(
+    ctx: Ctx<N>,
+    mut c: TreeClient,
+    me: u64,
+    seed: u64,
+    records: u64,
+    duration_ns: u64,
+    sh: Rc<Shared>,
+) {
+    let mut rng = Rng::new(seed ^ me.wrapping_mul(0xA24B_AED4_963E_E407));
+    let mut shadow: Vec<Option<u64>> = vec![None; OWN_KEYS as usize];
+    let own = |j: u64| key_of(records + me * OWN_KEYS + j);
+    let deadline = ctx.nic().now_ns() + duration_ns;
+    while ctx.now_ns() < deadline {
+        let t0 = ctx.now_ns();
+        let j = rng.below(OWN_KEYS);
+        let r = match rng.below(100) {
+            0..=39 => {
+                let i = rng.below(records);
+                c.get(&ctx, key_of(i)).await.map(|v| {
+                    if v != Some(i) {
+                        mismatch(&sh)
+                    }
+                })
+            }
+            40..=64 => {
+                let v = rng.next_u64() >> 1;
+                c.put(&ctx, own(j), v)
+                    .await
+                    .map(|_| shadow[j as usize] = Some(v))
+            }
+            65..=74 => c.delete(&ctx, own(j)).await.map(|was| {
+                if was != shadow[j as usize].is_some() {
+                    mismatch(&sh)
+                }
+                shadow[j as usize] = None;
+            }),
+            75..=89 => c.get(&ctx, own(j)).await.map(|v| {
+                if v != shadow[j as usize] {
+                    mismatch(&sh)
+                }
+            }),
+            _ => {
+                let low = key_of(rng.below(records));
+                c.scan(&ctx, low, u64::MAX - 1, 20).await.map(|v| {
+                    if !v.windows(2).all(|p| p[0].0 < p[1].0)
+                        || v.first().is_some_and(|p| p.0 < low)
+                    {
+                        mismatch(&sh)
+                    }
+                })
+            }
+        };
+        if let Err(e) = r {
+            log::error!("demo tree operation failed: {e}");
+            sh.failures.set(sh.failures.get() + 1);
+            break;
+        }
+        let _ = sh.hist.borrow_mut().record((ctx.now_ns() - t0).max(1));
+        sh.ops.set(sh.ops.get() + 1);
+    }
+    *sh.tree.borrow_mut() += c.stats;
+}
+
+/// The phase on the emu cluster: one compute node (this process), its
+/// cores sharing one tree handle.
+pub fn run_emu(
+    cluster: &EmuCluster,
+    tree_cfg: TreeConfig,
+    cfg: &DemoConfig,
+) -> Result<TreePhase, String> {
+    let (cores, tasks, pin, records, seconds, seed) = (
+        cfg.cores,
+        cfg.tasks_per_core,
+        cfg.pin,
+        cfg.tree_records,
+        cfg.seconds,
+        cfg.seed,
+    );
+    let tree = Tree::new(tree_cfg, 256 << 10).map_err(|e| e.to_string())?;
+    let exec = ExecutorConfig {
+        slots: tasks,
+        scratch_bytes_per_slot: 64 << 10,
+        poll_batch: 32,
+    };
+    let loaded = cluster
+        .run_cores(1, ExecutorConfig { slots: 1, ..exec }, false, |_, ex| {
+            let err = Rc::new(RefCell::new(None));
+            let (t, e) = (tree.clone(), err.clone());
+            ex.spawn(move |ctx| load(ctx, t, records, e))
+                .expect("a slot");
+            ex.run();
+            let r = err.borrow_mut().take();
+            r
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(Some(e)) = loaded.into_iter().next() {
+        return Err(format!("bulk load failed: {e}"));
+    }
+    let duration_ns = (seconds * 1e9) as u64;
+    let started = std::time::Instant::now();
+    let results = cluster
+        .run_cores(cores, exec, pin, |core, ex| {
+            let sh = shared();
+            for t in 0..tasks {
+                let me = (core * tasks + t) as u64 + 1;
+                let c = tree.client(me).expect("non-zero id");
+                let s = sh.clone();
+                ex.spawn(move |ctx| tree_task(ctx, c, me, seed, records, duration_ns, s))
+                    .expect("a slot per task");
+            }
+            ex.run();
+            let latency_ns = sh.hist.borrow().clone();
+            let ts = *sh.tree.borrow();
+            (
+                CoreStats {
+                    ops: sh.ops.get(),
+                    latency_ns,
+                    counters: ex.counters(),
+                },
+                ts,
+                sh.mismatches.get(),
+                sh.failures.get(),
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed().as_nanos() as u64;
+    let (mut cores_stats, mut ts, mut mism, mut fail) = (Vec::new(), TreeStats::default(), 0, 0);
+    for (c, t, m, f) in results {
+        cores_stats.push(c);
+        ts += t;
+        mism += m;
+        fail += f;
+    }
+    Ok(TreePhase {
+        stats: RunStats::merge(cores_stats, elapsed),
+        tree: ts,
+        records,
+        mismatches: mism,
+        failures: fail,
+    })
+}
+
+/// The phase on a simulated world: one tree handle per compute node.
+pub fn run_sim(w: &mut World, tree_cfg: TreeConfig, cfg: &DemoConfig) -> Result<TreePhase, String> {
+    let (cores, tasks, records, seconds, seed) = (
+        cfg.cores,
+        cfg.tasks_per_core,
+        cfg.tree_records,
+        cfg.seconds,
+        cfg.seed,
+    );
+    let trees: Vec<Arc<Tree>> = (0..w.compute_nodes())
+        .map(|_| Tree::new(tree_cfg.clone(), 256 << 10))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let exec = ExecutorConfig {
+        slots: tasks,
+        scratch_bytes_per_slot: 64 << 10,
+        poll_batch: 32,
+    };
+    let err = Rc::new(RefCell::new(None));
+    let lt = w
+        .add_thread(0, ExecutorConfig { slots: 1, ..exec })
+        .map_err(|e| e.to_string())?;
+    let (t0, e0) = (trees[0].clone(), err.clone());
+    w.spawn(lt, move |ctx| load(ctx, t0, records, e0))
+        .map_err(|e| e.to_string())?;
+    if w.run() != RunEnd::Done {
+        return Err("bulk load did not finish".into());
+    }
+    if let Some(e) = err.borrow_mut().take() {
+        return Err(format!("bulk load failed: {e}"));
+    }
+    let sh = shared();
+    let first_thread = w.threads() as u32;
+    for core in 0..cores {
+        let cn = core % w.compute_nodes();
+        let t = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
+        for k in 0..tasks {
+            let me = (core * tasks + k) as u64 + 1;
+            let c = trees[cn].client(me).map_err(|e| e.to_string())?;
+            let s = sh.clone();
+            w.spawn(t, move |ctx| {
+                tree_task(ctx, c, me, seed, records, (seconds * 1e9) as u64, s)
+            })
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    let start = w.now_ns();
+    if w.run() != RunEnd::Done {
+        return Err("the tree phase did not finish".into());
+    }
+    let mut counters = VerbCounters::default();
+    for t in first_thread..w.threads() as u32 {
+        counters += w.executor(t).map(|e| e.counters()).unwrap_or_default();
+    }
+    let latency_ns = sh.hist.borrow().clone();
+    let mut stats = RunStats::merge(
+        vec![CoreStats {
+            ops: sh.ops.get(),
+            latency_ns,
+            counters,
+        }],
+        w.now_ns() - start,
+    );
+    stats.threads = cores;
+    let ts = *sh.tree.borrow();
+    Ok(TreePhase {
+        stats,
+        tree: ts,
+        records,
+        mismatches: sh.mismatches.get(),
+        failures: sh.failures.get(),
+    })
+}
+
+/// The summary lines of the phase.
+pub fn summary(p: &TreePhase) -> String {
+    let s = &p.stats;
+    let c = &s.counters;
+    let t = &p.tree;
+    let hits = t.cache_hits + t.cache_misses;
+    let ok = |b: bool| if b { "ok" } else { "FAILED" };
+    format!(
+        "  B+tree (Sherman; {} records bulk-loaded, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan)\n\
+         \x20   operations          {}\n\
+         \x20   operations/s        {:.0}\n\
+         \x20   round trips/op      {:.3}\n\
+         \x20   bytes read/op       {:.1}\n\
+         \x20   bytes written/op    {:.1}\n\
+         \x20   latency p50         {} ns\n\
+         \x20   latency p99         {} ns\n\
+         \x20   cache hit ratio     {:.4}\n\
+         \x20   lock handovers/op   {:.4}\n\
+         \x20   read retries/op     {:.5}\n\
+         \x20   splits              {}\n\
+         \x20   check: lookups and deletes agree with the loaded data and each task's shadow: {} mismatches: {}\n\
+         \x20   check: failed tree operations: {}: {}\n",
+        p.records,
+        s.ops,
+        s.ops_per_sec(),
+        s.per_op(c.round_trips),
+        s.per_op(c.bytes_read),
+        s.per_op(c.bytes_written),
+        s.latency_ns.value_at_quantile(0.5),
+        s.latency_ns.value_at_quantile(0.99),
+        if hits == 0 { 0.0 } else { t.cache_hits as f64 / hits as f64 },
+        s.per_op(t.handovers),
+        s.per_op(t.read_retries),
+        t.splits,
+        p.mismatches,
+        ok(p.mismatches == 0),
+        p.failures,
+        ok(p.failures == 0),
+    )
+}
