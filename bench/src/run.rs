@@ -798,12 +798,44 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
         rows.push(j.clone());
         docs.push(j);
     }
+    if backend == Backend::Emu {
+        // A reference measured in the same run: the same records and key
+        // distribution, looked up in a local BTreeMap on one thread.
+        let rate = btreemap_lookup_rate(records, zipf, seed);
+        for d in docs.iter_mut() {
+            d["btreemap_lookups_per_sec"] = json!(rate);
+        }
+        if !json {
+            print_table(&specs[0], &rows);
+            println!("reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s", rate / 1e6);
+            return Ok(());
+        }
+    }
     if json {
         println!("{}", serde_json::Value::Array(docs));
     } else {
         print_table(&specs[0], &rows);
     }
     Ok(())
+}
+
+/// Lookups per second of a local `BTreeMap` holding the same records, with
+/// keys from the same distribution.
+pub fn btreemap_lookup_rate(records: u64, zipf: f64, seed: u64) -> f64 {
+    let map: std::collections::BTreeMap<u64, u64> = records_sorted(records).into_iter().collect();
+    let dist = KeyDist::new(records, zipf);
+    let mut rng = Rng::new(seed);
+    let keys: Vec<u64> = (0..1_000_000).map(|_| key_of(dist.next(&mut rng))).collect();
+    let t0 = std::time::Instant::now();
+    let mut found = 0u64;
+    for _ in 0..3 {
+        for k in &keys {
+            found += map.get(k).copied().unwrap_or(0) & 1;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    std::hint::black_box(found);
+    3.0 * keys.len() as f64 / secs
 }
 
 fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
