@@ -285,3 +285,51 @@ fn sequential_on_emu() {
     .unwrap();
     ex.run();
 }
+
+/// A bulk load split across four clients on two compute nodes, each writing
+/// the leaves of one part of the key space in parallel; one client then
+/// links the parts, builds the internal levels and swings the root.
+#[test]
+fn parallel_bulk_load_across_compute_threads() {
+    let mut w = sim_world(8, 3, 2);
+    let trees: Vec<_> = (0..2).map(|_| Tree::new(sherman(), DM).unwrap()).collect();
+    sim_create(&mut w, &trees[0]);
+    let records: Vec<(u64, u64)> = (0..40_000u64).map(|i| (i * 5 + 3, i)).collect();
+    let bounds = [0u64, 50_000, 100_000, 150_000, u64::MAX];
+    let parts = Rc::new(RefCell::new(vec![Vec::new(); 4]));
+    for p in 0..4 {
+        let t = w.add_thread((p % 2) as u16, exec_cfg(1)).unwrap();
+        let mut c = trees[p % 2].client(10 + p as u64).unwrap();
+        let items: Vec<(u64, u64)> = records
+            .iter()
+            .copied()
+            .filter(|&(k, _)| k >= bounds[p] && k < bounds[p + 1])
+            .collect();
+        let (lo, hi, out) = (bounds[p], bounds[p + 1], parts.clone());
+        w.spawn(t, move |ctx| async move {
+            let leaves = c.bulk_load_part(&ctx, items, lo, hi, 40).await.unwrap();
+            out.borrow_mut()[p] = leaves;
+        })
+        .unwrap();
+    }
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let leaves = parts.borrow().clone();
+    assert!(leaves.iter().all(|l| l.len() > 100));
+    let tr = trees[1].clone();
+    let model: BTreeMap<u64, u64> = records.into_iter().collect();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(99).unwrap();
+        c.bulk_load_finish(&ctx, leaves, 40).await.unwrap();
+        let mut m = model;
+        let ops: Vec<Op> = (0..2000u64)
+            .map(|i| {
+                if i % 3 == 0 {
+                    Op::Put(i * 37, i)
+                } else {
+                    Op::Get(i * 97)
+                }
+            })
+            .collect();
+        check_ops(&ctx, &mut c, &ops, &mut m).await;
+    });
+}

@@ -921,16 +921,27 @@ impl TreeClient {
         })
     }
 
-    /// Loads an empty tree from strictly increasing `(key, value)` pairs,
-    /// filling leaves to `fill` entries (≤ 45), writing up to 8 nodes per
-    /// doorbell, then building the internal levels and swinging the root.
+    /// Loads an empty tree from strictly increasing `(key, value)` pairs
+    /// with one client: [`bulk_load_part`](Self::bulk_load_part) over
+    /// everything, then [`bulk_load_finish`](Self::bulk_load_finish).
+    /// Returns the number of records loaded.
     pub async fn bulk_load<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         items: impl IntoIterator<Item = (u64, u64)>,
         fill: usize,
     ) -> Result<u64, TreeError> {
-        let fill = fill.clamp(1, FANOUT);
+        self.check_empty(ctx).await?;
+        let items: Vec<(u64, u64)> = items.into_iter().collect();
+        let n = items.len() as u64;
+        let leaves = self
+            .bulk_load_part(ctx, items, 0, KEY_INFINITY, fill)
+            .await?;
+        self.bulk_load_finish(ctx, vec![leaves], fill).await?;
+        Ok(n)
+    }
+
+    async fn check_empty<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<GlobalAddr, TreeError> {
         let (root, level) = self.root(ctx, true).await?;
         if level != 0 {
             return Err(TreeError::NotEmpty);
@@ -939,53 +950,107 @@ impl TreeClient {
         if Node(rbuf.as_slice()).entries().next().is_some() {
             return Err(TreeError::NotEmpty);
         }
-        drop(rbuf);
-        // Build leaves: (low key, entries).
-        let mut groups: Vec<Vec<(u64, u64)>> = Vec::new();
+        Ok(root)
+    }
+
+    /// One part of a bulk load, run by any client in parallel with others:
+    /// writes leaves (filled to `fill` ≤ 45 entries, up to 8 per doorbell)
+    /// for the strictly increasing `items`, all inside `[low, high)`; the
+    /// parts of one load must tile the key space in order (the first from
+    /// 0, the last to `u64::MAX`). Returns the part's leaves as (low fence,
+    /// address) for [`bulk_load_finish`](Self::bulk_load_finish). Nothing
+    /// is visible until the finish swings the root.
+    pub async fn bulk_load_part<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        items: Vec<(u64, u64)>,
+        low: u64,
+        high: u64,
+        fill: usize,
+    ) -> Result<Vec<(u64, GlobalAddr)>, TreeError> {
+        let fill = fill.clamp(1, FANOUT);
         let mut prev: Option<u64> = None;
-        let mut n = 0u64;
-        for (k, v) in items {
+        for &(k, _) in &items {
             check_key(k)?;
-            if let Some(p) = prev {
-                if k <= p {
-                    return Err(TreeError::Unsorted { prev: p, key: k });
-                }
+            if prev.is_some_and(|p| k <= p) {
+                return Err(TreeError::Unsorted {
+                    prev: prev.unwrap_or(0),
+                    key: k,
+                });
+            }
+            if k < low || k >= high {
+                return Err(TreeError::Unsorted { prev: low, key: k });
             }
             prev = Some(k);
-            if groups.last().is_none_or(|g| g.len() >= fill) {
-                groups.push(Vec::with_capacity(fill));
-            }
-            groups.last_mut().expect("pushed").push((k, v));
-            n += 1;
         }
-        if groups.is_empty() {
-            return Ok(0);
+        let groups: Vec<&[(u64, u64)]> = if items.is_empty() {
+            vec![&items[..]]
+        } else {
+            items.chunks(fill).collect()
+        };
+        let mut addrs = Vec::with_capacity(groups.len());
+        for _ in 0..groups.len() {
+            addrs.push(
+                self.alloc
+                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+                    .await?,
+            );
         }
-        // The top node is written at the old root's address, so a client
-        // still holding that address finds a node of another level there and
-        // rereads the root word.
-        let mut level_nodes: Vec<(u64, GlobalAddr)> = Vec::with_capacity(groups.len());
-        let addrs = self.node_addrs(ctx, groups.len(), root).await?;
+        let mut out = Vec::with_capacity(groups.len());
         let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
         for (i, g) in groups.iter().enumerate() {
-            let low = if i == 0 { 0 } else { g[0].0 };
-            let high = groups.get(i + 1).map_or(KEY_INFINITY, |nx| nx[0].0);
+            let lo = if i == 0 { low } else { g[0].0 };
+            let hi = groups.get(i + 1).map_or(high, |nx| nx[0].0);
             let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
             let mut buf = vec![0u8; NODE_BYTES];
             let mut m = NodeMut(&mut buf);
-            m.init(0, low, high, sib, 1);
+            m.init(0, lo, hi, sib, 1);
             for (j, &(k, v)) in g.iter().enumerate() {
                 m.set_entry(j, k, v);
             }
-            level_nodes.push((low, addrs[i]));
+            out.push((lo, addrs[i]));
             pending.push((addrs[i], buf));
             if pending.len() == 8 {
                 write_nodes(ctx, &mut pending).await?;
             }
         }
         write_nodes(ctx, &mut pending).await?;
-        // Internal levels.
+        Ok(out)
+    }
+
+    /// Finishes a bulk load: links each part's last leaf to the next part's
+    /// first, builds the internal levels, writes the top node at the old
+    /// (empty) root's address — so a client still holding that address
+    /// finds a node of another level there and rereads the root word — and
+    /// swings the root word. Fails with `NotEmpty` if the tree has data.
+    pub async fn bulk_load_finish<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        parts: Vec<Vec<(u64, GlobalAddr)>>,
+        fill: usize,
+    ) -> Result<(), TreeError> {
+        let fill = fill.clamp(1, FANOUT);
+        let root = self.check_empty(ctx).await?;
+        let parts: Vec<Vec<(u64, GlobalAddr)>> =
+            parts.into_iter().filter(|p| !p.is_empty()).collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut b = ctx.batch();
+        for w in parts.windows(2) {
+            let last = w[0].last().expect("non-empty").1;
+            b.write_u64(last.add(layout::OFF_SIBLING as u64), w[1][0].1.raw());
+        }
+        b.submit().await?;
+        let mut level_nodes: Vec<(u64, GlobalAddr)> = parts.into_iter().flatten().collect();
+        if level_nodes.len() == 1 {
+            // A single leaf: copy it to the root's address.
+            let buf = self.read_node(ctx, level_nodes[0].1).await?;
+            ctx.write(root, buf.as_slice()).await?;
+            return Ok(());
+        }
         let mut level = 0u8;
+        let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
         while level_nodes.len() > 1 {
             level += 1;
             let per = FANOUT.min(fill + 1).max(2);
@@ -1019,7 +1084,7 @@ impl TreeClient {
             return Err(TreeError::NotEmpty);
         }
         self.root_hint = new_root;
-        Ok(n)
+        Ok(())
     }
 }
 
