@@ -13,6 +13,8 @@ use crate::nic::{CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair};
 use crate::verbs::{Completion, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 /// Makes one task per (thread, task) pair, inside the thread that runs it.
@@ -617,14 +619,29 @@ pub fn post_refusals<H: Harness>(h: &H) {
     });
 }
 
-/// A READ racing WRITEs can observe a torn mix of two patterns (upper layers
-/// must never assume otherwise), while no aligned 8-byte word is ever torn.
+/// Sets its flag when dropped: a reader task that finishes, or panics on a
+/// check, stops the writers it raced, so a failing case fails instead of
+/// spinning forever.
+pub struct StopOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
+/// A READ racing WRITEs can observe a torn mix of old and new lines (upper
+/// layers must never assume otherwise), while no aligned 64-byte line is ever
+/// torn (design.md §2: transfers land in whole cacheline units). Each WRITE
+/// fills the whole block with one fresh value; the reader checks every line
+/// of every READ until it has seen 16 torn READs or done `max_reads`.
 pub fn torn_reads_observable<H: Harness>(h: &H, block: usize, max_reads: u64) {
     let (a, _) = two_nodes(h);
     let at = GlobalAddr::host(a, 0x40000);
+    assert!(at.offset().is_multiple_of(64) && block.is_multiple_of(64));
     let stats = Arc::new(Mutex::new((0u64, 0u64))); // (reads, torn)
     let s = stats.clone();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     h.parallel(
         2,
         1,
@@ -632,35 +649,32 @@ pub fn torn_reads_observable<H: Harness>(h: &H, block: usize, max_reads: u64) {
             let s = s.clone();
             let stop = stop.clone();
             Box::pin(async move {
-                use std::sync::atomic::Ordering::Relaxed;
                 if th == 0 {
-                    let a_pat = vec![0xAAu8; block];
-                    let b_pat = vec![0x55u8; block];
-                    let mut i = 0u64;
+                    let mut pat = vec![0u8; block];
+                    let mut v = 0u8;
                     while !stop.load(Relaxed) {
-                        let pat = if i.is_multiple_of(2) { &a_pat } else { &b_pat };
-                        ctx.write(at, pat).await.expect("write");
-                        i += 1;
+                        v = v.wrapping_add(1).max(1);
+                        pat.fill(v);
+                        ctx.write(at, &pat).await.expect("write");
                     }
                 } else {
+                    let _stop = StopOnDrop(stop);
                     let (mut reads, mut torn) = (0, 0);
-                    while reads < max_reads && torn == 0 {
+                    while reads < max_reads && torn < 16 {
                         let buf = ctx.read(at, block).await.expect("read");
                         let bytes = buf.as_slice();
-                        for w in bytes.chunks_exact(8) {
+                        for (i, l) in bytes.chunks_exact(64).enumerate() {
                             assert!(
-                                w.iter().all(|&x| x == w[0]),
-                                "an aligned 8-byte word was torn"
+                                l.iter().all(|&x| x == l[0]),
+                                "line {i} of a READ was torn: {l:?}"
                             );
                         }
-                        let first = bytes[0];
-                        if bytes.iter().any(|&x| x != first) {
+                        if bytes.iter().any(|&x| x != bytes[0]) {
                             torn += 1;
                         }
                         reads += 1;
                     }
                     *s.lock().unwrap() = (reads, torn);
-                    stop.store(true, Relaxed);
                 }
             })
         }),
@@ -668,7 +682,196 @@ pub fn torn_reads_observable<H: Harness>(h: &H, block: usize, max_reads: u64) {
     let (reads, torn) = *stats.lock().unwrap();
     assert!(
         torn > 0,
-        "no torn READ observed in {reads} reads of {block} bytes racing WRITEs"
+        "no READ mixing lines of two WRITEs in {reads} reads of {block} bytes racing WRITEs"
+    );
+}
+
+/// Where `lines_are_atomic` works (64-byte aligned, clear of other cases).
+pub const LINES_AT: u64 = 0x60000;
+/// Writer A of `lines_are_atomic` writes values 1..128 (0 is the cleared
+/// state, as if A had written it); writer B writes 128..=255.
+const A_VALUES: u8 = 128;
+
+/// The (head, tail) values of one line written only by [`line_writer_a`]
+/// and [`line_writer_b`], or why no sequence of whole-line writes leaves
+/// it. A writes whole lines with values below 128; B writes bytes 0..40 of
+/// a line, or a span from byte 40 of one line to byte 40 of a later one,
+/// with values from 128. So bytes 0..40 (head) come from one write, bytes
+/// 40..64 (tail) from one write, and when both are A's it is the same
+/// write: the line is [a x64], [b x40, a x24], [a x40, b x24] or
+/// [b x40, b' x24] (b = b' when a span covered the whole line).
+pub fn line_state(line: &[u8]) -> Result<(u8, u8), String> {
+    assert_eq!(line.len(), 64);
+    let (head, tail) = line.split_at(40);
+    let (h, t) = (head[0], tail[0]);
+    if head.iter().any(|&x| x != h) {
+        return Err(format!("bytes 0..40 mix writes: {line:?}"));
+    }
+    if tail.iter().any(|&x| x != t) {
+        return Err(format!("bytes 40..64 mix writes: {line:?}"));
+    }
+    if h < A_VALUES && t < A_VALUES && h != t {
+        return Err(format!(
+            "two whole-line writes mixed ({h} and {t}): {line:?}"
+        ));
+    }
+    Ok((h, t))
+}
+
+/// Writer A of `lines_are_atomic`: WRITEs random runs of whole lines of
+/// `lines` lines at `at`, each with a fresh value in 1..128, until `stop`.
+pub async fn line_writer_a<N: Nic>(
+    ctx: &Ctx<N>,
+    at: GlobalAddr,
+    lines: u64,
+    seed: u64,
+    stop: &AtomicBool,
+) {
+    let mut rng = crate::rng::Rng::new(seed);
+    let mut v = 0u8;
+    let mut buf = vec![0u8; 64 * lines as usize];
+    while !stop.load(Relaxed) {
+        v = v % (A_VALUES - 1) + 1;
+        let first = rng.below(lines);
+        let n = 1 + rng.below(lines - first);
+        let span = &mut buf[..64 * n as usize];
+        span.fill(v);
+        ctx.write(at.add(64 * first), span).await.expect("write A");
+    }
+}
+
+/// Writer B of `lines_are_atomic`: WRITEs 40-byte line heads and unaligned
+/// spans of 64·m bytes (the last 24 bytes of a line, m-1 whole lines, the
+/// first 40 bytes of the next), each with a fresh value from 128, until
+/// `stop`.
+pub async fn line_writer_b<N: Nic>(
+    ctx: &Ctx<N>,
+    at: GlobalAddr,
+    lines: u64,
+    seed: u64,
+    stop: &AtomicBool,
+) {
+    assert!(lines >= 2);
+    let mut rng = crate::rng::Rng::new(seed);
+    let mut v = A_VALUES;
+    let mut buf = vec![0u8; 64 * lines as usize];
+    while !stop.load(Relaxed) {
+        v = v.wrapping_add(1).max(A_VALUES);
+        let k = rng.below(lines);
+        if k + 1 < lines && rng.below(2) == 0 {
+            let m = 1 + rng.below(lines - 1 - k);
+            let span = &mut buf[..64 * m as usize];
+            span.fill(v);
+            ctx.write(at.add(64 * k + 40), span)
+                .await
+                .expect("write B span");
+        } else {
+            ctx.write(at.add(64 * k), &[v; 40])
+                .await
+                .expect("write B head");
+        }
+    }
+}
+
+/// What a `lines_are_atomic` reader saw, in lines.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineStats {
+    pub reads: u64,
+    /// [b x40, a x24] with a ≠ 0: B's head over a line A wrote.
+    pub b_over_a: u64,
+    /// [a x40, b x24]: B's span tail over A's line (or the cleared one).
+    pub a_under_b: u64,
+    /// [b x40, b' x24]: head and tail from B writes.
+    pub two_b: u64,
+}
+
+impl LineStats {
+    /// True once a partial WRITE was seen over a line A wrote whole, and
+    /// the tail of one of B's unaligned spans was seen: both writers ran
+    /// and their writes met inside lines. (Which other shapes show up
+    /// depends on the scheduler: with fewer cores than threads the writers
+    /// rarely run together.)
+    pub fn saw_partial_overwrites(&self) -> bool {
+        self.b_over_a > 0 && self.a_under_b + self.two_b > 0
+    }
+}
+
+/// The reader of `lines_are_atomic`: READs all `lines` lines at once,
+/// checks every line with [`line_state`] (panicking on a torn one), until it
+/// has done `min_reads` after first seeing partial overwrites (so the
+/// writers are running), or `max_reads` in all.
+pub async fn line_reader<N: Nic>(
+    ctx: &Ctx<N>,
+    at: GlobalAddr,
+    lines: u64,
+    min_reads: u64,
+    max_reads: u64,
+) -> LineStats {
+    let mut st = LineStats::default();
+    let mut racing_reads = 0;
+    while st.reads < max_reads && racing_reads < min_reads {
+        let buf = ctx.read(at, 64 * lines as usize).await.expect("read");
+        for (i, l) in buf.as_slice().chunks_exact(64).enumerate() {
+            let (h, t) = line_state(l).unwrap_or_else(|e| {
+                panic!(
+                    "READ {} line {i}: no sequence of whole-line WRITEs leaves it: {e}",
+                    st.reads
+                )
+            });
+            match (h >= A_VALUES, t >= A_VALUES) {
+                (true, false) if t != 0 => st.b_over_a += 1,
+                (false, true) => st.a_under_b += 1,
+                (true, true) => st.two_b += 1,
+                _ => {}
+            }
+        }
+        st.reads += 1;
+        racing_reads += st.saw_partial_overwrites() as u64;
+    }
+    st
+}
+
+/// Each aligned 64-byte line is atomic: writer A (whole lines) and writer B
+/// (40-byte heads and unaligned spans over several lines) race on other
+/// threads while a reader READs the lines; every line read must be one that
+/// some order of whole-line writes leaves ([`line_state`]), and the reader
+/// must see partial writes over whole ones (so the check was exercised).
+pub fn lines_are_atomic<H: Harness>(h: &H, lines: u64, min_reads: u64, max_reads: u64) {
+    let (a, _) = two_nodes(h);
+    let at = GlobalAddr::host(a, LINES_AT);
+    run_task(h, move |ctx| async move {
+        ctx.write(at, &vec![0u8; 64 * lines as usize])
+            .await
+            .expect("clear");
+    });
+    let stats = Arc::new(Mutex::new(LineStats::default()));
+    let s = stats.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    h.parallel(
+        3,
+        1,
+        Arc::new(move |ctx, th, _| {
+            let s = s.clone();
+            let stop = stop.clone();
+            Box::pin(async move {
+                match th {
+                    0 => line_writer_a(&ctx, at, lines, 0xA, &stop).await,
+                    1 => line_writer_b(&ctx, at, lines, 0xB, &stop).await,
+                    _ => {
+                        let _stop = StopOnDrop(stop.clone());
+                        let st = line_reader(&ctx, at, lines, min_reads, max_reads).await;
+                        *s.lock().unwrap() = st;
+                    }
+                }
+            })
+        }),
+    );
+    let st = *stats.lock().unwrap();
+    eprintln!("lines_are_atomic: {st:?}");
+    assert!(
+        st.saw_partial_overwrites(),
+        "in {} READs no partial WRITE was seen over a whole-line one: {st:?}",
+        st.reads
     );
 }
 
@@ -735,6 +938,10 @@ macro_rules! conformance_suite {
         #[test]
         fn conformance_torn_reads_observable() {
             $crate::conformance::torn_reads_observable(&$make, 64 * 1024, 200_000);
+        }
+        #[test]
+        fn conformance_lines_are_atomic() {
+            $crate::conformance::lines_are_atomic(&$make, 8, 20_000, 2_000_000);
         }
         #[test]
         fn conformance_dead_node() {

@@ -10,7 +10,8 @@
 //! execute in posting order; only signaled requests complete on success; a
 //! failure completes with its status and flushes the rest of the queue
 //! pair; READs and WRITEs longer than 8 bytes are not atomic (a concurrent
-//! READ may see a torn mix), aligned 8-byte words never tear; atomics are
+//! READ may see a torn mix of lines), but each aligned 64-byte line lands
+//! whole and aligned 8-byte words never tear; atomics are
 //! atomic with respect to other NIC atomics; nothing orders two queue pairs.
 
 pub mod addr;

@@ -430,3 +430,224 @@ fn owner_cpu_sees_remote_writes_and_vice_versa() {
     // A message ring receiver polls its own memory for WRITEs (FaRM §6).
     let _ = std::io::stderr().flush();
 }
+
+/// Env var that turns `child_role_lines_writer_b` into writer B for
+/// `lines_are_atomic_across_processes` (it names the node to attach to).
+const LINES_CHILD_ENV: &str = "LOCH_TEST_LINES_CHILD_NODE";
+
+/// Writer B of the line-atomicity case, run in a child process by
+/// `lines_are_atomic_across_processes` (this test binary re-executed with
+/// `--exact`). Without the env var it does nothing.
+#[test]
+fn child_role_lines_writer_b() {
+    let Ok(path) = std::env::var(LINES_CHILD_ENV) else {
+        return;
+    };
+    let ep = EmuEndpoint::attach(&path).expect("child attaches");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    // The parent closes our stdin when its reader is done.
+    std::thread::spawn(move || {
+        for _ in std::io::stdin().lock().lines() {}
+        s.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let nic = EmuNic::new(EmuConfig::default());
+    let cfg = ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let mut ex = build_executor(&nic, &[ep], cfg);
+    ex.spawn(move |ctx| async move {
+        let at = GlobalAddr::host(0, conformance::LINES_AT);
+        conformance::line_writer_b(&ctx, at, 8, 0xB0B, &stop).await;
+    })
+    .unwrap();
+    ex.run();
+}
+
+/// `lines_are_atomic` with writer B in another process: the line words live
+/// in the node file, so whole-line exclusion holds across processes.
+#[test]
+fn lines_are_atomic_across_processes() {
+    let h = EmuHarness::new();
+    let Owner::Here(node) = &h.owners[0] else {
+        unreachable!()
+    };
+    let lines = 8u64;
+    let at = GlobalAddr::host(0, conformance::LINES_AT);
+    node.host()
+        .write(at.offset(), &vec![0u8; 64 * lines as usize]);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_role_lines_writer_b", "--nocapture"])
+        .env(LINES_CHILD_ENV, node.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn writer B");
+    // Start racing once B's first WRITE has landed.
+    let t0 = Instant::now();
+    let mut region = vec![0u8; 64 * lines as usize];
+    while !region.iter().any(|&b| b >= 128) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "writer B never wrote"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        node.host().read(at.offset(), &mut region);
+    }
+    let stats = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let s = stats.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    h.parallel(
+        2,
+        1,
+        std::sync::Arc::new(move |ctx, th, _| {
+            let (s, stop) = (s.clone(), stop.clone());
+            Box::pin(async move {
+                if th == 0 {
+                    conformance::line_writer_a(&ctx, at, lines, 0xA0A, &stop).await;
+                } else {
+                    let _stop = conformance::StopOnDrop(stop);
+                    let st = conformance::line_reader(&ctx, at, lines, 20_000, 2_000_000).await;
+                    *s.lock().unwrap() = Some(st);
+                }
+            })
+        }),
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success(), "writer B failed");
+    let st = stats.lock().unwrap().expect("reader finished");
+    eprintln!("across processes: {st:?}");
+    assert!(st.saw_partial_overwrites(), "{st:?}");
+}
+
+/// Where the seqlock tables start in a node file on /dev/shm (4 KiB pages):
+/// after the header page, host memory and device memory (node.rs).
+const TABLES_OFF: u64 = 4096 + HOST + DM;
+
+/// Where host block `block`'s lock word (8 bytes) lies.
+fn host_block_lock_offset(block: u64) -> u64 {
+    TABLES_OFF + 8 * block
+}
+
+/// Where host line `line`'s sequence (4 bytes) lies: after the host lock
+/// words, one per KiB.
+fn host_line_seq_offset(line: u64) -> u64 {
+    TABLES_OFF + 8 * HOST / 1024 + 4 * line
+}
+
+/// A block left locked, and a line left odd, by a process that has exited —
+/// written into the node file as a killed writer leaves them — is taken
+/// over after a few milliseconds; the WRITE that waited finishes the line
+/// and the READ after it sees it whole.
+#[test]
+fn a_line_held_by_a_dead_process_is_taken_over() {
+    use std::os::unix::fs::FileExt;
+    let path = shm_path("held");
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 0,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    node.register_all().unwrap();
+    let mut h = EmuHarness::new();
+    h.endpoints[0] = EmuEndpoint::attach(&path).unwrap();
+    h.owners[0] = Owner::Here(node);
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead_pid = gone.id() as u64;
+    gone.wait().unwrap();
+    let off = 0x7000u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let words = |f: &std::fs::File| {
+        let (mut b, mut l) = ([0u8; 8], [0u8; 4]);
+        f.read_exact_at(&mut b, host_block_lock_offset(off / 1024))
+            .unwrap();
+        f.read_exact_at(&mut l, host_line_seq_offset(off / 64))
+            .unwrap();
+        (u64::from_le_bytes(b), u32::from_le_bytes(l))
+    };
+    assert_eq!(words(&file), (0, 0), "a fresh node's words are free");
+    file.write_all_at(
+        &((dead_pid << 32) | 7).to_le_bytes(),
+        host_block_lock_offset(off / 1024),
+    )
+    .unwrap();
+    file.write_all_at(&5u32.to_le_bytes(), host_line_seq_offset(off / 64))
+        .unwrap();
+    let t0 = Instant::now();
+    let got = conformance::run_task(&h, move |ctx| async move {
+        let at = GlobalAddr::host(0, off);
+        ctx.write(at, &[0x5a; 64]).await.unwrap();
+        ctx.read(at, 64).await.unwrap().as_slice().to_vec()
+    });
+    let took = t0.elapsed();
+    assert_eq!(got, vec![0x5a; 64]);
+    assert!(
+        took >= Duration::from_millis(2) && took < Duration::from_millis(900),
+        "took {took:?}: the dead holder's block was taken over too early or too late"
+    );
+    // The block: taken over (7 → 8), locked and freed by the WRITE (10),
+    // holder field cleared. The line: kept odd by the WRITE, evened (6).
+    // The READ leaves both alone.
+    assert_eq!(words(&file), (10, 6));
+    drop(h);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Attach refuses a file of the previous layout (version 1, no seqlock
+/// tables), a table size that does not match the memory sizes, and a file
+/// too short for its tables.
+#[test]
+fn attach_refuses_other_layouts_and_short_files() {
+    use std::os::unix::fs::FileExt;
+    let path = shm_path("layout");
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 2,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    let full = std::fs::metadata(&path).unwrap().len();
+    let tables = (8 + 4 * 16) * (HOST + DM) / 1024;
+    assert_eq!(
+        full,
+        TABLES_OFF + tables.next_multiple_of(4096),
+        "file sized for header, memories and seqlock tables"
+    );
+    let mut header = vec![0u8; 4096];
+    std::fs::File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut header, 0)
+        .unwrap();
+    drop(node);
+    let copy = shm_path("layout-copy");
+    let try_attach = |hdr: &[u8], len: u64| {
+        let f = std::fs::File::create(&copy).unwrap();
+        f.write_all_at(hdr, 0).unwrap();
+        f.set_len(len).unwrap();
+        drop(f);
+        match EmuEndpoint::attach(&copy) {
+            Err(EmuError::NotALochNode { why, .. }) => why,
+            other => panic!("expected NotALochNode, got {other:?}"),
+        }
+    };
+    // Header words (node.rs): layout version at byte 8, table bytes at 72.
+    let mut v1 = header.clone();
+    v1[8..16].copy_from_slice(&1u64.to_le_bytes());
+    let why = try_attach(&v1, full);
+    assert!(why.contains("layout version 1"), "{why}");
+    let why = try_attach(&header, TABLES_OFF);
+    assert!(why.contains("header says"), "{why}");
+    let mut odd = header.clone();
+    odd[72..80].copy_from_slice(&8u64.to_le_bytes());
+    let why = try_attach(&odd, full);
+    assert!(why.contains("seqlock tables"), "{why}");
+    std::fs::remove_file(&copy).unwrap();
+}

@@ -4,11 +4,13 @@
 //! Memory nodes are files mapped `MAP_SHARED` ([`EmuNode`]); compute cores
 //! connect queue pairs to them ([`EmuEndpoint`]). A verb executes in the
 //! posting thread, inside `post_send`, against the mapping, through atomic
-//! operations only ([`shm`]); its completion is queued on the completion
+//! operations only ([`shm`]), each 64-byte line of a READ or WRITE whole
+//! under a seqlock ([`lines`]); its completion is queued on the completion
 //! queue at once, or — with latency and bandwidth injection — becomes
 //! visible to `poll` only after the modelled delay. Dead owners are noticed
 //! by [`watchdog`].
 
+pub mod lines;
 mod node;
 mod qp;
 pub mod shm;

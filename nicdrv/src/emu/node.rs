@@ -1,20 +1,34 @@
 //! An emulated memory node: a file mapped `MAP_SHARED` by its owner and by
 //! every compute thread or process that attaches to it by path.
 //!
-//! File layout (all header fields are 8-byte words accessed atomically):
+//! File layout, version 2 (all header fields are 8-byte words accessed
+//! atomically):
 //!
 //! ```text
 //! [0, page)                 header: magic, layout version, node id, sizes,
 //!                           owner pid, state (alive/closed/dead), region
-//!                           table generation and 32 region entries
+//!                           table generation, seqlock table bytes, and 32
+//!                           region entries
 //! [page, page+host)         host memory (what the NIC reaches over PCIe)
 //! [page+host', ...+dm)      device memory, a second small mapping
+//! [page+host'+dm', ...+t)   seqlock tables (see [`super::lines`]), for host
+//!                           memory then device memory, each: an 8-byte
+//!                           lock word per 1 KiB block, then a 4-byte
+//!                           sequence per 64-byte line, padded to 8 bytes
 //! ```
 //!
 //! `page` is 4 KiB on ordinary files and 2 MiB on hugetlbfs; `host'` is the
-//! host size rounded up to `page`. The owner creates the file with mode 0600
-//! and holds an exclusive `flock` on it while alive; see [`super::watchdog`].
+//! host size rounded up to `page`, `dm'` the device memory size (at least 1)
+//! rounded up to `page`. `t`, recorded in the header, is
+//! `8⌈host/1024⌉ + 4⌈host/64⌉` (padded) plus the same for device memory; the
+//! file is sized to `t` rounded up to `page` past the tables' start.
+//! Version 2 added the tables (READ and WRITE became line-atomic); attach
+//! refuses other versions, a table size that does not match the memory
+//! sizes, and files too short for their sizes. The owner creates the file
+//! with mode 0600 and holds an exclusive `flock` on it while alive; see
+//! [`super::watchdog`].
 
+use super::lines::{table_bytes, LineMem};
 use super::shm::SharedMem;
 use super::watchdog::{
     owner_holds_lock, pidfd_open, Watchdog, STATE_ALIVE, STATE_CLOSED, STATE_DEAD,
@@ -32,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"LOCHNODE");
-const LAYOUT_VERSION: u64 = 1;
+const LAYOUT_VERSION: u64 = 2;
 const HDR_MAGIC: u64 = 0;
 const HDR_VERSION: u64 = 8;
 const HDR_NODE_ID: u64 = 16;
@@ -42,6 +56,7 @@ const HDR_PAGE_BYTES: u64 = 40;
 const HDR_OWNER_PID: u64 = 48;
 const HDR_STATE: u64 = 56;
 const HDR_REGION_GEN: u64 = 64;
+const HDR_TABLE_BYTES: u64 = 72;
 const HDR_REGIONS: u64 = 256;
 const REGION_ENTRY_BYTES: u64 = 32;
 /// Regions a node can register at once.
@@ -128,6 +143,10 @@ pub(crate) struct NodeMap {
     pub(crate) header: SharedMem,
     pub(crate) host: SharedMem,
     pub(crate) dm: SharedMem,
+    /// Host and device memory with their seqlock tables: what READ and
+    /// WRITE use.
+    host_lines: LineMem,
+    dm_lines: LineMem,
     owner: bool,
     /// Serializes the owner's region-table updates.
     reg_lock: Mutex<u64>,
@@ -141,6 +160,47 @@ unsafe impl Sync for NodeMap {}
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to) * to
+}
+
+/// Where each part of a node file lies (module doc).
+struct Layout {
+    host_off: u64,
+    dm_off: u64,
+    tables_off: u64,
+    /// (block lock words, line sequences) bytes for host and device memory.
+    host_tables: (u64, u64),
+    dm_tables: (u64, u64),
+    table_bytes: u64,
+    total: u64,
+}
+
+impl Layout {
+    fn new(page: u64, host_bytes: u64, dm_bytes: u64) -> Layout {
+        let host_off = page;
+        let dm_off = host_off + round_up(host_bytes, page);
+        let tables_off = dm_off + round_up(dm_bytes.max(1), page);
+        let host_tables = table_bytes(host_bytes);
+        let dm_tables = table_bytes(dm_bytes);
+        let table_bytes = host_tables.0 + host_tables.1 + dm_tables.0 + dm_tables.1;
+        Layout {
+            host_off,
+            dm_off,
+            tables_off,
+            host_tables,
+            dm_tables,
+            table_bytes,
+            total: tables_off + round_up(table_bytes, page),
+        }
+    }
+
+    /// Offsets of host blocks, host lines, device blocks, device lines.
+    fn table_offs(&self) -> [u64; 4] {
+        let hb = self.tables_off;
+        let hl = hb + self.host_tables.0;
+        let db = hl + self.host_tables.1;
+        let dl = db + self.dm_tables.0;
+        [hb, hl, db, dl]
+    }
 }
 
 fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> EmuError + 'a {
@@ -203,21 +263,38 @@ impl NodeMap {
         dm_bytes: u64,
         owner: bool,
     ) -> Result<NodeMap, EmuError> {
-        let total = page + round_up(host_bytes, page) + round_up(dm_bytes.max(1), page);
+        let l = Layout::new(page, host_bytes, dm_bytes);
+        let total = l.total;
         let base = map_shared(&file, total as usize, &path)?;
-        // SAFETY: the three windows lie inside the mapping of `total` bytes,
-        // which lives until this NodeMap is dropped; page-aligned bases.
-        let (header, host, dm) = unsafe {
-            (
-                SharedMem::new(base, page as usize),
-                SharedMem::new(base.add(page as usize), host_bytes as usize),
-                SharedMem::new(
-                    base.add((page + round_up(host_bytes, page)) as usize),
-                    dm_bytes as usize,
-                ),
-            )
+        // SAFETY: getpid has no preconditions. Nodes are not mapped across a
+        // fork without exec, so the pid stays ours.
+        let me = unsafe { libc::getpid() } as u32;
+        let [hb, hl, db, dl] = l.table_offs();
+        let window = |off: u64, len: u64| {
+            assert!(
+                off.is_multiple_of(8) && off + len <= total,
+                "window outside the mapping"
+            );
+            // SAFETY: inside the mapping of `total` bytes (asserted), which
+            // lives until this NodeMap is dropped; 8-byte aligned (asserted;
+            // the mapping is page-aligned).
+            unsafe { SharedMem::new(base.add(off as usize), len as usize) }
         };
+        let (header, host, dm) = (
+            window(0, page),
+            window(l.host_off, host_bytes),
+            window(l.dm_off, dm_bytes),
+        );
+        let host_lines = LineMem::new(
+            host,
+            window(hb, l.host_tables.0),
+            window(hl, l.host_tables.1),
+            me,
+        );
+        let dm_lines = LineMem::new(dm, window(db, l.dm_tables.0), window(dl, l.dm_tables.1), me);
         Ok(NodeMap {
+            host_lines,
+            dm_lines,
             watchdog: Mutex::new(None),
             id,
             path,
@@ -248,6 +325,14 @@ impl NodeMap {
         match space {
             Space::Host => &self.host,
             Space::Device => &self.dm,
+        }
+    }
+
+    /// The window with its line words, for READ and WRITE.
+    pub(crate) fn lines(&self, space: Space) -> &LineMem {
+        match space {
+            Space::Host => &self.host_lines,
+            Space::Device => &self.dm_lines,
         }
     }
 
@@ -350,9 +435,7 @@ impl EmuNode {
         }
         let (file, path, page) = match &cfg.backing {
             Backing::Memfd => {
-                let need = HUGE_PAGE
-                    + round_up(cfg.host_bytes, HUGE_PAGE)
-                    + round_up(cfg.dm_bytes.max(1), HUGE_PAGE);
+                let need = Layout::new(HUGE_PAGE, cfg.host_bytes, cfg.dm_bytes).total;
                 // A hugetlb memfd only fails at fault time without reserved
                 // pages, so ask the kernel whether enough are free first.
                 let huge = if crate::emu::hugepages_free() * HUGE_PAGE >= need {
@@ -421,7 +504,8 @@ impl EmuNode {
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(EmuError::InUse { path, pid: 0 });
         }
-        let total = page + round_up(cfg.host_bytes, page) + round_up(cfg.dm_bytes.max(1), page);
+        let layout = Layout::new(page, cfg.host_bytes, cfg.dm_bytes);
+        let total = layout.total;
         file.set_len(total).map_err(io_err(&path, "cannot size"))?;
         let map = NodeMap::from_file(file, path, cfg.id, page, cfg.host_bytes, cfg.dm_bytes, true)?;
         let h = &map.header;
@@ -430,6 +514,7 @@ impl EmuNode {
         h.store_u64(HDR_HOST_BYTES, cfg.host_bytes);
         h.store_u64(HDR_DM_BYTES, cfg.dm_bytes);
         h.store_u64(HDR_PAGE_BYTES, page);
+        h.store_u64(HDR_TABLE_BYTES, layout.table_bytes);
         // SAFETY: getpid has no preconditions.
         h.store_u64(HDR_OWNER_PID, unsafe { libc::getpid() } as u64);
         h.store_u64(HDR_REGION_GEN, 0);
@@ -633,10 +718,11 @@ impl EmuEndpoint {
             hdr.load_u64(HDR_PAGE_BYTES),
             hdr.load_u64(HDR_OWNER_PID),
             hdr.load_u64(HDR_STATE),
+            hdr.load_u64(HDR_TABLE_BYTES),
         );
         // SAFETY: unmapping the header mapping made just above.
         unsafe { libc::munmap(hdr_base as *mut libc::c_void, page as usize) };
-        let (magic, version, id, host, dm, hdr_page, pid, state) = fields;
+        let (magic, version, id, host, dm, hdr_page, pid, state, tables) = fields;
         if magic != MAGIC {
             return Err(not_node("bad magic".into()));
         }
@@ -653,7 +739,14 @@ impl EmuEndpoint {
         {
             return Err(not_node("corrupt header fields".into()));
         }
-        let need = page + round_up(host, page) + round_up(dm.max(1), page);
+        let layout = Layout::new(page, host, dm);
+        if tables != layout.table_bytes {
+            return Err(not_node(format!(
+                "{tables} bytes of seqlock tables, its memory sizes need {}",
+                layout.table_bytes
+            )));
+        }
+        let need = layout.total;
         if file_len < need {
             return Err(not_node(format!(
                 "file is {file_len} bytes, header says {need}"

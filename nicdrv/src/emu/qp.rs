@@ -403,16 +403,21 @@ impl EmuQp {
         if opcode.is_atomic() && off % 8 != 0 {
             return WcStatus::RemoteInvalidRequest;
         }
-        let mem = self.peer.map.window(space);
+        let map = &self.peer.map;
+        let mem = map.window(space);
         // The region table only holds ranges inside the window (register
-        // checks), so these accesses are in bounds.
+        // checks), so these accesses are in bounds. READ and WRITE are
+        // line-atomic (lines.rs); atomics are plain word RMWs outside the
+        // seqlock, atomic only among themselves, as a NIC's are.
         let old = match *op {
             WrOp::Read { local, .. } => {
-                mem.read_into(off, local.addr, local.len as usize);
+                map.lines(space)
+                    .read_into(off, local.addr, local.len as usize);
                 return WcStatus::Success;
             }
             WrOp::Write { local, .. } => {
-                mem.write_from(off, local.addr, local.len as usize);
+                map.lines(space)
+                    .write_from(off, local.addr, local.len as usize);
                 return WcStatus::Success;
             }
             WrOp::Cas { compare, swap, .. } => mem.cas_u64(off, compare, swap),

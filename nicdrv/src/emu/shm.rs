@@ -5,9 +5,11 @@
 //! real memory node. Rust makes a plain load racing a store undefined
 //! behaviour, so every access here is atomic: aligned 8-byte words go
 //! through `AtomicU64`, the unaligned head and tail of a range through
-//! `AtomicU8`. A multi-word copy is a sequence of independent word accesses,
-//! so a READ racing a WRITE can return a mix of old and new words — the
-//! torn reads real NICs produce, which upper layers must tolerate.
+//! `AtomicU8`. A multi-word copy here is a sequence of independent word
+//! accesses, so a copy racing a store can return a mix of old and new words.
+//! Verbs do not stop at that: READ and WRITE go through [`super::lines`],
+//! which makes each 64-byte line whole, as a NIC does; the owner's CPU view
+//! (`EmuNode::host()`) uses these word-atomic copies directly.
 //!
 //! Orderings: word loads are `Acquire` and word stores `Release`. On x86-64
 //! both compile to plain moves, so they cost nothing there, and they give a
@@ -15,7 +17,7 @@
 //! publish semantics its protocol needs against a later acquiring CAS.
 //! Atomic verbs use `AcqRel` read-modify-writes.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// A window of shared memory accessed only through atomics.
 #[derive(Copy, Clone, Debug)]
@@ -73,6 +75,26 @@ impl SharedMem {
         assert!(off < self.len, "byte access out of bounds");
         // SAFETY: in bounds; AtomicU8 has no alignment requirement.
         unsafe { AtomicU8::from_ptr(self.base.add(off)) }
+    }
+
+    /// The aligned 8-byte word at `off`, for callers that choose their own
+    /// orderings (the block lock words of [`super::lines`]).
+    pub(crate) fn word_at(&self, off: u64) -> &AtomicU64 {
+        self.word(off as usize)
+    }
+
+    /// The aligned 4-byte word at `off` (the line sequences of
+    /// [`super::lines`]).
+    pub(crate) fn word32_at(&self, off: u64) -> &AtomicU32 {
+        let off = off as usize;
+        assert!(
+            off.is_multiple_of(4) && off + 4 <= self.len,
+            "word access out of bounds"
+        );
+        // SAFETY: in bounds and 4-byte aligned (checked above; base is
+        // aligned); the memory is valid for the window's lifetime and only
+        // accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.base.add(off) as *mut u32) }
     }
 
     pub fn load_u64(&self, off: u64) -> u64 {
@@ -178,6 +200,47 @@ impl SharedMem {
             self.byte(off).store(s.read(), Ordering::Release);
             s = s.add(1);
             off += 1;
+        }
+    }
+
+    /// Copies the aligned 64-byte line at `off` into `dst`: eight word
+    /// loads, no edges (the common case of line-atomic READs).
+    ///
+    /// # Safety
+    /// `dst..dst+64` must be valid for writes and not aliased by any live
+    /// reference. The line must be in bounds (asserted).
+    #[inline]
+    pub(crate) unsafe fn read_line_into(&self, off: u64, dst: *mut u8) {
+        let off = off as usize;
+        assert!(
+            off.is_multiple_of(64) && off + 64 <= self.len,
+            "line out of bounds"
+        );
+        for i in 0..8 {
+            // SAFETY: in bounds and aligned (checked above); atomic access
+            // only. The destination may be unaligned.
+            let w = AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64);
+            (dst.add(8 * i) as *mut u64).write_unaligned(w.load(Ordering::Acquire));
+        }
+    }
+
+    /// Copies 64 bytes from `src` to the aligned line at `off`: eight word
+    /// stores, no edges.
+    ///
+    /// # Safety
+    /// `src..src+64` must be valid for reads and not mutably aliased. The
+    /// line must be in bounds (asserted).
+    #[inline]
+    pub(crate) unsafe fn write_line_from(&self, off: u64, src: *const u8) {
+        let off = off as usize;
+        assert!(
+            off.is_multiple_of(64) && off + 64 <= self.len,
+            "line out of bounds"
+        );
+        for i in 0..8 {
+            let v = (src.add(8 * i) as *const u64).read_unaligned();
+            // SAFETY: as in `read_line_into`.
+            AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64).store(v, Ordering::Release);
         }
     }
 
