@@ -80,6 +80,17 @@ impl Args {
         }
     }
 
+    /// The flag's value if given, parsed.
+    pub fn get_opt<T: FromStr>(&mut self, name: &str) -> Result<Option<T>, ArgError> {
+        match self.values.remove(name) {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| ArgError(format!("--{name}: cannot parse `{v}`"))),
+        }
+    }
+
     /// Errors if any flag was not consumed.
     pub fn finish(self) -> Result<(), ArgError> {
         if let Some(k) = self.values.keys().next() {
@@ -119,6 +130,7 @@ mod tests {
         assert!(a.switch("json"));
         assert_eq!(a.get("depth", 1usize).unwrap(), 16);
         assert_eq!(a.string("size").as_deref(), Some("1k"));
+        assert_eq!(a.get_opt::<u64>("depth").unwrap(), None, "consumed");
         a.finish().unwrap();
         assert!(Args::parse(&v("--size"), &[]).is_err());
         assert!(Args::parse(&v("size 3"), &[]).is_err());
@@ -126,6 +138,10 @@ mod tests {
         let mut a = Args::parse(&v("--depth x --bogus 1"), &[]).unwrap();
         assert!(a.get("depth", 1usize).is_err());
         assert!(a.finish().is_err());
+        let mut a = Args::parse(&v("--ops 5 --secs x"), &[]).unwrap();
+        assert_eq!(a.get_opt::<u64>("ops").unwrap(), Some(5));
+        assert!(a.get_opt::<f64>("secs").unwrap_err().0.contains("--secs"));
+        a.finish().unwrap();
         assert_eq!(parse_size("1KiB"), Some(1024));
         assert_eq!(parse_size("4m"), Some(4 << 20));
         assert_eq!(parse_size("x"), None);

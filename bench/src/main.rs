@@ -1,10 +1,14 @@
 //! `loch-bench`: Loch's benchmarks, run from scripts. Exit code 2 on bad
-//! input, with one line naming the problem.
+//! input, with one line naming the problem; 1 when `run --check-history`
+//! finds a violation.
 
 mod args;
+mod outfile;
+mod plot;
 mod run;
 mod verbs;
 mod workload;
+mod ycsb;
 
 use std::process::ExitCode;
 
@@ -28,7 +32,7 @@ fn main() -> ExitCode {
             println!("{}", verbs::USAGE);
             return ExitCode::SUCCESS;
         }
-        "verbs" => verbs::run(rest),
+        "verbs" => verbs::run(rest).map(|()| run::Outcome::Done),
         "run" if wants_help => {
             println!("{}", run::USAGE);
             return ExitCode::SUCCESS;
@@ -43,7 +47,8 @@ fn main() -> ExitCode {
         ))),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(run::Outcome::Done) => ExitCode::SUCCESS,
+        Ok(run::Outcome::HistoryViolation) => ExitCode::from(1),
         Err(e) => {
             eprintln!("loch-bench: {e}");
             ExitCode::from(2)

@@ -1,25 +1,43 @@
 //! `loch-bench run`: index workloads (the Sherman paper's mixes and YCSB's
-//! core workloads) on the emu backend (wall clock) or the sim backend
-//! (virtual time, the paper's scale by default), several systems side by
-//! side, with per-operation round trips, bytes, retries and cache hits.
+//! core workloads, as property files: see `ycsb.rs`) on the emu backend
+//! (wall clock) or the sim backend (virtual time, the paper's scale by
+//! default), several systems side by side, with per-operation round trips,
+//! bytes, retries and cache hits.
 //!
 //! A run: boot the cluster, create the tree, bulk-load `--records`
 //! (sorted, one client), warm up (`--warmup` operations per client, not
-//! measured), then measure `--ops` operations per client (or `--seconds`).
+//! measured), then measure `--ops` operations per client, or until
+//! `--seconds` after the first measured operation. A `--threads` list runs
+//! the whole thing once per point.
+//!
+//! With `--history` or `--check-history`, every operation (warm-up too,
+//! since the checker starts from the bulk-loaded records) is recorded into
+//! an `index::history::History` per executor, stamped with the virtual
+//! clock on sim and `nicdrv::clock::now_ns()` on emu (the executor's
+//! per-turn clock is read before the turn polls completions, so it could
+//! stamp a completion before the verb took effect). Without them, the hot
+//! path pays one `Option` test per operation.
 
 use crate::args::{ArgError, Args};
-use crate::workload::{key_of, KeyDist};
+use crate::outfile;
+use crate::plot;
+use crate::workload::{key_of, KeyDist, Zipfian};
+use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::latency_histogram;
 use hdrhistogram::Histogram;
-use index::tree::{Tree, TreeClient, TreeConfig, TreeStats, VersionScheme};
+use index::history::{History, Op, OpId, Ret, Verdict};
+use index::tree::{Tree, TreeClient, TreeConfig, TreeError, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::Rng;
 use nicdrv::sim::{RunEnd, SimConfig, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -28,7 +46,7 @@ pub enum Backend {
     Sim,
 }
 
-/// Operation kinds, in report order.
+/// Operation kinds, in report order (and in `ycsb::PROPORTION_KEYS` order).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
     Read,
@@ -64,39 +82,59 @@ impl Kind {
     }
 }
 
-/// Proportions of each kind (sum 1) and the scan length bound.
+/// How scan lengths are drawn, over `1..=max_scan`.
+#[derive(Clone, Debug)]
+pub enum ScanLen {
+    Uniform,
+    /// YCSB's `ZipfianGenerator(1, maxscanlength)`: unscrambled, constant 0.99.
+    Zipfian(Zipfian),
+}
+
+/// Proportions of each kind (sum 1) and the scan lengths.
 #[derive(Clone, Debug)]
 pub struct Mix {
     pub name: String,
     pub props: [f64; 5],
     pub max_scan: u64,
-    /// YCSB-D's "latest": reads favour recently inserted records.
-    pub latest: bool,
+    pub scan_len: ScanLen,
+    /// How records are chosen, after `--zipf`: YCSB-D's `Latest` favours
+    /// recently inserted records.
+    pub request: RequestDist,
+    /// Carried into the report only.
+    pub field_count: u64,
+    pub field_length: u64,
 }
 
-pub fn mix_named(name: &str) -> Option<Mix> {
-    let m = |p: [f64; 5]| Mix {
-        name: name.to_string(),
-        props: p,
-        max_scan: 100,
-        latest: false,
-    };
-    Some(match name {
-        "read-intensive" => m([0.95, 0.05, 0.0, 0.0, 0.0]),
-        "write-intensive" => m([0.5, 0.5, 0.0, 0.0, 0.0]),
-        "write-only" => m([0.0, 1.0, 0.0, 0.0, 0.0]),
-        "insert-only" => m([0.0, 0.0, 1.0, 0.0, 0.0]),
-        "ycsb-a" => m([0.5, 0.5, 0.0, 0.0, 0.0]),
-        "ycsb-b" => m([0.95, 0.05, 0.0, 0.0, 0.0]),
-        "ycsb-c" => m([1.0, 0.0, 0.0, 0.0, 0.0]),
-        "ycsb-d" => Mix {
-            latest: true,
-            ..m([0.95, 0.0, 0.05, 0.0, 0.0])
-        },
-        "ycsb-e" => m([0.0, 0.0, 0.05, 0.95, 0.0]),
-        "ycsb-f" => m([0.5, 0.0, 0.0, 0.0, 0.5]),
-        _ => return None,
-    })
+impl Mix {
+    /// The file's mix, with the request distribution `zipf` (the file's or
+    /// `--zipf`) makes of it: 0 is uniform, except that "latest" stays.
+    pub fn from_file(name: &str, w: &WorkloadFile, zipf: f64) -> Mix {
+        Mix {
+            name: name.to_string(),
+            props: w.proportions,
+            max_scan: w.max_scan_length,
+            scan_len: match w.scan_length_dist {
+                ScanLengthDist::Uniform => ScanLen::Uniform,
+                // The parser guarantees max_scan_length >= 1.
+                ScanLengthDist::Zipfian => ScanLen::Zipfian(Zipfian::new(w.max_scan_length, 0.99)),
+            },
+            request: match w.request_dist {
+                RequestDist::Latest => RequestDist::Latest,
+                _ if zipf == 0.0 => RequestDist::Uniform,
+                _ => RequestDist::Zipfian,
+            },
+            field_count: w.field_count,
+            field_length: w.field_length,
+        }
+    }
+
+    fn scan_len(&self, rng: &mut Rng) -> usize {
+        let n = match &self.scan_len {
+            ScanLen::Uniform => 1 + rng.below(self.max_scan),
+            ScanLen::Zipfian(z) => 1 + z.next(rng),
+        };
+        n as usize
+    }
 }
 
 /// A system: a tree configuration under a name.
@@ -133,6 +171,16 @@ pub fn system_named(name: &str, host_bytes: u64) -> Option<TreeConfig> {
 pub const SYSTEMS: &str =
     "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
 
+/// How long clients measure.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Length {
+    /// Operations per client.
+    Ops(u64),
+    /// Until this long after the first measured operation began (virtual
+    /// ns on sim, wall ns on emu).
+    Nanos(u64),
+}
+
 #[derive(Clone, Debug)]
 pub struct RunSpec {
     pub backend: Backend,
@@ -145,11 +193,19 @@ pub struct RunSpec {
     pub threads: usize,
     pub coroutines: usize,
     pub records: u64,
-    pub ops: u64,
+    pub length: Length,
     pub warmup: u64,
     pub seed: u64,
     pub host_bytes: u64,
     pub cache_bytes: usize,
+    /// Record every operation into a history.
+    pub record_history: bool,
+}
+
+impl RunSpec {
+    fn clients(&self) -> u64 {
+        (self.compute_nodes * self.threads * self.coroutines) as u64
+    }
 }
 
 /// What the clients measured.
@@ -164,6 +220,46 @@ pub struct KindStats {
     pub nosplit_bytes: u64,
 }
 
+/// A history and which of its events were measured (not warm-up).
+#[derive(Default)]
+pub struct HistLog {
+    pub history: History,
+    pub measured: Vec<bool>,
+}
+
+impl HistLog {
+    fn invoke(&mut self, client: u32, op: Op, now_ns: u64, measured: bool) -> OpId {
+        self.measured.push(measured);
+        self.history.invoke(client, op, now_ns)
+    }
+
+    fn append(&mut self, other: HistLog) {
+        for e in other.history.events() {
+            self.history.push(e.clone());
+        }
+        self.measured.extend(other.measured);
+    }
+
+    /// The measured events alone, as JSON lines in invocation order (emu
+    /// merges per-core histories one after another).
+    pub fn measured_json_lines(&self) -> (usize, String) {
+        let mut events: Vec<_> = self
+            .history
+            .events()
+            .iter()
+            .zip(&self.measured)
+            .filter(|(_, &m)| m)
+            .map(|(e, _)| e)
+            .collect();
+        events.sort_by_key(|e| e.invoke_ns);
+        let mut h = History::new();
+        for e in events {
+            h.push(e.clone());
+        }
+        (h.len(), h.to_json_lines())
+    }
+}
+
 pub struct Report {
     pub kinds: Vec<KindStats>,
     pub all_latency: Histogram<u64>,
@@ -172,19 +268,33 @@ pub struct Report {
     pub ops: u64,
     pub wall_sec: f64,
     pub sim_events: u64,
+    pub history: Option<HistLog>,
 }
 
 struct Shared {
     kinds: RefCell<Vec<KindStats>>,
     all: RefCell<Histogram<u64>>,
     tree: RefCell<TreeStats>,
-    measuring_from: Cell<u64>,
+    /// When the first measured operation began, over every client (and
+    /// every core on emu): the start of the measured interval.
+    measuring_from: Arc<AtomicU64>,
     failure: RefCell<Option<String>>,
+    /// Inserts by this executor's clients. The n-th is record
+    /// `records + n * insert_stride + insert_offset`: on sim one executor
+    /// holds every client (stride 1), on emu each core numbers its own.
     inserted: Cell<u64>,
+    insert_stride: u64,
+    insert_offset: u64,
+    history: Option<RefCell<HistLog>>,
 }
 
 impl Shared {
-    fn new() -> Rc<Shared> {
+    fn new(
+        spec: &RunSpec,
+        measuring_from: Arc<AtomicU64>,
+        insert_stride: u64,
+        insert_offset: u64,
+    ) -> Rc<Shared> {
         Rc::new(Shared {
             kinds: RefCell::new(
                 KINDS
@@ -202,9 +312,14 @@ impl Shared {
             ),
             all: RefCell::new(latency_histogram()),
             tree: RefCell::new(TreeStats::default()),
-            measuring_from: Cell::new(u64::MAX),
+            measuring_from,
             failure: RefCell::new(None),
             inserted: Cell::new(0),
+            insert_stride,
+            insert_offset,
+            history: spec
+                .record_history
+                .then(|| RefCell::new(HistLog::default())),
         })
     }
 }
@@ -217,7 +332,111 @@ fn pick(mix: &Mix, rng: &mut Rng) -> Kind {
         }
         u -= mix.props[k.ix()];
     }
-    Kind::Read
+    // Rounding left u just above the last proportion: the last kind in use.
+    KINDS
+        .into_iter()
+        .rev()
+        .find(|k| mix.props[k.ix()] > 0.0)
+        .unwrap_or(Kind::Read)
+}
+
+/// Scans run from their start key to the end of the key space.
+const SCAN_HIGH: u64 = u64::MAX - 1;
+
+/// Records one operation into the executor's history, when there is one.
+struct Log<'a, N: Nic> {
+    log: Option<&'a RefCell<HistLog>>,
+    ctx: &'a Ctx<N>,
+    emu: bool,
+    client: u32,
+    measured: bool,
+}
+
+impl<N: Nic> Log<'_, N> {
+    fn now(&self) -> u64 {
+        if self.emu {
+            nicdrv::clock::now_ns()
+        } else {
+            self.ctx.now_ns()
+        }
+    }
+
+    fn invoke(&self, op: impl FnOnce() -> Op) -> Option<OpId> {
+        let log = self.log?;
+        let now = self.now();
+        Some(
+            log.borrow_mut()
+                .invoke(self.client, op(), now, self.measured),
+        )
+    }
+
+    /// `ret` is asked for only when recording; an error's effect is unknown.
+    fn complete<T>(&self, id: Option<OpId>, r: &Result<T, TreeError>, ret: impl FnOnce(&T) -> Ret) {
+        if let (Some(log), Some(id)) = (self.log, id) {
+            let now = self.now();
+            let ret = r.as_ref().map_or(Ret::Unknown, ret);
+            log.borrow_mut().history.complete(id, ret, now);
+        }
+    }
+}
+
+/// One operation of `kind` on record `key`.
+async fn one_op<N: Nic>(
+    c: &mut TreeClient,
+    kind: Kind,
+    key: u64,
+    spec: &RunSpec,
+    sh: &Shared,
+    rng: &mut Rng,
+    log: &Log<'_, N>,
+) -> Result<(), TreeError> {
+    let ctx = log.ctx;
+    match kind {
+        Kind::Read => {
+            let id = log.invoke(|| Op::Get(key));
+            let r = c.get(ctx, key).await;
+            log.complete(id, &r, |v| Ret::Get(*v));
+            r.map(drop)
+        }
+        Kind::Update | Kind::Insert => {
+            let key = if kind == Kind::Insert {
+                let n = sh.inserted.get();
+                sh.inserted.set(n + 1);
+                key_of(spec.records + n * sh.insert_stride + sh.insert_offset)
+            } else {
+                key
+            };
+            let v = rng.next_u64() >> 1;
+            let id = log.invoke(|| Op::Put(key, v));
+            let r = c.put(ctx, key, v).await;
+            log.complete(id, &r, |_| Ret::Put);
+            r
+        }
+        Kind::Scan => {
+            let len = spec.mix.scan_len(rng);
+            let id = log.invoke(|| Op::Scan {
+                low: key,
+                high: SCAN_HIGH,
+                limit: len,
+            });
+            let r = c.scan(ctx, key, SCAN_HIGH, len).await;
+            log.complete(id, &r, |v| Ret::Scan(v.clone()));
+            r.map(drop)
+        }
+        Kind::ReadModifyWrite => {
+            // YCSB's read-modify-write: read the record, write a new value.
+            // The history holds its two steps as a get and a put.
+            let id = log.invoke(|| Op::Get(key));
+            let r = c.get(ctx, key).await;
+            log.complete(id, &r, |v| Ret::Get(*v));
+            r?;
+            let v = rng.next_u64() >> 1;
+            let id = log.invoke(|| Op::Put(key, v));
+            let r = c.put(ctx, key, v).await;
+            log.complete(id, &r, |_| Ret::Put);
+            r
+        }
+    }
 }
 
 /// One client: warm-up, then measured operations. Generic over the backend.
@@ -230,53 +449,49 @@ async fn client_task<N: Nic>(
     sh: Rc<Shared>,
 ) {
     let mut rng = Rng::new(spec.seed ^ me.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let total = spec.warmup + spec.ops;
-    for i in 0..total {
+    let emu = spec.backend == Backend::Emu;
+    for i in 0.. {
+        let measured = i >= spec.warmup;
+        let t0 = ctx.now_ns();
+        if i == spec.warmup {
+            // Relaxed: a time stamp, read for the deadline and the report.
+            sh.measuring_from.fetch_min(t0, Ordering::Relaxed);
+            c.stats = TreeStats::default();
+        }
+        match spec.length {
+            Length::Ops(n) if i >= spec.warmup + n => break,
+            Length::Nanos(d)
+                if measured
+                    && t0 >= sh.measuring_from.load(Ordering::Relaxed).saturating_add(d) =>
+            {
+                break
+            }
+            _ => {}
+        }
         let kind = pick(&spec.mix, &mut rng);
-        let rec = if spec.mix.latest {
-            let ins = sh.inserted.get();
-            (spec.records + ins).saturating_sub(1 + dist.next(&mut rng) % (spec.records + ins))
+        let rec = if spec.mix.request == RequestDist::Latest {
+            // YCSB's "latest": rank r counts back from the newest record.
+            let top = spec.records + sh.inserted.get() * sh.insert_stride;
+            top - 1 - dist.rank(&mut rng) % top
         } else {
             dist.next(&mut rng)
         };
         let key = key_of(rec);
         let before = ctx.counters();
         let splits0 = c.stats.splits;
-        let t0 = ctx.now_ns();
-        let r = match kind {
-            Kind::Read => c.get(&ctx, key).await.map(drop),
-            Kind::Update => c.put(&ctx, key, rng.next_u64() >> 1).await,
-            Kind::Insert => {
-                let n = sh.inserted.get();
-                sh.inserted.set(n + 1);
-                // New records beyond the loaded ones, spread per client.
-                c.put(
-                    &ctx,
-                    key_of(spec.records + n * 4096 + me),
-                    rng.next_u64() >> 1,
-                )
-                .await
-            }
-            Kind::Scan => {
-                let len = 1 + rng.below(spec.mix.max_scan);
-                c.scan(&ctx, key, u64::MAX - 1, len as usize)
-                    .await
-                    .map(drop)
-            }
-            Kind::ReadModifyWrite => match c.get(&ctx, key).await {
-                Ok(v) => c.put(&ctx, key, v.unwrap_or(0).wrapping_add(1) >> 1).await,
-                Err(e) => Err(e),
-            },
+        let log = Log {
+            log: sh.history.as_ref(),
+            ctx: &ctx,
+            emu,
+            client: me as u32,
+            measured,
         };
+        let r = one_op(&mut c, kind, key, &spec, &sh, &mut rng, &log).await;
         if let Err(e) = r {
             *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
             return;
         }
-        if i == spec.warmup {
-            sh.measuring_from.set(sh.measuring_from.get().min(t0));
-            c.stats = TreeStats::default();
-        }
-        if i < spec.warmup {
+        if !measured {
             continue;
         }
         let d = ctx.counters() - before;
@@ -297,7 +512,7 @@ async fn client_task<N: Nic>(
     *sh.tree.borrow_mut() += c.stats;
 }
 
-fn records_sorted(n: u64) -> Vec<(u64, u64)> {
+pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
     v.sort_unstable();
     v.dedup_by_key(|p| p.0);
@@ -333,6 +548,10 @@ fn finish(sh: &Shared, elapsed_ns: u64, wall_sec: f64, sim_events: u64) -> Resul
         ops,
         wall_sec,
         sim_events,
+        history: sh
+            .history
+            .as_ref()
+            .map(|h| std::mem::take(&mut *h.borrow_mut())),
     })
 }
 
@@ -389,7 +608,8 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     if let Some(e) = err.borrow_mut().take() {
         return Err(format!("bulk load failed: {e}"));
     }
-    let sh = Shared::new();
+    let from = Arc::new(AtomicU64::new(u64::MAX));
+    let sh = Shared::new(spec, from.clone(), 1, 0);
     let dist = Rc::new(KeyDist::new(spec.records, spec.zipf));
     let spec_rc = Rc::new(spec.clone());
     let mut id = 1;
@@ -410,8 +630,6 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     }
     let wall = std::time::Instant::now();
     let mut last_print = 0.0;
-    let total_ops =
-        (spec.warmup + spec.ops) * (spec.compute_nodes * spec.threads * spec.coroutines) as u64;
     let end = loop {
         // Slices of virtual time, so a long run can report progress.
         let end = w.run_until(w.now_ns() + 1_000_000);
@@ -422,12 +640,16 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         if t - last_print >= 2.0 {
             last_print = t;
             let done: u64 = sh.kinds.borrow().iter().map(|k| k.count).sum();
+            let target = match spec.length {
+                Length::Ops(n) => format!("~{} measured ops", (spec.warmup + n) * spec.clients()),
+                Length::Nanos(d) => format!("{:.1} measured virtual ms", d as f64 / 1e6),
+            };
             eprintln!(
-                "loch-bench run: {} at {:.1} virtual ms, {} of ~{} measured ops, {:.0} s wall",
+                "loch-bench run: {} at {:.1} virtual ms, {} measured ops (of {}), {:.0} s wall",
                 spec.system,
                 w.now_ns() as f64 / 1e6,
                 done,
-                total_ops,
+                target,
                 t
             );
         }
@@ -438,9 +660,8 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
             "the simulation ended {end:?} with clients unfinished"
         ));
     }
-    let elapsed = w
-        .now_ns()
-        .saturating_sub(sh.measuring_from.get().min(w.now_ns()));
+    let now = w.now_ns();
+    let elapsed = now.saturating_sub(from.load(Ordering::Relaxed).min(now));
     let events = w.events();
     finish(&sh, elapsed, wall_sec, events)
 }
@@ -497,9 +718,12 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     }
     let wall = std::time::Instant::now();
     let dist = Arc::new(KeyDist::new(spec.records, spec.zipf));
+    // Shared by the cores: the measured interval starts at the first
+    // measured operation of any core, and --seconds counts from there.
+    let from = Arc::new(AtomicU64::new(u64::MAX));
     let reports = cluster
         .run_cores(spec.threads, exec_cfg(spec), true, |core, ex| {
-            let sh = Shared::new();
+            let sh = Shared::new(spec, from.clone(), spec.threads as u64, core as u64);
             let spec_rc = Rc::new(spec.clone());
             let dist = Rc::new((*dist).clone());
             for co in 0..spec.coroutines {
@@ -509,10 +733,10 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
                 ex.spawn(move |ctx| client_task(ctx, c, s, d, id, h))
                     .expect("slot per coroutine");
             }
-            let t0 = std::time::Instant::now();
             ex.run();
-            let elapsed = t0.elapsed().as_nanos() as u64;
-            finish(&sh, elapsed, 0.0, 0)
+            // The executor's clock on emu is nicdrv::clock, as is this.
+            let end = nicdrv::clock::now_ns();
+            finish(&sh, end, 0.0, 0)
         })
         .map_err(|e| e.to_string())?;
     let wall_sec = wall.elapsed().as_secs_f64();
@@ -536,12 +760,18 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
                 m.all_latency.add(&r.all_latency).expect("same bounds");
                 m.tree += r.tree;
                 m.ops += r.ops;
+                // Each core returned its end time; the run ends with the last.
                 m.elapsed_ns = m.elapsed_ns.max(r.elapsed_ns);
+                if let (Some(a), Some(b)) = (m.history.as_mut(), r.history) {
+                    a.append(b);
+                }
                 m
             }
         });
     }
     let mut m = merged.ok_or("no cores ran")?;
+    let start = from.load(Ordering::Relaxed);
+    m.elapsed_ns = m.elapsed_ns.saturating_sub(start.min(m.elapsed_ns));
     m.wall_sec = wall_sec;
     Ok(m)
 }
@@ -644,6 +874,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
         "simulated": spec.backend == Backend::Sim,
         "workload": spec.mix.name,
         "zipf": spec.zipf,
+        "request_distribution": spec.mix.request.name(),
         "ops": r.ops,
         "elapsed_ns": r.elapsed_ns,
         "ops_per_sec": r.ops_per_sec(),
@@ -673,7 +904,11 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "threads_per_compute_node": spec.threads,
             "coroutines_per_thread": spec.coroutines,
             "records": spec.records,
-            "ops_per_client": spec.ops,
+            "ops_per_client": match spec.length { Length::Ops(n) => json!(n), Length::Nanos(_) => json!(null) },
+            "seconds": match spec.length { Length::Ops(_) => json!(null), Length::Nanos(d) => json!(d as f64 / 1e9) },
+            "max_scan_length": spec.mix.max_scan,
+            "ycsb_fieldcount": spec.mix.field_count,
+            "ycsb_fieldlength": spec.mix.field_length,
             "warmup_per_client": spec.warmup,
             "seed": spec.seed,
             "cache_bytes": spec.cache_bytes,
@@ -682,17 +917,126 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
     })
 }
 
-pub const USAGE: &str = "loch-bench run [--backend sim|emu] [--workload NAME] [--zipf THETA] [--systems a,b,...]
-               [--memory-nodes N] [--compute-nodes N] [--threads N per compute node]
-               [--coroutines N per thread] [--records N] [--ops N per client] [--warmup N per client]
-               [--cache-mb N] [--seed N] [--json]
-  workloads: read-intensive, write-intensive, write-only, insert-only, ycsb-a .. ycsb-f
-  systems:   sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier
-  sim defaults are the Sherman paper's setup: 8 memory nodes, 8 compute nodes x 22 threads,
-  zipf 0.99, write-intensive; key space scaled to --records (default 1,000,000).";
+pub const USAGE: &str = "loch-bench run [flags]
+  --backend sim|emu       sim: virtual time, the Sherman paper's scale by default; emu: this
+                          host, wall clock (default sim)
+  --workload NAME         a shipped workload, bench/workloads/NAME (default write-intensive):
+                          read-intensive, write-intensive, write-only, insert-only, ycsb-a .. ycsb-f
+  --workload-file FILE    a YCSB core-workload property file instead: recordcount, operationcount,
+                          read/update/insert/scan/readmodifywriteproportion, requestdistribution
+                          (uniform|zipfian|latest), zipfianconstant, maxscanlength,
+                          scanlengthdistribution (uniform|zipfian), fieldcount, fieldlength;
+                          other keys are warned about and ignored
+  --zipf THETA            key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the file's
+                          requestdistribution (latest stays latest) and zipfianconstant
+                          (default: the file's; 0.99 in every shipped workload)
+  --systems a,b,...       systems side by side (default sherman,fg): sherman,
+                          sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier
+  --memory-nodes N        (default sim 8, emu 2)
+  --compute-nodes N       (default sim 8; emu runs one: this process)
+  --threads N[,N,...]     client threads per compute node (default sim 22, emu 2); a list, such
+                          as 4,8,16,22, runs every system at each point
+  --coroutines N          clients per thread (default 1)
+  --records N             records bulk-loaded first; overrides the file's recordcount
+                          (default sim 1000000, emu 200000)
+  --ops N                 measured operations per client; overrides the file's operationcount,
+                          which is otherwise split over all clients, rounded up
+                          (default sim 200, emu 20000)
+  --seconds S             measure for S seconds instead of a count (virtual on sim, wall on
+                          emu), from the first measured operation; excludes --ops
+  --warmup N              unmeasured operations per client first (default sim 50, emu 2000)
+  --cache-mb N            index cache per compute node (default 64)
+  --seed N                (default 1)
+  --json                  one JSON array on stdout, an object per system and thread count
+  --history FILE          write each measured operation as a JSON line: client, op, key,
+                          value, ret, invoke_ns, complete_ns (a read-modify-write is a get line
+                          and a put line). With several systems or thread counts, one file per
+                          run: FILE with .SYSTEM and/or .tN before its extension
+  --check-history         check every operation (warm-up included) against the bulk-loaded
+                          records with index::history (linearizable point operations, Sherman's
+                          scan promise); exit code 1 on a violation
+  --plot DIR              write SVG charts into DIR: latency-cdf.svg, one line per system
+                          (latency-cdf-tN.svg per point of a --threads list), and for a list
+                          throughput.svg, ops/s against client threads in all
+  Exit codes: 0 done, 1 a history violation, 2 bad input (one line naming it; nothing written).
+  Files are written only after every run succeeded, each whole (written aside, then renamed).";
 
-pub fn run(raw: &[String]) -> Result<(), ArgError> {
-    let mut a = Args::parse(raw, &["json"])?;
+/// How `run` ended, when it ran.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// `--check-history` found a violation (exit code 1).
+    HistoryViolation,
+}
+
+/// The workload named on the command line, parsed; warnings for stderr.
+fn load_workload(
+    name: Option<String>,
+    file: Option<String>,
+) -> Result<(String, WorkloadFile, Vec<String>), ArgError> {
+    let (label, source, text) = match (name, file) {
+        (Some(_), Some(_)) => {
+            return Err(ArgError(
+                "--workload and --workload-file exclude each other".into(),
+            ))
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ArgError(format!("--workload-file: cannot read `{path}`: {e}")))?;
+            (path.clone(), path, text)
+        }
+        (name, None) => {
+            let name = name.unwrap_or_else(|| "write-intensive".into());
+            let text = ycsb::builtin(&name).ok_or_else(|| {
+                ArgError(format!(
+                    "--workload: unknown workload `{name}` (shipped: {}; or --workload-file FILE)",
+                    ycsb::builtin_names()
+                ))
+            })?;
+            (
+                name.clone(),
+                format!("bench/workloads/{name}"),
+                text.to_string(),
+            )
+        }
+    };
+    let (w, warnings) = ycsb::parse(&source, &text).map_err(|e| ArgError(e.to_string()))?;
+    Ok((label, w, warnings))
+}
+
+fn parse_threads(s: &str) -> Result<Vec<usize>, ArgError> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let n: usize = part.parse().map_err(|_| {
+            ArgError(format!(
+                "--threads: `{part}` is not a whole number (give N or a list N,N,...)"
+            ))
+        })?;
+        if n == 0 || n > 1024 {
+            return Err(ArgError(format!(
+                "--threads: {n} is out of range; each count must be 1..=1024"
+            )));
+        }
+        if v.contains(&n) {
+            return Err(ArgError(format!("--threads: {n} is given twice")));
+        }
+        v.push(n);
+    }
+    Ok(v)
+}
+
+/// One finished run, kept until every run is done.
+struct Done {
+    spec: RunSpec,
+    report: Report,
+    doc: serde_json::Value,
+    /// Measured events as JSON lines, for --history.
+    history_lines: Option<String>,
+    verdict: Option<Verdict>,
+}
+
+pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
+    let mut a = Args::parse(raw, &["json", "check-history"])?;
     let backend = match a.string("backend").as_deref().unwrap_or("sim") {
         "sim" => Backend::Sim,
         "emu" => Backend::Emu,
@@ -703,28 +1047,37 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
         }
     };
     let sim = backend == Backend::Sim;
-    let wname = a
-        .string("workload")
-        .unwrap_or_else(|| "write-intensive".into());
-    let mix = mix_named(&wname)
-        .ok_or_else(|| ArgError(format!("--workload: unknown workload `{wname}`")))?;
-    let zipf: f64 = a.get("zipf", 0.99)?;
-    if !(zipf == 0.0 || (zipf > 0.0 && zipf < 1.0) || (zipf > 1.0 && zipf <= 5.0)) {
+    let (wname, wfile, warnings) = load_workload(a.string("workload"), a.string("workload-file"))?;
+    let zipf: f64 = a.get("zipf", wfile.zipf())?;
+    if !(zipf == 0.0 || ycsb::zipf_constant_ok(zipf)) {
         return Err(ArgError(format!(
             "--zipf must be 0 (uniform) or in (0,1) or (1,5], got {zipf}"
         )));
     }
+    let mix = Mix::from_file(&wname, &wfile, zipf);
     let systems = a.string("systems").unwrap_or_else(|| "sherman,fg".into());
     let memory_nodes: usize = a.get("memory-nodes", if sim { 8 } else { 2 })?;
     let compute_nodes: usize = a.get("compute-nodes", if sim { 8 } else { 1 })?;
-    let threads: usize = a.get("threads", if sim { 22 } else { 2 })?;
+    let thread_list = match a.string("threads") {
+        Some(s) => parse_threads(&s)?,
+        None => vec![if sim { 22 } else { 2 }],
+    };
     let coroutines: usize = a.get("coroutines", 1)?;
-    let records: u64 = a.get("records", if sim { 1_000_000 } else { 200_000 })?;
-    let ops: u64 = a.get("ops", if sim { 200 } else { 20_000 })?;
+    let records: u64 = match a.get_opt("records")? {
+        Some(n) => n,
+        None => wfile
+            .record_count
+            .unwrap_or(if sim { 1_000_000 } else { 200_000 }),
+    };
+    let ops: Option<u64> = a.get_opt("ops")?;
+    let seconds: Option<f64> = a.get_opt("seconds")?;
     let warmup: u64 = a.get("warmup", if sim { 50 } else { 2_000 })?;
     let cache_mb: f64 = a.get("cache-mb", 64.0)?;
     let seed: u64 = a.get("seed", 1)?;
     let json = a.switch("json");
+    let check_history = a.switch("check-history");
+    let history_path = a.string("history").map(PathBuf::from);
+    let plot_dir = a.string("plot").map(PathBuf::from);
     a.finish()?;
     if memory_nodes == 0 || memory_nodes > 256 || compute_nodes == 0 || compute_nodes > 256 {
         return Err(ArgError(
@@ -736,85 +1089,273 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
             "--compute-nodes: the emu backend runs one compute node (this process)".into(),
         ));
     }
-    if threads == 0 || coroutines == 0 || threads > 1024 || coroutines > 64 {
-        return Err(ArgError(
-            "--threads must be 1..=1024 and --coroutines 1..=64".into(),
-        ));
+    if coroutines == 0 || coroutines > 64 {
+        return Err(ArgError(format!(
+            "--coroutines must be 1..=64, got {coroutines}"
+        )));
     }
     if records == 0 || records > 100_000_000 {
         return Err(ArgError(format!(
             "--records must be 1..=100000000, got {records}"
         )));
     }
-    if ops == 0 {
-        return Err(ArgError("--ops must be positive".into()));
-    }
+    let length = match (ops, seconds) {
+        (Some(_), Some(_)) => {
+            return Err(ArgError("--ops and --seconds exclude each other".into()))
+        }
+        (Some(0), None) => return Err(ArgError("--ops must be positive".into())),
+        (Some(n), None) => Some(Length::Ops(n)),
+        (None, Some(s)) => {
+            if !(s > 0.0 && s <= 86_400.0) {
+                return Err(ArgError(format!(
+                    "--seconds must be in (0, 86400], got {s}"
+                )));
+            }
+            Some(Length::Nanos(((s * 1e9) as u64).max(1)))
+        }
+        // Per thread count, from the file's operationcount or the default.
+        (None, None) => None,
+    };
     if cache_mb.is_nan() || cache_mb < 0.0 {
         return Err(ArgError("--cache-mb must be non-negative".into()));
     }
-    let host_bytes = (records * 1024 / 20 / memory_nodes as u64
-        + (compute_nodes * threads * coroutines) as u64 * (2 << 20) / memory_nodes as u64
-        + (64 << 20))
-        .next_multiple_of(1 << 20);
-    let mut specs = Vec::new();
-    for name in systems.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let tree = system_named(name, host_bytes).ok_or_else(|| {
-            ArgError(format!(
-                "--systems: unknown system `{name}` (known: {SYSTEMS})"
-            ))
-        })?;
-        specs.push(RunSpec {
-            backend,
-            mix: mix.clone(),
-            zipf,
-            system: name.to_string(),
-            tree,
-            memory_nodes,
-            compute_nodes,
-            threads,
-            coroutines,
-            records,
-            ops,
-            warmup,
-            seed,
-            host_bytes,
-            cache_bytes: (cache_mb * (1 << 20) as f64) as usize,
-        });
+    if let Some(p) = &history_path {
+        outfile::check_file_target("--history", p).map_err(ArgError)?;
     }
-    if specs.is_empty() {
+    if let Some(d) = &plot_dir {
+        outfile::check_dir_target("--plot", d).map_err(ArgError)?;
+    }
+    let names: Vec<&str> = systems
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if names.is_empty() {
         return Err(ArgError("--systems names no system".into()));
     }
-    let mut docs = Vec::new();
-    let mut rows = Vec::new();
-    for spec in &specs {
-        let r = measure(spec).map_err(|e| ArgError(format!("{}: {e}", spec.system)))?;
-        let j = report_json(spec, &r);
+    let mut specs = Vec::new();
+    for &threads in &thread_list {
+        let clients = (compute_nodes * threads * coroutines) as u64;
+        let host_bytes = (records * 1024 / 20 / memory_nodes as u64
+            + clients * (2 << 20) / memory_nodes as u64
+            + (64 << 20))
+            .next_multiple_of(1 << 20);
+        let length = length.unwrap_or(match wfile.operation_count {
+            Some(total) => Length::Ops(total.div_ceil(clients)),
+            None => Length::Ops(if sim { 200 } else { 20_000 }),
+        });
+        for &name in &names {
+            let tree = system_named(name, host_bytes).ok_or_else(|| {
+                ArgError(format!(
+                    "--systems: unknown system `{name}` (known: {SYSTEMS})"
+                ))
+            })?;
+            specs.push(RunSpec {
+                backend,
+                mix: mix.clone(),
+                zipf,
+                system: name.to_string(),
+                tree,
+                memory_nodes,
+                compute_nodes,
+                threads,
+                coroutines,
+                records,
+                length,
+                warmup,
+                seed,
+                host_bytes,
+                cache_bytes: (cache_mb * (1 << 20) as f64) as usize,
+                record_history: history_path.is_some() || check_history,
+            });
+        }
+    }
+    // Everything is valid: from here on, only a failed run is an error.
+    for w in &warnings {
+        eprintln!("loch-bench: warning: {w}");
+    }
+    let sweep = thread_list.len() > 1;
+    let initial: Option<BTreeMap<u64, u64>> =
+        check_history.then(|| records_sorted(records).into_iter().collect());
+    let mut done: Vec<Done> = Vec::new();
+    for spec in specs {
+        let mut report = measure(&spec).map_err(|e| ArgError(format!("{}: {e}", spec.system)))?;
+        let mut doc = report_json(&spec, &report);
+        let (mut history_lines, mut verdict) = (None, None);
+        if let Some(log) = report.history.take() {
+            let (n, lines) = log.measured_json_lines();
+            doc["history"] = json!({"events": n, "events_checked": null, "check": null});
+            if let Some(initial) = &initial {
+                let v = log.history.check(initial);
+                doc["history"]["events_checked"] = json!(log.history.len());
+                doc["history"]["check"] = json!(match &v {
+                    Verdict::Ok => "ok",
+                    Verdict::Violation(_) => "violation",
+                    Verdict::Undecided(_) => "undecided",
+                });
+                verdict = Some(v);
+            }
+            history_lines = history_path.is_some().then_some(lines);
+        }
         if !json {
             eprintln!(
-                "loch-bench run: {} done ({} ops, {:.1} s wall)",
-                spec.system, r.ops, r.wall_sec
+                "loch-bench run: {} at {} threads done ({} ops, {:.1} s wall)",
+                spec.system, spec.threads, report.ops, report.wall_sec
             );
         }
-        rows.push(j.clone());
-        docs.push(j);
+        done.push(Done {
+            spec,
+            report,
+            doc,
+            history_lines,
+            verdict,
+        });
     }
     if backend == Backend::Emu {
         // A reference measured in the same run: the same records and key
         // distribution, looked up in a local BTreeMap on one thread.
         let rate = btreemap_lookup_rate(records, zipf, seed);
-        for d in docs.iter_mut() {
-            d["btreemap_lookups_per_sec"] = json!(rate);
+        for d in done.iter_mut() {
+            d.doc["btreemap_lookups_per_sec"] = json!(rate);
         }
-        if !json {
-            print_table(&specs[0], &rows);
-            println!("reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s", rate / 1e6);
-            return Ok(());
+    }
+    // Files, each whole, before anything is printed: a failure to write
+    // them is the one error after the runs.
+    if let Some(path) = &history_path {
+        let runs = done.len();
+        for d in done.iter_mut() {
+            let file = if runs == 1 {
+                path.clone()
+            } else {
+                let mut tag = Vec::new();
+                if names.len() > 1 {
+                    tag.push(d.spec.system.clone());
+                }
+                if sweep {
+                    tag.push(format!("t{}", d.spec.threads));
+                }
+                outfile::tagged(path, &tag.join("."))
+            };
+            let lines = d.history_lines.take().unwrap_or_default();
+            outfile::write_atomic(&file, lines.as_bytes()).map_err(ArgError)?;
+            d.doc["history"]["file"] = json!(file.display().to_string());
+        }
+    }
+    if let Some(dir) = &plot_dir {
+        write_plots(dir, &done, &thread_list).map_err(ArgError)?;
+    }
+    let mut violation = false;
+    for d in &done {
+        match &d.verdict {
+            Some(Verdict::Violation(why)) => {
+                violation = true;
+                eprintln!(
+                    "loch-bench run: {} at {} threads: history check: violation\n{why}",
+                    d.spec.system, d.spec.threads
+                );
+            }
+            Some(Verdict::Undecided(why)) => eprintln!(
+                "loch-bench run: {} at {} threads: history check undecided (no violation found)\n{why}",
+                d.spec.system, d.spec.threads
+            ),
+            _ => {}
         }
     }
     if json {
+        let docs: Vec<serde_json::Value> = done.iter().map(|d| d.doc.clone()).collect();
         println!("{}", serde_json::Value::Array(docs));
     } else {
-        print_table(&specs[0], &rows);
+        for &t in &thread_list {
+            let rows: Vec<&Done> = done.iter().filter(|d| d.spec.threads == t).collect();
+            let docs: Vec<serde_json::Value> = rows.iter().map(|d| d.doc.clone()).collect();
+            print_table(&rows[0].spec, &docs);
+            for d in rows {
+                if let Some(v) = &d.verdict {
+                    let word = match v {
+                        Verdict::Ok => "ok",
+                        Verdict::Violation(_) => "VIOLATION (details on stderr)",
+                        Verdict::Undecided(_) => "undecided (details on stderr)",
+                    };
+                    println!("history check, {}: {word}", d.spec.system);
+                }
+            }
+        }
+        if let Some(rate) = done[0].doc["btreemap_lookups_per_sec"].as_f64() {
+            println!("reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s", rate / 1e6);
+        }
+    }
+    Ok(if violation {
+        Outcome::HistoryViolation
+    } else {
+        Outcome::Done
+    })
+}
+
+/// The charts of `--plot`: a latency CDF per thread count, and throughput
+/// against client threads for a sweep.
+fn write_plots(dir: &Path, done: &[Done], thread_list: &[usize]) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("--plot: cannot create `{}`: {e}", dir.display()))?;
+    let first = &done[0].spec;
+    let what = format!(
+        "{}, {} on {}",
+        first.mix.name,
+        if first.zipf == 0.0 {
+            "uniform".to_string()
+        } else {
+            format!("zipf {}", first.zipf)
+        },
+        if first.backend == Backend::Sim {
+            "sim (virtual time)"
+        } else {
+            "emu (wall clock)"
+        }
+    );
+    // parse_threads rejects repeats, so each point is one run per system.
+    let points = thread_list;
+    for &t in points {
+        let runs: Vec<&Done> = done.iter().filter(|d| d.spec.threads == t).collect();
+        let series: Vec<(String, &Histogram<u64>)> = runs
+            .iter()
+            .map(|d| (d.spec.system.clone(), &d.report.all_latency))
+            .collect();
+        let title = format!(
+            "Latency CDF: {what}, {} x {t} client threads",
+            first.compute_nodes
+        );
+        let name = if points.len() == 1 {
+            "latency-cdf.svg".to_string()
+        } else {
+            format!("latency-cdf-t{t}.svg")
+        };
+        outfile::write_atomic(
+            &dir.join(name),
+            plot::latency_cdf_svg(&title, &series).as_bytes(),
+        )?;
+    }
+    if points.len() > 1 {
+        let mut series: Vec<plot::Series> = Vec::new();
+        for d in done {
+            let p = (
+                (d.spec.compute_nodes * d.spec.threads) as f64,
+                d.report.ops_per_sec(),
+            );
+            match series.iter_mut().find(|s| s.name == d.spec.system) {
+                Some(s) => s.points.push(p),
+                None => series.push(plot::Series {
+                    name: d.spec.system.clone(),
+                    points: vec![p],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let title = format!("Throughput: {what}");
+        outfile::write_atomic(
+            &dir.join("throughput.svg"),
+            plot::throughput_svg(&title, &series).as_bytes(),
+        )?;
     }
     Ok(())
 }
@@ -825,7 +1366,9 @@ pub fn btreemap_lookup_rate(records: u64, zipf: f64, seed: u64) -> f64 {
     let map: std::collections::BTreeMap<u64, u64> = records_sorted(records).into_iter().collect();
     let dist = KeyDist::new(records, zipf);
     let mut rng = Rng::new(seed);
-    let keys: Vec<u64> = (0..1_000_000).map(|_| key_of(dist.next(&mut rng))).collect();
+    let keys: Vec<u64> = (0..1_000_000)
+        .map(|_| key_of(dist.next(&mut rng)))
+        .collect();
     let t0 = std::time::Instant::now();
     let mut found = 0u64;
     for _ in 0..3 {

@@ -1,7 +1,7 @@
 //! Workload generators: YCSB's zipfian distribution (Gray et al.'s
 //! algorithm, as in YCSB's `ZipfianGenerator`), scrambled so hot keys spread
 //! over the key space (`ScrambledZipfianGenerator`: FNV-1a of the rank), and
-//! uniform; plus the operation mixes of the Sherman paper.
+//! uniform. The operation mixes are files: see `ycsb.rs`.
 
 use nicdrv::rng::Rng;
 
@@ -90,6 +90,15 @@ impl KeyDist {
             KeyDist::Zipfian(z) => fnv64(z.next(rng)) % z.n,
         }
     }
+
+    /// A rank in `0..n`, unscrambled: rank 0 is the hottest. YCSB's
+    /// "latest" counts ranks back from the newest record.
+    pub fn rank(&self, rng: &mut Rng) -> u64 {
+        match self {
+            KeyDist::Uniform { n } => rng.below(*n),
+            KeyDist::Zipfian(z) => z.next(rng),
+        }
+    }
 }
 
 /// The tree key of record `i`: records are spread over the 64-bit space
@@ -123,6 +132,11 @@ mod tests {
         let d = KeyDist::new(100, 0.0);
         let mut rng = Rng::new(1);
         assert!((0..1000).all(|_| d.next(&mut rng) < 100));
+        assert!((0..1000).all(|_| d.rank(&mut rng) < 100));
+        // Unscrambled zipfian ranks: rank 0 is the most frequent.
+        let z = KeyDist::new(100, 0.99);
+        let zeros = (0..10_000).filter(|_| z.rank(&mut rng) == 0).count();
+        assert!(zeros > 1_000, "rank 0 drawn {zeros} times in 10000");
         assert_ne!(key_of(1), key_of(2));
         assert!(key_of(u64::MAX) < u64::MAX);
     }

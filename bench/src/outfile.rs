@@ -1,0 +1,126 @@
+//! Output files of a run (`--history`, `--plot`): checked before the run so
+//! that a bad path fails fast, and written only after it, each to a
+//! temporary name first and then renamed, so a file either appears whole or
+//! not at all.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The folder a new file `path` would go in ("" means the current one).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Checks that `path` can become a file: its folder exists and it is not a
+/// folder itself. `flag` names the option in the message.
+pub fn check_file_target(flag: &str, path: &Path) -> Result<(), String> {
+    if path.as_os_str().is_empty() {
+        return Err(format!("{flag}: empty path"));
+    }
+    if path.is_dir() {
+        return Err(format!("{flag}: `{}` is a folder", path.display()));
+    }
+    let parent = parent_of(path);
+    if !parent.is_dir() {
+        return Err(format!(
+            "{flag}: folder `{}` does not exist",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `dir` is a folder, or can be made one in an existing folder.
+pub fn check_dir_target(flag: &str, dir: &Path) -> Result<(), String> {
+    if dir.as_os_str().is_empty() {
+        return Err(format!("{flag}: empty path"));
+    }
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if dir.exists() {
+        return Err(format!(
+            "{flag}: `{}` exists and is not a folder",
+            dir.display()
+        ));
+    }
+    let parent = parent_of(dir);
+    if !parent.is_dir() {
+        return Err(format!(
+            "{flag}: folder `{}` does not exist",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `path` with `tag` before its extension: `h.jsonl` + `fg` → `h.fg.jsonl`.
+pub fn tagged(path: &Path, tag: &str) -> PathBuf {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let ext = path.extension().map(|s| s.to_string_lossy().into_owned());
+    let name = match (stem, ext) {
+        (Some(s), Some(e)) => format!("{s}.{tag}.{e}"),
+        (Some(s), None) => format!("{s}.{tag}"),
+        _ => tag.to_string(),
+    };
+    path.with_file_name(name)
+}
+
+/// Writes `contents` to `path` whole: a temporary file beside it, synced,
+/// then renamed over `path`. On failure the temporary file is removed.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    r.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write `{}`: {e}", path.display())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_tags() {
+        let dir = std::env::temp_dir().join(format!("loch-outfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(check_file_target("--history", &dir).is_err());
+        assert!(check_file_target("--history", &dir.join("h.jsonl")).is_ok());
+        assert!(check_file_target("--history", &dir.join("no/h.jsonl"))
+            .unwrap_err()
+            .contains("does not exist"));
+        assert!(check_file_target("--history", Path::new("h.jsonl")).is_ok());
+        assert!(check_dir_target("--plot", &dir).is_ok());
+        assert!(check_dir_target("--plot", &dir.join("new")).is_ok());
+        assert!(check_dir_target("--plot", &dir.join("a/b")).is_err());
+        write_atomic(&dir.join("f"), b"x").unwrap();
+        assert!(check_dir_target("--plot", &dir.join("f"))
+            .unwrap_err()
+            .contains("not a folder"));
+        assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"x");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+        assert_eq!(
+            tagged(Path::new("out/h.jsonl"), "fg+comb.t8"),
+            Path::new("out/h.fg+comb.t8.jsonl")
+        );
+        assert_eq!(tagged(Path::new("h"), "fg"), Path::new("h.fg"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,563 @@
+//! `loch-bench run` as scripts use it: every shipped workload runs, workload
+//! files and flags combine as promised, `--seconds`, `--history` (with
+//! `--check-history`) and `--plot` write what they say, and bad input exits
+//! 2 with one line and no files.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const TINY: [&str; 10] = [
+    "run",
+    "--memory-nodes",
+    "2",
+    "--compute-nodes",
+    "2",
+    "--threads",
+    "2",
+    "--records",
+    "2000",
+    "--json",
+];
+
+const SHIPPED: [&str; 10] = [
+    "ycsb-a",
+    "ycsb-b",
+    "ycsb-c",
+    "ycsb-d",
+    "ycsb-e",
+    "ycsb-f",
+    "read-intensive",
+    "write-intensive",
+    "write-only",
+    "insert-only",
+];
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(args)
+        .output()
+        .expect("run loch-bench")
+}
+
+/// `TINY` with `extra`; a flag in `extra` replaces TINY's.
+fn tiny(extra: &[&str]) -> Vec<String> {
+    tiny_without(&[], extra)
+}
+
+/// `TINY` without the flags in `drop` (and those `extra` replaces), then `extra`.
+fn tiny_without(drop: &[&str], extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    let mut it = TINY.iter();
+    while let Some(&a) = it.next() {
+        if a == "run" || a == "--json" {
+            v.push(a.to_string());
+            continue;
+        }
+        let value = it.next().expect("TINY flags take values");
+        if !drop.contains(&a) && !extra.contains(&a) {
+            v.extend([a.to_string(), value.to_string()]);
+        }
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run_ok(args: &[String]) -> Vec<Value> {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = bench(&a);
+    assert!(
+        out.status.success(),
+        "{args:?}: exit {:?}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match serde_json::from_slice(&out.stdout) {
+        Ok(Value::Array(v)) => v,
+        other => panic!("{args:?}: not a JSON array: {other:?}"),
+    }
+}
+
+/// A fresh, empty folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-run-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walk(dir)
+        .into_iter()
+        .map(|p| p.strip_prefix(dir).unwrap().display().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+fn count(doc: &Value, kind: &str) -> u64 {
+    doc["round_trips"][kind]["count"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn every_shipped_workload_runs_on_sim() {
+    for name in SHIPPED {
+        let docs = run_ok(&tiny(&["--workload", name, "--ops", "50"]));
+        assert_eq!(docs.len(), 2, "{name}: sherman and fg");
+        for d in &docs {
+            let sys = d["system"].as_str().unwrap();
+            assert_eq!(d["workload"], name, "{name}/{sys}");
+            assert_eq!(d["ops"], 2 * 2 * 50, "{name}/{sys}: 4 clients x 50 ops");
+            assert_eq!(d["zipf"], 0.99, "{name}/{sys}");
+            assert!(d["ops_per_sec"].as_f64().unwrap() > 0.0, "{name}/{sys}");
+            let kinds: u64 = ["read", "update", "insert", "scan", "rmw"]
+                .iter()
+                .map(|k| count(d, k))
+                .sum();
+            assert_eq!(kinds, 200, "{name}/{sys}: every op has a kind");
+            // Kinds the mix does not have never run.
+            let absent: &[&str] = match name {
+                "ycsb-c" => &["update", "insert", "scan", "rmw"],
+                "ycsb-d" => &["update", "scan", "rmw"],
+                "ycsb-e" => &["read", "update", "rmw"],
+                "ycsb-f" => &["update", "insert", "scan"],
+                "write-only" => &["read", "insert", "scan", "rmw"],
+                "insert-only" => &["read", "update", "scan", "rmw"],
+                _ => &["insert", "scan", "rmw"],
+            };
+            for k in absent {
+                assert_eq!(count(d, k), 0, "{name}/{sys}: {k}");
+            }
+        }
+        let dist = docs[0]["request_distribution"].as_str().unwrap();
+        assert_eq!(
+            dist,
+            if name == "ycsb-d" {
+                "latest"
+            } else {
+                "zipfian"
+            },
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_workload_file_sets_the_run_and_flags_override_it() {
+    let dir = scratch("file");
+    let f = dir.join("mine.properties");
+    std::fs::write(
+        &f,
+        "# a custom mix\nrecordcount=3000\noperationcount=100\nreadproportion=0.8\n\
+         updateproportion=0\nscanproportion=0.2\nmaxscanlength=5\nscanlengthdistribution=zipfian\n\
+         requestdistribution=uniform\ninsertorder=hashed\n",
+    )
+    .unwrap();
+    let fs = f.to_str().unwrap();
+    let out = bench(
+        &tiny_without(
+            &["--records"],
+            &["--workload-file", fs, "--systems", "sherman"],
+        )
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: {fs}:10: unknown key `insertorder` ignored"
+        )),
+        "{err}"
+    );
+    let d = &serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()[0];
+    assert_eq!(d["config"]["records"], 3000);
+    // operationcount is over all 4 clients.
+    assert_eq!(d["config"]["ops_per_client"], 25);
+    assert_eq!(d["ops"], 100);
+    assert_eq!(d["zipf"], 0.0);
+    assert_eq!(d["request_distribution"], "uniform");
+    assert_eq!(d["config"]["max_scan_length"], 5);
+    assert_eq!(count(d, "read") + count(d, "scan"), 100);
+    assert!(count(d, "scan") > 0);
+
+    let d = &run_ok(&tiny(&[
+        "--workload-file",
+        fs,
+        "--systems",
+        "sherman",
+        "--records",
+        "2500",
+        "--ops",
+        "10",
+        "--zipf",
+        "0.5",
+    ]))[0];
+    assert_eq!(d["config"]["records"], 2500);
+    assert_eq!(d["config"]["ops_per_client"], 10);
+    assert_eq!(d["ops"], 40);
+    assert_eq!(d["zipf"], 0.5);
+    assert_eq!(d["request_distribution"], "zipfian");
+
+    // --zipf 0 makes a zipfian workload uniform.
+    let d = &run_ok(&tiny(&[
+        "--workload",
+        "ycsb-b",
+        "--zipf",
+        "0",
+        "--ops",
+        "5",
+    ]))[0];
+    assert_eq!(d["request_distribution"], "uniform");
+}
+
+#[test]
+fn seconds_measure_until_the_deadline() {
+    // 0.5 virtual ms: each op takes a few µs, so each client runs many.
+    let docs = run_ok(&tiny(&["--seconds", "0.0005", "--systems", "sherman"]));
+    let d = &docs[0];
+    assert_eq!(d["config"]["seconds"], 0.0005);
+    assert_eq!(d["config"]["ops_per_client"], Value::Null);
+    let elapsed = d["elapsed_ns"].as_u64().unwrap();
+    // Ops start before the deadline and finish within one op's latency.
+    assert!(
+        (500_000..600_000).contains(&elapsed),
+        "elapsed {elapsed} ns"
+    );
+    let ops = d["ops"].as_u64().unwrap();
+    assert!(ops > 4 * 20, "{ops} ops in 0.5 ms");
+    // Longer deadline, more operations.
+    let d2 = &run_ok(&tiny(&["--seconds", "0.001", "--systems", "sherman"]))[0];
+    assert!(d2["ops"].as_u64().unwrap() > ops * 3 / 2);
+}
+
+fn history_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn history_has_a_line_per_measured_op_and_checks_ok() {
+    let dir = scratch("history");
+    for (workload, backend) in [
+        ("write-intensive", "sim"),
+        ("ycsb-f", "sim"),
+        ("ycsb-e", "sim"),
+        ("ycsb-d", "sim"),
+        ("write-intensive", "emu"),
+    ] {
+        let h = dir.join(format!("{workload}-{backend}.jsonl"));
+        let hs = h.to_str().unwrap();
+        let drop: &[&str] = if backend == "emu" {
+            &["--compute-nodes"]
+        } else {
+            &[]
+        };
+        let args = tiny_without(
+            drop,
+            &[
+                "--workload",
+                workload,
+                "--systems",
+                "sherman",
+                "--backend",
+                backend,
+                "--ops",
+                "60",
+                "--warmup",
+                "20",
+                "--history",
+                hs,
+                "--check-history",
+            ],
+        );
+        let d = &run_ok(&args)[0];
+        let lines = history_lines(&h);
+        // A read-modify-write is a get line and a put line.
+        let want = d["ops"].as_u64().unwrap() + count(d, "rmw");
+        assert_eq!(lines.len() as u64, want, "{workload} on {backend}");
+        assert_eq!(d["history"]["events"], want);
+        assert_eq!(d["history"]["check"], "ok", "{workload} on {backend}");
+        // The checker saw warm-up too: 20 more per client (two events per rmw).
+        assert!(d["history"]["events_checked"].as_u64().unwrap() >= want + 20 * 4 / 2);
+        let invoked: Vec<u64> = lines
+            .iter()
+            .map(|l| l["invoke_ns"].as_u64().unwrap())
+            .collect();
+        assert!(
+            invoked.windows(2).all(|w| w[0] <= w[1]),
+            "lines in invocation order"
+        );
+        for l in &lines {
+            let (i, c) = (
+                l["invoke_ns"].as_u64().unwrap(),
+                l["complete_ns"].as_u64().unwrap(),
+            );
+            assert!(i <= c, "{l}");
+            assert!(l["client"].as_u64().unwrap() >= 1);
+            match l["op"].as_str().unwrap() {
+                "get" => assert!(l["key"].is_u64() && (l["ret"].is_u64() || l["ret"].is_null())),
+                "put" => assert!(l["key"].is_u64() && l["value"].is_u64() && l["ret"] == "ok"),
+                "scan" => assert!(l["low"].is_u64() && l["ret"].is_array()),
+                other => panic!("unexpected op {other}"),
+            }
+        }
+    }
+    // Several systems: one file per system, nothing at the plain name.
+    let h = dir.join("two.jsonl");
+    let docs = run_ok(&tiny(&["--ops", "10", "--history", h.to_str().unwrap()]));
+    assert!(!h.exists());
+    for d in &docs {
+        let f = dir.join(format!("two.{}.jsonl", d["system"].as_str().unwrap()));
+        assert_eq!(d["history"]["file"], f.to_str().unwrap());
+        assert_eq!(history_lines(&f).len(), 40);
+        assert_eq!(d["history"]["check"], Value::Null, "not asked to check");
+    }
+    assert!(
+        !listing(&dir).iter().any(|f| f.contains(".tmp")),
+        "{:?}",
+        listing(&dir)
+    );
+}
+
+/// Enough of XML to catch what a hand writer gets wrong: balanced tags, an
+/// `<svg>` root with the SVG namespace, quoted attributes, escaped text.
+/// Returns the element names.
+fn svg_elements(doc: &str) -> Vec<String> {
+    let body = doc
+        .strip_prefix("<?xml version=\"1.0\" encoding=\"UTF-8\"?>")
+        .expect("XML declaration");
+    let mut stack: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    let mut rest = body;
+    while let Some(open) = rest.find('<') {
+        let text = &rest[..open];
+        for (i, _) in text.match_indices('&') {
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+                    .iter()
+                    .any(|e| text[i..].starts_with(e)),
+                "stray & in {text:?}"
+            );
+        }
+        let close = open + rest[open..].find('>').expect("unclosed tag");
+        let tag = &rest[open + 1..close];
+        rest = &rest[close + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(stack.pop().as_deref(), Some(name), "mismatched </{name}>");
+            if stack.is_empty() {
+                assert!(rest.trim().is_empty(), "content after the root");
+            }
+            continue;
+        }
+        let selfclosing = tag.ends_with('/');
+        let tag = tag.trim_end_matches('/');
+        let name = tag.split_whitespace().next().expect("tag name").to_string();
+        if stack.is_empty() {
+            assert!(names.is_empty() && name == "svg", "root <{name}>");
+            assert!(tag.contains("xmlns=\"http://www.w3.org/2000/svg\""));
+        }
+        assert_eq!(
+            tag.matches('"').count() % 2,
+            0,
+            "unbalanced quotes in <{tag}>"
+        );
+        names.push(name.clone());
+        if !selfclosing {
+            stack.push(name);
+        }
+    }
+    assert!(stack.is_empty(), "unclosed {stack:?}");
+    names
+}
+
+#[test]
+fn plot_writes_well_formed_svgs() {
+    let dir = scratch("plot");
+    let plots = dir.join("plots");
+    run_ok(&tiny(&[
+        "--threads",
+        "1,2",
+        "--ops",
+        "20",
+        "--plot",
+        plots.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        listing(&plots),
+        ["latency-cdf-t1.svg", "latency-cdf-t2.svg", "throughput.svg"]
+    );
+    for f in ["latency-cdf-t1.svg", "latency-cdf-t2.svg", "throughput.svg"] {
+        let doc = std::fs::read_to_string(plots.join(f)).unwrap();
+        let names = svg_elements(&doc);
+        assert_eq!(
+            names.iter().filter(|n| *n == "polyline").count(),
+            2,
+            "{f}: a line per system"
+        );
+        assert!(
+            doc.contains(">sherman</text>") && doc.contains(">fg</text>"),
+            "{f}"
+        );
+        if f == "throughput.svg" {
+            // A marker per system and thread count.
+            assert_eq!(names.iter().filter(|n| *n == "circle").count(), 4);
+        }
+    }
+    // One thread count: one CDF, no throughput chart.
+    let one = dir.join("one");
+    run_ok(&tiny(&["--ops", "20", "--plot", one.to_str().unwrap()]));
+    assert_eq!(listing(&one), ["latency-cdf.svg"]);
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_and_no_files() {
+    let dir = scratch("bad");
+    let good = dir.join("good.properties");
+    std::fs::write(&good, "readproportion=1\nupdateproportion=0\n").unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let malformed = write("malformed.properties", "readproportion=lots\n");
+    let unsummed = write(
+        "unsummed.properties",
+        "# note\nunknownkey=1\nreadproportion=0.7\nupdateproportion=0.2\n",
+    );
+    let badzipf = write("badzipf.properties", "zipfianconstant=1.0\n");
+    let baddist = write("baddist.properties", "requestdistribution=hotspot\n");
+    let afile = write("a-file", "");
+    let missing = dir.join("missing.properties");
+    let missing = missing.to_str().unwrap();
+    let nodir = dir.join("nowhere/h.jsonl");
+    let nodir = nodir.to_str().unwrap();
+    let before = listing(&dir);
+    let h = dir.join("h.jsonl");
+    let p = dir.join("plots");
+    let outputs = [
+        "--history",
+        h.to_str().unwrap(),
+        "--plot",
+        p.to_str().unwrap(),
+    ];
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec!["--workload-file", missing],
+            format!("--workload-file: cannot read `{missing}`"),
+        ),
+        (
+            vec!["--workload-file", &malformed],
+            format!("{malformed}:1: readproportion=`lots` is not a number"),
+        ),
+        (
+            vec!["--workload-file", &unsummed],
+            format!("{unsummed}:4: proportions sum to 0.9, not 1: readproportion=0.7 (line 3) + updateproportion=0.2 (line 4)"),
+        ),
+        (
+            vec!["--workload-file", &badzipf],
+            format!("{badzipf}:1: zipfianconstant=1 is out of range"),
+        ),
+        (
+            vec!["--workload-file", &baddist],
+            format!("{baddist}:1: requestdistribution=`hotspot` is not supported"),
+        ),
+        (vec!["--workload", "ycsb-z"], "unknown workload `ycsb-z`".into()),
+        (
+            vec!["--workload", "ycsb-a", "--workload-file", good.to_str().unwrap()],
+            "exclude each other".into(),
+        ),
+        (vec!["--zipf", "1"], "--zipf must be 0 (uniform) or in (0,1) or (1,5]".into()),
+        (vec!["--zipf", "7"], "--zipf must be".into()),
+        (vec!["--zipf", "-0.5"], "--zipf must be".into()),
+        (vec!["--threads", "0"], "--threads: 0 is out of range".into()),
+        (vec!["--threads", "2,0"], "--threads: 0 is out of range".into()),
+        (vec!["--threads", "2,x"], "--threads: `x` is not a whole number".into()),
+        (vec!["--threads", "2,2"], "--threads: 2 is given twice".into()),
+        (vec!["--systems", "sherman,btree9000"], "unknown system `btree9000`".into()),
+        (vec!["--ops", "5", "--seconds", "1"], "--ops and --seconds exclude each other".into()),
+        (vec!["--seconds", "0"], "--seconds must be in (0, 86400]".into()),
+        (vec!["--seconds", "soon"], "--seconds: cannot parse `soon`".into()),
+        (vec!["--records", "0"], "--records must be".into()),
+        (vec!["--history", nodir], "--history: folder".into()),
+        (vec!["--plot", &afile], "is not a folder".into()),
+    ];
+    for (extra, needle) in cases {
+        let mut args = tiny(&extra);
+        // Every case also asks for files, except those about the files.
+        if !extra.contains(&"--history") && !extra.contains(&"--plot") {
+            args.extend(outputs.iter().map(|s| s.to_string()));
+        }
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = bench(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(&needle),
+            "{extra:?}:\n got  {err}\n want {needle}"
+        );
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{extra:?}: one line, got {err}"
+        );
+        assert!(err.starts_with("loch-bench: "), "{err}");
+        assert!(out.stdout.is_empty(), "{extra:?}: no partial output");
+        assert_eq!(listing(&dir), before, "{extra:?}: no files left behind");
+    }
+}
+
+#[test]
+fn help_documents_every_flag() {
+    let out = bench(&["run", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--backend",
+        "--workload ",
+        "--workload-file",
+        "--zipf",
+        "--systems",
+        "--memory-nodes",
+        "--compute-nodes",
+        "--threads N[,N,...]",
+        "--coroutines",
+        "--records",
+        "--ops",
+        "--seconds",
+        "--warmup",
+        "--cache-mb",
+        "--seed",
+        "--json",
+        "--history",
+        "--check-history",
+        "--plot",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+    for name in SHIPPED {
+        assert!(help.contains(name) || name.starts_with("ycsb-"), "{name}");
+    }
+    assert!(help.contains("overrides the file's recordcount"));
+    assert!(help.contains("overrides the file's operationcount"));
+}
