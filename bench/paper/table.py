@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Turns loch-bench JSON into the paper-comparison markdown tables.
+
+usage: table.py KIND OUT.md RESULT.json [RESULT.json ...]
+KIND: breakdown | round-trips | scalability | cache
+"""
+import json
+import sys
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        rows.extend(doc if isinstance(doc, list) else [doc])
+    return rows
+
+
+def by_system(rows):
+    return {r["system"]: r for r in rows}
+
+
+def breakdown(rows, out):
+    out.append("| workload | system | Mops/s | p50 µs | p99 µs | × FG+ throughput | FG+ p99 / p99 | paper |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    paper = {
+        ("write-intensive", 0.99, "fg+comb"): "3.37× from combination",
+        ("write-intensive", 0.99, "fg+comb+onchip"): "on-chip locks: 3.06× throughput, 3.48× p99",
+        ("write-intensive", 0.99, "fg+comb+onchip+hier"): "hierarchical lock: 2.22×",
+        ("write-intensive", 0.99, "sherman"): "23.6× FG+ throughput, 30.2× lower p99",
+        ("write-intensive", 0.0, "sherman"): "1.15× FG+ (uniform)",
+    }
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["zipf"]), []).append(r)
+    for (w, z), rs in groups.items():
+        s = by_system(rs)
+        fg = s.get("fg")
+        for r in rs:
+            t = r["ops_per_sec"] / fg["ops_per_sec"] if fg else float("nan")
+            p = fg["latency_ns"]["p99"] / r["latency_ns"]["p99"] if fg else float("nan")
+            out.append(
+                f"| {w} zipf {z} | {r['system']} | {r['ops_per_sec']/1e6:.2f} | "
+                f"{r['latency_ns']['p50']/1e3:.1f} | {r['latency_ns']['p99']/1e3:.1f} | {t:.2f}× | {p:.2f}× | "
+                f"{paper.get((w, z, r['system']), '')} |"
+            )
+
+
+def round_trips(rows, out):
+    out.append("| system | writes ≤ 3 round trips | write p99 round trips | bytes written per non-split write | lookups without retry | paper |")
+    out.append("|---|---|---|---|---|---|")
+    paper = {
+        "sherman": "93.6% need 3; p99 11; 17 B (+ unlock); 99.98% no retry",
+        "fg": "94% need 4; p99 453; whole node",
+    }
+    for r in rows:
+        out.append(
+            f"| {r['system']} | {100*r['writes_within_3_round_trips']:.2f}% | {r['write_round_trips_p99']} | "
+            f"{r['bytes_written_per_nonsplit_write']:.1f} | {100*r['clean_lookup_ratio']:.3f}% | {paper.get(r['system'], '')} |"
+        )
+    for r in rows:
+        rt = r["round_trips"]
+        for kind, v in rt.items():
+            out.append(f"\n{r['system']} {kind}: round-trip histogram (index = round trips) {v['hist']}")
+
+
+def scalability(rows, out):
+    out.append("| system | client threads | Mops/s | p99 µs |")
+    out.append("|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["system"], r["config"]["compute_nodes"] * r["config"]["threads_per_compute_node"])):
+        c = r["config"]
+        out.append(
+            f"| {r['system']} | {c['compute_nodes'] * c['threads_per_compute_node'] * c['coroutines_per_thread']} | "
+            f"{r['ops_per_sec']/1e6:.2f} | {r['latency_ns']['p99']/1e3:.1f} |"
+        )
+
+
+def cache(rows, out):
+    out.append("| cache (MB, scaled) | equivalent at 1 billion records | hit ratio | Mops/s |")
+    out.append("|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: r["config"]["cache_bytes"]):
+        mb = r["config"]["cache_bytes"] / (1 << 20)
+        scale = 1e9 / r["config"]["records"]
+        out.append(f"| {mb:.3f} | {mb*scale/1024:.1f} GB | {100*r['cache_hit_ratio']:.2f}% | {r['ops_per_sec']/1e6:.2f} |")
+
+
+def main():
+    kind, dest, *paths = sys.argv[1:]
+    rows = load(paths)
+    out = []
+    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache}[kind](rows, out)
+    with open(dest, "a") as f:
+        f.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
