@@ -77,6 +77,36 @@ impl RemoteRegion {
     }
 }
 
+/// The responder's checks of a request against the regions it exposes, as
+/// a NIC makes them: a region under the request's rkey must hold the whole
+/// range and grant the right the verb needs (else `RemoteAccess`), and an
+/// atomic must be 8-byte aligned (else `RemoteInvalidRequest`).
+pub fn responder_check(
+    regions: &[RemoteRegion],
+    op: &crate::verbs::WrOp,
+) -> crate::verbs::WcStatus {
+    use crate::verbs::{Opcode, WcStatus};
+    let remote = op.remote();
+    let (space, off, len) = (remote.space(), remote.offset(), op.len() as u64);
+    let opcode = op.opcode();
+    let need = match opcode {
+        Opcode::Read => Access::REMOTE_READ,
+        Opcode::Write => Access::REMOTE_WRITE,
+        _ => Access::REMOTE_ATOMIC,
+    };
+    let rkey = op.rkey();
+    if !regions
+        .iter()
+        .any(|r| r.rkey == rkey && r.contains(space, off, len) && r.access.contains(need))
+    {
+        WcStatus::RemoteAccess
+    } else if opcode.is_atomic() && !off.is_multiple_of(8) {
+        WcStatus::RemoteInvalidRequest
+    } else {
+        WcStatus::Success
+    }
+}
+
 /// A reliable-connected queue pair to one memory node.
 pub trait QueuePair {
     /// Local queue pair number; completions carry it.

@@ -128,6 +128,16 @@ impl WrOp {
         }
     }
 
+    /// The right the local memory needs (`None`: an inline WRITE, whose
+    /// payload was copied at post time and is not checked).
+    pub fn local_access(&self) -> Option<Access> {
+        match self {
+            WrOp::Write { inline: true, .. } => None,
+            WrOp::Write { .. } => Some(Access::empty()),
+            _ => Some(Access::LOCAL_WRITE),
+        }
+    }
+
     /// Bytes moved over the wire by this operation.
     pub fn len(&self) -> u32 {
         match self {

@@ -8,7 +8,7 @@ use crate::nic::{
     Registration, RemoteRegion,
 };
 use crate::verbs::{
-    Access, Caps, Completion, LKey, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp,
+    Access, Caps, Completion, LKey, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -373,36 +373,17 @@ impl EmuQp {
     /// As for `post_send`: the local SGE is valid and unaliased.
     unsafe fn execute(&self, wr: &WorkRequest) -> WcStatus {
         let op = &wr.op;
-        let remote = op.remote();
-        let (space, off, len) = (remote.space(), remote.offset(), op.len() as u64);
-        let opcode = op.opcode();
-        let need = match opcode {
-            Opcode::Read => Access::REMOTE_READ,
-            Opcode::Write => Access::REMOTE_WRITE,
-            _ => Access::REMOTE_ATOMIC,
-        };
-        let rkey = op.rkey();
-        let region_ok = self
-            .regions
-            .iter()
-            .any(|r| r.rkey == rkey && r.contains(space, off, len) && r.access.contains(need));
-        if !region_ok {
-            return WcStatus::RemoteAccess;
+        let status = crate::nic::responder_check(&self.regions, op);
+        if !status.is_ok() {
+            return status;
         }
         let local = op.local();
-        let local_need = match op {
-            WrOp::Write { inline: true, .. } => None,
-            WrOp::Write { .. } => Some(Access::empty()),
-            _ => Some(Access::LOCAL_WRITE),
-        };
-        if let Some(need) = local_need {
+        if let Some(need) = op.local_access() {
             if !self.nic.local_ok(&local, need) {
                 return WcStatus::LocalProtection;
             }
         }
-        if opcode.is_atomic() && off % 8 != 0 {
-            return WcStatus::RemoteInvalidRequest;
-        }
+        let (space, off) = (op.remote().space(), op.remote().offset());
         let map = &self.peer.map;
         let mem = map.window(space);
         // The region table only holds ranges inside the window (register

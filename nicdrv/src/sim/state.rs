@@ -380,11 +380,7 @@ impl Shared {
             }
             let op = wr.op;
             let local = op.local();
-            let local_need = match op {
-                WrOp::Write { inline: true, .. } => None,
-                WrOp::Write { .. } => Some(Access::empty()),
-                _ => Some(Access::LOCAL_WRITE),
-            };
+            let local_need = op.local_access();
             if local_need.is_some_and(|need| !self.local_ok(&local, need)) {
                 failed = true;
                 self.answer(r, WcStatus::LocalProtection, cpu);
@@ -500,23 +496,7 @@ impl Shared {
         let remote = op.remote();
         let (space, off, len) = (remote.space(), remote.offset(), op.len() as u64);
         let opcode = op.opcode();
-        let need = match opcode {
-            Opcode::Read => Access::REMOTE_READ,
-            Opcode::Write => Access::REMOTE_WRITE,
-            _ => Access::REMOTE_ATOMIC,
-        };
-        let rkey = op.rkey();
-        let status = if !node
-            .regions
-            .iter()
-            .any(|g| g.rkey == rkey && g.contains(space, off, len) && g.access.contains(need))
-        {
-            WcStatus::RemoteAccess
-        } else if opcode.is_atomic() && off % 8 != 0 {
-            WcStatus::RemoteInvalidRequest
-        } else {
-            WcStatus::Success
-        };
+        let status = crate::nic::responder_check(&node.regions, &op);
         let back = |t: u64| t + self.latency(t);
         if status != WcStatus::Success {
             drop(mems);
