@@ -3,7 +3,7 @@
 //! Owns everything between Loch's data structures and the wire: global
 //! addresses ([`addr`]), the verbs vocabulary ([`verbs`]), the backend
 //! contract ([`nic`]) that every backend keeps, the backends themselves
-//! ([`emu`] now; `sim` and `mlx5` join later), per-task counters
+//! ([`emu`], [`sim`], and `mlx5` behind the cargo feature of that name), per-task counters
 //! ([`counters`]) and the per-core run-to-completion executor ([`exec`]).
 //!
 //! Promises to upper layers (design.md §2): work requests on one queue pair
@@ -20,6 +20,8 @@ pub mod conformance;
 pub mod counters;
 pub mod emu;
 pub mod exec;
+#[cfg(feature = "mlx5")]
+pub mod mlx5;
 pub mod nic;
 pub mod rng;
 pub mod sim;

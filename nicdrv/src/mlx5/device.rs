@@ -1,0 +1,527 @@
+//! Device discovery, the device context and its protection domain, the
+//! device's limits, and on-NIC device memory (`ibv_alloc_dm`).
+//!
+//! One [`Mlx5Nic`] per process and device; clones share one context and one
+//! protection domain, which are released (PD first, then the context) when
+//! the last clone and the last handle made from it are dropped.
+
+use super::mr::{access_to_ibv, Mlx5Reg};
+use super::Mlx5Error;
+use crate::nic::{HeapMem, Mr, Nic, RegError, RegisterableMemory};
+
+use crate::verbs::{Access, Caps, RKey};
+use rdma_sys::*;
+use std::ffi::CStr;
+use std::sync::Arc;
+
+/// Which device and port to open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Device name (`mlx5_0`, `rxe0`); `None` takes the first one.
+    pub name: Option<String>,
+    /// Port number, from 1.
+    pub port: u8,
+    /// GID table index used for routing (RoCE needs one; on InfiniBand the
+    /// LID routes and the GID is carried for global routing only).
+    pub gid_index: u8,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: None,
+            port: 1,
+            gid_index: 0,
+        }
+    }
+}
+
+/// The device's limits that Loch uses (`ibv_device_attr_ex` subset).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct DeviceAttrs {
+    pub max_qp_wr: u32,
+    pub max_cqe: u32,
+    pub max_mr_size: u64,
+    /// Outstanding READs/atomics a QP may issue (`max_qp_init_rd_atom`).
+    pub max_qp_init_rd_atom: u8,
+    /// Outstanding READs/atomics a QP may serve (`max_qp_rd_atom`).
+    pub max_qp_rd_atom: u8,
+    /// Bytes of device memory (`max_dm_size`); 0 where the NIC has none.
+    pub max_dm_size: u64,
+    /// Whether 8-byte atomics are offered at all (`atomic_cap` ≠ NONE).
+    pub atomics: bool,
+}
+
+/// The port a QP routes through.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    pub port: u8,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    pub gid_index: u8,
+    /// Active MTU as `ibv_mtu` (1 = 256 B … 5 = 4096 B).
+    pub mtu: u8,
+    /// RoCE (Ethernet link layer): routing needs the GRH.
+    pub roce: bool,
+    pub max_msg_sz: u32,
+}
+
+/// `IBV_LINK_LAYER_ETHERNET` (a `#define` in verbs.h, absent from rdma-sys).
+pub const LINK_LAYER_ETHERNET: u8 = 2;
+
+/// Inline payload sizes asked of a QP, largest first: ConnectX-5 grants a
+/// little over 200 bytes; a driver refuses a QP asking more than it has, so
+/// the probe steps down until one is granted.
+const INLINE_TRIES: [u32; 4] = [220, 128, 64, 0];
+
+/// The context and protection domain. Dropped last, after every MR, CQ and
+/// QP, because each of those holds an `Arc<Device>`.
+pub(crate) struct Device {
+    pub(crate) ctx: *mut ibv_context,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) name: String,
+    pub(crate) attrs: DeviceAttrs,
+    pub(crate) port: PortInfo,
+    /// Inline bytes every QP of this device is created with.
+    pub(crate) inline_bytes: u32,
+}
+
+// SAFETY: libibverbs contexts and PDs are thread-safe (the library locks
+// internally); the pointers are only freed in Drop, once.
+unsafe impl Send for Device {}
+// SAFETY: as above; `&Device` only reads immutable fields or calls
+// thread-safe verbs.
+unsafe impl Sync for Device {}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Dependency order: the PD before the context that made it.
+        // SAFETY: both were created in `open` and nothing else frees them;
+        // every child (MR, QP, CQ, DM) holds an Arc and is gone by now.
+        unsafe {
+            if ibv_dealloc_pd(self.pd) != 0 {
+                log::error!("ibv_dealloc_pd on {} failed", self.name);
+            }
+            if ibv_close_device(self.ctx) != 0 {
+                log::error!("ibv_close_device on {} failed", self.name);
+            }
+        }
+    }
+}
+
+/// What `ibv_get_device_list` said, as a decision: NULL with ENOSYS (no
+/// kernel support) and an empty list both mean [`Mlx5Error::NoDevice`];
+/// NULL with another errno is that error. Pure, so the no-device rule is
+/// tested without a device.
+pub fn device_list_outcome(list_is_null: bool, errno: i32, count: i32) -> Result<(), Mlx5Error> {
+    if list_is_null {
+        if errno == libc::ENOSYS || errno == 0 {
+            return Err(Mlx5Error::NoDevice);
+        }
+        return Err(Mlx5Error::Verbs {
+            call: "ibv_get_device_list",
+            errno,
+        });
+    }
+    if count <= 0 {
+        return Err(Mlx5Error::NoDevice);
+    }
+    Ok(())
+}
+
+/// Names of the RDMA devices present.
+pub fn device_names() -> Result<Vec<String>, Mlx5Error> {
+    with_device_list(|devs| Ok(devs.iter().map(|&d| dev_name(d)).collect()))
+}
+
+fn dev_name(d: *mut ibv_device) -> String {
+    // SAFETY: `d` comes from a live device list; the name is a NUL-terminated
+    // string owned by the device, copied out here.
+    unsafe {
+        let p = ibv_get_device_name(d);
+        if p.is_null() {
+            return String::from("?");
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// Runs `f` over the device list and frees the list afterwards.
+fn with_device_list<T>(
+    f: impl FnOnce(&[*mut ibv_device]) -> Result<T, Mlx5Error>,
+) -> Result<T, Mlx5Error> {
+    let mut n: i32 = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { ibv_get_device_list(&mut n) };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if let Err(e) = device_list_outcome(list.is_null(), errno, n) {
+        if !list.is_null() {
+            // SAFETY: a non-null list from ibv_get_device_list, freed once.
+            unsafe { ibv_free_device_list(list) };
+        }
+        return Err(e);
+    }
+    // SAFETY: the list holds `n` device pointers (verbs.h).
+    let devs = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    let r = f(devs);
+    // SAFETY: freed once; contexts opened from it stay valid (verbs.h:
+    // "ibv_free_device_list ... once contexts are opened").
+    unsafe { ibv_free_device_list(list) };
+    r
+}
+
+fn zeroed<T>() -> T {
+    // SAFETY: only used for C structs of integers, pointers and unions of
+    // them, for which all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The mlx5 device context. Cloning is cheap and shares the device.
+#[derive(Clone)]
+pub struct Mlx5Nic {
+    pub(crate) dev: Arc<Device>,
+    caps: Caps,
+}
+
+impl Mlx5Nic {
+    /// Opens a device, allocates its protection domain and reads its
+    /// limits and port.
+    pub fn open(cfg: &DeviceConfig) -> Result<Mlx5Nic, Mlx5Error> {
+        let (ctx, name) = with_device_list(|devs| {
+            let dev = match &cfg.name {
+                None => devs[0],
+                Some(want) => *devs
+                    .iter()
+                    .find(|&&d| dev_name(d) == *want)
+                    .ok_or_else(|| Mlx5Error::DeviceNotFound {
+                        name: want.clone(),
+                        present: devs.iter().map(|&d| dev_name(d)).collect(),
+                    })?,
+            };
+            // SAFETY: `dev` is in the live list; the context outlives it.
+            let ctx = unsafe { ibv_open_device(dev) };
+            if ctx.is_null() {
+                return Err(Mlx5Error::last_os("ibv_open_device"));
+            }
+            Ok((ctx, dev_name(dev)))
+        })?;
+        // SAFETY: ctx is a live context; on failure it is closed here.
+        let pd = unsafe { ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            let e = Mlx5Error::last_os("ibv_alloc_pd");
+            // SAFETY: closing the context we just opened, once.
+            unsafe { ibv_close_device(ctx) };
+            return Err(e);
+        }
+        // From here Drop of `Device` releases both, in order.
+        let mut dev = Device {
+            ctx,
+            pd,
+            name,
+            attrs: DeviceAttrs::default(),
+            port: PortInfo {
+                port: cfg.port,
+                lid: 0,
+                gid: [0; 16],
+                gid_index: cfg.gid_index,
+                mtu: 0,
+                roce: false,
+                max_msg_sz: 0,
+            },
+            inline_bytes: 0,
+        };
+        dev.attrs = query_attrs(ctx)?;
+        dev.port = query_port(ctx, &dev.name, cfg.port, cfg.gid_index)?;
+        let max_inline_bytes = probe_inline(&dev)?;
+        dev.inline_bytes = max_inline_bytes;
+        let a = dev.attrs;
+        let caps = Caps {
+            // Masked CAS needs mlx5dv experimental verbs; not offered.
+            masked_cas: false,
+            max_inline_bytes,
+            max_msg_bytes: dev.port.max_msg_sz,
+            max_send_wr: a.max_qp_wr,
+            max_cqe: a.max_cqe,
+        };
+        Ok(Mlx5Nic {
+            dev: Arc::new(dev),
+            caps,
+        })
+    }
+
+    /// The device's name (`mlx5_0`).
+    pub fn name(&self) -> &str {
+        &self.dev.name
+    }
+
+    pub fn attrs(&self) -> DeviceAttrs {
+        self.dev.attrs
+    }
+
+    pub fn port(&self) -> PortInfo {
+        self.dev.port
+    }
+
+    /// Allocates `want_bytes` of device memory (sized down to the device's
+    /// `max_dm_size`) and registers it zero-based with `access`. Where the
+    /// device has none (soft-RoCE, older NICs) it logs a warning and falls
+    /// back to registered host memory, so callers keep one code path.
+    pub fn alloc_device_memory(
+        &self,
+        want_bytes: u64,
+        access: Access,
+    ) -> Result<DeviceMemory, Mlx5Error> {
+        let max = self.dev.attrs.max_dm_size;
+        if want_bytes == 0 || !want_bytes.is_multiple_of(8) {
+            return Err(Mlx5Error::BadSize {
+                what: "device memory bytes (non-zero multiple of 8)",
+                got: want_bytes,
+                max,
+            });
+        }
+        if max == 0 {
+            log::warn!(
+                "{} has no device memory (max_dm_size = 0): the lock table lives in \
+                 host memory, and its atomics cross PCIe",
+                self.dev.name
+            );
+            return self.host_fallback(want_bytes, access);
+        }
+        let len = want_bytes.min(max) & !7;
+        let mut attr = ibv_alloc_dm_attr {
+            length: len as usize,
+            log_align_req: 3,
+            comp_mask: 0,
+        };
+        // SAFETY: ctx is live; attr is a valid in-pointer.
+        let dm = match unsafe { ibv_alloc_dm(self.dev.ctx, &mut attr) } {
+            Some(p) if !p.is_null() => p,
+            _ => {
+                let e = Mlx5Error::last_os("ibv_alloc_dm");
+                log::warn!("{e}: falling back to host memory for the lock table");
+                return self.host_fallback(want_bytes, access);
+            }
+        };
+        // Zero-based: remote addresses are offsets into the DM.
+        let flags = access_to_ibv(access) | ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
+        // SAFETY: pd and dm belong to this context; the MR is deregistered
+        // before the DM is freed (DeviceMemory's Drop).
+        let mr = match unsafe { ibv_reg_dm_mr(self.dev.pd, dm, 0, len as usize, flags) } {
+            Some(p) if !p.is_null() => p,
+            _ => {
+                let e = Mlx5Error::last_os("ibv_reg_dm_mr");
+                // SAFETY: freeing the DM allocated above, once.
+                unsafe { ibv_free_dm(dm) };
+                return Err(e);
+            }
+        };
+        // Device memory is not zeroed on allocation; lock words must start 0.
+        let zeros = vec![0u8; len as usize];
+        // SAFETY: dm is live and `len` bytes long; zeros is `len` bytes.
+        let rc = unsafe { ibv_memcpy_to_dm(dm, 0, zeros.as_ptr().cast(), len as usize) };
+        let out = DeviceMemory {
+            backing: DmBacking::Device {
+                dm,
+                mr,
+                len,
+                _dev: self.dev.clone(),
+            },
+        };
+        if rc != 0 {
+            return Err(Mlx5Error::errno("ibv_memcpy_to_dm", rc));
+        }
+        Ok(out)
+    }
+
+    fn host_fallback(&self, len: u64, access: Access) -> Result<DeviceMemory, Mlx5Error> {
+        let mem = HeapMem::zeroed(len as usize).ok_or(Mlx5Error::BadSize {
+            what: "host fallback for device memory",
+            got: len,
+            max: isize::MAX as u64,
+        })?;
+        let mr = self.register(mem, access).map_err(Mlx5Error::Register)?;
+        Ok(DeviceMemory {
+            backing: DmBacking::Host(mr),
+        })
+    }
+}
+
+/// The largest inline size of [`INLINE_TRIES`] the driver grants, learnt
+/// from throwaway QPs, so that `caps()` tells the executor what every QP
+/// will accept.
+fn probe_inline(dev: &Device) -> Result<u32, Mlx5Error> {
+    // SAFETY: the context is live; the CQ is destroyed below.
+    let cq = unsafe { ibv_create_cq(dev.ctx, 1, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+    if cq.is_null() {
+        return Err(Mlx5Error::last_os("ibv_create_cq (inline probe)"));
+    }
+    let mut r = Err(Mlx5Error::NoDevice);
+    for want in INLINE_TRIES {
+        // SAFETY: PD and CQ are live and of one context.
+        r = unsafe { super::qp::create_rc_qp(dev.pd, cq, 1, want) }.map(|(qp, granted)| {
+            // SAFETY: the probe QP was just created; destroyed once.
+            unsafe { ibv_destroy_qp(qp) };
+            granted.min(want)
+        });
+        if r.is_ok() {
+            break;
+        }
+    }
+    // SAFETY: its QPs are destroyed; destroyed once.
+    unsafe { ibv_destroy_cq(cq) };
+    r
+}
+
+fn query_attrs(ctx: *mut ibv_context) -> Result<DeviceAttrs, Mlx5Error> {
+    let mut ex: ibv_device_attr_ex = zeroed();
+    // SAFETY: ctx is live; a null input is allowed (verbs.h); ex is a valid
+    // out-pointer of the size the call is told.
+    let rc = unsafe { ibv_query_device_ex(ctx, std::ptr::null(), &mut ex) };
+    if rc != 0 {
+        return Err(Mlx5Error::errno("ibv_query_device_ex", rc));
+    }
+    let o = &ex.orig_attr;
+    Ok(DeviceAttrs {
+        max_qp_wr: o.max_qp_wr.max(0) as u32,
+        max_cqe: o.max_cqe.max(0) as u32,
+        max_mr_size: o.max_mr_size,
+        max_qp_init_rd_atom: o.max_qp_init_rd_atom.clamp(0, 255) as u8,
+        max_qp_rd_atom: o.max_qp_rd_atom.clamp(0, 255) as u8,
+        max_dm_size: ex.max_dm_size,
+        atomics: o.atomic_cap != ibv_atomic_cap::IBV_ATOMIC_NONE,
+    })
+}
+
+fn query_port(
+    ctx: *mut ibv_context,
+    name: &str,
+    port: u8,
+    gid_index: u8,
+) -> Result<PortInfo, Mlx5Error> {
+    let mut pa: ibv_port_attr = zeroed();
+    // SAFETY: ctx is live; pa is a valid out-pointer.
+    let rc = unsafe { ___ibv_query_port(ctx, port, &mut pa) };
+    if rc != 0 {
+        return Err(Mlx5Error::errno("ibv_query_port", rc));
+    }
+    if pa.state != ibv_port_state::IBV_PORT_ACTIVE {
+        return Err(Mlx5Error::PortNotActive {
+            device: name.to_string(),
+            port,
+            state: pa.state,
+        });
+    }
+    let mut gid: ibv_gid = zeroed();
+    // SAFETY: ctx is live; gid is a valid out-pointer.
+    let rc = unsafe { ibv_query_gid(ctx, port, gid_index as i32, &mut gid) };
+    if rc != 0 {
+        return Err(Mlx5Error::errno("ibv_query_gid", rc));
+    }
+    Ok(PortInfo {
+        port,
+        lid: pa.lid,
+        // SAFETY: every bit pattern of the union is a valid byte array.
+        gid: unsafe { gid.raw },
+        gid_index,
+        mtu: pa.active_mtu as u8,
+        roce: pa.link_layer == LINK_LAYER_ETHERNET,
+        max_msg_sz: pa.max_msg_sz,
+    })
+}
+
+impl Nic for Mlx5Nic {
+    type Qp = super::Mlx5Qp;
+    type Cq = super::Mlx5Cq;
+    type Reg = Mlx5Reg;
+
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn now_ns(&self) -> u64 {
+        crate::clock::now_ns()
+    }
+
+    fn register<M: RegisterableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Mr<M, Mlx5Reg>, RegError> {
+        // SAFETY: the Mr owns `mem` and drops the registration first.
+        let reg = unsafe { Mlx5Reg::register_raw(&self.dev, mem.as_ptr(), mem.len(), access)? };
+        Ok(Mr::new(reg, mem))
+    }
+}
+
+enum DmBacking {
+    Device {
+        dm: *mut ibv_dm,
+        mr: *mut ibv_mr,
+        len: u64,
+        _dev: Arc<Device>,
+    },
+    Host(Mr<HeapMem, Mlx5Reg>),
+}
+
+/// Registered device memory (or its host-memory stand-in): what a memory
+/// node exposes as [`Space::Device`](crate::Space::Device).
+pub struct DeviceMemory {
+    backing: DmBacking,
+}
+
+impl DeviceMemory {
+    /// True when this is real on-NIC memory, false for the host fallback.
+    pub fn on_device(&self) -> bool {
+        matches!(self.backing, DmBacking::Device { .. })
+    }
+
+    pub fn len(&self) -> u64 {
+        match &self.backing {
+            DmBacking::Device { len, .. } => *len,
+            DmBacking::Host(mr) => mr.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn rkey(&self) -> RKey {
+        match &self.backing {
+            // SAFETY: mr is live while self is.
+            DmBacking::Device { mr, .. } => RKey(unsafe { (**mr).rkey }),
+            DmBacking::Host(mr) => mr.rkey(),
+        }
+    }
+
+    /// The address a peer names offset 0 with: 0 for zero-based device
+    /// memory, the buffer's virtual address for the host fallback.
+    pub fn remote_base(&self) -> u64 {
+        match &self.backing {
+            DmBacking::Device { .. } => 0,
+            DmBacking::Host(mr) => mr.as_ptr() as u64,
+        }
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if let DmBacking::Device { dm, mr, .. } = self.backing {
+            // Dependency order: the MR over the DM first, then the DM; the
+            // Arc<Device> field drops after, keeping the PD alive until then.
+            // SAFETY: both were made in alloc_device_memory and freed once.
+            unsafe {
+                if ibv_dereg_mr(mr) != 0 {
+                    log::error!("ibv_dereg_mr on device memory failed");
+                }
+                if ibv_free_dm(dm) != 0 {
+                    log::error!("ibv_free_dm failed");
+                }
+            }
+        }
+    }
+}
+
+// SAFETY: the DM and its MR are plain device handles usable from any
+// thread; they are freed only in Drop.
+unsafe impl Send for DeviceMemory {}
