@@ -1,0 +1,689 @@
+//! The control channel: an authenticated TCP connection between two nodes,
+//! and the cluster rendezvous built on it.
+//!
+//! Owns connection set-up (dial/accept plus the [`crate::auth`] handshake),
+//! message send/receive under deadlines, and the coordinator protocol that
+//! exchanges endpoints and regions and runs barriers.
+//!
+//! Promises:
+//! - A [`ControlChannel`] exists only after both ends proved the secret; no
+//!   Endpoint or Region is ever written to an unauthenticated socket, and
+//!   every later frame carries a session MAC ([`crate::auth::SessionMac`]).
+//! - Every read and write has a deadline: a silent or trickling peer costs at
+//!   most the configured timeout, then an error (never a hang).
+//! - Frames are bounded ([`crate::wire::FRAME_BYTES_MAX`]) and the number of
+//!   records one node may publish is bounded ([`RECORDS_PER_NODE_MAX`]).
+//! - A node may publish records only under its own authenticated id.
+//!
+//! Rendezvous (the coordinator is the lowest node id, design §7):
+//! members dial the coordinator; each sends its records then
+//! `Barrier{"exchange", e}`; once all have, the coordinator sends every
+//! record to every member followed by `BarrierRelease{"exchange", e}`.
+//! A named barrier is the same without records: nobody is released before
+//! every node has arrived.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::auth::{
+    fresh_nonce, ClusterSecret, Direction, SessionMac, Transcript, MAC_BYTES, NONCE_BYTES,
+};
+use crate::wire::{self, Endpoint, Message, Region, WireError, NAME_BYTES_MAX};
+
+/// The most Endpoint plus Region records one node may publish.
+pub const RECORDS_PER_NODE_MAX: usize = 4096;
+/// The most nodes one rendezvous admits.
+pub const NODES_MAX: usize = 1024;
+
+/// Who we are and how long we wait.
+#[derive(Debug, Clone)]
+pub struct ChannelOptions {
+    pub node_id: u32,
+    pub secret: ClusterSecret,
+    /// Bound on the whole handshake of one connection.
+    pub handshake_timeout: Duration,
+    /// Bound on sending or receiving one ordinary message.
+    pub io_timeout: Duration,
+    /// Bound on waiting at a barrier (for the slowest node to arrive).
+    pub barrier_timeout: Duration,
+}
+
+impl ChannelOptions {
+    pub fn new(node_id: u32, secret: ClusterSecret) -> ChannelOptions {
+        ChannelOptions {
+            node_id,
+            secret,
+            handshake_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(5),
+            barrier_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum ChannelError {
+    /// Framing, decoding, I/O or a timeout on the wire.
+    Wire(WireError),
+    /// The handshake failed: the peer does not hold the secret, or is not
+    /// who we expected.
+    Refused(String),
+    /// An authenticated peer broke the protocol.
+    Protocol {
+        peer: u32,
+        why: String,
+    },
+    /// A frame from `peer` failed its session MAC: someone on the path
+    /// altered, injected, replayed or reordered it.
+    Tampered {
+        peer: u32,
+    },
+    /// The rendezvous did not complete in time.
+    Timeout(String),
+    Io(io::Error),
+}
+
+impl fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChannelError::Wire(e) => write!(f, "{e}"),
+            ChannelError::Refused(why) => write!(f, "handshake refused: {why}"),
+            ChannelError::Protocol { peer, why } => {
+                write!(f, "node {peer} broke the control protocol: {why}")
+            }
+            ChannelError::Tampered { peer } => write!(
+                f,
+                "a frame from node {peer} failed its MAC: the connection was tampered with"
+            ),
+            ChannelError::Timeout(what) => write!(f, "timed out: {what}"),
+            ChannelError::Io(e) => write!(f, "control channel: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ChannelError {}
+
+impl From<WireError> for ChannelError {
+    fn from(e: WireError) -> Self {
+        ChannelError::Wire(e)
+    }
+}
+
+impl From<io::Error> for ChannelError {
+    fn from(e: io::Error) -> Self {
+        ChannelError::Io(e)
+    }
+}
+
+/// Reads from a stream so that the whole read ends by `deadline`, however
+/// the peer trickles its bytes.
+struct DeadlineReader<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&*self.stream).read(buf)
+    }
+}
+
+fn recv_by(stream: &TcpStream, deadline: Instant) -> Result<Message, WireError> {
+    wire::read_message(&mut DeadlineReader { stream, deadline })
+}
+
+fn send_within(stream: &TcpStream, m: &Message, timeout: Duration) -> Result<(), WireError> {
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(WireError::Io)?;
+    wire::write_message(&mut &*stream, m)
+}
+
+/// An authenticated connection to one peer.
+#[derive(Debug)]
+pub struct ControlChannel {
+    stream: TcpStream,
+    mac: SessionMac,
+    local_id: u32,
+    peer_id: u32,
+    io_timeout: Duration,
+}
+
+impl ControlChannel {
+    /// Dials `addr` and authenticates; `expect_peer`, when given, must be
+    /// the responder's id.
+    pub fn connect(
+        addr: SocketAddr,
+        expect_peer: Option<u32>,
+        opts: &ChannelOptions,
+    ) -> Result<Self, ChannelError> {
+        let stream = TcpStream::connect_timeout(&addr, opts.handshake_timeout)?;
+        Self::initiate(stream, expect_peer, opts, fresh_nonce()?)
+    }
+
+    /// The initiator's half of the handshake on a connected stream, with
+    /// an explicit nonce (tests inject one; `connect` draws a fresh one).
+    pub fn initiate(
+        stream: TcpStream,
+        expect_peer: Option<u32>,
+        opts: &ChannelOptions,
+        nonce: [u8; NONCE_BYTES],
+    ) -> Result<Self, ChannelError> {
+        let deadline = Instant::now() + opts.handshake_timeout;
+        stream.set_nodelay(true)?;
+        send_within(
+            &stream,
+            &Message::Hello {
+                node_id: opts.node_id,
+                nonce,
+            },
+            opts.handshake_timeout,
+        )?;
+        let (peer_id, peer_nonce) = match recv_by(&stream, deadline)? {
+            Message::Hello { node_id, nonce } => (node_id, nonce),
+            m => {
+                return Err(ChannelError::Refused(format!(
+                    "expected Hello, got {}",
+                    m.kind()
+                )))
+            }
+        };
+        if let Some(want) = expect_peer {
+            if peer_id != want {
+                return Err(ChannelError::Refused(format!(
+                    "expected node {want}, the peer says it is {peer_id}"
+                )));
+            }
+        }
+        if peer_nonce == nonce {
+            return Err(ChannelError::Refused("the peer echoed our nonce".into()));
+        }
+        let t = Transcript {
+            initiator_id: opts.node_id,
+            responder_id: peer_id,
+            initiator_nonce: nonce,
+            responder_nonce: peer_nonce,
+        };
+        send_within(
+            &stream,
+            &Message::Auth {
+                mac: t.prove(&opts.secret, Direction::Initiator),
+            },
+            opts.handshake_timeout,
+        )?;
+        match recv_by(&stream, deadline) {
+            Ok(Message::Auth { mac }) if t.verify(&opts.secret, Direction::Responder, &mac) => {}
+            Ok(Message::Auth { .. }) => return Err(ChannelError::Refused(format!("node {peer_id} sent a wrong proof"))),
+            Ok(m) => return Err(ChannelError::Refused(format!("expected Auth, got {}", m.kind()))),
+            Err(WireError::Closed) => {
+                return Err(ChannelError::Refused(format!(
+                    "node {peer_id} closed the connection: it rejected our proof (do both nodes hold the same secret?)"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(ControlChannel {
+            stream,
+            mac: t.session(&opts.secret, Direction::Initiator),
+            local_id: opts.node_id,
+            peer_id,
+            io_timeout: opts.io_timeout,
+        })
+    }
+
+    /// Waits (up to the handshake timeout) for one connection on `listener`
+    /// and authenticates it; `admit` says which claimed ids may proceed.
+    pub fn accept(
+        listener: &TcpListener,
+        opts: &ChannelOptions,
+        admit: &dyn Fn(u32) -> bool,
+    ) -> Result<Self, ChannelError> {
+        let stream = accept_by(listener, Instant::now() + opts.handshake_timeout)?;
+        Self::respond(stream, opts, admit, fresh_nonce()?)
+    }
+
+    /// The responder's half of the handshake on an accepted stream.
+    pub fn respond(
+        stream: TcpStream,
+        opts: &ChannelOptions,
+        admit: &dyn Fn(u32) -> bool,
+        nonce: [u8; NONCE_BYTES],
+    ) -> Result<Self, ChannelError> {
+        let deadline = Instant::now() + opts.handshake_timeout;
+        stream.set_nodelay(true)?;
+        let (peer_id, peer_nonce) = match recv_by(&stream, deadline)? {
+            Message::Hello { node_id, nonce } => (node_id, nonce),
+            m => {
+                return Err(ChannelError::Refused(format!(
+                    "expected Hello, got {}",
+                    m.kind()
+                )))
+            }
+        };
+        if peer_id == opts.node_id || !admit(peer_id) {
+            return Err(ChannelError::Refused(format!(
+                "node id {peer_id} is not admitted here"
+            )));
+        }
+        send_within(
+            &stream,
+            &Message::Hello {
+                node_id: opts.node_id,
+                nonce,
+            },
+            opts.handshake_timeout,
+        )?;
+        let t = Transcript {
+            initiator_id: peer_id,
+            responder_id: opts.node_id,
+            initiator_nonce: peer_nonce,
+            responder_nonce: nonce,
+        };
+        match recv_by(&stream, deadline)? {
+            Message::Auth { mac } if t.verify(&opts.secret, Direction::Initiator, &mac) => {}
+            // Close without a word: the peer learns only our nonce.
+            Message::Auth { .. } => {
+                return Err(ChannelError::Refused(format!(
+                    "node {peer_id} sent a wrong proof"
+                )))
+            }
+            m => {
+                return Err(ChannelError::Refused(format!(
+                    "expected Auth, got {}",
+                    m.kind()
+                )))
+            }
+        }
+        send_within(
+            &stream,
+            &Message::Auth {
+                mac: t.prove(&opts.secret, Direction::Responder),
+            },
+            opts.handshake_timeout,
+        )?;
+        Ok(ControlChannel {
+            stream,
+            mac: t.session(&opts.secret, Direction::Responder),
+            local_id: opts.node_id,
+            peer_id,
+            io_timeout: opts.io_timeout,
+        })
+    }
+
+    pub fn peer_id(&self) -> u32 {
+        self.peer_id
+    }
+
+    pub fn local_id(&self) -> u32 {
+        self.local_id
+    }
+
+    /// Sends one message, sealed with the session MAC.
+    pub fn send(&mut self, m: &Message) -> Result<(), ChannelError> {
+        let mut body = Vec::with_capacity(64);
+        m.encode_body(&mut body);
+        let trailer = self.mac.seal(&body);
+        self.stream.set_write_timeout(Some(self.io_timeout))?;
+        Ok(wire::write_frame(&mut &self.stream, &[&body, &trailer])?)
+    }
+
+    /// Receives one message within the I/O timeout.
+    pub fn recv(&mut self) -> Result<Message, ChannelError> {
+        self.recv_within(self.io_timeout)
+    }
+
+    /// Receives one message within `timeout`; a frame whose MAC does not
+    /// check (altered, injected, replayed, reordered) is
+    /// [`ChannelError::Tampered`].
+    pub fn recv_within(&mut self, timeout: Duration) -> Result<Message, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        let frame = wire::read_frame(&mut DeadlineReader {
+            stream: &self.stream,
+            deadline,
+        })?;
+        let Some(split) = frame.len().checked_sub(MAC_BYTES) else {
+            return Err(WireError::Truncated { field: "mac" }.into());
+        };
+        let (body, trailer) = frame.split_at(split);
+        if !self.mac.open(body, trailer) {
+            return Err(ChannelError::Tampered { peer: self.peer_id });
+        }
+        Ok(Message::decode_body(body)?)
+    }
+
+    fn protocol(&self, why: String) -> ChannelError {
+        ChannelError::Protocol {
+            peer: self.peer_id,
+            why,
+        }
+    }
+}
+
+/// Accepts one connection by `deadline` (std's `accept` has no timeout, so
+/// `poll(2)` a non-blocking listener).
+fn accept_by(listener: &TcpListener, deadline: Instant) -> Result<TcpStream, ChannelError> {
+    listener.set_nonblocking(true)?;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ChannelError::Timeout("no peer connected".into()));
+                }
+                // Sleep until a connection is pending or the deadline; a
+                // spurious wake-up just loops.
+                let mut pfd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+                // SAFETY: one valid pollfd, count 1; the fd is the listener's, open for this call.
+                unsafe { libc::poll(&mut pfd, 1, ms) };
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// What the cluster has published: every node's endpoints and regions,
+/// sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Directory {
+    pub endpoints: Vec<Endpoint>,
+    pub regions: Vec<Region>,
+}
+
+impl Directory {
+    fn sort(&mut self) {
+        self.endpoints.sort();
+        self.regions.sort();
+    }
+}
+
+enum Role {
+    Coordinator { members: Vec<ControlChannel> },
+    Member { coordinator: ControlChannel },
+}
+
+/// This node's place in the cluster rendezvous.
+pub struct Rendezvous {
+    node_id: u32,
+    role: Role,
+    epoch: u64,
+    barrier_timeout: Duration,
+    refused: Vec<ChannelError>,
+}
+
+const EXCHANGE: &str = "exchange";
+
+impl Rendezvous {
+    /// As coordinator: accepts and authenticates until every node in
+    /// `members` has joined, or `timeout` passes. Connections that fail the
+    /// handshake are dropped and counted in [`Rendezvous::refused`]; the
+    /// wait goes on.
+    pub fn coordinate(
+        listener: &TcpListener,
+        members: &[u32],
+        opts: &ChannelOptions,
+        timeout: Duration,
+    ) -> Result<Rendezvous, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        let mut waiting: BTreeSet<u32> = members
+            .iter()
+            .copied()
+            .filter(|&m| m != opts.node_id)
+            .collect();
+        assert!(
+            waiting.len() < NODES_MAX,
+            "at most {NODES_MAX} nodes per cluster"
+        );
+        let mut joined = Vec::with_capacity(waiting.len());
+        let mut refused = Vec::new();
+        while !waiting.is_empty() {
+            let stream = match accept_by(listener, deadline) {
+                Ok(s) => s,
+                Err(ChannelError::Timeout(_)) => {
+                    return Err(ChannelError::Timeout(format!(
+                        "nodes {:?} did not join within {timeout:?} ({} connections refused)",
+                        waiting.iter().collect::<Vec<_>>(),
+                        refused.len()
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
+            let nonce = fresh_nonce()?;
+            match ControlChannel::respond(stream, opts, &|id| waiting.contains(&id), nonce) {
+                Ok(ch) => {
+                    waiting.remove(&ch.peer_id);
+                    joined.push(ch);
+                }
+                Err(e) => refused.push(e),
+            }
+        }
+        joined.sort_by_key(|c| c.peer_id);
+        Ok(Rendezvous {
+            node_id: opts.node_id,
+            role: Role::Coordinator { members: joined },
+            epoch: 0,
+            barrier_timeout: opts.barrier_timeout,
+            refused,
+        })
+    }
+
+    /// As member: dials the coordinator at `addr`, which must be node
+    /// `coordinator_id`, retrying refused connections until `timeout` (the
+    /// coordinator may not be listening yet).
+    pub fn join(
+        addr: SocketAddr,
+        coordinator_id: u32,
+        opts: &ChannelOptions,
+        timeout: Duration,
+    ) -> Result<Rendezvous, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        let ch = loop {
+            match ControlChannel::connect(addr, Some(coordinator_id), opts) {
+                Ok(ch) => break ch,
+                Err(ChannelError::Io(e))
+                    if e.kind() == io::ErrorKind::ConnectionRefused
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Rendezvous {
+            node_id: opts.node_id,
+            role: Role::Member { coordinator: ch },
+            epoch: 0,
+            barrier_timeout: opts.barrier_timeout,
+            refused: Vec::new(),
+        })
+    }
+
+    pub fn node_id(&self) -> u32 {
+        self.node_id
+    }
+
+    /// Handshakes the coordinator refused while waiting for members.
+    pub fn refused(&self) -> &[ChannelError] {
+        &self.refused
+    }
+
+    /// Publishes `mine` and returns every node's records (including ours).
+    /// Records must carry this node's id.
+    pub fn exchange(&mut self, mine: &Directory) -> Result<Directory, ChannelError> {
+        let (me, epoch) = (self.node_id, self.next_epoch());
+        assert!(
+            mine.endpoints.iter().all(|e| e.node_id == me)
+                && mine.regions.iter().all(|r| r.node_id == me),
+            "a node publishes only its own records"
+        );
+        let barrier_timeout = self.barrier_timeout;
+        match &mut self.role {
+            Role::Member { coordinator } => {
+                for e in &mine.endpoints {
+                    coordinator.send(&Message::Endpoint(*e))?;
+                }
+                for r in &mine.regions {
+                    coordinator.send(&Message::Region(*r))?;
+                }
+                coordinator.send(&Message::Barrier {
+                    name: EXCHANGE.into(),
+                    epoch,
+                })?;
+                let mut all = Directory::default();
+                let limit = RECORDS_PER_NODE_MAX * NODES_MAX;
+                loop {
+                    match coordinator.recv_within(barrier_timeout)? {
+                        Message::Endpoint(e) => all.endpoints.push(e),
+                        Message::Region(r) => all.regions.push(r),
+                        Message::BarrierRelease { name, epoch: e }
+                            if name == EXCHANGE && e == epoch =>
+                        {
+                            break
+                        }
+                        m => {
+                            return Err(coordinator
+                                .protocol(format!("unexpected {} during the exchange", m.kind())))
+                        }
+                    }
+                    if all.endpoints.len() + all.regions.len() > limit {
+                        return Err(coordinator.protocol("sent too many records".into()));
+                    }
+                }
+                all.sort();
+                Ok(all)
+            }
+            Role::Coordinator { members } => {
+                let mut all = mine.clone();
+                for ch in members.iter_mut() {
+                    let mut count = 0usize;
+                    loop {
+                        match ch.recv_within(barrier_timeout)? {
+                            Message::Endpoint(e) if e.node_id == ch.peer_id => {
+                                all.endpoints.push(e)
+                            }
+                            Message::Region(r) if r.node_id == ch.peer_id => all.regions.push(r),
+                            Message::Endpoint(_) | Message::Region(_) => {
+                                return Err(ch
+                                    .protocol("published a record under another node's id".into()))
+                            }
+                            Message::Barrier { name, epoch: e }
+                                if name == EXCHANGE && e == epoch =>
+                            {
+                                break
+                            }
+                            m => {
+                                return Err(ch.protocol(format!(
+                                    "unexpected {} during the exchange",
+                                    m.kind()
+                                )))
+                            }
+                        }
+                        count += 1;
+                        if count > RECORDS_PER_NODE_MAX {
+                            return Err(ch.protocol(format!(
+                                "published more than {RECORDS_PER_NODE_MAX} records"
+                            )));
+                        }
+                    }
+                }
+                all.sort();
+                for ch in members.iter_mut() {
+                    for e in &all.endpoints {
+                        ch.send(&Message::Endpoint(*e))?;
+                    }
+                    for r in &all.regions {
+                        ch.send(&Message::Region(*r))?;
+                    }
+                    ch.send(&Message::BarrierRelease {
+                        name: EXCHANGE.into(),
+                        epoch,
+                    })?;
+                }
+                Ok(all)
+            }
+        }
+    }
+
+    /// Returns once every node has called `barrier` with the same name (and
+    /// the same number of earlier barriers/exchanges); errors if a node
+    /// arrives at a different barrier, leaves, or is later than the barrier
+    /// timeout.
+    pub fn barrier(&mut self, name: &str) -> Result<(), ChannelError> {
+        assert!(
+            name.len() <= NAME_BYTES_MAX,
+            "barrier names are at most {NAME_BYTES_MAX} bytes"
+        );
+        let epoch = self.next_epoch();
+        let barrier_timeout = self.barrier_timeout;
+        match &mut self.role {
+            Role::Member { coordinator } => {
+                coordinator.send(&Message::Barrier {
+                    name: name.into(),
+                    epoch,
+                })?;
+                match coordinator.recv_within(barrier_timeout)? {
+                    Message::BarrierRelease { name: n, epoch: e } if n == name && e == epoch => {
+                        Ok(())
+                    }
+                    m => Err(coordinator.protocol(format!(
+                        "expected the release of barrier `{name}`, got {m:?}"
+                    ))),
+                }
+            }
+            Role::Coordinator { members } => {
+                for ch in members.iter_mut() {
+                    match ch.recv_within(barrier_timeout)? {
+                        Message::Barrier { name: n, epoch: e } if n == name && e == epoch => {}
+                        m => {
+                            return Err(ch.protocol(format!(
+                                "expected barrier `{name}` (epoch {epoch}), got {m:?}"
+                            )))
+                        }
+                    }
+                }
+                for ch in members.iter_mut() {
+                    ch.send(&Message::BarrierRelease {
+                        name: name.into(),
+                        epoch,
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Says goodbye to every connected node and closes the connections.
+    pub fn close(mut self) {
+        let chans: Vec<&mut ControlChannel> = match &mut self.role {
+            Role::Member { coordinator } => vec![coordinator],
+            Role::Coordinator { members } => members.iter_mut().collect(),
+        };
+        for ch in chans {
+            // Best effort: the peer may be gone already.
+            let _ = ch.send(&Message::Bye);
+        }
+    }
+
+    fn next_epoch(&mut self) -> u64 {
+        let e = self.epoch;
+        self.epoch += 1;
+        e
+    }
+}

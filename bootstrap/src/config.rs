@@ -1,0 +1,546 @@
+//! The cluster file: one TOML document describing every node, the backend,
+//! huge pages, the lock-table size and where the cluster secret lives.
+//!
+//! Promises: a `ClusterConfig` that exists has passed every check below;
+//! every rejection is a [`ConfigError`] naming the file, the field (as a path
+//! such as `nodes[2].address`) and the problem in one sentence. Unknown keys
+//! are errors. Parsing never panics, whatever the text (see the
+//! `config_parse` fuzz target).
+//!
+//! ```toml
+//! secret_file = "secret"        # relative paths are relative to this file
+//! lock_table_words = 4096
+//! huge_pages = true             # or a page count, e.g. 512
+//!
+//! [backend]
+//! kind = "mlx5"                 # or "emu"
+//! device = "mlx5_0"
+//! port = 1
+//!
+//! [[nodes]]
+//! id = 0
+//! roles = ["memory", "compute"]
+//! address = "10.0.0.1:7000"
+//! cores = [2, 3]
+//! memory = "256MiB"
+//! ```
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::auth::{ClusterSecret, SECRET_BYTES_MIN};
+
+/// A rejected cluster file: which file, which field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// A path into the document (`nodes[2].address`), or `line L column C`
+    /// where only the TOML parser's position is known.
+    pub field: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}",
+            self.file.display(),
+            self.field,
+            self.problem
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The roles a node plays; at least one is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    pub memory: bool,
+    pub compute: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub id: u32,
+    pub roles: Roles,
+    /// `host:port` of the node's control channel.
+    pub address: String,
+    /// CPU ids the node pins its cores to; no duplicates.
+    pub cores: Vec<u32>,
+    /// Bytes this node exports; non-zero exactly when `roles.memory`.
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Emu,
+    Mlx5 { device: String, port: u8 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePages {
+    Off,
+    /// As many as the node's memory needs.
+    On,
+    /// Exactly this many pages.
+    Count(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The file this came from (for messages).
+    pub file: PathBuf,
+    /// Sorted by id; ids and addresses unique.
+    pub nodes: Vec<NodeConfig>,
+    pub backend: Backend,
+    pub huge_pages: HugePages,
+    pub lock_table_words: u64,
+    /// Resolved against the config file's directory when relative.
+    pub secret_file: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    secret_file: Option<String>,
+    lock_table_words: Option<u64>,
+    huge_pages: Option<toml::Value>,
+    backend: Option<RawBackend>,
+    nodes: Option<Vec<RawNode>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    kind: String,
+    device: Option<String>,
+    port: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    id: i64,
+    roles: Vec<String>,
+    address: String,
+    #[serde(default)]
+    cores: Vec<i64>,
+    memory: Option<toml::Value>,
+}
+
+impl ClusterConfig {
+    /// Reads, parses and validates `path`, and checks the secret file it
+    /// names (exists, at least 32 bytes, not group/world-accessible).
+    pub fn load(path: impl AsRef<Path>) -> Result<ClusterConfig, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            field: "(file)".into(),
+            problem: format!("cannot read the cluster file: {e}"),
+        })?;
+        let config = Self::parse(path, &text)?;
+        config.secret()?;
+        Ok(config)
+    }
+
+    /// Parses and validates `text` as if read from `file`; touches no file.
+    pub fn parse(file: &Path, text: &str) -> Result<ClusterConfig, ConfigError> {
+        let err = |field: &str, problem: String| ConfigError {
+            file: file.to_path_buf(),
+            field: field.to_string(),
+            problem,
+        };
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            let field = match e.span() {
+                Some(span) => {
+                    let (line, col) = line_col(text, span.start);
+                    let at = text.get(span.clone()).unwrap_or("").trim();
+                    let key = at
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                    if at.is_empty() || at.len() > 40 || !key {
+                        format!("line {line} column {col}")
+                    } else {
+                        // Name the key as a field path where the table is
+                        // known, e.g. `nodes[0].speed`.
+                        let field = match table_at(text, span.start) {
+                            Some(t) => format!("{t}.{at}"),
+                            None => at.to_string(),
+                        };
+                        format!("{field} (line {line} column {col})")
+                    }
+                }
+                None => "(document)".into(),
+            };
+            err(&field, e.message().trim().to_string())
+        })?;
+
+        let secret_file = match raw.secret_file {
+            Some(s) if !s.trim().is_empty() => {
+                let p = PathBuf::from(s);
+                if p.is_relative() {
+                    file.parent().unwrap_or(Path::new("")).join(p)
+                } else {
+                    p
+                }
+            }
+            Some(_) => return Err(err("secret_file", "is empty: give the path of the cluster secret file".into())),
+            None => {
+                return Err(err(
+                    "secret_file",
+                    "missing: give the path of the cluster secret file, e.g. secret_file = \"/etc/loch/secret\"".into(),
+                ))
+            }
+        };
+
+        let lock_table_words = match raw.lock_table_words {
+            Some(0) => return Err(err("lock_table_words", "must be greater than zero".into())),
+            Some(n) => n,
+            None => {
+                return Err(err(
+                    "lock_table_words",
+                    "missing: give the lock-table size in 8-byte words".into(),
+                ))
+            }
+        };
+
+        let huge_pages = match raw.huge_pages {
+            None | Some(toml::Value::Boolean(false)) => HugePages::Off,
+            Some(toml::Value::Boolean(true)) => HugePages::On,
+            Some(toml::Value::Integer(0)) => HugePages::Off,
+            Some(toml::Value::Integer(n)) if n > 0 => HugePages::Count(n as u64),
+            Some(other) => {
+                return Err(err(
+                    "huge_pages",
+                    format!("must be true, false or a page count, not {other}"),
+                ))
+            }
+        };
+
+        let backend = match raw.backend {
+            None => {
+                return Err(err(
+                    "backend",
+                    "missing: add a [backend] table with kind = \"emu\" or \"mlx5\"".into(),
+                ))
+            }
+            Some(b) => match b.kind.as_str() {
+                "emu" => {
+                    if b.device.is_some() || b.port.is_some() {
+                        return Err(err(
+                            "backend",
+                            "device and port apply only to kind = \"mlx5\"".into(),
+                        ));
+                    }
+                    Backend::Emu
+                }
+                "mlx5" => {
+                    let device = match b.device {
+                        Some(d) if !d.is_empty() && !d.contains('/') && d != "." && d != ".." => d,
+                        Some(d) => {
+                            return Err(err(
+                                "backend.device",
+                                format!("`{d}` is not a device name such as mlx5_0"),
+                            ))
+                        }
+                        None => {
+                            return Err(err(
+                                "backend.device",
+                                "missing: name the RDMA device, e.g. device = \"mlx5_0\"".into(),
+                            ))
+                        }
+                    };
+                    let port = match b.port {
+                        None => 1,
+                        Some(p) if (1..=255).contains(&p) => p as u8,
+                        Some(p) => {
+                            return Err(err(
+                                "backend.port",
+                                format!("{p} is not a port number (1..=255)"),
+                            ))
+                        }
+                    };
+                    Backend::Mlx5 { device, port }
+                }
+                other => {
+                    return Err(err(
+                        "backend.kind",
+                        format!("unknown backend `{other}`: use \"emu\" or \"mlx5\""),
+                    ))
+                }
+            },
+        };
+
+        let raw_nodes = match raw.nodes {
+            Some(n) if !n.is_empty() => n,
+            _ => {
+                return Err(err(
+                    "nodes",
+                    "no nodes: add at least one [[nodes]] table".into(),
+                ))
+            }
+        };
+        let mut nodes = Vec::with_capacity(raw_nodes.len());
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        for (i, n) in raw_nodes.into_iter().enumerate() {
+            let f = |name: &str| format!("nodes[{i}].{name}");
+            let id = u32::try_from(n.id).map_err(|_| {
+                err(
+                    &f("id"),
+                    format!("{} is not a node id (0..=4294967295)", n.id),
+                )
+            })?;
+            if !ids.insert(id) {
+                return Err(err(&f("id"), format!("duplicate node id {id}")));
+            }
+            let mut roles = Roles {
+                memory: false,
+                compute: false,
+            };
+            for (j, r) in n.roles.iter().enumerate() {
+                let slot = match r.as_str() {
+                    "memory" => &mut roles.memory,
+                    "compute" => &mut roles.compute,
+                    other => {
+                        return Err(err(
+                            &format!("nodes[{i}].roles[{j}]"),
+                            format!("unknown role `{other}`: use \"memory\" or \"compute\""),
+                        ))
+                    }
+                };
+                if *slot {
+                    return Err(err(
+                        &format!("nodes[{i}].roles[{j}]"),
+                        format!("role `{r}` listed twice"),
+                    ));
+                }
+                *slot = true;
+            }
+            if !roles.memory && !roles.compute {
+                return Err(err(
+                    &f("roles"),
+                    "empty: give \"memory\", \"compute\" or both".into(),
+                ));
+            }
+            let address = check_address(&n.address).map_err(|p| err(&f("address"), p))?;
+            if !addresses.insert(address.to_ascii_lowercase()) {
+                return Err(err(&f("address"), format!("duplicate address {address}")));
+            }
+            let mut cores = Vec::with_capacity(n.cores.len());
+            let mut seen = BTreeSet::new();
+            for (j, &c) in n.cores.iter().enumerate() {
+                let core = u32::try_from(c).map_err(|_| {
+                    err(
+                        &format!("nodes[{i}].cores[{j}]"),
+                        format!("{c} is not a CPU id"),
+                    )
+                })?;
+                if !seen.insert(core) {
+                    return Err(err(
+                        &format!("nodes[{i}].cores[{j}]"),
+                        format!("CPU {core} listed twice"),
+                    ));
+                }
+                cores.push(core);
+            }
+            if roles.compute && cores.is_empty() {
+                return Err(err(
+                    &f("cores"),
+                    "a compute node needs at least one core".into(),
+                ));
+            }
+            let memory_bytes = match (&n.memory, roles.memory) {
+                (None, true) => return Err(err(
+                    &f("memory"),
+                    "missing: a memory node must say how much it exports, e.g. memory = \"256MiB\""
+                        .into(),
+                )),
+                (None, false) => 0,
+                (Some(_), false) => {
+                    return Err(err(
+                        &f("memory"),
+                        "only memory nodes export memory: add the \"memory\" role or drop this key"
+                            .into(),
+                    ))
+                }
+                (Some(v), true) => {
+                    let bytes = match v {
+                        toml::Value::String(s) => {
+                            parse_size(s).map_err(|p| err(&f("memory"), p))?
+                        }
+                        toml::Value::Integer(b) if *b >= 0 => *b as u64,
+                        other => {
+                            return Err(err(
+                                &f("memory"),
+                                format!("{other} is not a size such as \"256MiB\""),
+                            ))
+                        }
+                    };
+                    if bytes == 0 {
+                        return Err(err(
+                            &f("memory"),
+                            "is zero: a memory node must export some memory".into(),
+                        ));
+                    }
+                    bytes
+                }
+            };
+            nodes.push(NodeConfig {
+                id,
+                roles,
+                address,
+                cores,
+                memory_bytes,
+            });
+        }
+        if !nodes.iter().any(|n| n.roles.memory) {
+            return Err(err("nodes", "no node has the \"memory\" role".into()));
+        }
+        if !nodes.iter().any(|n| n.roles.compute) {
+            return Err(err("nodes", "no node has the \"compute\" role".into()));
+        }
+        nodes.sort_by_key(|n| n.id);
+
+        Ok(ClusterConfig {
+            file: file.to_path_buf(),
+            nodes,
+            backend,
+            huge_pages,
+            lock_table_words,
+            secret_file,
+        })
+    }
+
+    pub fn node(&self, id: u32) -> Option<&NodeConfig> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The node that coordinates rendezvous and barriers: the lowest id.
+    pub fn coordinator(&self) -> &NodeConfig {
+        &self.nodes[0] // parse guarantees at least one node
+    }
+
+    /// Reads the cluster secret, checking it is at least 32 bytes and not
+    /// readable by group or others. Errors name the `secret_file` field.
+    pub fn secret(&self) -> Result<ClusterSecret, ConfigError> {
+        let err = |problem: String| ConfigError {
+            file: self.file.clone(),
+            field: "secret_file".into(),
+            problem,
+        };
+        let shown = self.secret_file.display();
+        let meta = std::fs::metadata(&self.secret_file)
+            .map_err(|e| err(format!("cannot read {shown}: {e}")))?;
+        if !meta.is_file() {
+            return Err(err(format!("{shown} is not a regular file")));
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            return Err(err(format!(
+                "{shown} is accessible by group or others (mode {:o}): run `chmod 600 {shown}`",
+                mode & 0o777
+            )));
+        }
+        let bytes = std::fs::read(&self.secret_file)
+            .map_err(|e| err(format!("cannot read {shown}: {e}")))?;
+        if bytes.len() < SECRET_BYTES_MIN {
+            return Err(err(format!(
+                "{shown} holds {} bytes; the secret needs at least {SECRET_BYTES_MIN}: run `head -c 32 /dev/urandom > {shown}`",
+                bytes.len()
+            )));
+        }
+        Ok(ClusterSecret::new(bytes))
+    }
+}
+
+/// The table a byte offset lies in, from the last header above it:
+/// `nodes[k]` for the k-th `[[nodes]]`, `backend`, or None at top level.
+/// (A heuristic for messages only; inline tables are not tracked.)
+fn table_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset.min(text.len()))?;
+    let mut table = None;
+    let mut nodes = 0usize;
+    for line in before.lines() {
+        let l = line.trim();
+        if l.starts_with("[[") {
+            let name = l
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            if name == "nodes" {
+                nodes += 1;
+                table = Some(format!("nodes[{}]", nodes - 1));
+            } else {
+                table = Some(name.to_string());
+            }
+        } else if l.starts_with('[') {
+            table = Some(
+                l.trim_start_matches('[')
+                    .split(']')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
+    table
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// `host:port`, port 1..=65535, host non-empty (IPv6 in brackets).
+fn check_address(a: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("`{a}` is not host:port ({why})");
+    let (host, port) = a.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad("write IPv6 hosts in brackets, e.g. [::1]:7000"));
+    }
+    if host.chars().any(|c| c.is_whitespace()) {
+        return Err(bad("space in host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 => Ok(a.to_string()),
+        _ => Err(bad("port must be 1..=65535")),
+    }
+}
+
+/// Sizes such as `"256MiB"`, `"1 GiB"`, `"4096"` (bytes). Binary units only,
+/// so nobody wonders whether "M" meant 10^6.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits_end);
+    let bad = || format!("`{s}` is not a size such as \"256MiB\" (units: B, KiB, MiB, GiB, TiB)");
+    if num.is_empty() {
+        return Err(bad());
+    }
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}

@@ -1,0 +1,673 @@
+//! The control channel on loopback: a 3-node rendezvous with barriers
+//! checked against the whole arrival/departure history; a peer without the
+//! secret is refused and reads nothing but a nonce; a replayed handshake is
+//! refused; malformed frames and silent peers end in errors, not panics or
+//! hangs.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bootstrap::auth::{Direction, SessionMac, Transcript};
+use bootstrap::channel::{ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous};
+use bootstrap::wire::{self, Endpoint, Message, QpInfo, Region, Space, WireError};
+use common::secret;
+
+fn opts(id: u32, key: u8) -> ChannelOptions {
+    let mut o = ChannelOptions::new(id, secret(key));
+    o.handshake_timeout = Duration::from_millis(1500);
+    o.io_timeout = Duration::from_millis(1500);
+    o.barrier_timeout = Duration::from_secs(5);
+    o
+}
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+/// What node `id` publishes in a cluster of `n`: one endpoint per peer and,
+/// for even ids, a host region and a device-memory region.
+fn records(id: u32, n: u32) -> Directory {
+    let endpoints = (0..n)
+        .filter(|&p| p != id)
+        .map(|p| Endpoint {
+            node_id: id,
+            peer_id: p,
+            qp: QpInfo {
+                qpn: 100 * id + p,
+                lid: id as u16,
+                gid: [id as u8; 16],
+                psn: 7 * id,
+                mtu: 5,
+            },
+        })
+        .collect();
+    let regions = if id.is_multiple_of(2) {
+        vec![
+            Region {
+                node_id: id,
+                space: Space::Host,
+                base: 0x1000 * id as u64,
+                len: 1 << 20,
+                rkey: 0x100 + id,
+            },
+            Region {
+                node_id: id,
+                space: Space::Device,
+                base: 0,
+                len: 1 << 17,
+                rkey: 0x200 + id,
+            },
+        ]
+    } else {
+        vec![]
+    };
+    Directory { endpoints, regions }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Event {
+    Arrive(u32, usize),
+    Leave(u32, usize),
+}
+
+#[test]
+fn three_nodes_exchange_and_pass_two_barriers() {
+    const N: u32 = 3;
+    let (l, addr) = listener();
+    let history = Arc::new(Mutex::new(Vec::<Event>::new()));
+    let run = move |mut rv: Rendezvous, history: Arc<Mutex<Vec<Event>>>| -> Directory {
+        let id = rv.node_id();
+        let all = rv.exchange(&records(id, N)).unwrap();
+        for (b, name) in ["loaded", "warm"].iter().enumerate() {
+            // Stagger arrivals so an early release would show in the history.
+            thread::sleep(Duration::from_millis(
+                30 * ((id as u64 + b as u64) % N as u64),
+            ));
+            history.lock().unwrap().push(Event::Arrive(id, b));
+            rv.barrier(name).unwrap();
+            history.lock().unwrap().push(Event::Leave(id, b));
+        }
+        rv.close();
+        all
+    };
+    let mut handles = Vec::new();
+    for id in 1..N {
+        let h = history.clone();
+        handles.push(thread::spawn(move || {
+            let rv = Rendezvous::join(addr, 0, &opts(id, 1), Duration::from_secs(5)).unwrap();
+            run(rv, h)
+        }));
+    }
+    let rv = Rendezvous::coordinate(&l, &[0, 1, 2], &opts(0, 1), Duration::from_secs(5)).unwrap();
+    assert!(rv.refused().is_empty());
+    let mut dirs = vec![run(rv, history.clone())];
+    for h in handles {
+        dirs.push(h.join().unwrap());
+    }
+
+    // Everyone holds exactly the union of what everyone published.
+    let mut want = Directory::default();
+    for id in 0..N {
+        let r = records(id, N);
+        want.endpoints.extend(r.endpoints);
+        want.regions.extend(r.regions);
+    }
+    want.endpoints.sort();
+    want.regions.sort();
+    assert_eq!(want.endpoints.len(), 6);
+    assert_eq!(want.regions.len(), 4);
+    for d in &dirs {
+        assert_eq!(d, &want);
+    }
+
+    // Barrier history: for each barrier, every arrival precedes every
+    // departure, and each node arrives and leaves exactly once.
+    let h = history.lock().unwrap();
+    assert_eq!(h.len(), 2 * 2 * N as usize);
+    for b in 0..2 {
+        let first_leave = h
+            .iter()
+            .position(|e| matches!(e, Event::Leave(_, x) if *x == b))
+            .unwrap();
+        let last_arrive = h
+            .iter()
+            .rposition(|e| matches!(e, Event::Arrive(_, x) if *x == b))
+            .unwrap();
+        assert!(
+            last_arrive < first_leave,
+            "barrier {b} released early: {h:?}"
+        );
+        for id in 0..N {
+            assert_eq!(h.iter().filter(|e| **e == Event::Arrive(id, b)).count(), 1);
+            assert_eq!(h.iter().filter(|e| **e == Event::Leave(id, b)).count(), 1);
+        }
+    }
+}
+
+/// Reads everything the peer sends until it closes (or 2 s pass).
+fn read_all(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    got
+}
+
+#[test]
+fn wrong_secret_is_refused_and_learns_only_a_nonce() {
+    let (l, addr) = listener();
+    let coord = thread::spawn(move || {
+        let mut rv =
+            Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+        let all = rv.exchange(&records(0, 2)).unwrap();
+        (rv.refused().len(), all)
+    });
+
+    // The impostor claims node 1 and proves with the wrong key, by hand so
+    // every byte it receives is kept.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let nonce = [42u8; 32];
+    wire::write_message(&mut s, &Message::Hello { node_id: 1, nonce }).unwrap();
+    let got_hello = wire::read_message(&mut s).unwrap();
+    let Message::Hello {
+        node_id: 0,
+        nonce: their,
+    } = got_hello
+    else {
+        panic!("{got_hello:?}")
+    };
+    let t = Transcript {
+        initiator_id: 1,
+        responder_id: 0,
+        initiator_nonce: nonce,
+        responder_nonce: their,
+    };
+    wire::write_message(
+        &mut s,
+        &Message::Auth {
+            mac: t.prove(&secret(2), Direction::Initiator),
+        },
+    )
+    .unwrap();
+    let after = read_all(&mut s);
+    assert!(
+        after.is_empty(),
+        "the impostor received {} bytes after its proof",
+        after.len()
+    );
+
+    // Through the library, an impostor gets a clear refusal.
+    let e = ControlChannel::connect(addr, Some(0), &opts(1, 2)).unwrap_err();
+    assert!(
+        matches!(&e, ChannelError::Refused(why) if why.contains("rejected our proof")),
+        "{e}"
+    );
+
+    // The real node 1 still joins, and the exchange works.
+    let mut rv = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5)).unwrap();
+    let all = rv.exchange(&records(1, 2)).unwrap();
+    let (refused, coord_all) = coord.join().unwrap();
+    assert_eq!(refused, 2);
+    assert_eq!(all, coord_all);
+    assert_eq!(all.regions.len(), 2);
+}
+
+#[test]
+fn a_client_never_sends_records_to_a_server_without_the_secret() {
+    let (l, addr) = listener();
+    let fake = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let hello = wire::read_message(&mut s).unwrap();
+        wire::write_message(
+            &mut s,
+            &Message::Hello {
+                node_id: 0,
+                nonce: [5; 32],
+            },
+        )
+        .unwrap();
+        wire::write_message(&mut s, &Message::Auth { mac: [0; 32] }).unwrap();
+        let Message::Hello { .. } = hello else {
+            panic!("{hello:?}")
+        };
+        let proof = wire::read_message(&mut s).unwrap();
+        let Message::Auth { .. } = proof else {
+            panic!("{proof:?}")
+        };
+        read_all(&mut s)
+    });
+    let e = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5))
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&e, ChannelError::Refused(why) if why.contains("wrong proof")),
+        "{e}"
+    );
+    assert!(
+        fake.join().unwrap().is_empty(),
+        "nothing after the client's proof"
+    );
+}
+
+#[test]
+fn replayed_handshake_is_refused() {
+    // A legitimate client dials through a relay that records its bytes.
+    let (server_l, server_addr) = listener();
+    let (relay_l, relay_addr) = listener();
+    let server = thread::spawn(move || {
+        let o = opts(0, 1);
+        let first = ControlChannel::accept(&server_l, &o, &|id| id == 1).map(|c| c.peer_id());
+        let second = ControlChannel::accept(&server_l, &o, &|id| id == 1).map(|c| c.peer_id());
+        (first, second)
+    });
+    let relay = thread::spawn(move || {
+        let (mut c, _) = relay_l.accept().unwrap();
+        let mut s = TcpStream::connect(server_addr).unwrap();
+        let mut recorded = Vec::new();
+        for from_client in [true, false, true, false] {
+            let (src, dst) = if from_client {
+                (&mut c, &mut s)
+            } else {
+                (&mut s, &mut c)
+            };
+            let body = wire::read_frame(src).unwrap();
+            let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+            frame.extend_from_slice(&body);
+            if from_client {
+                recorded.extend_from_slice(&frame);
+            }
+            dst.write_all(&frame).unwrap();
+        }
+        recorded
+    });
+    let ch = ControlChannel::connect(relay_addr, Some(0), &opts(1, 1)).unwrap();
+    assert_eq!(ch.peer_id(), 0);
+    let recorded = relay.join().unwrap();
+    assert_eq!(recorded.len(), 41 + 37, "Hello and Auth frames");
+
+    // Replay the recorded Hello and Auth on a new connection.
+    let mut r = TcpStream::connect(server_addr).unwrap();
+    r.write_all(&recorded).unwrap();
+    let got = read_all(&mut r);
+    assert_eq!(
+        got.len(),
+        41,
+        "the replayer gets only the server's Hello: {got:?}"
+    );
+    assert!(matches!(
+        Message::decode_body(&got[4..]),
+        Ok(Message::Hello { node_id: 0, .. })
+    ));
+
+    let (first, second) = server.join().unwrap();
+    assert_eq!(first.unwrap(), 1);
+    let e = second.unwrap_err();
+    assert!(
+        matches!(&e, ChannelError::Refused(why) if why.contains("wrong proof")),
+        "{e}"
+    );
+}
+
+#[test]
+fn reflected_proof_is_refused() {
+    // A responder's proof must not pass as an initiator's: an attacker that
+    // bounces the server's own Auth back gets nowhere.
+    let s = secret(1);
+    let t = Transcript {
+        initiator_id: 1,
+        responder_id: 0,
+        initiator_nonce: [1; 32],
+        responder_nonce: [2; 32],
+    };
+    assert!(t.verify(&s, Direction::Initiator, &t.prove(&s, Direction::Initiator)));
+    assert!(!t.verify(&s, Direction::Initiator, &t.prove(&s, Direction::Responder)));
+    assert!(!t.verify(&s, Direction::Responder, &t.prove(&s, Direction::Initiator)));
+    let swapped = Transcript {
+        initiator_id: 0,
+        responder_id: 1,
+        ..t
+    };
+    assert!(!swapped.verify(&s, Direction::Initiator, &t.prove(&s, Direction::Initiator)));
+    assert!(!t.verify(
+        &secret(2),
+        Direction::Initiator,
+        &t.prove(&s, Direction::Initiator)
+    ));
+}
+
+/// Sends `bytes` to a fresh responder and returns its result.
+fn respond_to(bytes: &[u8], close_after: bool) -> Result<u32, ChannelError> {
+    let (l, addr) = listener();
+    let bytes = bytes.to_vec();
+    let client = thread::spawn(move || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        let _ = c.write_all(&bytes);
+        if close_after {
+            let _ = c.shutdown(std::net::Shutdown::Write);
+        }
+        read_all(&mut c)
+    });
+    let mut o = opts(0, 1);
+    o.handshake_timeout = Duration::from_millis(400);
+    let r = ControlChannel::accept(&l, &o, &|_| true).map(|c| c.peer_id());
+    let _ = client.join();
+    r
+}
+
+#[test]
+fn malformed_truncated_and_oversized_frames_are_refused() {
+    let hello = Message::Hello {
+        node_id: 1,
+        nonce: [1; 32],
+    }
+    .encode_frame();
+    type Case = (&'static str, Vec<u8>, fn(&ChannelError) -> bool);
+    let cases: Vec<Case> = vec![
+        ("oversized", u32::MAX.to_be_bytes().to_vec(), |e| {
+            matches!(e, ChannelError::Wire(WireError::Oversized { .. }))
+        }),
+        ("unknown tag", vec![0, 0, 0, 1, 99], |e| {
+            matches!(e, ChannelError::Wire(WireError::UnknownTag(99)))
+        }),
+        ("truncated body", hello[..20].to_vec(), |e| {
+            matches!(e, ChannelError::Wire(WireError::Truncated { .. }))
+        }),
+        ("empty", vec![0, 0, 0, 0], |e| {
+            matches!(e, ChannelError::Wire(WireError::Empty))
+        }),
+        ("wrong first message", Message::Bye.encode_frame(), |e| {
+            matches!(e, ChannelError::Refused(_))
+        }),
+        ("closed at once", vec![], |e| {
+            matches!(e, ChannelError::Wire(WireError::Closed))
+        }),
+        (
+            "trailing bytes",
+            {
+                let mut f = hello.clone();
+                f[3] += 1;
+                f.push(0);
+                f
+            },
+            |e| matches!(e, ChannelError::Wire(WireError::Trailing { extra: 1 })),
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let e = respond_to(&bytes, true).expect_err(name);
+        assert!(want(&e), "{name}: got {e:?}");
+    }
+}
+
+/// Authenticates to the coordinator at `addr` as node 1 by hand, then lets
+/// `send` write whatever it likes; returns all bytes received afterwards.
+fn hand_member(
+    addr: SocketAddr,
+    send: fn(&mut TcpStream, &mut SessionMac),
+) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let nonce = [8u8; 32];
+        wire::write_message(&mut s, &Message::Hello { node_id: 1, nonce }).unwrap();
+        let Message::Hello { nonce: theirs, .. } = wire::read_message(&mut s).unwrap() else {
+            panic!()
+        };
+        let t = Transcript {
+            initiator_id: 1,
+            responder_id: 0,
+            initiator_nonce: nonce,
+            responder_nonce: theirs,
+        };
+        let mac = t.prove(&secret(1), Direction::Initiator);
+        wire::write_message(&mut s, &Message::Auth { mac }).unwrap();
+        let Message::Auth { .. } = wire::read_message(&mut s).unwrap() else {
+            panic!()
+        };
+        let mut session = t.session(&secret(1), Direction::Initiator);
+        send(&mut s, &mut session);
+        read_all(&mut s)
+    })
+}
+
+fn sealed(s: &mut TcpStream, session: &mut SessionMac, body: &[u8]) {
+    let trailer = session.seal(body);
+    wire::write_frame(s, &[body, &trailer]).unwrap();
+}
+
+#[test]
+fn bad_frames_after_authentication_are_errors() {
+    type Case = (
+        &'static str,
+        fn(&mut TcpStream, &mut SessionMac),
+        fn(&ChannelError) -> bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "record under another node's id",
+            |s, m| {
+                let forged = Region {
+                    node_id: 0,
+                    space: Space::Host,
+                    base: 0,
+                    len: 8,
+                    rkey: 9,
+                };
+                let mut body = Vec::new();
+                Message::Region(forged).encode_body(&mut body);
+                sealed(s, m, &body);
+            },
+            |e| matches!(e, ChannelError::Protocol { peer: 1, why } if why.contains("another node's id")),
+        ),
+        (
+            "unknown tag, sealed",
+            |s, m| sealed(s, m, &[77, 1, 2, 3]),
+            |e| matches!(e, ChannelError::Wire(WireError::UnknownTag(77))),
+        ),
+        (
+            "unsealed message",
+            |s, _| {
+                let m = Message::Barrier {
+                    name: "exchange-but-without-any-mac".into(),
+                    epoch: 0,
+                };
+                wire::write_message(s, &m).unwrap();
+            },
+            |e| matches!(e, ChannelError::Tampered { peer: 1 }),
+        ),
+        (
+            "frame shorter than a MAC",
+            |s, _| wire::write_frame(s, &[&[7u8; 5]]).unwrap(),
+            |e| matches!(e, ChannelError::Wire(WireError::Truncated { field: "mac" })),
+        ),
+        (
+            "oversized",
+            |s, _| s.write_all(&u32::MAX.to_be_bytes()).unwrap(),
+            |e| matches!(e, ChannelError::Wire(WireError::Oversized { .. })),
+        ),
+    ];
+    for (name, send, want) in cases {
+        let (l, addr) = listener();
+        let member = hand_member(addr, send);
+        let mut rv =
+            Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+        let e = rv.exchange(&records(0, 2)).unwrap_err();
+        assert!(want(&e), "{name}: got {e:?}");
+        drop(rv);
+        assert!(
+            member.join().unwrap().is_empty(),
+            "{name}: the member receives no records"
+        );
+    }
+}
+
+/// A relay that passes the four handshake frames untouched, then applies
+/// `meddle` to the client's next frame and forwards the result.
+fn meddling_relay(
+    server: SocketAddr,
+    meddle: fn(Vec<u8>) -> Vec<Vec<u8>>,
+) -> (SocketAddr, thread::JoinHandle<()>) {
+    let (l, addr) = listener();
+    let h = thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut s = TcpStream::connect(server).unwrap();
+        let frame_of = |body: Vec<u8>| {
+            let mut f = (body.len() as u32).to_be_bytes().to_vec();
+            f.extend_from_slice(&body);
+            f
+        };
+        for from_client in [true, false, true, false] {
+            let (src, dst) = if from_client {
+                (&mut c, &mut s)
+            } else {
+                (&mut s, &mut c)
+            };
+            let body = wire::read_frame(src).unwrap();
+            dst.write_all(&frame_of(body)).unwrap();
+        }
+        let body = wire::read_frame(&mut c).unwrap();
+        for b in meddle(body) {
+            s.write_all(&frame_of(b)).unwrap();
+        }
+        let _ = read_all(&mut s);
+    });
+    (addr, h)
+}
+
+#[test]
+fn frames_altered_or_replayed_on_the_path_are_detected() {
+    type Meddle = fn(Vec<u8>) -> Vec<Vec<u8>>;
+    let cases: Vec<(&str, Meddle)> = vec![
+        ("bit flipped in the body", |mut b| {
+            b[3] ^= 1;
+            vec![b]
+        }),
+        ("frame replayed", |b| vec![b.clone(), b]),
+        ("frame injected first", |b| {
+            let mut fake = b.clone();
+            fake[1] ^= 0x40;
+            vec![fake, b]
+        }),
+    ];
+    for (name, meddle) in cases {
+        let (server_l, server_addr) = listener();
+        let (relay_addr, relay) = meddling_relay(server_addr, meddle);
+        let server = thread::spawn(move || {
+            let mut ch = ControlChannel::accept(&server_l, &opts(0, 1), &|id| id == 1).unwrap();
+            let first = ch.recv();
+            let second = if first.is_ok() {
+                ch.recv()
+            } else {
+                Ok(Message::Bye)
+            };
+            (first, second)
+        });
+        let mut ch = ControlChannel::connect(relay_addr, Some(0), &opts(1, 1)).unwrap();
+        let region = Region {
+            node_id: 1,
+            space: Space::Host,
+            base: 0x1000,
+            len: 64,
+            rkey: 5,
+        };
+        ch.send(&Message::Region(region)).unwrap();
+        let (first, second) = server.join().unwrap();
+        drop(ch);
+        relay.join().unwrap();
+        let tampered = |r: &Result<Message, ChannelError>| {
+            matches!(r, Err(ChannelError::Tampered { peer: 1 }))
+        };
+        match name {
+            "frame replayed" => {
+                assert_eq!(first.unwrap(), Message::Region(region), "{name}");
+                assert!(tampered(&second), "{name}: {second:?}");
+            }
+            _ => assert!(tampered(&first), "{name}: {first:?}"),
+        }
+    }
+}
+
+#[test]
+fn silent_and_trickling_peers_time_out() {
+    // Silent: connects and says nothing.
+    let t0 = Instant::now();
+    let (l, addr) = listener();
+    let _silent = TcpStream::connect(addr).unwrap();
+    let mut o = opts(0, 1);
+    o.handshake_timeout = Duration::from_millis(300);
+    let e = ControlChannel::accept(&l, &o, &|_| true).unwrap_err();
+    assert!(matches!(e, ChannelError::Wire(WireError::Timeout)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+
+    // Trickling: one byte every 50 ms never resets the handshake deadline.
+    let (l, addr) = listener();
+    let trickle = thread::spawn(move || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        for b in (Message::Hello {
+            node_id: 1,
+            nonce: [0; 32],
+        })
+        .encode_frame()
+        {
+            if c.write_all(&[b]).is_err() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let t0 = Instant::now();
+    let e = ControlChannel::accept(&l, &o, &|_| true).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, ChannelError::Wire(WireError::Timeout)), "{e:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "deadline reset by trickling: took {took:?}"
+    );
+    let _ = trickle.join();
+
+    // No one dials: the rendezvous gives up and names who is missing.
+    let (l, _) = listener();
+    let e = Rendezvous::coordinate(&l, &[0, 1, 2], &opts(0, 1), Duration::from_millis(200))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, ChannelError::Timeout(what) if what.contains("[1, 2]")),
+        "{e}"
+    );
+
+    // A member that never reaches the barrier: the coordinator times out.
+    let (l, addr) = listener();
+    let member = thread::spawn(move || {
+        let rv = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5)).unwrap();
+        thread::sleep(Duration::from_millis(800));
+        drop(rv);
+    });
+    let mut o = opts(0, 1);
+    o.barrier_timeout = Duration::from_millis(200);
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &o, Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
+    let e = rv.barrier("never").unwrap_err();
+    assert!(matches!(e, ChannelError::Wire(WireError::Timeout)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_millis(2000));
+    member.join().unwrap();
+}
+
+#[test]
+fn a_member_that_leaves_fails_the_barrier_instead_of_hanging() {
+    let (l, addr) = listener();
+    let member = thread::spawn(move || {
+        let rv = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5)).unwrap();
+        rv.close();
+    });
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+    member.join().unwrap();
+    let e = rv.barrier("b").unwrap_err();
+    assert!(
+        matches!(&e, ChannelError::Protocol { peer: 1, why } if why.contains("Bye")),
+        "{e}"
+    );
+}

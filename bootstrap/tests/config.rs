@@ -1,0 +1,322 @@
+//! Cluster-file validation: accepted files parse to what they say; each
+//! rejected file gives the promised file, field and problem.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use bootstrap::config::{parse_size, Backend, ClusterConfig, HugePages};
+use common::{scratch, write_mode};
+
+const GOOD: &str = r#"
+secret_file = "secret"
+lock_table_words = 4096
+huge_pages = 512
+
+[backend]
+kind = "mlx5"
+device = "mlx5_0"
+port = 1
+
+[[nodes]]
+id = 2
+roles = ["compute"]
+address = "127.0.0.1:7002"
+cores = [4, 5]
+
+[[nodes]]
+id = 0
+roles = ["memory", "compute"]
+address = "127.0.0.1:7000"
+cores = [2, 3]
+memory = "256MiB"
+
+[[nodes]]
+id = 1
+roles = ["memory"]
+address = "127.0.0.1:7001"
+memory = "1 GiB"
+"#;
+
+/// Writes `text` as `cluster.toml` beside a good secret (mode 0600).
+fn setup(name: &str, text: &str) -> PathBuf {
+    let dir = scratch(name);
+    write_mode(&dir.join("secret"), &[7u8; 32], 0o600);
+    let file = dir.join("cluster.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// Loads `text` and returns the error, which must name the file.
+fn reject(name: &str, text: &str) -> (String, String) {
+    let file = setup(name, text);
+    let e = ClusterConfig::load(&file).expect_err("config must be rejected");
+    assert_eq!(e.file, file);
+    let shown = e.to_string();
+    assert!(
+        shown.contains("cluster.toml"),
+        "message names the file: {shown}"
+    );
+    (e.field, e.problem)
+}
+
+#[test]
+fn good_file_parses_to_what_it_says() {
+    let file = setup("good", GOOD);
+    let c = ClusterConfig::load(&file).unwrap();
+    assert_eq!(
+        c.nodes.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![0, 1, 2],
+        "sorted by id"
+    );
+    assert_eq!(c.nodes[0].memory_bytes, 256 << 20);
+    assert_eq!(c.nodes[1].memory_bytes, 1 << 30);
+    assert_eq!(c.nodes[2].memory_bytes, 0);
+    assert!(c.nodes[0].roles.memory && c.nodes[0].roles.compute);
+    assert!(!c.nodes[1].roles.compute);
+    assert_eq!(c.nodes[0].cores, vec![2, 3]);
+    assert_eq!(
+        c.backend,
+        Backend::Mlx5 {
+            device: "mlx5_0".into(),
+            port: 1
+        }
+    );
+    assert_eq!(c.huge_pages, HugePages::Count(512));
+    assert_eq!(c.lock_table_words, 4096);
+    assert_eq!(c.secret_file, file.parent().unwrap().join("secret"));
+    assert_eq!(c.coordinator().id, 0);
+    let s = c.secret().unwrap();
+    assert_eq!(
+        format!("{s:?}"),
+        "ClusterSecret(<32 bytes>)",
+        "Debug never shows the secret"
+    );
+}
+
+#[test]
+fn emu_backend_and_boolean_huge_pages() {
+    let text = GOOD
+        .replace(
+            "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
+            "kind = \"emu\"",
+        )
+        .replace("huge_pages = 512", "huge_pages = true");
+    let c = ClusterConfig::load(setup("emu", &text)).unwrap();
+    assert_eq!(c.backend, Backend::Emu);
+    assert_eq!(c.huge_pages, HugePages::On);
+}
+
+#[test]
+fn unknown_top_level_key_is_named() {
+    let (field, problem) = reject("unknown-top", &format!("colour = \"blue\"\n{GOOD}"));
+    assert_eq!(field, "colour (line 1 column 1)");
+    assert!(problem.contains("unknown field `colour`"), "{problem}");
+}
+
+#[test]
+fn unknown_node_key_is_named() {
+    let text = GOOD.replace("cores = [4, 5]", "cores = [4, 5]\nspeed = 9");
+    let (field, problem) = reject("unknown-node", &text);
+    assert_eq!(field, "nodes[0].speed (line 16 column 1)");
+    assert!(problem.contains("unknown field `speed`"), "{problem}");
+}
+
+#[test]
+fn duplicate_id() {
+    let text = GOOD.replace("id = 1\n", "id = 2\n");
+    let (field, problem) = reject("dup-id", &text);
+    assert_eq!(field, "nodes[2].id");
+    assert_eq!(problem, "duplicate node id 2");
+}
+
+#[test]
+fn duplicate_address() {
+    let text = GOOD.replace("127.0.0.1:7001", "127.0.0.1:7000");
+    let (field, problem) = reject("dup-addr", &text);
+    assert_eq!(field, "nodes[2].address");
+    assert_eq!(problem, "duplicate address 127.0.0.1:7000");
+}
+
+#[test]
+fn bad_address() {
+    for (bad, why) in [
+        ("127.0.0.1", "no port"),
+        ("127.0.0.1:0", "port must be"),
+        (":7000", "no host"),
+        ("::1:7000", "brackets"),
+        ("host:http", "port must be"),
+    ] {
+        let text = GOOD.replace("127.0.0.1:7001", bad);
+        let (field, problem) = reject("bad-addr", &text);
+        assert_eq!(field, "nodes[2].address");
+        assert!(problem.contains(why), "{bad}: {problem}");
+    }
+}
+
+#[test]
+fn unknown_role() {
+    let text = GOOD.replace(
+        "roles = [\"memory\", \"compute\"]",
+        "roles = [\"memory\", \"storage\"]",
+    );
+    let (field, problem) = reject("role", &text);
+    assert_eq!(field, "nodes[1].roles[1]");
+    assert!(problem.contains("unknown role `storage`"), "{problem}");
+}
+
+#[test]
+fn zero_memory() {
+    let text = GOOD.replace("\"256MiB\"", "\"0MiB\"");
+    let (field, problem) = reject("zero", &text);
+    assert_eq!(field, "nodes[1].memory");
+    assert!(problem.contains("zero"), "{problem}");
+}
+
+#[test]
+fn unparsable_size() {
+    for bad in [
+        "\"256MB\"",
+        "\"MiB\"",
+        "\"-1GiB\"",
+        "\"99999999999TiB\"",
+        "1.5",
+    ] {
+        let text = GOOD.replace("\"256MiB\"", bad);
+        let (field, problem) = reject("size", &text);
+        assert_eq!(field, "nodes[1].memory", "{bad}");
+        assert!(
+            problem.contains("not a size") || problem.contains("too large"),
+            "{bad}: {problem}"
+        );
+    }
+}
+
+#[test]
+fn memory_node_without_memory_and_compute_node_with_it() {
+    let (field, problem) = reject("no-mem", &GOOD.replace("memory = \"1 GiB\"", ""));
+    assert_eq!(field, "nodes[2].memory");
+    assert!(problem.starts_with("missing"), "{problem}");
+    let (field, problem) = reject(
+        "cpu-mem",
+        &GOOD.replace("cores = [4, 5]", "cores = [4, 5]\nmemory = \"1MiB\""),
+    );
+    assert_eq!(field, "nodes[0].memory");
+    assert!(problem.contains("only memory nodes"), "{problem}");
+}
+
+#[test]
+fn missing_secret_path() {
+    let (field, problem) = reject("no-secret", &GOOD.replace("secret_file = \"secret\"", ""));
+    assert_eq!(field, "secret_file");
+    assert!(problem.starts_with("missing"), "{problem}");
+}
+
+#[test]
+fn secret_file_missing_short_or_readable_by_others() {
+    let file = setup("secret-missing", &GOOD.replace("\"secret\"", "\"nope\""));
+    let e = ClusterConfig::load(&file).unwrap_err();
+    assert_eq!(e.field, "secret_file");
+    assert!(
+        e.problem.contains("cannot read") && e.problem.contains("nope"),
+        "{}",
+        e.problem
+    );
+
+    let file = setup("secret-short", GOOD);
+    write_mode(&file.parent().unwrap().join("secret"), &[1u8; 31], 0o600);
+    let e = ClusterConfig::load(&file).unwrap_err();
+    assert_eq!(e.field, "secret_file");
+    assert!(
+        e.problem.contains("31 bytes") && e.problem.contains("at least 32"),
+        "{}",
+        e.problem
+    );
+
+    for mode in [0o640, 0o604, 0o644] {
+        let file = setup("secret-mode", GOOD);
+        write_mode(&file.parent().unwrap().join("secret"), &[1u8; 64], mode);
+        let e = ClusterConfig::load(&file).unwrap_err();
+        assert_eq!(e.field, "secret_file");
+        assert!(
+            e.problem.contains("group or others") && e.problem.contains("chmod 600"),
+            "{}",
+            e.problem
+        );
+    }
+}
+
+#[test]
+fn backend_errors() {
+    let (field, problem) = reject(
+        "backend-kind",
+        &GOOD.replace("kind = \"mlx5\"", "kind = \"ib\""),
+    );
+    assert_eq!(field, "backend.kind");
+    assert!(problem.contains("unknown backend `ib`"), "{problem}");
+    let (field, _) = reject("backend-dev", &GOOD.replace("device = \"mlx5_0\"\n", ""));
+    assert_eq!(field, "backend.device");
+    let (field, _) = reject("backend-port", &GOOD.replace("port = 1", "port = 300"));
+    assert_eq!(field, "backend.port");
+    let (field, _) = reject(
+        "backend-missing",
+        &GOOD.replace(
+            "[backend]\nkind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
+            "",
+        ),
+    );
+    assert_eq!(field, "backend");
+}
+
+#[test]
+fn other_field_errors() {
+    let (field, _) = reject(
+        "ltw",
+        &GOOD.replace("lock_table_words = 4096", "lock_table_words = 0"),
+    );
+    assert_eq!(field, "lock_table_words");
+    let (field, _) = reject(
+        "hp",
+        &GOOD.replace("huge_pages = 512", "huge_pages = \"lots\""),
+    );
+    assert_eq!(field, "huge_pages");
+    let (field, problem) = reject(
+        "core-dup",
+        &GOOD.replace("cores = [4, 5]", "cores = [4, 4]"),
+    );
+    assert_eq!(field, "nodes[0].cores[1]");
+    assert!(problem.contains("twice"), "{problem}");
+    let (field, _) = reject("core-neg", &GOOD.replace("cores = [4, 5]", "cores = [-1]"));
+    assert_eq!(field, "nodes[0].cores[0]");
+    let (field, _) = reject("no-cores", &GOOD.replace("cores = [4, 5]", ""));
+    assert_eq!(field, "nodes[0].cores");
+}
+
+#[test]
+fn syntax_error_gives_the_line() {
+    let (field, _) = reject(
+        "syntax",
+        "secret_file = \"secret\"\nlock_table_words = = 3\n",
+    );
+    assert!(field.starts_with("line 2"), "{field}");
+    let text = GOOD.replace("port = 1", "port = 1\nspeed = 100");
+    let (field, _) = reject("backend-key", &text);
+    assert_eq!(field, "backend.speed (line 10 column 1)");
+}
+
+#[test]
+fn missing_file_is_named() {
+    let e = ClusterConfig::load("/nonexistent/loch/cluster.toml").unwrap_err();
+    assert_eq!(e.file, Path::new("/nonexistent/loch/cluster.toml"));
+    assert!(e.problem.contains("cannot read"));
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("2KiB"), Ok(2048));
+    assert_eq!(parse_size(" 3 TiB "), Ok(3 << 40));
+    assert!(parse_size("").is_err());
+    assert!(parse_size("1e3").is_err());
+    assert!(parse_size("18446744073709551615KiB").is_err());
+}
