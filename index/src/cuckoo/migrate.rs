@@ -1,0 +1,327 @@
+//! Moving entries to their other bucket (Nessie's migration), finishing or
+//! undoing moves others left behind, and the displacement search that
+//! frees a slot when both of a key's buckets are full.
+//!
+//! A move of Normal(w) from slot S to an empty slot D of the entry's other
+//! bucket is four CASes, each changing one slot (mod.rs, "move"):
+//! 1. write a copy x of the entry; D: Empty → Tentative(x) (with the WRITE);
+//! 2. S: Normal(w) → Forward(x) — the commit; on failure D is cleared;
+//! 3. D: Tentative(x) → Normal(x);
+//! 4. S: Forward(x) → Empty.
+//!
+//! A client that stops after step 1 leaves a Tentative word that no reader
+//! sees and anyone may clear; after 2 or 3, a Forward word that anyone
+//! acting on a key of its fingerprint resolves ([`resolve`]). The copy
+//! makes every word of the move new to its slot, which the snapshots rest
+//! on; it costs one WRITE per hop, on a path taken only when buckets fill.
+//!
+//! Displacement is a breadth-first search over the cuckoo graph: from the
+//! key's two buckets, each Normal word's other bucket (computed from its
+//! bucket and fingerprint, no entry READ), up to 16 bucket READs per
+//! doorbell, until a bucket with an empty slot turns up or
+//! `max_search_buckets` were read (then `TableFull`). The path is carried
+//! out from its far end, so each move's destination is the slot the
+//! previous move emptied; any move that fails aborts the path and the
+//! insert starts over on fresh reads.
+
+use super::layout::{decode_entry, Desc, Slot, State, SLOTS};
+use super::place::{alt, locate, Loc};
+use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, POSITIONS};
+use super::{CuckooClient, CuckooError, PATH_HIST};
+use nicdrv::exec::MAX_BATCH;
+use nicdrv::{Ctx, Nic, OpId};
+
+/// One bucket reached by the search.
+struct Reached {
+    bucket: u64,
+    words: [u64; SLOTS],
+    /// Index of the bucket whose entry moves here, and that entry's slot.
+    parent: Option<(usize, usize)>,
+}
+
+impl CuckooClient {
+    /// Finishes or undoes the move whose Forward word the snapshot shows
+    /// at position `p` of `loc`'s pair (the copy it names can only lie in
+    /// the other bucket of the pair: same fingerprint, same bucket, same
+    /// other bucket).
+    pub(super) async fn resolve<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        snap: &super::view::Snap,
+        p: usize,
+    ) -> Result<(), CuckooError> {
+        let f = snap.pair.slot(p);
+        debug_assert_eq!(f.state(), State::Forward);
+        if !self.in_window(ctx, snap.t0) {
+            return Ok(());
+        }
+        self.stats.helps += 1;
+        let x = f.eref();
+        let copy = (0..POSITIONS)
+            .find(|&q| q != p && !snap.pair.slot(q).is_empty() && snap.pair.slot(q).eref() == x);
+        let at = slot_addr(desc, loc, p);
+        match copy.map(|q| (q, snap.pair.slot(q).state())) {
+            Some((q, State::Tentative)) => {
+                // Step 3 then 4 on the mover's behalf.
+                let t = snap.pair.slot(q);
+                if self
+                    .cas(ctx, slot_addr(desc, loc, q), t, t.with_state(State::Normal))
+                    .await?
+                {
+                    let e = self.empty_word()?;
+                    self.cas(ctx, at, f, e).await?;
+                }
+            }
+            Some((_, State::Normal)) => {
+                let e = self.empty_word()?;
+                self.cas(ctx, at, f, e).await?;
+            }
+            Some(_) => {
+                return Err(CuckooError::Corrupt {
+                    what: "an entry named by two Forward words",
+                })
+            }
+            None => {
+                // The tentative copy was cleared before it turned Normal:
+                // the value stays where it is.
+                self.cas(ctx, at, f, f.with_state(State::Normal)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the Normal word `w` at slot `from_slot` of `from_bucket` to
+    /// its other bucket, into `to_slot` if that is empty, else any empty
+    /// slot there. Whether it moved; a failure leaves the table as it was
+    /// (or with a concurrent change finished).
+    async fn migrate<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        from_bucket: u64,
+        from_slot: usize,
+        w: Slot,
+        to_slot: usize,
+    ) -> Result<bool, CuckooError> {
+        let fp = w.fp();
+        // The pair seen from the moving entry: its bucket first.
+        let loc = Loc {
+            b1: from_bucket,
+            b2: alt(from_bucket, fp, desc.buckets),
+            fp,
+        };
+        let s_pos = from_slot;
+        let e = w.eref();
+        self.known.clear();
+        let t = ctx.now_ns();
+        let (entry, a) = {
+            let mut b = ctx.batch();
+            let op = b.read_new(e.addr(), e.bytes());
+            let c = push_collect(&mut b, desc, &loc);
+            let mut d = b.submit().await?;
+            (d.take_buf(op), take_collect(&mut d, c))
+        };
+        if a.slot(s_pos) != w {
+            return Ok(false);
+        }
+        let Some((key, _)) = decode_entry(entry.as_slice(), desc.key_bytes) else {
+            // The search read an old word; the slot changed since.
+            return Ok(false);
+        };
+        let key = key.to_vec();
+        let copy = entry.as_slice().to_vec();
+        drop(entry);
+        let home = locate(&key, desc.seed, desc.buckets);
+        if home.fp != fp || !(home.b1 == from_bucket || home.b2 == from_bucket) {
+            return Err(CuckooError::Corrupt {
+                what: "an entry in a bucket its key does not hash to",
+            });
+        }
+        let snap = self.snapshot(ctx, desc, &loc, &key, Some((a, t))).await?;
+        if snap.pair.slot(s_pos) != w {
+            return Ok(false);
+        }
+        match self.plan(&snap, &loc)? {
+            Plan::Present(p) if p == s_pos => {}
+            Plan::Resolve(p) => {
+                self.resolve(ctx, desc, &loc, &snap, p).await?;
+                return Ok(false);
+            }
+            _ => return Ok(false),
+        }
+        let d_pos = match SLOTS + to_slot {
+            p if p < POSITIONS && snap.pair.slot(p).is_empty() => p,
+            _ => match (SLOTS..POSITIONS).find(|&p| snap.pair.slot(p).is_empty()) {
+                Some(p) => p,
+                None => return Ok(false),
+            },
+        };
+        let d_old = snap.pair.slot(d_pos);
+        if !self.in_window(ctx, snap.t0) {
+            return Ok(false);
+        }
+        let x = self.alloc_entry(ctx, e.lines()).await?;
+        let tent = Slot::entry(State::Tentative, fp, x);
+        let (s_at, d_at) = (slot_addr(desc, &loc, s_pos), slot_addr(desc, &loc, d_pos));
+        // Step 1: the copy and the claim in one doorbell. The claim may be
+        // seen before the copy lands; it is Tentative, so no reader follows
+        // it, and the commit below comes after both completed.
+        let claimed = {
+            let mut b = ctx.batch();
+            b.write_bytes(x.addr(), &copy);
+            let cas = b.cas(d_at, d_old.0, tent.0);
+            let d = b.submit().await?;
+            d.old(cas) == d_old.0
+        };
+        self.after_cas()?;
+        if !claimed {
+            self.stats.cas_failures += 1;
+            self.give_back(x);
+            return Ok(false);
+        }
+        // Step 2, the commit, only while the snapshot still holds.
+        let committed = self.in_window(ctx, snap.t0)
+            && self
+                .cas(ctx, s_at, w, Slot::entry(State::Forward, fp, x))
+                .await?;
+        if !committed {
+            let e2 = self.empty_word()?;
+            self.cas(ctx, d_at, tent, e2).await?;
+            // Seen as Tentative: it waits out the grace period.
+            self.retire(ctx, x);
+            return Ok(false);
+        }
+        // w is named by no slot now (the snapshot showed no Forward word
+        // of this fingerprint, so none names w).
+        self.retire(ctx, e);
+        // Steps 3 and 4. If 3 fails, someone finished it for us or cleared
+        // the copy; a fresh snapshot tells which, and resolving the
+        // Forward word (if still there) settles it.
+        if self
+            .cas(ctx, d_at, tent, tent.with_state(State::Normal))
+            .await?
+        {
+            let e3 = self.empty_word()?;
+            self.cas(ctx, s_at, Slot::entry(State::Forward, fp, x), e3)
+                .await?;
+            self.stats.moves += 1;
+            return Ok(true);
+        }
+        self.known.clear();
+        let snap = self.snapshot(ctx, desc, &loc, &key, None).await?;
+        if let Plan::Resolve(p) = self.plan(&snap, &loc)? {
+            self.resolve(ctx, desc, &loc, &snap, p).await?;
+        }
+        Ok(false)
+    }
+
+    /// Frees a slot in one of `loc`'s buckets by a chain of moves found
+    /// breadth first from `view` (the buckets as last read). `Ok` when the
+    /// insert should try again (a path was carried out or a move lost a
+    /// race), `TableFull` when no path exists within the bound.
+    pub(super) async fn make_room<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        view: Pair,
+    ) -> Result<(), CuckooError> {
+        let max = self.cfg().max_search_buckets;
+        let mut seen: Vec<Reached> = Vec::with_capacity(64);
+        for (h, bucket) in [loc.b1, loc.b2].into_iter().enumerate() {
+            let mut words = [0u64; SLOTS];
+            words.copy_from_slice(&view.0[h * SLOTS..(h + 1) * SLOTS]);
+            seen.push(Reached {
+                bucket,
+                words,
+                parent: None,
+            });
+        }
+        let mut level = 0..seen.len();
+        while seen.len() < max {
+            // The next level: each Normal word's other bucket, once.
+            let mut next: Vec<(u64, usize, usize)> = Vec::new();
+            for i in level.clone() {
+                for (j, &w) in seen[i].words.iter().enumerate() {
+                    let s = Slot(w);
+                    if s.state() != State::Normal {
+                        continue;
+                    }
+                    let c = alt(seen[i].bucket, s.fp(), desc.buckets);
+                    if !seen.iter().any(|r| r.bucket == c) && !next.iter().any(|n| n.0 == c) {
+                        next.push((c, i, j));
+                    }
+                }
+            }
+            next.truncate(max - seen.len());
+            if next.is_empty() {
+                break;
+            }
+            let start = seen.len();
+            for group in next.chunks(MAX_BATCH) {
+                let mut b = ctx.batch();
+                let mut ops = [None::<OpId>; MAX_BATCH];
+                for (k, &(c, _, _)) in group.iter().enumerate() {
+                    ops[k] = Some(b.read_new(desc.bucket_addr(c), SLOTS * 8));
+                }
+                let mut d = b.submit().await?;
+                self.stats.search_buckets += group.len() as u64;
+                for (k, &(c, i, j)) in group.iter().enumerate() {
+                    let buf = d.take_buf(ops[k].expect("filled"));
+                    let mut words = [0u64; SLOTS];
+                    for (s, w) in words.iter_mut().enumerate() {
+                        *w = buf.u64_at(s * 8);
+                    }
+                    seen.push(Reached {
+                        bucket: c,
+                        words,
+                        parent: Some((i, j)),
+                    });
+                }
+                let found = (start..seen.len()).find_map(|r| {
+                    seen[r]
+                        .words
+                        .iter()
+                        .position(|&w| Slot(w).is_empty())
+                        .map(|e| (r, e))
+                });
+                if let Some((r, e)) = found {
+                    return self.carry_out(ctx, desc, &seen, r, e).await;
+                }
+            }
+            level = start..seen.len();
+        }
+        self.stats.table_full += 1;
+        Err(CuckooError::TableFull)
+    }
+
+    /// Carries out the path ending at bucket `seen[r]`'s empty slot `e`,
+    /// far end first.
+    async fn carry_out<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        seen: &[Reached],
+        r: usize,
+        e: usize,
+    ) -> Result<(), CuckooError> {
+        let mut hops = 0u64;
+        let (mut at, mut to) = (r, e);
+        while let Some((p, j)) = seen[at].parent {
+            let w = Slot(seen[p].words[j]);
+            if !self.migrate(ctx, desc, seen[p].bucket, j, w, to).await? {
+                self.stats.aborted_moves += 1;
+                return Ok(());
+            }
+            hops += 1;
+            at = p;
+            to = j;
+        }
+        self.stats.displacements += 1;
+        self.stats.path_len_hist[(hops as usize).min(PATH_HIST - 1)] += 1;
+        self.stats.max_path_len = self.stats.max_path_len.max(hops);
+        Ok(())
+    }
+}

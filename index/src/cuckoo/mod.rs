@@ -1,0 +1,688 @@
+//! Nessie: a lock-free cuckoo hash table on disaggregated memory, driven
+//! only by one-sided READ, WRITE, CAS and FAA (Szepesi et al., "Designing a
+//! low-latency cuckoo hash table for write-intensive workloads using RDMA",
+//! 2014; design.md §5). Memory nodes run nothing; a client that stalls or
+//! dies at any point blocks no one.
+//!
+//! Owns the table ([`layout`]: buckets of eight 8-byte slots, out-of-place
+//! data entries, the descriptor), where keys go ([`place`]), reading
+//! buckets consistently ([`view`]), the operations ([`ops`]), moves and
+//! displacement ([`migrate`]) and entry reuse ([`reclaim`]).
+//!
+//! # Promises
+//! - `get`, `put` (insert or update) and `delete` are linearizable, per key,
+//!   from an empty table on, with any number of clients on any compute
+//!   nodes; a value never comes back torn, stale or invented.
+//! - A key is never committed in two slots with different values, and an
+//!   operation never blocks on another client: everything another client
+//!   left half done can be finished or undone by anyone.
+//! - Capacity is fixed at creation. An insert that finds no displacement
+//!   path within [`CuckooConfig::max_search_buckets`] fails with
+//!   [`CuckooError::TableFull`]; nothing is dropped silently.
+//! - Uncontended round trips (asserted by `tests/cuckoo_seq.rs`): get 2
+//!   (both buckets in one doorbell, then the entry), a miss 2, update 3,
+//!   insert 4, delete 3, deleting an absent key 2; one more where a
+//!   fingerprint collides. The first operation of a client adds the
+//!   descriptor READs (once per compute node) and one FAA.
+//! - Bad input (a key of the wrong size, a value over the maximum, a zero
+//!   capacity) is an error and writes nothing.
+//!
+//! # Slots and their states
+//! A slot word is Empty (with a tag), Tentative, Normal or Forward, and
+//! names a data entry (key, value, checksum) by node, offset and length,
+//! with 12 fingerprint bits of the key ([`layout`]). Normal and Forward
+//! words are *committed*: they hold the key's value. Tentative words are
+//! invisible to readers: a slot claimed but not yet agreed on.
+//!
+//! # Unique words
+//! Every word ever stored in a slot is new to that slot: an entry is
+//! written out of place for each put and each move, so every non-empty
+//! word names an entry incarnation that was fresh when it was stored (and
+//! entries are reused only after the grace period G, below), and every
+//! empty word carries a tag no other emptying ever used (the client's
+//! incarnation, taken with one FAA on the descriptor, and a counter). Two
+//! consequences carry the protocol: a CAS cannot succeed on a word that
+//! changed and changed back (no ABA), and two READs of a slot that return
+//! the same word prove the slot held it in between — which turns a double
+//! collect of a key's two buckets into an atomic snapshot ([`view`]).
+//!
+//! # The invariant
+//! At every instant, all committed words of a key name entries with the
+//! same key and value, and there are at most two of them, only while a move
+//! is in flight (a Forward word and the Normal word it moved to). Every
+//! change is one CAS, made on what a snapshot showed:
+//! - **get**: READ both buckets (one doorbell), READ the entries of the
+//!   committed words whose fingerprint matches (one doorbell), return the
+//!   first that holds the key: that slot held the key's value when it was
+//!   read. If none does, a second collect identical to the first proves the
+//!   key absent at one instant in between (a single collect could miss a
+//!   key that moved between the two buckets while they were read).
+//! - **update / delete**: on a snapshot with exactly one committed copy,
+//!   Normal at X, and no Forward word with the key's fingerprint, CAS X
+//!   from that word to the new entry's Normal word (or to Empty). Between
+//!   the snapshot and the CAS no second copy can appear: an insert needs a
+//!   snapshot without a committed copy, and a move starts with a CAS on X.
+//!   An update whose CAS fails because another put of the key committed a
+//!   different value in between (the word the CAS returns names an entry
+//!   of the key with another checksum) is *eliminated*: linearized just
+//!   before that put, its value overwritten before anyone could read it,
+//!   it returns without retrying. A CAS lost to a move (same value, new
+//!   word) or to a delete retries. Without this, a hot key's updaters
+//!   starve each other (YCSB-A at zipf 0.99 on sim: 2.4 Mops with a p99 of
+//!   550 µs, 9.4 Mops and 13 µs with it; `tests/cuckoo_throughput.rs`).
+//! - **insert**: CAS an Empty slot X to Tentative(new), then take a
+//!   snapshot. If it shows a committed copy, undo X and update that copy
+//!   instead. If it shows other Tentative copies of the key, the one
+//!   earliest in the key's canonical slot order (b1's slots, then b2's)
+//!   wins: we clear later ones and withdraw before earlier ones (an earlier
+//!   one left unchanged for `stale_ns` is taken as abandoned and cleared).
+//!   With the snapshot clean, CAS X from Tentative to Normal. **No
+//!   duplicates**: if two inserts of a key both committed, each one's last
+//!   snapshot was taken after its own Tentative word was stored and before
+//!   it committed, and showed no other; the later snapshot would have seen
+//!   the earlier insert's word, Tentative or committed (words never
+//!   recur, so it cannot have left and come back) — a contradiction.
+//! - **move** (Nessie's migration, [`migrate`]): to move Normal(w) from S
+//!   to an Empty slot D in the key's other bucket, on a snapshot with no
+//!   Forward word of its fingerprint: write a copy x of the entry and CAS D
+//!   to Tentative(x); CAS S from Normal(w) to Forward(x) — the commit; CAS
+//!   D to Normal(x); CAS S to Empty. A failed CAS before the commit aborts
+//!   (clearing D); the Forward word holds the same value as w, so readers
+//!   never see a gap, and until D turns Normal there is one committed copy.
+//! - **resolving a Forward word** F(x) at S (anyone, before acting on a
+//!   key whose fingerprint it carries; the copy lies in the other bucket of
+//!   the same pair): if the snapshot shows Tentative(x), CAS it to Normal
+//!   and then clear S; if Normal(x), clear S; if no word names x (someone
+//!   cleared the tentative copy), CAS S back to Normal(x). Clearing any
+//!   Tentative word is therefore always safe — at worst a move is undone in
+//!   place — which is what lets a stopped client's leftovers be cleaned.
+//!
+//! # Reclamation
+//! Data entries are reused after a **grace period** (with a version check
+//! on every READ as a second line). A client acts only on words read
+//! within the **window** W: a get whose entry READ completes more than W
+//! after its bucket READ was posted, or a CAS about to be posted more than
+//! W after the snapshot it rests on, restarts instead. Times come from the
+//! executor's turn clock, read at the start of each turn just before it
+//! polls completions: a start time is read before the READ is posted, a
+//! completion polled in a turn arrived before that turn's reading, and a
+//! CAS posted in a turn leaves within one (bounded) turn of it. An entry is
+//! unlinked by the CAS that removed the last word naming it (an update or
+//! delete of a clean snapshot, a move's commit); that client retires it
+//! and reuses it no sooner than G ≥ 4 W after the CAS completed ([`reclaim`]).
+//! Anyone who read a word naming the entry read it before the unlink, and
+//! its last use (an entry READ, a comparison, a CAS) comes within W plus
+//! the verb's flight time after — before G has run out, as long as no verb
+//! stays in flight longer than G − W (the RC transport's retry timeout
+//! bounds it; FaRM's leases rest on the same bounded-delay assumption),
+//! no core is held off its turn for that long between reading the clock
+//! and posting (run-to-completion cores, pinned: design.md §2), and clocks
+//! run at the same rate (no synchronisation is needed). So no client
+//! ever follows a pointer into a reused entry, and slot words stay unique.
+//! The checksum and key check on every entry READ back this up: an entry
+//! that does not verify is never returned, the operation retries. Entries
+//! of a crashed client's free lists leak; nothing unsafe follows.
+
+pub mod config;
+pub mod layout;
+pub mod migrate;
+pub mod ops;
+pub mod place;
+pub mod reclaim;
+pub mod view;
+
+pub use config::CuckooConfig;
+
+use layout::{Desc, EntryRef, Slot, State, BUCKET_BYTES, SLOTS};
+use mempool::layout::HASH_ROOT_OFF;
+use mempool::{AllocError, RemoteAllocator};
+use nicdrv::{Ctx, GlobalAddr, Nic, VerbError};
+use reclaim::{block_bytes, class_of, Reclaim, MAX_INCARNATION};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use view::Known;
+
+/// The well-known word on memory node 0 that points to the descriptor.
+pub const ROOT_WORD: GlobalAddr = GlobalAddr::host(0, HASH_ROOT_OFF);
+
+/// Attempts of one operation before reporting a livelock.
+const MAX_ATTEMPTS: u32 = 1_000_000;
+
+/// Why a table operation failed. Expected failures are values.
+#[derive(Debug)]
+pub enum CuckooError {
+    /// A verb failed (a memory node died, …); the operation's effect is
+    /// unknown.
+    Verb(VerbError),
+    /// No memory for an entry or the table.
+    Alloc(AllocError),
+    /// The key does not have the table's key size.
+    KeySize { expected: usize, got: usize },
+    /// The value is longer than the table's maximum.
+    ValueTooLarge { max: usize, got: usize },
+    /// No slot for a new key within the displacement search bound.
+    TableFull,
+    /// No table at the root word: call `create` first.
+    NotCreated,
+    /// Bad configuration, or one that disagrees with the table's.
+    Config(String),
+    /// Something the protocol never writes was read.
+    Corrupt { what: &'static str },
+    /// An operation retried `MAX_ATTEMPTS` times without finishing.
+    Contention,
+    /// The test hook stopped this client (see `stop_after_cas`).
+    Stopped,
+}
+
+impl fmt::Display for CuckooError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CuckooError::Verb(e) => write!(f, "cuckoo verb failed: {e}"),
+            CuckooError::Alloc(e) => write!(f, "cuckoo allocation failed: {e}"),
+            CuckooError::KeySize { expected, got } => {
+                write!(f, "key of {got} bytes; this table's keys have {expected}")
+            }
+            CuckooError::ValueTooLarge { max, got } => {
+                write!(
+                    f,
+                    "value of {got} bytes; this table's values have at most {max}"
+                )
+            }
+            CuckooError::TableFull => write!(
+                f,
+                "the table is full: no displacement path within the search bound"
+            ),
+            CuckooError::NotCreated => write!(f, "no cuckoo table exists yet (create it first)"),
+            CuckooError::Config(s) => write!(f, "invalid cuckoo configuration: {s}"),
+            CuckooError::Corrupt { what } => write!(f, "cuckoo table corrupt: {what}"),
+            CuckooError::Contention => {
+                write!(f, "operation gave up after {MAX_ATTEMPTS} attempts")
+            }
+            CuckooError::Stopped => write!(f, "client stopped by its test hook"),
+        }
+    }
+}
+
+impl std::error::Error for CuckooError {}
+
+impl From<VerbError> for CuckooError {
+    fn from(e: VerbError) -> Self {
+        CuckooError::Verb(e)
+    }
+}
+
+impl From<AllocError> for CuckooError {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::Verb(v) => CuckooError::Verb(v),
+            other => CuckooError::Alloc(other),
+        }
+    }
+}
+
+/// Longest displacement path the histogram tells apart (longer ones count
+/// in the last bucket).
+pub const PATH_HIST: usize = 8;
+
+/// What one client counted (exact; benchmarks report them per operation).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CuckooStats {
+    pub gets: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// Round trips (batches waited on) spent in each kind of operation.
+    pub get_round_trips: u64,
+    pub put_round_trips: u64,
+    pub delete_round_trips: u64,
+    /// Puts that inserted a new key / replaced a value.
+    pub inserts: u64,
+    pub updates: u64,
+    /// Operation attempts started over (any cause below).
+    pub retries: u64,
+    /// Collects that differed from the one before (snapshot not yet taken).
+    pub snapshot_retries: u64,
+    /// CASes that found another word than expected.
+    pub cas_failures: u64,
+    /// Attempts restarted because the window W ran out.
+    pub window_restarts: u64,
+    /// Entry READs of committed words that did not verify.
+    pub torn_entries: u64,
+    /// Entry READs of a fingerprint match holding another key.
+    pub fp_false_matches: u64,
+    /// Forward words resolved (someone's move finished or undone).
+    pub helps: u64,
+    /// Tentative words of others cleared.
+    pub kills: u64,
+    /// Updates that lost their CAS to another put of the key, linearized
+    /// just before it instead of retrying (`ops.rs`, `eliminated`).
+    pub eliminated: u64,
+    /// Inserts that withdrew before an earlier tentative copy.
+    pub yields: u64,
+    /// Inserts that found the key committed after claiming a slot (an
+    /// insert or a move of it raced theirs) and withdrew to update it.
+    pub withdrawals: u64,
+    /// Displacement paths carried out to the end.
+    pub displacements: u64,
+    /// Entries moved to their other bucket.
+    pub moves: u64,
+    /// Moves abandoned because the table changed under them.
+    pub aborted_moves: u64,
+    /// Completed displacement paths by length (hops; last bucket: longer).
+    pub path_len_hist: [u64; PATH_HIST],
+    pub max_path_len: u64,
+    /// Buckets read by displacement searches.
+    pub search_buckets: u64,
+    pub table_full: u64,
+    /// Entry blocks taken from the remote allocator / reused after G.
+    pub entries_allocated: u64,
+    pub entries_reused: u64,
+}
+
+impl std::ops::AddAssign for CuckooStats {
+    fn add_assign(&mut self, o: Self) {
+        self.gets += o.gets;
+        self.puts += o.puts;
+        self.deletes += o.deletes;
+        self.get_round_trips += o.get_round_trips;
+        self.put_round_trips += o.put_round_trips;
+        self.delete_round_trips += o.delete_round_trips;
+        self.inserts += o.inserts;
+        self.updates += o.updates;
+        self.retries += o.retries;
+        self.snapshot_retries += o.snapshot_retries;
+        self.cas_failures += o.cas_failures;
+        self.window_restarts += o.window_restarts;
+        self.torn_entries += o.torn_entries;
+        self.fp_false_matches += o.fp_false_matches;
+        self.helps += o.helps;
+        self.kills += o.kills;
+        self.eliminated += o.eliminated;
+        self.yields += o.yields;
+        self.withdrawals += o.withdrawals;
+        self.displacements += o.displacements;
+        self.moves += o.moves;
+        self.aborted_moves += o.aborted_moves;
+        for (a, b) in self.path_len_hist.iter_mut().zip(o.path_len_hist) {
+            *a += b;
+        }
+        self.max_path_len = self.max_path_len.max(o.max_path_len);
+        self.search_buckets += o.search_buckets;
+        self.table_full += o.table_full;
+        self.entries_allocated += o.entries_allocated;
+        self.entries_reused += o.entries_reused;
+    }
+}
+
+/// How full the table is, counted by reading every bucket.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Slots holding a committed word (a key in mid-move counts twice).
+    pub committed: u64,
+    pub tentative: u64,
+    pub slots: u64,
+}
+
+impl Occupancy {
+    /// Committed slots over all slots.
+    pub fn load_factor(&self) -> f64 {
+        self.committed as f64 / self.slots.max(1) as f64
+    }
+}
+
+/// A table as one compute node sees it: the configuration and, once read,
+/// the descriptor; shared by the node's threads.
+pub struct Cuckoo {
+    cfg: CuckooConfig,
+    desc: OnceLock<Arc<Desc>>,
+}
+
+impl Cuckoo {
+    pub fn new(cfg: CuckooConfig) -> Result<Arc<Cuckoo>, CuckooError> {
+        cfg.check().map_err(CuckooError::Config)?;
+        Ok(Arc::new(Cuckoo {
+            cfg,
+            desc: OnceLock::new(),
+        }))
+    }
+
+    pub fn config(&self) -> &CuckooConfig {
+        &self.cfg
+    }
+
+    /// A client for one task (clients take their identity from the table
+    /// on first use, so none is asked for here).
+    pub fn client(self: &Arc<Cuckoo>) -> Result<CuckooClient, CuckooError> {
+        Ok(CuckooClient {
+            table: self.clone(),
+            alloc: RemoteAllocator::new(self.cfg.chunk.clone())?,
+            reclaim: Reclaim::new(self.cfg.reuse_grace_ns),
+            desc: None,
+            known: Known::default(),
+            ebuf: Vec::new(),
+            stale: Vec::new(),
+            stop_after_cas: None,
+            stopped: false,
+            hold: None,
+            stats: CuckooStats::default(),
+        })
+    }
+}
+
+/// One task's handle on a table. Operations take `&mut self`: one at a
+/// time per client.
+pub struct CuckooClient {
+    table: Arc<Cuckoo>,
+    alloc: RemoteAllocator,
+    reclaim: Reclaim,
+    desc: Option<Arc<Desc>>,
+    /// Entry verdicts of the current operation ([`view::Known`]).
+    known: Known,
+    /// The entry being written, encoded.
+    ebuf: Vec<u8>,
+    /// Tentative words of others and when this client first saw each.
+    stale: Vec<(u64, u64)>,
+    stop_after_cas: Option<u32>,
+    stopped: bool,
+    hold: Option<Arc<AtomicBool>>,
+    pub stats: CuckooStats,
+}
+
+impl CuckooClient {
+    pub fn table(&self) -> &Arc<Cuckoo> {
+        &self.table
+    }
+
+    fn cfg(&self) -> &CuckooConfig {
+        &self.table.cfg
+    }
+
+    /// Test hook: the client stops dead right after its `n`-th CAS from
+    /// now on completes (as if its compute node had crashed there): that
+    /// operation and every later one return [`CuckooError::Stopped`], and
+    /// nothing is cleaned up.
+    #[doc(hidden)]
+    pub fn stop_after_cas(&mut self, n: u32) {
+        self.stop_after_cas = Some(n.max(1));
+    }
+
+    /// Test hook: before posting each CAS the client yields until `gate`
+    /// is true, so a test can hold an operation between its snapshot and
+    /// its CAS while others run. Keep holds short of the window W (the CAS
+    /// is then still posted within it).
+    #[doc(hidden)]
+    pub fn hold_before_cas(&mut self, gate: Arc<AtomicBool>) {
+        self.hold = Some(gate);
+    }
+
+    /// Blocks retired and not yet reusable, or given back.
+    pub fn entries_waiting(&self) -> usize {
+        self.reclaim.waiting()
+    }
+
+    /// Creates the table — every segment, the descriptor, then the root
+    /// word by CAS — unless one exists. Idempotent; racing creators agree
+    /// on the first (the others' memory is left unused).
+    pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), CuckooError> {
+        if ctx.read(ROOT_WORD, 8).await?.u64_at(0) != 0 {
+            return Ok(());
+        }
+        let cfg = self.table.cfg.clone();
+        let (buckets, per) = (cfg.buckets(), cfg.segment_buckets());
+        let mut segs = Vec::new();
+        let mut b = 0;
+        while b < buckets {
+            let n = per.min(buckets - b);
+            // Fresh chunks are zero (memory nodes zero their memory at boot
+            // and the allocator never hands memory out twice), and a zero
+            // word is an Empty slot with tag 0: the table starts empty
+            // without a byte written.
+            segs.push(
+                self.alloc
+                    .alloc(ctx, n * BUCKET_BYTES as u64, BUCKET_BYTES as u64)
+                    .await?,
+            );
+            b += n;
+        }
+        let at = self
+            .alloc
+            .alloc(ctx, Desc::bytes(segs.len()) as u64, 64)
+            .await?;
+        let desc = Desc {
+            at,
+            buckets,
+            seg_buckets: per,
+            key_bytes: cfg.key_bytes,
+            max_value_bytes: cfg.max_value_bytes,
+            seed: cfg.seed,
+            segs,
+        };
+        let bytes = desc.encode();
+        for (i, part) in bytes.chunks(4096).enumerate() {
+            ctx.write(at.add(i as u64 * 4096), part).await?;
+        }
+        // The descriptor is complete before the root names it (the WRITEs
+        // completed above). Lost the race: the other creator's table
+        // stands.
+        let _ = ctx.cas(ROOT_WORD, 0, at.raw()).await?;
+        Ok(())
+    }
+
+    /// Reads the descriptor (once per compute node) and takes this
+    /// client's incarnation (once per client). Two round trips plus one
+    /// FAA on the first operation; none after.
+    async fn open<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Arc<Desc>, CuckooError> {
+        if self.stopped {
+            return Err(CuckooError::Stopped);
+        }
+        if let Some(d) = &self.desc {
+            return Ok(d.clone());
+        }
+        let desc = match self.table.desc.get() {
+            Some(d) => d.clone(),
+            None => {
+                let root = ctx.read(ROOT_WORD, 8).await?.u64_at(0);
+                if root == 0 {
+                    return Err(CuckooError::NotCreated);
+                }
+                let at = GlobalAddr::from_raw(root);
+                let head = ctx.read(at, 64).await?;
+                let n = Desc::segments_in(head.as_slice()).ok_or(CuckooError::Corrupt {
+                    what: "the root word names no descriptor",
+                })?;
+                drop(head);
+                let all = ctx.read(at, Desc::bytes(n)).await?;
+                let d = Desc::decode(at, all.as_slice())
+                    .map_err(|what| CuckooError::Corrupt { what })?;
+                let cfg = &self.table.cfg;
+                if d.buckets != cfg.buckets()
+                    || d.key_bytes != cfg.key_bytes
+                    || d.max_value_bytes != cfg.max_value_bytes
+                    || d.seed != cfg.seed
+                {
+                    return Err(CuckooError::Config(format!(
+                        "the table was created with {} buckets, {}-byte keys, values up to {} \
+                         bytes and seed {:#x}; this client is configured for {}, {}, {}, {:#x}",
+                        d.buckets,
+                        d.key_bytes,
+                        d.max_value_bytes,
+                        d.seed,
+                        cfg.buckets(),
+                        cfg.key_bytes,
+                        cfg.max_value_bytes,
+                        cfg.seed
+                    )));
+                }
+                self.table.desc.get_or_init(|| Arc::new(d)).clone()
+            }
+        };
+        let inc = ctx.faa(desc.incarnation_word(), 1).await? + 1;
+        if inc > MAX_INCARNATION {
+            return Err(CuckooError::Config(format!(
+                "more than {MAX_INCARNATION} clients have used this table; recreate it"
+            )));
+        }
+        self.reclaim.set_incarnation(inc);
+        self.desc = Some(desc.clone());
+        Ok(desc)
+    }
+
+    /// Checks a key's size.
+    fn check_key(&self, key: &[u8]) -> Result<(), CuckooError> {
+        let expected = self.cfg().key_bytes;
+        if key.len() != expected {
+            return Err(CuckooError::KeySize {
+                expected,
+                got: key.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// An empty word with a fresh tag.
+    fn empty_word(&mut self) -> Result<Slot, CuckooError> {
+        self.reclaim
+            .next_tag()
+            .map(Slot::empty)
+            .ok_or(CuckooError::Config(
+                "this client emptied 2^42 slots; make a new client".into(),
+            ))
+    }
+
+    /// One CAS; whether it succeeded. Counts toward the test hook.
+    async fn cas<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        at: GlobalAddr,
+        old: Slot,
+        new: Slot,
+    ) -> Result<bool, CuckooError> {
+        Ok(self.cas_word(ctx, at, old, new).await? == old)
+    }
+
+    /// One CAS; the word the slot held (equal to `old` on success).
+    async fn cas_word<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        at: GlobalAddr,
+        old: Slot,
+        new: Slot,
+    ) -> Result<Slot, CuckooError> {
+        if let Some(gate) = &self.hold {
+            // Acquire pairs with the test's Release store; nothing but the
+            // test's own sequencing rides on it.
+            while !gate.load(Ordering::Acquire) {
+                ctx.yield_now().await;
+            }
+        }
+        let got = Slot(ctx.cas(at, old.0, new.0).await?);
+        self.after_cas()?;
+        if got != old {
+            self.stats.cas_failures += 1;
+        }
+        Ok(got)
+    }
+
+    /// Called after every batch holding a CAS completes: the test hook's
+    /// countdown.
+    fn after_cas(&mut self) -> Result<(), CuckooError> {
+        if let Some(n) = self.stop_after_cas.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                self.stopped = true;
+                return Err(CuckooError::Stopped);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an action resting on a read posted at `t0` is still inside
+    /// the window W; counts a restart if not.
+    fn in_window<N: Nic>(&mut self, ctx: &Ctx<N>, t0: u64) -> bool {
+        let ok = ctx.now_ns().saturating_sub(t0) <= self.cfg().window_ns;
+        if !ok {
+            self.stats.window_restarts += 1;
+        }
+        ok
+    }
+
+    /// A block for an entry of `lines` lines: a retired one past its grace
+    /// period, else fresh memory.
+    async fn alloc_entry<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        lines: u32,
+    ) -> Result<EntryRef, CuckooError> {
+        let c = class_of(lines);
+        let addr = match self.reclaim.take(c, ctx.now_ns()) {
+            Some(a) => {
+                self.stats.entries_reused += 1;
+                a
+            }
+            None => {
+                self.stats.entries_allocated += 1;
+                self.alloc.alloc(ctx, block_bytes(c), 64).await?
+            }
+        };
+        EntryRef::new(addr, lines).ok_or_else(|| {
+            CuckooError::Config(format!(
+                "entry memory at {addr} cannot be named by a slot word \
+                 (memory nodes 0..=255, 2 TiB each)"
+            ))
+        })
+    }
+
+    /// Retires an entry this client just unlinked.
+    fn retire<N: Nic>(&mut self, ctx: &Ctx<N>, e: EntryRef) {
+        self.reclaim
+            .retire(e.addr(), class_of(e.lines()), ctx.now_ns());
+    }
+
+    /// Gives back an entry no slot ever named.
+    fn give_back(&mut self, e: EntryRef) {
+        self.reclaim.give_back(e.addr(), class_of(e.lines()));
+    }
+
+    /// Whether the Tentative word `w` has been seen unchanged for
+    /// `stale_ns` (first sightings are remembered, a bounded few).
+    fn is_stale(&mut self, w: Slot, now_ns: u64) -> bool {
+        if let Some(&(_, first)) = self.stale.iter().find(|s| s.0 == w.0) {
+            return now_ns.saturating_sub(first) >= self.cfg().stale_ns;
+        }
+        if self.stale.len() >= 64 {
+            self.stale.remove(0);
+        }
+        self.stale.push((w.0, now_ns));
+        false
+    }
+
+    /// Counts committed and tentative slots by reading the whole table
+    /// (for reports and tests, not the data path).
+    pub async fn occupancy<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Occupancy, CuckooError> {
+        let desc = self.open(ctx).await?;
+        let mut occ = Occupancy {
+            slots: desc.buckets * SLOTS as u64,
+            ..Occupancy::default()
+        };
+        const PER_READ: u64 = 64;
+        let mut b = 0;
+        while b < desc.buckets {
+            // A READ never crosses a segment.
+            let n = PER_READ
+                .min(desc.buckets - b)
+                .min(desc.seg_buckets - b % desc.seg_buckets);
+            let buf = ctx
+                .read(desc.bucket_addr(b), (n as usize) * BUCKET_BYTES)
+                .await?;
+            for i in 0..(n as usize * SLOTS) {
+                match Slot(buf.u64_at(i * 8)).state() {
+                    State::Normal | State::Forward => occ.committed += 1,
+                    State::Tentative => occ.tentative += 1,
+                    State::Empty => {}
+                }
+            }
+            b += n;
+        }
+        Ok(occ)
+    }
+}

@@ -1,0 +1,494 @@
+//! get, put and delete: each an attempt loop over collects and snapshots of
+//! the key's two buckets ending in at most one CAS that decides it (an
+//! insert: two, claim then commit). `mod.rs` states the protocol and why it
+//! is linearizable; the comments here point at its steps.
+
+use super::layout::{encode_entry, entry_lines, EntryRef, Slot, State, SLOTS};
+use super::place::{locate, Loc};
+use super::view::{
+    entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Verdict, POSITIONS,
+};
+use super::{CuckooClient, CuckooError, MAX_ATTEMPTS};
+use crate::cuckoo::layout::Desc;
+use nicdrv::{Ctx, Nic, OpId};
+
+/// Rounds of displacement one put tries before answering `TableFull`
+/// (others may take each slot a displacement frees).
+const MAX_ROOM_ROUNDS: u32 = 32;
+
+/// How an insert attempt ended.
+enum Ins {
+    /// Committed.
+    Done,
+    /// Nothing was stored: the entry may be used again as it is.
+    Retry,
+    /// The entry was seen in the table (Tentative) and withdrawn: it must
+    /// be retired and a fresh one written.
+    Burnt,
+    /// No empty slot in either bucket.
+    NoRoom(Pair),
+}
+
+impl CuckooClient {
+    fn locate(&self, desc: &Desc, key: &[u8]) -> Loc {
+        locate(key, desc.seed, desc.buckets)
+    }
+
+    /// The value of `key`, appended to `out` (cleared first); whether it
+    /// was present. Two round trips when the key is present and its
+    /// buckets are quiet, two when it is absent.
+    pub async fn get_into<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, CuckooError> {
+        self.check_key(key)?;
+        let desc = self.open(ctx).await?;
+        let rt0 = ctx.counters().round_trips;
+        let r = self.get_inner(ctx, &desc, key, out).await;
+        self.stats.gets += 1;
+        self.stats.get_round_trips += ctx.counters().round_trips - rt0;
+        r
+    }
+
+    /// [`get_into`](Self::get_into) into a new vector.
+    pub async fn get<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, CuckooError> {
+        let mut v = Vec::new();
+        Ok(self.get_into(ctx, key, &mut v).await?.then_some(v))
+    }
+
+    async fn get_inner<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, CuckooError> {
+        let loc = self.locate(desc, key);
+        'attempt: for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                self.stats.retries += 1;
+            }
+            self.known.clear();
+            let t = ctx.now_ns();
+            let a = self.collect(ctx, desc, &loc).await?;
+            // Committed words that may be the key's, in canonical order;
+            // a Forward word and the Normal word it moved to name one
+            // entry, READ once.
+            let mut cands = [None::<EntryRef>; POSITIONS];
+            let mut n = 0;
+            for p in 0..POSITIONS {
+                let s = a.slot(p);
+                if s.is_committed() && s.fp() == loc.fp && !cands[..n].contains(&Some(s.eref())) {
+                    cands[n] = Some(s.eref());
+                    n += 1;
+                }
+            }
+            if n > 0 {
+                let mut b = ctx.batch();
+                let mut ops = [None::<OpId>; POSITIONS];
+                for (i, e) in cands[..n].iter().flatten().enumerate() {
+                    ops[i] = Some(b.read_new(e.addr(), e.bytes()));
+                }
+                let mut d = b.submit().await?;
+                let mut torn = false;
+                for (i, e) in cands[..n].iter().flatten().enumerate() {
+                    let buf = d.take_buf(ops[i].expect("filled"));
+                    match judge(buf.as_slice(), key) {
+                        Verdict::Key => {
+                            // The slot held the key's value when it was read
+                            // (after t); the entry is that value if it was
+                            // read within W (mod.rs, Reclamation).
+                            if !self.in_window(ctx, t) {
+                                continue 'attempt;
+                            }
+                            let (_, v) = super::layout::decode_entry(buf.as_slice(), key.len())
+                                .expect("judged");
+                            out.clear();
+                            out.extend_from_slice(v);
+                            return Ok(true);
+                        }
+                        Verdict::Other => {
+                            self.stats.fp_false_matches += 1;
+                            self.known.put(*e, Verdict::Other, t, 0);
+                        }
+                        Verdict::Bad => torn = true,
+                    }
+                }
+                if torn {
+                    self.stats.torn_entries += 1;
+                    continue 'attempt;
+                }
+            }
+            // Not seen: only a snapshot can say absent (the key may have
+            // been moving between the buckets while they were read).
+            let snap = self.snapshot(ctx, desc, &loc, key, Some((a, t))).await?;
+            match self.plan(&snap, &loc)? {
+                Plan::Absent if self.in_window(ctx, snap.t0) => return Ok(false),
+                Plan::Torn => self.stats.torn_entries += 1,
+                // Present now, or a move to finish, or the window ran out:
+                // read again (a reader never writes).
+                _ => {}
+            }
+        }
+        Err(CuckooError::Contention)
+    }
+
+    /// Inserts `key` or replaces its value. An update takes three round
+    /// trips, an insert four, when the buckets are quiet; `TableFull` when
+    /// no slot can be made within the displacement bound.
+    pub async fn put<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), CuckooError> {
+        self.check_key(key)?;
+        let max = self.cfg().max_value_bytes;
+        if value.len() > max {
+            return Err(CuckooError::ValueTooLarge {
+                max,
+                got: value.len(),
+            });
+        }
+        let desc = self.open(ctx).await?;
+        let rt0 = ctx.counters().round_trips;
+        let r = self.put_inner(ctx, &desc, key, value).await;
+        self.stats.puts += 1;
+        self.stats.put_round_trips += ctx.counters().round_trips - rt0;
+        r
+    }
+
+    async fn put_inner<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), CuckooError> {
+        let loc = self.locate(desc, key);
+        let lines = entry_lines(key.len(), value.len());
+        encode_entry(&mut self.ebuf, key, value);
+        let mut v = self.alloc_entry(ctx, lines).await?;
+        let mut written = false;
+        let mut room_rounds = 0;
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                self.stats.retries += 1;
+            }
+            self.known.clear();
+            // The new entry is written out of place first, in the doorbell
+            // of the first collect; it is immutable from here on.
+            let t = ctx.now_ns();
+            let a = {
+                let mut b = ctx.batch();
+                if !written {
+                    b.write_bytes(v.addr(), &self.ebuf);
+                }
+                let c = push_collect(&mut b, desc, &loc);
+                let mut d = b.submit().await?;
+                take_collect(&mut d, c)
+            };
+            written = true;
+            let relevant = (0..POSITIONS).any(|p| Self::matches(&loc, a.slot(p)));
+            let outcome = if !relevant {
+                // Nothing with the key's fingerprint: claim a slot at once;
+                // the insert's own snapshot will catch a key that was
+                // moving past this collect.
+                self.insert(ctx, desc, &loc, key, a, v).await?
+            } else {
+                let snap = self.snapshot(ctx, desc, &loc, key, Some((a, t))).await?;
+                match self.plan(&snap, &loc)? {
+                    Plan::Torn => {
+                        self.stats.torn_entries += 1;
+                        continue;
+                    }
+                    Plan::Resolve(p) => {
+                        self.resolve(ctx, desc, &loc, &snap, p).await?;
+                        continue;
+                    }
+                    Plan::Present(p) => {
+                        // Update: the one committed copy, swung by one CAS.
+                        if !self.in_window(ctx, snap.t0) {
+                            continue;
+                        }
+                        let old = snap.pair.slot(p);
+                        let new = Slot::entry(State::Normal, loc.fp, v);
+                        let t_cas = ctx.now_ns();
+                        let got = self
+                            .cas_word(ctx, slot_addr(desc, &loc, p), old, new)
+                            .await?;
+                        if got == old {
+                            self.retire(ctx, old.eref());
+                            self.stats.updates += 1;
+                            return Ok(());
+                        }
+                        let old_sum = self.known.sum(old.eref());
+                        if self.eliminated(ctx, key, &loc, got, old_sum, t_cas).await? {
+                            // Never seen by anyone: reusable at once.
+                            self.give_back(v);
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    Plan::Absent => self.insert(ctx, desc, &loc, key, snap.pair, v).await?,
+                }
+            };
+            match outcome {
+                Ins::Done => return Ok(()),
+                Ins::Retry => {}
+                Ins::Burnt => {
+                    self.retire(ctx, v);
+                    v = self.alloc_entry(ctx, lines).await?;
+                    written = false;
+                    ctx.yield_now().await;
+                }
+                Ins::NoRoom(view) => {
+                    room_rounds += 1;
+                    let r = if room_rounds > MAX_ROOM_ROUNDS {
+                        self.stats.table_full += 1;
+                        Err(CuckooError::TableFull)
+                    } else {
+                        self.make_room(ctx, desc, &loc, view).await
+                    };
+                    if let Err(e) = r {
+                        // Never seen by anyone: reusable at once.
+                        self.give_back(v);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Err(CuckooError::Contention)
+    }
+
+    /// The insert protocol (mod.rs, "insert") from a collect or snapshot
+    /// `view` without a committed copy: claim an empty slot Tentative,
+    /// snapshot, settle with other claimants, commit.
+    async fn insert<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        key: &[u8],
+        view: Pair,
+        v: EntryRef,
+    ) -> Result<Ins, CuckooError> {
+        // The bucket with more empty slots (load balance), its first one.
+        let empties = |h: usize| {
+            (0..SLOTS)
+                .filter(|&i| view.slot(h * SLOTS + i).is_empty())
+                .count()
+        };
+        let half = if empties(1) > empties(0) { 1 } else { 0 };
+        let Some(x) = (half * SLOTS..(half + 1) * SLOTS).find(|&p| view.slot(p).is_empty()) else {
+            return self.clear_stale(ctx, desc, loc, view).await;
+        };
+        let mine = Slot::entry(State::Tentative, loc.fp, v);
+        let t = ctx.now_ns();
+        let (ok, c) = {
+            // The CAS goes first: on X's queue pair the READ of X's bucket
+            // runs after it, so the collect sees the claim if it succeeded.
+            let mut b = ctx.batch();
+            let cas = b.cas(slot_addr(desc, loc, x), view.0[x], mine.0);
+            let c = push_collect(&mut b, desc, loc);
+            let mut d = b.submit().await?;
+            (d.old(cas) == view.0[x], take_collect(&mut d, c))
+        };
+        self.after_cas()?;
+        if !ok {
+            self.stats.cas_failures += 1;
+            return Ok(Ins::Retry);
+        }
+        let mut first = Some((c, t));
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.snapshot(ctx, desc, loc, key, first.take()).await?;
+            if snap.pair.slot(x) != mine {
+                // Cleared by a competing insert or a cleaner.
+                return Ok(Ins::Burnt);
+            }
+            match self.plan(&snap, loc)? {
+                Plan::Torn => {
+                    self.stats.torn_entries += 1;
+                    continue;
+                }
+                Plan::Resolve(p) => {
+                    self.resolve(ctx, desc, loc, &snap, p).await?;
+                    continue;
+                }
+                Plan::Present(_) => {
+                    // Inserted meanwhile by someone else (or found moving):
+                    // withdraw, and update that copy on the next attempt.
+                    self.stats.withdrawals += 1;
+                    self.withdraw(ctx, desc, loc, x, mine).await?;
+                    return Ok(Ins::Burnt);
+                }
+                Plan::Absent => {}
+            }
+            // Other claims on the key: the earliest position wins.
+            let mut changed = false;
+            for q in 0..POSITIONS {
+                let s = snap.pair.slot(q);
+                if q == x
+                    || s.state() != State::Tentative
+                    || s.fp() != loc.fp
+                    || self.known.get(s.eref()) != Some(Verdict::Key)
+                {
+                    continue;
+                }
+                if q < x && !self.is_stale(s, ctx.now_ns()) {
+                    self.stats.yields += 1;
+                    self.withdraw(ctx, desc, loc, x, mine).await?;
+                    return Ok(Ins::Burnt);
+                }
+                let e = self.empty_word()?;
+                if self.cas(ctx, slot_addr(desc, loc, q), s, e).await? {
+                    self.stats.kills += 1;
+                }
+                changed = true;
+            }
+            if changed || !self.in_window(ctx, snap.t0) {
+                continue;
+            }
+            let done = mine.with_state(State::Normal);
+            if self.cas(ctx, slot_addr(desc, loc, x), mine, done).await? {
+                self.stats.inserts += 1;
+                return Ok(Ins::Done);
+            }
+            return Ok(Ins::Burnt);
+        }
+        Err(CuckooError::Contention)
+    }
+
+    /// Elimination of an update that lost its CAS (`got` is what the slot
+    /// held instead). If that word is committed and names an entry of the
+    /// same key whose checksum differs from the value the snapshot showed
+    /// (`old_sum`), then a put of the key took effect after our snapshot and
+    /// before our CAS, both inside our put's interval: our put is
+    /// linearized just before it, its value overwritten before anyone
+    /// could read it, and it is done without retrying (one entry READ
+    /// instead of a retry's three or more round trips; what keeps a hot
+    /// key's updates from starving). The entry is read within W of the
+    /// CAS, so it is the one the word named.
+    async fn eliminated<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+        loc: &Loc,
+        got: Slot,
+        old_sum: Option<u64>,
+        t_cas: u64,
+    ) -> Result<bool, CuckooError> {
+        let Some(old_sum) = old_sum else {
+            return Ok(false);
+        };
+        if !got.is_committed() || got.fp() != loc.fp {
+            return Ok(false);
+        }
+        let e = got.eref();
+        let buf = ctx.read(e.addr(), e.bytes()).await?;
+        if !self.in_window(ctx, t_cas) || judge(buf.as_slice(), key) != Verdict::Key {
+            return Ok(false);
+        }
+        let changed = entry_sum(buf.as_slice()) != old_sum;
+        if changed {
+            self.stats.eliminated += 1;
+        }
+        Ok(changed)
+    }
+
+    /// Clears our own claim at `x` (it may already be gone).
+    async fn withdraw<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        x: usize,
+        mine: Slot,
+    ) -> Result<(), CuckooError> {
+        let e = self.empty_word()?;
+        self.cas(ctx, slot_addr(desc, loc, x), mine, e).await?;
+        Ok(())
+    }
+
+    /// Both buckets full: clear Tentative words left unchanged for
+    /// `stale_ns` (by clients that stopped), else ask for displacement.
+    async fn clear_stale<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        view: Pair,
+    ) -> Result<Ins, CuckooError> {
+        let mut cleared = false;
+        for p in 0..POSITIONS {
+            let s = view.slot(p);
+            if s.state() == State::Tentative && self.is_stale(s, ctx.now_ns()) {
+                let e = self.empty_word()?;
+                if self.cas(ctx, slot_addr(desc, loc, p), s, e).await? {
+                    self.stats.kills += 1;
+                    cleared = true;
+                }
+            }
+        }
+        Ok(if cleared {
+            Ins::Retry
+        } else {
+            Ins::NoRoom(view)
+        })
+    }
+
+    /// Removes `key`; whether it was present. Three round trips when
+    /// present and quiet, two when absent.
+    pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: &[u8]) -> Result<bool, CuckooError> {
+        self.check_key(key)?;
+        let desc = self.open(ctx).await?;
+        let rt0 = ctx.counters().round_trips;
+        let r = self.delete_inner(ctx, &desc, key).await;
+        self.stats.deletes += 1;
+        self.stats.delete_round_trips += ctx.counters().round_trips - rt0;
+        r
+    }
+
+    async fn delete_inner<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        key: &[u8],
+    ) -> Result<bool, CuckooError> {
+        let loc = self.locate(desc, key);
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                self.stats.retries += 1;
+            }
+            self.known.clear();
+            let snap = self.snapshot(ctx, desc, &loc, key, None).await?;
+            match self.plan(&snap, &loc)? {
+                Plan::Torn => self.stats.torn_entries += 1,
+                Plan::Resolve(p) => self.resolve(ctx, desc, &loc, &snap, p).await?,
+                Plan::Absent => {
+                    if self.in_window(ctx, snap.t0) {
+                        return Ok(false);
+                    }
+                }
+                Plan::Present(p) => {
+                    if !self.in_window(ctx, snap.t0) {
+                        continue;
+                    }
+                    let old = snap.pair.slot(p);
+                    let e = self.empty_word()?;
+                    if self.cas(ctx, slot_addr(desc, &loc, p), old, e).await? {
+                        self.retire(ctx, old.eref());
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Err(CuckooError::Contention)
+    }
+}

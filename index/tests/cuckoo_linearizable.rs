@@ -1,0 +1,411 @@
+//! Concurrent histories of the cuckoo table, checked for per-key
+//! linearizability by `index::history`: on sim across seeds (several
+//! compute nodes, each with its own table handle; READs land line by line
+//! in random order, so collects tear), and on emu threads. Tables are kept
+//! nearly full so displacement runs all the time, and one test races
+//! displacement against gets and puts of the keys being moved. Every run
+//! ends with an audit of the table's memory: no key committed twice.
+
+mod common;
+mod cuckoo_util;
+
+use common::*;
+use cuckoo_util::*;
+use index::cuckoo::{Cuckoo, CuckooConfig, CuckooStats};
+use index::history::{History, Recorder};
+use nicdrv::sim::{for_each_seed, Fault, FaultKind, RunEnd, SimConfig, World};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+/// A short window and grace period, so that entries are reused many times
+/// within a run of a few virtual milliseconds.
+fn fast_reuse(mut c: CuckooConfig) -> CuckooConfig {
+    c.window_ns = 50_000;
+    c.reuse_grace_ns = 200_000;
+    c.stale_ns = 100_000;
+    c
+}
+
+/// Loads `items` with one client.
+fn sim_preload(w: &mut World, t: &Arc<Cuckoo>, items: Vec<(u64, u64)>) {
+    let t = t.clone();
+    sim_task(w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        for (k, v) in items {
+            put_u64(&mut c, &ctx, k, v).await.unwrap();
+        }
+    });
+}
+
+/// `cns` compute nodes × `threads` threads × 2 tasks, client `i` running
+/// `wl(i)`; returns the history, the summed statistics and the world.
+fn sim_history(
+    seed: u64,
+    cfg: &CuckooConfig,
+    cns: usize,
+    threads: usize,
+    preload: &BTreeMap<u64, u64>,
+    faults: Vec<Fault>,
+    wl: impl Fn(u32) -> Workload,
+) -> (History, CuckooStats, World) {
+    let mut w = World::new(SimConfig {
+        seed,
+        memory_nodes: 3,
+        compute_nodes: cns,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        faults,
+        ..Default::default()
+    })
+    .unwrap();
+    let tables: Vec<Arc<Cuckoo>> = (0..cns)
+        .map(|_| Cuckoo::new(cfg.clone()).unwrap())
+        .collect();
+    sim_create_table(&mut w, &tables[0]);
+    sim_preload(
+        &mut w,
+        &tables[0],
+        preload.iter().map(|(&k, &v)| (k, v)).collect(),
+    );
+    let h = Rc::new(RefCell::new(History::new()));
+    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
+    let mut me = 1u32;
+    for (cn, table) in tables.iter().enumerate() {
+        for _ in 0..threads {
+            let t = w.add_thread(cn as u16, exec_cfg(2)).unwrap();
+            for _ in 0..2 {
+                let c = table.client().unwrap();
+                let (rec, sink, wl, id) = (Rec::Local(h.clone()), sink.clone(), wl(me), me);
+                w.spawn(t, move |ctx| {
+                    random_client(ctx, c, rec, id, seed, wl, turn_clock, sink)
+                })
+                .unwrap();
+                me += 1;
+            }
+        }
+    }
+    assert_eq!(w.run(), RunEnd::Done, "seed {seed}: clients did not finish");
+    let hist = h.borrow().clone();
+    let stats = *sink.lock().unwrap();
+    (hist, stats, w)
+}
+
+/// Random gets, puts and deletes on 120 keys in a 96-slot table (about 80
+/// keys present: 83% full, displacing constantly, now and then full), 12
+/// clients on 3 compute nodes.
+#[test]
+fn cuckoo_histories_are_linearizable_on_sim() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed("cuckoo_histories_are_linearizable_on_sim", 8, |seed| {
+        let cfg = fast_reuse(cfg(96, 8, 120));
+        let keys = Arc::new((0..120u64).collect::<Vec<_>>());
+        let (h, stats, w) = sim_history(seed, &cfg, 3, 2, &BTreeMap::new(), vec![], |_| Workload {
+            put: 5,
+            get: 3,
+            keys: keys.clone(),
+            ops: 150,
+        });
+        let v = h.check(&BTreeMap::new());
+        assert!(v.is_ok(), "seed {seed}: {v:?}");
+        audit_sim(&w, 8);
+        *total.borrow_mut() += stats;
+    });
+    let total = total.into_inner();
+    eprintln!("{total:?}");
+    assert!(total.moves > 0, "no displacement happened");
+    assert!(total.entries_reused > 0, "no entry was reused");
+}
+
+/// A table spread over three memory nodes (4 KiB chunks: 128 buckets in
+/// two segments, so a key's buckets are often on two nodes and its
+/// collect's two READs travel on two queue pairs, unordered): 900 keys
+/// preloaded into 1024 slots, then random operations on 1000.
+#[test]
+fn cuckoo_histories_on_a_table_spread_over_nodes() {
+    for_each_seed("cuckoo_histories_on_a_table_spread_over_nodes", 4, |seed| {
+        let mut cfg = fast_reuse(cfg(1024, 8, 24));
+        cfg.chunk.chunk_bytes = 4096;
+        let preload: BTreeMap<u64, u64> = (0..900u64).map(|k| (k, k)).collect();
+        let keys = Arc::new((0..1000u64).collect::<Vec<_>>());
+        let (h, _, w) = sim_history(seed, &cfg, 3, 2, &preload, vec![], |_| Workload {
+            put: 6,
+            get: 3,
+            keys: keys.clone(),
+            ops: 150,
+        });
+        let v = h.check(&preload);
+        assert!(v.is_ok(), "seed {seed}: {v:?}");
+        let a = audit_sim(&w, 8);
+        let mut nodes = a.seg_nodes.clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        assert!(nodes.len() >= 2, "segments on {nodes:?}");
+    });
+}
+
+/// Displacement racing gets and puts on the keys it moves: 110 keys
+/// preloaded into 128 slots; half the clients get and update them, the
+/// other half insert and delete 40 other keys, which keeps both buckets of
+/// most inserts full, so preloaded keys are moved under the readers'
+/// and writers' feet.
+#[test]
+fn cuckoo_displacement_races_gets_and_puts_on_sim() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed(
+        "cuckoo_displacement_races_gets_and_puts_on_sim",
+        6,
+        |seed| {
+            let cfg = fast_reuse(cfg(128, 8, 64));
+            let preload: BTreeMap<u64, u64> = (0..110u64).map(|k| (k, k * 7)).collect();
+            let hot = Arc::new((0..110u64).collect::<Vec<_>>());
+            let movers = Arc::new((1000..1040u64).collect::<Vec<_>>());
+            let (h, stats, w) = sim_history(seed, &cfg, 2, 2, &preload, vec![], |me| {
+                if me % 2 == 0 {
+                    Workload {
+                        put: 3,
+                        get: 7,
+                        keys: hot.clone(),
+                        ops: 200,
+                    }
+                } else {
+                    Workload {
+                        put: 6,
+                        get: 0,
+                        keys: movers.clone(),
+                        ops: 200,
+                    }
+                }
+            });
+            let v = h.check(&preload);
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            let state = audit_sim(&w, 8).map;
+            for k in 0..110u64 {
+                assert!(state.contains_key(&k), "seed {seed}: key {k} lost");
+            }
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    eprintln!(
+        "moves {} aborted {} helps {} displacements {} paths {:?} snapshot retries {} cas failures {}",
+        total.moves,
+        total.aborted_moves,
+        total.helps,
+        total.displacements,
+        total.path_len_hist,
+        total.snapshot_retries,
+        total.cas_failures
+    );
+    assert!(total.moves >= 100, "only {} moves", total.moves);
+}
+
+/// Real threads on emu memory nodes: 2 threads × 4 tasks, 1500 operations
+/// each on 150 keys in a 128-slot table.
+#[test]
+fn cuckoo_histories_are_linearizable_on_emu_threads() {
+    let emu = Arc::new(Emu::new(2));
+    let table = Cuckoo::new(cfg(128, 8, 100)).unwrap();
+    emu_create_table(&emu, &table);
+    let rec = Recorder::new();
+    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
+    let keys = Arc::new((0..150u64).collect::<Vec<_>>());
+    std::thread::scope(|s| {
+        for th in 0..2u32 {
+            let (emu, table, rec, sink, keys) = (
+                emu.clone(),
+                table.clone(),
+                rec.clone(),
+                sink.clone(),
+                keys.clone(),
+            );
+            s.spawn(move || {
+                let mut ex = emu.executor(4);
+                for t in 0..4u32 {
+                    let me = 1 + th * 4 + t;
+                    let c = table.client().unwrap();
+                    let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
+                    let wl = Workload {
+                        put: 5,
+                        get: 3,
+                        keys: keys.clone(),
+                        ops: 1500,
+                    };
+                    ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, wl, wall_clock, sink))
+                        .unwrap();
+                }
+                ex.run();
+            });
+        }
+    });
+    let v = rec.check(&BTreeMap::new());
+    assert!(v.is_ok(), "{v:?}");
+    assert!(rec.snapshot().events().len() >= 12_000);
+    let stats = *sink.lock().unwrap();
+    eprintln!("{stats:?}");
+    assert!(stats.moves > 0, "no displacement happened");
+}
+
+/// Concurrent inserts of the same key into different empty slots (the
+/// classic lock-free cuckoo hazard): 16 clients put, delete and get 3
+/// keys, so most puts are inserts racing inserts of the same key. The
+/// history is linearizable and the memory never holds a key twice.
+#[test]
+fn cuckoo_concurrent_inserts_of_one_key_never_duplicate() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed(
+        "cuckoo_concurrent_inserts_of_one_key_never_duplicate",
+        8,
+        |seed| {
+            let cfg = fast_reuse(cfg(256, 8, 16));
+            let keys = Arc::new(vec![5u64, 6, 7]);
+            // Stalls (under W) make claimants see different empty slots.
+            let mut rng = nicdrv::rng::Rng::new(seed);
+            let stalls = (0..400)
+                .map(|_| Fault {
+                    at_ns: rng.below(2_000_000),
+                    kind: FaultKind::StallThread {
+                        thread: 2 + rng.below(8) as u32,
+                        duration_ns: 1_000 + rng.below(20_000),
+                    },
+                })
+                .collect();
+            let (h, stats, w) =
+                sim_history(seed, &cfg, 2, 4, &BTreeMap::new(), stalls, |_| Workload {
+                    put: 5,
+                    get: 2,
+                    keys: keys.clone(),
+                    ops: 120,
+                });
+            let v = h.check(&BTreeMap::new());
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            audit_sim(&w, 8);
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    eprintln!(
+        "inserts {} eliminated {} kills {} yields {} withdrawals {} cas failures {} retries {}",
+        total.inserts,
+        total.eliminated,
+        total.kills,
+        total.yields,
+        total.withdrawals,
+        total.cas_failures,
+        total.retries
+    );
+    assert!(total.eliminated > 0, "no update was eliminated");
+    assert!(
+        total.kills + total.yields > 0 && total.withdrawals > 0,
+        "inserts of one key never met in different slots: {total:?}"
+    );
+}
+
+/// Entry reuse: one writer per key updates it back to back, so each entry
+/// it unlinks comes back to it after the grace period and is rewritten
+/// with a value of a put not yet committed; ten readers get the same keys
+/// all the while. A reader that followed a pointer into a reused entry
+/// would return a value from the future and then, on a later read, an
+/// older one: the checker refutes that. Entries must be reused many times.
+#[test]
+fn cuckoo_entry_reuse_never_feeds_readers() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed("cuckoo_entry_reuse_never_feeds_readers", 8, |seed| {
+        let mut cfg = cfg(256, 8, 16);
+        cfg.window_ns = 10_000;
+        cfg.reuse_grace_ns = 40_000;
+        cfg.stale_ns = 20_000;
+        let keys = Arc::new(vec![1u64, 2]);
+        // Threads 2..8 run the clients; stalls stretch the gap between a
+        // get's bucket READ and its entry READ: short ones (under W) test
+        // the grace period, long ones (over G) the window check.
+        let mut rng = nicdrv::rng::Rng::new(seed);
+        let stalls = (0..800)
+            .map(|_| Fault {
+                at_ns: rng.below(3_000_000),
+                kind: FaultKind::StallThread {
+                    thread: 2 + rng.below(6) as u32,
+                    // Mostly under W; one in ten longer than G.
+                    duration_ns: if rng.below(10) == 0 {
+                        50_000 + rng.below(100_000)
+                    } else {
+                        1_000 + rng.below(8_000)
+                    },
+                },
+            })
+            .collect();
+        let (h, stats, _) =
+            sim_history(seed, &cfg, 2, 3, &BTreeMap::new(), stalls, |me| Workload {
+                put: if me <= 2 { 10 } else { 0 },
+                get: if me <= 2 { 0 } else { 10 },
+                keys: Arc::new(vec![keys[(me as usize - 1) % 2]]),
+                ops: 300,
+            });
+        let v = h.check(&BTreeMap::new());
+        assert!(v.is_ok(), "seed {seed}: {v:?}");
+        *total.borrow_mut() += stats;
+    });
+    let total = total.into_inner();
+    eprintln!(
+        "entries reused {} allocated {} window restarts {} torn {}",
+        total.entries_reused, total.entries_allocated, total.window_restarts, total.torn_entries
+    );
+    assert!(total.entries_reused >= 1000, "{total:?}");
+}
+
+/// Updates racing moves of the same key: 52 keys in 64 slots, updated
+/// and read by half the clients while the other half insert and delete
+/// 16 more keys, so the updated keys are moved all the time. An update
+/// whose CAS loses to a move (same value, new word) must retry: only a
+/// CAS lost to another put may be eliminated.
+#[test]
+fn cuckoo_updates_racing_moves_are_never_lost() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed("cuckoo_updates_racing_moves_are_never_lost", 8, |seed| {
+        let cfg = fast_reuse(cfg(64, 8, 16));
+        let preload: BTreeMap<u64, u64> = (0..52u64).map(|k| (k, k + 1)).collect();
+        let hot = Arc::new((0..52u64).collect::<Vec<_>>());
+        let movers = Arc::new((1000..1016u64).collect::<Vec<_>>());
+        let mut rng = nicdrv::rng::Rng::new(seed);
+        let stalls = (0..300)
+            .map(|_| Fault {
+                at_ns: rng.below(3_000_000),
+                kind: FaultKind::StallThread {
+                    thread: 2 + rng.below(8) as u32,
+                    duration_ns: 1_000 + rng.below(20_000),
+                },
+            })
+            .collect();
+        let (h, stats, w) = sim_history(seed, &cfg, 2, 4, &preload, stalls, |me| {
+            if me % 2 == 0 {
+                Workload {
+                    put: 7,
+                    get: 3,
+                    keys: hot.clone(),
+                    ops: 150,
+                }
+            } else {
+                Workload {
+                    put: 7,
+                    get: 0,
+                    keys: movers.clone(),
+                    ops: 150,
+                }
+            }
+        });
+        let v = h.check(&preload);
+        assert!(v.is_ok(), "seed {seed}: {v:?}");
+        let state = audit_sim(&w, 8).map;
+        for k in 0..52u64 {
+            assert!(state.contains_key(&k), "seed {seed}: key {k} lost");
+        }
+        *total.borrow_mut() += stats;
+    });
+    let total = total.into_inner();
+    eprintln!(
+        "moves {} eliminated {} cas failures {} helps {} updates {}",
+        total.moves, total.eliminated, total.cas_failures, total.helps, total.updates
+    );
+    assert!(total.moves >= 500, "only {} moves", total.moves);
+}

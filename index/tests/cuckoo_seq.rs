@@ -1,0 +1,461 @@
+//! The cuckoo table against `HashMap`, one client at a time: random
+//! operations on small tables (so displacement chains and `TableFull`
+//! happen) on sim and emu; the highest load factor before `TableFull`;
+//! round trips per operation; values up to 4 KiB; bad input.
+
+mod common;
+mod cuckoo_util;
+
+use common::*;
+use cuckoo_util::*;
+use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig, CuckooError, CuckooStats};
+use nicdrv::{Ctx, Nic};
+use proptest::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u64, u64),
+    Get(u64),
+    Delete(u64),
+}
+
+fn op(keys: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..keys, any::<u64>()).prop_map(|(k, v)| Op::Put(k, v)),
+        3 => (0..keys).prop_map(Op::Get),
+        1 => (0..keys).prop_map(Op::Delete),
+    ]
+}
+
+/// Applies `ops` through `c` and to a model; panics at the first mismatch.
+/// A put may fail with `TableFull` only for a new key, which then stays
+/// absent. Ends by reading every key and counting the table's slots.
+async fn check_ops<N: Nic>(
+    ctx: &Ctx<N>,
+    c: &mut CuckooClient,
+    ops: &[Op],
+    keys: u64,
+    model: &mut HashMap<u64, u64>,
+) -> u32 {
+    let mut full = 0;
+    for (i, o) in ops.iter().enumerate() {
+        match *o {
+            Op::Put(k, v) => match put_u64(c, ctx, k, v).await {
+                Ok(()) => {
+                    model.insert(k, v);
+                }
+                Err(CuckooError::TableFull) => {
+                    assert!(
+                        !model.contains_key(&k),
+                        "op {i}: TableFull on an update of {k}"
+                    );
+                    full += 1;
+                }
+                Err(e) => panic!("op {i}: put {k}: {e}"),
+            },
+            Op::Get(k) => assert_eq!(
+                get_u64(c, ctx, k).await.unwrap(),
+                model.get(&k).copied(),
+                "op {i}: get {k}"
+            ),
+            Op::Delete(k) => assert_eq!(
+                delete_u64(c, ctx, k).await.unwrap(),
+                model.remove(&k).is_some(),
+                "op {i}: delete {k}"
+            ),
+        }
+    }
+    for k in 0..keys {
+        assert_eq!(
+            get_u64(c, ctx, k).await.unwrap(),
+            model.get(&k).copied(),
+            "final get {k}"
+        );
+    }
+    let occ = c.occupancy(ctx).await.unwrap();
+    assert_eq!(occ.committed, model.len() as u64, "committed slots");
+    assert_eq!(occ.tentative, 0, "tentative slots left behind");
+    full
+}
+
+fn run_sim_ops(cfg: CuckooConfig, ops: Vec<Op>, keys: u64, seed: u64) -> CuckooStats {
+    let mut w = sim_world(seed, 2, 1);
+    let table = Cuckoo::new(cfg).unwrap();
+    sim_create_table(&mut w, &table);
+    let stats = Rc::new(RefCell::new(CuckooStats::default()));
+    let (t, st) = (table.clone(), stats.clone());
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let mut model = HashMap::new();
+        check_ops(&ctx, &mut c, &ops, keys, &mut model).await;
+        *st.borrow_mut() = c.stats;
+    });
+    let s = *stats.borrow();
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    /// 128 slots and up to 160 keys: the table fills, displaces and
+    /// refuses; 8-byte keys, values up to 200 bytes.
+    #[test]
+    fn small_table_matches_a_hashmap_on_sim(
+        ops in prop::collection::vec(op(160), 1..400),
+        seed in 0u64..1000,
+    ) {
+        run_sim_ops(cfg(128, 8, 200), ops, 160, seed);
+    }
+
+    /// Odd key sizes and larger values (several lines per entry).
+    #[test]
+    fn long_keys_and_values_match_a_hashmap_on_sim(
+        ops in prop::collection::vec(op(120), 1..200),
+        key_bytes in prop::sample::select(vec![1usize, 13, 24, 100]),
+    ) {
+        run_sim_ops(cfg(96, key_bytes, 1000), ops, 120, 3);
+    }
+}
+
+/// Fills tables with fresh random keys until the first `TableFull` and
+/// reports the load factor it stopped at; every key stays readable, the
+/// refused key stays absent, and deleting makes room again.
+fn fill_until_full(capacity: u64, seed: u64) -> (f64, CuckooStats) {
+    let mut w = sim_world(seed, 3, 1);
+    let mut c = cfg(capacity, 8, 16);
+    // Small chunks: tables above 512 slots span several segments on
+    // several memory nodes, so a key's two buckets are often on two.
+    c.chunk.chunk_bytes = 4096;
+    let table = Cuckoo::new(c).unwrap();
+    sim_create_table(&mut w, &table);
+    let out = Rc::new(RefCell::new((0.0, CuckooStats::default())));
+    let (t, o) = (table.clone(), out.clone());
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let mut rng = nicdrv::rng::Rng::new(seed);
+        let mut model = HashMap::new();
+        let refused = loop {
+            let k = rng.next_u64() >> 1;
+            match put_u64(&mut c, &ctx, k, k ^ 5).await {
+                Ok(()) => {
+                    model.insert(k, k ^ 5);
+                }
+                Err(CuckooError::TableFull) => break k,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let occ = c.occupancy(&ctx).await.unwrap();
+        assert_eq!(occ.committed, model.len() as u64);
+        let load = occ.load_factor();
+        assert_eq!(get_u64(&mut c, &ctx, refused).await.unwrap(), None);
+        for (&k, &v) in &model {
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), Some(v), "key {k}");
+        }
+        // A second refusal writes nothing either.
+        assert!(matches!(
+            put_u64(&mut c, &ctx, refused, 1).await,
+            Err(CuckooError::TableFull)
+        ));
+        assert_eq!(
+            c.occupancy(&ctx).await.unwrap().committed,
+            model.len() as u64
+        );
+        // Room again after deletes.
+        let gone: Vec<u64> = model.keys().copied().take(model.len() / 10).collect();
+        for k in &gone {
+            assert!(delete_u64(&mut c, &ctx, *k).await.unwrap());
+            model.remove(k);
+        }
+        put_u64(&mut c, &ctx, refused, 7).await.unwrap();
+        assert_eq!(get_u64(&mut c, &ctx, refused).await.unwrap(), Some(7));
+        for k in &gone {
+            assert_eq!(get_u64(&mut c, &ctx, *k).await.unwrap(), None);
+        }
+        *o.borrow_mut() = (load, c.stats);
+    });
+    let a = audit_sim(&w, 8);
+    if capacity > 512 {
+        let mut nodes = a.seg_nodes.clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        assert!(nodes.len() >= 2, "segments on {nodes:?}");
+    }
+    let r = *out.borrow();
+    r
+}
+
+/// The highest load factor reached before `TableFull` with 8-slot buckets
+/// and a 512-bucket search: at least 90% (design target) on every seed;
+/// displacement chains of two hops or more happened on the way.
+#[test]
+fn load_factor_before_table_full_is_at_least_90_percent() {
+    let mut loads = Vec::new();
+    let mut total = CuckooStats::default();
+    for seed in 0..3 {
+        for capacity in [1024u64, 8192] {
+            let (load, s) = fill_until_full(capacity, seed);
+            loads.push((capacity, seed, load));
+            total += s;
+            assert!(
+                load >= 0.90,
+                "capacity {capacity} seed {seed}: TableFull at load {load:.3}"
+            );
+        }
+    }
+    eprintln!("load factor at the first TableFull (capacity, seed, load): {loads:?}");
+    eprintln!(
+        "displacements {} moves {} path lengths {:?} max {} search buckets {}",
+        total.displacements,
+        total.moves,
+        total.path_len_hist,
+        total.max_path_len,
+        total.search_buckets
+    );
+    assert!(total.displacements > 0);
+    assert!(
+        total.path_len_hist[2..].iter().sum::<u64>() > 0,
+        "no displacement chain of two or more hops: {:?}",
+        total.path_len_hist
+    );
+}
+
+/// Round trips per operation in an uncontended run, from the task's
+/// counters: get 2 (buckets, then the entry), a miss 2 (two collects),
+/// insert 4, update 3, delete 3, deleting an absent key 2.
+#[test]
+fn round_trips_per_operation_uncontended() {
+    let mut w = sim_world(1, 2, 1);
+    let table = Cuckoo::new(cfg(4096, 8, 64)).unwrap();
+    sim_create_table(&mut w, &table);
+    let t = table.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        // Warm up: open the table and take a chunk for entries.
+        put_u64(&mut c, &ctx, 1_000_000, 1).await.unwrap();
+        let rt = |ctx: &Ctx<_>| ctx.counters().round_trips;
+        let mut per = Vec::new();
+        for k in 0..200u64 {
+            let r0 = rt(&ctx);
+            put_u64(&mut c, &ctx, k, k).await.unwrap();
+            let r1 = rt(&ctx);
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), Some(k));
+            let r2 = rt(&ctx);
+            assert_eq!(get_u64(&mut c, &ctx, k + 500_000).await.unwrap(), None);
+            let r3 = rt(&ctx);
+            put_u64(&mut c, &ctx, k, k + 1).await.unwrap();
+            let r4 = rt(&ctx);
+            assert!(delete_u64(&mut c, &ctx, k).await.unwrap());
+            let r5 = rt(&ctx);
+            assert!(!delete_u64(&mut c, &ctx, k).await.unwrap());
+            let r6 = rt(&ctx);
+            per.push([r1 - r0, r2 - r1, r3 - r2, r4 - r3, r5 - r4, r6 - r5]);
+        }
+        // Fingerprint collisions (12 bits, 16 slots) may add a READ to a
+        // few operations; the common case is exact.
+        let names = [
+            "insert",
+            "get",
+            "get miss",
+            "update",
+            "delete",
+            "delete miss",
+        ];
+        let want = [4, 2, 2, 3, 3, 2];
+        for i in 0..6 {
+            let exact = per.iter().filter(|p| p[i] == want[i]).count();
+            let mean = per.iter().map(|p| p[i]).sum::<u64>() as f64 / per.len() as f64;
+            eprintln!("{}: {mean:.3} round trips on average", names[i]);
+            assert!(
+                exact >= per.len() * 95 / 100,
+                "{}: {exact}/{} took {} round trips",
+                names[i],
+                per.len(),
+                want[i]
+            );
+            assert!(per.iter().all(|p| p[i] <= want[i] + 1), "{}", names[i]);
+        }
+        let s = c.stats;
+        assert_eq!(s.retries, 0);
+        assert_eq!(s.snapshot_retries, 0);
+        assert_eq!(s.cas_failures, 0);
+    });
+}
+
+/// Values of 4 KiB (65 lines with the header and key) round trip; a value
+/// over the maximum, a key of the wrong size and a zero capacity are
+/// errors, and the refused operations post no verb at all.
+#[test]
+fn large_values_and_bad_input() {
+    assert!(matches!(
+        Cuckoo::new(cfg(0, 8, 16)),
+        Err(CuckooError::Config(_))
+    ));
+    assert!(matches!(
+        Cuckoo::new(cfg(16, 0, 16)),
+        Err(CuckooError::Config(_))
+    ));
+    assert!(matches!(
+        Cuckoo::new(cfg(16, 8, 9000)),
+        Err(CuckooError::Config(_))
+    ));
+    // Blocks and descriptors must fit a chunk.
+    let mut small = cfg(16, 8, 4096);
+    small.chunk.chunk_bytes = 4096;
+    assert!(matches!(Cuckoo::new(small), Err(CuckooError::Config(_))));
+    let mut many = cfg(1 << 20, 8, 8);
+    many.chunk.chunk_bytes = 4096;
+    assert!(matches!(Cuckoo::new(many), Err(CuckooError::Config(_))));
+    let mut w = sim_world(2, 2, 1);
+    let table = Cuckoo::new(cfg(256, 16, 4096)).unwrap();
+    sim_create_table(&mut w, &table);
+    let t = table.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let k = |i: u64| key(i, 16);
+        for i in 0..40u64 {
+            let v: Vec<u8> = (0..4096).map(|j| (i as usize * 7 + j) as u8).collect();
+            c.put(&ctx, &k(i), &v).await.unwrap();
+        }
+        for i in 0..40u64 {
+            let v: Vec<u8> = (0..4096).map(|j| (i as usize * 7 + j) as u8).collect();
+            assert_eq!(c.get(&ctx, &k(i)).await.unwrap(), Some(v));
+        }
+        c.put(&ctx, &k(100), &[]).await.unwrap();
+        assert_eq!(c.get(&ctx, &k(100)).await.unwrap(), Some(vec![]));
+        let before = ctx.counters();
+        let occ0 = c.occupancy(&ctx).await.unwrap();
+        let verbs0 = ctx.counters();
+        assert!(matches!(
+            c.put(&ctx, &k(7), &vec![1u8; 4097]).await,
+            Err(CuckooError::ValueTooLarge {
+                max: 4096,
+                got: 4097
+            })
+        ));
+        assert!(matches!(
+            c.put(&ctx, &[1u8; 15], b"x").await,
+            Err(CuckooError::KeySize {
+                expected: 16,
+                got: 15
+            })
+        ));
+        assert!(matches!(
+            c.get(&ctx, &[1u8; 17]).await,
+            Err(CuckooError::KeySize { .. })
+        ));
+        assert!(matches!(
+            c.delete(&ctx, &[]).await,
+            Err(CuckooError::KeySize { .. })
+        ));
+        assert_eq!(ctx.counters(), verbs0, "a refused operation posted verbs");
+        assert_eq!(c.occupancy(&ctx).await.unwrap(), occ0);
+        let v7: Vec<u8> = (0..4096).map(|j| (7 * 7 + j) as u8).collect();
+        assert_eq!(c.get(&ctx, &k(7)).await.unwrap(), Some(v7));
+        let _ = before;
+    });
+}
+
+/// A table must exist before use; a client configured differently from
+/// the table's creator is refused.
+#[test]
+fn use_before_create_and_mismatched_config() {
+    let mut w = sim_world(3, 1, 1);
+    let table = Cuckoo::new(cfg(64, 8, 16)).unwrap();
+    let other = Cuckoo::new(cfg(64, 9, 16)).unwrap();
+    let (t, o) = (table.clone(), other.clone());
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        assert!(matches!(
+            c.get(&ctx, &key(1, 8)).await,
+            Err(CuckooError::NotCreated)
+        ));
+        c.create(&ctx).await.unwrap();
+        c.create(&ctx).await.unwrap();
+        put_u64(&mut c, &ctx, 1, 2).await.unwrap();
+        let mut c2 = t.client().unwrap();
+        assert_eq!(get_u64(&mut c2, &ctx, 1).await.unwrap(), Some(2));
+        let mut bad = o.client().unwrap();
+        assert!(matches!(
+            bad.get(&ctx, &key(1, 9)).await,
+            Err(CuckooError::Config(_))
+        ));
+    });
+}
+
+/// The same random operations on emu memory nodes (real shared memory).
+#[test]
+fn small_table_matches_a_hashmap_on_emu() {
+    let emu = Emu::new(2);
+    let table = Cuckoo::new(cfg(128, 8, 200)).unwrap();
+    emu_create_table(&emu, &table);
+    let mut rng = nicdrv::rng::Rng::new(11);
+    let ops: Vec<Op> = (0..1500)
+        .map(|_| match rng.below(10) {
+            0..=5 => Op::Put(rng.below(160), rng.next_u64()),
+            6..=8 => Op::Get(rng.below(160)),
+            _ => Op::Delete(rng.below(160)),
+        })
+        .collect();
+    let mut ex = emu.executor(1);
+    let t = table.clone();
+    let full = Rc::new(RefCell::new(0));
+    let f = full.clone();
+    ex.spawn(move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let mut model = HashMap::new();
+        *f.borrow_mut() = check_ops(&ctx, &mut c, &ops, 160, &mut model).await;
+    })
+    .unwrap();
+    ex.run();
+    assert!(*full.borrow() > 0, "the table never filled");
+}
+
+/// Keys that share their first bucket and fingerprint: every operation
+/// must READ the other key's entry to tell them apart (the same doorbell
+/// as the first, so a get still takes 2 round trips, an update 3), and
+/// never confuses them.
+#[test]
+fn fingerprint_collisions_are_told_apart() {
+    let c = cfg(64, 8, 16);
+    let buckets = c.buckets();
+    let seed = c.seed;
+    let l0 = index::cuckoo::place::locate(&key(0, 8), seed, buckets);
+    let twin = (1u64..)
+        .find(|&k| index::cuckoo::place::locate(&key(k, 8), seed, buckets) == l0)
+        .unwrap();
+    let mut w = sim_world(4, 2, 1);
+    let table = Cuckoo::new(c).unwrap();
+    sim_create_table(&mut w, &table);
+    let t = table.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        put_u64(&mut c, &ctx, 99, 1).await.unwrap();
+        put_u64(&mut c, &ctx, 0, 10).await.unwrap();
+        let rt = |ctx: &Ctx<_>| ctx.counters().round_trips;
+        let r0 = rt(&ctx);
+        put_u64(&mut c, &ctx, twin, 20).await.unwrap();
+        let r1 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, twin).await.unwrap(), Some(20));
+        let r2 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, 0).await.unwrap(), Some(10));
+        put_u64(&mut c, &ctx, twin, 21).await.unwrap();
+        let r3 = rt(&ctx);
+        assert!(delete_u64(&mut c, &ctx, 0).await.unwrap());
+        let r4 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, 0).await.unwrap(), None);
+        let r5 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, twin).await.unwrap(), Some(21));
+        // Insert: collect, snapshot with the twin's entry, claim, settle,
+        // commit.
+        assert_eq!(r1 - r0, 5, "insert next to a twin");
+        assert_eq!(r2 - r1, 2, "get of a twin");
+        assert_eq!(r4 - r3, 3, "delete next to a twin");
+        // A miss must read the twin's entry, then confirm by a snapshot.
+        assert_eq!(r5 - r4, 3, "miss next to a twin");
+        assert!(r3 - r2 >= 5, "get + update");
+        assert!(c.stats.fp_false_matches >= 4, "{:?}", c.stats);
+    });
+}
