@@ -26,8 +26,9 @@ use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::latency_histogram;
 use hdrhistogram::Histogram;
+use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig};
 use index::history::{History, Op, OpId, Ret, Verdict};
-use index::tree::{Tree, TreeClient, TreeConfig, TreeError, TreeStats, VersionScheme};
+use index::tree::{Tree, TreeClient, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::Rng;
 use nicdrv::sim::{RunEnd, SimConfig, World};
@@ -147,6 +148,8 @@ pub fn system_named(name: &str, host_bytes: u64) -> Option<TreeConfig> {
             ..TreeConfig::sherman(host_bytes)
         },
         "fg" | "fg+" => fg,
+        // The hash table: the tree configuration only lends its chunk size.
+        "cuckoo" => TreeConfig::sherman(host_bytes),
         // Sherman §5.2.1's breakdown, one technique at a time.
         "fg+comb" => TreeConfig {
             combine: true,
@@ -169,7 +172,7 @@ pub fn system_named(name: &str, host_bytes: u64) -> Option<TreeConfig> {
 }
 
 pub const SYSTEMS: &str =
-    "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
+    "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier, cuckoo";
 
 /// How long clients measure.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -200,11 +203,22 @@ pub struct RunSpec {
     pub cache_bytes: usize,
     /// Record every operation into a history.
     pub record_history: bool,
+    /// Run the Nessie hash table instead of a tree (`--systems cuckoo`).
+    pub cuckoo: bool,
 }
 
 impl RunSpec {
     fn clients(&self) -> u64 {
         (self.compute_nodes * self.threads * self.coroutines) as u64
+    }
+
+    /// Operations per client, for sizing the hash table (a guess for
+    /// timed runs: inserts beyond it can fill the table).
+    fn ops_hint(&self) -> u64 {
+        match self.length {
+            Length::Ops(n) => n + self.warmup,
+            Length::Nanos(_) => 10_000 + self.warmup,
+        }
     }
 }
 
@@ -343,6 +357,172 @@ fn pick(mix: &Mix, rng: &mut Rng) -> Kind {
 /// Scans run from their start key to the end of the key space.
 const SCAN_HIGH: u64 = u64::MAX - 1;
 
+/// The index a client runs against: a tree or the hash table, one handle
+/// per compute node.
+#[derive(Clone)]
+pub enum IndexHandle {
+    Tree(Arc<Tree>),
+    Cuckoo(Arc<Cuckoo>),
+}
+
+impl IndexHandle {
+    fn client(&self, id: u64) -> Result<Client, String> {
+        Ok(match self {
+            IndexHandle::Tree(t) => Client::Tree(t.client(id).map_err(|e| e.to_string())?),
+            IndexHandle::Cuckoo(c) => {
+                Client::Cuckoo(Box::new(c.client().map_err(|e| e.to_string())?))
+            }
+        })
+    }
+}
+
+/// One client of either index, with the operations the workloads use.
+pub enum Client {
+    Tree(TreeClient),
+    Cuckoo(Box<CuckooClient>),
+}
+
+fn word(v: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = v.len().min(8);
+    b[..n].copy_from_slice(&v[..n]);
+    u64::from_le_bytes(b)
+}
+
+impl Client {
+    async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), String> {
+        match self {
+            Client::Tree(c) => c.create(ctx).await.map_err(|e| e.to_string()),
+            Client::Cuckoo(c) => c.create(ctx).await.map_err(|e| e.to_string()),
+        }
+    }
+    async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, String> {
+        match self {
+            Client::Tree(c) => c.get(ctx, key).await.map_err(|e| e.to_string()),
+            Client::Cuckoo(c) => c
+                .get(ctx, &key.to_le_bytes())
+                .await
+                .map(|v| v.map(|v| word(&v)))
+                .map_err(|e| e.to_string()),
+        }
+    }
+    async fn put<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64, value: u64) -> Result<(), String> {
+        match self {
+            Client::Tree(c) => c.put(ctx, key, value).await.map_err(|e| e.to_string()),
+            Client::Cuckoo(c) => c
+                .put(ctx, &key.to_le_bytes(), &value.to_le_bytes())
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+    async fn scan<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        low: u64,
+        high: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, u64)>, String> {
+        match self {
+            Client::Tree(c) => c
+                .scan(ctx, low, high, limit)
+                .await
+                .map_err(|e| e.to_string()),
+            Client::Cuckoo(_) => Err("the hash table has no scans".into()),
+        }
+    }
+    fn splits(&self) -> u64 {
+        match self {
+            Client::Tree(c) => c.stats.splits,
+            Client::Cuckoo(_) => 0,
+        }
+    }
+    fn reset_stats(&mut self) {
+        match self {
+            Client::Tree(c) => c.stats = TreeStats::default(),
+            Client::Cuckoo(c) => c.stats = Default::default(),
+        }
+    }
+    /// The client's counters in the tree's terms (the hash table reports its
+    /// restarted attempts as read retries and has no cache).
+    fn tree_stats(&self) -> TreeStats {
+        match self {
+            Client::Tree(c) => c.stats,
+            Client::Cuckoo(c) => TreeStats {
+                read_retries: c.stats.retries,
+                lookups: c.stats.gets,
+                ..TreeStats::default()
+            },
+        }
+    }
+}
+
+/// One index handle per compute node.
+fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
+    (0..spec.compute_nodes)
+        .map(|_| {
+            if spec.cuckoo {
+                let expected = spec.records + spec.clients() * spec.ops_hint();
+                let mut cfg = CuckooConfig::new(expected + expected / 4, 8, 8, spec.host_bytes);
+                cfg.chunk = spec.tree.chunk.clone();
+                Cuckoo::new(cfg)
+                    .map(IndexHandle::Cuckoo)
+                    .map_err(|e| e.to_string())
+            } else {
+                Tree::new(
+                    TreeConfig {
+                        cache_bytes: spec.cache_bytes,
+                        ..spec.tree.clone()
+                    },
+                    256 << 10,
+                )
+                .map(IndexHandle::Tree)
+                .map_err(|e| e.to_string())
+            }
+        })
+        .collect()
+}
+
+/// Loaders that fill the hash table in parallel (it has no bulk load).
+const CUCKOO_LOADERS: usize = 32;
+
+/// Creates the index and loads the records: the tree by one client's bulk
+/// load (`part` 0 of 1), the hash table by `CUCKOO_LOADERS` clients each
+/// putting its share of the records.
+async fn load_part<N: Nic>(
+    ctx: Ctx<N>,
+    h: IndexHandle,
+    records: u64,
+    part: usize,
+    parts: usize,
+    err: Rc<RefCell<Option<String>>>,
+) {
+    let r = async {
+        match &h {
+            IndexHandle::Tree(t) => {
+                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
+                c.create(&ctx).await.map_err(|e| e.to_string())?;
+                c.bulk_load(&ctx, records_sorted(records), 36)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            IndexHandle::Cuckoo(_) => {
+                let mut c = h.client(u64::MAX - 1 - part as u64)?;
+                if parts == 1 {
+                    c.create(&ctx).await?;
+                } else {
+                    for i in (part as u64..records).step_by(parts) {
+                        c.put(&ctx, key_of(i), i).await?;
+                    }
+                }
+            }
+        }
+        Ok::<(), String>(())
+    };
+    if let Err(e) = r.await {
+        *err.borrow_mut() = Some(e);
+    }
+}
+
 /// Records one operation into the executor's history, when there is one.
 struct Log<'a, N: Nic> {
     log: Option<&'a RefCell<HistLog>>,
@@ -371,7 +551,7 @@ impl<N: Nic> Log<'_, N> {
     }
 
     /// `ret` is asked for only when recording; an error's effect is unknown.
-    fn complete<T>(&self, id: Option<OpId>, r: &Result<T, TreeError>, ret: impl FnOnce(&T) -> Ret) {
+    fn complete<T, E>(&self, id: Option<OpId>, r: &Result<T, E>, ret: impl FnOnce(&T) -> Ret) {
         if let (Some(log), Some(id)) = (self.log, id) {
             let now = self.now();
             let ret = r.as_ref().map_or(Ret::Unknown, ret);
@@ -382,14 +562,14 @@ impl<N: Nic> Log<'_, N> {
 
 /// One operation of `kind` on record `key`.
 async fn one_op<N: Nic>(
-    c: &mut TreeClient,
+    c: &mut Client,
     kind: Kind,
     key: u64,
     spec: &RunSpec,
     sh: &Shared,
     rng: &mut Rng,
     log: &Log<'_, N>,
-) -> Result<(), TreeError> {
+) -> Result<(), String> {
     let ctx = log.ctx;
     match kind {
         Kind::Read => {
@@ -442,7 +622,7 @@ async fn one_op<N: Nic>(
 /// One client: warm-up, then measured operations. Generic over the backend.
 async fn client_task<N: Nic>(
     ctx: Ctx<N>,
-    mut c: TreeClient,
+    mut c: Client,
     spec: Rc<RunSpec>,
     dist: Rc<KeyDist>,
     me: u64,
@@ -456,7 +636,7 @@ async fn client_task<N: Nic>(
         if i == spec.warmup {
             // Relaxed: a time stamp, read for the deadline and the report.
             sh.measuring_from.fetch_min(t0, Ordering::Relaxed);
-            c.stats = TreeStats::default();
+            c.reset_stats();
         }
         match spec.length {
             Length::Ops(n) if i >= spec.warmup + n => break,
@@ -478,7 +658,7 @@ async fn client_task<N: Nic>(
         };
         let key = key_of(rec);
         let before = ctx.counters();
-        let splits0 = c.stats.splits;
+        let splits0 = c.splits();
         let log = Log {
             log: sh.history.as_ref(),
             ctx: &ctx,
@@ -503,13 +683,13 @@ async fn client_task<N: Nic>(
         s.rtt[(d.round_trips as usize).min(64)] += 1;
         s.bytes_written += d.bytes_written;
         s.bytes_read += d.bytes_read;
-        if kind.is_write() && c.stats.splits == splits0 {
+        if kind.is_write() && c.splits() == splits0 {
             s.nosplit += 1;
             s.nosplit_bytes += d.bytes_written;
         }
         let _ = sh.all.borrow_mut().record(lat);
     }
-    *sh.tree.borrow_mut() += c.stats;
+    *sh.tree.borrow_mut() += c.tree_stats();
 }
 
 pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
@@ -565,48 +745,42 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
-    let trees: Vec<Arc<Tree>> = (0..spec.compute_nodes)
-        .map(|_| {
-            Tree::new(
-                TreeConfig {
-                    cache_bytes: spec.cache_bytes,
-                    ..spec.tree.clone()
-                },
-                256 << 10,
-            )
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    // Create and bulk-load with one client.
-    let loader = w
-        .add_thread(
-            0,
-            ExecutorConfig {
-                slots: 1,
-                ..exec_cfg(spec)
-            },
-        )
-        .map_err(|e| e.to_string())?;
-    let err = Rc::new(RefCell::new(None));
-    {
-        let (tr, e, n) = (trees[0].clone(), err.clone(), spec.records);
-        w.spawn(loader, move |ctx| async move {
-            let r = async {
-                let mut c = tr.client(u64::MAX - 1)?;
-                c.create(&ctx).await?;
-                c.bulk_load(&ctx, records_sorted(n), 36).await
-            };
-            if let Err(x) = r.await {
-                *e.borrow_mut() = Some(x.to_string());
+    let trees = handles(spec)?;
+    // Create and load: the tree by one client's bulk load; the hash table
+    // created by one client, then filled by parallel loaders.
+    let phases: Vec<(usize, usize)> = if spec.cuckoo {
+        vec![(0, 1), (0, CUCKOO_LOADERS)]
+    } else {
+        vec![(0, 1)]
+    };
+    for (_, parts) in phases {
+        let err = Rc::new(RefCell::new(None));
+        let per = if parts == 1 { 1 } else { 8 };
+        let mut part = 0;
+        while part < parts {
+            let t = w
+                .add_thread(
+                    0,
+                    ExecutorConfig {
+                        slots: per,
+                        ..exec_cfg(spec)
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            for _ in 0..per.min(parts - part) {
+                let (h, e, n, p) = (trees[0].clone(), err.clone(), spec.records, part);
+                w.spawn(t, move |ctx| load_part(ctx, h, n, p, parts, e))
+                    .map_err(|e| e.to_string())?;
+                part += 1;
             }
-        })
-        .map_err(|e| e.to_string())?;
-    }
-    if w.run() != RunEnd::Done {
-        return Err("bulk load did not finish".into());
-    }
-    if let Some(e) = err.borrow_mut().take() {
-        return Err(format!("bulk load failed: {e}"));
+        }
+        if w.run() != RunEnd::Done {
+            return Err("loading did not finish".into());
+        }
+        let failed = err.borrow_mut().take();
+        if let Some(e) = failed {
+            return Err(format!("loading failed: {e}"));
+        }
     }
     let from = Arc::new(AtomicU64::new(u64::MAX));
     let sh = Shared::new(spec, from.clone(), 1, 0);
@@ -619,7 +793,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 .add_thread(cn as u16, exec_cfg(spec))
                 .map_err(|e| e.to_string())?;
             for _ in 0..spec.coroutines {
-                let c = tree.client(id).map_err(|e| e.to_string())?;
+                let c = tree.client(id)?;
                 let (s, d, h) = (spec_rc.clone(), dist.clone(), sh.clone());
                 let me = id;
                 w.spawn(t, move |ctx| client_task(ctx, c, s, d, me, h))
@@ -674,47 +848,40 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
         emu: EmuConfig::default(),
     })
     .map_err(|e| e.to_string())?;
-    // One compute node: this process; its cores share one tree handle.
-    let tree = Tree::new(
-        TreeConfig {
-            cache_bytes: spec.cache_bytes,
-            ..spec.tree.clone()
-        },
-        256 << 10,
-    )
-    .map_err(|e| e.to_string())?;
-    let n = spec.records;
-    let tr = tree.clone();
-    let loaded = cluster
-        .run_cores(
-            1,
-            ExecutorConfig {
-                slots: 1,
-                ..exec_cfg(spec)
-            },
-            false,
-            move |_, ex| {
-                let e = Rc::new(RefCell::new(None));
-                let (e2, tr) = (e.clone(), tr.clone());
-                ex.spawn(move |ctx| async move {
-                    let r = async {
-                        let mut c = tr.client(u64::MAX - 1)?;
-                        c.create(&ctx).await?;
-                        c.bulk_load(&ctx, records_sorted(n), 36).await
-                    };
-                    if let Err(x) = r.await {
-                        *e2.borrow_mut() = Some(x.to_string());
+    // One compute node: this process; its cores share one index handle.
+    let tree = handles(spec)?.remove(0);
+    let phases: Vec<usize> = if spec.cuckoo {
+        vec![1, CUCKOO_LOADERS]
+    } else {
+        vec![1]
+    };
+    for parts in phases {
+        let n = spec.records;
+        let h = tree.clone();
+        let loaded = cluster
+            .run_cores(
+                1,
+                ExecutorConfig {
+                    slots: parts,
+                    ..exec_cfg(spec)
+                },
+                false,
+                move |_, ex| {
+                    let e = Rc::new(RefCell::new(None));
+                    for p in 0..parts {
+                        let (e2, h2) = (e.clone(), h.clone());
+                        ex.spawn(move |ctx| load_part(ctx, h2, n, p, parts, e2))
+                            .expect("slot per loader");
                     }
-                })
-                .expect("slot");
-                ex.run();
-                let r = e.borrow_mut().take();
-                r
-            },
-        )
-        .map_err(|e| e.to_string())?;
-    if let Some(Some(e)) = loaded.into_iter().next() {
-        return Err(format!("bulk load failed: {e}"));
+                    ex.run();
+                    let r = e.borrow_mut().take();
+                    r
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        if let Some(Some(e)) = loaded.into_iter().next() {
+            return Err(format!("loading failed: {e}"));
+        }
     }
     let wall = std::time::Instant::now();
     let dist = Arc::new(KeyDist::new(spec.records, spec.zipf));
@@ -728,7 +895,7 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
             let dist = Rc::new((*dist).clone());
             for co in 0..spec.coroutines {
                 let id = 1 + (core * spec.coroutines + co) as u64;
-                let c = tree.client(id).expect("non-zero id");
+                let c = tree.client(id).expect("a client of a valid index");
                 let (s, d, h) = (spec_rc.clone(), dist.clone(), sh.clone());
                 ex.spawn(move |ctx| client_task(ctx, c, s, d, id, h))
                     .expect("slot per coroutine");
@@ -1150,6 +1317,13 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                     "--systems: unknown system `{name}` (known: {SYSTEMS})"
                 ))
             })?;
+            let cuckoo = name == "cuckoo";
+            if cuckoo && mix.props[Kind::Scan.ix()] > 0.0 {
+                return Err(ArgError(format!(
+                    "--systems: the hash table `cuckoo` has no scans, and workload `{}` scans",
+                    mix.name
+                )));
+            }
             specs.push(RunSpec {
                 backend,
                 mix: mix.clone(),
@@ -1167,6 +1341,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 host_bytes,
                 cache_bytes: (cache_mb * (1 << 20) as f64) as usize,
                 record_history: history_path.is_some() || check_history,
+                cuckoo,
             });
         }
     }

@@ -112,3 +112,50 @@ fn bad_input_exits_2_with_a_clear_line() {
         assert!(out.stdout.is_empty(), "{args:?}: no partial output");
     }
 }
+
+#[test]
+fn the_hash_table_runs_as_a_system_beside_the_tree() {
+    let out = bench(&[
+        "run",
+        "--systems",
+        "sherman,cuckoo",
+        "--workload",
+        "ycsb-a",
+        "--memory-nodes",
+        "2",
+        "--compute-nodes",
+        "2",
+        "--threads",
+        "2",
+        "--records",
+        "3000",
+        "--ops",
+        "50",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let systems: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["system"].as_str().unwrap())
+        .collect();
+    assert_eq!(systems, ["sherman", "cuckoo"]);
+    let cuckoo = &v[1];
+    // A hash-table get is two round trips: both buckets, then the entry.
+    assert_eq!(cuckoo["round_trips"]["read"]["p50"].as_u64(), Some(2));
+    assert_eq!(
+        cuckoo["ops"].as_u64(),
+        Some(2 * 2 * 50),
+        "2 compute nodes x 2 threads x 50 ops"
+    );
+    // No scans in a hash table: refused before anything runs.
+    let out = bench(&["run", "--systems", "cuckoo", "--workload", "ycsb-e"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no scans"));
+}
