@@ -92,12 +92,26 @@ impl EmuCluster {
         })
     }
 
+    /// A cluster of memory nodes other processes own, attached by path
+    /// (`loch node`'s compute role). It has no owner's view: [`node`]
+    /// is for clusters made by [`boot`].
+    ///
+    /// [`node`]: EmuCluster::node
+    /// [`boot`]: EmuCluster::boot
+    pub fn attach(endpoints: Vec<EmuEndpoint>, emu: EmuConfig) -> EmuCluster {
+        EmuCluster {
+            nic: EmuNic::new(emu),
+            endpoints,
+            nodes: Vec::new(),
+        }
+    }
+
     pub fn nic(&self) -> &EmuNic {
         &self.nic
     }
 
     pub fn memory_nodes(&self) -> usize {
-        self.nodes.len()
+        self.endpoints.len()
     }
 
     pub fn endpoints(&self) -> &[EmuEndpoint] {

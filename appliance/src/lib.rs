@@ -1,11 +1,16 @@
 //! # appliance — the `loch` binary's library
 //!
 //! Owns node roles and the single-host emu cluster ([`cluster`]) that
-//! `loch demo` and the benchmarks boot, and the demo workload itself
-//! ([`demo`]). Later issues add `loch node` (one process per node, over
-//! bootstrap's control channel) and `loch check`.
+//! `loch demo` and the benchmarks boot, the demo workload itself
+//! ([`demo`]), `loch node` and `loch check` ([`node`], one process per node
+//! over bootstrap's control channel), its workload ([`node_work`]), and
+//! `loch demo --processes` ([`processes`]).
 
 pub mod cluster;
 pub mod demo;
 pub mod demo_tree;
+pub mod node;
+pub mod node_work;
+pub mod processes;
+pub mod signals;
 pub mod stats;

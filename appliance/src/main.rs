@@ -1,6 +1,11 @@
-//! `loch`: boots Loch. `loch demo` runs a whole cluster on this host.
+//! `loch`: boots Loch. `loch demo` runs a whole cluster on this host,
+//! `loch node` boots one node of a cluster file, `loch check` runs its
+//! preflight.
 
 use appliance::demo::{self, DemoBackend, DemoConfig};
+use appliance::node::{self, NodeOptions};
+use appliance::processes::{self, ProcessesConfig};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: loch <command> [flags]
@@ -11,7 +16,14 @@ commands:
                  --seconds S (emu: wall, 3; sim: virtual, 0.005)  --seed N (1)
                  --compute-nodes N (sim only, 4)  --latency-ns N one-way (emu: injected; sim: link)
                  --tree-records N (records bulk-loaded into the B+tree phase; 0 skips it; 100000)
-                 --no-pin";
+                 --no-pin
+          --processes: one `loch node` process per node over the control channel
+                 (2 memory + 2 compute nodes on 127.0.0.1); flags: --seconds S (3)
+                 --cores N per compute node (1)  --tasks N per core (8)  --no-pin
+  node    boot one node of a cluster file (emu backend)
+          flags: --config FILE  --id N  [--seconds S] [--tasks N per core (8)] [--seed N] [--no-pin]
+  check   run node N's preflight checks
+          flags: --config FILE  --id N";
 
 fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
     let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -56,10 +68,106 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
     Ok(cfg)
 }
 
+fn processes_config(args: &[String]) -> Result<ProcessesConfig, String> {
+    let mut cfg = ProcessesConfig::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--processes" => {}
+            "--backend" => match it.next().map(String::as_str) {
+                Some("emu") => {}
+                _ => return Err("--processes runs the emu backend only".into()),
+            },
+            "--seconds" => cfg.seconds = parse(a, it.next())?,
+            "--cores" => cfg.cores_per_compute = parse(a, it.next())?,
+            "--tasks" => cfg.tasks_per_core = parse(a, it.next())?,
+            "--no-pin" => cfg.pin = false,
+            other => return Err(format!("unknown flag `{other}` with --processes")),
+        }
+    }
+    if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
+        return Err("--cores and --tasks must be at least 1".into());
+    }
+    Ok(cfg)
+}
+
+/// `--config F --id N` plus the node flags.
+fn node_options(args: &[String], node_flags: bool) -> Result<NodeOptions, String> {
+    let (mut config, mut id) = (None, None);
+    let mut o = NodeOptions {
+        config: PathBuf::new(),
+        id: 0,
+        seconds: None,
+        tasks_per_core: 8,
+        pin: true,
+        seed: 1,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--config" => config = Some(PathBuf::from(parse::<String>(a, it.next())?)),
+            "--id" => id = Some(parse(a, it.next())?),
+            "--seconds" if node_flags => o.seconds = Some(parse(a, it.next())?),
+            "--tasks" if node_flags => o.tasks_per_core = parse(a, it.next())?,
+            "--seed" if node_flags => o.seed = parse(a, it.next())?,
+            "--no-pin" if node_flags => o.pin = false,
+            other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    o.config = config.ok_or("--config FILE is required")?;
+    o.id = id.ok_or("--id N is required")?;
+    Ok(o)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
+        Some("demo") if argv.iter().any(|a| a == "--processes") => {
+            let cfg = match processes_config(&argv[1..]) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("loch demo: {e}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
+            match processes::run(&cfg) {
+                Ok(report) => {
+                    print!("{}", report.text);
+                    if report.ok {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("loch demo: a check FAILED");
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("loch demo: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(cmd @ ("node" | "check")) => {
+            let o = match node_options(&argv[1..], cmd == "node") {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("loch {cmd}: {e}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
+            let r = if cmd == "node" {
+                node::run(&o)
+            } else {
+                node::check(&o.config, o.id).map(|passed| u8::from(!passed))
+            };
+            match r {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("loch {cmd}: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
         Some("demo") => {
             let cfg = match demo_config(&argv[1..]) {
                 Ok(c) => c,

@@ -1,0 +1,193 @@
+//! The workload `loch node` runs on its compute cores: tasks mixing READ,
+//! WRITE and FAA over every memory node, each checking itself, and each
+//! surviving the death of a memory node — operations needing it fail with
+//! a clear error, the others go on.
+//!
+//! Memory layout on every memory node's host memory (no allocator, so a
+//! dead node cannot block anyone's allocation):
+//! - `[0, 8)`: the node's shared FAA counter, bumped by every compute node;
+//!   the launcher checks it against the FAAs the compute nodes report.
+//! - `AREAS_OFFSET + g · AREA_BYTES`: task `g`'s private words (`g` counts
+//!   tasks over compute nodes in id order, then cores, then tasks), one per
+//!   64-byte line; only task `g` writes there, so a READ must return what
+//!   it last wrote.
+
+use crate::stats::latency_histogram;
+use hdrhistogram::Histogram;
+use nicdrv::rng::Rng;
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, VerbError};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+/// Words each task owns on each memory node, 64 bytes apart.
+pub const TASK_WORDS: u64 = 256;
+pub const AREA_BYTES: u64 = TASK_WORDS * 64;
+/// The shared FAA counter's offset on every memory node.
+pub const FAA_OFFSET: u64 = 0;
+pub const AREAS_OFFSET: u64 = 4096;
+
+/// Host bytes a memory node needs for `tasks` tasks in all.
+pub fn host_bytes_needed(tasks: u64) -> u64 {
+    AREAS_OFFSET + tasks * AREA_BYTES
+}
+
+/// What one memory node saw from one core.
+#[derive(Clone, Debug, Default)]
+pub struct NodeTally {
+    pub node: NodeId,
+    /// Operations on this node that succeeded.
+    pub ops: u64,
+    pub faa: u64,
+    pub failures: u64,
+    /// Wall-clock (Unix) ns of the first failure, 0 if none.
+    pub first_failure_unix_ns: u64,
+    pub first_error: Option<String>,
+    /// Whether the node was found dead (its owner process gone).
+    pub dead: bool,
+}
+
+/// What the tasks of one core share (one thread, so `Cell`s).
+pub struct CoreState {
+    pub hist: RefCell<Histogram<u64>>,
+    /// Latencies since the last per-second report.
+    pub interval: RefCell<Histogram<u64>>,
+    pub ops: Cell<u64>,
+    pub mismatches: Cell<u64>,
+    pub first_op_unix_ns: Cell<u64>,
+    pub nodes: RefCell<Vec<NodeTally>>,
+    /// Nodes this core gave up on, by index into `nodes`.
+    dead: Vec<Cell<bool>>,
+    /// Whether memory node `i` (by index) still has a live owner.
+    alive: Box<dyn Fn(usize) -> bool>,
+    log_prefix: String,
+}
+
+impl CoreState {
+    pub fn new(
+        nodes: &[NodeId],
+        alive: Box<dyn Fn(usize) -> bool>,
+        log_prefix: String,
+    ) -> Rc<CoreState> {
+        Rc::new(CoreState {
+            hist: RefCell::new(latency_histogram()),
+            interval: RefCell::new(latency_histogram()),
+            ops: Cell::new(0),
+            mismatches: Cell::new(0),
+            first_op_unix_ns: Cell::new(0),
+            nodes: RefCell::new(
+                nodes
+                    .iter()
+                    .map(|&node| NodeTally {
+                        node,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            dead: nodes.iter().map(|_| Cell::new(false)).collect(),
+            alive,
+            log_prefix,
+        })
+    }
+
+    fn failed(&self, idx: usize, e: &VerbError) {
+        let mut nodes = self.nodes.borrow_mut();
+        let t = &mut nodes[idx];
+        t.failures += 1;
+        if t.first_error.is_none() {
+            t.first_failure_unix_ns = unix_ns();
+            // A verb racing the death may see the queue pair's error state
+            // rather than the timeout itself; the owner's state says why.
+            t.dead = e.is_node_dead() || !(self.alive)(idx);
+            let msg = if t.dead {
+                format!("memory node {} is dead (its process is gone): {e}", t.node)
+            } else {
+                format!("memory node {} failed: {e}", t.node)
+            };
+            crate::node::say(format_args!(
+                "{}: {msg}; its operations fail, those on the other memory nodes continue",
+                self.log_prefix
+            ));
+            t.first_error = Some(msg);
+        }
+        // Any failure on a node ends this core's use of it: the emu queue
+        // pair only fails when the node is gone or misconfigured.
+        self.dead[idx].set(true);
+    }
+
+    /// A node this core still uses, starting from `idx`.
+    fn live_from(&self, idx: usize) -> Option<usize> {
+        let n = self.dead.len();
+        (0..n).map(|k| (idx + k) % n).find(|&i| !self.dead[i].get())
+    }
+}
+
+/// Unix time in ns (comparable across processes on this host).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// One task: random READ (checked) / WRITE / FAA over `nodes` until `stop()`
+/// or `deadline_ns` (the NIC clock). 40 % READ, 30 % WRITE, 30 % FAA.
+pub async fn task<N: Nic>(
+    ctx: Ctx<N>,
+    nodes: Vec<NodeId>,
+    area_offset: u64,
+    mut rng: Rng,
+    deadline_ns: u64,
+    stop: fn() -> bool,
+    st: Rc<CoreState>,
+) {
+    let mut shadow = vec![vec![0u64; TASK_WORDS as usize]; nodes.len()];
+    while ctx.now_ns() < deadline_ns && !stop() {
+        let Some(idx) = st.live_from(rng.below(nodes.len() as u64) as usize) else {
+            return; // every memory node is gone
+        };
+        let node = nodes[idx];
+        let w = rng.below(TASK_WORDS) as usize;
+        let addr = GlobalAddr::host(node, area_offset + w as u64 * 64);
+        let t0 = ctx.now_ns();
+        let mut faa = false;
+        let r = match rng.below(10) {
+            0..=3 => ctx.read(addr, 64).await.map(|b| {
+                if b.u64_at(0) != shadow[idx][w] {
+                    st.mismatches.set(st.mismatches.get() + 1);
+                }
+            }),
+            4..=6 => {
+                let v = rng.next_u64();
+                let mut line = [0u8; 64];
+                line[..8].copy_from_slice(&v.to_le_bytes());
+                let r = ctx.write(addr, &line).await;
+                if r.is_ok() {
+                    shadow[idx][w] = v;
+                }
+                r
+            }
+            _ => {
+                faa = true;
+                ctx.faa(GlobalAddr::host(node, FAA_OFFSET), 1)
+                    .await
+                    .map(|_| ())
+            }
+        };
+        match r {
+            Ok(()) => {
+                let lat = (ctx.now_ns() - t0).max(1);
+                let _ = st.hist.borrow_mut().record(lat);
+                let _ = st.interval.borrow_mut().record(lat);
+                if st.first_op_unix_ns.get() == 0 {
+                    st.first_op_unix_ns.set(unix_ns());
+                }
+                st.ops.set(st.ops.get() + 1);
+                let mut ns = st.nodes.borrow_mut();
+                ns[idx].ops += 1;
+                if faa {
+                    ns[idx].faa += 1;
+                }
+            }
+            Err(e) => st.failed(idx, &e),
+        }
+    }
+}

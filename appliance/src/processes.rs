@@ -1,0 +1,430 @@
+//! `loch demo --processes`: the whole cluster on this host as one `loch
+//! node` process per node, over the authenticated control channel.
+//!
+//! Writes a temporary cluster file and secret (a 0700 directory, 0600
+//! files) for 2 memory nodes and 2 compute nodes on 127.0.0.1 with free
+//! ports, starts the processes, waits for the compute nodes (bounded),
+//! reads each memory node's shared FAA counter by attaching to it, stops
+//! the memory nodes with SIGTERM, and prints a summary with checks. Every
+//! path out kills what it started and removes its files.
+
+use crate::cluster::EmuCluster;
+use crate::node::emu_node_path;
+use crate::node_work::{unix_ns, FAA_OFFSET};
+use crate::stats::latency_histogram;
+use bootstrap::ClusterConfig;
+use nicdrv::emu::{EmuConfig, EmuEndpoint};
+use nicdrv::{ExecutorConfig, GlobalAddr};
+use serde_json::Value;
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Options of `loch demo --processes`.
+#[derive(Clone, Debug)]
+pub struct ProcessesConfig {
+    pub memory_nodes: usize,
+    pub compute_nodes: usize,
+    pub cores_per_compute: usize,
+    pub tasks_per_core: usize,
+    pub seconds: f64,
+    pub pin: bool,
+}
+
+impl Default for ProcessesConfig {
+    fn default() -> Self {
+        ProcessesConfig {
+            memory_nodes: 2,
+            compute_nodes: 2,
+            cores_per_compute: 1,
+            tasks_per_core: 8,
+            seconds: 3.0,
+            pin: true,
+        }
+    }
+}
+
+/// The summary and whether its checks passed.
+pub struct ProcessesReport {
+    pub text: String,
+    pub ok: bool,
+}
+
+/// Processes and files to clean up on every path out.
+struct Launch {
+    dir: PathBuf,
+    node_files: Vec<PathBuf>,
+    children: Vec<(u32, Child)>,
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for f in &self.node_files {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    // Hold every listener until all are bound so the ports differ; a
+    // process may still take one before the node binds it (rare; the
+    // coordinator then fails with a clear "cannot listen" error).
+    let ls: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    ls.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+fn secret_bytes() -> Result<[u8; 32], String> {
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(b)
+}
+
+/// Writes the cluster file (and its secret) into a fresh private directory;
+/// returns the directory and the cluster file's path.
+pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PathBuf, PathBuf), String> {
+    let dir = std::env::temp_dir().join(format!("loch-demo-{}-{}", std::process::id(), unix_ns()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let write = |name: &str, data: &[u8]| -> Result<PathBuf, String> {
+        let p = dir.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+            .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+        std::io::Write::write_all(&mut f, data)
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        Ok(p)
+    };
+    write("secret", &secret_bytes()?)?;
+    let cpus: Vec<usize> = core_affinity::get_core_ids()
+        .map(|v| v.into_iter().map(|c| c.id).collect())
+        .unwrap_or_default();
+    let cpus = if cpus.is_empty() { vec![0] } else { cpus };
+    if cfg.cores_per_compute > cpus.len() {
+        return Err(format!(
+            "{} cores per compute node, but this host has {} CPUs",
+            cfg.cores_per_compute,
+            cpus.len()
+        ));
+    }
+    let ports = free_ports(cfg.memory_nodes + cfg.compute_nodes)?;
+    let mut toml = String::from(
+        "# written by `loch demo --processes`\nsecret_file = \"secret\"\nlock_table_words = 32768\nhuge_pages = false\n\n[backend]\nkind = \"emu\"\n",
+    );
+    for (id, port) in ports.iter().enumerate() {
+        let memory = id < cfg.memory_nodes;
+        let _ = write!(
+            toml,
+            "\n[[nodes]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\n"
+        );
+        if memory {
+            toml.push_str("roles = [\"memory\"]\nmemory = \"64MiB\"\n");
+        } else {
+            // Spread compute cores over the CPUs, distinct within a node.
+            let k = id - cfg.memory_nodes;
+            let cores: Vec<String> = (0..cfg.cores_per_compute)
+                .map(|j| cpus[(k * cfg.cores_per_compute + j) % cpus.len()].to_string())
+                .collect();
+            let _ = write!(
+                toml,
+                "roles = [\"compute\"]\ncores = [{}]\n",
+                cores.join(", ")
+            );
+        }
+    }
+    let file = write("cluster.toml", toml.as_bytes())?;
+    Ok((dir, file))
+}
+
+/// Reads the shared FAA counter of every memory node (attached by path).
+fn read_faa_counters(eps: Vec<EmuEndpoint>) -> Result<Vec<u64>, String> {
+    let ids: Vec<u16> = eps.iter().map(|e| e.node()).collect();
+    let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    let mut ex = cluster
+        .executor(ExecutorConfig {
+            slots: 1,
+            scratch_bytes_per_slot: 4096,
+            poll_batch: 8,
+        })
+        .map_err(|e| e.to_string())?;
+    let out: Rc<Vec<Cell<Option<u64>>>> = Rc::new(ids.iter().map(|_| Cell::new(None)).collect());
+    let o = out.clone();
+    ex.spawn(move |ctx| async move {
+        for (i, &n) in ids.iter().enumerate() {
+            if let Ok(b) = ctx.read(GlobalAddr::host(n, FAA_OFFSET), 8).await {
+                o[i].set(Some(b.u64_at(0)));
+            }
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    ex.run();
+    out.iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.get()
+                .ok_or(format!("cannot read memory node {i}'s counter"))
+        })
+        .collect()
+}
+
+fn wait_bounded(c: &mut Child, by: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        match c.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < by => std::thread::sleep(Duration::from_millis(10)),
+            _ => return None,
+        }
+    }
+}
+
+fn field(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Runs the multi-process demo, progress on stderr; the summary is returned.
+pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
+    if cfg.memory_nodes == 0 || cfg.compute_nodes == 0 || cfg.memory_nodes > 64 {
+        return Err("1..=64 memory nodes and at least 1 compute node".into());
+    }
+    if !(cfg.seconds > 0.0 && cfg.seconds <= 600.0) {
+        return Err(format!("seconds must be in (0, 600], got {}", cfg.seconds));
+    }
+    // Ctrl-C reaches the whole process group: the nodes stop cleanly, and
+    // this process survives it to reap them and remove its files.
+    crate::signals::install();
+    let t0 = Instant::now();
+    let start_unix_ns = unix_ns();
+    let (dir, file) = write_cluster(cfg)?;
+    let mut launch = Launch {
+        dir,
+        node_files: Vec::new(),
+        children: Vec::new(),
+    };
+    let cluster = ClusterConfig::load(&file).map_err(|e| e.to_string())?;
+    launch.node_files = (0..cfg.memory_nodes as u32)
+        .map(|id| emu_node_path(&cluster, id))
+        .collect();
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the loch binary: {e}"))?;
+    eprintln!(
+        "loch demo: starting {} memory + {} compute node processes ({} cores × {} tasks each), cluster file {}",
+        cfg.memory_nodes,
+        cfg.compute_nodes,
+        cfg.cores_per_compute,
+        cfg.tasks_per_core,
+        file.display()
+    );
+    for n in &cluster.nodes {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("node")
+            .arg("--config")
+            .arg(&file)
+            .args(["--id", &n.id.to_string()])
+            .stdin(Stdio::null());
+        if n.roles.compute {
+            cmd.args(["--seconds", &cfg.seconds.to_string()])
+                .args(["--tasks", &cfg.tasks_per_core.to_string()])
+                .stdout(Stdio::piped());
+            if !cfg.pin {
+                cmd.arg("--no-pin");
+            }
+        } else {
+            cmd.stdout(Stdio::null());
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start node {}: {e}", n.id))?;
+        launch.children.push((n.id, child));
+    }
+
+    // Compute nodes: each ends after --seconds; allow the rendezvous and
+    // teardown on top, then give up (Launch's Drop kills everything).
+    let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(45);
+    let mut results = Vec::new();
+    let mut exit_ok = true;
+    // One reader per compute node, so a full pipe never stalls a node
+    // while we wait on another.
+    let readers: Vec<_> = launch
+        .children
+        .iter_mut()
+        .map(|(_, c)| {
+            c.stdout.take().map(|mut so| {
+                std::thread::spawn(move || {
+                    let mut out = String::new();
+                    let _ = so.read_to_string(&mut out);
+                    out
+                })
+            })
+        })
+        .collect();
+    for ((id, c), reader) in launch.children.iter_mut().zip(readers) {
+        let Some(reader) = reader else {
+            continue; // a memory node
+        };
+        let status = wait_bounded(c, by)
+            .ok_or_else(|| format!("compute node {id} did not finish in time"))?;
+        let out = reader.join().unwrap_or_default();
+        exit_ok &= status.success();
+        let json = out
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
+        results.push(json);
+    }
+    let eps: Result<Vec<EmuEndpoint>, String> = launch
+        .node_files
+        .iter()
+        .map(|p| EmuEndpoint::attach(p).map_err(|e| e.to_string()))
+        .collect();
+    let counters = read_faa_counters(eps?)?;
+
+    // Stop the memory nodes: SIGTERM, then a bounded wait.
+    let mut memory_clean = true;
+    let stop_by = Instant::now() + Duration::from_secs(5);
+    for (id, c) in launch.children.iter_mut() {
+        if cluster.node(*id).is_some_and(|n| n.roles.compute) {
+            continue;
+        }
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        memory_clean &= wait_bounded(c, stop_by).is_some_and(|s| s.success());
+    }
+    let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
+
+    // Summary.
+    let mut hist = latency_histogram();
+    let (mut ops, mut rts, mut mism, mut fails, mut elapsed_ns) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut faa = vec![0u64; cfg.memory_nodes];
+    let mut first_op = u64::MAX;
+    let (mut join_max, mut exchange_max) = (0u64, 0u64);
+    for r in &results {
+        ops += field(r, "ops");
+        rts += field(r, "round_trips");
+        mism += field(r, "mismatches");
+        fails += field(r, "failures");
+        elapsed_ns = elapsed_ns.max(field(r, "elapsed_ns"));
+        join_max = join_max.max(field(r, "join_ns"));
+        exchange_max = exchange_max.max(field(r, "exchange_ns"));
+        let f = field(r, "first_op_unix_ns");
+        if f != 0 {
+            first_op = first_op.min(f);
+        }
+        for n in r["per_node"].as_array().into_iter().flatten() {
+            let k = field(n, "node") as usize;
+            if k < faa.len() {
+                faa[k] += field(n, "faa");
+            }
+        }
+        for pair in r["latency_ns"].as_array().into_iter().flatten() {
+            if let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
+                let _ = hist.record_n(v.max(1), c);
+            }
+        }
+    }
+    let per_op = |v: u64| if ops == 0 { 0.0 } else { v as f64 / ops as f64 };
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "loch demo summary (emu backend, {} processes: {} memory nodes, {} compute nodes × {} cores × {} tasks)",
+        cfg.memory_nodes + cfg.compute_nodes,
+        cfg.memory_nodes,
+        cfg.compute_nodes,
+        cfg.cores_per_compute,
+        cfg.tasks_per_core
+    );
+    let _ = writeln!(text, "  operations          {ops}");
+    let ops_s = if elapsed_ns == 0 {
+        0.0
+    } else {
+        ops as f64 * 1e9 / elapsed_ns as f64
+    };
+    let _ = writeln!(text, "  operations/s        {ops_s:.0}");
+    let _ = writeln!(text, "  round trips/op      {:.3}", per_op(rts));
+    let _ = writeln!(
+        text,
+        "  latency p50         {} ns",
+        hist.value_at_quantile(0.5)
+    );
+    let _ = writeln!(
+        text,
+        "  latency p99         {} ns",
+        hist.value_at_quantile(0.99)
+    );
+    let first_ms = if first_op == u64::MAX {
+        f64::NAN
+    } else {
+        first_op.saturating_sub(start_unix_ns) as f64 / 1e6
+    };
+    let _ = writeln!(text, "  time to first op    {first_ms:.1} ms");
+    let _ = writeln!(
+        text,
+        "  control channel     join ≤ {:.1} ms, exchange + barrier ≤ {:.1} ms",
+        join_max as f64 / 1e6,
+        exchange_max as f64 / 1e6
+    );
+    let mut ok = true;
+    let mut check = |text: &mut String, what: String, pass: bool| {
+        ok &= pass;
+        let _ = writeln!(
+            text,
+            "  check: {what}: {}",
+            if pass { "ok" } else { "FAILED" }
+        );
+    };
+    for (k, (&c, &f)) in counters.iter().zip(&faa).enumerate() {
+        check(
+            &mut text,
+            format!("memory node {k} FAA counter {c} = FAAs issued {f}"),
+            c == f,
+        );
+    }
+    check(
+        &mut text,
+        format!("reads of own words matching last write: {mism} mismatches"),
+        mism == 0,
+    );
+    check(&mut text, format!("failed operations: {fails}"), fails == 0);
+    check(
+        &mut text,
+        format!(
+            "every compute node ran and exited 0 ({} results)",
+            results.len()
+        ),
+        exit_ok && results.len() == cfg.compute_nodes && ops > 0,
+    );
+    check(
+        &mut text,
+        "memory nodes stopped on SIGTERM and removed their files".into(),
+        memory_clean && files_removed,
+    );
+    let _ = writeln!(
+        text,
+        "  wall time           {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ProcessesReport { text, ok })
+}

@@ -1,0 +1,450 @@
+//! `loch check`, `loch node` and `loch demo --processes` as a user runs
+//! them: exit codes, the lines they print, a multi-process cluster over the
+//! control channel, and a memory node killed with SIGKILL mid-run.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LOCH: &str = env!("CARGO_BIN_EXE_loch");
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// A private temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "loch-test-{tag}-{}-{}",
+            std::process::id(),
+            unix_ns()
+        ));
+        std::fs::create_dir(&p).unwrap();
+        TempDir(p)
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+/// A cluster file: `memory` memory nodes (ids 0..) then one compute node on
+/// CPU 0, on 127.0.0.1 with free ports, plus its secret.
+fn cluster(dir: &TempDir, memory: usize) -> (PathBuf, Vec<u16>) {
+    dir.write("secret", "0123456789abcdef0123456789abcdef-test");
+    let ports = free_ports(memory + 1);
+    let mut t = String::from(
+        "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n",
+    );
+    for (id, port) in ports.iter().enumerate() {
+        t += &format!("[[nodes]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\n");
+        if id < memory {
+            t += "roles = [\"memory\"]\nmemory = \"16MiB\"\n";
+        } else {
+            t += "roles = [\"compute\"]\ncores = [0]\n";
+        }
+    }
+    (dir.write("cluster.toml", &t), ports)
+}
+
+#[test]
+fn check_prints_every_check_and_exits_0_or_1() {
+    let dir = TempDir::new("check");
+    let (file, _) = cluster(&dir, 2);
+    let out = Command::new(LOCH)
+        .args(["check", "--config"])
+        .arg(&file)
+        .args(["--id", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    for (line, name) in lines.iter().zip(["hugepages", "memlock", "cores", "nic"]) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[..2], ["node", "2"], "{line}");
+        assert!(["ok", "warn", "FAIL"].contains(&words[2]), "{line}");
+        assert_eq!(words[3], name, "{line}");
+        assert!(words.len() > 4, "no sentence: {line}");
+    }
+    let failed = stdout.contains(" FAIL ");
+    assert_eq!(out.status.code(), Some(i32::from(failed)), "{stdout}");
+    // The emu backend needs no NIC.
+    assert!(stdout.contains("ok   nic"), "{stdout}");
+
+    // A node the file does not have: one FAIL line, exit 1.
+    let out = Command::new(LOCH)
+        .args(["check", "--config"])
+        .arg(&file)
+        .args(["--id", "7"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL node") && stdout.contains("not in"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_on_a_bad_config_exits_2_with_one_line() {
+    let dir = TempDir::new("badcfg");
+    let (good, _) = cluster(&dir, 1);
+    let good_text = std::fs::read_to_string(&good).unwrap();
+    let cases = [
+        ("syntax.toml", "secret_file = \n".to_string(), "line 1"),
+        (
+            "nosecret.toml",
+            good_text.replace("secret_file = \"secret\"\n", ""),
+            "secret_file",
+        ),
+        (
+            "unknown.toml",
+            good_text.replace("huge_pages", "hugepages"),
+            "hugepages",
+        ),
+        (
+            "role.toml",
+            good_text.replace("\"compute\"", "\"gpu\""),
+            "unknown role",
+        ),
+    ];
+    for (name, text, expect) in cases {
+        let f = dir.write(name, &text);
+        let out = Command::new(LOCH)
+            .args(["check", "--config"])
+            .arg(&f)
+            .args(["--id", "0"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}");
+        assert_eq!(stderr.lines().count(), 1, "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(expect),
+            "{name}: {stderr}"
+        );
+    }
+    // A secret others can read: refused with the fix.
+    std::fs::set_permissions(dir.0.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(LOCH)
+        .args(["check", "--config"])
+        .arg(&good)
+        .args(["--id", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("chmod 600"), "{stderr}");
+    // A missing file, and a missing flag.
+    let out = Command::new(LOCH)
+        .args(["check", "--config", "/nonexistent/loch.toml", "--id", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(LOCH)
+        .args(["check", "--id", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Summary line `key` → its first number.
+fn figure(summary: &str, key: &str) -> f64 {
+    let line = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with(key))
+        .unwrap_or_else(|| panic!("no `{key}` in {summary}"));
+    line[line.find(key).unwrap() + key.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad figure in {line}"))
+}
+
+#[test]
+fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
+    let t0 = Instant::now();
+    let out = Command::new(LOCH)
+        .args(["demo", "--processes", "--seconds", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
+    // Every node went through the control channel.
+    for id in 0..4 {
+        assert!(
+            stderr.contains(&format!("loch node {id}: control channel: joined")),
+            "node {id}: {stderr}"
+        );
+    }
+    // 2 FAA counters + mismatches + failures + exits + memory teardown.
+    assert_eq!(stdout.matches(": ok").count(), 6, "{stdout}");
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+    assert!(figure(&stdout, "operations ") > 1000.0, "{stdout}");
+    assert!(figure(&stdout, "operations/s") > 1000.0, "{stdout}");
+    // Every operation is one verb, one round trip.
+    assert_eq!(figure(&stdout, "round trips/op"), 1.0, "{stdout}");
+    let (p50, p99) = (
+        figure(&stdout, "latency p50"),
+        figure(&stdout, "latency p99"),
+    );
+    assert!(p50 > 0.0 && p50 <= p99, "{stdout}");
+    let first = figure(&stdout, "time to first op");
+    assert!(first > 0.0 && first < 10_000.0, "{stdout}");
+}
+
+fn spawn_node(file: &Path, id: u32, extra: &[&str]) -> Child {
+    Command::new(LOCH)
+        .args(["node", "--config"])
+        .arg(file)
+        .args(["--id", &id.to_string()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills the children still running when a test fails.
+struct Reaper(Vec<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_by(c: &mut Child, by: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() > by {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
+    let dir = TempDir::new("kill");
+    let (file, ports) = cluster(&dir, 2);
+    let node_file = |id: u32| {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{id}", ports[0]))
+    };
+    let mut r = Reaper(vec![
+        spawn_node(&file, 0, &[]),
+        spawn_node(&file, 1, &[]),
+        spawn_node(&file, 2, &["--seconds", "2", "--tasks", "4"]),
+    ]);
+    // Wait until the compute node runs its workload.
+    let stderr = r.0[2].stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("compute role") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    // Read stdout as it comes: the result line may exceed a pipe's buffer.
+    let mut stdout = r.0[2].stdout.take().unwrap();
+    let result = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+        out
+    });
+    rx.recv_timeout(Duration::from_secs(15))
+        .expect("the compute node never started its workload");
+    std::thread::sleep(Duration::from_millis(300));
+    let killed_ns = unix_ns();
+    r.0[1].kill().unwrap(); // SIGKILL
+    let _ = r.0[1].wait();
+
+    let by = Instant::now() + Duration::from_secs(10);
+    let status = wait_by(&mut r.0[2], by).expect("the compute node hung after the kill");
+    let log = log.join().unwrap();
+    let out = result.join().unwrap();
+    let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("no result line ({e}): {out}\n{log}"));
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "failures must show in the exit code\n{log}"
+    );
+    let per = json["per_node"].as_array().unwrap();
+    let (n0, n1) = (&per[0], &per[1]);
+    assert_eq!(n1["node"], 1);
+    assert!(n1["failures"].as_u64().unwrap() > 0, "{n1}");
+    assert_eq!(n1["dead"], true, "{n1}");
+    let err = n1["error"].as_str().unwrap();
+    assert!(err.contains("memory node 1 is dead"), "{err}");
+    assert!(log.contains("memory node 1 is dead"), "{log}");
+    // Noticed within a bound of the kill.
+    let noticed_ns = n1["first_failure_unix_ns"].as_u64().unwrap();
+    assert!(
+        noticed_ns >= killed_ns && noticed_ns - killed_ns < 1_000_000_000,
+        "noticed {} ms after the kill",
+        (noticed_ns as i64 - killed_ns as i64) / 1_000_000
+    );
+    // Node 0 kept working: no failures, and most of the run came after
+    // the kill (~0.3 s of ~2 s), while node 1 only had the first part.
+    assert_eq!(n0["failures"], 0, "{n0}");
+    let (ops0, ops1) = (n0["ops"].as_u64().unwrap(), n1["ops"].as_u64().unwrap());
+    assert!(
+        ops0 > 2 * ops1 && ops1 > 0,
+        "node 0: {ops0} ops, node 1: {ops1}"
+    );
+    assert_eq!(json["mismatches"], 0);
+
+    // Node 0 stops on SIGTERM and removes its file; node 1 left a stale one.
+    // SAFETY: kill(2) on a child we started and have not reaped.
+    unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
+    let s0 = wait_by(&mut r.0[0], Instant::now() + Duration::from_secs(5))
+        .expect("memory node 0 ignored SIGTERM");
+    assert!(s0.success());
+    assert!(!node_file(0).exists());
+    assert!(node_file(1).exists(), "a SIGKILLed node cannot clean up");
+    let _ = std::fs::remove_file(node_file(1));
+}
+
+/// CPU seconds (user + system) a live process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / hz
+}
+
+#[test]
+fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
+    let dir = TempDir::new("signal");
+    let (file, _) = cluster(&dir, 1);
+    // No --seconds: the compute node runs until a signal.
+    let mut r = Reaper(vec![spawn_node(&file, 0, &[]), spawn_node(&file, 1, &[])]);
+    let stderr = r.0[1].stderr.take().unwrap();
+    let mut stdout = r.0[1].stdout.take().unwrap();
+    let result = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+        out
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("t=1s") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(15))
+        .expect("the compute node printed no stats line");
+    // SAFETY: kill(2) on a child we started and have not reaped.
+    unsafe { libc::kill(r.0[1].id() as libc::pid_t, libc::SIGINT) };
+    let s1 = wait_by(&mut r.0[1], Instant::now() + Duration::from_secs(5))
+        .expect("the compute node ignored SIGINT");
+    assert!(s1.success(), "{s1}");
+    let out = result.join().unwrap();
+    let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert!(json["ops"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(json["failures"], 0);
+    assert_eq!(json["mismatches"], 0);
+    // The memory node stayed out of the data path while the compute node
+    // busy-polled for over a second.
+    let cpu = cpu_seconds(r.0[0].id());
+    assert!(cpu < 0.25, "memory node used {cpu} CPU seconds");
+    // SAFETY: as above.
+    unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
+    let s0 = wait_by(&mut r.0[0], Instant::now() + Duration::from_secs(5))
+        .expect("the memory node ignored SIGTERM");
+    assert!(s0.success(), "{s0}");
+}
+
+#[test]
+fn node_rejects_bad_input_with_exit_2() {
+    let dir = TempDir::new("nodebad");
+    let (file, _) = cluster(&dir, 1);
+    for args in [
+        vec!["--id", "1", "--tasks", "0"],
+        vec!["--id", "1", "--seconds", "-1"],
+        vec!["--id", "9"],
+        vec!["--id", "x"],
+        vec!["--id", "1", "--bogus"],
+    ] {
+        let out = Command::new(LOCH)
+            .args(["node", "--config"])
+            .arg(&file)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("loch node: "), "{args:?}: {stderr}");
+    }
+    let mlx5 = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("kind = \"emu\"", "kind = \"mlx5\"\ndevice = \"mlx5_0\"");
+    let f = dir.write("mlx5.toml", &mlx5);
+    let out = Command::new(LOCH)
+        .args(["node", "--config"])
+        .arg(&f)
+        .args(["--id", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("emu backend only"));
+}
