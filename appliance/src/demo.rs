@@ -92,7 +92,7 @@ pub struct DemoReport {
     pub faa_counter: u64,
     pub mismatches: u64,
     pub failures: u64,
-    pub tree: Option<crate::demo_tree::TreePhase>,
+    pub tree: Option<Vec<crate::demo_tree::TreePhase>>,
     pub text: String,
 }
 
@@ -103,8 +103,9 @@ impl DemoReport {
             && self.failures == 0
             && self
                 .tree
-                .as_ref()
-                .is_none_or(|t| t.mismatches == 0 && t.failures == 0)
+                .iter()
+                .flatten()
+                .all(|t| t.mismatches == 0 && t.failures == 0)
     }
 }
 
@@ -316,7 +317,9 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
     );
     let failures = fail + u64::from(cas_total != cas);
     if let Some(t) = &tree {
-        text.push_str(&crate::demo_tree::summary(t));
+        for p in t {
+            text.push_str(&crate::demo_tree::summary(p));
+        }
     }
     Ok(DemoReport {
         stats,
@@ -336,7 +339,7 @@ type Outcome = (
     (u64, u64, u64, u64),
     (u64, u64),
     String,
-    Option<crate::demo_tree::TreePhase>,
+    Option<Vec<crate::demo_tree::TreePhase>>,
 );
 
 fn tally_of(sh: &Shared) -> (u64, u64, u64, u64) {
@@ -452,7 +455,19 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
             cfg.tree_records
         );
         let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
-        Some(crate::demo_tree::run_emu(&cluster, tcfg, cfg)?)
+        let mut phases = Vec::new();
+        for kind in [
+            crate::demo_tree::IndexKind::Tree,
+            crate::demo_tree::IndexKind::Hash,
+        ] {
+            phases.push(crate::demo_tree::run_emu(
+                &cluster,
+                tcfg.clone(),
+                cfg,
+                kind,
+            )?);
+        }
+        Some(phases)
     } else {
         None
     };
@@ -580,7 +595,14 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
             cfg.tree_records
         );
         let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
-        Some(crate::demo_tree::run_sim(&mut w, tcfg, cfg)?)
+        let mut phases = Vec::new();
+        for kind in [
+            crate::demo_tree::IndexKind::Tree,
+            crate::demo_tree::IndexKind::Hash,
+        ] {
+            phases.push(crate::demo_tree::run_sim(&mut w, tcfg.clone(), cfg, kind)?);
+        }
+        Some(phases)
     } else {
         None
     };

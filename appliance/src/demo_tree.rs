@@ -1,15 +1,17 @@
-//! The tree phase of `loch demo`: bulk-load a Sherman B+tree, then run a
-//! mixed workload of lookups, inserts, updates, deletes and scans from every
-//! task, on the same cluster (emu or sim) the verb phase used. It checks
-//! itself: loaded records are never written, so every lookup of one must
-//! return its value; each task owns a set of extra keys and keeps a shadow
-//! of them, so its lookups and deletes of those must agree with the shadow;
-//! every scan must be in order.
+//! The index phases of `loch demo`: load an index — the Sherman B+tree
+//! (bulk load) or the Nessie hash table (puts) — then run a mixed workload
+//! of lookups, inserts, updates, deletes (and, on the tree, scans) from
+//! every task, on the same cluster (emu or sim) the verb phase used. It
+//! checks itself: loaded records are never written, so every lookup of one
+//! must return its value; each task owns a set of extra keys and keeps a
+//! shadow of them, so its lookups and deletes of those must agree with the
+//! shadow; every scan must be in order.
 
 use crate::cluster::EmuCluster;
 use crate::demo::DemoConfig;
 use crate::stats::{latency_histogram, CoreStats, RunStats};
 use hdrhistogram::Histogram;
+use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig};
 use index::tree::{Tree, TreeClient, TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
@@ -28,8 +30,119 @@ pub fn key_of(i: u64) -> u64 {
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1
 }
 
-/// What the tree phase measured and checked.
+/// Which index a phase runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum IndexKind {
+    Tree,
+    Hash,
+}
+
+#[derive(Clone)]
+enum DemoIndex {
+    Tree(Arc<Tree>),
+    Hash(Arc<Cuckoo>),
+}
+
+enum DemoClient {
+    Tree(TreeClient),
+    Hash(Box<CuckooClient>),
+}
+
+fn word(v: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = v.len().min(8);
+    b[..n].copy_from_slice(&v[..n]);
+    u64::from_le_bytes(b)
+}
+
+impl DemoIndex {
+    fn new(
+        kind: IndexKind,
+        tree_cfg: &TreeConfig,
+        records: u64,
+        tasks: u64,
+    ) -> Result<DemoIndex, String> {
+        Ok(match kind {
+            IndexKind::Tree => {
+                DemoIndex::Tree(Tree::new(tree_cfg.clone(), 256 << 10).map_err(|e| e.to_string())?)
+            }
+            IndexKind::Hash => {
+                let keys = records + tasks * OWN_KEYS;
+                let mut cfg = CuckooConfig::new(keys + keys / 4, 8, 8, tree_cfg.chunk.node_bytes);
+                cfg.chunk = tree_cfg.chunk.clone();
+                DemoIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
+            }
+        })
+    }
+
+    fn client(&self, id: u64) -> Result<DemoClient, String> {
+        Ok(match self {
+            DemoIndex::Tree(t) => DemoClient::Tree(t.client(id).map_err(|e| e.to_string())?),
+            DemoIndex::Hash(h) => {
+                DemoClient::Hash(Box::new(h.client().map_err(|e| e.to_string())?))
+            }
+        })
+    }
+}
+
+impl DemoClient {
+    async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, String> {
+        match self {
+            DemoClient::Tree(c) => c.get(ctx, key).await.map_err(|e| e.to_string()),
+            DemoClient::Hash(c) => c
+                .get(ctx, &key.to_le_bytes())
+                .await
+                .map(|v| v.map(|v| word(&v)))
+                .map_err(|e| e.to_string()),
+        }
+    }
+    async fn put<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64, v: u64) -> Result<(), String> {
+        match self {
+            DemoClient::Tree(c) => c.put(ctx, key, v).await.map_err(|e| e.to_string()),
+            DemoClient::Hash(c) => c
+                .put(ctx, &key.to_le_bytes(), &v.to_le_bytes())
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+    async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, String> {
+        match self {
+            DemoClient::Tree(c) => c.delete(ctx, key).await.map_err(|e| e.to_string()),
+            DemoClient::Hash(c) => c
+                .delete(ctx, &key.to_le_bytes())
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+    async fn scan<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        low: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<(u64, u64)>>, String> {
+        match self {
+            DemoClient::Tree(c) => c
+                .scan(ctx, low, u64::MAX - 1, limit)
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            DemoClient::Hash(_) => Ok(None),
+        }
+    }
+    fn stats(&self) -> TreeStats {
+        match self {
+            DemoClient::Tree(c) => c.stats,
+            DemoClient::Hash(c) => TreeStats {
+                read_retries: c.stats.retries,
+                ..TreeStats::default()
+            },
+        }
+    }
+}
+
+/// What an index phase measured and checked.
 pub struct TreePhase {
+    pub kind: IndexKind,
     pub stats: RunStats,
     pub tree: TreeStats,
     pub records: u64,
@@ -73,17 +186,34 @@ pub fn demo_tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
 
 async fn load<N: Nic>(
     ctx: Ctx<N>,
-    tree: Arc<Tree>,
+    index: DemoIndex,
     records: u64,
     err: Rc<RefCell<Option<String>>>,
 ) {
     let r = async {
-        let mut c = tree.client(u64::MAX - 1)?;
-        c.create(&ctx).await?;
-        c.bulk_load(&ctx, records_sorted(records), 36).await
+        match &index {
+            DemoIndex::Tree(t) => {
+                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
+                c.create(&ctx).await.map_err(|e| e.to_string())?;
+                c.bulk_load(&ctx, records_sorted(records), 36)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            DemoIndex::Hash(h) => {
+                // No bulk load for a hash table: one put per record.
+                let mut c = h.client().map_err(|e| e.to_string())?;
+                c.create(&ctx).await.map_err(|e| e.to_string())?;
+                for i in 0..records {
+                    c.put(&ctx, &key_of(i).to_le_bytes(), &i.to_le_bytes())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Ok::<(), String>(())
     };
     if let Err(e) = r.await {
-        *err.borrow_mut() = Some(e.to_string());
+        *err.borrow_mut() = Some(e);
     }
 }
 
@@ -93,7 +223,7 @@ fn mismatch(sh: &Shared) {
 
 async fn tree_task<N: Nic>(
     ctx: Ctx<N>,
-    mut c: TreeClient,
+    mut c: DemoClient,
     me: u64,
     seed: u64,
     records: u64,
@@ -135,24 +265,27 @@ async fn tree_task<N: Nic>(
             }),
             _ => {
                 let low = key_of(rng.below(records));
-                c.scan(&ctx, low, u64::MAX - 1, 20).await.map(|v| {
-                    if !v.windows(2).all(|p| p[0].0 < p[1].0)
-                        || v.first().is_some_and(|p| p.0 < low)
-                    {
-                        mismatch(&sh)
+                c.scan(&ctx, low, 20).await.map(|v| {
+                    // The hash table has no scans (None): nothing to check.
+                    if let Some(v) = v {
+                        if !v.windows(2).all(|p| p[0].0 < p[1].0)
+                            || v.first().is_some_and(|p| p.0 < low)
+                        {
+                            mismatch(&sh)
+                        }
                     }
                 })
             }
         };
         if let Err(e) = r {
-            log::error!("demo tree operation failed: {e}");
+            log::error!("demo index operation failed: {e}");
             sh.failures.set(sh.failures.get() + 1);
             break;
         }
         let _ = sh.hist.borrow_mut().record((ctx.now_ns() - t0).max(1));
         sh.ops.set(sh.ops.get() + 1);
     }
-    *sh.tree.borrow_mut() += c.stats;
+    *sh.tree.borrow_mut() += c.stats();
 }
 
 /// The phase on the emu cluster: one compute node (this process), its
@@ -161,6 +294,7 @@ pub fn run_emu(
     cluster: &EmuCluster,
     tree_cfg: TreeConfig,
     cfg: &DemoConfig,
+    kind: IndexKind,
 ) -> Result<TreePhase, String> {
     let (cores, tasks, pin, records, seconds, seed) = (
         cfg.cores,
@@ -170,7 +304,12 @@ pub fn run_emu(
         cfg.seconds,
         cfg.seed,
     );
-    let tree = Tree::new(tree_cfg, 256 << 10).map_err(|e| e.to_string())?;
+    let tree = DemoIndex::new(
+        kind,
+        &tree_cfg,
+        cfg.tree_records,
+        (cfg.cores * cfg.tasks_per_core) as u64,
+    )?;
     let exec = ExecutorConfig {
         slots: tasks,
         scratch_bytes_per_slot: 64 << 10,
@@ -188,7 +327,7 @@ pub fn run_emu(
         })
         .map_err(|e| e.to_string())?;
     if let Some(Some(e)) = loaded.into_iter().next() {
-        return Err(format!("bulk load failed: {e}"));
+        return Err(format!("loading failed: {e}"));
     }
     let duration_ns = (seconds * 1e9) as u64;
     let started = std::time::Instant::now();
@@ -197,7 +336,7 @@ pub fn run_emu(
             let sh = shared();
             for t in 0..tasks {
                 let me = (core * tasks + t) as u64 + 1;
-                let c = tree.client(me).expect("non-zero id");
+                let c = tree.client(me).expect("a client of a valid index");
                 let s = sh.clone();
                 ex.spawn(move |ctx| tree_task(ctx, c, me, seed, records, duration_ns, s))
                     .expect("a slot per task");
@@ -226,6 +365,7 @@ pub fn run_emu(
         fail += f;
     }
     Ok(TreePhase {
+        kind,
         stats: RunStats::merge(cores_stats, elapsed),
         tree: ts,
         records,
@@ -235,7 +375,12 @@ pub fn run_emu(
 }
 
 /// The phase on a simulated world: one tree handle per compute node.
-pub fn run_sim(w: &mut World, tree_cfg: TreeConfig, cfg: &DemoConfig) -> Result<TreePhase, String> {
+pub fn run_sim(
+    w: &mut World,
+    tree_cfg: TreeConfig,
+    cfg: &DemoConfig,
+    kind: IndexKind,
+) -> Result<TreePhase, String> {
     let (cores, tasks, records, seconds, seed) = (
         cfg.cores,
         cfg.tasks_per_core,
@@ -243,10 +388,16 @@ pub fn run_sim(w: &mut World, tree_cfg: TreeConfig, cfg: &DemoConfig) -> Result<
         cfg.seconds,
         cfg.seed,
     );
-    let trees: Vec<Arc<Tree>> = (0..w.compute_nodes())
-        .map(|_| Tree::new(tree_cfg.clone(), 256 << 10))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+    let trees: Vec<DemoIndex> = (0..w.compute_nodes())
+        .map(|_| {
+            DemoIndex::new(
+                kind,
+                &tree_cfg,
+                cfg.tree_records,
+                (cfg.cores * cfg.tasks_per_core) as u64,
+            )
+        })
+        .collect::<Result<_, _>>()?;
     let exec = ExecutorConfig {
         slots: tasks,
         scratch_bytes_per_slot: 64 << 10,
@@ -272,7 +423,7 @@ pub fn run_sim(w: &mut World, tree_cfg: TreeConfig, cfg: &DemoConfig) -> Result<
         let t = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
         for k in 0..tasks {
             let me = (core * tasks + k) as u64 + 1;
-            let c = trees[cn].client(me).map_err(|e| e.to_string())?;
+            let c = trees[cn].client(me)?;
             let s = sh.clone();
             w.spawn(t, move |ctx| {
                 tree_task(ctx, c, me, seed, records, (seconds * 1e9) as u64, s)
@@ -300,6 +451,7 @@ pub fn run_sim(w: &mut World, tree_cfg: TreeConfig, cfg: &DemoConfig) -> Result<
     stats.threads = cores;
     let ts = *sh.tree.borrow();
     Ok(TreePhase {
+        kind,
         stats,
         tree: ts,
         records,
@@ -316,7 +468,7 @@ pub fn summary(p: &TreePhase) -> String {
     let hits = t.cache_hits + t.cache_misses;
     let ok = |b: bool| if b { "ok" } else { "FAILED" };
     format!(
-        "  B+tree (Sherman; {} records bulk-loaded, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan)\n\
+        "  {} ({} records loaded, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})\n\
          \x20   operations          {}\n\
          \x20   operations/s        {:.0}\n\
          \x20   round trips/op      {:.3}\n\
@@ -329,8 +481,13 @@ pub fn summary(p: &TreePhase) -> String {
          \x20   read retries/op     {:.5}\n\
          \x20   splits              {}\n\
          \x20   check: lookups and deletes agree with the loaded data and each task's shadow: {} mismatches: {}\n\
-         \x20   check: failed tree operations: {}: {}\n",
+         \x20   check: failed index operations: {}: {}\n",
+        match p.kind {
+            IndexKind::Tree => "B+tree (Sherman, bulk load)",
+            IndexKind::Hash => "hash table (Nessie, puts)",
+        },
         p.records,
+        if p.kind == IndexKind::Hash { "; no scans in a hash table: skipped" } else { "" },
         s.ops,
         s.ops_per_sec(),
         s.per_op(c.round_trips),

@@ -24,7 +24,8 @@ fn demo_runs_and_passes_its_checks() {
     ] {
         assert!(stdout.contains(line), "summary lacks {line}: {stdout}");
     }
-    assert_eq!(stdout.matches(": ok").count(), 6, "{stdout}");
+    assert_eq!(stdout.matches(": ok").count(), 8, "{stdout}");
+    assert!(stdout.contains("hash table (Nessie"), "{stdout}");
     assert!(stdout.contains("B+tree"), "{stdout}");
 }
 
@@ -49,7 +50,7 @@ fn demo_on_sim_is_deterministic_and_passes_its_checks() {
             String::from_utf8_lossy(&out.stderr)
         );
         let s = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(s.matches(": ok").count(), 6, "{s}");
+        assert_eq!(s.matches(": ok").count(), 8, "{s}");
         assert!(s.contains("SIMULATED"), "{s}");
         // Everything but the wall-clock speed is a function of the seed.
         s.lines()
