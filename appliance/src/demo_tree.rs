@@ -11,15 +11,15 @@ use crate::cluster::EmuCluster;
 use crate::demo::DemoConfig;
 use crate::stats::{latency_histogram, CoreStats, RunStats};
 use hdrhistogram::Histogram;
-use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig};
-use index::tree::{Tree, TreeClient, TreeConfig, TreeStats};
+use index::any::{AnyClient, AnyIndex};
+use index::cuckoo::{Cuckoo, CuckooConfig};
+use index::tree::{Tree, TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
 use nicdrv::sim::{RunEnd, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::Arc;
 
 /// Keys each task owns beyond the loaded records.
 const OWN_KEYS: u64 = 256;
@@ -37,107 +37,24 @@ pub enum IndexKind {
     Hash,
 }
 
-#[derive(Clone)]
-enum DemoIndex {
-    Tree(Arc<Tree>),
-    Hash(Arc<Cuckoo>),
-}
-
-enum DemoClient {
-    Tree(TreeClient),
-    Hash(Box<CuckooClient>),
-}
-
-fn word(v: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = v.len().min(8);
-    b[..n].copy_from_slice(&v[..n]);
-    u64::from_le_bytes(b)
-}
-
-impl DemoIndex {
-    fn new(
-        kind: IndexKind,
-        tree_cfg: &TreeConfig,
-        records: u64,
-        tasks: u64,
-    ) -> Result<DemoIndex, String> {
-        Ok(match kind {
-            IndexKind::Tree => {
-                DemoIndex::Tree(Tree::new(tree_cfg.clone(), 256 << 10).map_err(|e| e.to_string())?)
-            }
-            IndexKind::Hash => {
-                let keys = records + tasks * OWN_KEYS;
-                let mut cfg = CuckooConfig::new(keys + keys / 4, 8, 8, tree_cfg.chunk.node_bytes);
-                cfg.chunk = tree_cfg.chunk.clone();
-                DemoIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
-            }
-        })
-    }
-
-    fn client(&self, id: u64) -> Result<DemoClient, String> {
-        Ok(match self {
-            DemoIndex::Tree(t) => DemoClient::Tree(t.client(id).map_err(|e| e.to_string())?),
-            DemoIndex::Hash(h) => {
-                DemoClient::Hash(Box::new(h.client().map_err(|e| e.to_string())?))
-            }
-        })
-    }
-}
-
-impl DemoClient {
-    async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, String> {
-        match self {
-            DemoClient::Tree(c) => c.get(ctx, key).await.map_err(|e| e.to_string()),
-            DemoClient::Hash(c) => c
-                .get(ctx, &key.to_le_bytes())
-                .await
-                .map(|v| v.map(|v| word(&v)))
-                .map_err(|e| e.to_string()),
+/// The demo's index for a phase.
+fn demo_index(
+    kind: IndexKind,
+    tree_cfg: &TreeConfig,
+    records: u64,
+    tasks: u64,
+) -> Result<AnyIndex, String> {
+    Ok(match kind {
+        IndexKind::Tree => {
+            AnyIndex::Tree(Tree::new(tree_cfg.clone(), 256 << 10).map_err(|e| e.to_string())?)
         }
-    }
-    async fn put<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64, v: u64) -> Result<(), String> {
-        match self {
-            DemoClient::Tree(c) => c.put(ctx, key, v).await.map_err(|e| e.to_string()),
-            DemoClient::Hash(c) => c
-                .put(ctx, &key.to_le_bytes(), &v.to_le_bytes())
-                .await
-                .map_err(|e| e.to_string()),
+        IndexKind::Hash => {
+            let keys = records + tasks * OWN_KEYS;
+            let mut cfg = CuckooConfig::new(keys + keys / 4, 8, 8, tree_cfg.chunk.node_bytes);
+            cfg.chunk = tree_cfg.chunk.clone();
+            AnyIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
         }
-    }
-    async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, String> {
-        match self {
-            DemoClient::Tree(c) => c.delete(ctx, key).await.map_err(|e| e.to_string()),
-            DemoClient::Hash(c) => c
-                .delete(ctx, &key.to_le_bytes())
-                .await
-                .map_err(|e| e.to_string()),
-        }
-    }
-    async fn scan<N: Nic>(
-        &mut self,
-        ctx: &Ctx<N>,
-        low: u64,
-        limit: usize,
-    ) -> Result<Option<Vec<(u64, u64)>>, String> {
-        match self {
-            DemoClient::Tree(c) => c
-                .scan(ctx, low, u64::MAX - 1, limit)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            DemoClient::Hash(_) => Ok(None),
-        }
-    }
-    fn stats(&self) -> TreeStats {
-        match self {
-            DemoClient::Tree(c) => c.stats,
-            DemoClient::Hash(c) => TreeStats {
-                read_retries: c.stats.retries,
-                ..TreeStats::default()
-            },
-        }
-    }
+    })
 }
 
 /// What an index phase measured and checked.
@@ -186,27 +103,25 @@ pub fn demo_tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
 
 async fn load<N: Nic>(
     ctx: Ctx<N>,
-    index: DemoIndex,
+    index: AnyIndex,
     records: u64,
     err: Rc<RefCell<Option<String>>>,
 ) {
     let r = async {
         match &index {
-            DemoIndex::Tree(t) => {
+            AnyIndex::Tree(t) => {
                 let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
                 c.bulk_load(&ctx, records_sorted(records), 36)
                     .await
                     .map_err(|e| e.to_string())?;
             }
-            DemoIndex::Hash(h) => {
+            AnyIndex::Hash(_) => {
                 // No bulk load for a hash table: one put per record.
-                let mut c = h.client().map_err(|e| e.to_string())?;
+                let mut c = index.client(u64::MAX - 1).map_err(|e| e.to_string())?;
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
                 for i in 0..records {
-                    c.put(&ctx, &key_of(i).to_le_bytes(), &i.to_le_bytes())
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    c.put(&ctx, key_of(i), i).await.map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -223,7 +138,7 @@ fn mismatch(sh: &Shared) {
 
 async fn tree_task<N: Nic>(
     ctx: Ctx<N>,
-    mut c: DemoClient,
+    mut c: AnyClient,
     me: u64,
     seed: u64,
     records: u64,
@@ -265,16 +180,19 @@ async fn tree_task<N: Nic>(
             }),
             _ => {
                 let low = key_of(rng.below(records));
-                c.scan(&ctx, low, 20).await.map(|v| {
-                    // The hash table has no scans (None): nothing to check.
-                    if let Some(v) = v {
+                match c.scan(&ctx, low, u64::MAX - 1, 20).await {
+                    Ok(v) => {
                         if !v.windows(2).all(|p| p[0].0 < p[1].0)
                             || v.first().is_some_and(|p| p.0 < low)
                         {
                             mismatch(&sh)
                         }
+                        Ok(())
                     }
-                })
+                    // The hash table keeps no order: its scans are skipped.
+                    Err(index::any::AnyError::NoScans) => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
         };
         if let Err(e) = r {
@@ -285,7 +203,7 @@ async fn tree_task<N: Nic>(
         let _ = sh.hist.borrow_mut().record((ctx.now_ns() - t0).max(1));
         sh.ops.set(sh.ops.get() + 1);
     }
-    *sh.tree.borrow_mut() += c.stats();
+    *sh.tree.borrow_mut() += c.tree_stats();
 }
 
 /// The phase on the emu cluster: one compute node (this process), its
@@ -304,7 +222,7 @@ pub fn run_emu(
         cfg.seconds,
         cfg.seed,
     );
-    let tree = DemoIndex::new(
+    let tree = demo_index(
         kind,
         &tree_cfg,
         cfg.tree_records,
@@ -388,9 +306,9 @@ pub fn run_sim(
         cfg.seconds,
         cfg.seed,
     );
-    let trees: Vec<DemoIndex> = (0..w.compute_nodes())
+    let trees: Vec<AnyIndex> = (0..w.compute_nodes())
         .map(|_| {
-            DemoIndex::new(
+            demo_index(
                 kind,
                 &tree_cfg,
                 cfg.tree_records,
@@ -423,7 +341,7 @@ pub fn run_sim(
         let t = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
         for k in 0..tasks {
             let me = (core * tasks + k) as u64 + 1;
-            let c = trees[cn].client(me)?;
+            let c = trees[cn].client(me).map_err(|e| e.to_string())?;
             let s = sh.clone();
             w.spawn(t, move |ctx| {
                 tree_task(ctx, c, me, seed, records, (seconds * 1e9) as u64, s)

@@ -26,9 +26,10 @@ use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::latency_histogram;
 use hdrhistogram::Histogram;
-use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig};
+use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
+use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::history::{History, Op, OpId, Ret, Verdict};
-use index::tree::{Tree, TreeClient, TreeConfig, TreeStats, VersionScheme};
+use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::Rng;
 use nicdrv::sim::{RunEnd, SimConfig, World};
@@ -357,105 +358,6 @@ fn pick(mix: &Mix, rng: &mut Rng) -> Kind {
 /// Scans run from their start key to the end of the key space.
 const SCAN_HIGH: u64 = u64::MAX - 1;
 
-/// The index a client runs against: a tree or the hash table, one handle
-/// per compute node.
-#[derive(Clone)]
-pub enum IndexHandle {
-    Tree(Arc<Tree>),
-    Cuckoo(Arc<Cuckoo>),
-}
-
-impl IndexHandle {
-    fn client(&self, id: u64) -> Result<Client, String> {
-        Ok(match self {
-            IndexHandle::Tree(t) => Client::Tree(t.client(id).map_err(|e| e.to_string())?),
-            IndexHandle::Cuckoo(c) => {
-                Client::Cuckoo(Box::new(c.client().map_err(|e| e.to_string())?))
-            }
-        })
-    }
-}
-
-/// One client of either index, with the operations the workloads use.
-pub enum Client {
-    Tree(TreeClient),
-    Cuckoo(Box<CuckooClient>),
-}
-
-fn word(v: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = v.len().min(8);
-    b[..n].copy_from_slice(&v[..n]);
-    u64::from_le_bytes(b)
-}
-
-impl Client {
-    async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), String> {
-        match self {
-            Client::Tree(c) => c.create(ctx).await.map_err(|e| e.to_string()),
-            Client::Cuckoo(c) => c.create(ctx).await.map_err(|e| e.to_string()),
-        }
-    }
-    async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, String> {
-        match self {
-            Client::Tree(c) => c.get(ctx, key).await.map_err(|e| e.to_string()),
-            Client::Cuckoo(c) => c
-                .get(ctx, &key.to_le_bytes())
-                .await
-                .map(|v| v.map(|v| word(&v)))
-                .map_err(|e| e.to_string()),
-        }
-    }
-    async fn put<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64, value: u64) -> Result<(), String> {
-        match self {
-            Client::Tree(c) => c.put(ctx, key, value).await.map_err(|e| e.to_string()),
-            Client::Cuckoo(c) => c
-                .put(ctx, &key.to_le_bytes(), &value.to_le_bytes())
-                .await
-                .map_err(|e| e.to_string()),
-        }
-    }
-    async fn scan<N: Nic>(
-        &mut self,
-        ctx: &Ctx<N>,
-        low: u64,
-        high: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, u64)>, String> {
-        match self {
-            Client::Tree(c) => c
-                .scan(ctx, low, high, limit)
-                .await
-                .map_err(|e| e.to_string()),
-            Client::Cuckoo(_) => Err("the hash table has no scans".into()),
-        }
-    }
-    fn splits(&self) -> u64 {
-        match self {
-            Client::Tree(c) => c.stats.splits,
-            Client::Cuckoo(_) => 0,
-        }
-    }
-    fn reset_stats(&mut self) {
-        match self {
-            Client::Tree(c) => c.stats = TreeStats::default(),
-            Client::Cuckoo(c) => c.stats = Default::default(),
-        }
-    }
-    /// The client's counters in the tree's terms (the hash table reports its
-    /// restarted attempts as read retries and has no cache).
-    fn tree_stats(&self) -> TreeStats {
-        match self {
-            Client::Tree(c) => c.stats,
-            Client::Cuckoo(c) => TreeStats {
-                read_retries: c.stats.retries,
-                lookups: c.stats.gets,
-                ..TreeStats::default()
-            },
-        }
-    }
-}
-
 /// One index handle per compute node.
 fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
     (0..spec.compute_nodes)
@@ -465,7 +367,7 @@ fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
                 let mut cfg = CuckooConfig::new(expected + expected / 4, 8, 8, spec.host_bytes);
                 cfg.chunk = spec.tree.chunk.clone();
                 Cuckoo::new(cfg)
-                    .map(IndexHandle::Cuckoo)
+                    .map(IndexHandle::Hash)
                     .map_err(|e| e.to_string())
             } else {
                 Tree::new(
@@ -505,13 +407,15 @@ async fn load_part<N: Nic>(
                     .await
                     .map_err(|e| e.to_string())?;
             }
-            IndexHandle::Cuckoo(_) => {
-                let mut c = h.client(u64::MAX - 1 - part as u64)?;
+            IndexHandle::Hash(_) => {
+                let mut c = h
+                    .client(u64::MAX - 1 - part as u64)
+                    .map_err(|e| e.to_string())?;
                 if parts == 1 {
-                    c.create(&ctx).await?;
+                    c.create(&ctx).await.map_err(|e| e.to_string())?;
                 } else {
                     for i in (part as u64..records).step_by(parts) {
-                        c.put(&ctx, key_of(i), i).await?;
+                        c.put(&ctx, key_of(i), i).await.map_err(|e| e.to_string())?;
                     }
                 }
             }
@@ -569,7 +473,7 @@ async fn one_op<N: Nic>(
     sh: &Shared,
     rng: &mut Rng,
     log: &Log<'_, N>,
-) -> Result<(), String> {
+) -> Result<(), index::any::AnyError> {
     let ctx = log.ctx;
     match kind {
         Kind::Read => {
@@ -793,7 +697,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 .add_thread(cn as u16, exec_cfg(spec))
                 .map_err(|e| e.to_string())?;
             for _ in 0..spec.coroutines {
-                let c = tree.client(id)?;
+                let c = tree.client(id).map_err(|e| e.to_string())?;
                 let (s, d, h) = (spec_rc.clone(), dist.clone(), sh.clone());
                 let me = id;
                 w.spawn(t, move |ctx| client_task(ctx, c, s, d, me, h))

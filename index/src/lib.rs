@@ -7,6 +7,7 @@
 //! the benchmark's `--history`) use. [`cuckoo`] is the Nessie lock-free
 //! cuckoo hash table, driven by one-sided READ, WRITE and CAS only.
 
+pub mod any;
 pub mod cuckoo;
 pub mod history;
 pub mod tree;

@@ -1,0 +1,157 @@
+//! One client interface over both indexes, for code that runs the same
+//! workload on either: the benchmark (`--systems sherman,cuckoo`) and the
+//! demo. Keys and values are `u64`; the hash table stores them as 8-byte
+//! little-endian keys and values.
+
+use crate::cuckoo::{Cuckoo, CuckooClient, CuckooError};
+use crate::tree::{Tree, TreeClient, TreeError, TreeStats};
+use nicdrv::{Ctx, Nic};
+use std::fmt;
+use std::sync::Arc;
+
+/// A compute node's handle on either index.
+#[derive(Clone)]
+pub enum AnyIndex {
+    Tree(Arc<Tree>),
+    Hash(Arc<Cuckoo>),
+}
+
+/// Why an operation through [`AnyClient`] failed.
+#[derive(Debug)]
+pub enum AnyError {
+    Tree(TreeError),
+    Hash(CuckooError),
+    /// A scan of the hash table, which keeps no order.
+    NoScans,
+}
+
+impl fmt::Display for AnyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnyError::Tree(e) => e.fmt(f),
+            AnyError::Hash(e) => e.fmt(f),
+            AnyError::NoScans => write!(f, "the hash table has no scans"),
+        }
+    }
+}
+
+impl std::error::Error for AnyError {}
+
+impl From<TreeError> for AnyError {
+    fn from(e: TreeError) -> Self {
+        AnyError::Tree(e)
+    }
+}
+
+impl From<CuckooError> for AnyError {
+    fn from(e: CuckooError) -> Self {
+        AnyError::Hash(e)
+    }
+}
+
+impl AnyIndex {
+    /// A client; `id` marks tree locks (non-zero, unique per live client).
+    pub fn client(&self, id: u64) -> Result<AnyClient, AnyError> {
+        Ok(match self {
+            AnyIndex::Tree(t) => AnyClient::Tree(t.client(id)?),
+            AnyIndex::Hash(h) => AnyClient::Hash(Box::new(h.client()?)),
+        })
+    }
+
+    pub fn is_hash(&self) -> bool {
+        matches!(self, AnyIndex::Hash(_))
+    }
+}
+
+/// One task's client of either index.
+pub enum AnyClient {
+    Tree(TreeClient),
+    Hash(Box<CuckooClient>),
+}
+
+fn word(v: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = v.len().min(8);
+    b[..n].copy_from_slice(&v[..n]);
+    u64::from_le_bytes(b)
+}
+
+impl AnyClient {
+    pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), AnyError> {
+        match self {
+            AnyClient::Tree(c) => Ok(c.create(ctx).await?),
+            AnyClient::Hash(c) => Ok(c.create(ctx).await?),
+        }
+    }
+
+    pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, AnyError> {
+        match self {
+            AnyClient::Tree(c) => Ok(c.get(ctx, key).await?),
+            AnyClient::Hash(c) => Ok(c.get(ctx, &key.to_le_bytes()).await?.map(|v| word(&v))),
+        }
+    }
+
+    pub async fn put<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: u64,
+    ) -> Result<(), AnyError> {
+        match self {
+            AnyClient::Tree(c) => Ok(c.put(ctx, key, value).await?),
+            AnyClient::Hash(c) => Ok(c.put(ctx, &key.to_le_bytes(), &value.to_le_bytes()).await?),
+        }
+    }
+
+    /// Removes `key`; whether it was present.
+    pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, AnyError> {
+        match self {
+            AnyClient::Tree(c) => Ok(c.delete(ctx, key).await?),
+            AnyClient::Hash(c) => Ok(c.delete(ctx, &key.to_le_bytes()).await?),
+        }
+    }
+
+    /// Up to `limit` entries in `[low, high)` in key order; `NoScans` on
+    /// the hash table.
+    pub async fn scan<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        low: u64,
+        high: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, u64)>, AnyError> {
+        match self {
+            AnyClient::Tree(c) => Ok(c.scan(ctx, low, high, limit).await?),
+            AnyClient::Hash(_) => Err(AnyError::NoScans),
+        }
+    }
+
+    /// Splits so far (the hash table never splits).
+    pub fn splits(&self) -> u64 {
+        match self {
+            AnyClient::Tree(c) => c.stats.splits,
+            AnyClient::Hash(_) => 0,
+        }
+    }
+
+    pub fn reset_stats(&mut self) {
+        match self {
+            AnyClient::Tree(c) => c.stats = TreeStats::default(),
+            AnyClient::Hash(c) => c.stats = Default::default(),
+        }
+    }
+
+    /// The client's counters in the tree's terms: the hash table reports
+    /// its restarted attempts as read retries and its gets as lookups, and
+    /// has no cache or locks.
+    pub fn tree_stats(&self) -> TreeStats {
+        match self {
+            AnyClient::Tree(c) => c.stats,
+            AnyClient::Hash(c) => TreeStats {
+                read_retries: c.stats.retries,
+                lookups: c.stats.gets,
+                ..TreeStats::default()
+            },
+        }
+    }
+}
