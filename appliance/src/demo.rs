@@ -449,28 +449,9 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo summary (emu backend, {} memory nodes, {} cores × {} tasks)",
         cfg.memory_nodes, cfg.cores, cfg.tasks_per_core
     );
-    let tree = if cfg.tree_records > 0 {
-        eprintln!(
-            "loch demo: tree phase: bulk-loading {} records, then a mixed workload",
-            cfg.tree_records
-        );
-        let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
-        let mut phases = Vec::new();
-        for kind in [
-            crate::demo_tree::IndexKind::Tree,
-            crate::demo_tree::IndexKind::Hash,
-        ] {
-            phases.push(crate::demo_tree::run_emu(
-                &cluster,
-                tcfg.clone(),
-                cfg,
-                kind,
-            )?);
-        }
-        Some(phases)
-    } else {
-        None
-    };
+    let tree = crate::demo_tree::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+        crate::demo_tree::run_emu(&cluster, tcfg, cfg, kind)
+    })?;
     Ok((
         RunStats::merge(cores, elapsed_ns),
         tally,
@@ -589,23 +570,9 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.verbs() as f64 / wall_s.max(1e-9) / 1e6,
         w.trace_hash()
     );
-    let tree = if cfg.tree_records > 0 {
-        eprintln!(
-            "loch demo: tree phase: bulk-loading {} records, then a mixed workload",
-            cfg.tree_records
-        );
-        let tcfg = crate::demo_tree::demo_tree_config(HOST_BYTES, &chunk_config());
-        let mut phases = Vec::new();
-        for kind in [
-            crate::demo_tree::IndexKind::Tree,
-            crate::demo_tree::IndexKind::Hash,
-        ] {
-            phases.push(crate::demo_tree::run_sim(&mut w, tcfg.clone(), cfg, kind)?);
-        }
-        Some(phases)
-    } else {
-        None
-    };
+    let tree = crate::demo_tree::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+        crate::demo_tree::run_sim(&mut w, tcfg, cfg, kind)
+    })?;
     Ok((stats, tally_of(&sh), (faa_counter, cas_total), header, tree))
 }
 

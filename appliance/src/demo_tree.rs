@@ -378,6 +378,29 @@ pub fn run_sim(
     })
 }
 
+/// Runs the tree phase, then the hash-table phase, through `run` (one
+/// backend's phase runner); `None` when `cfg.tree_records` is 0.
+pub fn run_phases(
+    cfg: &DemoConfig,
+    host_bytes: u64,
+    chunk: &ChunkConfig,
+    mut run: impl FnMut(TreeConfig, IndexKind) -> Result<TreePhase, String>,
+) -> Result<Option<Vec<TreePhase>>, String> {
+    if cfg.tree_records == 0 {
+        return Ok(None);
+    }
+    eprintln!(
+        "loch demo: index phases: a B+tree and a hash table of {} records each, then a mixed workload",
+        cfg.tree_records
+    );
+    let tcfg = demo_tree_config(host_bytes, chunk);
+    [IndexKind::Tree, IndexKind::Hash]
+        .into_iter()
+        .map(|kind| run(tcfg.clone(), kind))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
 /// The summary lines of the phase.
 pub fn summary(p: &TreePhase) -> String {
     let s = &p.stats;
