@@ -32,7 +32,7 @@ use index::history::{History, Op, OpId, Ret, Verdict};
 use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::Rng;
-use nicdrv::sim::{RunEnd, SimConfig, World};
+use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
@@ -206,6 +206,8 @@ pub struct RunSpec {
     pub record_history: bool,
     /// Run the Nessie hash table instead of a tree (`--systems cuckoo`).
     pub cuckoo: bool,
+    /// The simulator's model (`--sim-model`).
+    pub model: SimModel,
 }
 
 impl RunSpec {
@@ -646,6 +648,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         compute_nodes: spec.compute_nodes,
         host_bytes: spec.host_bytes,
         dm_bytes: 256 << 10,
+        model: spec.model.clone(),
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
@@ -981,6 +984,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "ycsb_fieldcount": spec.mix.field_count,
             "ycsb_fieldlength": spec.mix.field_length,
             "warmup_per_client": spec.warmup,
+            "sim_model_overrides": spec.model.overrides(),
             "seed": spec.seed,
             "cache_bytes": spec.cache_bytes,
             "tree": format!("{:?}", spec.tree),
@@ -1018,6 +1022,8 @@ pub const USAGE: &str = "loch-bench run [flags]
   --warmup N              unmeasured operations per client first (default sim 50, emu 2000)
   --cache-mb N            index cache per compute node (default 64)
   --seed N                (default 1)
+  --sim-model K=V,...     override simulator parameters (nicdrv/src/sim/model.rs field names,
+                          e.g. atomic_window=0,link_latency_ns_one_way=500); sim only
   --json                  one JSON array on stdout, an object per system and thread count
   --history FILE          write each measured operation as a JSON line: client, op, key,
                           value, ret, invoke_ns, complete_ns (a read-modify-write is a get line
@@ -1149,6 +1155,23 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
     let check_history = a.switch("check-history");
     let history_path = a.string("history").map(PathBuf::from);
     let plot_dir = a.string("plot").map(PathBuf::from);
+    let mut model = SimModel::default();
+    if let Some(list) = a.string("sim-model") {
+        if !sim {
+            return Err(ArgError("--sim-model applies to --backend sim only".into()));
+        }
+        for item in list.split(',') {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| ArgError(format!("--sim-model: `{item}` is not NAME=VALUE")))?;
+            model
+                .set(k.trim(), v.trim())
+                .map_err(|e| ArgError(format!("--sim-model: {e}")))?;
+        }
+        model
+            .check()
+            .map_err(|e| ArgError(format!("--sim-model: {e}")))?;
+    }
     a.finish()?;
     if memory_nodes == 0 || memory_nodes > 256 || compute_nodes == 0 || compute_nodes > 256 {
         return Err(ArgError(
@@ -1246,6 +1269,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 cache_bytes: (cache_mb * (1 << 20) as f64) as usize,
                 record_history: history_path.is_some() || check_history,
                 cuckoo,
+                model: model.clone(),
             });
         }
     }

@@ -162,6 +162,7 @@ impl World {
                 tx_free: 0,
                 atomic_free: 0,
                 slot_free: vec![0; 2 * cfg.model.atomic_slots as usize],
+                atomics_in_flight: Default::default(),
             });
         }
         let shared = Rc::new(Shared::new(

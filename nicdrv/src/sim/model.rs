@@ -45,6 +45,17 @@ pub struct SimModel {
     /// Atomic serialization slots per NIC: 512; addresses 4 KiB apart share
     /// one (Fusa §II-B; Ziegler et al. SIGMOD'23).
     pub atomic_slots: u32,
+    /// Atomics one NIC holds at once, waiting for their slot or executing;
+    /// 0 means unbounded. When all are taken, an arriving atomic stalls the
+    /// NIC's in-order inbound pipeline, so a CAS storm on one hot host-memory
+    /// word slows every request to that NIC, not only its own atomics. This
+    /// is the interference that makes spinning CAS locks collapse on real
+    /// NICs (ShiftLock FAST'25 §2: 94.4% of CASes are retries with 240
+    /// clients on one lock; Sherman §3.1.1: FG falls from 18 to 0.34 Mops
+    /// at zipf 0.99). No vendor document gives the number: 64 is
+    /// calibrated so FG+ at Sherman's setup lands near that published
+    /// collapse (bench/paper/README.md shows the sensitivity).
+    pub atomic_window: u32,
     /// CPU cost of a doorbell on the posting thread: 300 ns (estimate; the
     /// perftest README's post_list note suggests 100–500 ns).
     pub cpu_post_ns: u64,
@@ -79,6 +90,7 @@ impl Default for SimModel {
             dm_atomic_ns: 120,
             nic_atomic_rate_per_sec: 35_000_000,
             atomic_slots: 512,
+            atomic_window: 64,
             cpu_post_ns: 300,
             cpu_post_extra_wr_ns: 50,
             cpu_poll_ns: 70,
@@ -110,6 +122,73 @@ impl SimModel {
 
     pub(crate) fn per_op_ns(rate_per_sec: u64) -> u64 {
         (1_000_000_000u64).div_ceil(rate_per_sec)
+    }
+
+    /// Every numeric parameter by field name.
+    pub fn numeric(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("link_latency_ns_one_way", self.link_latency_ns_one_way),
+            (
+                "nic_bandwidth_bytes_per_sec",
+                self.nic_bandwidth_bytes_per_sec,
+            ),
+            ("nic_msg_rate_per_sec", self.nic_msg_rate_per_sec),
+            ("header_bytes", self.header_bytes),
+            ("pcie_read_ns_small", self.pcie_read_ns_small),
+            ("pcie_read_ns_1k", self.pcie_read_ns_1k),
+            ("host_atomic_ns", self.host_atomic_ns),
+            ("dm_atomic_ns", self.dm_atomic_ns),
+            ("nic_atomic_rate_per_sec", self.nic_atomic_rate_per_sec),
+            ("atomic_slots", self.atomic_slots as u64),
+            ("atomic_window", self.atomic_window as u64),
+            ("cpu_post_ns", self.cpu_post_ns),
+            ("cpu_post_extra_wr_ns", self.cpu_post_extra_wr_ns),
+            ("cpu_poll_ns", self.cpu_poll_ns),
+            ("cpu_step_ns", self.cpu_step_ns),
+            ("transport_timeout_ns", self.transport_timeout_ns),
+        ]
+    }
+
+    /// The numeric parameters that differ from the defaults.
+    pub fn overrides(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let d = SimModel::default().numeric();
+        self.numeric()
+            .into_iter()
+            .zip(d)
+            .filter(|(a, b)| a.1 != b.1)
+            .map(|(a, _)| a)
+            .collect()
+    }
+
+    /// Sets one numeric parameter by its field name (`--sim-model` of
+    /// `loch-bench run`); `check` still has to pass afterwards.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let v: u64 = value
+            .parse()
+            .map_err(|_| format!("model.{name}: `{value}` is not a non-negative integer"))?;
+        let small = |v: u64| {
+            u32::try_from(v).map_err(|_| format!("model.{name}: {v} is above {}", u32::MAX))
+        };
+        match name {
+            "link_latency_ns_one_way" => self.link_latency_ns_one_way = v,
+            "nic_bandwidth_bytes_per_sec" => self.nic_bandwidth_bytes_per_sec = v,
+            "nic_msg_rate_per_sec" => self.nic_msg_rate_per_sec = v,
+            "header_bytes" => self.header_bytes = v,
+            "pcie_read_ns_small" => self.pcie_read_ns_small = v,
+            "pcie_read_ns_1k" => self.pcie_read_ns_1k = v,
+            "host_atomic_ns" => self.host_atomic_ns = v,
+            "dm_atomic_ns" => self.dm_atomic_ns = v,
+            "nic_atomic_rate_per_sec" => self.nic_atomic_rate_per_sec = v,
+            "atomic_slots" => self.atomic_slots = small(v)?,
+            "atomic_window" => self.atomic_window = small(v)?,
+            "cpu_post_ns" => self.cpu_post_ns = v,
+            "cpu_post_extra_wr_ns" => self.cpu_post_extra_wr_ns = v,
+            "cpu_poll_ns" => self.cpu_poll_ns = v,
+            "cpu_step_ns" => self.cpu_step_ns = v,
+            "transport_timeout_ns" => self.transport_timeout_ns = v,
+            _ => return Err(format!("model.{name}: no such numeric parameter")),
+        }
+        Ok(())
     }
 
     /// Rejects models that cannot run.

@@ -51,6 +51,9 @@ pub(crate) struct MemNode {
     pub atomic_free: u64,
     /// Per space and slot, when the slot's last atomic ends.
     pub slot_free: Vec<u64>,
+    /// End times of the atomics the NIC has taken and not yet finished
+    /// (waiting for their slot or executing), earliest first.
+    pub atomics_in_flight: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
 }
 
 impl MemNode {
@@ -490,6 +493,20 @@ impl Shared {
             q.resp_psn = q.resp_psn.wrapping_add(1);
         }
         let mut start = now.max(node.nic_free);
+        if wr.op.opcode().is_atomic() && m.atomic_window > 0 {
+            // The NIC tracks at most `atomic_window` atomics at once; one
+            // arriving when all are taken waits for the earliest to finish,
+            // and as the NIC takes inbound requests in order, everything
+            // behind it waits too (model.rs, `atomic_window`).
+            let inflight = &mut node.atomics_in_flight;
+            while inflight.peek().is_some_and(|e| e.0 <= start) {
+                inflight.pop();
+            }
+            if inflight.len() >= m.atomic_window as usize {
+                let first_free = inflight.pop().map_or(start, |e| e.0);
+                start = start.max(first_free);
+            }
+        }
         node.nic_free = start + SimModel::per_op_ns(m.nic_msg_rate_per_sec);
         start = start.max(last_end);
         let op = wr.op;
@@ -562,6 +579,9 @@ impl Shared {
                     m.dm_atomic_ns
                 };
                 node.slot_free[slot] = exec + cost;
+                if m.atomic_window > 0 {
+                    node.atomics_in_flight.push(std::cmp::Reverse(exec + cost));
+                }
                 drop(mems);
                 self.reqs.borrow_mut()[r as usize].lines_left = 1;
                 if exec == now {
