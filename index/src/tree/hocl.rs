@@ -8,17 +8,27 @@
 //!
 //! A lock protects a tree node; lock index = hash(node address) mod table
 //! size, so unrelated nodes may share a lock (never a problem: a client
-//! holds one lock at a time). The local table is indexed the same way, but
-//! two tree nodes on different memory nodes can share a local entry while
-//! their global words differ; so a local entry remembers which global word
-//! it holds, and a holder handed an entry that holds another word releases
+//! holds one lock at a time). As in Sherman's code, the local table mirrors
+//! the global tables: one local entry per global word of each memory node
+//! (memory nodes beyond [`LOCAL_NODE_SLOTS`] share slots by id modulo), so
+//! a local queue only ever holds waiters for its own global word and a hot
+//! lock's queue never delays writers of unrelated nodes. Where entries are
+//! shared anyway (more memory nodes than slots, or locks in node headers
+//! hashed into the table), a local entry remembers which global word it
+//! holds, and a holder handed an entry that holds another word releases
 //! that word before taking its own. The local table is shared by every
-//! thread of the compute node, so its words are atomics.
+//! thread of the compute node, so its words are atomics; a memory node's
+//! part is allocated when first used.
 
 use super::config::TreeConfig;
 use super::layout::OFF_LOCK;
 use nicdrv::{GlobalAddr, Space};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Memory nodes with a local table part of their own; more share by id
+/// modulo this.
+pub const LOCAL_NODE_SLOTS: usize = 16;
 
 /// The per-compute-node lock queue state of one lock index.
 struct LocalLock {
@@ -31,15 +41,29 @@ struct LocalLock {
     handovers: AtomicU32,
 }
 
-/// The local lock table of one compute node.
+/// The local lock table of one compute node: `entries` per memory-node
+/// slot, each slot's part allocated on first use.
 pub struct LocalLocks {
-    locks: Box<[LocalLock]>,
+    parts: Box<[OnceLock<Box<[LocalLock]>>]>,
+    entries: usize,
 }
 
 impl LocalLocks {
     pub fn new(entries: usize) -> LocalLocks {
         LocalLocks {
-            locks: (0..entries.max(1))
+            parts: (0..LOCAL_NODE_SLOTS).map(|_| OnceLock::new()).collect(),
+            entries: entries.max(1),
+        }
+    }
+
+    /// Entries per memory-node slot.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    fn at(&self, i: usize) -> &LocalLock {
+        let part = self.parts[(i / self.entries) % LOCAL_NODE_SLOTS].get_or_init(|| {
+            (0..self.entries)
                 .map(|_| LocalLock {
                     next_ticket: AtomicU32::new(0),
                     now_serving: AtomicU32::new(0),
@@ -47,8 +71,9 @@ impl LocalLocks {
                     held_word: AtomicU64::new(0),
                     handovers: AtomicU32::new(0),
                 })
-                .collect(),
-        }
+                .collect()
+        });
+        &part[i % self.entries]
     }
 }
 
@@ -74,14 +99,23 @@ pub fn lock_of(
     node: GlobalAddr,
 ) -> LockRef {
     let h = mix(node.raw());
-    let word = if cfg.lock_in_dm {
-        GlobalAddr::new(node.node(), Space::Device, (h % table_words) * 8)
+    let slot = node.node() as usize % LOCAL_NODE_SLOTS;
+    let (word, local) = if cfg.lock_in_dm {
+        // One local entry per global word (local_entries >= table_words).
+        let w = h % table_words;
+        (
+            GlobalAddr::new(node.node(), Space::Device, w * 8),
+            w as usize,
+        )
     } else {
-        node.add(OFF_LOCK as u64)
+        (
+            node.add(OFF_LOCK as u64),
+            (h % local_entries as u64) as usize,
+        )
     };
     LockRef {
         word,
-        local: (h % local_entries as u64) as usize,
+        local: slot * local_entries + local,
     }
 }
 
@@ -101,18 +135,18 @@ impl LocalLocks {
     pub fn ticket(&self, i: usize) -> u32 {
         // Relaxed: the ticket counter only orders waiters among themselves;
         // the hand-off itself is published through now_serving.
-        self.locks[i].next_ticket.fetch_add(1, Ordering::Relaxed)
+        self.at(i).next_ticket.fetch_add(1, Ordering::Relaxed)
     }
 
     /// True when ticket `t` may go.
     pub fn is_turn(&self, i: usize, t: u32) -> bool {
         // Acquire pairs with the Release in `release`, so the new holder
         // sees remote_held/handovers as the previous holder left them.
-        self.locks[i].now_serving.load(Ordering::Acquire) == t
+        self.at(i).now_serving.load(Ordering::Acquire) == t
     }
 
     pub fn on_turn(&self, i: usize, word: GlobalAddr) -> Local {
-        let l = &self.locks[i];
+        let l = self.at(i);
         if !l.remote_held.load(Ordering::Relaxed) {
             return Local::MustAcquire;
         }
@@ -127,7 +161,7 @@ impl LocalLocks {
     }
 
     pub fn set_remote_held(&self, i: usize, word: GlobalAddr) {
-        let l = &self.locks[i];
+        let l = self.at(i);
         l.held_word.store(word.raw(), Ordering::Relaxed);
         l.remote_held.store(true, Ordering::Relaxed);
     }
@@ -136,7 +170,7 @@ impl LocalLocks {
     /// (keep the global lock for the next local waiter), false to release
     /// remotely. Call before writing back; then call [`pass`].
     pub fn plan_release(&self, i: usize, t: u32, max_handover: u32, handover: bool) -> bool {
-        let l = &self.locks[i];
+        let l = self.at(i);
         let waiters = l
             .next_ticket
             .load(Ordering::Relaxed)
@@ -156,7 +190,7 @@ impl LocalLocks {
     pub fn pass(&self, i: usize, t: u32) {
         // Release: the next holder (Acquire in is_turn) sees our updates of
         // remote_held and handovers.
-        self.locks[i]
+        self.at(i)
             .now_serving
             .store(t.wrapping_add(1), Ordering::Release);
     }
