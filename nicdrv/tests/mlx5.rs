@@ -582,6 +582,88 @@ fn device_memory_sized_from_the_device() {
     });
 }
 
+/// A core's CQ and QPs travel to the core's thread as one value; the
+/// device context is shared by every thread.
+#[test]
+fn per_core_links_are_send() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<Mlx5CoreQps>();
+    send_sync::<Mlx5Nic>();
+    send_sync::<Mlx5MemoryNode>();
+}
+
+/// What `loch node` does per compute core: one bundle with a QP to each
+/// memory node (which may sit in memory the caller allocated), connected
+/// through endpoints that crossed the wire as bytes, moved to another
+/// thread and run there by an executor: every FAA lands exactly once.
+#[test]
+fn per_core_links_connect_move_and_run() {
+    on_device(|h| {
+        let caller_mem = Arc::new(
+            Mlx5MemoryNode::with_memory(&h.nic, 5, HeapMem::zeroed(HOST).unwrap(), DM)
+                .expect("memory node over caller memory"),
+        );
+        assert_eq!(caller_mem.host_bytes(), HOST as u64);
+        let nodes = [h.nodes[0].clone(), caller_mem];
+        let ids: Vec<NodeId> = nodes.iter().map(|n| n.node()).collect();
+        let cfg = ExecutorConfig {
+            slots: 4,
+            ..Default::default()
+        };
+        let mut core = Mlx5CoreQps::prepare(&h.nic, &ids, cfg.qp_depth()).expect("prepare");
+        assert!(
+            Mlx5CoreQps::prepare(&h.nic, &[1, 1], 16).is_err(),
+            "two QPs to one node"
+        );
+        assert!(
+            Mlx5CoreQps::prepare(&h.nic, &[], 16).is_err(),
+            "no memory node"
+        );
+        let eps = core.endpoints();
+        assert_eq!(eps.iter().map(|e| e.0).collect::<Vec<_>>(), ids);
+        for (node, ep) in eps {
+            let n = nodes.iter().find(|n| n.node() == node).unwrap();
+            let theirs = n.accept(&ep).expect("accept");
+            let theirs = Endpoint::decode(&theirs.encode().unwrap()).unwrap();
+            assert!(!core.is_connected());
+            core.connect(&theirs).expect("connect");
+            assert!(core.connect(&theirs).is_err(), "connected twice");
+        }
+        assert!(core.is_connected());
+        let nic = h.nic.clone();
+        std::thread::spawn(move || {
+            let (cq, qps) = core.into_parts().expect("all connected");
+            let mr = nic
+                .register(
+                    HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+                    Access::LOCAL_WRITE,
+                )
+                .unwrap();
+            let mut ex = Executor::new(nic, cq, qps, mr, cfg).expect("executor");
+            for t in 0..4u64 {
+                ex.spawn(move |ctx| async move {
+                    for &n in &[0 as NodeId, 5] {
+                        for _ in 0..100 {
+                            ctx.faa(GlobalAddr::host(n, 64), 1).await.unwrap();
+                        }
+                        ctx.faa(GlobalAddr::device(n, 8 * t), 1).await.unwrap();
+                    }
+                })
+                .unwrap();
+            }
+            ex.run();
+        })
+        .join()
+        .unwrap();
+        for n in &nodes {
+            // SAFETY: every request completed; 8-aligned word in the region.
+            let v = unsafe { std::ptr::read_volatile(n.host_ptr().add(64) as *const u64) };
+            assert_eq!(v, 400, "node {}", n.node());
+        }
+    });
+}
+
 /// Remote addresses become region base plus offset into the region; device
 /// memory is zero-based; an offset outside every region still goes out (the
 /// responder refuses it).

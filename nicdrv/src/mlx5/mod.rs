@@ -6,7 +6,9 @@
 //! (`mr.rs`), completion queues (`cq.rs`), reliable-connected queue pairs
 //! moved RESET→INIT→RTR→RTS from an exchanged [`Endpoint`] (`qp.rs`,
 //! `endpoint.rs`), the memory-node side that exposes regions and answers
-//! connections (`node.rs`: [`Mlx5MemoryNode`]), and the mapping of verbs
+//! connections (`node.rs`: [`Mlx5MemoryNode`]), a compute core's CQ and
+//! QPs made and connected as one value that moves to the core's thread
+//! (`links.rs`: [`Mlx5CoreQps`]), and the mapping of verbs
 //! statuses and errnos onto the contract's (`status.rs`).
 //!
 //! Promises: every handle owns its parents (a queue pair keeps its completion
@@ -18,6 +20,7 @@
 mod cq;
 mod device;
 mod endpoint;
+mod links;
 mod mr;
 mod node;
 mod qp;
@@ -29,6 +32,7 @@ pub use device::{
     LINK_LAYER_ETHERNET,
 };
 pub use endpoint::{Endpoint, EndpointError, QpEndpoint, RegionInfo, MAX_ENDPOINT_REGIONS};
+pub use links::Mlx5CoreQps;
 pub use mr::{access_to_ibv, Mlx5Reg};
 pub use node::{LoopbackRearm, Mlx5MemoryNode};
 pub use qp::{

@@ -10,7 +10,7 @@ use super::mr::Mlx5Reg;
 use super::qp::{create_rc_qp, fresh_psn_for, init_attr, modify, reset_attr, rtr_attr, rts_attr};
 use super::{Mlx5Error, Rearm};
 use crate::addr::{NodeId, Space};
-use crate::nic::{HeapMem, Mr, Nic, RemoteRegion};
+use crate::nic::{HeapMem, Mr, Nic, RegisterableMemory, RemoteRegion};
 use crate::verbs::Access;
 use rdma_sys::*;
 use std::sync::{Arc, Mutex};
@@ -59,13 +59,34 @@ impl Responder {
     }
 }
 
+/// The node's host memory, whatever allocated it (huge pages from
+/// mempool, or the heap), with its pointer and length read once so that
+/// shared access never calls into the owner.
+struct HostMem {
+    ptr: *mut u8,
+    len: usize,
+    _owner: Box<dyn RegisterableMemory + Send>,
+}
+
+// SAFETY: `ptr..ptr+len` is the owner's memory, valid and unmoving while
+// the owner lives (RegisterableMemory's contract); the owner is kept here
+// and dropped with this value, after the registration (Mr's field order).
+unsafe impl RegisterableMemory for HostMem {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// A memory node on a real NIC.
 pub struct Mlx5MemoryNode {
     node: NodeId,
     // Field order is drop order: responder QPs, their CQ, then the MRs.
     responders: Mutex<Option<Vec<Responder>>>,
     cq: Arc<RawCq>,
-    host: Mr<HeapMem, Mlx5Reg>,
+    host: Mr<HostMem, Mlx5Reg>,
     dm: DeviceMemory,
     nic: Mlx5Nic,
 }
@@ -93,6 +114,22 @@ impl Mlx5MemoryNode {
             got: host_bytes as u64,
             max: isize::MAX as u64,
         })?;
+        Mlx5MemoryNode::with_memory(nic, node, mem, dm_bytes)
+    }
+
+    /// As [`new`](Self::new), over memory the caller allocated (huge pages:
+    /// `mempool::HugeMem`); all of `mem` is registered and exposed.
+    pub fn with_memory<M: RegisterableMemory + Send + 'static>(
+        nic: &Mlx5Nic,
+        node: NodeId,
+        mem: M,
+        dm_bytes: u64,
+    ) -> Result<Mlx5MemoryNode, Mlx5Error> {
+        let mem = HostMem {
+            ptr: mem.as_ptr(),
+            len: mem.len(),
+            _owner: Box::new(mem),
+        };
         let host = nic.register(mem, GRANT).map_err(Mlx5Error::Register)?;
         let dm = nic.alloc_device_memory(dm_bytes, GRANT)?;
         // SAFETY: the context is live; a CQ without channel or vector.
