@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 /// Keys each task owns beyond the loaded records.
-const OWN_KEYS: u64 = 256;
+pub const OWN_KEYS: u64 = 256;
 
 /// The key of record `i`: spread over the key space (odd multiplier: a
 /// bijection on u64; the top bit is cleared, so u64::MAX is never used).
@@ -44,9 +44,23 @@ fn demo_index(
     records: u64,
     tasks: u64,
 ) -> Result<AnyIndex, String> {
+    index_handle(kind, tree_cfg, records, tasks, 256 << 10)
+}
+
+/// A compute node's handle on the index of a phase: `records` loaded keys
+/// plus [`OWN_KEYS`] for each of `tasks` tasks; `dm_bytes` is the device
+/// memory each memory node offers (the tree's lock table must fit it).
+/// Every compute node of a cluster must pass the same values.
+pub fn index_handle(
+    kind: IndexKind,
+    tree_cfg: &TreeConfig,
+    records: u64,
+    tasks: u64,
+    dm_bytes: u64,
+) -> Result<AnyIndex, String> {
     Ok(match kind {
         IndexKind::Tree => {
-            AnyIndex::Tree(Tree::new(tree_cfg.clone(), 256 << 10).map_err(|e| e.to_string())?)
+            AnyIndex::Tree(Tree::new(tree_cfg.clone(), dm_bytes).map_err(|e| e.to_string())?)
         }
         IndexKind::Hash => {
             let keys = records + tasks * OWN_KEYS;
@@ -101,7 +115,9 @@ pub fn demo_tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
     }
 }
 
-async fn load<N: Nic>(
+/// Creates the index and loads `records` records (`key_of(i)` → `i`): the
+/// tree by bulk load, the hash table by puts. Sets `err` on failure.
+pub async fn load<N: Nic>(
     ctx: Ctx<N>,
     index: AnyIndex,
     records: u64,

@@ -18,10 +18,14 @@ commands:
                  --tree-records N (records bulk-loaded into the B+tree phase; 0 skips it; 100000)
                  --no-pin
           --processes: one `loch node` process per node over the control channel
-                 (2 memory + 2 compute nodes on 127.0.0.1); flags: --seconds S (3)
-                 --cores N per compute node (1)  --tasks N per core (8)  --no-pin
+                 (2 memory + 2 compute nodes on 127.0.0.1), a fresh cluster per workload;
+                 flags: --seconds S per workload (3)  --cores N per compute node (1)
+                 --tasks N per core (8)  --workload verbs|tree|hash|all (all)
+                 --tree-records N (records loaded into each index; 100000)  --no-pin
   node    boot one node of a cluster file (emu backend)
           flags: --config FILE  --id N  [--seconds S] [--tasks N per core (8)] [--seed N] [--no-pin]
+                 [--workload verbs|tree|hash (tree)]  [--records N loaded into the index (100000)]
+                 every compute node of a cluster must get the same --workload and --records
   check   run node N's preflight checks
           flags: --config FILE  --id N";
 
@@ -82,6 +86,16 @@ fn processes_config(args: &[String]) -> Result<ProcessesConfig, String> {
             "--cores" => cfg.cores_per_compute = parse(a, it.next())?,
             "--tasks" => cfg.tasks_per_core = parse(a, it.next())?,
             "--no-pin" => cfg.pin = false,
+            "--tree-records" => cfg.records = parse(a, it.next())?,
+            "--workload" => {
+                let v: String = parse(a, it.next())?;
+                cfg.workloads = match v.as_str() {
+                    "all" => ProcessesConfig::default().workloads,
+                    w => vec![node::Workload::parse(w).ok_or_else(|| {
+                        format!("--workload: `{w}` is not one of verbs, tree, hash, all")
+                    })?],
+                };
+            }
             other => return Err(format!("unknown flag `{other}` with --processes")),
         }
     }
@@ -101,6 +115,8 @@ fn node_options(args: &[String], node_flags: bool) -> Result<NodeOptions, String
         tasks_per_core: 8,
         pin: true,
         seed: 1,
+        workload: node::Workload::Tree,
+        records: 100_000,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -111,6 +127,12 @@ fn node_options(args: &[String], node_flags: bool) -> Result<NodeOptions, String
             "--tasks" if node_flags => o.tasks_per_core = parse(a, it.next())?,
             "--seed" if node_flags => o.seed = parse(a, it.next())?,
             "--no-pin" if node_flags => o.pin = false,
+            "--workload" if node_flags => {
+                let v: String = parse(a, it.next())?;
+                o.workload = node::Workload::parse(&v)
+                    .ok_or_else(|| format!("--workload: `{v}` is not one of verbs, tree, hash"))?;
+            }
+            "--records" if node_flags => o.records = parse(a, it.next())?,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

@@ -6,9 +6,17 @@
 //! path (a 50 ms sleep loop) until SIGINT/SIGTERM, and remove the file.
 //! Compute role: wait for the memory nodes (the exchange and the
 //! "memory-ready" barrier), attach to every memory node by path, and run
-//! one pinned executor per configured core with the [`crate::node_work`]
-//! workload, printing a stats line per second (stderr) and, at the end, one
-//! JSON line (stdout) that `loch demo --processes` parses.
+//! one pinned executor per configured core with the `--workload`: the
+//! verb mix of [`crate::node_work`], or an index ([`crate::node_index`]:
+//! the lowest-id compute node creates and loads it, then every node meets
+//! at the "index-ready" barrier, then each compute node opens it). Prints a
+//! stats line per second (stderr: operations/s, p50/p99 latency, round
+//! trips per operation and, for the tree, the index-cache hit ratio) and,
+//! at the end, one JSON line (stdout) that `loch demo --processes` parses.
+//!
+//! Every node takes part in both barriers, so the control channel stays
+//! open until "index-ready"; SIGINT/SIGTERM cancels any wait on it within
+//! ~100 ms ([`bootstrap::channel::Cancel`]).
 //!
 //! Where a memory node's file lives is a function of the cluster file alone
 //! ([`emu_node_path`]), so the wire format carries no path: compute nodes
@@ -16,14 +24,18 @@
 //! against the Region records the node published.
 
 use crate::cluster::EmuCluster;
-use crate::node_work::{self, unix_ns, CoreState, NodeTally, AREAS_OFFSET, AREA_BYTES};
+use crate::demo_tree::IndexKind;
+use crate::node_index::{self, AnyIndex, IndexCoreState};
+use crate::node_work::{self, unix_ns, CoreState, Layout, NodeTally, AREA_BYTES};
 use crate::signals;
 use crate::stats::latency_histogram;
+use bootstrap::channel::{Cancel, ChannelError};
 use bootstrap::config::{Backend, NodeConfig};
 use bootstrap::preflight::{self, Host, PreflightOptions};
 use bootstrap::wire::{Region, Space as WireSpace};
 use bootstrap::{ChannelOptions, ClusterConfig, Directory, Rendezvous};
 use hdrhistogram::Histogram;
+use index::tree::TreeStats;
 use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNode, EmuNodeConfig};
 use nicdrv::rng::Rng;
 use nicdrv::{ExecutorConfig, Nic, NodeId, VerbCounters};
@@ -38,6 +50,49 @@ use std::time::{Duration, Instant};
 pub const TASKS_PER_CORE_MAX: usize = 64;
 /// How long a node waits for the whole cluster to join.
 const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30);
+/// The barrier after which every compute node opens the index.
+const INDEX_READY: &str = "index-ready";
+/// Most records `--records` may ask for (a hash-table load of this many
+/// puts stays well inside the 60 s "index-ready" barrier timeout).
+pub const RECORDS_MAX: u64 = 10_000_000;
+
+/// What a compute node runs (`--workload`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// READ/WRITE/FAA of words ([`crate::node_work`]).
+    Verbs,
+    /// The Sherman B+tree ([`crate::node_index`]).
+    Tree,
+    /// The Nessie hash table ([`crate::node_index`]).
+    Hash,
+}
+
+impl Workload {
+    pub fn parse(s: &str) -> Option<Workload> {
+        match s {
+            "verbs" => Some(Workload::Verbs),
+            "tree" => Some(Workload::Tree),
+            "hash" => Some(Workload::Hash),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Verbs => "verbs",
+            Workload::Tree => "tree",
+            Workload::Hash => "hash",
+        }
+    }
+
+    fn index(self) -> Option<IndexKind> {
+        match self {
+            Workload::Verbs => None,
+            Workload::Tree => Some(IndexKind::Tree),
+            Workload::Hash => Some(IndexKind::Hash),
+        }
+    }
+}
 
 /// Why `loch node` or `loch check` stopped: bad input (exit 2) or a failure
 /// at run time (exit 1).
@@ -87,6 +142,12 @@ pub struct NodeOptions {
     pub tasks_per_core: usize,
     pub pin: bool,
     pub seed: u64,
+    /// Compute role: what to run. Every compute node of a cluster must run
+    /// the same index workload (the lowest-id one loads the index).
+    pub workload: Workload,
+    /// Index workloads: records the loader loads (every compute node must
+    /// be given the same number).
+    pub records: u64,
 }
 
 /// `loch check`: prints the preflight report of node `id`; Ok(passed).
@@ -136,9 +197,27 @@ struct Boot {
     directory: Directory,
 }
 
-fn rendezvous(cfg: &ClusterConfig, id: u32, regions: Vec<Region>) -> Result<Boot, NodeError> {
+/// A failed step of the control channel; a cancelled wait says why.
+fn channel_failed(what: &str, e: ChannelError) -> NodeError {
+    match e {
+        ChannelError::Cancelled => failed(format!(
+            "{what}: stopped by SIGINT/SIGTERM while waiting for the other nodes"
+        )),
+        e => failed(format!("{what}: {e}")),
+    }
+}
+
+/// Joins the cluster, exchanges regions and passes "memory-ready"; the
+/// rendezvous stays open for the "index-ready" barrier.
+fn rendezvous(
+    cfg: &ClusterConfig,
+    id: u32,
+    regions: Vec<Region>,
+) -> Result<(Boot, Rendezvous), NodeError> {
     let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
-    let opts = ChannelOptions::new(id, secret);
+    let mut opts = ChannelOptions::new(id, secret);
+    // A signal ends any wait on the channel (within its 100 ms poll).
+    opts.cancel = Some(Cancel::new(signals::stop_requested));
     let coord = cfg.coordinator();
     let addr = resolve(&coord.address)?;
     let ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();
@@ -150,7 +229,7 @@ fn rendezvous(cfg: &ClusterConfig, id: u32, regions: Vec<Region>) -> Result<Boot
     } else {
         Rendezvous::join(addr, coord.id, &opts, RENDEZVOUS_TIMEOUT)
     }
-    .map_err(|e| failed(format!("rendezvous: {e}")))?;
+    .map_err(|e| channel_failed("rendezvous", e))?;
     let join_ns = t0.elapsed().as_nanos() as u64;
     let t1 = Instant::now();
     let directory = rv
@@ -158,16 +237,27 @@ fn rendezvous(cfg: &ClusterConfig, id: u32, regions: Vec<Region>) -> Result<Boot
             endpoints: Vec::new(),
             regions,
         })
-        .map_err(|e| failed(format!("exchange: {e}")))?;
+        .map_err(|e| channel_failed("exchange", e))?;
     rv.barrier("memory-ready")
-        .map_err(|e| failed(format!("barrier memory-ready: {e}")))?;
+        .map_err(|e| channel_failed("barrier memory-ready", e))?;
     let exchange_ns = t1.elapsed().as_nanos() as u64;
+    Ok((
+        Boot {
+            join_ns,
+            exchange_ns,
+            directory,
+        },
+        rv,
+    ))
+}
+
+/// Waits at "index-ready" (every node does, whatever its role or
+/// workload), then says goodbye on the control channel.
+fn index_ready(mut rv: Rendezvous) -> Result<(), NodeError> {
+    rv.barrier(INDEX_READY)
+        .map_err(|e| channel_failed("barrier index-ready", e))?;
     rv.close();
-    Ok(Boot {
-        join_ns,
-        exchange_ns,
-        directory,
-    })
+    Ok(())
 }
 
 /// Runs `loch node`; returns the exit code (0: clean, 1: a failure seen).
@@ -180,11 +270,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
             o.config.display()
         )));
     };
-    if cfg.backend != Backend::Emu {
-        return Err(NodeError::Usage(
-            "loch node runs the emu backend only for now: set [backend] kind = \"emu\"".into(),
-        ));
-    }
+    crate::node_mlx5::supported(&cfg)?;
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
         return Err(NodeError::Usage(format!(
             "--tasks must be 1..={TASKS_PER_CORE_MAX}"
@@ -202,9 +288,15 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
         say(format_args!("{}", report.to_string().trim_end()));
         return Err(failed(format!("node {} failed its preflight", o.id)));
     }
+    if o.records == 0 || o.records > RECORDS_MAX {
+        return Err(NodeError::Usage(format!(
+            "--records must be 1..={RECORDS_MAX}"
+        )));
+    }
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
     let cores_total: usize = cfg.nodes.iter().map(|n| n.cores.len()).sum();
-    let need = node_work::host_bytes_needed((cores_total * TASKS_PER_CORE_MAX) as u64);
+    let tasks_total = (cores_total * TASKS_PER_CORE_MAX) as u64;
+    let need = node_work::host_bytes_needed(tasks_total);
     for m in &memory {
         memory_id(m)?;
         if m.memory_bytes < need {
@@ -214,7 +306,32 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
             )));
         }
     }
+    let min_memory = memory.iter().map(|m| m.memory_bytes).min().unwrap_or(0);
+    let layout = Layout::new(min_memory, tasks_total).ok_or_else(|| {
+        NodeError::Usage(format!(
+            "the memory nodes need at least {need} bytes each for {cores_total} cores"
+        ))
+    })?;
+    if node.roles.compute && o.workload.index().is_some() {
+        let chunks = node_index::chunk_config(layout.index_bytes).chunks_on(0);
+        if chunks < 4 {
+            return Err(NodeError::Usage(format!(
+                "the memory nodes leave {} bytes below the verb areas, {chunks} chunks of {} for the index; give them more memory",
+                layout.index_bytes,
+                node_index::CHUNK_BYTES
+            )));
+        }
+        if !memory.iter().any(|m| m.id == 0) {
+            return Err(NodeError::Usage(
+                "the index workloads need a memory node with id 0 (its superblock holds the index root)"
+                    .into(),
+            ));
+        }
+    }
     signals::install();
+    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
+        return crate::node_mlx5::run(o, &cfg, &node, layout.areas_off);
+    }
     let me = format!("loch node {}", o.id);
 
     // Memory role: create and register before the rendezvous, so the
@@ -254,7 +371,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
         ));
         own = Some(emu);
     }
-    let boot = rendezvous(&cfg, o.id, regions)?;
+    let (boot, rv) = rendezvous(&cfg, o.id, regions)?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,
@@ -262,8 +379,19 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     ));
 
     let code = if node.roles.compute {
-        compute(o, &cfg, &node, &memory, own.as_ref(), &boot, &me)?
+        compute(
+            o,
+            &cfg,
+            &node,
+            &memory,
+            own.as_ref(),
+            &boot,
+            rv,
+            layout,
+            &me,
+        )?
     } else {
+        index_ready(rv)?;
         // Out of the data path: the NIC (here, the attachers) does the work.
         while !signals::stop_requested() {
             std::thread::sleep(Duration::from_millis(50));
@@ -287,12 +415,18 @@ struct CoreResult {
     first_op_unix_ns: u64,
     nodes: Vec<NodeTally>,
     counters: VerbCounters,
+    /// Index workloads: failed operations, the first error, the counters.
+    failures: u64,
+    first_error: Option<String>,
+    tree: TreeStats,
 }
 
 /// Published by the cores for the per-second line.
 struct Live {
     ops: Vec<AtomicU64>,
     round_trips: Vec<AtomicU64>,
+    cache_hits: Vec<AtomicU64>,
+    cache_misses: Vec<AtomicU64>,
     interval: Mutex<Histogram<u64>>,
     finished: AtomicUsize,
 }
@@ -333,6 +467,44 @@ fn attach_all(
     Ok(eps)
 }
 
+/// The lowest-id compute node creates the index and loads it, on one
+/// executor of this thread; returns how long that took.
+fn load_index(
+    cluster: &EmuCluster,
+    index: &AnyIndex,
+    records: u64,
+    me: &str,
+) -> Result<u64, NodeError> {
+    let t0 = Instant::now();
+    let mut ex = cluster
+        .executor(ExecutorConfig {
+            slots: 1,
+            scratch_bytes_per_slot: 64 << 10,
+            poll_batch: 32,
+        })
+        .map_err(failed)?;
+    let err = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let (ix, e) = (index.clone(), err.clone());
+    ex.spawn(move |ctx| crate::demo_tree::load(ctx, ix, records, e))
+        .map_err(failed)?;
+    ex.run();
+    if let Some(e) = err.borrow_mut().take() {
+        return Err(failed(format!("loading the index failed: {e}")));
+    }
+    let ns = t0.elapsed().as_nanos() as u64;
+    say(format_args!(
+        "{me}: created the {} and loaded {records} records in {:.1} ms",
+        if index.is_hash() {
+            "hash table"
+        } else {
+            "B+tree"
+        },
+        ns as f64 / 1e6
+    ));
+    Ok(ns)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn compute(
     o: &NodeOptions,
     cfg: &ClusterConfig,
@@ -340,6 +512,8 @@ fn compute(
     memory: &[&NodeConfig],
     own: Option<&EmuNode>,
     boot: &Boot,
+    rv: Rendezvous,
+    layout: Layout,
     me: &str,
 ) -> Result<u8, NodeError> {
     let eps = attach_all(cfg, memory, own, &boot.directory)?;
@@ -352,15 +526,41 @@ fn compute(
         .take_while(|n| n.id != node.id)
         .map(|n| n.cores.len())
         .sum();
+    let cores_total: usize = cfg.nodes.iter().map(|n| n.cores.len()).sum();
+    // The index, when the workload has one: the lowest-id compute node
+    // loads it before "index-ready"; the others open it after.
+    let index = match o.workload.index() {
+        Some(kind) => Some(
+            node_index::handle(
+                kind,
+                layout.index_bytes,
+                o.records,
+                (cores_total * TASKS_PER_CORE_MAX) as u64,
+                cfg.lock_table_words.saturating_mul(8),
+            )
+            .map_err(|e| NodeError::Usage(format!("index configuration: {e}")))?,
+        ),
+        None => None,
+    };
+    let loader = cfg.nodes.iter().find(|n| n.roles.compute).map(|n| n.id) == Some(node.id);
+    let load_ns = match &index {
+        Some(ix) if loader => load_index(&cluster, ix, o.records, me)?,
+        _ => 0,
+    };
+    index_ready(rv)?;
+
     let exec_cfg = ExecutorConfig {
         slots: o.tasks_per_core,
-        scratch_bytes_per_slot: 4096,
+        scratch_bytes_per_slot: if index.is_some() { 64 << 10 } else { 4096 },
         poll_batch: 32,
     };
     let cores = node.cores.len();
+    let counters_of = || (0..cores).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
     let live = Live {
-        ops: (0..cores).map(|_| AtomicU64::new(0)).collect(),
-        round_trips: (0..cores).map(|_| AtomicU64::new(0)).collect(),
+        ops: counters_of(),
+        round_trips: counters_of(),
+        cache_hits: counters_of(),
+        cache_misses: counters_of(),
         interval: Mutex::new(latency_histogram()),
         finished: AtomicUsize::new(0),
     };
@@ -371,29 +571,31 @@ fn compute(
     let start_unix_ns = unix_ns();
     let started = Instant::now();
     say(format_args!(
-        "{me}: compute role: {cores} cores × {} tasks over memory nodes {mem_ids:?}",
+        "{me}: compute role: {} workload, {cores} cores × {} tasks over memory nodes {mem_ids:?}",
+        o.workload.name(),
         o.tasks_per_core
     ));
 
     let results: Vec<Result<CoreResult, String>> = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(cores);
         for (i, &cpu) in node.cores.iter().enumerate() {
-            let (cluster, live, mem_ids) = (&cluster, &live, &mem_ids);
+            let (cluster, live, mem_ids, index) = (&cluster, &live, &mem_ids, &index);
+            let core = CoreArgs {
+                i,
+                cpu,
+                first_slot: (first_core + i) * TASKS_PER_CORE_MAX,
+                exec_cfg,
+                deadline_ns,
+            };
             let spawned = std::thread::Builder::new()
                 .name(format!("loch-core-{cpu}"))
                 .spawn_scoped(s, move || {
-                    let r = core_loop(
-                        cluster,
-                        live,
-                        i,
-                        cpu,
-                        mem_ids,
-                        (first_core + i) * TASKS_PER_CORE_MAX,
-                        exec_cfg,
-                        deadline_ns,
-                        o,
-                        me,
-                    );
+                    let r = match index {
+                        Some(ix) => index_core_loop(cluster, live, &core, ix, o, me),
+                        None => core_loop(cluster, live, &core, mem_ids, layout, o, me),
+                    };
+                    // Release: the core's last published counters are
+                    // visible to the report loop that sees it finished.
                     live.finished.fetch_add(1, Ordering::Release);
                     r
                 });
@@ -408,7 +610,12 @@ fn compute(
                 }
             }
         }
-        report_loop(&live, cores, me);
+        report_loop(
+            &live,
+            cores,
+            index.as_ref().is_some_and(|ix| !ix.is_hash()),
+            me,
+        );
         let spawned = handles.len();
         let mut out: Vec<Result<CoreResult, String>> = handles
             .into_iter()
@@ -426,7 +633,9 @@ fn compute(
 
     let mut hist = latency_histogram();
     let mut counters = VerbCounters::default();
+    let mut tree = TreeStats::default();
     let (mut ops, mut mismatches, mut first_op) = (0u64, 0u64, u64::MAX);
+    let mut index_failures = 0u64;
     let mut nodes: Vec<NodeTally> = mem_ids
         .iter()
         .map(|&node| NodeTally {
@@ -440,8 +649,11 @@ fn compute(
             Ok(c) => {
                 let _ = hist.add(&c.hist);
                 counters += c.counters;
+                tree += c.tree;
                 ops += c.ops;
                 mismatches += c.mismatches;
+                index_failures += c.failures;
+                errors.extend(c.first_error);
                 if c.first_op_unix_ns != 0 {
                     first_op = first_op.min(c.first_op_unix_ns);
                 }
@@ -462,16 +674,39 @@ fn compute(
             Err(e) => errors.push(e),
         }
     }
-    let failures: u64 = nodes.iter().map(|n| n.failures).sum();
+    if index.is_some() {
+        // The index spreads over the memory nodes: no per-node tally.
+        nodes.clear();
+    }
+    let failures: u64 = nodes.iter().map(|n| n.failures).sum::<u64>() + index_failures;
+    let per_op = |v: u64| if ops == 0 { 0.0 } else { v as f64 / ops as f64 };
+    let lookups = tree.cache_hits + tree.cache_misses;
+    let hit_ratio = if lookups == 0 {
+        0.0
+    } else {
+        tree.cache_hits as f64 / lookups as f64
+    };
     let json = serde_json::json!({
         "node": node.id,
+        "workload": o.workload.name(),
+        "records": if index.is_some() { o.records } else { 0 },
         "ops": ops,
         "elapsed_ns": elapsed_ns,
         "ops_per_sec": if elapsed_ns == 0 { 0.0 } else { ops as f64 * 1e9 / elapsed_ns as f64 },
         "p50_ns": hist.value_at_quantile(0.5),
         "p99_ns": hist.value_at_quantile(0.99),
         "round_trips": counters.round_trips,
+        "round_trips_per_op": per_op(counters.round_trips),
+        "bytes_read": counters.bytes_read,
+        "bytes_written": counters.bytes_written,
         "verbs": counters.verbs(),
+        "cache_hits": tree.cache_hits,
+        "cache_misses": tree.cache_misses,
+        "cache_hit_ratio": hit_ratio,
+        "splits": tree.splits,
+        "handovers": tree.handovers,
+        "read_retries": tree.read_retries,
+        "index_load_ns": load_ns,
         "mismatches": mismatches,
         "failures": failures,
         "errors": errors,
@@ -496,6 +731,9 @@ fn compute(
         "{me}: done: {ops} operations in {:.2} s, {failures} failed, {mismatches} mismatched reads",
         elapsed_ns as f64 / 1e9
     ));
+    for e in &errors {
+        say(format_args!("{me}: error: {e}"));
+    }
     Ok(if failures == 0 && mismatches == 0 && errors.is_empty() {
         0
     } else {
@@ -503,23 +741,29 @@ fn compute(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn core_loop(
-    cluster: &EmuCluster,
-    live: &Live,
+/// What one core thread is told.
+struct CoreArgs {
+    /// Index among this node's cores.
     i: usize,
     cpu: u32,
-    mem_ids: &[NodeId],
+    /// The cluster-wide slot of its first task.
     first_slot: usize,
     exec_cfg: ExecutorConfig,
     deadline_ns: u64,
+}
+
+fn core_loop(
+    cluster: &EmuCluster,
+    live: &Live,
+    core: &CoreArgs,
+    mem_ids: &[NodeId],
+    layout: Layout,
     o: &NodeOptions,
     me: &str,
 ) -> Result<CoreResult, String> {
-    if o.pin && !nicdrv::exec::pin_current_thread(cpu as usize) {
-        log::warn!("could not pin core thread {i} to CPU {cpu}");
-    }
-    let mut ex = cluster.executor(exec_cfg).map_err(|e| e.to_string())?;
+    let (i, first_slot, deadline_ns) = (core.i, core.first_slot, core.deadline_ns);
+    pin(o, core);
+    let mut ex = cluster.executor(core.exec_cfg).map_err(|e| e.to_string())?;
     let eps = cluster.endpoints().to_vec();
     let st = CoreState::new(
         mem_ids,
@@ -529,7 +773,7 @@ fn core_loop(
     let mut seeds =
         Rng::new(o.seed ^ ((first_slot as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     for t in 0..o.tasks_per_core {
-        let area = AREAS_OFFSET + (first_slot + t) as u64 * AREA_BYTES;
+        let area = layout.areas_off + (first_slot + t) as u64 * AREA_BYTES;
         let (nodes, rng, st2) = (mem_ids.to_vec(), seeds.fork(), st.clone());
         ex.spawn(move |ctx| {
             node_work::task(
@@ -572,13 +816,100 @@ fn core_loop(
         first_op_unix_ns: st.first_op_unix_ns.get(),
         nodes,
         counters: ex.counters(),
+        failures: 0,
+        first_error: None,
+        tree: TreeStats::default(),
     })
 }
 
-/// Prints a stats line per second until every core finished.
-fn report_loop(live: &Live, cores: usize, me: &str) {
+fn pin(o: &NodeOptions, core: &CoreArgs) {
+    if o.pin && !nicdrv::exec::pin_current_thread(core.cpu as usize) {
+        log::warn!("could not pin core thread {} to CPU {}", core.i, core.cpu);
+    }
+}
+
+/// One core of an index workload: `tasks_per_core` clients of `index`.
+fn index_core_loop(
+    cluster: &EmuCluster,
+    live: &Live,
+    core: &CoreArgs,
+    index: &AnyIndex,
+    o: &NodeOptions,
+    me: &str,
+) -> Result<CoreResult, String> {
+    let (i, first_slot) = (core.i, core.first_slot);
+    pin(o, core);
+    let mut ex = cluster.executor(core.exec_cfg).map_err(|e| e.to_string())?;
+    let st = IndexCoreState::new();
+    let mut seeds =
+        Rng::new(o.seed ^ ((first_slot as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    for t in 0..o.tasks_per_core {
+        // Cluster-wide, non-zero, unique: it marks the tree's locks and
+        // picks the task's own keys.
+        let id = (first_slot + t) as u64 + 1;
+        let c = index
+            .client(id)
+            .map_err(|e| format!("{me}: index client: {e}"))?;
+        let (rng, st2, records) = (seeds.fork(), st.clone(), o.records);
+        let deadline_ns = core.deadline_ns;
+        ex.spawn(move |ctx| {
+            node_index::task(
+                ctx,
+                c,
+                id,
+                rng,
+                records,
+                deadline_ns,
+                signals::stop_requested,
+                st2,
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    let publish = |ex: &nicdrv::Executor<nicdrv::emu::EmuNic>| {
+        // Relaxed: counters for display; the Mutex orders the histogram.
+        live.ops[i].store(st.ops.get(), Ordering::Relaxed);
+        live.round_trips[i].store(ex.counters().round_trips, Ordering::Relaxed);
+        let t = st.tree.get();
+        live.cache_hits[i].store(t.cache_hits, Ordering::Relaxed);
+        live.cache_misses[i].store(t.cache_misses, Ordering::Relaxed);
+        let mut iv = st.interval.borrow_mut();
+        if let Ok(mut h) = live.interval.lock() {
+            let _ = h.add(&*iv);
+        }
+        iv.reset();
+    };
+    let mut last = Instant::now();
+    while ex.live_tasks() > 0 {
+        ex.turn();
+        if ex.turns().is_multiple_of(256) && last.elapsed() >= Duration::from_millis(100) {
+            publish(&ex);
+            last = Instant::now();
+        }
+    }
+    publish(&ex);
+    let hist = st.hist.borrow().clone();
+    let first_error = st.first_error.borrow_mut().take();
+    Ok(CoreResult {
+        hist,
+        ops: st.ops.get(),
+        mismatches: st.mismatches.get(),
+        first_op_unix_ns: st.first_op_unix_ns.get(),
+        nodes: Vec::new(),
+        counters: ex.counters(),
+        failures: st.failures.get(),
+        first_error,
+        tree: st.tree.get(),
+    })
+}
+
+/// Prints a stats line per second until every core finished; `cache`:
+/// with the index cache's hit ratio over the second.
+fn report_loop(live: &Live, cores: usize, cache: bool, me: &str) {
     let t0 = Instant::now();
     let (mut last_ops, mut last_rt, mut tick) = (0u64, 0u64, 1u64);
+    let (mut last_hits, mut last_misses) = (0u64, 0u64);
+    let sum = |v: &[AtomicU64]| v.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
     while live.finished.load(Ordering::Acquire) < cores {
         std::thread::sleep(Duration::from_millis(20));
         if t0.elapsed() < Duration::from_secs(tick) {
@@ -604,8 +935,24 @@ fn report_loop(live: &Live, cores: usize, me: &str) {
         } else {
             rt.saturating_sub(last_rt) as f64 / d_ops as f64
         };
+        let cache_part = if cache {
+            let (hits, misses) = (sum(&live.cache_hits), sum(&live.cache_misses));
+            let (dh, dm) = (
+                hits.saturating_sub(last_hits),
+                misses.saturating_sub(last_misses),
+            );
+            (last_hits, last_misses) = (hits, misses);
+            let ratio = if dh + dm == 0 {
+                0.0
+            } else {
+                dh as f64 / (dh + dm) as f64
+            };
+            format!("  cache hit ratio {ratio:.4}")
+        } else {
+            String::new()
+        };
         say(format_args!(
-            "{me}: t={tick}s  {d_ops:>9} ops/s  p50 {p50} ns  p99 {p99} ns  {rt_per_op:.2} round trips/op"
+            "{me}: t={tick}s  {d_ops:>9} ops/s  p50 {p50} ns  p99 {p99} ns  {rt_per_op:.2} round trips/op{cache_part}"
         ));
         (last_ops, last_rt, tick) = (ops, rt, tick + 1);
     }

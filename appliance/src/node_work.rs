@@ -4,13 +4,17 @@
 //! a clear error, the others go on.
 //!
 //! Memory layout on every memory node's host memory (no allocator, so a
-//! dead node cannot block anyone's allocation):
+//! dead node cannot block anyone's allocation), disjoint from what the
+//! index workloads ([`crate::node_index`]) use — the superblock's words and
+//! the chunks below [`Layout::areas_off`]:
 //! - `[0, 8)`: the node's shared FAA counter, bumped by every compute node;
-//!   the launcher checks it against the FAAs the compute nodes report.
-//! - `AREAS_OFFSET + g · AREA_BYTES`: task `g`'s private words (`g` counts
+//!   the launcher checks it against the FAAs the compute nodes report. The
+//!   superblock leaves this word unused by every index.
+//! - `areas_off + g · AREA_BYTES`: task `g`'s private words (`g` counts
 //!   tasks over compute nodes in id order, then cores, then tasks), one per
 //!   64-byte line; only task `g` writes there, so a READ must return what
-//!   it last wrote.
+//!   it last wrote. The areas sit at the top of the smallest memory node;
+//!   the index allocators hand out chunks only below them.
 
 use crate::stats::latency_histogram;
 use hdrhistogram::Histogram;
@@ -24,11 +28,35 @@ pub const TASK_WORDS: u64 = 256;
 pub const AREA_BYTES: u64 = TASK_WORDS * 64;
 /// The shared FAA counter's offset on every memory node.
 pub const FAA_OFFSET: u64 = 0;
-pub const AREAS_OFFSET: u64 = 4096;
 
-/// Host bytes a memory node needs for `tasks` tasks in all.
+/// Host bytes a memory node needs for `tasks` tasks in all: the superblock
+/// and the areas.
 pub fn host_bytes_needed(tasks: u64) -> u64 {
-    AREAS_OFFSET + tasks * AREA_BYTES
+    mempool::SUPERBLOCK_BYTES + tasks * AREA_BYTES
+}
+
+/// Where the verb areas and the index chunks live on every memory node.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Offset of task 0's area; 4 KiB aligned, the same on every node.
+    pub areas_off: u64,
+    /// Host bytes below the areas, which the index allocators may use
+    /// (the superblock included).
+    pub index_bytes: u64,
+}
+
+impl Layout {
+    /// The layout of memory nodes whose smallest has `min_memory_bytes`,
+    /// for `tasks` verb tasks in all; `None` if the areas do not fit above
+    /// the superblock.
+    pub fn new(min_memory_bytes: u64, tasks: u64) -> Option<Layout> {
+        let areas = tasks.checked_mul(AREA_BYTES)?;
+        let off = min_memory_bytes.checked_sub(areas)? & !4095;
+        (off >= mempool::SUPERBLOCK_BYTES).then_some(Layout {
+            areas_off: off,
+            index_bytes: off,
+        })
+    }
 }
 
 /// What one memory node saw from one core.

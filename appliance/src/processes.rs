@@ -1,15 +1,17 @@
 //! `loch demo --processes`: the whole cluster on this host as one `loch
 //! node` process per node, over the authenticated control channel.
 //!
-//! Writes a temporary cluster file and secret (a 0700 directory, 0600
-//! files) for 2 memory nodes and 2 compute nodes on 127.0.0.1 with free
-//! ports, starts the processes, waits for the compute nodes (bounded),
-//! reads each memory node's shared FAA counter by attaching to it, stops
-//! the memory nodes with SIGTERM, and prints a summary with checks. Every
-//! path out kills what it started and removes its files.
+//! For each workload (as `loch demo`: the verb mix, then the B+tree, then
+//! the hash table; `--workload` picks one), a fresh cluster: writes a
+//! temporary cluster file and secret (a 0700 directory, 0600 files) for 2
+//! memory nodes and 2 compute nodes on 127.0.0.1 with free ports, starts
+//! the processes (`loch node --workload W`), waits for the compute nodes
+//! (bounded), reads each memory node's shared FAA counter by attaching to
+//! it (verbs), stops the memory nodes with SIGTERM, and prints a summary
+//! with checks. Every path out kills what it started and removes its files.
 
 use crate::cluster::EmuCluster;
-use crate::node::emu_node_path;
+use crate::node::{emu_node_path, Workload};
 use crate::node_work::{unix_ns, FAA_OFFSET};
 use crate::stats::latency_histogram;
 use bootstrap::ClusterConfig;
@@ -34,6 +36,10 @@ pub struct ProcessesConfig {
     pub tasks_per_core: usize,
     pub seconds: f64,
     pub pin: bool,
+    /// One cluster per workload, in order.
+    pub workloads: Vec<Workload>,
+    /// Records loaded into each index.
+    pub records: u64,
 }
 
 impl Default for ProcessesConfig {
@@ -45,6 +51,8 @@ impl Default for ProcessesConfig {
             tasks_per_core: 8,
             seconds: 3.0,
             pin: true,
+            workloads: vec![Workload::Verbs, Workload::Tree, Workload::Hash],
+            records: 100_000,
         }
     }
 }
@@ -205,6 +213,14 @@ fn field(v: &Value, k: &str) -> u64 {
     v.get(k).and_then(Value::as_u64).unwrap_or(0)
 }
 
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
 /// Runs the multi-process demo, progress on stderr; the summary is returned.
 pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     if cfg.memory_nodes == 0 || cfg.compute_nodes == 0 || cfg.memory_nodes > 64 {
@@ -213,10 +229,49 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     if !(cfg.seconds > 0.0 && cfg.seconds <= 600.0) {
         return Err(format!("seconds must be in (0, 600], got {}", cfg.seconds));
     }
+    if cfg.workloads.is_empty() {
+        return Err("no workload to run".into());
+    }
+    if cfg.records == 0 || cfg.records > crate::node::RECORDS_MAX {
+        return Err(format!(
+            "--tree-records must be 1..={}",
+            crate::node::RECORDS_MAX
+        ));
+    }
     // Ctrl-C reaches the whole process group: the nodes stop cleanly, and
     // this process survives it to reap them and remove its files.
     crate::signals::install();
     let t0 = Instant::now();
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "loch demo summary (emu backend, {} processes per cluster: {} memory nodes, {} compute nodes × {} cores × {} tasks)",
+        cfg.memory_nodes + cfg.compute_nodes,
+        cfg.memory_nodes,
+        cfg.compute_nodes,
+        cfg.cores_per_compute,
+        cfg.tasks_per_core
+    );
+    let mut ok = true;
+    for &w in &cfg.workloads {
+        if crate::signals::stop_requested() {
+            return Err("stopped by SIGINT/SIGTERM".into());
+        }
+        let (section, pass) = run_cluster(cfg, w)?;
+        text.push_str(&section);
+        ok &= pass;
+    }
+    let _ = writeln!(
+        text,
+        "  wall time           {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ProcessesReport { text, ok })
+}
+
+/// One cluster of processes running workload `w`: its summary section and
+/// whether its checks passed.
+fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), String> {
     let start_unix_ns = unix_ns();
     let (dir, file) = write_cluster(cfg)?;
     let mut launch = Launch {
@@ -225,12 +280,16 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
         children: Vec::new(),
     };
     let cluster = ClusterConfig::load(&file).map_err(|e| e.to_string())?;
-    launch.node_files = (0..cfg.memory_nodes as u32)
-        .map(|id| emu_node_path(&cluster, id))
+    launch.node_files = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.roles.memory)
+        .map(|n| emu_node_path(&cluster, n.id))
         .collect();
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the loch binary: {e}"))?;
     eprintln!(
-        "loch demo: starting {} memory + {} compute node processes ({} cores × {} tasks each), cluster file {}",
+        "loch demo: {} workload: starting {} memory + {} compute node processes ({} cores × {} tasks each), cluster file {}",
+        w.name(),
         cfg.memory_nodes,
         cfg.compute_nodes,
         cfg.cores_per_compute,
@@ -247,6 +306,8 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
         if n.roles.compute {
             cmd.args(["--seconds", &cfg.seconds.to_string()])
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
+                .args(["--workload", w.name()])
+                .args(["--records", &cfg.records.to_string()])
                 .stdout(Stdio::piped());
             if !cfg.pin {
                 cmd.arg("--no-pin");
@@ -260,9 +321,10 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
         launch.children.push((n.id, child));
     }
 
-    // Compute nodes: each ends after --seconds; allow the rendezvous and
-    // teardown on top, then give up (Launch's Drop kills everything).
-    let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(45);
+    // Compute nodes: each ends after --seconds; allow the rendezvous, the
+    // index load and teardown on top, then give up (Launch's Drop kills
+    // everything).
+    let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(90);
     let mut results = Vec::new();
     let mut exit_ok = true;
     // One reader per compute node, so a full pipe never stalls a node
@@ -295,12 +357,16 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
             .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
         results.push(json);
     }
-    let eps: Result<Vec<EmuEndpoint>, String> = launch
-        .node_files
-        .iter()
-        .map(|p| EmuEndpoint::attach(p).map_err(|e| e.to_string()))
-        .collect();
-    let counters = read_faa_counters(eps?)?;
+    let counters = if w == Workload::Verbs {
+        let eps: Result<Vec<EmuEndpoint>, String> = launch
+            .node_files
+            .iter()
+            .map(|p| EmuEndpoint::attach(p).map_err(|e| e.to_string()))
+            .collect();
+        read_faa_counters(eps?)?
+    } else {
+        Vec::new()
+    };
 
     // Stop the memory nodes: SIGTERM, then a bounded wait.
     let mut memory_clean = true;
@@ -315,15 +381,25 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     }
     let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
 
-    // Summary.
+    // Totals over the compute nodes.
     let mut hist = latency_histogram();
     let (mut ops, mut rts, mut mism, mut fails, mut elapsed_ns) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut bytes_read, mut bytes_written, mut hits, mut misses) = (0u64, 0u64, 0u64, 0u64);
+    let (mut splits, mut handovers, mut retries, mut load_ns) = (0u64, 0u64, 0u64, 0u64);
     let mut faa = vec![0u64; cfg.memory_nodes];
     let mut first_op = u64::MAX;
     let (mut join_max, mut exchange_max) = (0u64, 0u64);
     for r in &results {
         ops += field(r, "ops");
         rts += field(r, "round_trips");
+        bytes_read += field(r, "bytes_read");
+        bytes_written += field(r, "bytes_written");
+        hits += field(r, "cache_hits");
+        misses += field(r, "cache_misses");
+        splits += field(r, "splits");
+        handovers += field(r, "handovers");
+        retries += field(r, "read_retries");
+        load_ns = load_ns.max(field(r, "index_load_ns"));
         mism += field(r, "mismatches");
         fails += field(r, "failures");
         elapsed_ns = elapsed_ns.max(field(r, "elapsed_ns"));
@@ -345,53 +421,108 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
             }
         }
     }
-    let per_op = |v: u64| if ops == 0 { 0.0 } else { v as f64 / ops as f64 };
-    let mut text = String::new();
-    let _ = writeln!(
-        text,
-        "loch demo summary (emu backend, {} processes: {} memory nodes, {} compute nodes × {} cores × {} tasks)",
-        cfg.memory_nodes + cfg.compute_nodes,
-        cfg.memory_nodes,
-        cfg.compute_nodes,
-        cfg.cores_per_compute,
-        cfg.tasks_per_core
-    );
-    let _ = writeln!(text, "  operations          {ops}");
+    let per_op = |v: u64| ratio(v, ops);
     let ops_s = if elapsed_ns == 0 {
         0.0
     } else {
         ops as f64 * 1e9 / elapsed_ns as f64
     };
-    let _ = writeln!(text, "  operations/s        {ops_s:.0}");
-    let _ = writeln!(text, "  round trips/op      {:.3}", per_op(rts));
-    let _ = writeln!(
-        text,
-        "  latency p50         {} ns",
-        hist.value_at_quantile(0.5)
-    );
-    let _ = writeln!(
-        text,
-        "  latency p99         {} ns",
-        hist.value_at_quantile(0.99)
-    );
     let first_ms = if first_op == u64::MAX {
         f64::NAN
     } else {
         first_op.saturating_sub(start_unix_ns) as f64 / 1e6
     };
-    let _ = writeln!(text, "  time to first op    {first_ms:.1} ms");
-    let _ = writeln!(
-        text,
-        "  control channel     join ≤ {:.1} ms, exchange + barrier ≤ {:.1} ms",
-        join_max as f64 / 1e6,
-        exchange_max as f64 / 1e6
+
+    // The section: verbs at the top level as in `loch demo`, each index
+    // as an indented block under its name.
+    let mut text = String::new();
+    let ind = if w == Workload::Verbs {
+        "  "
+    } else {
+        let _ = writeln!(
+            text,
+            "  {} ({} records loaded by one compute node in {:.1} ms, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})",
+            if w == Workload::Tree {
+                "B+tree (Sherman, bulk load)"
+            } else {
+                "hash table (Nessie, puts)"
+            },
+            cfg.records,
+            load_ns as f64 / 1e6,
+            if w == Workload::Hash {
+                "; no scans in a hash table: skipped"
+            } else {
+                ""
+            }
+        );
+        "    "
+    };
+    let line = |text: &mut String, name: &str, v: String| {
+        let _ = writeln!(text, "{ind}{name:<20}{v}");
+    };
+    line(&mut text, "operations", ops.to_string());
+    line(&mut text, "operations/s", format!("{ops_s:.0}"));
+    line(&mut text, "round trips/op", format!("{:.3}", per_op(rts)));
+    if w != Workload::Verbs {
+        line(
+            &mut text,
+            "bytes read/op",
+            format!("{:.1}", per_op(bytes_read)),
+        );
+        line(
+            &mut text,
+            "bytes written/op",
+            format!("{:.1}", per_op(bytes_written)),
+        );
+    }
+    line(
+        &mut text,
+        "latency p50",
+        format!("{} ns", hist.value_at_quantile(0.5)),
+    );
+    line(
+        &mut text,
+        "latency p99",
+        format!("{} ns", hist.value_at_quantile(0.99)),
+    );
+    if w != Workload::Verbs {
+        line(
+            &mut text,
+            "cache hit ratio",
+            if w == Workload::Tree {
+                format!("{:.4}", ratio(hits, hits + misses))
+            } else {
+                "n/a (the hash table has no index cache)".into()
+            },
+        );
+        line(
+            &mut text,
+            "lock handovers/op",
+            format!("{:.4}", per_op(handovers)),
+        );
+        line(
+            &mut text,
+            "read retries/op",
+            format!("{:.5}", per_op(retries)),
+        );
+        line(&mut text, "splits", splits.to_string());
+    }
+    line(&mut text, "time to first op", format!("{first_ms:.1} ms"));
+    line(
+        &mut text,
+        "control channel",
+        format!(
+            "join ≤ {:.1} ms, exchange + barrier ≤ {:.1} ms",
+            join_max as f64 / 1e6,
+            exchange_max as f64 / 1e6
+        ),
     );
     let mut ok = true;
     let mut check = |text: &mut String, what: String, pass: bool| {
         ok &= pass;
         let _ = writeln!(
             text,
-            "  check: {what}: {}",
+            "{ind}check: {what}: {}",
             if pass { "ok" } else { "FAILED" }
         );
     };
@@ -402,11 +533,19 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
             c == f,
         );
     }
-    check(
-        &mut text,
-        format!("reads of own words matching last write: {mism} mismatches"),
-        mism == 0,
-    );
+    if w == Workload::Verbs {
+        check(
+            &mut text,
+            format!("reads of own words matching last write: {mism} mismatches"),
+            mism == 0,
+        );
+    } else {
+        check(
+            &mut text,
+            format!("lookups and deletes agree with the loaded data and each task's shadow: {mism} mismatches"),
+            mism == 0,
+        );
+    }
     check(&mut text, format!("failed operations: {fails}"), fails == 0);
     check(
         &mut text,
@@ -421,10 +560,5 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
         "memory nodes stopped on SIGTERM and removed their files".into(),
         memory_clean && files_removed,
     );
-    let _ = writeln!(
-        text,
-        "  wall time           {:.2} s",
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(ProcessesReport { text, ok })
+    Ok((text, ok))
 }

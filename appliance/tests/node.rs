@@ -60,8 +60,13 @@ fn free_ports(n: usize) -> Vec<u16> {
 /// A cluster file: `memory` memory nodes (ids 0..) then one compute node on
 /// CPU 0, on 127.0.0.1 with free ports, plus its secret.
 fn cluster(dir: &TempDir, memory: usize) -> (PathBuf, Vec<u16>) {
+    cluster_of(dir, memory, 1)
+}
+
+/// As [`cluster`], with `compute` compute nodes (the k-th on CPU k mod 2).
+fn cluster_of(dir: &TempDir, memory: usize, compute: usize) -> (PathBuf, Vec<u16>) {
     dir.write("secret", "0123456789abcdef0123456789abcdef-test");
-    let ports = free_ports(memory + 1);
+    let ports = free_ports(memory + compute);
     let mut t = String::from(
         "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n",
     );
@@ -70,7 +75,7 @@ fn cluster(dir: &TempDir, memory: usize) -> (PathBuf, Vec<u16>) {
         if id < memory {
             t += "roles = [\"memory\"]\nmemory = \"16MiB\"\n";
         } else {
-            t += "roles = [\"compute\"]\ncores = [0]\n";
+            t += &format!("roles = [\"compute\"]\ncores = [{}]\n", (id - memory) % 2);
         }
     }
     (dir.write("cluster.toml", &t), ports)
@@ -198,26 +203,32 @@ fn figure(summary: &str, key: &str) -> f64 {
 fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
     let t0 = Instant::now();
     let out = Command::new(LOCH)
-        .args(["demo", "--processes", "--seconds", "1"])
+        .args([
+            "demo",
+            "--processes",
+            "--seconds",
+            "1",
+            "--tree-records",
+            "20000",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        t0.elapsed() < Duration::from_secs(20),
+        t0.elapsed() < Duration::from_secs(40),
         "took {:?}",
         t0.elapsed()
     );
-    // Every node went through the control channel.
+    // Every node went through the control channel, once per workload.
     for id in 0..4 {
-        assert!(
-            stderr.contains(&format!("loch node {id}: control channel: joined")),
-            "node {id}: {stderr}"
-        );
+        let joined = format!("loch node {id}: control channel: joined");
+        assert_eq!(stderr.matches(&joined).count(), 3, "node {id}: {stderr}");
     }
-    // 2 FAA counters + mismatches + failures + exits + memory teardown.
-    assert_eq!(stdout.matches(": ok").count(), 6, "{stdout}");
+    // Verbs: 2 FAA counters + mismatches + failures + exits + memory
+    // teardown; each index: mismatches + failures + exits + teardown.
+    assert_eq!(stdout.matches(": ok").count(), 6 + 4 + 4, "{stdout}");
     assert!(!stdout.contains("FAILED"), "{stdout}");
     assert!(figure(&stdout, "operations ") > 1000.0, "{stdout}");
     assert!(figure(&stdout, "operations/s") > 1000.0, "{stdout}");
@@ -230,6 +241,34 @@ fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
     assert!(p50 > 0.0 && p50 <= p99, "{stdout}");
     let first = figure(&stdout, "time to first op");
     assert!(first > 0.0 && first < 10_000.0, "{stdout}");
+    // The index sections, as `loch demo` prints them.
+    let tree = section(&stdout, "B+tree (Sherman");
+    let hash = section(&stdout, "hash table (Nessie");
+    for s in [&tree, &hash] {
+        assert!(s.contains("20000 records loaded"), "{s}");
+        assert!(figure(s, "operations ") > 1000.0, "{s}");
+        let rt = figure(s, "round trips/op");
+        assert!((1.0..10.0).contains(&rt), "{s}");
+        let (p50, p99) = (figure(s, "latency p50"), figure(s, "latency p99"));
+        assert!(p50 > 0.0 && p50 <= p99, "{s}");
+        assert!(s.contains(": 0 mismatches: ok"), "{s}");
+    }
+    let hits = figure(&tree, "cache hit ratio");
+    assert!(hits > 0.0 && hits <= 1.0, "{tree}");
+}
+
+/// The line of `summary` containing `head` and the lines indented under it.
+fn section(summary: &str, head: &str) -> String {
+    let mut lines = summary.lines().skip_while(|l| !l.contains(head));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no `{head}` in {summary}"));
+    let mut out = format!("{first}\n");
+    for l in lines.take_while(|l| l.starts_with("    ")) {
+        out += l;
+        out.push('\n');
+    }
+    out
 }
 
 fn spawn_node(file: &Path, id: u32, extra: &[&str]) -> Child {
@@ -281,7 +320,11 @@ fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
     let mut r = Reaper(vec![
         spawn_node(&file, 0, &[]),
         spawn_node(&file, 1, &[]),
-        spawn_node(&file, 2, &["--seconds", "2", "--tasks", "4"]),
+        spawn_node(
+            &file,
+            2,
+            &["--workload", "verbs", "--seconds", "2", "--tasks", "4"],
+        ),
     ]);
     // Wait until the compute node runs its workload.
     let stderr = r.0[2].stderr.take().unwrap();
@@ -375,7 +418,10 @@ fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
     let dir = TempDir::new("signal");
     let (file, _) = cluster(&dir, 1);
     // No --seconds: the compute node runs until a signal.
-    let mut r = Reaper(vec![spawn_node(&file, 0, &[]), spawn_node(&file, 1, &[])]);
+    let mut r = Reaper(vec![
+        spawn_node(&file, 0, &[]),
+        spawn_node(&file, 1, &["--workload", "verbs"]),
+    ]);
     let stderr = r.0[1].stderr.take().unwrap();
     let mut stdout = r.0[1].stdout.take().unwrap();
     let result = std::thread::spawn(move || {
@@ -424,6 +470,8 @@ fn node_rejects_bad_input_with_exit_2() {
         vec!["--id", "9"],
         vec!["--id", "x"],
         vec!["--id", "1", "--bogus"],
+        vec!["--id", "1", "--workload", "btree"],
+        vec!["--id", "1", "--records", "0"],
     ] {
         let out = Command::new(LOCH)
             .args(["node", "--config"])
@@ -445,6 +493,162 @@ fn node_rejects_bad_input_with_exit_2() {
         .args(["--id", "0"])
         .output()
         .unwrap();
+    // This build has no mlx5 feature (the workspace default): one clear
+    // sentence saying how to get one.
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("emu backend only"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("built without the mlx5 feature"));
+}
+
+/// Collects a child's stderr lines on a thread; `tx` hears of every line
+/// that contains `signal`.
+fn collect(
+    c: &mut Child,
+    signal: &'static str,
+    tx: std::sync::mpsc::Sender<()>,
+) -> std::thread::JoinHandle<String> {
+    let stderr = c.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(signal) {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    })
+}
+
+fn read_all(c: &mut Child) -> std::thread::JoinHandle<String> {
+    let mut stdout = c.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+        out
+    })
+}
+
+#[test]
+fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
+    let dir = TempDir::new("tree");
+    let (file, ports) = cluster_of(&dir, 2, 2);
+    let node_file = |id: u32| {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{id}", ports[0]))
+    };
+    let flags = [
+        "--workload",
+        "tree",
+        "--seconds",
+        "2",
+        "--tasks",
+        "4",
+        "--records",
+        "20000",
+        "--no-pin",
+    ];
+    let mut r = Reaper(vec![
+        spawn_node(&file, 0, &[]),
+        spawn_node(&file, 1, &[]),
+        spawn_node(&file, 2, &flags),
+        spawn_node(&file, 3, &flags),
+    ]);
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let logs: Vec<_> = (2..4)
+        .map(|i| collect(&mut r.0[i], "", tx.clone()))
+        .collect();
+    let outs: Vec<_> = (2..4).map(|i| read_all(&mut r.0[i])).collect();
+    let by = Instant::now() + Duration::from_secs(30);
+    let status: Vec<_> = (2..4)
+        .map(|i| wait_by(&mut r.0[i], by).expect("a compute node hung"))
+        .collect();
+    let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+    let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (k, ((s, log), out)) in status.iter().zip(&logs).zip(&outs).enumerate() {
+        let id = k + 2;
+        assert!(s.success(), "node {id}: {s}\n{log}");
+        assert!(log.contains("control channel: joined"), "{log}");
+        assert!(
+            log.contains("compute role: tree workload"),
+            "node {id}: {log}"
+        );
+        // The per-second line carries every figure.
+        let stats = log
+            .lines()
+            .find(|l| l.contains(": t=1s"))
+            .unwrap_or_else(|| panic!("node {id}: no stats line\n{log}"));
+        for part in ["ops/s", "p50", "p99", "round trips/op", "cache hit ratio"] {
+            assert!(stats.contains(part), "{part}: {stats}");
+        }
+        let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("node {id}: no result line ({e}): {out}\n{log}"));
+        assert_eq!(json["workload"], "tree");
+        assert_eq!(json["records"], 20000);
+        assert_eq!(json["mismatches"], 0, "{log}");
+        assert_eq!(json["failures"], 0, "{log}");
+        assert_eq!(json["errors"].as_array().map(Vec::len), Some(0), "{log}");
+        assert!(json["ops"].as_u64().unwrap() > 1000, "{json}");
+        let ratio = json["cache_hit_ratio"].as_f64().unwrap();
+        assert!(ratio > 0.0 && ratio <= 1.0, "{ratio}");
+        assert!(json["cache_hits"].as_u64().unwrap() > 0);
+        // A tree operation is at least one round trip, and with the
+        // cache seldom many.
+        let rt = json["round_trips_per_op"].as_f64().unwrap();
+        assert!((1.0..10.0).contains(&rt), "{rt}");
+        let (p50, p99) = (
+            json["p50_ns"].as_u64().unwrap(),
+            json["p99_ns"].as_u64().unwrap(),
+        );
+        assert!(p50 > 0 && p50 <= p99, "{p50} {p99}");
+    }
+    // Only the lowest-id compute node loaded the tree.
+    assert!(logs[0].contains("created the B+tree and loaded 20000 records"));
+    assert!(!logs[1].contains("created the"), "{}", logs[1]);
+    // Clean shutdown: the memory nodes stop on SIGTERM and remove their files.
+    for i in 0..2 {
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(r.0[i].id() as libc::pid_t, libc::SIGTERM) };
+        let s = wait_by(&mut r.0[i], Instant::now() + Duration::from_secs(5))
+            .expect("a memory node ignored SIGTERM");
+        assert!(s.success(), "{s}");
+        assert!(!node_file(i as u32).exists());
+    }
+}
+
+#[test]
+fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
+    let dir = TempDir::new("lone");
+    let (file, ports) = cluster(&dir, 1);
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let node0 = PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node0", ports[0]));
+    // First the memory node (the coordinator) waiting at accept, then,
+    // with the coordinator gone, the compute node redialing it.
+    for (id, waiting) in [(0u32, "memory role"), (1, "")] {
+        let mut r = Reaper(vec![spawn_node(&file, id, &[])]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = collect(&mut r.0[0], waiting, tx);
+        if id == 0 {
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the memory node never started");
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(r.0[0].try_wait().unwrap().is_none(), "node {id} quit early");
+        let t0 = Instant::now();
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
+        let s = wait_by(&mut r.0[0], t0 + Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("node {id} ignored SIGTERM during the rendezvous"));
+        let took = t0.elapsed();
+        let log = log.join().unwrap();
+        assert!(took < Duration::from_secs(1), "node {id} took {took:?}");
+        assert_eq!(s.code(), Some(1), "node {id}: {log}");
+        assert!(
+            log.contains("rendezvous: stopped by SIGINT/SIGTERM while waiting for the other nodes"),
+            "node {id}: {log}"
+        );
+    }
+    assert!(!node0.exists(), "the memory node left its file");
 }

@@ -11,6 +11,9 @@
 //!   every later frame carries a session MAC ([`crate::auth::SessionMac`]).
 //! - Every read and write has a deadline: a silent or trickling peer costs at
 //!   most the configured timeout, then an error (never a hang).
+//! - With [`ChannelOptions::cancel`] set, every wait (accept, dial, read)
+//!   looks at it at least every [`CANCEL_POLL`] and ends with
+//!   [`ChannelError::Cancelled`] once it says stop.
 //! - Frames are bounded ([`crate::wire::FRAME_BYTES_MAX`]) and the number of
 //!   records one node may publish is bounded ([`RECORDS_PER_NODE_MAX`]).
 //! - A node may publish records only under its own authenticated id.
@@ -27,6 +30,7 @@ use std::fmt;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::{
@@ -39,6 +43,36 @@ pub const RECORDS_PER_NODE_MAX: usize = 4096;
 /// The most nodes one rendezvous admits.
 pub const NODES_MAX: usize = 1024;
 
+/// Longest a wait sleeps before looking at [`Cancel`] again.
+pub const CANCEL_POLL: Duration = Duration::from_millis(100);
+
+/// Says whether a wait should end early (a node told to stop by SIGTERM
+/// while its peers are missing). Every wait of the channel — accepting,
+/// dialing, reading — sleeps at most [`CANCEL_POLL`] before asking again
+/// and then fails with [`ChannelError::Cancelled`].
+#[derive(Clone)]
+pub struct Cancel(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl Cancel {
+    pub fn new(requested: impl Fn() -> bool + Send + Sync + 'static) -> Cancel {
+        Cancel(Arc::new(requested))
+    }
+
+    pub fn requested(&self) -> bool {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Cancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Cancel(requested: {})", self.requested())
+    }
+}
+
+fn cancelled(cancel: &Option<Cancel>) -> bool {
+    cancel.as_ref().is_some_and(Cancel::requested)
+}
+
 /// Who we are and how long we wait.
 #[derive(Debug, Clone)]
 pub struct ChannelOptions {
@@ -50,6 +84,9 @@ pub struct ChannelOptions {
     pub io_timeout: Duration,
     /// Bound on waiting at a barrier (for the slowest node to arrive).
     pub barrier_timeout: Duration,
+    /// Ends any wait early with [`ChannelError::Cancelled`]; `None` waits
+    /// out the timeouts.
+    pub cancel: Option<Cancel>,
 }
 
 impl ChannelOptions {
@@ -60,6 +97,7 @@ impl ChannelOptions {
             handshake_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(5),
             barrier_timeout: Duration::from_secs(60),
+            cancel: None,
         }
     }
 }
@@ -83,6 +121,8 @@ pub enum ChannelError {
     },
     /// The rendezvous did not complete in time.
     Timeout(String),
+    /// The wait was cancelled ([`ChannelOptions::cancel`]) before it ended.
+    Cancelled,
     Io(io::Error),
 }
 
@@ -99,6 +139,9 @@ impl fmt::Display for ChannelError {
                 "a frame from node {peer} failed its MAC: the connection was tampered with"
             ),
             ChannelError::Timeout(what) => write!(f, "timed out: {what}"),
+            ChannelError::Cancelled => {
+                write!(f, "cancelled (stop requested) while waiting for peers")
+            }
             ChannelError::Io(e) => write!(f, "control channel: {e}"),
         }
     }
@@ -119,25 +162,62 @@ impl From<io::Error> for ChannelError {
 }
 
 /// Reads from a stream so that the whole read ends by `deadline`, however
-/// the peer trickles its bytes.
+/// the peer trickles its bytes, or soon after `cancel` says so (it waits
+/// in slices of at most [`CANCEL_POLL`]).
 struct DeadlineReader<'a> {
     stream: &'a TcpStream,
     deadline: Instant,
+    cancel: &'a Option<Cancel>,
 }
 
 impl Read for DeadlineReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || cancelled(self.cancel) {
+                // The caller maps a cancelled wait to `Cancelled`.
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            let slice = if self.cancel.is_some() {
+                left.min(CANCEL_POLL)
+            } else {
+                left
+            };
+            self.stream.set_read_timeout(Some(slice))?;
+            match (&*self.stream).read(buf) {
+                // A timed-out read consumed nothing: wait on.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                r => return r,
+            }
         }
-        self.stream.set_read_timeout(Some(left))?;
-        (&*self.stream).read(buf)
     }
 }
 
-fn recv_by(stream: &TcpStream, deadline: Instant) -> Result<Message, WireError> {
-    wire::read_message(&mut DeadlineReader { stream, deadline })
+/// `e`, or [`ChannelError::Cancelled`] when the wait that failed was
+/// cancelled (a cancelled read surfaces as a timeout from the wire layer).
+fn or_cancelled(e: impl Into<ChannelError>, cancel: &Option<Cancel>) -> ChannelError {
+    if cancelled(cancel) {
+        ChannelError::Cancelled
+    } else {
+        e.into()
+    }
+}
+
+fn recv_by(
+    stream: &TcpStream,
+    deadline: Instant,
+    cancel: &Option<Cancel>,
+) -> Result<Message, ChannelError> {
+    wire::read_message(&mut DeadlineReader {
+        stream,
+        deadline,
+        cancel,
+    })
+    .map_err(|e| or_cancelled(e, cancel))
 }
 
 fn send_within(stream: &TcpStream, m: &Message, timeout: Duration) -> Result<(), WireError> {
@@ -155,6 +235,7 @@ pub struct ControlChannel {
     local_id: u32,
     peer_id: u32,
     io_timeout: Duration,
+    cancel: Option<Cancel>,
 }
 
 impl ControlChannel {
@@ -187,7 +268,7 @@ impl ControlChannel {
             },
             opts.handshake_timeout,
         )?;
-        let (peer_id, peer_nonce) = match recv_by(&stream, deadline)? {
+        let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel)? {
             Message::Hello { node_id, nonce } => (node_id, nonce),
             m => {
                 return Err(ChannelError::Refused(format!(
@@ -219,16 +300,16 @@ impl ControlChannel {
             },
             opts.handshake_timeout,
         )?;
-        match recv_by(&stream, deadline) {
+        match recv_by(&stream, deadline, &opts.cancel) {
             Ok(Message::Auth { mac }) if t.verify(&opts.secret, Direction::Responder, &mac) => {}
             Ok(Message::Auth { .. }) => return Err(ChannelError::Refused(format!("node {peer_id} sent a wrong proof"))),
             Ok(m) => return Err(ChannelError::Refused(format!("expected Auth, got {}", m.kind()))),
-            Err(WireError::Closed) => {
+            Err(ChannelError::Wire(WireError::Closed)) => {
                 return Err(ChannelError::Refused(format!(
                     "node {peer_id} closed the connection: it rejected our proof (do both nodes hold the same secret?)"
                 )))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
         Ok(ControlChannel {
             stream,
@@ -236,6 +317,7 @@ impl ControlChannel {
             local_id: opts.node_id,
             peer_id,
             io_timeout: opts.io_timeout,
+            cancel: opts.cancel.clone(),
         })
     }
 
@@ -246,7 +328,11 @@ impl ControlChannel {
         opts: &ChannelOptions,
         admit: &dyn Fn(u32) -> bool,
     ) -> Result<Self, ChannelError> {
-        let stream = accept_by(listener, Instant::now() + opts.handshake_timeout)?;
+        let stream = accept_by(
+            listener,
+            Instant::now() + opts.handshake_timeout,
+            &opts.cancel,
+        )?;
         Self::respond(stream, opts, admit, fresh_nonce()?)
     }
 
@@ -259,7 +345,7 @@ impl ControlChannel {
     ) -> Result<Self, ChannelError> {
         let deadline = Instant::now() + opts.handshake_timeout;
         stream.set_nodelay(true)?;
-        let (peer_id, peer_nonce) = match recv_by(&stream, deadline)? {
+        let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel)? {
             Message::Hello { node_id, nonce } => (node_id, nonce),
             m => {
                 return Err(ChannelError::Refused(format!(
@@ -287,7 +373,7 @@ impl ControlChannel {
             initiator_nonce: peer_nonce,
             responder_nonce: nonce,
         };
-        match recv_by(&stream, deadline)? {
+        match recv_by(&stream, deadline, &opts.cancel)? {
             Message::Auth { mac } if t.verify(&opts.secret, Direction::Initiator, &mac) => {}
             // Close without a word: the peer learns only our nonce.
             Message::Auth { .. } => {
@@ -315,6 +401,7 @@ impl ControlChannel {
             local_id: opts.node_id,
             peer_id,
             io_timeout: opts.io_timeout,
+            cancel: opts.cancel.clone(),
         })
     }
 
@@ -348,7 +435,9 @@ impl ControlChannel {
         let frame = wire::read_frame(&mut DeadlineReader {
             stream: &self.stream,
             deadline,
-        })?;
+            cancel: &self.cancel,
+        })
+        .map_err(|e| or_cancelled(e, &self.cancel))?;
         let Some(split) = frame.len().checked_sub(MAC_BYTES) else {
             return Err(WireError::Truncated { field: "mac" }.into());
         };
@@ -368,8 +457,12 @@ impl ControlChannel {
 }
 
 /// Accepts one connection by `deadline` (std's `accept` has no timeout, so
-/// `poll(2)` a non-blocking listener).
-fn accept_by(listener: &TcpListener, deadline: Instant) -> Result<TcpStream, ChannelError> {
+/// `poll(2)` a non-blocking listener), or until `cancel` says so.
+fn accept_by(
+    listener: &TcpListener,
+    deadline: Instant,
+    cancel: &Option<Cancel>,
+) -> Result<TcpStream, ChannelError> {
     listener.set_nonblocking(true)?;
     loop {
         match listener.accept() {
@@ -378,9 +471,15 @@ fn accept_by(listener: &TcpListener, deadline: Instant) -> Result<TcpStream, Cha
                 return Ok(s);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let left = deadline.saturating_duration_since(Instant::now());
+                if cancelled(cancel) {
+                    return Err(ChannelError::Cancelled);
+                }
+                let mut left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(ChannelError::Timeout("no peer connected".into()));
+                }
+                if cancel.is_some() {
+                    left = left.min(CANCEL_POLL);
                 }
                 // Sleep until a connection is pending or the deadline; a
                 // spurious wake-up just loops.
@@ -454,7 +553,7 @@ impl Rendezvous {
         let mut joined = Vec::with_capacity(waiting.len());
         let mut refused = Vec::new();
         while !waiting.is_empty() {
-            let stream = match accept_by(listener, deadline) {
+            let stream = match accept_by(listener, deadline, &opts.cancel) {
                 Ok(s) => s,
                 Err(ChannelError::Timeout(_)) => {
                     return Err(ChannelError::Timeout(format!(
@@ -495,6 +594,9 @@ impl Rendezvous {
     ) -> Result<Rendezvous, ChannelError> {
         let deadline = Instant::now() + timeout;
         let ch = loop {
+            if cancelled(&opts.cancel) {
+                return Err(ChannelError::Cancelled);
+            }
             match ControlChannel::connect(addr, Some(coordinator_id), opts) {
                 Ok(ch) => break ch,
                 Err(ChannelError::Io(e))
@@ -503,7 +605,7 @@ impl Rendezvous {
                 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(or_cancelled(e, &opts.cancel)),
             }
         };
         Ok(Rendezvous {

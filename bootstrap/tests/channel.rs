@@ -8,12 +8,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bootstrap::auth::{Direction, SessionMac, Transcript};
-use bootstrap::channel::{ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous};
+use bootstrap::channel::{
+    Cancel, ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous,
+};
 use bootstrap::wire::{self, Endpoint, Message, QpInfo, Region, Space, WireError};
 use common::secret;
 
@@ -670,4 +673,79 @@ fn a_member_that_leaves_fails_the_barrier_instead_of_hanging() {
         matches!(&e, ChannelError::Protocol { peer: 1, why } if why.contains("Bye")),
         "{e}"
     );
+}
+
+/// Options whose waits end when the returned flag is raised.
+fn cancellable(id: u32) -> (ChannelOptions, Arc<AtomicBool>) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let mut o = opts(id, 1);
+    let f = flag.clone();
+    // Acquire pairs with the Release store in `raise_after`.
+    o.cancel = Some(Cancel::new(move || f.load(Ordering::Acquire)));
+    (o, flag)
+}
+
+/// Raises `flag` after `ms` milliseconds, from another thread (as a signal
+/// handler would).
+fn raise_after(flag: &Arc<AtomicBool>, ms: u64) -> thread::JoinHandle<Instant> {
+    let f = flag.clone();
+    thread::spawn(move || {
+        thread::sleep(Duration::from_millis(ms));
+        f.store(true, Ordering::Release);
+        Instant::now()
+    })
+}
+
+/// Asserts `r` is `Cancelled` and came within 300 ms of the flag.
+fn assert_cancelled_promptly<T>(r: Result<T, ChannelError>, raised: thread::JoinHandle<Instant>) {
+    let done = Instant::now();
+    let raised = raised.join().unwrap();
+    match r {
+        Err(ChannelError::Cancelled) => {}
+        Err(e) => panic!("expected Cancelled, got {e:?}"),
+        Ok(_) => panic!("expected Cancelled, the wait succeeded"),
+    }
+    let late = done.saturating_duration_since(raised);
+    assert!(late < Duration::from_millis(300), "cancel took {late:?}");
+}
+
+#[test]
+fn a_cancelled_join_returns_promptly_while_nobody_listens() {
+    // A port nobody listens on: `join` keeps redialing until cancelled.
+    let (l, addr) = listener();
+    drop(l);
+    let (o, flag) = cancellable(1);
+    let raised = raise_after(&flag, 200);
+    let r = Rendezvous::join(addr, 0, &o, Duration::from_secs(30));
+    assert_cancelled_promptly(r, raised);
+    assert!(ChannelError::Cancelled.to_string().contains("cancelled"));
+}
+
+#[test]
+fn a_cancelled_coordinator_stops_waiting_for_members() {
+    let (l, _) = listener();
+    let (o, flag) = cancellable(0);
+    let raised = raise_after(&flag, 200);
+    let r = Rendezvous::coordinate(&l, &[0, 1, 2], &o, Duration::from_secs(30));
+    assert_cancelled_promptly(r, raised);
+}
+
+#[test]
+fn a_cancelled_barrier_stops_waiting_for_the_release() {
+    let (l, addr) = listener();
+    let (mut o, flag) = cancellable(1);
+    o.barrier_timeout = Duration::from_secs(30);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    // The coordinator joins but never reaches the barrier until told.
+    let coord = thread::spawn(move || {
+        let rv = Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+        let _ = done_rx.recv_timeout(Duration::from_secs(10));
+        drop(rv);
+    });
+    let mut rv = Rendezvous::join(addr, 0, &o, Duration::from_secs(5)).unwrap();
+    let raised = raise_after(&flag, 200);
+    let r = rv.barrier("never-released");
+    assert_cancelled_promptly(r, raised);
+    done_tx.send(()).unwrap();
+    coord.join().unwrap();
 }

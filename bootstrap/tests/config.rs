@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bootstrap::config::{parse_size, Backend, ClusterConfig, HugePages};
-use common::{scratch, write_mode};
+use common::{scratch, write_mode, Scratch};
 
 const GOOD: &str = r#"
 secret_file = "secret"
@@ -38,18 +38,19 @@ address = "127.0.0.1:7001"
 memory = "1 GiB"
 "#;
 
-/// Writes `text` as `cluster.toml` beside a good secret (mode 0600).
-fn setup(name: &str, text: &str) -> PathBuf {
+/// Writes `text` as `cluster.toml` beside a good secret (mode 0600); the
+/// directory lives as long as the returned guard.
+fn setup(name: &str, text: &str) -> (Scratch, PathBuf) {
     let dir = scratch(name);
     write_mode(&dir.join("secret"), &[7u8; 32], 0o600);
     let file = dir.join("cluster.toml");
     std::fs::write(&file, text).unwrap();
-    file
+    (dir, file)
 }
 
 /// Loads `text` and returns the error, which must name the file.
 fn reject(name: &str, text: &str) -> (String, String) {
-    let file = setup(name, text);
+    let (_dir, file) = setup(name, text);
     let e = ClusterConfig::load(&file).expect_err("config must be rejected");
     assert_eq!(e.file, file);
     let shown = e.to_string();
@@ -62,7 +63,7 @@ fn reject(name: &str, text: &str) -> (String, String) {
 
 #[test]
 fn good_file_parses_to_what_it_says() {
-    let file = setup("good", GOOD);
+    let (_dir, file) = setup("good", GOOD);
     let c = ClusterConfig::load(&file).unwrap();
     assert_eq!(
         c.nodes.iter().map(|n| n.id).collect::<Vec<_>>(),
@@ -102,7 +103,8 @@ fn emu_backend_and_boolean_huge_pages() {
             "kind = \"emu\"",
         )
         .replace("huge_pages = 512", "huge_pages = true");
-    let c = ClusterConfig::load(setup("emu", &text)).unwrap();
+    let (_dir, file) = setup("emu", &text);
+    let c = ClusterConfig::load(file).unwrap();
     assert_eq!(c.backend, Backend::Emu);
     assert_eq!(c.huge_pages, HugePages::On);
 }
@@ -214,7 +216,7 @@ fn missing_secret_path() {
 
 #[test]
 fn secret_file_missing_short_or_readable_by_others() {
-    let file = setup("secret-missing", &GOOD.replace("\"secret\"", "\"nope\""));
+    let (_dir, file) = setup("secret-missing", &GOOD.replace("\"secret\"", "\"nope\""));
     let e = ClusterConfig::load(&file).unwrap_err();
     assert_eq!(e.field, "secret_file");
     assert!(
@@ -223,7 +225,7 @@ fn secret_file_missing_short_or_readable_by_others() {
         e.problem
     );
 
-    let file = setup("secret-short", GOOD);
+    let (_dir, file) = setup("secret-short", GOOD);
     write_mode(&file.parent().unwrap().join("secret"), &[1u8; 31], 0o600);
     let e = ClusterConfig::load(&file).unwrap_err();
     assert_eq!(e.field, "secret_file");
@@ -234,7 +236,7 @@ fn secret_file_missing_short_or_readable_by_others() {
     );
 
     for mode in [0o640, 0o604, 0o644] {
-        let file = setup("secret-mode", GOOD);
+        let (_dir, file) = setup("secret-mode", GOOD);
         write_mode(&file.parent().unwrap().join("secret"), &[1u8; 64], mode);
         let e = ClusterConfig::load(&file).unwrap_err();
         assert_eq!(e.field, "secret_file");

@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bootstrap::config::ClusterConfig;
 use bootstrap::preflight::{run, Host, PreflightOptions, Status};
-use common::scratch;
+use common::{scratch, Scratch};
 
 fn config(backend: &str, huge_pages: &str) -> ClusterConfig {
     let text = format!(
@@ -40,7 +40,7 @@ fn put(root: &Path, rel: &str, text: &str) {
 }
 
 /// A 4-CPU machine with core 3 isolated and no huge pages reserved.
-fn machine(name: &str) -> PathBuf {
+fn machine(name: &str) -> Scratch {
     let root = scratch(name);
     put(&root, "proc/meminfo", "MemTotal: 1000 kB\nHugePages_Total:       0\nHugePages_Free:        0\nHugepagesize:       2048 kB\n");
     put(&root, "proc/sys/vm/nr_hugepages", "0\n");
@@ -56,7 +56,7 @@ const MLX5: &str = "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1";
 fn huge_pages_missing_says_the_command() {
     let root = machine("hp");
     let host = Host {
-        root: root.clone(),
+        root: root.to_path_buf(),
         memlock_bytes: None,
     };
     let r = run(&config(EMU, "true"), 0, &host, PreflightOptions::default());
@@ -126,7 +126,7 @@ fn huge_pages_missing_says_the_command() {
 fn memlock_below_what_is_registered() {
     let root = machine("memlock");
     let host = Host {
-        root,
+        root: root.to_path_buf(),
         memlock_bytes: Some(8 << 20),
     };
     let c = run(
@@ -168,8 +168,9 @@ fn memlock_below_what_is_registered() {
 
 #[test]
 fn cores_missing_or_not_isolated() {
+    let cores_root = machine("cores");
     let host = Host {
-        root: machine("cores"),
+        root: cores_root.to_path_buf(),
         memlock_bytes: None,
     };
     let c = run(&config(EMU, "false"), 0, &host, PreflightOptions::default());
@@ -192,7 +193,7 @@ fn cores_missing_or_not_isolated() {
 fn nic_absent_wrong_or_down() {
     let root = machine("nic");
     let host = Host {
-        root: root.clone(),
+        root: root.to_path_buf(),
         memlock_bytes: None,
     };
     let nic = |host: &Host| {
@@ -248,7 +249,7 @@ fn unknown_node_and_garbage_sysfs_do_not_panic() {
     put(&root, "proc/meminfo", "HugePages_Total: lots\n\0\u{ffff}");
     put(&root, "sys/devices/system/cpu/online", "3-1,x");
     let host = Host {
-        root,
+        root: root.to_path_buf(),
         memlock_bytes: Some(0),
     };
     let r = run(&config(EMU, "true"), 0, &host, PreflightOptions::default());

@@ -1,0 +1,200 @@
+//! The index workloads `loch node` runs on its compute cores (`--workload
+//! tree|hash`): the Sherman B+tree or the Nessie hash table over every
+//! memory node of the cluster, with the same self-checking mix as the
+//! index phases of `loch demo` ([`crate::demo_tree`]).
+//!
+//! Across processes: the lowest-id compute node creates the index and
+//! loads `records` records ([`crate::demo_tree::load`]) after the
+//! "memory-ready" barrier; every node then meets at "index-ready", and
+//! each compute node opens its own handle — the tree's root word and the
+//! table's descriptor word sit in memory node 0's superblock, so opening
+//! is building a handle with the same configuration ([`handle`]).
+//!
+//! Checks: loaded records are never written (every task reads them, the
+//! shared hot keys), so a lookup of one must return its value; each task
+//! owns [`OWN_KEYS`] further keys (task ids are unique over the cluster),
+//! writes only those and keeps a shadow, so its lookups and deletes of them
+//! must agree with the shadow; every tree scan must be in order.
+//!
+//! Memory: the index allocators use the chunks below
+//! [`Layout::index_bytes`](crate::node_work::Layout), so they never touch
+//! the verb workload's areas.
+
+use crate::demo_tree::{demo_tree_config, index_handle, key_of, IndexKind, OWN_KEYS};
+use crate::node_work::unix_ns;
+use crate::stats::latency_histogram;
+use hdrhistogram::Histogram;
+use index::any::{AnyClient, AnyError};
+use index::tree::TreeStats;
+use mempool::ChunkConfig;
+use nicdrv::rng::Rng;
+use nicdrv::{Ctx, Nic};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+pub use index::any::AnyIndex;
+
+/// Chunk size of the index allocators (every compute node must agree).
+pub const CHUNK_BYTES: u64 = 256 << 10;
+/// The loader's client id: above every task id.
+pub const LOADER_ID: u64 = u64::MAX - 1;
+
+/// How memory nodes are cut into chunks for the index: `index_bytes` of
+/// each node, the verb areas above left alone.
+pub fn chunk_config(index_bytes: u64) -> ChunkConfig {
+    ChunkConfig {
+        chunk_bytes: CHUNK_BYTES,
+        ..ChunkConfig::new(index_bytes)
+    }
+}
+
+/// This compute node's handle on the cluster's index. `tasks` is the
+/// number of task slots of the whole cluster and `dm_bytes` the device
+/// memory of each memory node; with the other arguments they come from the
+/// cluster file and the flags, so every compute node builds the same.
+pub fn handle(
+    kind: IndexKind,
+    index_bytes: u64,
+    records: u64,
+    tasks: u64,
+    dm_bytes: u64,
+) -> Result<AnyIndex, String> {
+    let tcfg = demo_tree_config(index_bytes, &chunk_config(index_bytes));
+    index_handle(kind, &tcfg, records, tasks, dm_bytes)
+}
+
+/// What the tasks of one core share (one thread, so `Cell`s).
+pub struct IndexCoreState {
+    pub hist: RefCell<Histogram<u64>>,
+    /// Latencies since the last per-second report.
+    pub interval: RefCell<Histogram<u64>>,
+    pub ops: Cell<u64>,
+    pub mismatches: Cell<u64>,
+    pub failures: Cell<u64>,
+    pub first_op_unix_ns: Cell<u64>,
+    /// The tasks' index counters, summed, kept current after every
+    /// operation (the per-second line shows the cache hit ratio).
+    pub tree: Cell<TreeStats>,
+    pub first_error: RefCell<Option<String>>,
+}
+
+impl IndexCoreState {
+    pub fn new() -> Rc<IndexCoreState> {
+        Rc::new(IndexCoreState {
+            hist: RefCell::new(latency_histogram()),
+            interval: RefCell::new(latency_histogram()),
+            ops: Cell::new(0),
+            mismatches: Cell::new(0),
+            failures: Cell::new(0),
+            first_op_unix_ns: Cell::new(0),
+            tree: Cell::new(TreeStats::default()),
+            first_error: RefCell::new(None),
+        })
+    }
+
+    fn mismatch(&self) {
+        self.mismatches.set(self.mismatches.get() + 1);
+    }
+}
+
+/// The difference of two snapshots of one client's counters.
+fn delta(now: TreeStats, before: TreeStats) -> TreeStats {
+    TreeStats {
+        read_retries: now.read_retries - before.read_retries,
+        lock_retries: now.lock_retries - before.lock_retries,
+        handovers: now.handovers - before.handovers,
+        cache_hits: now.cache_hits - before.cache_hits,
+        cache_misses: now.cache_misses - before.cache_misses,
+        sibling_hops: now.sibling_hops - before.sibling_hops,
+        splits: now.splits - before.splits,
+        clean_lookups: now.clean_lookups - before.clean_lookups,
+        lookups: now.lookups - before.lookups,
+    }
+}
+
+/// One task (`me`: its cluster-wide id, from 1): 40 % lookups of loaded
+/// records, 25 % puts, 10 % deletes and 15 % lookups of its own keys,
+/// 10 % scans (skipped on the hash table), until `stop()` or `deadline_ns`
+/// (the NIC clock). The first failed operation ends the task.
+#[allow(clippy::too_many_arguments)]
+pub async fn task<N: Nic>(
+    ctx: Ctx<N>,
+    mut c: AnyClient,
+    me: u64,
+    mut rng: Rng,
+    records: u64,
+    deadline_ns: u64,
+    stop: fn() -> bool,
+    st: Rc<IndexCoreState>,
+) {
+    let mut shadow: Vec<Option<u64>> = vec![None; OWN_KEYS as usize];
+    let own = |j: u64| key_of(records + me * OWN_KEYS + j);
+    let mut seen = c.tree_stats();
+    while ctx.now_ns() < deadline_ns && !stop() {
+        let t0 = ctx.now_ns();
+        let j = rng.below(OWN_KEYS);
+        let r = match rng.below(100) {
+            0..=39 => {
+                let i = rng.below(records.max(1));
+                c.get(&ctx, key_of(i)).await.map(|v| {
+                    if records > 0 && v != Some(i) {
+                        st.mismatch()
+                    }
+                })
+            }
+            40..=64 => {
+                let v = rng.next_u64() >> 1;
+                c.put(&ctx, own(j), v)
+                    .await
+                    .map(|_| shadow[j as usize] = Some(v))
+            }
+            65..=74 => c.delete(&ctx, own(j)).await.map(|was| {
+                if was != shadow[j as usize].is_some() {
+                    st.mismatch()
+                }
+                shadow[j as usize] = None;
+            }),
+            75..=89 => c.get(&ctx, own(j)).await.map(|v| {
+                if v != shadow[j as usize] {
+                    st.mismatch()
+                }
+            }),
+            _ => {
+                let low = key_of(rng.below(records.max(1)));
+                match c.scan(&ctx, low, u64::MAX - 1, 20).await {
+                    Ok(v) => {
+                        if !v.windows(2).all(|p| p[0].0 < p[1].0)
+                            || v.first().is_some_and(|p| p.0 < low)
+                        {
+                            st.mismatch()
+                        }
+                        Ok(())
+                    }
+                    // The hash table keeps no order: its scans are skipped.
+                    Err(AnyError::NoScans) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let now = c.tree_stats();
+        let mut sum = st.tree.get();
+        sum += delta(now, seen);
+        st.tree.set(sum);
+        seen = now;
+        if let Err(e) = r {
+            st.failures.set(st.failures.get() + 1);
+            let mut first = st.first_error.borrow_mut();
+            if first.is_none() {
+                *first = Some(format!("task {me}: {e}"));
+            }
+            return;
+        }
+        let lat = (ctx.now_ns() - t0).max(1);
+        let _ = st.hist.borrow_mut().record(lat);
+        let _ = st.interval.borrow_mut().record(lat);
+        if st.first_op_unix_ns.get() == 0 {
+            st.first_op_unix_ns.set(unix_ns());
+        }
+        st.ops.set(st.ops.get() + 1);
+    }
+}
