@@ -461,3 +461,78 @@ fn impossible_configurations_are_refused() {
     assert!(w.add_thread(7, ExecutorConfig::default()).is_err());
     assert!(w.crash_memory_node(9).is_err());
 }
+
+/// A CAS storm on one host-memory word fills the NIC's atomic window and
+/// stalls its inbound pipeline: READs to the same memory node wait behind
+/// it. Without a window (0) they do not; with no storm the window changes
+/// nothing.
+#[test]
+fn a_cas_storm_slows_every_request_to_its_nic_once_the_window_is_full() {
+    let read_latency = |window: u32, storm: bool| {
+        let mut w = World::new(SimConfig {
+            seed: 9,
+            model: SimModel {
+                atomic_window: window,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap();
+        if storm {
+            for _ in 0..8 {
+                let t = w
+                    .add_thread(
+                        0,
+                        ExecutorConfig {
+                            slots: 16,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                for _ in 0..16 {
+                    w.spawn(t, move |ctx| async move {
+                        let a = GlobalAddr::new(0, Space::Host, 128);
+                        while ctx.now_ns() < 1_000_000 {
+                            let _ = ctx.cas(a, 0, 1).await.unwrap();
+                        }
+                    })
+                    .unwrap();
+                }
+            }
+        }
+        let sum = Rc::new(Cell::new((0u64, 0u64)));
+        let t = w.add_thread(0, ExecutorConfig::default()).unwrap();
+        let s = sum.clone();
+        w.spawn(t, move |ctx| async move {
+            while ctx.now_ns() < 1_000_000 {
+                let t0 = ctx.now_ns();
+                ctx.read(GlobalAddr::new(0, Space::Host, 8192), 8)
+                    .await
+                    .unwrap();
+                let (n, tot) = s.get();
+                s.set((n + 1, tot + ctx.now_ns() - t0));
+            }
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done);
+        let (n, tot) = sum.get();
+        tot as f64 / n as f64
+    };
+    let quiet = read_latency(16, false);
+    assert_eq!(
+        quiet,
+        read_latency(0, false),
+        "no storm: the window is idle"
+    );
+    let unbounded = read_latency(0, true);
+    let bounded = read_latency(16, true);
+    eprintln!("READ mean: quiet {quiet:.0} ns, storm unbounded {unbounded:.0} ns, storm window 16 {bounded:.0} ns");
+    assert!(
+        unbounded < 1.5 * quiet,
+        "without a window a storm leaves READs alone"
+    );
+    assert!(
+        bounded > 5.0 * quiet,
+        "a full window stalls READs behind the storm"
+    );
+}

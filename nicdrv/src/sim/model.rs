@@ -237,6 +237,23 @@ impl SimModel {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_numeric_parameter_can_be_set_by_name() {
+        let mut m = SimModel::default();
+        for (name, v) in SimModel::default().numeric() {
+            m.set(name, &(v + 1).to_string()).unwrap();
+        }
+        for ((name, v), (_, d)) in m.numeric().into_iter().zip(SimModel::default().numeric()) {
+            assert_eq!(v, d + 1, "{name}");
+        }
+        assert_eq!(m.overrides().len(), m.numeric().len());
+        assert!(SimModel::default().overrides().is_empty());
+        assert!(m.set("no_such_thing", "1").is_err());
+        assert!(m.set("atomic_window", "-1").is_err());
+        assert!(m.set("atomic_slots", "99999999999").is_err());
+    }
+
     use super::*;
 
     #[test]
