@@ -7,4 +7,4 @@ cargo build --release -p bench --manifest-path "$ROOT/Cargo.toml" >/dev/null
 LB="$ROOT/target/release/loch-bench"
 # Scale knobs (the paper: 1 billion records; we default to 1 million).
 RECORDS="${RECORDS:-1000000}"
-OPS="${OPS:-300}"
+OPS="${OPS:-3000}"
