@@ -5,6 +5,7 @@
 mod args;
 mod outfile;
 mod plot;
+mod progress;
 mod run;
 mod verbs;
 mod workload;

@@ -21,6 +21,7 @@
 use crate::args::{ArgError, Args};
 use crate::outfile;
 use crate::plot;
+use crate::progress::Progress;
 use crate::workload::{key_of, KeyDist, Zipfian};
 use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
@@ -39,7 +40,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -399,11 +400,13 @@ async fn load_part<N: Nic>(
     part: usize,
     parts: usize,
     err: Rc<RefCell<Option<String>>>,
+    loaded: Arc<AtomicU64>,
 ) {
     let r = async {
         match &h {
             IndexHandle::Tree(t) => {
                 let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
+                c.report_loaded(loaded);
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
                 c.bulk_load(&ctx, records_sorted(records), 36)
                     .await
@@ -418,6 +421,8 @@ async fn load_part<N: Nic>(
                 } else {
                     for i in (part as u64..records).step_by(parts) {
                         c.put(&ctx, key_of(i), i).await.map_err(|e| e.to_string())?;
+                        // Relaxed: a progress figure for the display only.
+                        loaded.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
@@ -660,6 +665,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     } else {
         vec![(0, 1)]
     };
+    let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
     for (_, parts) in phases {
         let err = Rc::new(RefCell::new(None));
         let per = if parts == 1 { 1 } else { 8 };
@@ -676,19 +682,25 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 .map_err(|e| e.to_string())?;
             for _ in 0..per.min(parts - part) {
                 let (h, e, n, p) = (trees[0].clone(), err.clone(), spec.records, part);
-                w.spawn(t, move |ctx| load_part(ctx, h, n, p, parts, e))
+                let l = progress.counter();
+                w.spawn(t, move |ctx| load_part(ctx, h, n, p, parts, e, l))
                     .map_err(|e| e.to_string())?;
                 part += 1;
             }
         }
-        if w.run() != RunEnd::Done {
-            return Err("loading did not finish".into());
+        loop {
+            match w.run_until(w.now_ns() + 1_000_000) {
+                RunEnd::Limit => progress.tick(),
+                RunEnd::Done => break,
+                _ => return Err("loading did not finish".into()),
+            }
         }
         let failed = err.borrow_mut().take();
         if let Some(e) = failed {
             return Err(format!("loading failed: {e}"));
         }
     }
+    progress.finish();
     let from = Arc::new(AtomicU64::new(u64::MAX));
     let sh = Shared::new(spec, from.clone(), 1, 0);
     let dist = Rc::new(KeyDist::new(spec.records, spec.zipf));
@@ -762,11 +774,22 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     } else {
         vec![1]
     };
+    let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
+    let loading = AtomicBool::new(true);
     for parts in phases {
         let n = spec.records;
         let h = tree.clone();
-        let loaded = cluster
-            .run_cores(
+        let counter = progress.counter();
+        let loaded = std::thread::scope(|scope| {
+            // Draws the bar while the cores load.
+            scope.spawn(|| {
+                // Relaxed: a stop flag for the display thread only.
+                while loading.load(Ordering::Relaxed) {
+                    progress.tick();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            });
+            let r = cluster.run_cores(
                 1,
                 ExecutorConfig {
                     slots: parts,
@@ -776,20 +799,25 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
                 move |_, ex| {
                     let e = Rc::new(RefCell::new(None));
                     for p in 0..parts {
-                        let (e2, h2) = (e.clone(), h.clone());
-                        ex.spawn(move |ctx| load_part(ctx, h2, n, p, parts, e2))
+                        let (e2, h2, l2) = (e.clone(), h.clone(), counter.clone());
+                        ex.spawn(move |ctx| load_part(ctx, h2, n, p, parts, e2, l2))
                             .expect("slot per loader");
                     }
                     ex.run();
                     let r = e.borrow_mut().take();
                     r
                 },
-            )
-            .map_err(|e| e.to_string())?;
+            );
+            loading.store(false, Ordering::Relaxed);
+            r
+        });
+        loading.store(true, Ordering::Relaxed);
+        let loaded = loaded.map_err(|e| e.to_string())?;
         if let Some(Some(e)) = loaded.into_iter().next() {
             return Err(format!("loading failed: {e}"));
         }
     }
+    progress.finish();
     let wall = std::time::Instant::now();
     let dist = Arc::new(KeyDist::new(spec.records, spec.zipf));
     // Shared by the cores: the measured interval starts at the first

@@ -194,8 +194,12 @@ fn bulk_load_then_mixed_operations() {
         let tr = tree.clone();
         sim_task(&mut w, move |ctx| async move {
             let mut c = tr.client(1).unwrap();
+            let loaded = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            c.report_loaded(loaded.clone());
             let items: Vec<(u64, u64)> = (0..20_000u64).map(|i| (i * 3, i)).collect();
             assert_eq!(c.bulk_load(&ctx, items.clone(), 36).await.unwrap(), 20_000);
+            // The progress counter saw every record land.
+            assert_eq!(loaded.load(std::sync::atomic::Ordering::Relaxed), 20_000);
             let mut model: BTreeMap<u64, u64> = items.into_iter().collect();
             // A second bulk load is refused: the tree is not empty.
             assert!(matches!(

@@ -33,6 +33,7 @@ use layout::{Node, NodeMut, ENTRY_BYTES, ENTRY_WRITE_BYTES, FANOUT, KEY_INFINITY
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The well-known word on memory node 0 holding the root's address and
@@ -197,6 +198,7 @@ impl Tree {
             id,
             stats: TreeStats::default(),
             root_hint: 0,
+            loaded: None,
         })
     }
 }
@@ -214,6 +216,8 @@ pub struct TreeClient {
     id: u64,
     pub stats: TreeStats,
     root_hint: u64,
+    /// Bulk-loaded records written so far, for a progress display.
+    loaded: Option<Arc<AtomicU64>>,
 }
 
 fn decode_root(w: u64) -> (GlobalAddr, u8) {
@@ -941,6 +945,19 @@ impl TreeClient {
         Ok(n)
     }
 
+    /// Counts the records this client's bulk loads write into `counter`
+    /// as their leaves land, for a progress display.
+    pub fn report_loaded(&mut self, counter: Arc<AtomicU64>) {
+        self.loaded = Some(counter);
+    }
+
+    fn count_loaded(&self, n: u64) {
+        if let Some(c) = &self.loaded {
+            // Relaxed: a progress figure, read by a display only.
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     async fn check_empty<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<GlobalAddr, TreeError> {
         let (root, level) = self.root(ctx, true).await?;
         if level != 0 {
@@ -998,6 +1015,7 @@ impl TreeClient {
         }
         let mut out = Vec::with_capacity(groups.len());
         let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
+        let mut pending_items = 0u64;
         for (i, g) in groups.iter().enumerate() {
             let lo = if i == 0 { low } else { g[0].0 };
             let hi = groups.get(i + 1).map_or(high, |nx| nx[0].0);
@@ -1010,11 +1028,14 @@ impl TreeClient {
             }
             out.push((lo, addrs[i]));
             pending.push((addrs[i], buf));
+            pending_items += g.len() as u64;
             if pending.len() == 8 {
                 write_nodes(ctx, &mut pending).await?;
+                self.count_loaded(std::mem::take(&mut pending_items));
             }
         }
         write_nodes(ctx, &mut pending).await?;
+        self.count_loaded(pending_items);
         Ok(out)
     }
 
