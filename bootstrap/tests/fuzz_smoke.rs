@@ -7,11 +7,13 @@
 //! Checks: nothing panics (errors are fine, and their messages render);
 //! whatever decodes re-encodes to the same bytes and decodes equal again.
 
+mod common;
+
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use bootstrap::config::ClusterConfig;
-use bootstrap::wire::{read_frame, read_message, Endpoint, Message, QpInfo, Region, Space};
+use bootstrap::wire::{read_frame, read_message, Message};
 
 /// Mutations per seed input.
 const MUTATIONS: usize = 20_000;
@@ -128,51 +130,6 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-fn messages() -> Vec<Message> {
-    let qp = QpInfo {
-        qpn: 0x00ab_cdef,
-        lid: 0x1234,
-        gid: [9u8; 16],
-        psn: 0x0012_3456,
-        mtu: 5,
-    };
-    vec![
-        Message::Hello {
-            node_id: 7,
-            nonce: [3u8; 32],
-        },
-        Message::Auth { mac: [0xa5; 32] },
-        Message::Endpoint(Endpoint {
-            node_id: 1,
-            peer_id: 2,
-            qp,
-        }),
-        Message::Region(Region {
-            node_id: 1,
-            space: Space::Host,
-            base: 0x7f00_0000_0000,
-            len: 256 << 20,
-            rkey: 0xdead_beef,
-        }),
-        Message::Region(Region {
-            node_id: 3,
-            space: Space::Device,
-            base: 0,
-            len: 1 << 17,
-            rkey: 1,
-        }),
-        Message::Barrier {
-            name: "memory-ready".into(),
-            epoch: 3,
-        },
-        Message::BarrierRelease {
-            name: "ünïcode".into(),
-            epoch: u64::MAX,
-        },
-        Message::Bye,
-    ]
-}
-
 /// What the `wire_decode` target does with one input, plus the round trip
 /// of a body through `encode_body`.
 fn wire_decode(data: &[u8], what: &str) -> usize {
@@ -212,7 +169,7 @@ fn wire_decode_survives_mutated_frames_and_bodies() {
         .map(|(p, b)| (p.display().to_string(), b))
         .collect();
     let mut stream = Vec::new();
-    for (i, m) in messages().into_iter().enumerate() {
+    for (i, m) in common::sample_messages().into_iter().enumerate() {
         let frame = m.encode_frame();
         seeds.push((
             format!("body of message {i} ({})", m.kind()),

@@ -2,6 +2,8 @@
 //! promised error; thousands of random, truncated and mutated frames never
 //! panic (the stable-toolchain stand-in for the `wire_decode` fuzz target).
 
+mod common;
+
 use std::io::Cursor;
 
 use bootstrap::wire::{
@@ -9,63 +11,14 @@ use bootstrap::wire::{
     FRAME_BYTES_MAX,
 };
 
-fn samples() -> Vec<Message> {
-    let qp = QpInfo {
-        qpn: 0x00ab_cdef,
-        lid: 0x1234,
-        gid: [9u8; 16],
-        psn: 0x0012_3456,
-        mtu: 5,
-    };
-    vec![
-        Message::Hello {
-            node_id: 7,
-            nonce: [3u8; 32],
-        },
-        Message::Auth { mac: [0xa5; 32] },
-        Message::Endpoint(Endpoint {
-            node_id: 1,
-            peer_id: 2,
-            qp,
-        }),
-        Message::Region(Region {
-            node_id: 1,
-            space: Space::Host,
-            base: 0x7f00_0000_0000,
-            len: 256 << 20,
-            rkey: 0xdead_beef,
-        }),
-        Message::Region(Region {
-            node_id: 3,
-            space: Space::Device,
-            base: 0,
-            len: 1 << 17,
-            rkey: 1,
-        }),
-        Message::Barrier {
-            name: "loaded".into(),
-            epoch: 3,
-        },
-        Message::BarrierRelease {
-            name: "ünïcode".into(),
-            epoch: u64::MAX,
-        },
-        Message::Barrier {
-            name: String::new(),
-            epoch: 0,
-        },
-        Message::Bye,
-    ]
-}
-
 #[test]
 fn every_message_round_trips_through_a_stream() {
     let mut buf = Vec::new();
-    for m in samples() {
+    for m in common::sample_messages() {
         write_message(&mut buf, &m).unwrap();
     }
     let mut r = Cursor::new(buf);
-    for m in samples() {
+    for m in common::sample_messages() {
         assert_eq!(read_message(&mut r).unwrap(), m);
     }
     assert!(matches!(read_message(&mut r), Err(WireError::Closed)));
@@ -257,7 +210,10 @@ fn randomized_frames_never_panic() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_1234_abcd);
     let mut rng = Rng(seed | 1);
-    let valid: Vec<Vec<u8>> = samples().iter().map(|m| m.encode_frame()).collect();
+    let valid: Vec<Vec<u8>> = common::sample_messages()
+        .iter()
+        .map(|m| m.encode_frame())
+        .collect();
     let (mut ok, mut err) = (0u32, 0u32);
     for i in 0..50_000u32 {
         let mut bytes = match i % 4 {

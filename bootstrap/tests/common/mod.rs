@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use bootstrap::wire::{Endpoint, Message, QpInfo, Region, Space};
 use bootstrap::ClusterSecret;
 
 /// A scratch directory, removed (with everything in it) when dropped, so
@@ -49,4 +50,55 @@ pub fn write_mode(path: &Path, bytes: &[u8], mode: u32) {
 
 pub fn secret(byte: u8) -> ClusterSecret {
     ClusterSecret::new(vec![byte; 32])
+}
+
+/// One of every control message, with edge-case fields (an empty and a
+/// non-ASCII barrier name, the largest epoch).
+pub fn sample_messages() -> Vec<Message> {
+    let qp = QpInfo {
+        qpn: 0x00ab_cdef,
+        lid: 0x1234,
+        gid: [9u8; 16],
+        psn: 0x0012_3456,
+        mtu: 5,
+    };
+    vec![
+        Message::Hello {
+            node_id: 7,
+            nonce: [3u8; 32],
+        },
+        Message::Auth { mac: [0xa5; 32] },
+        Message::Endpoint(Endpoint {
+            node_id: 1,
+            peer_id: 2,
+            qp,
+        }),
+        Message::Region(Region {
+            node_id: 1,
+            space: Space::Host,
+            base: 0x7f00_0000_0000,
+            len: 256 << 20,
+            rkey: 0xdead_beef,
+        }),
+        Message::Region(Region {
+            node_id: 3,
+            space: Space::Device,
+            base: 0,
+            len: 1 << 17,
+            rkey: 1,
+        }),
+        Message::Barrier {
+            name: "loaded".into(),
+            epoch: 3,
+        },
+        Message::BarrierRelease {
+            name: "ünïcode".into(),
+            epoch: u64::MAX,
+        },
+        Message::Barrier {
+            name: String::new(),
+            epoch: 0,
+        },
+        Message::Bye,
+    ]
 }
