@@ -66,13 +66,18 @@ def round_trips(rows, out):
 
 
 def scalability(rows, out):
-    out.append("| system | client threads | Mops/s | p99 µs |")
-    out.append("|---|---|---|---|")
+    out.append("| system | client threads | Mops/s | p99 µs | paper |")
+    out.append("|---|---|---|---|---|")
+    paper = {
+        ("sherman", 528): "9 Mops at 528 threads, zipf 0.99 (§5.4)",
+        ("fg", 528): "collapses as threads grow (§5.4)",
+    }
     for r in sorted(rows, key=lambda r: (r["system"], r["config"]["compute_nodes"] * r["config"]["threads_per_compute_node"])):
         c = r["config"]
+        n = c["compute_nodes"] * c["threads_per_compute_node"] * c["coroutines_per_thread"]
         out.append(
-            f"| {r['system']} | {c['compute_nodes'] * c['threads_per_compute_node'] * c['coroutines_per_thread']} | "
-            f"{r['ops_per_sec']/1e6:.2f} | {r['latency_ns']['p99']/1e3:.1f} |"
+            f"| {r['system']} | {n} | "
+            f"{r['ops_per_sec']/1e6:.2f} | {r['latency_ns']['p99']/1e3:.1f} | {paper.get((r['system'], n), '')} |"
         )
 
 
