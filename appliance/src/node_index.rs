@@ -21,9 +21,7 @@
 //! the verb workload's areas.
 
 use crate::demo_tree::{demo_tree_config, index_handle, key_of, IndexKind, OWN_KEYS};
-use crate::node_work::unix_ns;
-use crate::stats::latency_histogram;
-use hdrhistogram::Histogram;
+use crate::stats::OpTally;
 use index::any::{AnyClient, AnyError};
 use index::tree::TreeStats;
 use mempool::ChunkConfig;
@@ -65,13 +63,8 @@ pub fn handle(
 
 /// What the tasks of one core share (one thread, so `Cell`s).
 pub struct IndexCoreState {
-    pub hist: RefCell<Histogram<u64>>,
-    /// Latencies since the last per-second report.
-    pub interval: RefCell<Histogram<u64>>,
-    pub ops: Cell<u64>,
-    pub mismatches: Cell<u64>,
+    pub tally: OpTally,
     pub failures: Cell<u64>,
-    pub first_op_unix_ns: Cell<u64>,
     /// The tasks' index counters, summed, kept current after every
     /// operation (the per-second line shows the cache hit ratio).
     pub tree: Cell<TreeStats>,
@@ -81,19 +74,11 @@ pub struct IndexCoreState {
 impl IndexCoreState {
     pub fn new() -> Rc<IndexCoreState> {
         Rc::new(IndexCoreState {
-            hist: RefCell::new(latency_histogram()),
-            interval: RefCell::new(latency_histogram()),
-            ops: Cell::new(0),
-            mismatches: Cell::new(0),
+            tally: OpTally::default(),
             failures: Cell::new(0),
-            first_op_unix_ns: Cell::new(0),
             tree: Cell::new(TreeStats::default()),
             first_error: RefCell::new(None),
         })
-    }
-
-    fn mismatch(&self) {
-        self.mismatches.set(self.mismatches.get() + 1);
     }
 }
 
@@ -138,7 +123,7 @@ pub async fn task<N: Nic>(
                 let i = rng.below(records.max(1));
                 c.get(&ctx, key_of(i)).await.map(|v| {
                     if records > 0 && v != Some(i) {
-                        st.mismatch()
+                        st.tally.mismatch()
                     }
                 })
             }
@@ -150,13 +135,13 @@ pub async fn task<N: Nic>(
             }
             65..=74 => c.delete(&ctx, own(j)).await.map(|was| {
                 if was != shadow[j as usize].is_some() {
-                    st.mismatch()
+                    st.tally.mismatch()
                 }
                 shadow[j as usize] = None;
             }),
             75..=89 => c.get(&ctx, own(j)).await.map(|v| {
                 if v != shadow[j as usize] {
-                    st.mismatch()
+                    st.tally.mismatch()
                 }
             }),
             _ => {
@@ -166,7 +151,7 @@ pub async fn task<N: Nic>(
                         if !v.windows(2).all(|p| p[0].0 < p[1].0)
                             || v.first().is_some_and(|p| p.0 < low)
                         {
-                            st.mismatch()
+                            st.tally.mismatch()
                         }
                         Ok(())
                     }
@@ -189,12 +174,6 @@ pub async fn task<N: Nic>(
             }
             return;
         }
-        let lat = (ctx.now_ns() - t0).max(1);
-        let _ = st.hist.borrow_mut().record(lat);
-        let _ = st.interval.borrow_mut().record(lat);
-        if st.first_op_unix_ns.get() == 0 {
-            st.first_op_unix_ns.set(unix_ns());
-        }
-        st.ops.set(st.ops.get() + 1);
+        st.tally.done(ctx.now_ns() - t0);
     }
 }

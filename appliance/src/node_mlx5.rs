@@ -1,8 +1,9 @@
 //! `loch node` on the mlx5 backend (cluster file `[backend] kind =
 //! "mlx5"`): opens the configured device and port, registers a memory
 //! node's memory and lock table, connects every compute core to every
-//! memory node over reliable-connected queue pairs, and runs the
-//! [`crate::node_work`] workload on executors over those queue pairs.
+//! memory node over reliable-connected queue pairs, and runs the compute
+//! role of [`crate::node_compute`] — `--workload verbs|tree|hash`, as on
+//! emu — on executors over those queue pairs.
 //!
 //! # The connection protocol
 //! Everything travels over bootstrap's control channel (the rendezvous's
@@ -29,6 +30,17 @@
 //!    pair to RTR and RTS towards its responder, with the regions of
 //!    exchange 1 ([`regions_by_node`]); then every node meets at the barrier
 //!    `qps-ready`.
+//! 4. From here on as on emu ([`crate::node_compute`]): every node meets at
+//!    "memory-ready"; for an index workload the lowest-id compute node
+//!    creates and loads the index (on its core 0's queue pairs); every node
+//!    meets at "index-ready" and closes the channel; compute nodes run, and
+//!    memory nodes serve until SIGINT/SIGTERM. The index's global locks use
+//!    the smallest lock table a memory node published
+//!    ([`lock_table_bytes`]), as a NIC may offer less device memory than
+//!    `lock_table_words` asks for.
+//!
+//! Every wait on the control channel ends within 100 ms of SIGINT/SIGTERM
+//! ([`crate::node::join`] sets the channel's cancel hook).
 //!
 //! # Why the core index rides in `peer_id`
 //! The rendezvous sorts records, so their order says nothing. Node ids of
@@ -42,7 +54,7 @@
 //! The device code needs the cargo feature `mlx5`; without it, [`run`]
 //! says how to build it.
 
-use crate::node::NodeError;
+use crate::node::{channel_problem, NodeError};
 use bootstrap::config::{Backend, ClusterConfig};
 use bootstrap::wire::{Endpoint as WireEndpoint, QpInfo, Region, Space as WireSpace};
 use bootstrap::{Directory, Rendezvous};
@@ -513,6 +525,17 @@ pub fn regions_by_node(top: &Topology, regions: &[Region]) -> Result<Vec<NodeReg
         .collect()
 }
 
+/// Bytes of lock table the index may use on every memory node: the
+/// smallest device region published (a NIC may offer less device memory
+/// than `lock_table_words` asks for), 0 when some node published none.
+pub fn lock_table_bytes(regions: &[NodeRegions]) -> u64 {
+    regions
+        .iter()
+        .map(|r| r.device.map_or(0, |d| d.len))
+        .min()
+        .unwrap_or(0)
+}
+
 /// The rendezvous as the protocol uses it (a trait, so the protocol is
 /// tested without sockets).
 pub trait ControlPlane {
@@ -523,10 +546,10 @@ pub trait ControlPlane {
 
 impl ControlPlane for Rendezvous {
     fn exchange(&mut self, mine: &Directory) -> Result<Directory, String> {
-        Rendezvous::exchange(self, mine).map_err(|e| e.to_string())
+        Rendezvous::exchange(self, mine).map_err(channel_problem)
     }
     fn barrier(&mut self, name: &str) -> Result<(), String> {
-        Rendezvous::barrier(self, name).map_err(|e| e.to_string())
+        Rendezvous::barrier(self, name).map_err(channel_problem)
     }
 }
 
@@ -641,7 +664,7 @@ pub fn run(
     _o: &crate::node::NodeOptions,
     _cfg: &ClusterConfig,
     _node: &bootstrap::config::NodeConfig,
-    _areas_off: u64,
+    _layout: crate::node_work::Layout,
 ) -> Result<u8, NodeError> {
     Err(NodeError::Usage(NO_FEATURE.into()))
 }
@@ -663,31 +686,19 @@ pub use device::*;
 #[cfg(feature = "mlx5")]
 mod device {
     use super::*;
-    use crate::node::{say, NodeOptions};
-    use crate::node_work::{self, CoreState, AREA_BYTES};
-    use crate::signals;
-    use crate::stats::latency_histogram;
+    use crate::node::{self, say, NodeOptions};
+    use crate::node_compute::{self, Compute, CoreSource};
+    use crate::node_work::Layout;
     use bootstrap::config::{HugePages, NodeConfig};
-    use bootstrap::ChannelOptions;
-    use hdrhistogram::Histogram;
     use nicdrv::mlx5::{
         DeviceConfig, Endpoint as NicEndpoint, Mlx5CoreQps, Mlx5Error, Mlx5MemoryNode, Mlx5Nic,
         QpEndpoint, RegionInfo,
     };
-    use nicdrv::rng::Rng;
     use nicdrv::{
         Access, Executor, ExecutorConfig, HeapMem, Nic, NodeId, RKey, RemoteRegion, Space,
-        VerbCounters,
     };
-    use std::net::{TcpListener, ToSocketAddrs};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    /// How long a node waits for the whole cluster to join.
-    const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30);
-    /// Environment variable naming the GID table index (RoCE v2 usually
-    /// wants 1 or 3: see `show_gids`); 0 when unset.
-    pub const GID_INDEX_ENV: &str = "LOCH_MLX5_GID_INDEX";
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
 
     /// A queue pair's address as the wire carries it.
     pub fn qp_info(e: &QpEndpoint) -> QpInfo {
@@ -755,24 +766,22 @@ mod device {
             .collect()
     }
 
-    /// Device and port of the cluster file's mlx5 backend; the GID index
-    /// from [`GID_INDEX_ENV`].
+    /// Device, port and GID index of the cluster file's mlx5 backend.
     pub fn device_config(backend: &Backend) -> Result<DeviceConfig, NodeError> {
-        let Backend::Mlx5 { device, port } = backend else {
+        let Backend::Mlx5 {
+            device,
+            port,
+            gid_index,
+        } = backend
+        else {
             return Err(NodeError::Usage(
                 "the mlx5 node code runs only with [backend] kind = \"mlx5\"".into(),
             ));
         };
-        let gid_index = match std::env::var(GID_INDEX_ENV) {
-            Err(_) => 0,
-            Ok(v) => v.trim().parse::<u8>().map_err(|_| {
-                NodeError::Usage(format!("{GID_INDEX_ENV}={v} is not a GID index (0..=255)"))
-            })?,
-        };
         Ok(DeviceConfig {
             name: Some(device.clone()),
             port: *port,
-            gid_index,
+            gid_index: *gid_index,
         })
     }
 
@@ -990,43 +999,23 @@ mod device {
         Executor::new(nic.clone(), cq, qps, mr, cfg).map_err(|e| e.to_string())
     }
 
-    /// Joins the cluster's rendezvous (as coordinator or member).
-    pub fn join(cfg: &ClusterConfig, id: u32) -> Result<Rendezvous, NodeError> {
-        let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
-        let opts = ChannelOptions::new(id, secret);
-        let coord = cfg.coordinator();
-        let addr = coord
-            .address
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| NodeError::Failed(format!("cannot resolve {}", coord.address)))?;
-        let ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();
-        if coord.id == id {
-            let l = TcpListener::bind(addr)
-                .map_err(|e| NodeError::Failed(format!("cannot listen on {addr}: {e}")))?;
-            Rendezvous::coordinate(&l, &ids, &opts, RENDEZVOUS_TIMEOUT)
-        } else {
-            Rendezvous::join(addr, coord.id, &opts, RENDEZVOUS_TIMEOUT)
-        }
-        .map_err(|e| NodeError::Failed(format!("rendezvous: {e}")))
-    }
-
-    /// Opens, joins and connects: the whole boot of an mlx5 node.
+    /// Opens, joins and connects: the whole boot of an mlx5 node, through
+    /// "memory-ready"; the rendezvous stays open for "index-ready".
     pub fn boot(
         cfg: &ClusterConfig,
         node: &NodeConfig,
         exec: &ExecutorConfig,
-    ) -> Result<Mlx5Booted, NodeError> {
+    ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
         let local = Mlx5Local::open(cfg, node, exec)?;
         let me = format!("loch node {}", node.id);
         let p = local.nic.port();
         say(format_args!(
-            "{me}: mlx5: {} port {} ({}, MTU code {}), {} bytes of device memory per node at most",
+            "{me}: mlx5: {} port {} ({}, MTU code {}, GID index {}), {} bytes of device memory per node at most",
             local.nic.name(),
             p.port,
             if p.roce { "RoCE" } else { "InfiniBand" },
             p.mtu,
+            p.gid_index,
             local.nic.attrs().max_dm_size
         ));
         if let Some(m) = &local.memory {
@@ -1041,59 +1030,71 @@ mod device {
                 }
             ));
         }
-        let mut rv = join(cfg, node.id)?;
+        let (mut rv, join_ns) = node::join(cfg, node.id)?;
         let t = Instant::now();
         let booted = local.connect(&mut rv)?;
-        rv.close();
+        node::memory_ready(&mut rv)?;
+        let exchange_ns = t.elapsed().as_nanos() as u64;
         say(format_args!(
-            "{me}: queue pairs: {} cores × {} memory nodes connected in {:.1} ms",
+            "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores × {} memory nodes connected in {:.1} ms",
+            join_ns as f64 / 1e6,
             booted.cores.len(),
             booted.regions.len(),
-            t.elapsed().as_secs_f64() * 1e3
+            exchange_ns as f64 / 1e6
         ));
-        Ok(booted)
+        Ok((
+            booted,
+            rv,
+            BootTimes {
+                join_ns,
+                exchange_ns,
+            },
+        ))
+    }
+
+    /// How long [`boot`] spent joining, and connecting through
+    /// "memory-ready".
+    #[derive(Copy, Clone, Debug)]
+    pub struct BootTimes {
+        pub join_ns: u64,
+        pub exchange_ns: u64,
     }
 
     /// `loch node` on the mlx5 backend (module docs): a memory node serves
-    /// until SIGINT/SIGTERM; a compute node runs the verbs workload
-    /// ([`node_work::task`]) with task areas from `areas_off` (node.rs's
-    /// `Layout::areas_off`). The caller (node.rs) has checked the flags,
-    /// the workload's memory needs and preflight, and installed the signal
-    /// handlers.
+    /// until SIGINT/SIGTERM; a compute node runs the `--workload` with
+    /// [`crate::node_compute`], each core's executor made from its
+    /// connected queue pairs. The caller (node.rs) has checked the flags,
+    /// the workload's memory needs and preflight, computed the `layout`,
+    /// and installed the signal handlers.
     pub fn run(
         o: &NodeOptions,
         cfg: &ClusterConfig,
         node: &NodeConfig,
-        areas_off: u64,
+        layout: Layout,
     ) -> Result<u8, NodeError> {
-        if node.roles.compute && !matches!(o.workload, crate::node::Workload::Verbs) {
-            return Err(NodeError::Usage(
-                "on the mlx5 backend loch node runs --workload verbs only for now".into(),
-            ));
-        }
-        let exec = ExecutorConfig {
-            slots: o.tasks_per_core,
-            scratch_bytes_per_slot: 4096,
-            poll_batch: 32,
-        };
-        let booted = boot(cfg, node, &exec)?;
+        let exec = node_compute::exec_config(o);
+        let (booted, rv, times) = boot(cfg, node, &exec)?;
         let me = format!("loch node {}", node.id);
         let code = if node.roles.compute {
-            compute(
+            let c = Compute {
                 o,
                 cfg,
                 node,
-                booted_parts(&booted),
-                booted.cores,
-                exec,
-                areas_off,
-                &me,
-            )?
+                layout,
+                mem_ids: booted.memory_ids(),
+                dm_bytes: lock_table_bytes(&booted.regions),
+                backend: "mlx5",
+                join_ns: times.join_ns,
+                exchange_ns: times.exchange_ns,
+                me: &me,
+            };
+            let cores = Mlx5Cores {
+                nic: booted.nic.clone(),
+                cores: Mutex::new(booted.cores.into_iter().map(Some).collect()),
+            };
+            node_compute::run(&c, &cores, rv)?
         } else {
-            // Out of the data path: the NIC serves the READs and atomics.
-            while !signals::stop_requested() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            node::serve_memory(rv)?;
             0
         };
         say(format_args!("{me}: stopping"));
@@ -1101,171 +1102,34 @@ mod device {
         Ok(code)
     }
 
-    fn booted_parts(b: &Mlx5Booted) -> (Mlx5Nic, Vec<NodeId>) {
-        (b.nic.clone(), b.memory_ids())
+    /// The compute cores' connected queue pairs, each taken once by its
+    /// core's thread.
+    struct Mlx5Cores {
+        nic: Mlx5Nic,
+        cores: Mutex<Vec<Option<Mlx5CoreQps>>>,
     }
 
-    struct CoreResult {
-        hist: Histogram<u64>,
-        ops: u64,
-        mismatches: u64,
-        failures: u64,
-        counters: VerbCounters,
-    }
+    impl CoreSource<Mlx5Nic> for Mlx5Cores {
+        fn now_ns(&self) -> u64 {
+            self.nic.now_ns()
+        }
 
-    #[allow(clippy::too_many_arguments)]
-    fn compute(
-        o: &NodeOptions,
-        cfg: &ClusterConfig,
-        node: &NodeConfig,
-        (nic, mem_ids): (Mlx5Nic, Vec<NodeId>),
-        cores: Vec<Mlx5CoreQps>,
-        exec: ExecutorConfig,
-        areas_off: u64,
-        me: &str,
-    ) -> Result<u8, NodeError> {
-        // This node's first task slot in the layout: cores of lower ids first.
-        let first_core: usize = cfg
-            .nodes
-            .iter()
-            .take_while(|n| n.id != node.id)
-            .map(|n| n.cores.len())
-            .sum();
-        let deadline_ns = o
-            .seconds
-            .map_or(u64::MAX, |s| nic.now_ns() + (s * 1e9) as u64);
-        let started = Instant::now();
-        say(format_args!(
-            "{me}: compute role: {} cores × {} tasks over memory nodes {mem_ids:?}",
-            cores.len(),
-            o.tasks_per_core
-        ));
-        let results: Vec<Result<CoreResult, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = cores
-                .into_iter()
-                .zip(&node.cores)
-                .enumerate()
-                .map(|(i, (core, &cpu))| {
-                    let (nic, mem_ids) = (&nic, &mem_ids);
-                    s.spawn(move || {
-                        core_loop(
-                            nic,
-                            core,
-                            i,
-                            cpu,
-                            mem_ids,
-                            areas_off
-                                + ((first_core + i) * crate::node::TASKS_PER_CORE_MAX) as u64
-                                    * AREA_BYTES,
-                            exec,
-                            deadline_ns,
-                            o,
-                            me,
-                        )
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("a core thread panicked".into()))
-                })
-                .collect()
-        });
-        let elapsed_ns = started.elapsed().as_nanos() as u64;
-        let mut hist = latency_histogram();
-        let mut counters = VerbCounters::default();
-        let (mut ops, mut mismatches, mut failures) = (0u64, 0u64, 0u64);
-        let mut errors = Vec::new();
-        for r in results {
-            match r {
-                Ok(c) => {
-                    let _ = hist.add(&c.hist);
-                    counters += c.counters;
-                    ops += c.ops;
-                    mismatches += c.mismatches;
-                    failures += c.failures;
-                }
-                Err(e) => errors.push(e),
-            }
+        fn executor(&self, i: usize, cfg: ExecutorConfig) -> Result<Executor<Mlx5Nic>, String> {
+            let core = self
+                .cores
+                .lock()
+                .map_err(|_| "a core thread panicked while taking its queue pairs".to_string())?
+                .get_mut(i)
+                .and_then(Option::take)
+                .ok_or_else(|| format!("core {i} has no queue pairs"))?;
+            core_executor(&self.nic, core, cfg)
         }
-        let json = serde_json::json!({
-            "node": node.id,
-            "backend": "mlx5",
-            "ops": ops,
-            "elapsed_ns": elapsed_ns,
-            "ops_per_sec": if elapsed_ns == 0 { 0.0 } else { ops as f64 * 1e9 / elapsed_ns as f64 },
-            "p50_ns": hist.value_at_quantile(0.5),
-            "p99_ns": hist.value_at_quantile(0.99),
-            "round_trips": counters.round_trips,
-            "verbs": counters.verbs(),
-            "mismatches": mismatches,
-            "failures": failures,
-            "errors": errors,
-            "cores": node.cores.len(),
-        });
-        println!("{json}");
-        say(format_args!(
-            "{me}: done: {ops} operations in {:.2} s, {failures} failed, {mismatches} mismatched reads",
-            elapsed_ns as f64 / 1e9
-        ));
-        Ok(if failures == 0 && mismatches == 0 && errors.is_empty() {
-            0
-        } else {
-            1
-        })
-    }
 
-    #[allow(clippy::too_many_arguments)]
-    fn core_loop(
-        nic: &Mlx5Nic,
-        core: Mlx5CoreQps,
-        i: usize,
-        cpu: u32,
-        mem_ids: &[NodeId],
-        core_areas: u64,
-        exec: ExecutorConfig,
-        deadline_ns: u64,
-        o: &NodeOptions,
-        me: &str,
-    ) -> Result<CoreResult, String> {
-        if o.pin && !nicdrv::exec::pin_current_thread(cpu as usize) {
-            log::warn!("could not pin core thread {i} to CPU {cpu}");
+        fn liveness(&self) -> Box<dyn Fn(usize) -> bool> {
+            // A dead memory node shows as RetryExceeded on its queue pair;
+            // nothing else says so sooner.
+            Box::new(|_| true)
         }
-        let mut ex = core_executor(nic, core, exec)?;
-        // A dead memory node shows as RetryExceeded on its queue pair.
-        let st = CoreState::new(mem_ids, Box::new(|_| true), me.to_string());
-        let mut seeds =
-            Rng::new(o.seed ^ ((core_areas / AREA_BYTES + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        for t in 0..o.tasks_per_core {
-            let area = core_areas + t as u64 * AREA_BYTES;
-            let (nodes, rng, st2) = (mem_ids.to_vec(), seeds.fork(), st.clone());
-            ex.spawn(move |ctx| {
-                node_work::task(
-                    ctx,
-                    nodes,
-                    area,
-                    rng,
-                    deadline_ns,
-                    signals::stop_requested,
-                    st2,
-                )
-            })
-            .map_err(|e| e.to_string())?;
-        }
-        while ex.live_tasks() > 0 {
-            ex.turn();
-        }
-        let failures = st.nodes.borrow().iter().map(|n| n.failures).sum();
-        let hist = st.hist.borrow().clone();
-        Ok(CoreResult {
-            hist,
-            ops: st.ops.get(),
-            mismatches: st.mismatches.get(),
-            failures,
-            counters: ex.counters(),
-        })
     }
 }
 
@@ -1607,6 +1471,27 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_index_locks_fit_the_smallest_lock_table() {
+        let t = Topology::new(vec![0, 1, 2], vec![(3, 1)]).unwrap();
+        let host = |n| region(n, WireSpace::Host, 1 << 20);
+        let dm = |n, len| region(n, WireSpace::Device, len);
+        let all = [
+            host(0),
+            host(1),
+            host(2),
+            dm(0, 4096),
+            dm(1, 1024),
+            dm(2, 8192),
+        ];
+        let m = regions_by_node(&t, &all).unwrap();
+        assert_eq!(lock_table_bytes(&m), 1024);
+        // A node without a lock table leaves the index none.
+        let m = regions_by_node(&t, &all[..5]).unwrap();
+        assert_eq!(lock_table_bytes(&m), 0);
+        assert_eq!(lock_table_bytes(&[]), 0);
+    }
+
     // ---- the protocol over an in-process control plane and fabric ----
 
     /// Every node's exchanges and barriers, in process: a rendezvous
@@ -1903,6 +1788,7 @@ mod tests {
             backend: Backend::Mlx5 {
                 device: "mlx5_0".into(),
                 port: 1,
+                gid_index: 3,
             },
             huge_pages: HugePages::Off,
             lock_table_words: 512,
@@ -1919,6 +1805,18 @@ mod tests {
             records: 1000,
         };
         (cfg, o)
+    }
+
+    #[cfg(feature = "mlx5")]
+    #[test]
+    fn the_device_comes_from_the_cluster_file() {
+        let (cfg, _) = mlx5_cluster();
+        let d = device_config(&cfg.backend).unwrap();
+        assert_eq!(
+            (d.name.as_deref(), d.port, d.gid_index),
+            (Some("mlx5_0"), 1, 3)
+        );
+        assert_eq!(device_config(&Backend::Emu).unwrap_err().exit_code(), 2);
     }
 
     #[test]
@@ -1938,7 +1836,8 @@ mod tests {
         }
         let (cfg, o) = mlx5_cluster();
         let t = Instant::now();
-        let e = run(&o, &cfg, &cfg.nodes[0].clone(), 4096).unwrap_err();
+        let layout = crate::node_work::Layout::new(8 << 20, 128).unwrap();
+        let e = run(&o, &cfg, &cfg.nodes[0].clone(), layout).unwrap_err();
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "took {:?}",

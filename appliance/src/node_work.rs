@@ -16,8 +16,7 @@
 //!   it last wrote. The areas sit at the top of the smallest memory node;
 //!   the index allocators hand out chunks only below them.
 
-use crate::stats::latency_histogram;
-use hdrhistogram::Histogram;
+use crate::stats::OpTally;
 use nicdrv::rng::Rng;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, VerbError};
 use std::cell::{Cell, RefCell};
@@ -76,12 +75,7 @@ pub struct NodeTally {
 
 /// What the tasks of one core share (one thread, so `Cell`s).
 pub struct CoreState {
-    pub hist: RefCell<Histogram<u64>>,
-    /// Latencies since the last per-second report.
-    pub interval: RefCell<Histogram<u64>>,
-    pub ops: Cell<u64>,
-    pub mismatches: Cell<u64>,
-    pub first_op_unix_ns: Cell<u64>,
+    pub tally: OpTally,
     pub nodes: RefCell<Vec<NodeTally>>,
     /// Nodes this core gave up on, by index into `nodes`.
     dead: Vec<Cell<bool>>,
@@ -97,11 +91,7 @@ impl CoreState {
         log_prefix: String,
     ) -> Rc<CoreState> {
         Rc::new(CoreState {
-            hist: RefCell::new(latency_histogram()),
-            interval: RefCell::new(latency_histogram()),
-            ops: Cell::new(0),
-            mismatches: Cell::new(0),
-            first_op_unix_ns: Cell::new(0),
+            tally: OpTally::default(),
             nodes: RefCell::new(
                 nodes
                     .iter()
@@ -180,7 +170,7 @@ pub async fn task<N: Nic>(
         let r = match rng.below(10) {
             0..=3 => ctx.read(addr, 64).await.map(|b| {
                 if b.u64_at(0) != shadow[idx][w] {
-                    st.mismatches.set(st.mismatches.get() + 1);
+                    st.tally.mismatch();
                 }
             }),
             4..=6 => {
@@ -202,13 +192,7 @@ pub async fn task<N: Nic>(
         };
         match r {
             Ok(()) => {
-                let lat = (ctx.now_ns() - t0).max(1);
-                let _ = st.hist.borrow_mut().record(lat);
-                let _ = st.interval.borrow_mut().record(lat);
-                if st.first_op_unix_ns.get() == 0 {
-                    st.first_op_unix_ns.set(unix_ns());
-                }
-                st.ops.set(st.ops.get() + 1);
+                st.tally.done(ctx.now_ns() - t0);
                 let mut ns = st.nodes.borrow_mut();
                 ns[idx].ops += 1;
                 if faa {

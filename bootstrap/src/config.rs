@@ -15,7 +15,9 @@
 //! [backend]
 //! kind = "mlx5"                 # or "emu"
 //! device = "mlx5_0"
-//! port = 1
+//! port = 1                      # 1 when left out
+//! gid_index = 3                 # RoCE: the port's GID table entry to route
+//!                               # by (see `show_gids`); 0 when left out
 //!
 //! [[nodes]]
 //! id = 0
@@ -80,7 +82,13 @@ pub struct NodeConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
     Emu,
-    Mlx5 { device: String, port: u8 },
+    Mlx5 {
+        device: String,
+        port: u8,
+        /// The GID table index of `port` that RoCE routes by (RoCE v2 over
+        /// IPv4 is often 1 or 3); InfiniBand ignores it.
+        gid_index: u8,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +129,7 @@ struct RawBackend {
     kind: String,
     device: Option<String>,
     port: Option<i64>,
+    gid_index: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -232,10 +241,10 @@ impl ClusterConfig {
             }
             Some(b) => match b.kind.as_str() {
                 "emu" => {
-                    if b.device.is_some() || b.port.is_some() {
+                    if b.device.is_some() || b.port.is_some() || b.gid_index.is_some() {
                         return Err(err(
                             "backend",
-                            "device and port apply only to kind = \"mlx5\"".into(),
+                            "device, port and gid_index apply only to kind = \"mlx5\"".into(),
                         ));
                     }
                     Backend::Emu
@@ -266,7 +275,21 @@ impl ClusterConfig {
                             ))
                         }
                     };
-                    Backend::Mlx5 { device, port }
+                    let gid_index = match b.gid_index {
+                        None => 0,
+                        Some(toml::Value::Integer(g)) if (0..=255).contains(&g) => g as u8,
+                        Some(v) => {
+                            return Err(err(
+                                "backend.gid_index",
+                                format!("{v} is not a GID table index (0..=255)"),
+                            ))
+                        }
+                    };
+                    Backend::Mlx5 {
+                        device,
+                        port,
+                        gid_index,
+                    }
                 }
                 other => {
                     return Err(err(

@@ -361,7 +361,7 @@ fn nic(config: &ClusterConfig, host: &Host) -> Check {
     const NAME: &str = "nic";
     let (device, port) = match &config.backend {
         Backend::Emu => return check(NAME, Status::Ok, "emu backend: no NIC needed".into()),
-        Backend::Mlx5 { device, port } => (device, *port),
+        Backend::Mlx5 { device, port, .. } => (device, *port),
     };
     let class = host.root.join("sys/class/infiniband");
     let mut present: Vec<String> = std::fs::read_dir(&class)

@@ -80,8 +80,10 @@ fn good_file_parses_to_what_it_says() {
         c.backend,
         Backend::Mlx5 {
             device: "mlx5_0".into(),
-            port: 1
-        }
+            port: 1,
+            gid_index: 0
+        },
+        "gid_index is 0 when left out"
     );
     assert_eq!(c.huge_pages, HugePages::Count(512));
     assert_eq!(c.lock_table_words, 4096);
@@ -268,6 +270,41 @@ fn backend_errors() {
         ),
     );
     assert_eq!(field, "backend");
+}
+
+#[test]
+fn gid_index_is_read_and_malformed_values_are_named() {
+    let (_dir, file) = setup("gid", &GOOD.replace("port = 1", "port = 1\ngid_index = 3"));
+    let c = ClusterConfig::load(file).unwrap();
+    assert_eq!(
+        c.backend,
+        Backend::Mlx5 {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid_index: 3
+        }
+    );
+    for (i, bad) in ["256", "-1", "\"three\"", "1.5"].into_iter().enumerate() {
+        let (field, problem) = reject(
+            &format!("gid-bad-{i}"),
+            &GOOD.replace("port = 1", &format!("port = 1\ngid_index = {bad}")),
+        );
+        assert_eq!(field, "backend.gid_index", "{bad}");
+        assert!(
+            problem.contains(&format!("{bad} is not a GID table index (0..=255)")),
+            "{bad}: {problem}"
+        );
+    }
+    // The emu backend has no GID table.
+    let (field, problem) = reject(
+        "gid-emu",
+        &GOOD.replace(
+            "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
+            "kind = \"emu\"\ngid_index = 1",
+        ),
+    );
+    assert_eq!(field, "backend");
+    assert!(problem.contains("gid_index apply only"), "{problem}");
 }
 
 #[test]
