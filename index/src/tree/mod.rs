@@ -181,7 +181,7 @@ impl Tree {
         hocl::lock_of(
             &self.cfg,
             self.table_words,
-            self.table_words.max(64) as usize,
+            self.locks.entries(),
             node,
         )
     }
