@@ -178,12 +178,7 @@ impl Tree {
     }
 
     fn lock_of(&self, node: GlobalAddr) -> LockRef {
-        hocl::lock_of(
-            &self.cfg,
-            self.table_words,
-            self.locks.entries(),
-            node,
-        )
+        hocl::lock_of(&self.cfg, self.table_words, self.locks.entries(), node)
     }
 
     /// A client for one task. `id` must be non-zero and unique among live

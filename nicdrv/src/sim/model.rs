@@ -101,6 +101,12 @@ impl Default for SimModel {
     }
 }
 
+/// A numeric model parameter, by the width of its field.
+enum Field<'a> {
+    Wide(&'a mut u64),
+    Narrow(&'a mut u32),
+}
+
 impl SimModel {
     /// Nanoseconds to move `bytes` at the NIC's bandwidth (at least 1 for
     /// a non-empty transfer).
@@ -124,29 +130,52 @@ impl SimModel {
         (1_000_000_000u64).div_ceil(rate_per_sec)
     }
 
-    /// Every numeric parameter by field name.
-    pub fn numeric(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("link_latency_ns_one_way", self.link_latency_ns_one_way),
+    /// Every numeric parameter by field name: the one list `numeric`,
+    /// `overrides` and `set` all read.
+    fn fields(&mut self) -> [(&'static str, Field<'_>); 16] {
+        use Field::{Narrow, Wide};
+        [
+            (
+                "link_latency_ns_one_way",
+                Wide(&mut self.link_latency_ns_one_way),
+            ),
             (
                 "nic_bandwidth_bytes_per_sec",
-                self.nic_bandwidth_bytes_per_sec,
+                Wide(&mut self.nic_bandwidth_bytes_per_sec),
             ),
-            ("nic_msg_rate_per_sec", self.nic_msg_rate_per_sec),
-            ("header_bytes", self.header_bytes),
-            ("pcie_read_ns_small", self.pcie_read_ns_small),
-            ("pcie_read_ns_1k", self.pcie_read_ns_1k),
-            ("host_atomic_ns", self.host_atomic_ns),
-            ("dm_atomic_ns", self.dm_atomic_ns),
-            ("nic_atomic_rate_per_sec", self.nic_atomic_rate_per_sec),
-            ("atomic_slots", self.atomic_slots as u64),
-            ("atomic_window", self.atomic_window as u64),
-            ("cpu_post_ns", self.cpu_post_ns),
-            ("cpu_post_extra_wr_ns", self.cpu_post_extra_wr_ns),
-            ("cpu_poll_ns", self.cpu_poll_ns),
-            ("cpu_step_ns", self.cpu_step_ns),
-            ("transport_timeout_ns", self.transport_timeout_ns),
+            ("nic_msg_rate_per_sec", Wide(&mut self.nic_msg_rate_per_sec)),
+            ("header_bytes", Wide(&mut self.header_bytes)),
+            ("pcie_read_ns_small", Wide(&mut self.pcie_read_ns_small)),
+            ("pcie_read_ns_1k", Wide(&mut self.pcie_read_ns_1k)),
+            ("host_atomic_ns", Wide(&mut self.host_atomic_ns)),
+            ("dm_atomic_ns", Wide(&mut self.dm_atomic_ns)),
+            (
+                "nic_atomic_rate_per_sec",
+                Wide(&mut self.nic_atomic_rate_per_sec),
+            ),
+            ("atomic_slots", Narrow(&mut self.atomic_slots)),
+            ("atomic_window", Narrow(&mut self.atomic_window)),
+            ("cpu_post_ns", Wide(&mut self.cpu_post_ns)),
+            ("cpu_post_extra_wr_ns", Wide(&mut self.cpu_post_extra_wr_ns)),
+            ("cpu_poll_ns", Wide(&mut self.cpu_poll_ns)),
+            ("cpu_step_ns", Wide(&mut self.cpu_step_ns)),
+            ("transport_timeout_ns", Wide(&mut self.transport_timeout_ns)),
         ]
+    }
+
+    /// Every numeric parameter by field name, with its value.
+    pub fn numeric(&self) -> Vec<(&'static str, u64)> {
+        let mut copy = self.clone();
+        copy.fields()
+            .into_iter()
+            .map(|(name, f)| {
+                let v = match f {
+                    Field::Wide(v) => *v,
+                    Field::Narrow(v) => *v as u64,
+                };
+                (name, v)
+            })
+            .collect()
     }
 
     /// The numeric parameters that differ from the defaults.
@@ -166,27 +195,17 @@ impl SimModel {
         let v: u64 = value
             .parse()
             .map_err(|_| format!("model.{name}: `{value}` is not a non-negative integer"))?;
-        let small = |v: u64| {
-            u32::try_from(v).map_err(|_| format!("model.{name}: {v} is above {}", u32::MAX))
-        };
-        match name {
-            "link_latency_ns_one_way" => self.link_latency_ns_one_way = v,
-            "nic_bandwidth_bytes_per_sec" => self.nic_bandwidth_bytes_per_sec = v,
-            "nic_msg_rate_per_sec" => self.nic_msg_rate_per_sec = v,
-            "header_bytes" => self.header_bytes = v,
-            "pcie_read_ns_small" => self.pcie_read_ns_small = v,
-            "pcie_read_ns_1k" => self.pcie_read_ns_1k = v,
-            "host_atomic_ns" => self.host_atomic_ns = v,
-            "dm_atomic_ns" => self.dm_atomic_ns = v,
-            "nic_atomic_rate_per_sec" => self.nic_atomic_rate_per_sec = v,
-            "atomic_slots" => self.atomic_slots = small(v)?,
-            "atomic_window" => self.atomic_window = small(v)?,
-            "cpu_post_ns" => self.cpu_post_ns = v,
-            "cpu_post_extra_wr_ns" => self.cpu_post_extra_wr_ns = v,
-            "cpu_poll_ns" => self.cpu_poll_ns = v,
-            "cpu_step_ns" => self.cpu_step_ns = v,
-            "transport_timeout_ns" => self.transport_timeout_ns = v,
-            _ => return Err(format!("model.{name}: no such numeric parameter")),
+        let (_, field) = self
+            .fields()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| format!("model.{name}: no such numeric parameter"))?;
+        match field {
+            Field::Wide(f) => *f = v,
+            Field::Narrow(f) => {
+                *f = u32::try_from(v)
+                    .map_err(|_| format!("model.{name}: {v} is above {}", u32::MAX))?
+            }
         }
         Ok(())
     }
