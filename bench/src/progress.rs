@@ -47,6 +47,11 @@ impl Progress {
         }
     }
 
+    /// Whether the bar is drawn at all (stderr is a terminal).
+    pub fn shown(&self) -> bool {
+        self.tty
+    }
+
     /// What the loaders count into.
     pub fn counter(&self) -> Arc<AtomicU64> {
         self.done.clone()

@@ -775,20 +775,23 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
         vec![1]
     };
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
-    let loading = AtomicBool::new(true);
     for parts in phases {
         let n = spec.records;
         let h = tree.clone();
         let counter = progress.counter();
+        let loading = AtomicBool::new(true);
         let loaded = std::thread::scope(|scope| {
-            // Draws the bar while the cores load.
-            scope.spawn(|| {
-                // Relaxed: a stop flag for the display thread only.
-                while loading.load(Ordering::Relaxed) {
-                    progress.tick();
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-            });
+            // Draws the bar while the cores load; no thread when nothing is
+            // drawn, so the loaders have the machine to themselves.
+            if progress.shown() {
+                scope.spawn(|| {
+                    // Relaxed: a stop flag for the display thread only.
+                    while loading.load(Ordering::Relaxed) {
+                        progress.tick();
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                });
+            }
             let r = cluster.run_cores(
                 1,
                 ExecutorConfig {
@@ -811,7 +814,6 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
             loading.store(false, Ordering::Relaxed);
             r
         });
-        loading.store(true, Ordering::Relaxed);
         let loaded = loaded.map_err(|e| e.to_string())?;
         if let Some(Some(e)) = loaded.into_iter().next() {
             return Err(format!("loading failed: {e}"));
