@@ -423,6 +423,17 @@ impl ControlChannel {
     }
 
     /// Receives one message within the I/O timeout.
+    /// Sends every record of `d`: its endpoints, then its regions.
+    fn send_records(&mut self, d: &Directory) -> Result<(), ChannelError> {
+        for e in &d.endpoints {
+            self.send(&Message::Endpoint(*e))?;
+        }
+        for r in &d.regions {
+            self.send(&Message::Region(*r))?;
+        }
+        Ok(())
+    }
+
     pub fn recv(&mut self) -> Result<Message, ChannelError> {
         self.recv_within(self.io_timeout)
     }
@@ -638,12 +649,7 @@ impl Rendezvous {
         let barrier_timeout = self.barrier_timeout;
         match &mut self.role {
             Role::Member { coordinator } => {
-                for e in &mine.endpoints {
-                    coordinator.send(&Message::Endpoint(*e))?;
-                }
-                for r in &mine.regions {
-                    coordinator.send(&Message::Region(*r))?;
-                }
+                coordinator.send_records(mine)?;
                 coordinator.send(&Message::Barrier {
                     name: EXCHANGE.into(),
                     epoch,
@@ -707,12 +713,7 @@ impl Rendezvous {
                 }
                 all.sort();
                 for ch in members.iter_mut() {
-                    for e in &all.endpoints {
-                        ch.send(&Message::Endpoint(*e))?;
-                    }
-                    for r in &all.regions {
-                        ch.send(&Message::Region(*r))?;
-                    }
+                    ch.send_records(&all)?;
                     ch.send(&Message::BarrierRelease {
                         name: EXCHANGE.into(),
                         epoch,
