@@ -11,7 +11,7 @@ use crate::cluster::EmuCluster;
 use crate::demo::DemoConfig;
 use crate::stats::{latency_histogram, CoreStats, RunStats};
 use hdrhistogram::Histogram;
-use index::any::{AnyClient, AnyIndex};
+use index::any::{AnyClient, AnyError, AnyIndex};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::tree::{Tree, TreeConfig, TreeStats};
 use mempool::ChunkConfig;
@@ -148,8 +148,69 @@ pub async fn load<N: Nic>(
     }
 }
 
-fn mismatch(sh: &Shared) {
-    sh.mismatches.set(sh.mismatches.get() + 1);
+/// A task's own keys (`OWN_KEYS` of them past the loaded records, by task
+/// id) and what it last wrote to each.
+pub struct OwnKeys {
+    base: u64,
+    shadow: Vec<Option<u64>>,
+}
+
+impl OwnKeys {
+    pub fn new(records: u64, me: u64) -> OwnKeys {
+        OwnKeys {
+            base: records + me * OWN_KEYS,
+            shadow: vec![None; OWN_KEYS as usize],
+        }
+    }
+}
+
+/// One operation of the self-checking mix that `loch demo` and `loch node`
+/// run: 40 % lookups of loaded records, 25 % puts, 10 % deletes and 15 %
+/// lookups of the task's own keys, 10 % scans (skipped on the hash table).
+/// Ok(true) when the answer contradicts the loaded data, the task's own
+/// writes or a scan's order.
+pub async fn mixed_op<N: Nic>(
+    ctx: &Ctx<N>,
+    c: &mut AnyClient,
+    rng: &mut Rng,
+    records: u64,
+    own: &mut OwnKeys,
+) -> Result<bool, AnyError> {
+    let j = rng.below(OWN_KEYS);
+    let key = key_of(own.base + j);
+    let slot = &mut own.shadow[j as usize];
+    match rng.below(100) {
+        0..=39 => {
+            let i = rng.below(records.max(1));
+            let v = c.get(ctx, key_of(i)).await?;
+            Ok(records > 0 && v != Some(i))
+        }
+        40..=64 => {
+            let v = rng.next_u64() >> 1;
+            c.put(ctx, key, v).await?;
+            *slot = Some(v);
+            Ok(false)
+        }
+        65..=74 => {
+            let was = c.delete(ctx, key).await?;
+            let bad = was != slot.is_some();
+            *slot = None;
+            Ok(bad)
+        }
+        75..=89 => Ok(c.get(ctx, key).await? != *slot),
+        _ => {
+            let low = key_of(rng.below(records.max(1)));
+            match c.scan(ctx, low, u64::MAX - 1, 20).await {
+                Ok(v) => {
+                    Ok(!v.windows(2).all(|p| p[0].0 < p[1].0)
+                        || v.first().is_some_and(|p| p.0 < low))
+                }
+                // The hash table keeps no order: its scans are skipped.
+                Err(AnyError::NoScans) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+    }
 }
 
 async fn tree_task<N: Nic>(
@@ -162,59 +223,17 @@ async fn tree_task<N: Nic>(
     sh: Rc<Shared>,
 ) {
     let mut rng = Rng::new(seed ^ me.wrapping_mul(0xA24B_AED4_963E_E407));
-    let mut shadow: Vec<Option<u64>> = vec![None; OWN_KEYS as usize];
-    let own = |j: u64| key_of(records + me * OWN_KEYS + j);
+    let mut own = OwnKeys::new(records, me);
     let deadline = ctx.nic().now_ns() + duration_ns;
     while ctx.now_ns() < deadline {
         let t0 = ctx.now_ns();
-        let j = rng.below(OWN_KEYS);
-        let r = match rng.below(100) {
-            0..=39 => {
-                let i = rng.below(records);
-                c.get(&ctx, key_of(i)).await.map(|v| {
-                    if v != Some(i) {
-                        mismatch(&sh)
-                    }
-                })
+        match mixed_op(&ctx, &mut c, &mut rng, records, &mut own).await {
+            Ok(bad) => sh.mismatches.set(sh.mismatches.get() + bad as u64),
+            Err(e) => {
+                log::error!("demo index operation failed: {e}");
+                sh.failures.set(sh.failures.get() + 1);
+                break;
             }
-            40..=64 => {
-                let v = rng.next_u64() >> 1;
-                c.put(&ctx, own(j), v)
-                    .await
-                    .map(|_| shadow[j as usize] = Some(v))
-            }
-            65..=74 => c.delete(&ctx, own(j)).await.map(|was| {
-                if was != shadow[j as usize].is_some() {
-                    mismatch(&sh)
-                }
-                shadow[j as usize] = None;
-            }),
-            75..=89 => c.get(&ctx, own(j)).await.map(|v| {
-                if v != shadow[j as usize] {
-                    mismatch(&sh)
-                }
-            }),
-            _ => {
-                let low = key_of(rng.below(records));
-                match c.scan(&ctx, low, u64::MAX - 1, 20).await {
-                    Ok(v) => {
-                        if !v.windows(2).all(|p| p[0].0 < p[1].0)
-                            || v.first().is_some_and(|p| p.0 < low)
-                        {
-                            mismatch(&sh)
-                        }
-                        Ok(())
-                    }
-                    // The hash table keeps no order: its scans are skipped.
-                    Err(index::any::AnyError::NoScans) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        if let Err(e) = r {
-            log::error!("demo index operation failed: {e}");
-            sh.failures.set(sh.failures.get() + 1);
-            break;
         }
         let _ = sh.hist.borrow_mut().record((ctx.now_ns() - t0).max(1));
         sh.ops.set(sh.ops.get() + 1);

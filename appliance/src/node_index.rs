@@ -12,7 +12,7 @@
 //!
 //! Checks: loaded records are never written (every task reads them, the
 //! shared hot keys), so a lookup of one must return its value; each task
-//! owns [`OWN_KEYS`] further keys (task ids are unique over the cluster),
+//! owns [`crate::demo_tree::OWN_KEYS`] further keys (task ids are unique over the cluster),
 //! writes only those and keeps a shadow, so its lookups and deletes of them
 //! must agree with the shadow; every tree scan must be in order.
 //!
@@ -20,9 +20,9 @@
 //! [`Layout::index_bytes`](crate::node_work::Layout), so they never touch
 //! the verb workload's areas.
 
-use crate::demo_tree::{demo_tree_config, index_handle, key_of, IndexKind, OWN_KEYS};
+use crate::demo_tree::{demo_tree_config, index_handle, mixed_op, IndexKind, OwnKeys};
 use crate::stats::OpTally;
-use index::any::{AnyClient, AnyError};
+use index::any::AnyClient;
 use index::tree::TreeStats;
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
@@ -97,9 +97,8 @@ fn delta(now: TreeStats, before: TreeStats) -> TreeStats {
     }
 }
 
-/// One task (`me`: its cluster-wide id, from 1): 40 % lookups of loaded
-/// records, 25 % puts, 10 % deletes and 15 % lookups of its own keys,
-/// 10 % scans (skipped on the hash table), until `stop()` or `deadline_ns`
+/// One task (`me`: its cluster-wide id, from 1): the self-checking mix of
+/// [`mixed_op`], as `loch demo` runs it, until `stop()` or `deadline_ns`
 /// (the NIC clock). The first failed operation ends the task.
 #[allow(clippy::too_many_arguments)]
 pub async fn task<N: Nic>(
@@ -112,55 +111,14 @@ pub async fn task<N: Nic>(
     stop: fn() -> bool,
     st: Rc<IndexCoreState>,
 ) {
-    let mut shadow: Vec<Option<u64>> = vec![None; OWN_KEYS as usize];
-    let own = |j: u64| key_of(records + me * OWN_KEYS + j);
+    let mut own = OwnKeys::new(records, me);
     let mut seen = c.tree_stats();
     while ctx.now_ns() < deadline_ns && !stop() {
         let t0 = ctx.now_ns();
-        let j = rng.below(OWN_KEYS);
-        let r = match rng.below(100) {
-            0..=39 => {
-                let i = rng.below(records.max(1));
-                c.get(&ctx, key_of(i)).await.map(|v| {
-                    if records > 0 && v != Some(i) {
-                        st.tally.mismatch()
-                    }
-                })
-            }
-            40..=64 => {
-                let v = rng.next_u64() >> 1;
-                c.put(&ctx, own(j), v)
-                    .await
-                    .map(|_| shadow[j as usize] = Some(v))
-            }
-            65..=74 => c.delete(&ctx, own(j)).await.map(|was| {
-                if was != shadow[j as usize].is_some() {
-                    st.tally.mismatch()
-                }
-                shadow[j as usize] = None;
-            }),
-            75..=89 => c.get(&ctx, own(j)).await.map(|v| {
-                if v != shadow[j as usize] {
-                    st.tally.mismatch()
-                }
-            }),
-            _ => {
-                let low = key_of(rng.below(records.max(1)));
-                match c.scan(&ctx, low, u64::MAX - 1, 20).await {
-                    Ok(v) => {
-                        if !v.windows(2).all(|p| p[0].0 < p[1].0)
-                            || v.first().is_some_and(|p| p.0 < low)
-                        {
-                            st.tally.mismatch()
-                        }
-                        Ok(())
-                    }
-                    // The hash table keeps no order: its scans are skipped.
-                    Err(AnyError::NoScans) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        };
+        let r = mixed_op(&ctx, &mut c, &mut rng, records, &mut own).await;
+        if let Ok(true) = r {
+            st.tally.mismatch()
+        }
         let now = c.tree_stats();
         let mut sum = st.tree.get();
         sum += delta(now, seen);
