@@ -11,3 +11,17 @@ pub mod any;
 pub mod cuckoo;
 pub mod history;
 pub mod tree;
+
+use nicdrv::{Ctx, Nic};
+use std::future::Future;
+
+/// Runs one index operation and checks that it gave its task's scratch back:
+/// whatever buffers it allocated are gone when it returns, so a task can run
+/// operations forever in a fixed window. Debug builds and the simulator
+/// assert it ([`Ctx::scratch_balanced`]).
+pub(crate) async fn scratch_scoped<N: Nic, T>(ctx: &Ctx<N>, op: impl Future<Output = T>) -> T {
+    let before = ctx.scratch_used();
+    let r = op.await;
+    ctx.scratch_balanced(before);
+    r
+}

@@ -39,6 +39,10 @@ pub trait Nic: Clone + 'static {
     /// thread's virtual CPU clock.
     fn charge_cpu(&self, _ns: u64) {}
 
+    /// Whether invariants that debug builds assert are asserted in release
+    /// builds too: the simulator's, so its seed sweeps can trip them.
+    const ASSERTS_INVARIANTS: bool = false;
+
     /// Whether dropping an executor must first wait for its requests in
     /// flight. The simulator cancels them itself when its world ends.
     fn drain_on_drop(&self) -> bool {

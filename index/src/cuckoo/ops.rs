@@ -43,6 +43,15 @@ impl CuckooClient {
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
+        crate::scratch_scoped(ctx, self.get_into_unscoped(ctx, key, out)).await
+    }
+
+    async fn get_into_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, CuckooError> {
         self.check_key(key)?;
         let desc = self.open(ctx).await?;
         let rt0 = ctx.counters().round_trips;
@@ -143,6 +152,15 @@ impl CuckooClient {
     /// trips, an insert four, when the buckets are quiet; `TableFull` when
     /// no slot can be made within the displacement bound.
     pub async fn put<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), CuckooError> {
+        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
+    }
+
+    async fn put_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         key: &[u8],
@@ -446,6 +464,14 @@ impl CuckooClient {
     /// Removes `key`; whether it was present. Three round trips when
     /// present and quiet, two when absent.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: &[u8]) -> Result<bool, CuckooError> {
+        crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
+    }
+
+    async fn delete_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: &[u8],
+    ) -> Result<bool, CuckooError> {
         self.check_key(key)?;
         let desc = self.open(ctx).await?;
         let rt0 = ctx.counters().round_trips;

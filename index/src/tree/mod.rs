@@ -382,6 +382,14 @@ impl TreeClient {
 
     /// The value of `key`, if present.
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, TreeError> {
+        crate::scratch_scoped(ctx, self.get_unscoped(ctx, key)).await
+    }
+
+    async fn get_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+    ) -> Result<Option<u64>, TreeError> {
         check_key(key)?;
         self.stats.lookups += 1;
         let retries0 = self.stats.read_retries;
@@ -534,12 +542,25 @@ impl TreeClient {
         key: u64,
         value: u64,
     ) -> Result<(), TreeError> {
+        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
+    }
+
+    async fn put_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: u64,
+    ) -> Result<(), TreeError> {
         check_key(key)?;
         self.modify(ctx, key, Some(value)).await.map(drop)
     }
 
     /// Removes `key`; returns whether it was present.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, TreeError> {
+        crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
+    }
+
+    async fn delete_unscoped<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, TreeError> {
         check_key(key)?;
         self.modify(ctx, key, None).await
     }
@@ -872,6 +893,16 @@ impl TreeClient {
 
     /// Up to `limit` entries with keys in `[low, high)`, in key order.
     pub async fn scan<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        low: u64,
+        high: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, u64)>, TreeError> {
+        crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit)).await
+    }
+
+    async fn scan_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         low: u64,

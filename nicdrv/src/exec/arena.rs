@@ -7,8 +7,16 @@
 //! has been handed out again are simple:
 //! - a dropped buffer's bytes are reused only when the slot has nothing in
 //!   flight (an in-flight batch whose future was dropped still owns them);
+//! - a buffer dropped on top of the stack rewinds it at once; one dropped
+//!   below the top leaves a hole, and holes that the top comes down to are
+//!   taken back with it, so buffers may die in any order and the window still
+//!   returns to where it was once they are all gone;
 //! - the window rewinds to empty when no buffer is live and nothing is in
-//!   flight; a buffer dropped on top of the stack rewinds it at once.
+//!   flight.
+//!
+//! The holes are kept in a fixed table made at start ([`MAX_HOLES`]), so
+//! nothing allocates per operation; a hole that finds the table full stays
+//! reserved until the window empties (never unsound, only wasteful).
 //!
 //! The memory itself is kept alive by every buffer (a reference count on
 //! the registration), so a buffer can never dangle, not even one that
@@ -23,6 +31,16 @@ use std::rc::Rc;
 /// Buffers are aligned to this, so 8-byte words in them are aligned.
 pub const BUF_ALIGN: usize = 8;
 
+/// Buffers dropped below the top that a slot remembers at once.
+pub const MAX_HOLES: usize = 32;
+
+/// A dropped buffer's range, `start..end`, below the top of the window.
+#[derive(Clone, Copy)]
+struct Hole {
+    start: u32,
+    end: u32,
+}
+
 pub(crate) struct SlotArena {
     base: *mut u8,
     cap: usize,
@@ -33,6 +51,9 @@ pub(crate) struct SlotArena {
     inflight: Cell<u32>,
     /// High-water mark, for sizing advice.
     peak: Cell<usize>,
+    /// Ranges of dropped buffers below `top`, unordered; `holes[..nholes]`.
+    holes: Cell<[Hole; MAX_HOLES]>,
+    nholes: Cell<usize>,
     _keep: Rc<dyn Any>,
 }
 
@@ -55,6 +76,8 @@ impl SlotArena {
             live: Cell::new(0),
             inflight: Cell::new(0),
             peak: Cell::new(0),
+            holes: Cell::new([Hole { start: 0, end: 0 }; MAX_HOLES]),
+            nholes: Cell::new(0),
             _keep: keep,
         }
     }
@@ -74,14 +97,60 @@ impl SlotArena {
         self.maybe_rewind();
     }
 
+    /// Takes back what it can: everything when no buffer is live, else the
+    /// holes the top has come down to. Only with nothing in flight, since a
+    /// posted request may still write into a dropped buffer's bytes.
     fn maybe_rewind(&self) {
-        if self.live.get() == 0 && self.inflight.get() == 0 {
-            self.top.set(0);
+        if self.inflight.get() != 0 {
+            return;
         }
+        if self.live.get() == 0 {
+            self.top.set(0);
+            self.nholes.set(0);
+            return;
+        }
+        if self.nholes.get() == 0 {
+            return;
+        }
+        let mut holes = self.holes.get();
+        let mut n = self.nholes.get();
+        let mut top = self.top.get() as u32;
+        // Each pass removes the hole that ends at the top, if any; holes
+        // never overlap, so at most one does.
+        while let Some(i) = holes[..n].iter().position(|h| h.end == top) {
+            top = holes[i].start;
+            holes[i] = holes[n - 1];
+            n -= 1;
+        }
+        self.top.set(top as usize);
+        self.holes.set(holes);
+        self.nholes.set(n);
+    }
+
+    /// Returns `start..end`, a dropped buffer's range, to the window.
+    fn release(&self, start: u32, end: u32) {
+        if self.inflight.get() == 0 && self.top.get() == end as usize {
+            self.top.set(start as usize);
+        } else {
+            let n = self.nholes.get();
+            if n < MAX_HOLES {
+                let mut holes = self.holes.get();
+                holes[n] = Hole { start, end };
+                self.holes.set(holes);
+                self.nholes.set(n + 1);
+            }
+        }
+        self.maybe_rewind();
     }
 
     pub(crate) fn free_bytes(&self) -> usize {
         self.cap - self.top.get()
+    }
+
+    /// Bytes between the window's start and its top: live buffers and the
+    /// holes below the topmost one.
+    pub(crate) fn used(&self) -> usize {
+        self.top.get()
     }
 
     pub(crate) fn peak(&self) -> usize {
@@ -190,10 +259,90 @@ impl Drop for Buf {
         let a = &self.arena;
         a.live.set(a.live.get() - 1);
         // Rewinding is only safe when no posted request can still write
-        // into this range: with nothing in flight, none can.
-        if a.inflight.get() == 0 && a.top.get() == self.end as usize {
-            a.top.set(self.start as usize);
+        // into this range: `release` reuses it only with nothing in flight.
+        a.release(self.start, self.end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arena over a window of `cap` bytes of ordinary memory.
+    fn arena(cap: usize) -> Rc<SlotArena> {
+        let mem: Rc<Vec<u64>> = Rc::new(vec![0u64; cap / 8]);
+        let base = mem.as_ptr() as *mut u8;
+        // SAFETY: `mem` is `cap` bytes, 8-byte aligned, kept alive by the
+        // arena through `keep`, and handed to nothing else. Nothing reads it
+        // through `mem` while the arena writes it.
+        Rc::new(unsafe { SlotArena::new(base, cap, LKey(1), mem) })
+    }
+
+    #[test]
+    fn buffers_dropped_in_any_order_give_the_window_back() {
+        let a = arena(4096);
+        let keep = alloc(&a, 64).unwrap();
+        let base = a.used();
+        // Every order of dropping three buffers, with one older buffer live
+        // throughout (so the empty-window rewind never helps).
+        for order in [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
+            let mut bufs: Vec<Option<Buf>> =
+                [8, 1024, 24].iter().map(|&n| alloc(&a, n)).collect();
+            assert!(a.used() > base);
+            for i in order {
+                bufs[i].take();
+            }
+            assert_eq!(a.used(), base, "order {order:?}");
         }
-        a.maybe_rewind();
+        drop(keep);
+        assert_eq!(a.used(), 0);
+    }
+
+    #[test]
+    fn a_window_reused_forever_never_grows() {
+        // The pattern that exhausted tree tasks: a page read, copies of it
+        // written, the page dropped before the copies.
+        let a = arena(4096);
+        let _held = alloc(&a, 8).unwrap();
+        for _ in 0..10_000 {
+            let page = alloc(&a, 1024).unwrap();
+            let copy = alloc_copy(&a, &page.as_slice()[..64]).unwrap();
+            drop(page);
+            let next = alloc(&a, 1024).unwrap();
+            drop(copy);
+            drop(next);
+        }
+        assert_eq!(a.used(), 8);
+    }
+
+    #[test]
+    fn bytes_dropped_while_in_flight_wait_for_the_completion() {
+        let a = arena(4096);
+        let _held = alloc(&a, 8).unwrap();
+        let b = alloc(&a, 64).unwrap();
+        a.posted_group();
+        drop(b);
+        // A request posted before the drop may still write those bytes.
+        assert_eq!(a.used(), 72);
+        let c = alloc(&a, 8).unwrap();
+        assert!(c.start >= 72, "reused bytes still in flight");
+        drop(c);
+        assert_eq!(a.used(), 80);
+        a.completed_group();
+        assert_eq!(a.used(), 8);
+    }
+
+    #[test]
+    fn a_full_hole_table_only_wastes_until_the_window_empties() {
+        let a = arena(1 << 16);
+        let bottom = alloc(&a, 8).unwrap();
+        let mut bufs: Vec<Buf> = (0..MAX_HOLES + 4).map(|_| alloc(&a, 8).unwrap()).collect();
+        let top = alloc(&a, 8).unwrap();
+        // Dropping everything but the top leaves more holes than the table.
+        bufs.clear();
+        drop(top);
+        assert!(a.used() > 8, "holes past the table stay reserved");
+        drop(bottom);
+        assert_eq!(a.used(), 0);
     }
 }

@@ -116,6 +116,28 @@ impl<N: Nic> Ctx<N> {
         })
     }
 
+    /// Bytes of this task's scratch window in use: live buffers and the
+    /// holes below the topmost. An operation that returns no buffer leaves
+    /// this where it found it once it has finished (index operations check
+    /// it; see [`Ctx::scratch_balanced`]).
+    pub fn scratch_used(&self) -> usize {
+        self.s().arena.used()
+    }
+
+    /// Whether the scratch window is back at `before` (a value of
+    /// [`Ctx::scratch_used`] taken when an operation began). Debug builds and
+    /// the simulator ([`Nic::ASSERTS_INVARIANTS`]) assert it.
+    pub fn scratch_balanced(&self, before: usize) -> bool {
+        let now = self.scratch_used();
+        if cfg!(debug_assertions) || N::ASSERTS_INVARIANTS {
+            assert_eq!(
+                now, before,
+                "an operation left {now} bytes of task scratch in use (it began with {before})"
+            );
+        }
+        now == before
+    }
+
     /// Starts a batch (and ends the validity of the previous batch's
     /// results).
     pub fn batch(&self) -> Batch<'_, N> {
@@ -224,11 +246,26 @@ pub struct OpId(u8);
 /// the results of the previous one. Builder calls never fail on the spot:
 /// the first problem is remembered and returned by
 /// [`submit`](Batch::submit), and then nothing is posted.
+#[must_use = "a batch does nothing until it is submitted"]
 pub struct Batch<'a, N: Nic> {
     ctx: &'a Ctx<N>,
     gen: u32,
     len: u8,
     error: Option<VerbError>,
+    /// Not yet handed to `submit`: dropping it frees the buffers it took.
+    unsubmitted: bool,
+}
+
+impl<N: Nic> Drop for Batch<'_, N> {
+    fn drop(&mut self) {
+        let slot = self.ctx.s();
+        // A batch dropped before it was submitted posted nothing, so its
+        // buffers are nobody's: free them now rather than leave them pinned
+        // under buffers the task allocates before its next batch.
+        if self.unsubmitted && slot.gen.get() == self.gen && !slot.busy.get() {
+            slot.clear_storage();
+        }
+    }
 }
 
 impl<'a, N: Nic> Batch<'a, N> {
@@ -242,6 +279,7 @@ impl<'a, N: Nic> Batch<'a, N> {
                 gen: 0,
                 len: 0,
                 error: Some(VerbError::BatchInProgress),
+                unsubmitted: false,
             };
         }
         let gen = slot.gen.get().wrapping_add(1);
@@ -252,6 +290,7 @@ impl<'a, N: Nic> Batch<'a, N> {
             gen,
             len: 0,
             error: None,
+            unsubmitted: true,
         }
     }
 
@@ -418,13 +457,14 @@ impl<'a, N: Nic> Batch<'a, N> {
 
     /// Posts the batch and waits for it: one round trip. Succeeds only if
     /// every request succeeded; otherwise returns the first failure.
-    pub async fn submit(self) -> Result<Done<'a>, VerbError> {
+    pub async fn submit(mut self) -> Result<Done<'a>, VerbError> {
+        self.unsubmitted = false;
         let ctx = self.ctx;
         let slot = ctx.s();
         if slot.gen.get() != self.gen {
-            return Err(self.error.unwrap_or(VerbError::BatchSuperseded));
+            return Err(self.error.take().unwrap_or(VerbError::BatchSuperseded));
         }
-        if let Some(e) = self.error {
+        if let Some(e) = self.error.take() {
             // Nothing was posted: free the buffers this batch took.
             slot.clear_storage();
             return Err(e);
@@ -541,11 +581,25 @@ impl Future for BatchDone<'_> {
 
 /// Results of a completed batch, valid until the task starts its next batch
 /// (asking after that is a bug and panics). Buffers are moved out with
-/// [`take_buf`](Done::take_buf); untaken ones are freed by the next batch.
+/// [`take_buf`](Done::take_buf); untaken ones are freed when the results are
+/// dropped.
 pub struct Done<'a> {
     slot: &'a Slot,
     gen: u32,
     len: u8,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        // Untaken buffers are freed with the results rather than by the next
+        // batch: the task may allocate before then, and a buffer freed under
+        // a newer one would pin its bytes until that one is gone too. The
+        // batch completed, so the NIC is done with them; a later batch (a
+        // different generation) owns the storage now and is left alone.
+        if self.slot.gen.get() == self.gen && !self.slot.busy.get() {
+            self.slot.clear_storage();
+        }
+    }
 }
 
 impl Done<'_> {

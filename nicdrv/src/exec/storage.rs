@@ -64,7 +64,9 @@ impl Slot {
         // SAFETY: see the module comment; dropping a Buf only touches its
         // arena's counters, never this storage.
         let bufs = unsafe { &mut *self.storage.bufs.get() };
-        for b in bufs[..self.storage.used.get() as usize].iter_mut() {
+        // Newest first: a batch's buffers were allocated in request order, so
+        // each one dropped is then the top of the window and rewinds it.
+        for b in bufs[..self.storage.used.get() as usize].iter_mut().rev() {
             drop(b.take());
         }
         self.storage.used.set(0);

@@ -64,6 +64,8 @@ impl Drop for SimReg {
 }
 
 impl Nic for SimNic {
+    const ASSERTS_INVARIANTS: bool = true;
+
     type Qp = SimQp;
     type Cq = SimCq;
     type Reg = SimReg;
