@@ -14,7 +14,7 @@ use crate::stats::{latency_histogram, CoreStats, RunStats};
 use hdrhistogram::Histogram;
 use mempool::{ChunkConfig, RemoteAllocator, SUPERBLOCK_BYTES};
 use nicdrv::emu::EmuConfig;
-use nicdrv::rng::Rng;
+use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, Space, VerbCounters};
 use std::cell::{Cell, RefCell};
@@ -406,7 +406,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     let results = cluster
         .run_cores(cfg.cores, exec_cfg, cfg.pin, |core, ex| {
             let sh = Shared::new(progress.clone());
-            let mut seeds = Rng::new(cfg.seed ^ (core as u64).wrapping_mul(0x9E37_79B9));
+            let mut seeds = Rng::stream(cfg.seed, Domain::Core, core as u64);
             for _ in 0..cfg.tasks_per_core {
                 let (rng, sh2) = (seeds.fork(), sh.clone());
                 let alloc = RemoteAllocator::new(chunk_config()).expect("valid chunk config");
@@ -493,8 +493,8 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         poll_batch: 32,
     };
     let duration_ns = (cfg.seconds * 1e9) as u64;
-    let mut seeds = Rng::new(cfg.seed);
     for c in 0..cfg.cores {
+        let mut seeds = Rng::stream(cfg.seed, Domain::Core, c as u64);
         let t = w
             .add_thread((c % cfg.compute_nodes) as u16, exec_cfg)
             .map_err(|e| e.to_string())?;

@@ -15,7 +15,7 @@ use index::any::{AnyClient, AnyError, AnyIndex};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::tree::{Tree, TreeConfig, TreeStats};
 use mempool::ChunkConfig;
-use nicdrv::rng::Rng;
+use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{RunEnd, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use std::cell::{Cell, RefCell};
@@ -222,7 +222,7 @@ async fn tree_task<N: Nic>(
     duration_ns: u64,
     sh: Rc<Shared>,
 ) {
-    let mut rng = Rng::new(seed ^ me.wrapping_mul(0xA24B_AED4_963E_E407));
+    let mut rng = Rng::stream(seed, Domain::Client, me);
     let mut own = OwnKeys::new(records, me);
     let deadline = ctx.nic().now_ns() + duration_ns;
     while ctx.now_ns() < deadline {

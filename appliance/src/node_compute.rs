@@ -31,7 +31,7 @@ use bootstrap::config::NodeConfig;
 use bootstrap::{ClusterConfig, Rendezvous};
 use hdrhistogram::Histogram;
 use index::tree::TreeStats;
-use nicdrv::rng::Rng;
+use nicdrv::rng::{Domain, Rng};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, VerbCounters};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -362,8 +362,8 @@ fn core_main<N: Nic, S: CoreSource<N>>(
     };
     // The load's verbs are not the workload's.
     let base = ex.counters();
-    let mut seeds =
-        Rng::new(o.seed ^ ((core.first_slot as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    // Slots are numbered across the cluster, so the first one names the core.
+    let mut seeds = Rng::stream(o.seed, Domain::Core, core.first_slot as u64);
     let spawn_err = |e: nicdrv::ExecError| format!("core {}: {e}", core.i);
     match index {
         None => {

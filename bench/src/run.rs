@@ -32,7 +32,7 @@ use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::history::{History, Op, OpId, Ret, Verdict};
 use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
-use nicdrv::rng::Rng;
+use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic};
 use serde_json::json;
@@ -539,7 +539,7 @@ async fn client_task<N: Nic>(
     me: u64,
     sh: Rc<Shared>,
 ) {
-    let mut rng = Rng::new(spec.seed ^ me.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = Rng::stream(spec.seed, Domain::Client, me);
     let emu = spec.backend == Backend::Emu;
     for i in 0.. {
         let measured = i >= spec.warmup;

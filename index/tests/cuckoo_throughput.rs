@@ -126,7 +126,7 @@ fn run(zipf: bool, get_pct: u64, seed: u64) -> (Report, u64) {
                 let me = id;
                 w.spawn(t, move |ctx| async move {
                     let mut c = table.client().unwrap();
-                    let mut rng = Rng::new(seed * 1000 + me);
+                    let mut rng = Rng::stream(seed, nicdrv::rng::Domain::Client, me);
                     let mut lat = Vec::new();
                     let (mut ops, mut misses) = (0u64, 0u64);
                     let mut base = CuckooStats::default();

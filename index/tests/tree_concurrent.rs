@@ -87,7 +87,7 @@ fn many_clients_insert_into_an_empty_tree() {
             let trees = sim_trees(&mut w, &cfg);
             let per = 8;
             sim_spawn(&mut w, &trees, per, move |ctx, mut c, i| async move {
-                let mut rng = nicdrv::rng::Rng::new(seed * 1000 + i as u64);
+                let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i as u64);
                 for j in 0..250u64 {
                     // Disjoint keys per client, interleaved across the space.
                     let k = (rng.below(1 << 30) << 6) | i as u64;
@@ -98,7 +98,7 @@ fn many_clients_insert_into_an_empty_tree() {
             assert_eq!(w.run(), RunEnd::Done);
             let mut model = BTreeMap::new();
             for i in 0..(per * 4) as u64 {
-                let mut rng = nicdrv::rng::Rng::new(seed * 1000 + i);
+                let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i);
                 for _ in 0..250 {
                     let k = (rng.below(1 << 30) << 6) | i;
                     model.insert(k, k ^ 0xabcd);
@@ -130,7 +130,7 @@ fn lookup_racing_update_never_misses() {
         sim_spawn(&mut w, &trees, 8, move |ctx, mut c, i| {
             let ks = ks.clone();
             async move {
-                let mut rng = nicdrv::rng::Rng::new(seed ^ (i as u64) << 20);
+                let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i as u64);
                 for round in 0..150u64 {
                     let k = ks[rng.below(ks.len() as u64) as usize];
                     if i % 2 == 0 {
@@ -175,7 +175,7 @@ fn scans_under_concurrent_inserts_miss_nothing() {
             });
         }
         sim_spawn(&mut w, &trees, 8, move |ctx, mut c, i| async move {
-            let mut rng = nicdrv::rng::Rng::new(seed ^ (i as u64) << 24);
+            let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i as u64);
             for _ in 0..60 {
                 if i % 2 == 0 {
                     for _ in 0..10 {
@@ -245,7 +245,7 @@ fn deletes_under_concurrency() {
             async move {
                 // Client i owns keys ≡ i (mod 16) below 4000; keys ≡ 15 are
                 // never deleted and are what readers look up.
-                let mut rng = nicdrv::rng::Rng::new(seed + i as u64);
+                let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i as u64);
                 for r in 0..200u64 {
                     if i < 15 {
                         let k = (rng.below(250) * 16) + i as u64;
@@ -399,7 +399,7 @@ fn hocl_collisions_across_memory_nodes_do_not_deadlock() {
             cfg.chunk.chunk_bytes = 16 << 10;
             let trees = sim_trees(&mut w, &cfg);
             sim_spawn(&mut w, &trees, 12, move |ctx, mut c, i| async move {
-                let mut rng = nicdrv::rng::Rng::new(seed ^ i as u64);
+                let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, i as u64);
                 for _ in 0..300 {
                     let k = rng.below(3000);
                     c.put(&ctx, k, k + 1).await.unwrap();

@@ -53,7 +53,7 @@ async fn random_client<N: Nic>(
     keys: u64,
     clock: fn(&Ctx<N>) -> u64,
 ) {
-    let mut rng = nicdrv::rng::Rng::new(seed ^ ((me as u64) << 32));
+    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, me as u64);
     for _ in 0..ops {
         let k = rng.below(keys) * 3;
         let (op, r) = match rng.below(10) {
@@ -227,7 +227,7 @@ fn anomaly_run(seed: u64, versions: VersionScheme) -> u32 {
                 let b = bad.clone();
                 let me = id;
                 w.spawn(t, move |ctx| async move {
-                    let mut rng = nicdrv::rng::Rng::new(seed ^ me);
+                    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, me);
                     for _ in 0..400 {
                         if j == 0 {
                             let k = rng.below(600_000);

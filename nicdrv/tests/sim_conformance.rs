@@ -140,7 +140,8 @@ fn mixed_run(seed: u64) -> (u64, u64, Vec<u8>) {
             .unwrap();
         for k in 0..4u64 {
             w.spawn(th, move |ctx| async move {
-                let mut rng = nicdrv::rng::Rng::new(seed ^ (t as u64 * 16 + k));
+                let mut rng =
+                    nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, t as u64 * 16 + k);
                 for _ in 0..200 {
                     let node = rng.below(3) as u16;
                     let off = 4096 + rng.below(64) * 64;

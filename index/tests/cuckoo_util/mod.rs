@@ -162,7 +162,7 @@ pub async fn random_client<N: Nic>(
     sink: StatsSink,
 ) {
     use index::history::{Op, Ret};
-    let mut rng = nicdrv::rng::Rng::new(seed ^ ((me as u64) << 32));
+    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, me as u64);
     for i in 0..wl.ops {
         let k = wl.keys[rng.below(wl.keys.len() as u64) as usize];
         let dice = rng.below(10);

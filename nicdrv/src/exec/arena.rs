@@ -285,9 +285,15 @@ mod tests {
         let base = a.used();
         // Every order of dropping three buffers, with one older buffer live
         // throughout (so the empty-window rewind never helps).
-        for order in [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
-            let mut bufs: Vec<Option<Buf>> =
-                [8, 1024, 24].iter().map(|&n| alloc(&a, n)).collect();
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let mut bufs: Vec<Option<Buf>> = [8, 1024, 24].iter().map(|&n| alloc(&a, n)).collect();
             assert!(a.used() > base);
             for i in order {
                 bufs[i].take();

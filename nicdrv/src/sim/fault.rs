@@ -1,7 +1,7 @@
 //! Faults the simulator can inject, at a virtual time chosen by the test or
 //! drawn from the seed.
 
-use crate::rng::Rng;
+use crate::rng::{Domain, Rng};
 use std::fmt;
 
 /// What goes wrong.
@@ -85,7 +85,7 @@ impl Fault {
         compute_nodes: u16,
         threads: u32,
     ) -> Vec<Fault> {
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::stream(seed, Domain::Faults, 0);
         let mut v = Vec::with_capacity(count * 2);
         for _ in 0..count {
             let at_ns = rng.below(horizon_ns.max(1));

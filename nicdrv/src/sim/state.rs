@@ -6,7 +6,7 @@ use super::fault::{Fault, FaultKind};
 use super::model::SimModel;
 use crate::addr::{NodeId, Space};
 use crate::nic::{QpState as QpLife, RemoteRegion};
-use crate::rng::Rng;
+use crate::rng::{Domain, Rng};
 use crate::verbs::{Access, Completion, LKey, Opcode, RKey, Sge, WcStatus, WorkRequest, WrOp};
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -196,7 +196,7 @@ impl Shared {
             now: Cell::new(0),
             seq: Cell::new(0),
             events: RefCell::new(BinaryHeap::new()),
-            rng: RefCell::new(Rng::new(seed)),
+            rng: RefCell::new(Rng::stream(seed, Domain::Simulator, 0)),
             mem: RefCell::new(mem),
             cn: RefCell::new(
                 (0..compute_nodes)
