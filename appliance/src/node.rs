@@ -151,9 +151,23 @@ pub struct NodeOptions {
 /// `loch check`: prints the preflight report of node `id`; Ok(passed).
 pub fn check(config: &Path, id: u32) -> Result<bool, NodeError> {
     let cfg = ClusterConfig::load(config).map_err(|e| NodeError::Usage(e.to_string()))?;
+    node_in(&cfg, config, id)?;
     let report = preflight::run(&cfg, id, &Host::current(), PreflightOptions::default());
     print!("{report}");
     Ok(report.passed())
+}
+
+/// Node `id` of the cluster file, or the usage error (exit 2) naming the
+/// ids the file has.
+fn node_in<'a>(cfg: &'a ClusterConfig, path: &Path, id: u32) -> Result<&'a NodeConfig, NodeError> {
+    cfg.node(id).ok_or_else(|| {
+        let ids: Vec<String> = cfg.nodes.iter().map(|n| n.id.to_string()).collect();
+        NodeError::Usage(format!(
+            "node {id} is not in {} (its nodes: {})",
+            path.display(),
+            ids.join(", ")
+        ))
+    })
 }
 
 /// The emu node file of memory node `id`: named from this user, the
@@ -289,13 +303,7 @@ pub fn serve_memory(rv: Rendezvous) -> Result<(), NodeError> {
 /// Runs `loch node`; returns the exit code (0: clean, 1: a failure seen).
 pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
-    let Some(node) = cfg.node(o.id).cloned() else {
-        return Err(NodeError::Usage(format!(
-            "node {} is not in {}",
-            o.id,
-            o.config.display()
-        )));
-    };
+    let node = node_in(&cfg, &o.config, o.id)?.clone();
     crate::node_mlx5::supported(&cfg)?;
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
         return Err(NodeError::Usage(format!(

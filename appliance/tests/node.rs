@@ -106,19 +106,8 @@ fn check_prints_every_check_and_exits_0_or_1() {
     // The emu backend needs no NIC.
     assert!(stdout.contains("ok   nic"), "{stdout}");
 
-    // A node the file does not have: one FAIL line, exit 1.
-    let out = Command::new(LOCH)
-        .args(["check", "--config"])
-        .arg(&file)
-        .args(["--id", "7"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(
-        stdout.contains("FAIL node") && stdout.contains("not in"),
-        "{stdout}"
-    );
+    // A node the file does not have is bad input: exit 2, said on stderr
+    // (check_on_a_bad_config_exits_2_with_one_line has the case).
 }
 
 #[test]
@@ -172,6 +161,20 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("chmod 600"), "{stderr}");
+    std::fs::set_permissions(dir.0.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // An id the file does not have: bad input, said on stderr, as `loch node` says it.
+    for cmd in ["check", "node"] {
+        let out = Command::new(LOCH)
+            .args([cmd, "--config"])
+            .arg(&good)
+            .args(["--id", "7"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(out.stdout.is_empty(), "{cmd}");
+        assert!(stderr.contains("node 7 is not in"), "{cmd}: {stderr}");
+    }
     // A missing file, and a missing flag.
     let out = Command::new(LOCH)
         .args(["check", "--config", "/nonexistent/loch.toml", "--id", "0"])

@@ -18,7 +18,7 @@
 //! stamp a completion before the verb took effect). Without them, the hot
 //! path pays one `Option` test per operation.
 
-use crate::args::{ArgError, Args};
+use crate::args::{ArgError, Args, Flags};
 use crate::outfile;
 use crate::plot;
 use crate::progress::Progress;
@@ -33,11 +33,12 @@ use index::history::{History, Op, OpId, Ret, Verdict};
 use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
+use nicdrv::sim::{parse_fault, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -209,6 +210,10 @@ pub struct RunSpec {
     pub cuckoo: bool,
     /// The simulator's model (`--sim-model`).
     pub model: SimModel,
+    /// Faults to inject (sim only), `at_ns` counted from the start of the
+    /// workload (after the load). With any, failed operations are counted
+    /// rather than failing the run.
+    pub faults: Vec<Fault>,
 }
 
 impl RunSpec {
@@ -236,6 +241,9 @@ pub struct KindStats {
     /// Writes that split nothing, and their bytes written.
     pub nosplit: u64,
     pub nosplit_bytes: u64,
+    /// Operations that failed (only a run with faults goes on after one),
+    /// warm-up included.
+    pub failed: u64,
 }
 
 /// A history and which of its events were measured (not warm-up).
@@ -258,23 +266,37 @@ impl HistLog {
         self.measured.extend(other.measured);
     }
 
-    /// The measured events alone, as JSON lines in invocation order (emu
-    /// merges per-core histories one after another).
-    pub fn measured_json_lines(&self) -> (usize, String) {
-        let mut events: Vec<_> = self
-            .history
-            .events()
-            .iter()
-            .zip(&self.measured)
-            .filter(|(_, &m)| m)
-            .map(|(e, _)| e)
-            .collect();
-        events.sort_by_key(|e| e.invoke_ns);
-        let mut h = History::new();
-        for e in events {
-            h.push(e.clone());
+    /// The history file (see `docs/history-format.md`): `header`, then one
+    /// `initial` line per bulk-loaded record, then every operation, warm-up
+    /// included, in invocation order (emu merges per-core histories, so the
+    /// file sorts them), each marked `measured` or not. Returns the number of
+    /// operations and the text.
+    pub fn file_lines(
+        &self,
+        header: &serde_json::Value,
+        initial: &[(u64, u64)],
+    ) -> (usize, String) {
+        let mut events: Vec<_> = self.history.events().iter().zip(&self.measured).collect();
+        events.sort_by_key(|(e, _)| e.invoke_ns);
+        let mut out = String::with_capacity(96 * (events.len() + initial.len()) + 512);
+        out.push_str(&header.to_string());
+        out.push('\n');
+        for (k, v) in initial {
+            // Writing into a String cannot fail.
+            let _ = writeln!(out, "{{\"type\":\"initial\",\"key\":{k},\"value\":{v}}}");
         }
-        (h.len(), h.to_json_lines())
+        for (e, &m) in &events {
+            e.write_json(
+                &mut out,
+                if m {
+                    "\"type\":\"op\",\"measured\":true,"
+                } else {
+                    "\"type\":\"op\",\"measured\":false,"
+                },
+            );
+            out.push('\n');
+        }
+        (events.len(), out)
     }
 }
 
@@ -287,6 +309,10 @@ pub struct Report {
     pub wall_sec: f64,
     pub sim_events: u64,
     pub history: Option<HistLog>,
+    /// Clients that did not run to their end: a run with faults stops once
+    /// the clients that can have finished (those left were stuck or on a
+    /// crashed compute node).
+    pub unfinished_clients: u64,
 }
 
 struct Shared {
@@ -304,6 +330,10 @@ struct Shared {
     insert_stride: u64,
     insert_offset: u64,
     history: Option<RefCell<HistLog>>,
+    /// Clients that ran to their end (a run with faults may stop others).
+    finished: Cell<u64>,
+    /// When the last measured operation ended (completed or failed).
+    last_done_ns: Cell<u64>,
 }
 
 impl Shared {
@@ -325,6 +355,7 @@ impl Shared {
                         bytes_read: 0,
                         nosplit: 0,
                         nosplit_bytes: 0,
+                        failed: 0,
                     })
                     .collect(),
             ),
@@ -338,6 +369,8 @@ impl Shared {
             history: spec
                 .record_history
                 .then(|| RefCell::new(HistLog::default())),
+            finished: Cell::new(0),
+            last_done_ns: Cell::new(0),
         })
     }
 }
@@ -461,13 +494,36 @@ impl<N: Nic> Log<'_, N> {
         )
     }
 
-    /// `ret` is asked for only when recording; an error's effect is unknown.
+    /// `ret` is asked for only when recording. A failed operation is left
+    /// pending (invoked, never completed): its effect is unknown, and it
+    /// may take effect at any later time or never.
     fn complete<T, E>(&self, id: Option<OpId>, r: &Result<T, E>, ret: impl FnOnce(&T) -> Ret) {
-        if let (Some(log), Some(id)) = (self.log, id) {
+        if let (Some(log), Some(id), Ok(v)) = (self.log, id, r) {
             let now = self.now();
-            let ret = r.as_ref().map_or(Ret::Unknown, ret);
-            log.borrow_mut().history.complete(id, ret, now);
+            log.borrow_mut().history.complete(id, ret(v), now);
         }
+    }
+}
+
+/// The values one client writes: `client << 32 | n` for its `n`-th put, so
+/// every value written in a run is unique and differs from every
+/// bulk-loaded value (a record's index, below 2³²): a stale read is always
+/// told from a fresh one.
+struct Values {
+    client: u64,
+    puts: u64,
+}
+
+impl Values {
+    fn new(client: u64) -> Values {
+        debug_assert!(client > 0 && client < 1 << 31);
+        Values { client, puts: 0 }
+    }
+
+    fn next(&mut self) -> u64 {
+        let v = self.client << 32 | self.puts;
+        self.puts += 1;
+        v
     }
 }
 
@@ -478,7 +534,7 @@ async fn one_op<N: Nic>(
     key: u64,
     spec: &RunSpec,
     sh: &Shared,
-    rng: &mut Rng,
+    (rng, values): (&mut Rng, &mut Values),
     log: &Log<'_, N>,
 ) -> Result<(), index::any::AnyError> {
     let ctx = log.ctx;
@@ -497,7 +553,7 @@ async fn one_op<N: Nic>(
             } else {
                 key
             };
-            let v = rng.next_u64() >> 1;
+            let v = values.next();
             let id = log.invoke(|| Op::Put(key, v));
             let r = c.put(ctx, key, v).await;
             log.complete(id, &r, |_| Ret::Put);
@@ -521,7 +577,7 @@ async fn one_op<N: Nic>(
             let r = c.get(ctx, key).await;
             log.complete(id, &r, |v| Ret::Get(*v));
             r?;
-            let v = rng.next_u64() >> 1;
+            let v = values.next();
             let id = log.invoke(|| Op::Put(key, v));
             let r = c.put(ctx, key, v).await;
             log.complete(id, &r, |_| Ret::Put);
@@ -540,7 +596,9 @@ async fn client_task<N: Nic>(
     sh: Rc<Shared>,
 ) {
     let mut rng = Rng::stream(spec.seed, Domain::Client, me);
+    let mut values = Values::new(me);
     let emu = spec.backend == Backend::Emu;
+    let faulty = !spec.faults.is_empty();
     for i in 0.. {
         let measured = i >= spec.warmup;
         let t0 = ctx.now_ns();
@@ -577,10 +635,21 @@ async fn client_task<N: Nic>(
             client: me as u32,
             measured,
         };
-        let r = one_op(&mut c, kind, key, &spec, &sh, &mut rng, &log).await;
+        let draws = (&mut rng, &mut values);
+        let r = one_op(&mut c, kind, key, &spec, &sh, draws, &log).await;
+        if measured {
+            sh.last_done_ns.set(sh.last_done_ns.get().max(ctx.now_ns()));
+        }
         if let Err(e) = r {
-            *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
-            return;
+            if !faulty {
+                *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
+                *sh.tree.borrow_mut() += c.tree_stats();
+                return;
+            }
+            // Under faults the client goes on; the failure is counted and
+            // its operation stays pending in the history.
+            sh.kinds.borrow_mut()[kind.ix()].failed += 1;
+            continue;
         }
         if !measured {
             continue;
@@ -601,6 +670,7 @@ async fn client_task<N: Nic>(
         let _ = sh.all.borrow_mut().record(lat);
     }
     *sh.tree.borrow_mut() += c.tree_stats();
+    sh.finished.set(sh.finished.get() + 1);
 }
 
 pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
@@ -625,7 +695,13 @@ pub fn measure(spec: &RunSpec) -> Result<Report, String> {
     }
 }
 
-fn finish(sh: &Shared, elapsed_ns: u64, wall_sec: f64, sim_events: u64) -> Result<Report, String> {
+fn finish(
+    sh: &Shared,
+    clients: u64,
+    elapsed_ns: u64,
+    wall_sec: f64,
+    sim_events: u64,
+) -> Result<Report, String> {
     if let Some(e) = sh.failure.borrow_mut().take() {
         return Err(format!("an operation failed: {e}"));
     }
@@ -643,6 +719,7 @@ fn finish(sh: &Shared, elapsed_ns: u64, wall_sec: f64, sim_events: u64) -> Resul
             .history
             .as_ref()
             .map(|h| std::mem::take(&mut *h.borrow_mut())),
+        unfinished_clients: clients.saturating_sub(sh.finished.get()),
     })
 }
 
@@ -701,11 +778,15 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         }
     }
     progress.finish();
+    // Fault times count from here, the start of the workload.
+    let start = w.now_ns();
     let from = Arc::new(AtomicU64::new(u64::MAX));
     let sh = Shared::new(spec, from.clone(), 1, 0);
     let dist = Rc::new(KeyDist::new(spec.records, spec.zipf));
     let spec_rc = Rc::new(spec.clone());
     let mut id = 1;
+    // Client threads are numbered after the loaders' in the world.
+    let first_client_thread = w.threads() as u32;
     for (cn, tree) in trees.iter().enumerate() {
         for _ in 0..spec.threads {
             let t = w
@@ -721,13 +802,44 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
             }
         }
     }
+    let faults: Vec<Fault> = spec
+        .faults
+        .iter()
+        .map(|f| Fault {
+            at_ns: start.saturating_add(f.at_ns),
+            kind: match f.kind {
+                FaultKind::StallThread {
+                    thread,
+                    duration_ns,
+                } => FaultKind::StallThread {
+                    thread: first_client_thread + thread,
+                    duration_ns,
+                },
+                k => k,
+            },
+        })
+        .collect();
+    w.add_faults(&faults).map_err(|e| e.to_string())?;
     let wall = std::time::Instant::now();
     let mut last_print = 0.0;
+    // Under faults some clients may never finish (stuck behind a lock a
+    // crashed node held, or on a crashed node): the run ends once no
+    // operation has ended for FAULT_QUIET_NS of virtual time.
+    let mut quiet_since = (w.now_ns(), sh.last_done_ns.get());
     let end = loop {
         // Slices of virtual time, so a long run can report progress.
         let end = w.run_until(w.now_ns() + 1_000_000);
         if end != RunEnd::Limit {
             break end;
+        }
+        if !faults.is_empty() {
+            let last = sh.last_done_ns.get();
+            let pending_faults = faults.iter().any(|f| f.at_ns > w.now_ns());
+            if last != quiet_since.1 || pending_faults {
+                quiet_since = (w.now_ns(), last);
+            } else if w.now_ns() - quiet_since.0 >= FAULT_QUIET_NS {
+                break RunEnd::Limit;
+            }
         }
         let t = wall.elapsed().as_secs_f64();
         if t - last_print >= 2.0 {
@@ -748,16 +860,26 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         }
     };
     let wall_sec = wall.elapsed().as_secs_f64();
-    if end != RunEnd::Done && sh.failure.borrow().is_none() {
+    if end != RunEnd::Done && sh.failure.borrow().is_none() && faults.is_empty() {
         return Err(format!(
             "the simulation ended {end:?} with clients unfinished"
         ));
     }
-    let now = w.now_ns();
+    // Under faults the measured interval ends with the last operation that
+    // ended, not with the quiet time the run waited out.
+    let now = if faults.is_empty() {
+        w.now_ns()
+    } else {
+        sh.last_done_ns.get()
+    };
     let elapsed = now.saturating_sub(from.load(Ordering::Relaxed).min(now));
     let events = w.events();
-    finish(&sh, elapsed, wall_sec, events)
+    finish(&sh, spec.clients(), elapsed, wall_sec, events)
 }
+
+/// How long a run with faults waits, in virtual time, with no operation
+/// ending and no fault still to come, before it stops the clients left.
+const FAULT_QUIET_NS: u64 = 20_000_000;
 
 fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     let cluster = EmuCluster::boot(&EmuClusterConfig {
@@ -840,7 +962,7 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
             ex.run();
             // The executor's clock on emu is nicdrv::clock, as is this.
             let end = nicdrv::clock::now_ns();
-            finish(&sh, end, 0.0, 0)
+            finish(&sh, spec.coroutines as u64, end, 0.0, 0)
         })
         .map_err(|e| e.to_string())?;
     let wall_sec = wall.elapsed().as_secs_f64();
@@ -860,7 +982,9 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
                     a.bytes_read += b.bytes_read;
                     a.nosplit += b.nosplit;
                     a.nosplit_bytes += b.nosplit_bytes;
+                    a.failed += b.failed;
                 }
+                m.unfinished_clients += r.unfinished_clients;
                 m.all_latency.add(&r.all_latency).expect("same bounds");
                 m.tree += r.tree;
                 m.ops += r.ops;
@@ -970,9 +1094,17 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
     let le3: u64 = w.iter().take(4).sum();
     let nosplit: u64 = KINDS.iter().map(|k| r.kinds[k.ix()].nosplit).sum();
     let nosplit_bytes: u64 = KINDS.iter().map(|k| r.kinds[k.ix()].nosplit_bytes).sum();
+    let mut failed_ops = serde_json::Map::new();
+    failed_ops.insert(
+        "total".into(),
+        json!(r.kinds.iter().map(|k| k.failed).sum::<u64>()),
+    );
+    for k in KINDS {
+        failed_ops.insert(k.name().into(), json!(r.kinds[k.ix()].failed));
+    }
     let bw: u64 = r.kinds.iter().map(|k| k.bytes_written).sum();
     let br: u64 = r.kinds.iter().map(|k| k.bytes_read).sum();
-    json!({
+    let mut doc = json!({
         "system": spec.system,
         "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
         "simulated": spec.backend == Backend::Sim,
@@ -1019,7 +1151,15 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "cache_bytes": spec.cache_bytes,
             "tree": format!("{:?}", spec.tree),
         },
-    })
+    });
+    doc["failed_ops"] = failed_ops.into();
+    doc["unfinished_clients"] = json!(r.unfinished_clients);
+    doc["faults"] = json!(spec
+        .faults
+        .iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>());
+    doc
 }
 
 pub const USAGE: &str = "loch-bench run [flags]
@@ -1036,7 +1176,8 @@ pub const USAGE: &str = "loch-bench run [flags]
                           requestdistribution (latest stays latest) and zipfianconstant
                           (default: the file's; 0.99 in every shipped workload)
   --systems a,b,...       systems side by side (default sherman,fg): sherman,
-                          sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier
+                          sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier,
+                          cuckoo (the Nessie hash table; no scans)
   --memory-nodes N        (default sim 8, emu 2)
   --compute-nodes N       (default sim 8; emu runs one: this process)
   --threads N[,N,...]     client threads per compute node (default sim 22, emu 2); a list, such
@@ -1055,25 +1196,46 @@ pub const USAGE: &str = "loch-bench run [flags]
   --sim-model K=V,...     override simulator parameters (nicdrv/src/sim/model.rs field names,
                           e.g. atomic_window=0,link_latency_ns_one_way=500); sim only
   --json                  one JSON array on stdout, an object per system and thread count
-  --history FILE          write each measured operation as a JSON line: client, op, key,
-                          value, ret, invoke_ns, complete_ns (a read-modify-write is a get line
-                          and a put line). With several systems or thread counts, one file per
-                          run: FILE with .SYSTEM and/or .tN before its extension
+  --history FILE          write the run's history as JSON lines: a header, the bulk-loaded records
+                          (type initial), then every operation, warm-up included (type op:
+                          client, op, key, value, ret, invoke_ns, complete_ns, measured); a failed
+                          operation is pending (complete_ns null); every put writes a unique
+                          value. Format: docs/history-format.md. With several systems or thread
+                          counts, one file per run: FILE with .SYSTEM and/or .tN before its
+                          extension
   --check-history         check every operation (warm-up included) against the bulk-loaded
                           records with index::history (linearizable point operations, Sherman's
                           scan promise); exit code 1 on a violation
+  --fault KIND@TIME[:TARGET]
+                          inject a fault (sim only; repeatable), TIME from the start of the
+                          workload: memory-crash@TIME:NODE, compute-crash@TIME:NODE,
+                          link-cut@TIME:COMPUTE-MEMORY[/DURATION], link-heal@TIME:COMPUTE-MEMORY,
+                          latency-spike@TIME:EXTRA/DURATION, thread-stall@TIME:THREAD/DURATION
+                          (client threads numbered from 0 across compute nodes); times take
+                          ns, us, ms or s. With faults the run goes on with the clients that
+                          can: failed operations are counted (failed_ops, by kind) instead of
+                          failing the run, and it ends 20 virtual ms after the last operation
+                          ended once no fault is left to come (unfinished_clients)
+  --fault-seed N          add six faults drawn from N (crashes included) within the first
+                          virtual ms of the workload, or within --seconds (sim only)
   --plot DIR              write SVG charts into DIR: latency-cdf.svg, one line per system
                           (latency-cdf-tN.svg per point of a --threads list), and for a list
                           throughput.svg, ops/s against client threads in all
-  Exit codes: 0 done, 1 a history violation, 2 bad input (one line naming it; nothing written).
+  Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
+  where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
+  message on stderr); 2 bad input (one line naming it; nothing run, nothing written).
   Files are written only after every run succeeded, each whole (written aside, then renamed).";
 
 /// How `run` ended, when it ran.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Done,
     /// `--check-history` found a violation (exit code 1).
     HistoryViolation,
+    /// The system under test failed: an operation failed where none may
+    /// (no faults were injected), task scratch ran out, or the simulation
+    /// ended with clients stuck (exit code 1). Nothing is written.
+    Failed(String),
 }
 
 /// The workload named on the command line, parsed; warnings for stderr.
@@ -1132,6 +1294,74 @@ fn parse_threads(s: &str) -> Result<Vec<usize>, ArgError> {
     Ok(v)
 }
 
+/// The first line of a history file: what ran, and how to read the rest.
+fn history_header(spec: &RunSpec) -> serde_json::Value {
+    json!({
+        "type": "header",
+        "format": "loch-history",
+        "version": 1,
+        "system": spec.system,
+        "index": if spec.cuckoo { "hash" } else { "tree" },
+        "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns (CLOCK_MONOTONIC)" },
+        "workload": spec.mix.name,
+        "seed": spec.seed,
+        "clients": spec.clients(),
+        "initial_records": spec.records,
+        "warmup_per_client": spec.warmup,
+        "faults": spec.faults.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
+    })
+}
+
+/// Faults drawn by `--fault-seed`, and the window they fall in when the run
+/// is counted in operations.
+const SEEDED_FAULTS: usize = 6;
+const SEEDED_FAULT_WINDOW_NS: u64 = 1_000_000;
+
+/// The run's faults: those of `--fault` and, with `--fault-seed`, a plan
+/// drawn from it (crashes included) over the measured window, each checked
+/// against the cluster. Thread numbers count client threads across compute
+/// nodes from 0.
+fn fault_plan_for(
+    given: &[Fault],
+    seed: Option<u64>,
+    length: Length,
+    memory_nodes: usize,
+    compute_nodes: usize,
+    threads: usize,
+) -> Result<Vec<Fault>, ArgError> {
+    let client_threads = compute_nodes * threads;
+    let mut v = given.to_vec();
+    if let Some(s) = seed {
+        let horizon = match length {
+            Length::Nanos(d) => d,
+            Length::Ops(_) => SEEDED_FAULT_WINDOW_NS,
+        };
+        v.extend(Fault::random_plan_with_crashes(
+            s,
+            SEEDED_FAULTS,
+            horizon,
+            memory_nodes as u16,
+            compute_nodes as u16,
+            client_threads as u32,
+        ));
+    }
+    for f in &v {
+        f.check(memory_nodes, compute_nodes)
+            .map_err(|e| ArgError(format!("--fault: {e}")))?;
+        if let FaultKind::StallThread { thread, .. } = f.kind {
+            if thread as usize >= client_threads {
+                return Err(ArgError(format!(
+                    "--fault: {f} names client thread {thread}; there are {client_threads} ({compute_nodes} compute nodes × {threads})"
+                )));
+            }
+        }
+    }
+    v.sort_by_key(|f| f.at_ns);
+    Ok(v)
+}
+
 /// One finished run, kept until every run is done.
 struct Done {
     spec: RunSpec,
@@ -1143,7 +1373,35 @@ struct Done {
 }
 
 pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
-    let mut a = Args::parse(raw, &["json", "check-history"])?;
+    let mut a = Args::parse(
+        raw,
+        &Flags {
+            switches: &["json", "check-history"],
+            valued: &[
+                "backend",
+                "workload",
+                "workload-file",
+                "zipf",
+                "systems",
+                "memory-nodes",
+                "compute-nodes",
+                "threads",
+                "coroutines",
+                "records",
+                "ops",
+                "seconds",
+                "warmup",
+                "cache-mb",
+                "seed",
+                "history",
+                "plot",
+                "sim-model",
+                "fault",
+                "fault-seed",
+            ],
+            repeatable: &["fault"],
+        },
+    )?;
     let backend = match a.string("backend").as_deref().unwrap_or("sim") {
         "sim" => Backend::Sim,
         "emu" => Backend::Emu,
@@ -1202,7 +1460,17 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
             .check()
             .map_err(|e| ArgError(format!("--sim-model: {e}")))?;
     }
+    let mut fault_plan: Vec<Fault> = Vec::new();
+    for f in a.strings("fault") {
+        fault_plan.extend(parse_fault(&f).map_err(|e| ArgError(format!("--fault {e}")))?);
+    }
+    let fault_seed: Option<u64> = a.get_opt("fault-seed")?;
     a.finish()?;
+    if !sim && (!fault_plan.is_empty() || fault_seed.is_some()) {
+        return Err(ArgError(
+            "--fault and --fault-seed apply to --backend sim only".into(),
+        ));
+    }
     if memory_nodes == 0 || memory_nodes > 256 || compute_nodes == 0 || compute_nodes > 256 {
         return Err(ArgError(
             "--memory-nodes and --compute-nodes must be 1..=256".into(),
@@ -1268,6 +1536,14 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
             Some(total) => Length::Ops(total.div_ceil(clients)),
             None => Length::Ops(if sim { 200 } else { 20_000 }),
         });
+        let faults = fault_plan_for(
+            &fault_plan,
+            fault_seed,
+            length,
+            memory_nodes,
+            compute_nodes,
+            threads,
+        )?;
         for &name in &names {
             let tree = system_named(name, host_bytes).ok_or_else(|| {
                 ArgError(format!(
@@ -1300,6 +1576,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 record_history: history_path.is_some() || check_history,
                 cuckoo,
                 model: model.clone(),
+                faults: faults.clone(),
             });
         }
     }
@@ -1310,14 +1587,23 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
     let sweep = thread_list.len() > 1;
     let initial: Option<BTreeMap<u64, u64>> =
         check_history.then(|| records_sorted(records).into_iter().collect());
+    let mut initial_records: Option<Vec<(u64, u64)>> = None;
     let mut done: Vec<Done> = Vec::new();
     for spec in specs {
-        let mut report = measure(&spec).map_err(|e| ArgError(format!("{}: {e}", spec.system)))?;
+        let mut report = match measure(&spec) {
+            Ok(r) => r,
+            Err(e) => {
+                return Ok(Outcome::Failed(format!(
+                    "{} at {} threads: {e}",
+                    spec.system, spec.threads
+                )))
+            }
+        };
         let mut doc = report_json(&spec, &report);
         let (mut history_lines, mut verdict) = (None, None);
         if let Some(log) = report.history.take() {
-            let (n, lines) = log.measured_json_lines();
-            doc["history"] = json!({"events": n, "events_checked": null, "check": null});
+            let measured = log.measured.iter().filter(|&&m| m).count();
+            doc["history"] = json!({"events": log.history.len(), "measured_events": measured, "events_checked": null, "check": null});
             if let Some(initial) = &initial {
                 let v = log.history.check(initial);
                 doc["history"]["events_checked"] = json!(log.history.len());
@@ -1328,7 +1614,10 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 });
                 verdict = Some(v);
             }
-            history_lines = history_path.is_some().then_some(lines);
+            history_lines = history_path.is_some().then(|| {
+                let records = initial_records.get_or_insert_with(|| records_sorted(records));
+                log.file_lines(&history_header(&spec), records).1
+            });
         }
         if !json {
             eprintln!(
@@ -1556,5 +1845,33 @@ fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
             j["retries_per_op"].as_f64().unwrap_or(0.0),
             j["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
         );
+    }
+    if !spec.faults.is_empty() {
+        let faults: Vec<String> = spec.faults.iter().map(|f| f.to_string()).collect();
+        println!(
+            "faults (from the start of the workload): {}",
+            faults.join("; ")
+        );
+        for j in rows {
+            let f = &j["failed_ops"];
+            let by: Vec<String> = KINDS
+                .iter()
+                .filter_map(|k| {
+                    let n = f[k.name()].as_u64().unwrap_or(0);
+                    (n > 0).then(|| format!("{} {n}", k.name()))
+                })
+                .collect();
+            println!(
+                "{}: {} failed operations{}, {} clients unfinished",
+                j["system"].as_str().unwrap_or("?"),
+                f["total"].as_u64().unwrap_or(0),
+                if by.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", by.join(", "))
+                },
+                j["unfinished_clients"].as_u64().unwrap_or(0)
+            );
+        }
     }
 }

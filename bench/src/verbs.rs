@@ -12,7 +12,7 @@
 //! `--contended` puts them all on one word. Latency is per doorbell,
 //! measured with the executor's per-turn clock.
 
-use crate::args::{parse_size, ArgError, Args};
+use crate::args::{parse_size, ArgError, Args, Flags};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::{latency_histogram, CoreStats, RunStats};
 use hdrhistogram::Histogram;
@@ -76,10 +76,32 @@ pub const USAGE: &str =
        compute nodes, 8 memory nodes: the Sherman paper's setup), --duration virtual seconds
        (default 0.01), --seed for the run; --latency-ns overrides the one-way link latency.
   Latency is per doorbell (all --batch verbs of it complete together).
-  --matrix runs 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at depth 1 and 16.";
+  --matrix runs 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at depth 1 and 16.
+  Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot; the
+  message on stderr); 2 bad input (one line naming it; nothing run).";
 
-pub fn run(raw: &[String]) -> Result<(), ArgError> {
-    let mut a = Args::parse(raw, &["json", "contended", "no-pin", "matrix"])?;
+pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
+    let mut a = Args::parse(
+        raw,
+        &Flags {
+            switches: &["json", "contended", "no-pin", "matrix"],
+            valued: &[
+                "backend",
+                "verb",
+                "size",
+                "depth",
+                "batch",
+                "threads",
+                "duration",
+                "ops",
+                "memory-nodes",
+                "compute-nodes",
+                "seed",
+                "latency-ns",
+            ],
+            repeatable: &[],
+        },
+    )?;
     let backend = match a.string("backend").as_deref().unwrap_or("emu") {
         "emu" => Backend::Emu,
         "sim" => Backend::Sim,
@@ -188,7 +210,14 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
     }
     let mut docs = Vec::new();
     for spec in &specs {
-        let r = measure(spec).map_err(|e| ArgError(format!("benchmark failed: {e}")))?;
+        let r = match measure(spec) {
+            Ok(r) => r,
+            Err(e) => {
+                return Ok(crate::run::Outcome::Failed(format!(
+                    "benchmark failed: {e}"
+                )))
+            }
+        };
         if json {
             docs.push(report_json(spec, &r));
         } else {
@@ -205,7 +234,7 @@ pub fn run(raw: &[String]) -> Result<(), ArgError> {
     } else if sim {
         println!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
     }
-    Ok(())
+    Ok(crate::run::Outcome::Done)
 }
 
 /// A measured point: the run's statistics and, on sim, the simulator's

@@ -122,14 +122,21 @@ pub struct YcsbError {
     pub file: String,
     pub line: Option<usize>,
     pub msg: String,
+    /// The warnings found before the error (a typo'd key often explains
+    /// it), carried with it.
+    pub warnings: Vec<String>,
 }
 
 impl fmt::Display for YcsbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
-            Some(l) => write!(f, "{}:{}: {}", self.file, l, self.msg),
-            None => write!(f, "{}: {}", self.file, self.msg),
+            Some(l) => write!(f, "{}:{}: {}", self.file, l, self.msg)?,
+            None => write!(f, "{}: {}", self.file, self.msg)?,
         }
+        for w in &self.warnings {
+            write!(f, "; also {w}")?;
+        }
+        Ok(())
     }
 }
 
@@ -161,14 +168,39 @@ const KNOWN_KEYS: [&str; 14] = [
 /// workload and the warnings (unknown keys, keys given twice) for the
 /// caller to print.
 pub fn parse(file: &str, text: &str) -> Result<(WorkloadFile, Vec<String>), YcsbError> {
+    let mut warnings = Vec::new();
+    match parse_into(file, text, &mut warnings) {
+        Ok(w) => Ok((w, warnings)),
+        Err(mut e) => {
+            e.warnings = warnings;
+            Err(e)
+        }
+    }
+}
+
+/// The nearest known key to a misspelt one, if it is close.
+fn nearest_key(key: &str) -> Option<&'static str> {
+    KNOWN_KEYS
+        .iter()
+        .map(|k| (crate::args::edit_distance(&key.to_ascii_lowercase(), k), *k))
+        .filter(|&(d, k)| d <= 2.max(k.len() / 6))
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn parse_into(
+    file: &str,
+    text: &str,
+    warnings: &mut Vec<String>,
+) -> Result<WorkloadFile, YcsbError> {
     let err = |line: Option<usize>, msg: String| YcsbError {
         file: file.to_string(),
         line,
         msg,
+        warnings: Vec::new(),
     };
     // key -> (value, line), last one wins.
     let mut props: BTreeMap<&str, (&str, usize)> = BTreeMap::new();
-    let mut warnings = Vec::new();
     let mut unknown_seen: Vec<&str> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let ln = i + 1;
@@ -192,11 +224,12 @@ pub fn parse(file: &str, text: &str) -> Result<(WorkloadFile, Vec<String>), Ycsb
         if !KNOWN_KEYS.contains(&key) {
             if !unknown_seen.contains(&key) {
                 unknown_seen.push(key);
-                let hint = KNOWN_KEYS
-                    .iter()
-                    .find(|k| k.eq_ignore_ascii_case(key))
-                    .map(|k| format!(" (did you mean `{k}`? keys are case-sensitive)"))
-                    .unwrap_or_default();
+                let hint = match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
+                    Some(k) => format!(" (did you mean `{k}`? keys are case-sensitive)"),
+                    None => nearest_key(key)
+                        .map(|k| format!(": did you mean `{k}`?"))
+                        .unwrap_or_default(),
+                };
                 warnings.push(format!(
                     "{file}:{ln}: unknown key `{}` ignored{hint}",
                     clip(key)
@@ -353,20 +386,17 @@ pub fn parse(file: &str, text: &str) -> Result<(WorkloadFile, Vec<String>), Ycsb
     };
     let field_count = uint("fieldcount")?.map_or(10, |(n, _)| n);
     let field_length = uint("fieldlength")?.map_or(100, |(n, _)| n);
-    Ok((
-        WorkloadFile {
-            record_count,
-            operation_count,
-            proportions,
-            request_dist,
-            zipfian_constant,
-            max_scan_length,
-            scan_length_dist,
-            field_count,
-            field_length,
-        },
-        warnings,
-    ))
+    Ok(WorkloadFile {
+        record_count,
+        operation_count,
+        proportions,
+        request_dist,
+        zipfian_constant,
+        max_scan_length,
+        scan_length_dist,
+        field_count,
+        field_length,
+    })
 }
 
 /// Long garbage stays out of the one-line error.
@@ -550,6 +580,26 @@ mod tests {
                 "f:7: `updateproportion` set again (first on line 2); this value wins".to_string(),
             ]
         );
+    }
+
+    #[test]
+    fn an_error_keeps_the_warnings_that_explain_it() {
+        let e = parse("wl", "readproportion=0.5\nupdateproprotion=0.45\n").unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with("wl:1: proportions sum to 0.55, not 1"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "; also wl:2: unknown key `updateproprotion` ignored: did you mean `updateproportion`?"
+            ),
+            "{text}"
+        );
+        assert_eq!(e.warnings.len(), 1);
+        // Far from every key: no suggestion.
+        let (_, w) = parse("wl", "readproportion=1\nupdateproportion=0\nbananas=3\n").unwrap();
+        assert_eq!(w, ["wl:3: unknown key `bananas` ignored"]);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! `--check-history`) and `--plot` write what they say, and bad input exits
 //! 2 with one line and no files.
 
+use index::history::{check, Event, Op, Ret, Verdict};
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -256,8 +258,83 @@ fn history_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A history file's parts: the header, the initial map, the operations.
+struct HistoryFile {
+    header: Value,
+    initial: BTreeMap<u64, u64>,
+    ops: Vec<Value>,
+}
+
+fn read_history(path: &Path) -> HistoryFile {
+    let mut lines = history_lines(path).into_iter();
+    let header = lines.next().expect("a header line");
+    assert_eq!(header["type"], "header");
+    assert_eq!(header["format"], "loch-history");
+    assert_eq!(header["version"], 1);
+    let (mut initial, mut ops) = (BTreeMap::new(), Vec::new());
+    for l in lines {
+        match l["type"].as_str().unwrap() {
+            "initial" => {
+                assert!(ops.is_empty(), "initial lines come before operations");
+                let k = l["key"].as_u64().unwrap();
+                assert!(initial.insert(k, l["value"].as_u64().unwrap()).is_none());
+            }
+            "op" => ops.push(l),
+            other => panic!("unexpected line type {other}"),
+        }
+    }
+    HistoryFile {
+        header,
+        initial,
+        ops,
+    }
+}
+
+/// The file's operations as the checker's events, read back as an outside
+/// checker would: pending operations have no completion.
+fn events_of(ops: &[Value]) -> Vec<Event> {
+    let u = |v: &Value| v.as_u64().unwrap();
+    ops.iter()
+        .map(|l| {
+            let op = match l["op"].as_str().unwrap() {
+                "get" => Op::Get(u(&l["key"])),
+                "put" => Op::Put(u(&l["key"]), u(&l["value"])),
+                "delete" => Op::Delete(u(&l["key"])),
+                "scan" => Op::Scan {
+                    low: u(&l["low"]),
+                    high: u(&l["high"]),
+                    limit: u(&l["limit"]) as usize,
+                },
+                other => panic!("unexpected op {other}"),
+            };
+            let client = u(&l["client"]) as u32;
+            let inv = u(&l["invoke_ns"]);
+            let Some(cmp) = l["complete_ns"].as_u64() else {
+                assert_eq!(l["ret"], "unknown", "{l}");
+                return Event::pending(client, op, inv);
+            };
+            let ret = match (&op, &l["ret"]) {
+                (Op::Get(_), r) => Ret::Get(r.as_u64()),
+                (Op::Put(..), r) => {
+                    assert_eq!(r, "ok");
+                    Ret::Put
+                }
+                (Op::Delete(_), r) => Ret::Delete(r.as_bool()),
+                (Op::Scan { .. }, r) => Ret::Scan(
+                    r.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| (u(&p[0]), u(&p[1])))
+                        .collect(),
+                ),
+            };
+            Event::completed(client, op, ret, inv, cmp)
+        })
+        .collect()
+}
+
 #[test]
-fn history_has_a_line_per_measured_op_and_checks_ok() {
+fn history_files_hold_the_initial_state_and_every_op_and_check_ok_from_outside() {
     let dir = scratch("history");
     for (workload, backend) in [
         ("write-intensive", "sim"),
@@ -292,15 +369,25 @@ fn history_has_a_line_per_measured_op_and_checks_ok() {
             ],
         );
         let d = &run_ok(&args)[0];
-        let lines = history_lines(&h);
+        let f = read_history(&h);
+        assert_eq!(f.header["system"], "sherman");
+        assert_eq!(f.header["backend"], backend);
+        assert_eq!(f.header["warmup_per_client"], 20);
+        // Every bulk-loaded record (keys are hashes of 0..2000; none collide).
+        assert_eq!(f.initial.len(), 2000, "{workload} on {backend}");
         // A read-modify-write is a get line and a put line.
-        let want = d["ops"].as_u64().unwrap() + count(d, "rmw");
-        assert_eq!(lines.len() as u64, want, "{workload} on {backend}");
-        assert_eq!(d["history"]["events"], want);
+        let measured = d["ops"].as_u64().unwrap() + count(d, "rmw");
+        let marked = f.ops.iter().filter(|l| l["measured"] == true).count() as u64;
+        assert_eq!(marked, measured, "{workload} on {backend}");
+        assert_eq!(d["history"]["measured_events"], measured);
+        assert_eq!(d["history"]["events"], f.ops.len());
+        assert_eq!(d["history"]["events_checked"], f.ops.len());
         assert_eq!(d["history"]["check"], "ok", "{workload} on {backend}");
-        // The checker saw warm-up too: 20 more per client (two events per rmw).
-        assert!(d["history"]["events_checked"].as_u64().unwrap() >= want + 20 * 4 / 2);
-        let invoked: Vec<u64> = lines
+        let clients = f.header["clients"].as_u64().unwrap();
+        // Warm-up is in the file too: 20 operations per client at least.
+        assert!(f.ops.len() as u64 >= measured + 20 * clients);
+        let invoked: Vec<u64> = f
+            .ops
             .iter()
             .map(|l| l["invoke_ns"].as_u64().unwrap())
             .collect();
@@ -308,20 +395,21 @@ fn history_has_a_line_per_measured_op_and_checks_ok() {
             invoked.windows(2).all(|w| w[0] <= w[1]),
             "lines in invocation order"
         );
-        for l in &lines {
-            let (i, c) = (
-                l["invoke_ns"].as_u64().unwrap(),
-                l["complete_ns"].as_u64().unwrap(),
-            );
-            assert!(i <= c, "{l}");
-            assert!(l["client"].as_u64().unwrap() >= 1);
-            match l["op"].as_str().unwrap() {
-                "get" => assert!(l["key"].is_u64() && (l["ret"].is_u64() || l["ret"].is_null())),
-                "put" => assert!(l["key"].is_u64() && l["value"].is_u64() && l["ret"] == "ok"),
-                "scan" => assert!(l["low"].is_u64() && l["ret"].is_array()),
-                other => panic!("unexpected op {other}"),
+        // Every written value is unique and none is an initial value.
+        let mut written = BTreeSet::new();
+        for l in &f.ops {
+            assert!(l["invoke_ns"].as_u64().unwrap() <= l["complete_ns"].as_u64().unwrap());
+            assert!((1..=clients).contains(&l["client"].as_u64().unwrap()));
+            if l["op"] == "put" {
+                let v = l["value"].as_u64().unwrap();
+                assert!(written.insert(v), "value {v} written twice");
+                assert_eq!(v >> 32, l["client"].as_u64().unwrap(), "{l}");
             }
         }
+        assert!(f.initial.values().all(|v| !written.contains(v)));
+        // What an outside checker sees: the file alone decides.
+        let v = check(&events_of(&f.ops), &f.initial);
+        assert_eq!(v, Verdict::Ok, "{workload} on {backend}");
     }
     // Several systems: one file per system, nothing at the plain name.
     let h = dir.join("two.jsonl");
@@ -330,7 +418,9 @@ fn history_has_a_line_per_measured_op_and_checks_ok() {
     for d in &docs {
         let f = dir.join(format!("two.{}.jsonl", d["system"].as_str().unwrap()));
         assert_eq!(d["history"]["file"], f.to_str().unwrap());
-        assert_eq!(history_lines(&f).len(), 40);
+        let file = read_history(&f);
+        // 2 compute nodes × 2 threads, 10 measured + 50 warm-up each.
+        assert_eq!(file.ops.len(), 4 * 60);
         assert_eq!(d["history"]["check"], Value::Null, "not asked to check");
     }
     assert!(
@@ -338,6 +428,168 @@ fn history_has_a_line_per_measured_op_and_checks_ok() {
         "{:?}",
         listing(&dir)
     );
+}
+
+/// At the paper's scale (176 clients), no two clients' streams are copies:
+/// for every pair of clients and every offset within a window, the
+/// (operation, key) pairs they share at that offset are a small fraction.
+#[test]
+fn clients_draw_independent_operation_streams_at_paper_scale() {
+    let dir = scratch("streams");
+    let h = dir.join("h.jsonl");
+    for seed in ["1", "2"] {
+        let docs = run_ok(&[
+            "run".into(),
+            "--systems".into(),
+            "sherman".into(),
+            "--records".into(),
+            "100000".into(),
+            "--ops".into(),
+            "300".into(),
+            "--warmup".into(),
+            "0".into(),
+            "--seed".into(),
+            seed.into(),
+            "--history".into(),
+            h.to_str().unwrap().into(),
+            "--json".into(),
+        ]);
+        assert_eq!(docs[0]["config"]["threads_per_compute_node"], 22);
+        let f = read_history(&h);
+        let clients = f.header["clients"].as_u64().unwrap() as usize;
+        assert_eq!(clients, 176);
+        // Each client's operations in its own order.
+        let mut seqs: Vec<Vec<(String, u64)>> = vec![Vec::new(); clients + 1];
+        for l in &f.ops {
+            let c = l["client"].as_u64().unwrap() as usize;
+            seqs[c].push((
+                l["op"].as_str().unwrap().to_string(),
+                l["key"].as_u64().unwrap(),
+            ));
+        }
+        // Where each (op, key) occurs: (client, position).
+        let mut at: HashMap<&(String, u64), Vec<(usize, usize)>> = HashMap::new();
+        for (c, s) in seqs.iter().enumerate() {
+            for (i, p) in s.iter().enumerate() {
+                at.entry(p).or_default().push((c, i));
+            }
+        }
+        const WINDOW: i64 = 300;
+        let mut same: HashMap<(usize, usize, i64), u32> = HashMap::new();
+        for occ in at.values() {
+            for (x, &(c1, i1)) in occ.iter().enumerate() {
+                for &(c2, i2) in &occ[x + 1..] {
+                    let d = i2 as i64 - i1 as i64;
+                    if c1 != c2 && d.abs() <= WINDOW {
+                        *same.entry((c1.min(c2), c1.max(c2), d)).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let (&(a, b, d), &n) = same.iter().max_by_key(|(_, &n)| n).expect("some overlap");
+        // Zipf 0.99 makes a few chance matches; copies would match ~300.
+        assert!(
+            n <= 30,
+            "seed {seed}: clients {a} and {b} share {n} of 300 (op, key) pairs at offset {d}"
+        );
+    }
+}
+
+/// A run with faults goes on with the clients that can, counts what failed,
+/// and writes the failed operations as pending; the history still checks.
+#[test]
+fn faults_from_the_command_line_fail_operations_that_are_counted_and_pending() {
+    let dir = scratch("faults");
+    let h = dir.join("h.jsonl");
+    let hs = h.to_str().unwrap();
+    let args = tiny(&[
+        "--systems",
+        "sherman",
+        "--ops",
+        "200",
+        "--fault",
+        "memory-crash@300us:0",
+        "--fault",
+        "thread-stall@50us:1/100us",
+        "--fault",
+        "link-cut@50us:1-1/80us",
+        "--fault",
+        "latency-spike@20us:5us/100us",
+        "--history",
+        hs,
+        "--check-history",
+    ]);
+    let d = &run_ok(&args)[0];
+    let failed = d["failed_ops"]["total"].as_u64().unwrap();
+    assert!(failed > 0, "node 0 holds the root: {d}");
+    let by_kind: u64 = ["read", "update", "insert", "scan", "rmw"]
+        .iter()
+        .map(|k| d["failed_ops"][k].as_u64().unwrap())
+        .sum();
+    assert_eq!(by_kind, failed);
+    assert_eq!(
+        d["faults"].as_array().unwrap().len(),
+        5,
+        "a cut with a duration heals"
+    );
+    assert_eq!(d["history"]["check"], "ok");
+    let f = read_history(&h);
+    assert_eq!(f.header["faults"], d["faults"]);
+    let pending = f.ops.iter().filter(|l| l["complete_ns"].is_null()).count() as u64;
+    // Each failed operation is one pending line, and so is the operation a
+    // stuck client never finished.
+    assert!(pending >= failed, "{pending} pending, {failed} failed");
+    assert!(pending <= failed + d["unfinished_clients"].as_u64().unwrap());
+    assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok);
+
+    // A plan drawn from a seed: replayable, figure for figure.
+    let seeded = tiny(&["--systems", "sherman", "--ops", "100", "--fault-seed", "4"]);
+    let (a, b) = (&run_ok(&seeded)[0], &run_ok(&seeded)[0]);
+    assert!(!a["faults"].as_array().unwrap().is_empty());
+    for k in [
+        "ops",
+        "elapsed_ns",
+        "failed_ops",
+        "unfinished_clients",
+        "faults",
+        "sim_events",
+    ] {
+        assert_eq!(a[k], b[k], "{k}");
+    }
+}
+
+#[test]
+fn bad_faults_exit_2_naming_the_problem() {
+    for (extra, says) in [
+        (vec!["--fault", "memory-crash@1ms:9"], "does not exist"),
+        (vec!["--fault", "meltdown@1ms:0"], "unknown fault kind"),
+        (vec!["--fault", "memory-crash:0"], "no `@TIME`"),
+        (vec!["--fault", "thread-stall@1ms:4/1ms"], "there are 4"),
+        (vec!["--fault-seed", "x"], "--fault-seed"),
+        (
+            vec!["--backend", "emu", "--fault", "memory-crash@1ms:0"],
+            "sim only",
+        ),
+    ] {
+        let mut args = vec!["run"];
+        args.extend([
+            "--memory-nodes",
+            "2",
+            "--compute-nodes",
+            "2",
+            "--threads",
+            "2",
+        ]);
+        if extra.contains(&"emu") {
+            args.truncate(3);
+        }
+        args.extend(extra.iter());
+        let out = bench(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+    }
 }
 
 /// Enough of XML to catch what a hand writer gets wrong: balanced tags, an

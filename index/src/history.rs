@@ -237,39 +237,50 @@ impl History {
     pub fn to_json_lines(&self) -> String {
         let mut out = String::with_capacity(self.events.len() * 96);
         for e in &self.events {
-            // Writing into a String cannot fail.
-            let _ = write!(out, "{{\"client\":{},", e.client);
-            let _ = match &e.op {
-                Op::Get(k) => write!(out, "\"op\":\"get\",\"key\":{k},"),
-                Op::Put(k, v) => write!(out, "\"op\":\"put\",\"key\":{k},\"value\":{v},"),
-                Op::Delete(k) => write!(out, "\"op\":\"delete\",\"key\":{k},"),
-                Op::Scan { low, high, limit } => write!(
-                    out,
-                    "\"op\":\"scan\",\"low\":{low},\"high\":{high},\"limit\":{limit},"
-                ),
-            };
-            out.push_str("\"ret\":");
-            let _ = match &e.ret {
-                Ret::Get(Some(v)) => write!(out, "{v}"),
-                Ret::Get(None) => write!(out, "null"),
-                Ret::Put | Ret::Delete(None) => write!(out, "\"ok\""),
-                Ret::Delete(Some(b)) => write!(out, "{b}"),
-                Ret::Scan(r) => {
-                    out.push('[');
-                    for (i, (k, v)) in r.iter().enumerate() {
-                        let _ = write!(out, "{}[{k},{v}]", if i == 0 { "" } else { "," });
-                    }
-                    write!(out, "]")
-                }
-                Ret::Unknown => write!(out, "\"unknown\""),
-            };
-            let _ = write!(out, ",\"invoke_ns\":{},\"complete_ns\":", e.invoke_ns);
-            let _ = match e.complete_ns {
-                Some(c) => writeln!(out, "{c}}}"),
-                None => writeln!(out, "null}}"),
-            };
+            e.write_json(&mut out, "");
+            out.push('\n');
         }
         out
+    }
+}
+
+impl Event {
+    /// Appends this event as one JSON object (no newline), in the form
+    /// [`History::to_json_lines`] documents, with `prefix` (members such as
+    /// `"type":"op",`, each followed by a comma) first.
+    pub fn write_json(&self, out: &mut String, prefix: &str) {
+        let e = self;
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{{{prefix}\"client\":{},", e.client);
+        let _ = match &e.op {
+            Op::Get(k) => write!(out, "\"op\":\"get\",\"key\":{k},"),
+            Op::Put(k, v) => write!(out, "\"op\":\"put\",\"key\":{k},\"value\":{v},"),
+            Op::Delete(k) => write!(out, "\"op\":\"delete\",\"key\":{k},"),
+            Op::Scan { low, high, limit } => write!(
+                out,
+                "\"op\":\"scan\",\"low\":{low},\"high\":{high},\"limit\":{limit},"
+            ),
+        };
+        out.push_str("\"ret\":");
+        let _ = match &e.ret {
+            Ret::Get(Some(v)) => write!(out, "{v}"),
+            Ret::Get(None) => write!(out, "null"),
+            Ret::Put | Ret::Delete(None) => write!(out, "\"ok\""),
+            Ret::Delete(Some(b)) => write!(out, "{b}"),
+            Ret::Scan(r) => {
+                out.push('[');
+                for (i, (k, v)) in r.iter().enumerate() {
+                    let _ = write!(out, "{}[{k},{v}]", if i == 0 { "" } else { "," });
+                }
+                write!(out, "]")
+            }
+            Ret::Unknown => write!(out, "\"unknown\""),
+        };
+        let _ = write!(out, ",\"invoke_ns\":{},\"complete_ns\":", e.invoke_ns);
+        let _ = match e.complete_ns {
+            Some(c) => write!(out, "{c}}}"),
+            None => write!(out, "null}}"),
+        };
     }
 }
 

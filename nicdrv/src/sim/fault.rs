@@ -121,3 +121,296 @@ impl Fault {
         v
     }
 }
+
+/// The fault kinds' names on a command line, in `KIND@TIME[:TARGET]`.
+pub const FAULT_SYNTAX: &str = "memory-crash@TIME:NODE, compute-crash@TIME:NODE, \
+link-cut@TIME:COMPUTE-MEMORY[/DURATION] (healed after DURATION if given), \
+link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION, \
+thread-stall@TIME:THREAD/DURATION; times and durations take ns, us, ms or s \
+(a bare number is ns)";
+
+/// Parses a duration: a whole or decimal number with `ns`, `us`, `ms` or `s`
+/// (no unit: nanoseconds).
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ns") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e3)
+    } else if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1e9)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (a number with ns, us, ms or s)"))?;
+    let ns = v * scale;
+    if !(ns.is_finite() && ns >= 0.0 && ns <= MAX_TIME_NS as f64) {
+        return Err(format!("`{s}` is out of range (0 to {MAX_TIME_NS} ns)"));
+    }
+    Ok(ns.round() as u64)
+}
+
+/// Parses one `KIND@TIME[:TARGET]` fault ([`FAULT_SYNTAX`]); `at_ns` is the
+/// time as written (the caller decides what it counts from). A link cut
+/// with a duration gives its heal too.
+pub fn parse_fault(spec: &str) -> Result<Vec<Fault>, String> {
+    let bad = |why: String| format!("`{spec}`: {why} (faults: {FAULT_SYNTAX})");
+    let (kind, rest) = spec
+        .split_once('@')
+        .ok_or_else(|| bad("no `@TIME`".into()))?;
+    let (time, target) = match rest.split_once(':') {
+        Some((t, g)) => (t, Some(g)),
+        None => (rest, None),
+    };
+    let at_ns = parse_duration_ns(time).map_err(bad)?;
+    let need = |what: &str| target.ok_or_else(|| bad(format!("`{kind}` needs `:{what}`")));
+    let number = |s: &str, what: &str, max: u64| -> Result<u64, String> {
+        match s.trim().parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(bad(format!("`{s}` is not a {what}"))),
+        }
+    };
+    let pair = |s: &str| -> Result<(u16, u16), String> {
+        let (c, m) = s
+            .split_once('-')
+            .ok_or_else(|| bad(format!("`{s}` is not COMPUTE-MEMORY")))?;
+        Ok((
+            number(c, "compute node", u16::MAX as u64)? as u16,
+            number(m, "memory node", u16::MAX as u64)? as u16,
+        ))
+    };
+    let with_duration = |s: &str, what: &str| -> Result<(String, u64), String> {
+        let (a, d) = s
+            .split_once('/')
+            .ok_or_else(|| bad(format!("`{s}` is not {what}/DURATION")))?;
+        Ok((a.to_string(), parse_duration_ns(d).map_err(bad)?))
+    };
+    let one = |kind: FaultKind| Ok(vec![Fault { at_ns, kind }]);
+    match kind.trim() {
+        "memory-crash" => one(FaultKind::CrashMemoryNode {
+            node: number(need("NODE")?, "memory node", u16::MAX as u64)? as u16,
+        }),
+        "compute-crash" => one(FaultKind::CrashComputeNode {
+            node: number(need("NODE")?, "compute node", u16::MAX as u64)? as u16,
+        }),
+        "link-cut" => {
+            let t = need("COMPUTE-MEMORY")?;
+            let (link, heal) = match t.split_once('/') {
+                Some((l, d)) => (l, Some(parse_duration_ns(d).map_err(bad)?)),
+                None => (t, None),
+            };
+            let (compute, memory) = pair(link)?;
+            let mut v = vec![Fault {
+                at_ns,
+                kind: FaultKind::CutLink { compute, memory },
+            }];
+            if let Some(d) = heal {
+                v.push(Fault {
+                    at_ns: at_ns.saturating_add(d),
+                    kind: FaultKind::HealLink { compute, memory },
+                });
+            }
+            Ok(v)
+        }
+        "link-heal" => {
+            let (compute, memory) = pair(need("COMPUTE-MEMORY")?)?;
+            one(FaultKind::HealLink { compute, memory })
+        }
+        "latency-spike" => {
+            let (extra, duration_ns) = with_duration(need("EXTRA/DURATION")?, "EXTRA")?;
+            one(FaultKind::LatencySpike {
+                extra_ns: parse_duration_ns(&extra).map_err(bad)?,
+                duration_ns,
+            })
+        }
+        "thread-stall" => {
+            let (thread, duration_ns) = with_duration(need("THREAD/DURATION")?, "THREAD")?;
+            one(FaultKind::StallThread {
+                thread: number(&thread, "thread", u32::MAX as u64)? as u32,
+                duration_ns,
+            })
+        }
+        other => Err(bad(format!("unknown fault kind `{other}`"))),
+    }
+}
+
+impl Fault {
+    /// `count` faults drawn from `seed` at times in `[0, horizon_ns)`, as
+    /// [`Fault::random_plan`] draws them but crashes included: each draw is
+    /// a latency spike, a thread stall, a link cut that heals, a memory-node
+    /// crash or a compute-node crash. At most one memory node and one compute
+    /// node crash, and a compute node crashes only when another is left.
+    pub fn random_plan_with_crashes(
+        seed: u64,
+        count: usize,
+        horizon_ns: u64,
+        memory_nodes: u16,
+        compute_nodes: u16,
+        threads: u32,
+    ) -> Vec<Fault> {
+        let mut rng = Rng::stream(seed, Domain::Faults, 1);
+        let mut v = Vec::with_capacity(count * 2);
+        let (mut mem_crashed, mut cn_crashed) = (false, false);
+        for i in 0..count {
+            let at_ns = rng.below(horizon_ns.max(1));
+            match rng.below(5) {
+                3 if !mem_crashed && memory_nodes > 0 => {
+                    mem_crashed = true;
+                    v.push(Fault {
+                        at_ns,
+                        kind: FaultKind::CrashMemoryNode {
+                            node: rng.below(memory_nodes as u64) as u16,
+                        },
+                    });
+                }
+                4 if !cn_crashed && compute_nodes > 1 => {
+                    cn_crashed = true;
+                    v.push(Fault {
+                        at_ns,
+                        kind: FaultKind::CrashComputeNode {
+                            node: rng.below(compute_nodes as u64) as u16,
+                        },
+                    });
+                }
+                _ => {
+                    // The other kinds, drawn as random_plan draws them.
+                    let sub = Rng::stream(seed, Domain::Faults, 2 + i as u64).next_u64();
+                    v.extend(Fault::random_plan(
+                        sub,
+                        1,
+                        horizon_ns,
+                        memory_nodes,
+                        compute_nodes,
+                        threads,
+                    ));
+                }
+            }
+        }
+        v.sort_by_key(|f| f.at_ns);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_kind_parses_from_its_command_line_form() {
+        let one = |s: &str| parse_fault(s).unwrap();
+        assert_eq!(
+            one("memory-crash@2ms:3"),
+            vec![Fault {
+                at_ns: 2_000_000,
+                kind: FaultKind::CrashMemoryNode { node: 3 }
+            }]
+        );
+        assert_eq!(
+            one("compute-crash@1.5us:0")[0].kind,
+            FaultKind::CrashComputeNode { node: 0 }
+        );
+        assert_eq!(one("compute-crash@1.5us:0")[0].at_ns, 1_500);
+        let cut = one("link-cut@100:1-2/50us");
+        assert_eq!(cut.len(), 2);
+        assert_eq!(
+            cut[0].kind,
+            FaultKind::CutLink {
+                compute: 1,
+                memory: 2
+            }
+        );
+        assert_eq!(cut[1].at_ns, 50_100);
+        assert_eq!(
+            cut[1].kind,
+            FaultKind::HealLink {
+                compute: 1,
+                memory: 2
+            }
+        );
+        assert_eq!(one("link-cut@0s:1-2").len(), 1);
+        assert_eq!(
+            one("link-heal@1s:0-0")[0],
+            Fault {
+                at_ns: 1_000_000_000,
+                kind: FaultKind::HealLink {
+                    compute: 0,
+                    memory: 0
+                }
+            }
+        );
+        assert_eq!(
+            one("latency-spike@1ms:20us/500us")[0].kind,
+            FaultKind::LatencySpike {
+                extra_ns: 20_000,
+                duration_ns: 500_000
+            }
+        );
+        assert_eq!(
+            one("thread-stall@3ms:17/1ms")[0].kind,
+            FaultKind::StallThread {
+                thread: 17,
+                duration_ns: 1_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_faults_name_their_problem() {
+        for (s, says) in [
+            ("memory-crash", "no `@TIME`"),
+            ("memory-crash@1ms", "needs `:NODE`"),
+            ("memory-crash@soon:1", "not a duration"),
+            ("memory-crash@1ms:x", "not a memory node"),
+            ("link-cut@1ms:3", "not COMPUTE-MEMORY"),
+            ("latency-spike@1ms:20us", "not EXTRA/DURATION"),
+            ("thread-stall@1ms:a/1ms", "not a thread"),
+            ("meltdown@1ms:1", "unknown fault kind `meltdown`"),
+            ("memory-crash@-1ms:1", "out of range"),
+        ] {
+            let e = parse_fault(s).unwrap_err();
+            assert!(e.contains(says), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_random_plan_with_crashes_is_replayable_and_crashes_sometimes() {
+        let a = Fault::random_plan_with_crashes(9, 12, 1_000_000, 4, 4, 16);
+        assert_eq!(
+            a,
+            Fault::random_plan_with_crashes(9, 12, 1_000_000, 4, 4, 16)
+        );
+        assert!(a.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
+        let crashes = |p: &[Fault]| {
+            p.iter()
+                .filter(|f| {
+                    matches!(
+                        f.kind,
+                        FaultKind::CrashMemoryNode { .. } | FaultKind::CrashComputeNode { .. }
+                    )
+                })
+                .count()
+        };
+        let plans: Vec<_> = (0..50)
+            .map(|s| Fault::random_plan_with_crashes(s, 6, 1_000_000, 4, 4, 16))
+            .collect();
+        assert!(plans.iter().any(|p| crashes(p) > 0));
+        assert!(plans.iter().all(|p| crashes(p) <= 2));
+        for p in &plans {
+            for f in p {
+                f.check(4, 4).unwrap();
+            }
+        }
+        // One compute node is never crashed: someone must be left.
+        for s in 0..50 {
+            let p = Fault::random_plan_with_crashes(s, 8, 1_000, 2, 1, 4);
+            assert!(p
+                .iter()
+                .all(|f| !matches!(f.kind, FaultKind::CrashComputeNode { .. })));
+        }
+    }
+}

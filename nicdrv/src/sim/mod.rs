@@ -31,7 +31,7 @@ mod model;
 mod nic;
 mod state;
 
-pub use fault::{Fault, FaultKind, MAX_TIME_NS};
+pub use fault::{parse_duration_ns, parse_fault, Fault, FaultKind, FAULT_SYNTAX, MAX_TIME_NS};
 pub use model::SimModel;
 pub use nic::{SimCq, SimNic, SimQp, SimReg, SIM_CAPS};
 
@@ -465,6 +465,40 @@ impl World {
         let mut b = [0u8; 8];
         self.read_memory(node, space, off, &mut b)
             .then(|| u64::from_le_bytes(b))
+    }
+
+    /// Adds faults to the plan while the world runs; their `at_ns` are
+    /// absolute virtual times, none before now. Checked as
+    /// [`SimConfig::faults`] are, and a thread stall against the threads
+    /// made so far.
+    pub fn add_faults(&mut self, faults: &[Fault]) -> Result<(), SimError> {
+        let now = self.now_ns();
+        for f in faults {
+            f.check(self.memory_nodes(), self.compute_nodes())
+                .map_err(SimError::Config)?;
+            if f.at_ns < now {
+                return Err(SimError::Config(format!(
+                    "fault {f} is in the past (now {now} ns)"
+                )));
+            }
+            if let FaultKind::StallThread { thread, .. } = f.kind {
+                if thread as usize >= self.threads() {
+                    return Err(SimError::Config(format!(
+                        "fault {f} names thread {thread}; there are {} threads",
+                        self.threads()
+                    )));
+                }
+            }
+        }
+        for f in faults {
+            let i = {
+                let mut all = self.shared.faults.borrow_mut();
+                all.push(*f);
+                all.len() - 1
+            };
+            self.shared.schedule(f.at_ns, Ev::Fault(i as u32));
+        }
+        Ok(())
     }
 
     /// Crashes a memory node now.

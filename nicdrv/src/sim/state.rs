@@ -171,7 +171,8 @@ pub(crate) struct Shared {
     pub cut: RefCell<Vec<bool>>,
     /// Latency spikes as (start, end, extra).
     pub spikes: RefCell<Vec<(u64, u64, u64)>>,
-    pub faults: Vec<Fault>,
+    /// Faults by index (events name them); more can be added while it runs.
+    pub faults: RefCell<Vec<Fault>>,
     pub stats: Cell<Stats>,
     pub memory_nodes: usize,
 }
@@ -214,7 +215,7 @@ impl Shared {
             local_mrs: RefCell::new(Vec::new()),
             cut: RefCell::new(vec![false; compute_nodes * memory_nodes]),
             spikes: RefCell::new(Vec::new()),
-            faults,
+            faults: RefCell::new(faults),
             stats: Cell::new(Stats {
                 trace: 0xcbf2_9ce4_8422_2325,
                 ..Default::default()
@@ -808,7 +809,7 @@ impl Shared {
     }
 
     pub(crate) fn on_fault(&self, i: u32) {
-        let f = self.faults[i as usize];
+        let f = self.faults.borrow()[i as usize];
         let now = self.now.get();
         log::debug!("sim fault at {now} ns: {f}");
         match f.kind {
