@@ -15,7 +15,7 @@ use hdrhistogram::Histogram;
 use mempool::{ChunkConfig, RemoteAllocator, SUPERBLOCK_BYTES};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
+use nicdrv::sim::{Fault, RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, Space, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
@@ -48,6 +48,11 @@ pub struct DemoConfig {
     pub pin: bool,
     /// Records bulk-loaded into the tree phase's B+tree (0 skips the phase).
     pub tree_records: u64,
+    /// Faults to inject (sim only), `at_ns` counted from the start of the
+    /// simulation; the phases follow one another in virtual time. With any,
+    /// a task stops at its first failed operation while the others go on,
+    /// and the checks allow for operations whose effect is unknown.
+    pub faults: Vec<Fault>,
 }
 
 impl Default for DemoConfig {
@@ -63,6 +68,7 @@ impl Default for DemoConfig {
             latency_ns: 0,
             pin: true,
             tree_records: 100_000,
+            faults: Vec::new(),
         }
     }
 }
@@ -97,15 +103,41 @@ pub struct DemoReport {
 }
 
 impl DemoReport {
+    /// Every check passed. Under faults, failed operations are allowed and
+    /// the counter checks allow for them (`failures` then counts only
+    /// failed checks).
     pub fn ok(&self) -> bool {
-        self.faa_issued == self.faa_counter
-            && self.mismatches == 0
+        self.mismatches == 0
             && self.failures == 0
             && self
                 .tree
                 .iter()
                 .flatten()
-                .all(|t| t.mismatches == 0 && t.failures == 0)
+                .all(|t| t.mismatches == 0 && (t.faulty || t.failures == 0))
+    }
+}
+
+/// What the verb phase's tasks counted.
+#[derive(Copy, Clone, Debug, Default)]
+struct Tally {
+    faa: u64,
+    cas: u64,
+    mismatches: u64,
+    failures: u64,
+    /// FAAs and CASes that failed or never completed (a crashed node's):
+    /// each may or may not have taken effect.
+    failed_faa: u64,
+    failed_cas: u64,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, o: Tally) {
+        self.faa += o.faa;
+        self.cas += o.cas;
+        self.mismatches += o.mismatches;
+        self.failures += o.failures;
+        self.failed_faa += o.failed_faa;
+        self.failed_cas += o.failed_cas;
     }
 }
 
@@ -117,11 +149,16 @@ struct Shared {
     cas_incs: Cell<u64>,
     mismatches: Cell<u64>,
     failures: Cell<u64>,
+    /// FAAs and CASes that failed or are still in flight.
+    failed_faa: Cell<u64>,
+    failed_cas: Cell<u64>,
+    /// Faults were injected: failures are expected, and logged quietly.
+    faulty: bool,
     progress: Arc<AtomicU64>,
 }
 
 impl Shared {
-    fn new(progress: Arc<AtomicU64>) -> Rc<Shared> {
+    fn new(progress: Arc<AtomicU64>, faulty: bool) -> Rc<Shared> {
         Rc::new(Shared {
             hist: RefCell::new(latency_histogram()),
             ops: Cell::new(0),
@@ -129,12 +166,19 @@ impl Shared {
             cas_incs: Cell::new(0),
             mismatches: Cell::new(0),
             failures: Cell::new(0),
+            failed_faa: Cell::new(0),
+            failed_cas: Cell::new(0),
+            faulty,
             progress,
         })
     }
 
     fn fail(&self, what: &str, e: impl std::fmt::Display) {
-        log::error!("demo {what} failed: {e}");
+        if self.faulty {
+            log::debug!("demo {what} failed (faults injected): {e}");
+        } else {
+            log::error!("demo {what} failed: {e}");
+        }
         self.failures.set(self.failures.get() + 1);
     }
 }
@@ -160,7 +204,18 @@ async fn demo_task<N: Nic>(
         let t0 = ctx.now_ns();
         let w = rng.below(TASK_WORDS);
         let addr = area.add(w * 64);
-        let r = match rng.below(100) {
+        let pick = rng.below(100);
+        // FAAs and CASes in flight: if the task never hears back (its node
+        // crashed), the memory node may still have applied them.
+        let counted = match pick {
+            50..=69 | 85.. => Some(&sh.failed_faa),
+            70..=84 => Some(&sh.failed_cas),
+            _ => None,
+        };
+        if let Some(c) = counted {
+            c.set(c.get() + 1);
+        }
+        let r = match pick {
             0..=29 => ctx.read(addr, 64).await.map(|b| {
                 if b.u64_at(0) != shadow[w as usize] {
                     sh.mismatches.set(sh.mismatches.get() + 1);
@@ -209,7 +264,13 @@ async fn demo_task<N: Nic>(
             }
         };
         if let Err(e) = r {
+            // A failed FAA or CAS may still have taken effect (its answer
+            // was lost): it stays counted, and the counter checks allow
+            // for each.
             return sh.fail("operation", e);
+        }
+        if let Some(c) = counted {
+            c.set(c.get() - 1);
         }
         let _ = sh.hist.borrow_mut().record((ctx.now_ns() - t0).max(1));
         sh.ops.set(sh.ops.get() + 1);
@@ -228,8 +289,8 @@ fn chunk_config() -> ChunkConfig {
     }
 }
 
-/// Runs the demo, printing progress to stderr; returns the report.
-pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
+/// Checks the demo's options (bad input: `loch demo` exits 2 on an error).
+pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
     if cfg.memory_nodes == 0 || cfg.cores == 0 || cfg.tasks_per_core == 0 || cfg.compute_nodes == 0
     {
         return Err(
@@ -250,6 +311,27 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
             chunks_per_node * cfg.memory_nodes as u64
         ));
     }
+    if !cfg.faults.is_empty() && cfg.backend != DemoBackend::Sim {
+        return Err("--fault and --fault-seed apply to --backend sim only".into());
+    }
+    for f in &cfg.faults {
+        f.check(cfg.memory_nodes, cfg.compute_nodes)?;
+        if let nicdrv::sim::FaultKind::StallThread { thread, .. } = f.kind {
+            if thread as usize >= cfg.cores {
+                return Err(format!(
+                    "fault {f} names thread {thread}; the verb phase has {} threads",
+                    cfg.cores
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the demo, printing progress to stderr; returns the report.
+pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
+    validate(cfg)?;
+    let faulty = !cfg.faults.is_empty();
     let (stats, tally, counters, header, tree) = match cfg.backend {
         DemoBackend::Emu => run_emu(cfg)?,
         DemoBackend::Sim => run_sim(cfg)?,
@@ -293,29 +375,69 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
         "  latency p99         {} ns",
         stats.latency_ns.value_at_quantile(0.99)
     );
-    let (faa, cas, mism, fail) = tally;
+    let Tally {
+        faa,
+        cas,
+        mismatches: mism,
+        failures: fail,
+        failed_faa,
+        failed_cas,
+    } = tally;
     let (faa_counter, cas_total) = counters;
-    let _ = writeln!(
-        text,
-        "  check: shared FAA counter {faa_counter} = FAAs issued {faa}: {}",
-        verdict(faa_counter == faa)
+    let mut failed_checks = 0;
+    // A counter equals what the tasks saw succeed, plus at most the
+    // operations on it that failed (their effect is unknown). An unreadable
+    // counter (its memory node crashed) cannot be checked.
+    let mut counter_check = |what: &str, memory: Option<u64>, seen: u64, unknown: u64| {
+        let line = match memory {
+            None => "cannot be read (its memory node crashed): skipped".to_string(),
+            Some(m) if unknown == 0 => {
+                failed_checks += u64::from(m != seen);
+                format!("{m} = {seen}: {}", verdict(m == seen))
+            }
+            Some(m) => {
+                let ok = (seen..=seen + unknown).contains(&m);
+                failed_checks += u64::from(!ok);
+                format!(
+                    "{m} within {seen}..={} ({unknown} failed or unanswered): {}",
+                    seen + unknown,
+                    verdict(ok)
+                )
+            }
+        };
+        let _ = writeln!(text, "  check: {what} {line}");
+    };
+    counter_check(
+        "shared FAA counter vs FAAs issued:",
+        faa_counter,
+        faa,
+        failed_faa,
     );
-    let _ = writeln!(
-        text,
-        "  check: per-core CAS counters sum {cas_total} = CAS increments won {cas}: {}",
-        verdict(cas_total == cas)
+    counter_check(
+        "per-core CAS counters sum vs CAS increments won:",
+        cas_total,
+        cas,
+        failed_cas,
     );
     let _ = writeln!(
         text,
         "  check: reads of own words matching last write: {mism} mismatches: {}",
         verdict(mism == 0)
     );
-    let _ = writeln!(
-        text,
-        "  check: failed operations: {fail}: {}",
-        verdict(fail == 0)
-    );
-    let failures = fail + u64::from(cas_total != cas);
+    if faulty {
+        let _ = writeln!(
+            text,
+            "  failed operations: {fail} (faults injected: each failing task stopped, the others went on)"
+        );
+    } else {
+        failed_checks += fail;
+        let _ = writeln!(
+            text,
+            "  check: failed operations: {fail}: {}",
+            verdict(fail == 0)
+        );
+    }
+    let failures = failed_checks;
     if let Some(t) = &tree {
         for p in t {
             text.push_str(&crate::demo_tree::summary(p));
@@ -324,7 +446,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
     Ok(DemoReport {
         stats,
         faa_issued: faa,
-        faa_counter,
+        faa_counter: faa_counter.unwrap_or(u64::MAX),
         mismatches: mism,
         failures,
         tree,
@@ -332,23 +454,25 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
     })
 }
 
-/// Stats, (FAAs, CAS increments, mismatches, failures) as the tasks counted
-/// them, (FAA counter, sum of CAS words) as memory holds them, header.
+/// Stats, what the tasks counted, (FAA counter, sum of CAS words) as
+/// memory holds them (`None`: unreadable), header.
 type Outcome = (
     RunStats,
-    (u64, u64, u64, u64),
-    (u64, u64),
+    Tally,
+    (Option<u64>, Option<u64>),
     String,
     Option<Vec<crate::demo_tree::TreePhase>>,
 );
 
-fn tally_of(sh: &Shared) -> (u64, u64, u64, u64) {
-    (
-        sh.faa.get(),
-        sh.cas_incs.get(),
-        sh.mismatches.get(),
-        sh.failures.get(),
-    )
+fn tally_of(sh: &Shared) -> Tally {
+    Tally {
+        faa: sh.faa.get(),
+        cas: sh.cas_incs.get(),
+        mismatches: sh.mismatches.get(),
+        failures: sh.failures.get(),
+        failed_faa: sh.failed_faa.get(),
+        failed_cas: sh.failed_cas.get(),
+    }
 }
 
 fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
@@ -405,7 +529,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     let started = Instant::now();
     let results = cluster
         .run_cores(cfg.cores, exec_cfg, cfg.pin, |core, ex| {
-            let sh = Shared::new(progress.clone());
+            let sh = Shared::new(progress.clone(), false);
             let mut seeds = Rng::stream(cfg.seed, Domain::Core, core as u64);
             for _ in 0..cfg.tasks_per_core {
                 let (rng, sh2) = (seeds.fork(), sh.clone());
@@ -429,11 +553,11 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     let elapsed_ns = started.elapsed().as_nanos() as u64;
     done.store(true, Ordering::Relaxed);
     let _ = printer.join();
-    let mut tally = (0, 0, 0, 0);
+    let mut tally = Tally::default();
     let mut cores = Vec::new();
     for (c, t) in results {
         cores.push(c);
-        tally = (tally.0 + t.0, tally.1 + t.1, tally.2 + t.2, tally.3 + t.3);
+        tally += t;
     }
     let faa_counter = cluster.node(0).host().load_u64(SHARED_FAA.offset());
     let cas_total = (0..cfg.cores)
@@ -455,7 +579,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     Ok((
         RunStats::merge(cores, elapsed_ns),
         tally,
-        (faa_counter, cas_total),
+        (Some(faa_counter), Some(cas_total)),
         header,
         tree,
     ))
@@ -483,10 +607,10 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         dm_bytes: 256 << 10,
         compute_nodes: cfg.compute_nodes,
         model,
-        faults: Vec::new(),
+        faults: cfg.faults.clone(),
     })
     .map_err(|e| e.to_string())?;
-    let sh = Shared::new(Arc::new(AtomicU64::new(0)));
+    let sh = Shared::new(Arc::new(AtomicU64::new(0)), !cfg.faults.is_empty());
     let exec_cfg = ExecutorConfig {
         slots: cfg.tasks_per_core,
         scratch_bytes_per_slot: 16 * 1024,
@@ -527,12 +651,26 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         }
     }
     if end != RunEnd::Done {
-        end = w.run();
+        end = if cfg.faults.is_empty() {
+            w.run()
+        } else {
+            // Under faults a task can wait forever on a crashed node: give
+            // the others FAULT_QUIET_NS past the deadline to finish.
+            w.run_until(duration_ns + crate::demo_tree::FAULT_QUIET_NS)
+        };
     }
-    if end != RunEnd::Done {
+    let stuck = w.live_tasks();
+    if end != RunEnd::Done && cfg.faults.is_empty() {
         return Err(format!(
             "the simulation ended {end:?} with tasks unfinished"
         ));
+    }
+    if stuck > 0 {
+        eprintln!("loch demo: {stuck} verb tasks did not finish (faults injected)");
+        // They must not run on into the index phases.
+        for t in 0..w.threads() as u32 {
+            w.halt_thread(t);
+        }
     }
     let wall_s = wall.elapsed().as_secs_f64();
     let mut counters = VerbCounters::default();
@@ -549,16 +687,13 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.now_ns(),
     );
     stats.threads = cfg.cores;
-    let faa_counter = w
-        .read_u64(0, Space::Host, SHARED_FAA.offset())
-        .unwrap_or(u64::MAX);
+    let faa_counter = w.read_u64(0, Space::Host, SHARED_FAA.offset());
     let cas_total = (0..cfg.cores)
         .map(|c| {
             let a = cas_word(c, cfg.memory_nodes);
             w.read_u64(a.node(), Space::Device, a.offset())
-                .unwrap_or(u64::MAX)
         })
-        .sum();
+        .sum::<Option<u64>>();
     let header = format!(
         "loch demo summary (sim backend, seed {}, SIMULATED time: {} memory nodes, {} compute nodes, {} threads × {} tasks; {} events, {:.2} M simulated verbs/wall s, trace {:016x})",
         cfg.seed,

@@ -79,7 +79,18 @@ pub struct TreePhase {
     pub records: u64,
     pub mismatches: u64,
     pub failures: u64,
+    /// Faults were injected: failed operations are allowed.
+    pub faulty: bool,
+    /// Why the phase did not run its workload (its load failed under faults).
+    pub skipped: Option<String>,
+    /// Tasks that did not finish (stuck under faults).
+    pub unfinished: u64,
 }
+
+/// How long, in virtual time, a phase under faults waits past its deadline
+/// for tasks to finish before it leaves the rest as stuck (behind a lock a
+/// crashed compute node held, or on a crashed node).
+pub const FAULT_QUIET_NS: u64 = 20_000_000;
 
 struct Shared {
     hist: RefCell<Histogram<u64>>,
@@ -87,15 +98,21 @@ struct Shared {
     mismatches: Cell<u64>,
     failures: Cell<u64>,
     tree: RefCell<TreeStats>,
+    /// Tasks that ran to their end.
+    finished: Cell<u64>,
+    /// Faults were injected: failures are expected, and logged quietly.
+    faulty: bool,
 }
 
-fn shared() -> Rc<Shared> {
+fn shared(faulty: bool) -> Rc<Shared> {
     Rc::new(Shared {
         hist: RefCell::new(latency_histogram()),
         ops: Cell::new(0),
         mismatches: Cell::new(0),
         failures: Cell::new(0),
         tree: RefCell::new(TreeStats::default()),
+        finished: Cell::new(0),
+        faulty,
     })
 }
 
@@ -230,7 +247,11 @@ async fn tree_task<N: Nic>(
         match mixed_op(&ctx, &mut c, &mut rng, records, &mut own).await {
             Ok(bad) => sh.mismatches.set(sh.mismatches.get() + bad as u64),
             Err(e) => {
-                log::error!("demo index operation failed: {e}");
+                if sh.faulty {
+                    log::debug!("demo index operation failed (faults injected): {e}");
+                } else {
+                    log::error!("demo index operation failed: {e}");
+                }
                 sh.failures.set(sh.failures.get() + 1);
                 break;
             }
@@ -239,6 +260,7 @@ async fn tree_task<N: Nic>(
         sh.ops.set(sh.ops.get() + 1);
     }
     *sh.tree.borrow_mut() += c.tree_stats();
+    sh.finished.set(sh.finished.get() + 1);
 }
 
 /// The phase on the emu cluster: one compute node (this process), its
@@ -286,7 +308,7 @@ pub fn run_emu(
     let started = std::time::Instant::now();
     let results = cluster
         .run_cores(cores, exec, pin, |core, ex| {
-            let sh = shared();
+            let sh = shared(false);
             for t in 0..tasks {
                 let me = (core * tasks + t) as u64 + 1;
                 let c = tree.client(me).expect("a client of a valid index");
@@ -324,6 +346,9 @@ pub fn run_emu(
         records,
         mismatches: mism,
         failures: fail,
+        faulty: false,
+        skipped: None,
+        unfinished: 0,
     })
 }
 
@@ -361,15 +386,51 @@ pub fn run_sim(
         .add_thread(0, ExecutorConfig { slots: 1, ..exec })
         .map_err(|e| e.to_string())?;
     let (t0, e0) = (trees[0].clone(), err.clone());
-    w.spawn(lt, move |ctx| load(ctx, t0, records, e0))
-        .map_err(|e| e.to_string())?;
-    if w.run() != RunEnd::Done {
-        return Err("bulk load did not finish".into());
+    let loaded = Rc::new(Cell::new(false));
+    let l0 = loaded.clone();
+    w.spawn(lt, move |ctx| async move {
+        load(ctx, t0, records, e0).await;
+        l0.set(true);
+    })
+    .map_err(|e| e.to_string())?;
+    let faulty = !cfg.faults.is_empty();
+    let skip = |why: String| TreePhase {
+        kind,
+        stats: RunStats::merge(Vec::new(), 0),
+        tree: TreeStats::default(),
+        records,
+        mismatches: 0,
+        failures: 0,
+        faulty,
+        skipped: Some(why),
+        unfinished: 0,
+    };
+    // Under faults the loader may wait forever (its node crashed), and
+    // tasks stuck in an earlier phase may still spin: run in slices, until
+    // this phase's own tasks are done.
+    let slice = 1_000_000;
+    // The limit moves by a slice each time, even when the clock does not
+    // (the next event may lie further off).
+    let mut until = w.now_ns();
+    let load_limit = until + 10_000_000_000;
+    while !loaded.get() {
+        until += slice;
+        let end = w.run_until(until);
+        if end != RunEnd::Limit && !loaded.get() || until > load_limit {
+            if faulty {
+                w.halt_thread(lt);
+                return Ok(skip("the load did not finish".into()));
+            }
+            return Err("bulk load did not finish".into());
+        }
     }
     if let Some(e) = err.borrow_mut().take() {
+        if faulty {
+            return Ok(skip(format!("the load failed: {e}")));
+        }
         return Err(format!("bulk load failed: {e}"));
     }
-    let sh = shared();
+    let sh = shared(faulty);
     let first_thread = w.threads() as u32;
     for core in 0..cores {
         let cn = core % w.compute_nodes();
@@ -385,8 +446,27 @@ pub fn run_sim(
         }
     }
     let start = w.now_ns();
-    if w.run() != RunEnd::Done {
-        return Err("the tree phase did not finish".into());
+    let spawned = (cores * tasks) as u64;
+    let deadline = start + (seconds * 1e9) as u64 + FAULT_QUIET_NS;
+    let mut until = start;
+    while sh.finished.get() < spawned {
+        until += slice;
+        let end = w.run_until(until);
+        if sh.finished.get() == spawned {
+            break;
+        }
+        let stuck = end != RunEnd::Limit || until > deadline;
+        if stuck && !faulty {
+            return Err("the tree phase did not finish".into());
+        }
+        if stuck {
+            // Tasks stuck for ever (behind a lock a crashed node held) must
+            // not spin on through the phases after this one.
+            for t in first_thread..w.threads() as u32 {
+                w.halt_thread(t);
+            }
+            break;
+        }
     }
     let mut counters = VerbCounters::default();
     for t in first_thread..w.threads() as u32 {
@@ -410,6 +490,9 @@ pub fn run_sim(
         records,
         mismatches: sh.mismatches.get(),
         failures: sh.failures.get(),
+        faulty,
+        skipped: None,
+        unfinished: spawned - sh.finished.get(),
     })
 }
 
@@ -438,6 +521,28 @@ pub fn run_phases(
 
 /// The summary lines of the phase.
 pub fn summary(p: &TreePhase) -> String {
+    let name = match p.kind {
+        IndexKind::Tree => "B+tree (Sherman, bulk load)",
+        IndexKind::Hash => "hash table (Nessie, puts)",
+    };
+    if let Some(why) = &p.skipped {
+        return format!("  {name}: skipped under faults: {why}\n");
+    }
+    let mut text = summary_ran(p, name);
+    if p.faulty {
+        // The last line is the failed-operations check: under faults it is
+        // a count, not a check.
+        let cut = text.trim_end().rfind('\n').map_or(0, |i| i + 1);
+        text.truncate(cut);
+        text.push_str(&format!(
+            "    failed index operations: {} (faults injected: each failing task stopped); {} tasks unfinished\n",
+            p.failures, p.unfinished
+        ));
+    }
+    text
+}
+
+fn summary_ran(p: &TreePhase, name: &str) -> String {
     let s = &p.stats;
     let c = &s.counters;
     let t = &p.tree;
@@ -458,10 +563,7 @@ pub fn summary(p: &TreePhase) -> String {
          \x20   splits              {}\n\
          \x20   check: lookups and deletes agree with the loaded data and each task's shadow: {} mismatches: {}\n\
          \x20   check: failed index operations: {}: {}\n",
-        match p.kind {
-            IndexKind::Tree => "B+tree (Sherman, bulk load)",
-            IndexKind::Hash => "hash table (Nessie, puts)",
-        },
+        name,
         p.records,
         if p.kind == IndexKind::Hash { "; no scans in a hash table: skipped" } else { "" },
         s.ops,

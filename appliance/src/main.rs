@@ -17,6 +17,15 @@ commands:
                  --compute-nodes N (sim only, 4)  --latency-ns N one-way (emu: injected; sim: link)
                  --tree-records N (records bulk-loaded into the B+tree phase; 0 skips it; 100000)
                  --no-pin
+                 --fault KIND@TIME[:TARGET] (sim only, repeatable; TIME from the start of the
+                 simulation: the verb phase, then each index phase's load and workload):
+                 memory-crash@TIME:NODE, compute-crash@TIME:NODE,
+                 link-cut@TIME:COMPUTE-MEMORY[/DURATION], link-heal@TIME:COMPUTE-MEMORY,
+                 latency-spike@TIME:EXTRA/DURATION, thread-stall@TIME:THREAD/DURATION;
+                 times take ns, us, ms or s. A task stops at its first failed operation, the
+                 others go on, and the checks allow for operations whose effect is unknown
+                 --fault-seed N (sim only: six faults drawn from N, crashes included, within
+                 3 × --seconds of virtual time)
           --processes: one `loch node` process per node over the control channel
                  (2 memory + 2 compute nodes on 127.0.0.1), a fresh cluster per workload;
                  flags: --seconds S per workload (3)  --cores N per compute node (1)
@@ -27,7 +36,9 @@ commands:
                  [--workload verbs|tree|hash (tree)]  [--records N loaded into the index (100000)]
                  every compute node of a cluster must get the same --workload and --records
   check   run node N's preflight checks
-          flags: --config FILE  --id N";
+          flags: --config FILE  --id N
+exit codes: 0 done (every check passed); 1 the system failed (a check FAILED, a node
+could not run); 2 bad input (a flag, a value, a cluster file, an id not in it)";
 
 fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
     let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -38,6 +49,7 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
     let mut cfg = DemoConfig::default();
     let mut seconds = None;
     let (mut cores, mut compute_nodes) = (None, None);
+    let mut fault_seed = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -60,6 +72,12 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
             "--latency-ns" => cfg.latency_ns = parse(a, it.next())?,
             "--no-pin" => cfg.pin = false,
             "--tree-records" => cfg.tree_records = parse(a, it.next())?,
+            "--fault" => {
+                let spec: String = parse(a, it.next())?;
+                cfg.faults
+                    .extend(nicdrv::sim::parse_fault(&spec).map_err(|e| format!("--fault {e}"))?);
+            }
+            "--fault-seed" => fault_seed = Some(parse::<u64>(a, it.next())?),
             other => return Err(format!("unknown flag `{other}`")),
         }
     }
@@ -69,6 +87,24 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
     cfg.seconds = seconds.unwrap_or(if sim { 0.005 } else { 3.0 });
     cfg.cores = cores.unwrap_or(if sim { 16 } else { 2 });
     cfg.compute_nodes = compute_nodes.unwrap_or(if sim { 4 } else { 1 });
+    if let Some(s) = fault_seed {
+        if !sim {
+            return Err("--fault-seed applies to --backend sim only".into());
+        }
+        // The three phases span about three times --seconds.
+        let horizon = (3.0 * cfg.seconds * 1e9) as u64;
+        cfg.faults
+            .extend(nicdrv::sim::Fault::random_plan_with_crashes(
+                s,
+                6,
+                horizon,
+                cfg.memory_nodes.min(u16::MAX as usize) as u16,
+                cfg.compute_nodes.min(u16::MAX as usize) as u16,
+                cfg.cores.min(u32::MAX as usize) as u32,
+            ));
+    }
+    cfg.faults.sort_by_key(|f| f.at_ns);
+    demo::validate(&cfg)?;
     Ok(cfg)
 }
 

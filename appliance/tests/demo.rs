@@ -67,18 +67,87 @@ fn demo_on_sim_is_deterministic_and_passes_its_checks() {
 }
 
 #[test]
-fn demo_refuses_bad_flags() {
+fn demo_refuses_bad_flags_with_exit_2() {
     for args in [
         &["demo", "--cores", "zero"][..],
         &["demo", "--warp"],
         &["teleport"],
         &["demo", "--seconds", "0"],
+        &["demo", "--backend", "sim", "--fault", "memory-crash@1ms:5"],
+        &["demo", "--backend", "sim", "--fault", "meltdown@1ms:0"],
+        &["demo", "--fault", "memory-crash@1ms:0"],
+        &["demo", "--fault-seed", "3"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_loch"))
             .args(args)
             .output()
             .unwrap();
-        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!out.stderr.is_empty(), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// Faults from the command line: the demo goes on with the tasks that can,
+/// counts what failed, keeps the checks that still hold, and replays.
+#[test]
+fn demo_on_sim_with_faults_goes_on_and_replays() {
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+            .args([
+                "demo",
+                "--backend",
+                "sim",
+                "--seed",
+                "3",
+                "--seconds",
+                "0.002",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let s = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{s}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        s
+    };
+    // Node 1 holds half the CAS words: crashed, they cannot be checked.
+    let s = run(&[
+        "--fault",
+        "memory-crash@1ms:1",
+        "--fault",
+        "latency-spike@0.5ms:10us/1ms",
+    ]);
+    let failed: u64 = s
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("failed operations: "))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no failed-operations line: {s}"));
+    assert!(failed > 0, "{s}");
+    assert!(
+        s.contains("cannot be read (its memory node crashed): skipped"),
+        "{s}"
+    );
+    assert!(s.contains("0 mismatches: ok"), "{s}");
+    assert!(!s.contains("FAILED"), "{s}");
+    // A compute node crash in the verb phase leaves its tasks unfinished.
+    let s = run(&["--fault", "compute-crash@1ms:0"]);
+    assert!(s.contains("SIMULATED"), "{s}");
+    // The same faults from the same seed: the same run.
+    let seeded = ["--fault-seed", "11"];
+    let strip = |s: String| {
+        s.lines()
+            .map(|l| match l.find(';') {
+                Some(i) if l.starts_with("loch demo summary") => {
+                    l[..i].to_string() + &l[l.find("trace").unwrap()..]
+                }
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(run(&seeded)), strip(run(&seeded)));
 }

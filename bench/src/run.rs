@@ -765,8 +765,11 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 part += 1;
             }
         }
+        let mut until = w.now_ns();
         loop {
-            match w.run_until(w.now_ns() + 1_000_000) {
+            // The limit moves on even when the clock does not.
+            until += 1_000_000;
+            match w.run_until(until) {
                 RunEnd::Limit => progress.tick(),
                 RunEnd::Done => break,
                 _ => return Err("loading did not finish".into()),
@@ -826,18 +829,22 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     // crashed node held, or on a crashed node): the run ends once no
     // operation has ended for FAULT_QUIET_NS of virtual time.
     let mut quiet_since = (w.now_ns(), sh.last_done_ns.get());
+    let mut until = w.now_ns();
     let end = loop {
-        // Slices of virtual time, so a long run can report progress.
-        let end = w.run_until(w.now_ns() + 1_000_000);
+        // Slices of virtual time, so a long run can report progress; the
+        // limit moves on even when the clock does not (the next event may
+        // lie further off).
+        until += 1_000_000;
+        let end = w.run_until(until);
         if end != RunEnd::Limit {
             break end;
         }
         if !faults.is_empty() {
             let last = sh.last_done_ns.get();
-            let pending_faults = faults.iter().any(|f| f.at_ns > w.now_ns());
+            let pending_faults = faults.iter().any(|f| f.at_ns > until);
             if last != quiet_since.1 || pending_faults {
-                quiet_since = (w.now_ns(), last);
-            } else if w.now_ns() - quiet_since.0 >= FAULT_QUIET_NS {
+                quiet_since = (until, last);
+            } else if until - quiet_since.0 >= FAULT_QUIET_NS {
                 break RunEnd::Limit;
             }
         }

@@ -296,6 +296,7 @@ impl World {
             clock: self.now_ns(),
             cpu_free: self.now_ns(),
             scheduled: false,
+            halted: false,
             cq,
         });
         let nic = SimNic {
@@ -384,7 +385,7 @@ impl World {
             let mut th = self.shared.threads.borrow_mut();
             let ts = &mut th[t as usize];
             ts.scheduled = false;
-            if self.shared.cn.borrow()[ts.node as usize].crashed {
+            if ts.halted || self.shared.cn.borrow()[ts.node as usize].crashed {
                 return;
             }
             if ts.cpu_free > now {
@@ -499,6 +500,16 @@ impl World {
             self.shared.schedule(f.at_ns, Ev::Fault(i as u32));
         }
         Ok(())
+    }
+
+    /// Stops a thread for good: it runs no more turns, as if its compute
+    /// node had crashed, but the node and its other threads go on. For
+    /// drivers that give up on tasks stuck for ever (spinning on a lock a
+    /// crashed node held) before running something else in the same world.
+    pub fn halt_thread(&mut self, thread: u32) {
+        if let Some(t) = self.shared.threads.borrow_mut().get_mut(thread as usize) {
+            t.halted = true;
+        }
     }
 
     /// Crashes a memory node now.

@@ -83,6 +83,8 @@ pub(crate) struct ThreadState {
     pub cpu_free: u64,
     pub scheduled: bool,
     pub cq: u32,
+    /// Runs no more (`World::halt_thread`), as if its node had crashed.
+    pub halted: bool,
 }
 
 pub(crate) struct QpSim {
@@ -799,7 +801,7 @@ impl Shared {
         let at = {
             let mut th = self.threads.borrow_mut();
             let t = &mut th[thread as usize];
-            if t.scheduled || self.cn.borrow()[t.node as usize].crashed {
+            if t.scheduled || t.halted || self.cn.borrow()[t.node as usize].crashed {
                 return;
             }
             t.scheduled = true;
