@@ -97,7 +97,9 @@ WHY = {
 Why ours differ: FG+'s collapse under skew comes from the simulator's atomic
 window (a CAS storm on a host-memory lock fills the memory NIC's atomic
 window and stalls everything sent to it), calibrated to FG's published
-0.34 Mops. Combination shortens each hold by a round trip but leaves the
+0.34 Mops while the benchmark's clients still replayed correlated random
+streams; with independent clients the same window gives 0.40 Mops (left
+as calibrated: see bench/paper/README.md). Combination shortens each hold by a round trip but leaves the
 storm, so it gains less than the paper's 3.37×; on-chip locks remove it
 (device-memory atomics are 4× faster, so the window stays clear) and the
 hierarchical lock leaves one spinner per compute node, so those two steps
@@ -109,9 +111,8 @@ accounts for that has not been isolated.""",
     "round-trips": """
 Why ours differ: round-trip histograms stop at 64, so FG+'s p99 (paper 453)
 shows as 64, meaning "64 or more". Sherman hands over up to 8 times in a row
-(its code's kMaxHandOverTime; the paper's text says 4), and more of our
-writes are handed over than the paper's 3.6% because the simulated cluster
-drives the same few hot leaves harder. Bytes per non-split write: 17 bytes
+(its code's kMaxHandOverTime; the paper's text says 4); about 3.9% of our
+writes are handed over (the paper: 3.6%). Bytes per non-split write: 17 bytes
 of entry plus the 8-byte unlock when the lock is released rather than
 handed over, so the mean lies between 17 and 25.""",
     "scalability": """
@@ -120,7 +121,10 @@ Why ours differ: 8 compute nodes × 6…66 threads gives 48…528 client threads
 storm (see breakdown.md); the paper's FG+ collapses the same way.""",
     "cache": """
 Why ours differ: the tree holds 1 million records, not 1 billion, so cache
-sizes are scaled by 1000 (0.4 MB here stands for 400 MB there).""",
+sizes are scaled by 1000 (0.4 MB here stands for 400 MB there). At 0.4 MB
+we get about 82% hits, not the paper's 98%: our internal nodes for 1
+million bulk-loaded records take between 0.4 and 0.8 MB, so 0.4 MB cannot
+hold the whole level above the leaves (bench/paper/README.md).""",
 }
 
 
