@@ -98,9 +98,11 @@ fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
                 s,
                 6,
                 horizon,
-                cfg.memory_nodes.min(u16::MAX as usize) as u16,
-                cfg.compute_nodes.min(u16::MAX as usize) as u16,
-                cfg.cores.min(u32::MAX as usize) as u32,
+                (
+                    cfg.memory_nodes.min(u16::MAX as usize) as u16,
+                    cfg.compute_nodes.min(u16::MAX as usize) as u16,
+                    cfg.cores.min(u32::MAX as usize) as u32,
+                ),
             ));
     }
     cfg.faults.sort_by_key(|f| f.at_ns);

@@ -1349,9 +1349,11 @@ fn fault_plan_for(
             s,
             SEEDED_FAULTS,
             horizon,
-            memory_nodes as u16,
-            compute_nodes as u16,
-            client_threads as u32,
+            (
+                memory_nodes as u16,
+                compute_nodes as u16,
+                client_threads as u32,
+            ),
         ));
     }
     for f in &v {

@@ -85,41 +85,93 @@ impl Fault {
         compute_nodes: u16,
         threads: u32,
     ) -> Vec<Fault> {
-        let mut rng = Rng::stream(seed, Domain::Faults, 0);
-        let mut v = Vec::with_capacity(count * 2);
-        for _ in 0..count {
-            let at_ns = rng.below(horizon_ns.max(1));
-            match rng.below(3) {
-                0 => v.push(Fault {
-                    at_ns,
-                    kind: FaultKind::LatencySpike {
-                        extra_ns: 1_000 + rng.below(50_000),
-                        duration_ns: 1_000 + rng.below(200_000),
-                    },
-                }),
-                1 if threads > 0 => v.push(Fault {
-                    at_ns,
-                    kind: FaultKind::StallThread {
-                        thread: rng.below(threads as u64) as u32,
-                        duration_ns: 1_000 + rng.below(500_000),
-                    },
-                }),
-                _ => {
-                    let compute = rng.below(compute_nodes.max(1) as u64) as u16;
-                    let memory = rng.below(memory_nodes.max(1) as u64) as u16;
-                    v.push(Fault {
-                        at_ns,
-                        kind: FaultKind::CutLink { compute, memory },
-                    });
-                    v.push(Fault {
-                        at_ns: at_ns + 10_000 + rng.below(100_000),
-                        kind: FaultKind::HealLink { compute, memory },
-                    });
-                }
-            }
-        }
+        let shape = (memory_nodes, compute_nodes, threads);
+        draw_plan(seed, count, horizon_ns, shape, false)
+    }
+
+    /// As [`Fault::random_plan`], crashes included: each draw is a latency
+    /// spike, a thread stall, a link cut that heals, a memory-node crash or
+    /// a compute-node crash. At most one memory node and one compute node
+    /// crash, and a compute node crashes only when another is left. Sorted
+    /// by time.
+    pub fn random_plan_with_crashes(
+        seed: u64,
+        count: usize,
+        horizon_ns: u64,
+        (memory_nodes, compute_nodes, threads): (u16, u16, u32),
+    ) -> Vec<Fault> {
+        let mut v = draw_plan(
+            seed,
+            count,
+            horizon_ns,
+            (memory_nodes, compute_nodes, threads),
+            true,
+        );
+        v.sort_by_key(|f| f.at_ns);
         v
     }
+}
+
+/// The one drawing of fault plans: `(memory nodes, compute nodes, threads)`
+/// is the cluster's shape; crashes only when `crashes`.
+fn draw_plan(
+    seed: u64,
+    count: usize,
+    horizon_ns: u64,
+    (memory_nodes, compute_nodes, threads): (u16, u16, u32),
+    crashes: bool,
+) -> Vec<Fault> {
+    let mut rng = Rng::stream(seed, Domain::Faults, u64::from(crashes));
+    let mut v = Vec::with_capacity(count * 2);
+    let (mut mem_crashed, mut cn_crashed) = (false, false);
+    for _ in 0..count {
+        let at_ns = rng.below(horizon_ns.max(1));
+        match rng.below(if crashes { 5 } else { 3 }) {
+            3 if !mem_crashed && memory_nodes > 0 => {
+                mem_crashed = true;
+                let node = rng.below(memory_nodes as u64) as u16;
+                v.push(Fault {
+                    at_ns,
+                    kind: FaultKind::CrashMemoryNode { node },
+                });
+            }
+            4 if !cn_crashed && compute_nodes > 1 => {
+                cn_crashed = true;
+                let node = rng.below(compute_nodes as u64) as u16;
+                v.push(Fault {
+                    at_ns,
+                    kind: FaultKind::CrashComputeNode { node },
+                });
+            }
+            0 => v.push(Fault {
+                at_ns,
+                kind: FaultKind::LatencySpike {
+                    extra_ns: 1_000 + rng.below(50_000),
+                    duration_ns: 1_000 + rng.below(200_000),
+                },
+            }),
+            1 if threads > 0 => v.push(Fault {
+                at_ns,
+                kind: FaultKind::StallThread {
+                    thread: rng.below(threads as u64) as u32,
+                    duration_ns: 1_000 + rng.below(500_000),
+                },
+            }),
+            _ => {
+                let compute = rng.below(compute_nodes.max(1) as u64) as u16;
+                let memory = rng.below(memory_nodes.max(1) as u64) as u16;
+                v.push(Fault {
+                    at_ns,
+                    kind: FaultKind::CutLink { compute, memory },
+                });
+                v.push(Fault {
+                    at_ns: at_ns + 10_000 + rng.below(100_000),
+                    kind: FaultKind::HealLink { compute, memory },
+                });
+            }
+        }
+    }
+    v
 }
 
 /// The fault kinds' names on a command line, in `KIND@TIME[:TARGET]`.
@@ -239,63 +291,6 @@ pub fn parse_fault(spec: &str) -> Result<Vec<Fault>, String> {
     }
 }
 
-impl Fault {
-    /// `count` faults drawn from `seed` at times in `[0, horizon_ns)`, as
-    /// [`Fault::random_plan`] draws them but crashes included: each draw is
-    /// a latency spike, a thread stall, a link cut that heals, a memory-node
-    /// crash or a compute-node crash. At most one memory node and one compute
-    /// node crash, and a compute node crashes only when another is left.
-    pub fn random_plan_with_crashes(
-        seed: u64,
-        count: usize,
-        horizon_ns: u64,
-        memory_nodes: u16,
-        compute_nodes: u16,
-        threads: u32,
-    ) -> Vec<Fault> {
-        let mut rng = Rng::stream(seed, Domain::Faults, 1);
-        let mut v = Vec::with_capacity(count * 2);
-        let (mut mem_crashed, mut cn_crashed) = (false, false);
-        for i in 0..count {
-            let at_ns = rng.below(horizon_ns.max(1));
-            match rng.below(5) {
-                3 if !mem_crashed && memory_nodes > 0 => {
-                    mem_crashed = true;
-                    v.push(Fault {
-                        at_ns,
-                        kind: FaultKind::CrashMemoryNode {
-                            node: rng.below(memory_nodes as u64) as u16,
-                        },
-                    });
-                }
-                4 if !cn_crashed && compute_nodes > 1 => {
-                    cn_crashed = true;
-                    v.push(Fault {
-                        at_ns,
-                        kind: FaultKind::CrashComputeNode {
-                            node: rng.below(compute_nodes as u64) as u16,
-                        },
-                    });
-                }
-                _ => {
-                    // The other kinds, drawn as random_plan draws them.
-                    let sub = Rng::stream(seed, Domain::Faults, 2 + i as u64).next_u64();
-                    v.extend(Fault::random_plan(
-                        sub,
-                        1,
-                        horizon_ns,
-                        memory_nodes,
-                        compute_nodes,
-                        threads,
-                    ));
-                }
-            }
-        }
-        v.sort_by_key(|f| f.at_ns);
-        v
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,10 +374,10 @@ mod tests {
 
     #[test]
     fn a_random_plan_with_crashes_is_replayable_and_crashes_sometimes() {
-        let a = Fault::random_plan_with_crashes(9, 12, 1_000_000, 4, 4, 16);
+        let a = Fault::random_plan_with_crashes(9, 12, 1_000_000, (4, 4, 16));
         assert_eq!(
             a,
-            Fault::random_plan_with_crashes(9, 12, 1_000_000, 4, 4, 16)
+            Fault::random_plan_with_crashes(9, 12, 1_000_000, (4, 4, 16))
         );
         assert!(a.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
         let crashes = |p: &[Fault]| {
@@ -396,7 +391,7 @@ mod tests {
                 .count()
         };
         let plans: Vec<_> = (0..50)
-            .map(|s| Fault::random_plan_with_crashes(s, 6, 1_000_000, 4, 4, 16))
+            .map(|s| Fault::random_plan_with_crashes(s, 6, 1_000_000, (4, 4, 16)))
             .collect();
         assert!(plans.iter().any(|p| crashes(p) > 0));
         assert!(plans.iter().all(|p| crashes(p) <= 2));
@@ -407,7 +402,7 @@ mod tests {
         }
         // One compute node is never crashed: someone must be left.
         for s in 0..50 {
-            let p = Fault::random_plan_with_crashes(s, 8, 1_000, 2, 1, 4);
+            let p = Fault::random_plan_with_crashes(s, 8, 1_000, (2, 1, 4));
             assert!(p
                 .iter()
                 .all(|f| !matches!(f.kind, FaultKind::CrashComputeNode { .. })));
