@@ -77,8 +77,8 @@
 //! violation the source test misses, late in a key's history with many
 //! overlapping operations, may come back undecided. From
 //! `cargo test --release -p index --test history_random -- --nocapture`:
-//! 4096 operations on one key from 32 clients check in 5–16 ms, and a stale
-//! read among them is refuted by the search alone in 0.2–0.4 s with 8
+//! 4096 operations on one key from 32 clients check in 13–14 ms, and a stale
+//! read among them is refuted by the search alone in 0.13–0.4 s with 8
 //! clients but not within 100 000 nodes with 32. A node costs O(c log c)
 //! for c candidates and at most one memo entry; their number is capped by
 //! [`CheckOptions::node_budget_per_key`].
