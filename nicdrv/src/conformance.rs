@@ -193,8 +193,8 @@ pub fn batch_semantics<H: Harness>(h: &H) {
 
 fn sge<N: Nic>(rig: &RawRig<N>, off: usize, len: u32) -> Sge {
     assert!(off + len as usize <= rig.mr.len());
-    // SAFETY: in bounds of the registered region (asserted).
     Sge {
+        // SAFETY: in bounds of the registered region (asserted).
         addr: unsafe { rig.mr.as_ptr().add(off) },
         len,
         lkey: rig.mr.lkey(),

@@ -11,7 +11,7 @@
 //!
 //! A client that stops after step 1 leaves a Tentative word that no reader
 //! sees and anyone may clear; after 2 or 3, a Forward word that anyone
-//! acting on a key of its fingerprint resolves ([`resolve`]). The copy
+//! acting on a key of its fingerprint resolves (`CuckooClient::resolve`). The copy
 //! makes every word of the move new to its slot, which the snapshots rest
 //! on; it costs one WRITE per hop, on a path taken only when buckets fill.
 //!

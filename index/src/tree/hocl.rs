@@ -131,7 +131,7 @@ pub enum Local {
 }
 
 impl LocalLocks {
-    /// Takes a ticket; the caller then waits with [`is_turn`].
+    /// Takes a ticket; the caller then waits with [`is_turn`](Self::is_turn).
     pub fn ticket(&self, i: usize) -> u32 {
         // Relaxed: the ticket counter only orders waiters among themselves;
         // the hand-off itself is published through now_serving.
@@ -168,7 +168,7 @@ impl LocalLocks {
 
     /// Decides how the holder of ticket `t` releases: true to hand over
     /// (keep the global lock for the next local waiter), false to release
-    /// remotely. Call before writing back; then call [`pass`].
+    /// remotely. Call before writing back; then call [`pass`](Self::pass).
     pub fn plan_release(&self, i: usize, t: u32, max_handover: u32, handover: bool) -> bool {
         let l = self.at(i);
         let waiters = l

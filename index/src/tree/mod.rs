@@ -199,6 +199,7 @@ impl Tree {
 }
 
 /// A held lock, to be released exactly once.
+#[must_use = "a held lock must be released (write_and_release or abandon)"]
 struct Held {
     lock: LockRef,
     ticket: Option<u32>,

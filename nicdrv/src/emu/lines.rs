@@ -316,10 +316,14 @@ impl LineMem {
     /// As for `read_into`, for `d..d+n`.
     #[inline]
     unsafe fn copy_out(&self, at: u64, d: *mut u8, n: usize) {
-        if n == LINE_BYTES as usize {
-            self.data.read_line_into(at, d);
-        } else {
-            self.data.read_into(at, d, n);
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            if n == LINE_BYTES as usize {
+                self.data.read_line_into(at, d);
+            } else {
+                self.data.read_into(at, d, n);
+            }
         }
     }
 
@@ -329,21 +333,25 @@ impl LineMem {
     /// `dst..dst+len` must be valid for writes and not aliased by any live
     /// reference. The source range must be in bounds (asserted).
     pub unsafe fn read_into(&self, off: u64, dst: *mut u8, len: usize) {
-        assert!(self.data.in_bounds(off, len as u64));
-        if len == 8 && off.is_multiple_of(8) {
-            // One atomic load: a whole-line event already (module doc).
-            (dst as *mut u64).write_unaligned(self.data.load_u64(off));
-            return;
-        }
-        let end = off + len as u64;
-        let mut at = off;
-        while at < end {
-            let line = at / LINE_BYTES;
-            let stop = ((line + 1) * LINE_BYTES).min(end);
-            // SAFETY: at - off < len, so the line's bytes stay in dst..dst+len.
-            let d = dst.add((at - off) as usize);
-            self.read_line(line, at, d, (stop - at) as usize);
-            at = stop;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            assert!(self.data.in_bounds(off, len as u64));
+            if len == 8 && off.is_multiple_of(8) {
+                // One atomic load: a whole-line event already (module doc).
+                (dst as *mut u64).write_unaligned(self.data.load_u64(off));
+                return;
+            }
+            let end = off + len as u64;
+            let mut at = off;
+            while at < end {
+                let line = at / LINE_BYTES;
+                let stop = ((line + 1) * LINE_BYTES).min(end);
+                // SAFETY: at - off < len, so the line's bytes stay in dst..dst+len.
+                let d = dst.add((at - off) as usize);
+                self.read_line(line, at, d, (stop - at) as usize);
+                at = stop;
+            }
         }
     }
 
@@ -351,30 +359,34 @@ impl LineMem {
     /// As for `read_into`, for `d..d+n`, which lies in one line.
     #[inline]
     unsafe fn read_line(&self, line: u64, at: u64, d: *mut u8, n: usize) {
-        let seq = self.seq(line);
-        let (mut spins, mut tries) = (0, 0);
-        while spins < SPINS && tries < OPTIMISTIC_TRIES {
-            // Acquire: synchronizes with the last writer's Release even
-            // store, so the copy sees at least that writer's stores.
-            let s1 = seq.load(Ordering::Acquire);
-            if s1 & 1 == 1 {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let seq = self.seq(line);
+            let (mut spins, mut tries) = (0, 0);
+            while spins < SPINS && tries < OPTIMISTIC_TRIES {
+                // Acquire: synchronizes with the last writer's Release even
+                // store, so the copy sees at least that writer's stores.
+                let s1 = seq.load(Ordering::Acquire);
+                if s1 & 1 == 1 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                    continue;
+                }
+                self.copy_out(at, d, n);
+                // Acquire fence: if the copy read any store of a writer that
+                // marked the line odd after s1, that writer's release fence
+                // synchronizes with this one, so its odd store is visible to the
+                // reload below.
+                fence(Ordering::Acquire);
+                // Relaxed: ordered after the copy by the fence above.
+                if seq.load(Ordering::Relaxed) == s1 {
+                    return;
+                }
+                tries += 1;
             }
-            self.copy_out(at, d, n);
-            // Acquire fence: if the copy read any store of a writer that
-            // marked the line odd after s1, that writer's release fence
-            // synchronizes with this one, so its odd store is visible to the
-            // reload below.
-            fence(Ordering::Acquire);
-            // Relaxed: ordered after the copy by the fence above.
-            if seq.load(Ordering::Relaxed) == s1 {
-                return;
-            }
-            tries += 1;
+            self.read_line_locked(line, at, d, n);
         }
-        self.read_line_locked(line, at, d, n);
     }
 
     /// The slow READ of one line: under its block's lock (module doc).
@@ -384,21 +396,25 @@ impl LineMem {
     #[cold]
     #[inline(never)]
     unsafe fn read_line_locked(&self, line: u64, at: u64, d: *mut u8, n: usize) {
-        let word = self.block_word(line / BLOCK_LINES);
-        let seq = self.seq(line);
-        loop {
-            let held = self.lock(word, at);
-            // Relaxed: we hold the block, and its Acquire lock ordered us
-            // after every earlier sequence store.
-            let s = seq.load(Ordering::Relaxed);
-            if s & 1 == 1 {
-                // Odd under the lock: a writer died inside this line. Even
-                // it (Release, like a writer's), so readers stop waiting.
-                seq.store(s.wrapping_add(1), Ordering::Release);
-            }
-            self.copy_out(at, d, n);
-            if self.unlock(word, held) {
-                return;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let word = self.block_word(line / BLOCK_LINES);
+            let seq = self.seq(line);
+            loop {
+                let held = self.lock(word, at);
+                // Relaxed: we hold the block, and its Acquire lock ordered us
+                // after every earlier sequence store.
+                let s = seq.load(Ordering::Relaxed);
+                if s & 1 == 1 {
+                    // Odd under the lock: a writer died inside this line. Even
+                    // it (Release, like a writer's), so readers stop waiting.
+                    seq.store(s.wrapping_add(1), Ordering::Release);
+                }
+                self.copy_out(at, d, n);
+                if self.unlock(word, held) {
+                    return;
+                }
             }
         }
     }
@@ -409,30 +425,34 @@ impl LineMem {
     /// `src..src+len` must be valid for reads and not mutably aliased. The
     /// destination range must be in bounds (asserted).
     pub unsafe fn write_from(&self, off: u64, src: *const u8, len: usize) {
-        assert!(self.data.in_bounds(off, len as u64));
-        if len == 8 && off.is_multiple_of(8) {
-            // One atomic store: a whole-line event already (module doc).
-            self.data
-                .store_u64(off, (src as *const u64).read_unaligned());
-            return;
-        }
-        let end = off + len as u64;
-        let mut at = off;
-        while at < end {
-            let block = at / BLOCK_BYTES;
-            let stop = ((block + 1) * BLOCK_BYTES).min(end);
-            let word = self.block_word(block);
-            // SAFETY: at - off < len, so the block's bytes stay in src..src+len.
-            let s = src.add((at - off) as usize);
-            loop {
-                let held = self.lock(word, at);
-                self.write_lines(at, stop, s);
-                if self.unlock(word, held) {
-                    break;
-                }
-                // Taken over while we held the block: write it again.
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            assert!(self.data.in_bounds(off, len as u64));
+            if len == 8 && off.is_multiple_of(8) {
+                // One atomic store: a whole-line event already (module doc).
+                self.data
+                    .store_u64(off, (src as *const u64).read_unaligned());
+                return;
             }
-            at = stop;
+            let end = off + len as u64;
+            let mut at = off;
+            while at < end {
+                let block = at / BLOCK_BYTES;
+                let stop = ((block + 1) * BLOCK_BYTES).min(end);
+                let word = self.block_word(block);
+                // SAFETY: at - off < len, so the block's bytes stay in src..src+len.
+                let s = src.add((at - off) as usize);
+                loop {
+                    let held = self.lock(word, at);
+                    self.write_lines(at, stop, s);
+                    if self.unlock(word, held) {
+                        break;
+                    }
+                    // Taken over while we held the block: write it again.
+                }
+                at = stop;
+            }
         }
     }
 
@@ -442,33 +462,37 @@ impl LineMem {
     /// `src..src+(to-from)` must be valid for reads; the range in bounds.
     #[inline]
     unsafe fn write_lines(&self, from: u64, to: u64, src: *const u8) {
-        let mut at = from;
-        while at < to {
-            let line = at / LINE_BYTES;
-            let stop = ((line + 1) * LINE_BYTES).min(to);
-            let n = (stop - at) as usize;
-            let seq = self.seq(line);
-            // Relaxed load and odd store: only the block's holder changes a
-            // sequence, and our Acquire lock ordered us after the last one.
-            // An odd value here was left by a writer that died in the line:
-            // keep it odd and finish the line in its place.
-            let odd = seq.load(Ordering::Relaxed) | 1;
-            seq.store(odd, Ordering::Relaxed);
-            // Release fence: orders the odd store before every data store
-            // below, for a reader whose copy reads one of them (its acquire
-            // fence then sees the odd sequence; module doc).
-            fence(Ordering::Release);
-            // SAFETY: at - from < to - from, so s..s+n lies in the source.
-            let s = src.add((at - from) as usize);
-            if n == LINE_BYTES as usize {
-                self.data.write_line_from(at, s);
-            } else {
-                self.data.write_from(at, s, n);
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let mut at = from;
+            while at < to {
+                let line = at / LINE_BYTES;
+                let stop = ((line + 1) * LINE_BYTES).min(to);
+                let n = (stop - at) as usize;
+                let seq = self.seq(line);
+                // Relaxed load and odd store: only the block's holder changes a
+                // sequence, and our Acquire lock ordered us after the last one.
+                // An odd value here was left by a writer that died in the line:
+                // keep it odd and finish the line in its place.
+                let odd = seq.load(Ordering::Relaxed) | 1;
+                seq.store(odd, Ordering::Relaxed);
+                // Release fence: orders the odd store before every data store
+                // below, for a reader whose copy reads one of them (its acquire
+                // fence then sees the odd sequence; module doc).
+                fence(Ordering::Release);
+                // SAFETY: at - from < to - from, so s..s+n lies in the source.
+                let s = src.add((at - from) as usize);
+                if n == LINE_BYTES as usize {
+                    self.data.write_line_from(at, s);
+                } else {
+                    self.data.write_from(at, s, n);
+                }
+                // Release: a reader whose Acquire load sees the even sequence
+                // sees the line's new bytes.
+                seq.store(odd.wrapping_add(1), Ordering::Release);
+                at = stop;
             }
-            // Release: a reader whose Acquire load sees the even sequence
-            // sees the line's new bytes.
-            seq.store(odd.wrapping_add(1), Ordering::Release);
-            at = stop;
         }
     }
 

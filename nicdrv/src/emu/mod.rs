@@ -8,7 +8,7 @@
 //! under a seqlock ([`lines`]); its completion is queued on the completion
 //! queue at once, or — with latency and bandwidth injection — becomes
 //! visible to `poll` only after the modelled delay. Dead owners are noticed
-//! by [`watchdog`].
+//! by the `watchdog` module (a thread per attaching process, on a pidfd).
 
 pub mod lines;
 mod node;

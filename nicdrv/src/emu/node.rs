@@ -456,9 +456,9 @@ impl EmuNode {
                         )
                     }
                 };
-                // SAFETY: getpid has no preconditions.
                 let path = PathBuf::from(format!(
                     "/proc/{}/fd/{}",
+                    // SAFETY: getpid has no preconditions.
                     unsafe { libc::getpid() },
                     f.as_raw_fd()
                 ));

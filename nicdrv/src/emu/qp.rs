@@ -372,47 +372,51 @@ impl EmuQp {
     /// # Safety
     /// As for `post_send`: the local SGE is valid and unaliased.
     unsafe fn execute(&self, wr: &WorkRequest) -> WcStatus {
-        let op = &wr.op;
-        let status = crate::nic::responder_check(&self.regions, op);
-        if !status.is_ok() {
-            return status;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let op = &wr.op;
+            let status = crate::nic::responder_check(&self.regions, op);
+            if !status.is_ok() {
+                return status;
+            }
+            let local = op.local();
+            if let Some(need) = op.local_access() {
+                if !self.nic.local_ok(&local, need) {
+                    return WcStatus::LocalProtection;
+                }
+            }
+            let (space, off) = (op.remote().space(), op.remote().offset());
+            let map = &self.peer.map;
+            let mem = map.window(space);
+            // The region table only holds ranges inside the window (register
+            // checks), so these accesses are in bounds. READ and WRITE are
+            // line-atomic (lines.rs); atomics are plain word RMWs outside the
+            // seqlock, atomic only among themselves, as a NIC's are.
+            let old = match *op {
+                WrOp::Read { local, .. } => {
+                    map.lines(space)
+                        .read_into(off, local.addr, local.len as usize);
+                    return WcStatus::Success;
+                }
+                WrOp::Write { local, .. } => {
+                    map.lines(space)
+                        .write_from(off, local.addr, local.len as usize);
+                    return WcStatus::Success;
+                }
+                WrOp::Cas { compare, swap, .. } => mem.cas_u64(off, compare, swap),
+                WrOp::Faa { add, .. } => mem.faa_u64(off, add),
+                WrOp::MaskedCas {
+                    compare,
+                    compare_mask,
+                    swap,
+                    swap_mask,
+                    ..
+                } => mem.masked_cas_u64(off, compare, compare_mask, swap, swap_mask),
+            };
+            (local.addr as *mut u64).write_unaligned(old);
+            WcStatus::Success
         }
-        let local = op.local();
-        if let Some(need) = op.local_access() {
-            if !self.nic.local_ok(&local, need) {
-                return WcStatus::LocalProtection;
-            }
-        }
-        let (space, off) = (op.remote().space(), op.remote().offset());
-        let map = &self.peer.map;
-        let mem = map.window(space);
-        // The region table only holds ranges inside the window (register
-        // checks), so these accesses are in bounds. READ and WRITE are
-        // line-atomic (lines.rs); atomics are plain word RMWs outside the
-        // seqlock, atomic only among themselves, as a NIC's are.
-        let old = match *op {
-            WrOp::Read { local, .. } => {
-                map.lines(space)
-                    .read_into(off, local.addr, local.len as usize);
-                return WcStatus::Success;
-            }
-            WrOp::Write { local, .. } => {
-                map.lines(space)
-                    .write_from(off, local.addr, local.len as usize);
-                return WcStatus::Success;
-            }
-            WrOp::Cas { compare, swap, .. } => mem.cas_u64(off, compare, swap),
-            WrOp::Faa { add, .. } => mem.faa_u64(off, add),
-            WrOp::MaskedCas {
-                compare,
-                compare_mask,
-                swap,
-                swap_mask,
-                ..
-            } => mem.masked_cas_u64(off, compare, compare_mask, swap, swap_mask),
-        };
-        (local.addr as *mut u64).write_unaligned(old);
-        WcStatus::Success
     }
 }
 
@@ -442,63 +446,67 @@ impl QueuePair for EmuQp {
     }
 
     unsafe fn post_send(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
-        if self.state == QpState::Error {
-            return Err(PostError::QpInError);
-        }
-        if wrs.is_empty() {
-            return Err(PostError::EmptyBatch);
-        }
-        let outstanding = self.shared.outstanding.get();
-        if outstanding as usize + wrs.len() > self.depth as usize {
-            return Err(PostError::SendQueueFull { depth: self.depth });
-        }
-        let peer = self.peer.node();
-        for wr in wrs {
-            self.caps.check(&wr.op)?;
-            if wr.op.remote().node() != peer {
-                return Err(PostError::WrongNode {
-                    addr: wr.op.remote(),
-                    peer,
-                });
+        // SAFETY: the caller upholds `QueuePair::post_send`'s `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            if self.state == QpState::Error {
+                return Err(PostError::QpInError);
             }
-        }
-        self.shared.outstanding.set(outstanding + wrs.len() as u32);
-        let now = if self.nic.inner.cfg.injects_delay() {
-            self.nic.now_ns()
-        } else {
-            0
-        };
-        let map = &self.peer.map;
-        let gen = map.region_gen();
-        if gen != self.regions_gen {
-            self.regions_gen = map.read_regions(&mut self.regions);
-        }
-        // A dead peer answers nothing: the first request times out, the
-        // rest are flushed (checked once per doorbell).
-        let alive = map.is_alive();
-        for (i, wr) in wrs.iter().enumerate() {
-            let due = self.due(now, wr.op.len());
-            let status = if alive {
-                self.execute(wr)
-            } else {
-                WcStatus::RetryExceeded
-            };
-            if status.is_ok() {
-                if wr.signaled {
-                    self.push(wr, status, due);
-                } else {
-                    self.unsignaled += 1;
+            if wrs.is_empty() {
+                return Err(PostError::EmptyBatch);
+            }
+            let outstanding = self.shared.outstanding.get();
+            if outstanding as usize + wrs.len() > self.depth as usize {
+                return Err(PostError::SendQueueFull { depth: self.depth });
+            }
+            let peer = self.peer.node();
+            for wr in wrs {
+                self.caps.check(&wr.op)?;
+                if wr.op.remote().node() != peer {
+                    return Err(PostError::WrongNode {
+                        addr: wr.op.remote(),
+                        peer,
+                    });
                 }
-                continue;
             }
-            self.push(wr, status, due);
-            for rest in &wrs[i + 1..] {
-                self.push(rest, WcStatus::Flushed, due);
+            self.shared.outstanding.set(outstanding + wrs.len() as u32);
+            let now = if self.nic.inner.cfg.injects_delay() {
+                self.nic.now_ns()
+            } else {
+                0
+            };
+            let map = &self.peer.map;
+            let gen = map.region_gen();
+            if gen != self.regions_gen {
+                self.regions_gen = map.read_regions(&mut self.regions);
             }
-            self.state = QpState::Error;
-            break;
+            // A dead peer answers nothing: the first request times out, the
+            // rest are flushed (checked once per doorbell).
+            let alive = map.is_alive();
+            for (i, wr) in wrs.iter().enumerate() {
+                let due = self.due(now, wr.op.len());
+                let status = if alive {
+                    self.execute(wr)
+                } else {
+                    WcStatus::RetryExceeded
+                };
+                if status.is_ok() {
+                    if wr.signaled {
+                        self.push(wr, status, due);
+                    } else {
+                        self.unsignaled += 1;
+                    }
+                    continue;
+                }
+                self.push(wr, status, due);
+                for rest in &wrs[i + 1..] {
+                    self.push(rest, WcStatus::Flushed, due);
+                }
+                self.state = QpState::Error;
+                break;
+            }
+            Ok(())
         }
-        Ok(())
     }
 
     fn recover(&mut self) -> Result<(), RecoverError> {

@@ -151,27 +151,31 @@ impl SharedMem {
     /// `dst..dst+len` must be valid for writes and not aliased by any live
     /// reference. The source range must be in bounds (asserted).
     pub unsafe fn read_into(&self, off: u64, dst: *mut u8, len: usize) {
-        assert!(self.in_bounds(off, len as u64));
-        let mut off = off as usize;
-        let end = off + len;
-        let mut d = dst;
-        while off < end && !off.is_multiple_of(8) {
-            // SAFETY: d stays within dst..dst+len (one byte per source byte).
-            d.write(self.byte(off).load(Ordering::Acquire));
-            d = d.add(1);
-            off += 1;
-        }
-        while off + 8 <= end {
-            let v = self.word(off).load(Ordering::Acquire);
-            // SAFETY: as above; the destination may be unaligned.
-            (d as *mut u64).write_unaligned(v);
-            d = d.add(8);
-            off += 8;
-        }
-        while off < end {
-            d.write(self.byte(off).load(Ordering::Acquire));
-            d = d.add(1);
-            off += 1;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            assert!(self.in_bounds(off, len as u64));
+            let mut off = off as usize;
+            let end = off + len;
+            let mut d = dst;
+            while off < end && !off.is_multiple_of(8) {
+                // SAFETY: d stays within dst..dst+len (one byte per source byte).
+                d.write(self.byte(off).load(Ordering::Acquire));
+                d = d.add(1);
+                off += 1;
+            }
+            while off + 8 <= end {
+                let v = self.word(off).load(Ordering::Acquire);
+                // SAFETY: as above; the destination may be unaligned.
+                (d as *mut u64).write_unaligned(v);
+                d = d.add(8);
+                off += 8;
+            }
+            while off < end {
+                d.write(self.byte(off).load(Ordering::Acquire));
+                d = d.add(1);
+                off += 1;
+            }
         }
     }
 
@@ -181,25 +185,29 @@ impl SharedMem {
     /// `src..src+len` must be valid for reads and not mutably aliased. The
     /// destination range must be in bounds (asserted).
     pub unsafe fn write_from(&self, off: u64, src: *const u8, len: usize) {
-        assert!(self.in_bounds(off, len as u64));
-        let mut off = off as usize;
-        let end = off + len;
-        let mut s = src;
-        while off < end && !off.is_multiple_of(8) {
-            self.byte(off).store(s.read(), Ordering::Release);
-            s = s.add(1);
-            off += 1;
-        }
-        while off + 8 <= end {
-            let v = (s as *const u64).read_unaligned();
-            self.word(off).store(v, Ordering::Release);
-            s = s.add(8);
-            off += 8;
-        }
-        while off < end {
-            self.byte(off).store(s.read(), Ordering::Release);
-            s = s.add(1);
-            off += 1;
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            assert!(self.in_bounds(off, len as u64));
+            let mut off = off as usize;
+            let end = off + len;
+            let mut s = src;
+            while off < end && !off.is_multiple_of(8) {
+                self.byte(off).store(s.read(), Ordering::Release);
+                s = s.add(1);
+                off += 1;
+            }
+            while off + 8 <= end {
+                let v = (s as *const u64).read_unaligned();
+                self.word(off).store(v, Ordering::Release);
+                s = s.add(8);
+                off += 8;
+            }
+            while off < end {
+                self.byte(off).store(s.read(), Ordering::Release);
+                s = s.add(1);
+                off += 1;
+            }
         }
     }
 
@@ -211,16 +219,20 @@ impl SharedMem {
     /// reference. The line must be in bounds (asserted).
     #[inline]
     pub(crate) unsafe fn read_line_into(&self, off: u64, dst: *mut u8) {
-        let off = off as usize;
-        assert!(
-            off.is_multiple_of(64) && off + 64 <= self.len,
-            "line out of bounds"
-        );
-        for i in 0..8 {
-            // SAFETY: in bounds and aligned (checked above); atomic access
-            // only. The destination may be unaligned.
-            let w = AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64);
-            (dst.add(8 * i) as *mut u64).write_unaligned(w.load(Ordering::Acquire));
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let off = off as usize;
+            assert!(
+                off.is_multiple_of(64) && off + 64 <= self.len,
+                "line out of bounds"
+            );
+            for i in 0..8 {
+                // SAFETY: in bounds and aligned (checked above); atomic access
+                // only. The destination may be unaligned.
+                let w = AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64);
+                (dst.add(8 * i) as *mut u64).write_unaligned(w.load(Ordering::Acquire));
+            }
         }
     }
 
@@ -232,15 +244,20 @@ impl SharedMem {
     /// line must be in bounds (asserted).
     #[inline]
     pub(crate) unsafe fn write_line_from(&self, off: u64, src: *const u8) {
-        let off = off as usize;
-        assert!(
-            off.is_multiple_of(64) && off + 64 <= self.len,
-            "line out of bounds"
-        );
-        for i in 0..8 {
-            let v = (src.add(8 * i) as *const u64).read_unaligned();
-            // SAFETY: as in `read_line_into`.
-            AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64).store(v, Ordering::Release);
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let off = off as usize;
+            assert!(
+                off.is_multiple_of(64) && off + 64 <= self.len,
+                "line out of bounds"
+            );
+            for i in 0..8 {
+                let v = (src.add(8 * i) as *const u64).read_unaligned();
+                // SAFETY: as in `read_line_into`.
+                AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64)
+                    .store(v, Ordering::Release);
+            }
         }
     }
 

@@ -212,25 +212,29 @@ impl<N: Nic> Ctx<N> {
     /// Every local SGE in `wrs` must satisfy `QueuePair::post_send`'s
     /// contract (the batch machinery guarantees it; see `submit`).
     pub(crate) unsafe fn post(&self, node: NodeId, wrs: &[WorkRequest]) -> Result<(), VerbError> {
-        let mut qps = self.core.qps.borrow_mut();
-        let qp = qps
-            .get_mut(node as usize)
-            .and_then(|q| q.as_mut())
-            .ok_or(VerbError::NoRoute { node })?;
-        if qp.state() == QpState::Error {
-            match qp.recover() {
-                Ok(()) => {}
-                Err(RecoverError::PeerDead(_)) => return Err(VerbError::NodeDead { node }),
-                Err(RecoverError::Busy { .. }) => {
-                    return Err(VerbError::Post {
-                        node,
-                        error: crate::verbs::PostError::QpInError,
-                    })
+        // SAFETY: the caller upholds this function's `# Safety` contract, which is
+        // what every unsafe operation below relies on (each argued in place).
+        unsafe {
+            let mut qps = self.core.qps.borrow_mut();
+            let qp = qps
+                .get_mut(node as usize)
+                .and_then(|q| q.as_mut())
+                .ok_or(VerbError::NoRoute { node })?;
+            if qp.state() == QpState::Error {
+                match qp.recover() {
+                    Ok(()) => {}
+                    Err(RecoverError::PeerDead(_)) => return Err(VerbError::NodeDead { node }),
+                    Err(RecoverError::Busy { .. }) => {
+                        return Err(VerbError::Post {
+                            node,
+                            error: crate::verbs::PostError::QpInError,
+                        })
+                    }
                 }
             }
+            qp.post_send(wrs)
+                .map_err(|error| VerbError::Post { node, error })
         }
-        qp.post_send(wrs)
-            .map_err(|error| VerbError::Post { node, error })
     }
 }
 

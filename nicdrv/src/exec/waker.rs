@@ -33,23 +33,27 @@ static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, dr
 unsafe fn clone(p: *const ()) -> RawWaker {
     // SAFETY: `p` came from Arc::into_raw in `waker_for`; the waker being
     // cloned holds one count, so the Arc is alive.
-    Arc::increment_strong_count(p as *const SlotWake);
+    unsafe { Arc::increment_strong_count(p as *const SlotWake) };
     RawWaker::new(p, &VTABLE)
 }
 
 unsafe fn wake(p: *const ()) {
-    wake_by_ref(p);
-    drop_waker(p);
+    // SAFETY: the waking waker holds a count (it is consumed here): use it,
+    // then release it.
+    unsafe {
+        wake_by_ref(p);
+        drop_waker(p);
+    }
 }
 
 unsafe fn wake_by_ref(p: *const ()) {
     // SAFETY: the calling waker holds a count, so the pointee is alive.
-    (*(p as *const SlotWake)).wake();
+    unsafe { (*(p as *const SlotWake)).wake() };
 }
 
 unsafe fn drop_waker(p: *const ()) {
     // SAFETY: releases the count this waker held.
-    drop(Arc::from_raw(p as *const SlotWake));
+    drop(unsafe { Arc::from_raw(p as *const SlotWake) });
 }
 
 pub(crate) fn waker_for(w: &Arc<SlotWake>) -> Waker {
