@@ -12,7 +12,7 @@
 //!
 //! With `--history` or `--check-history`, every operation (warm-up too,
 //! since the checker starts from the bulk-loaded records) is recorded into
-//! an `index::history::History` per executor, stamped with the virtual
+//! a `history::map::History` per executor, stamped with the virtual
 //! clock on sim and `nicdrv::clock::now_ns()` on emu (the executor's
 //! per-turn clock is read before the turn polls completions, so it could
 //! stamp a completion before the verb took effect). Without them, the hot
@@ -27,9 +27,9 @@ use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use appliance::cluster::{EmuCluster, EmuClusterConfig};
 use appliance::stats::latency_histogram;
 use hdrhistogram::Histogram;
+use history::map::{History, Op, OpId, Ret, Verdict};
 use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
 use index::cuckoo::{Cuckoo, CuckooConfig};
-use index::history::{History, Op, OpId, Ret, Verdict};
 use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
@@ -1211,7 +1211,7 @@ pub const USAGE: &str = "loch-bench run [flags]
                           counts, one file per run: FILE with .SYSTEM and/or .tN before its
                           extension
   --check-history         check every operation (warm-up included) against the bulk-loaded
-                          records with index::history (linearizable point operations, Sherman's
+                          records with history::map (linearizable point operations, Sherman's
                           scan promise); exit code 1 on a violation
   --fault KIND@TIME[:TARGET]
                           inject a fault (sim only; repeatable), TIME from the start of the

@@ -3,7 +3,7 @@
 //! `--check-history`) and `--plot` write what they say, and bad input exits
 //! 2 with one line and no files.
 
-use index::history::{check, Event, Op, Ret, Verdict};
+use history::map::{check, Event, Op, Ret, Verdict};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

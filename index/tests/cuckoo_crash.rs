@@ -11,8 +11,8 @@ mod cuckoo_util;
 
 use common::*;
 use cuckoo_util::*;
+use history::map::History;
 use index::cuckoo::{Cuckoo, CuckooConfig, CuckooError, CuckooStats};
-use index::history::History;
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimConfig, SimNic, World};
 use nicdrv::Ctx;
 use std::cell::{Cell, RefCell};

@@ -1,5 +1,5 @@
 //! Concurrent histories of the cuckoo table, checked for per-key
-//! linearizability by `index::history`: on sim across seeds (several
+//! linearizability by `history::map`: on sim across seeds (several
 //! compute nodes, each with its own table handle; READs land line by line
 //! in random order, so collects tear), and on emu threads. Tables are kept
 //! nearly full so displacement runs all the time, and one test races
@@ -11,8 +11,8 @@ mod cuckoo_util;
 
 use common::*;
 use cuckoo_util::*;
+use history::map::{History, Recorder};
 use index::cuckoo::{Cuckoo, CuckooConfig, CuckooStats};
-use index::history::{History, Recorder};
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, RunEnd, SimConfig, World};
 use std::cell::RefCell;
 use std::collections::BTreeMap;

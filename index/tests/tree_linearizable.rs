@@ -1,5 +1,5 @@
 //! Concurrent histories of the tree, checked for per-key linearizability
-//! (and scans against their promise) by `index::history`: on sim across
+//! (and scans against their promise) by `history::map`: on sim across
 //! seeds with several compute nodes, and on emu threads. Also the anomaly:
 //! with the paper's front/rear versions a reader accepts a torn node on
 //! some seed; with line versions no seed shows a violation.
@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use index::history::{History, Op, Recorder, Ret};
+use history::map::{History, Op, Recorder, Ret};
 use index::tree::{Tree, TreeClient, TreeConfig, TreeError, VersionScheme};
 use nicdrv::sim::{for_each_seed, RunEnd, World};
 use nicdrv::{Ctx, Nic};
@@ -25,13 +25,13 @@ enum Rec {
 }
 
 impl Rec {
-    fn invoke(&self, client: u32, op: Op, now: u64) -> index::history::OpId {
+    fn invoke(&self, client: u32, op: Op, now: u64) -> history::map::OpId {
         match self {
             Rec::Local(h) => h.borrow_mut().invoke(client, op, now),
             Rec::Shared(r) => r.invoke(client, op, now),
         }
     }
-    fn complete(&self, id: index::history::OpId, ret: Ret, now: u64) {
+    fn complete(&self, id: history::map::OpId, ret: Ret, now: u64) {
         match self {
             Rec::Local(h) => h.borrow_mut().complete(id, ret, now),
             Rec::Shared(r) => r.complete(id, ret, now),

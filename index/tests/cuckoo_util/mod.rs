@@ -105,18 +105,18 @@ pub fn emu_create_table(emu: &Emu, t: &Arc<Cuckoo>) {
 /// recorder (emu threads).
 #[derive(Clone)]
 pub enum Rec {
-    Local(std::rc::Rc<std::cell::RefCell<index::history::History>>),
-    Shared(index::history::Recorder),
+    Local(std::rc::Rc<std::cell::RefCell<history::map::History>>),
+    Shared(history::map::Recorder),
 }
 
 impl Rec {
-    pub fn invoke(&self, client: u32, op: index::history::Op, now: u64) -> index::history::OpId {
+    pub fn invoke(&self, client: u32, op: history::map::Op, now: u64) -> history::map::OpId {
         match self {
             Rec::Local(h) => h.borrow_mut().invoke(client, op, now),
             Rec::Shared(r) => r.invoke(client, op, now),
         }
     }
-    pub fn complete(&self, id: index::history::OpId, ret: index::history::Ret, now: u64) {
+    pub fn complete(&self, id: history::map::OpId, ret: history::map::Ret, now: u64) {
         match self {
             Rec::Local(h) => h.borrow_mut().complete(id, ret, now),
             Rec::Shared(r) => r.complete(id, ret, now),
@@ -161,7 +161,7 @@ pub async fn random_client<N: Nic>(
     clock: fn(&Ctx<N>) -> u64,
     sink: StatsSink,
 ) {
-    use index::history::{Op, Ret};
+    use history::map::{Op, Ret};
     let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Client, me as u64);
     for i in 0..wl.ops {
         let k = wl.keys[rng.below(wl.keys.len() as u64) as usize];

@@ -76,7 +76,7 @@
 //! Refuting a history costs every node reachable before the violation, so a
 //! violation the source test misses, late in a key's history with many
 //! overlapping operations, may come back undecided. From
-//! `cargo test --release -p index --test history_random -- --nocapture`:
+//! `cargo test --release -p history --test map_random -- --nocapture`:
 //! 4096 operations on one key from 32 clients check in 13–14 ms, and a stale
 //! read among them is refuted by the search alone in 0.13–0.4 s with 8
 //! clients but not within 100 000 nodes with 32. A node costs O(c log c)
@@ -516,18 +516,18 @@ fn validate(events: &[Event]) -> Result<(), String> {
 
 /// Times widened so that "before everything" (an initial entry) and "never
 /// completes" (a pending operation) are ordinary values.
-type T = i128;
-const BEFORE_ALL: T = -1;
-const NEVER: T = T::MAX;
+type Stamp = i128;
+const BEFORE_ALL: Stamp = -1;
+const NEVER: Stamp = Stamp::MAX;
 
-fn inv_t(e: &Event) -> T {
-    T::from(e.invoke_ns)
+fn invoked_at(e: &Event) -> Stamp {
+    Stamp::from(e.invoke_ns)
 }
 
 /// Completion time for ordering purposes: pending operations never complete.
-fn cmp_t(e: &Event) -> T {
+fn completed_at(e: &Event) -> Stamp {
     match (e.is_pending(), e.complete_ns) {
-        (false, Some(c)) => T::from(c),
+        (false, Some(c)) => Stamp::from(c),
         _ => NEVER,
     }
 }
@@ -537,9 +537,9 @@ type Class = Option<u64>;
 
 /// An operation's interval, and the value it left or saw.
 #[derive(Clone, Copy, Debug)]
-struct W {
-    inv: T,
-    cmp: T,
+struct Span {
+    invoked: Stamp,
+    completed: Stamp,
     ev: usize,
     class: Class,
 }
@@ -548,17 +548,17 @@ struct W {
 /// of each prefix: the best source of a value among those invoked by a time.
 #[derive(Debug, Default)]
 struct Sources {
-    by_inv: Vec<W>,
+    by_inv: Vec<Span>,
     best_prefix: Vec<usize>,
 }
 
 impl Sources {
-    fn new(mut ws: Vec<W>) -> Sources {
-        ws.sort_by_key(|w| (w.inv, w.cmp));
+    fn new(mut ws: Vec<Span>) -> Sources {
+        ws.sort_by_key(|w| (w.invoked, w.completed));
         let mut best_prefix: Vec<usize> = Vec::with_capacity(ws.len());
         for (i, w) in ws.iter().enumerate() {
             let b = match best_prefix.last() {
-                Some(&b) if ws[b].cmp >= w.cmp => b,
+                Some(&b) if ws[b].completed >= w.completed => b,
                 _ => i,
             };
             best_prefix.push(b);
@@ -571,8 +571,8 @@ impl Sources {
 
     /// Among writes invoked at or before `until`, the one completing last;
     /// it is the hardest to have been overwritten.
-    fn best(&self, until: T) -> Option<W> {
-        let n = self.by_inv.partition_point(|w| w.inv <= until);
+    fn best(&self, until: Stamp) -> Option<Span> {
+        let n = self.by_inv.partition_point(|w| w.invoked <= until);
         n.checked_sub(1).map(|i| self.by_inv[self.best_prefix[i]])
     }
 }
@@ -583,17 +583,18 @@ impl Sources {
 /// t and finish before u?" in O(log n).
 #[derive(Debug, Default)]
 struct Between {
-    by_inv: Vec<W>,
+    by_inv: Vec<Span>,
     suffix: Vec<(Option<usize>, Option<usize>)>,
 }
 
 impl Between {
-    fn new(mut ws: Vec<W>) -> Between {
-        ws.sort_by_key(|w| (w.inv, w.cmp));
+    fn new(mut ws: Vec<Span>) -> Between {
+        ws.sort_by_key(|w| (w.invoked, w.completed));
         let mut suffix = vec![(None, None); ws.len() + 1];
         for i in (0..ws.len()).rev() {
             let (a, b) = suffix[i + 1];
-            let earlier = |x: Option<usize>| x.is_none_or(|x: usize| ws[i].cmp < ws[x].cmp);
+            let earlier =
+                |x: Option<usize>| x.is_none_or(|x: usize| ws[i].completed < ws[x].completed);
             suffix[i] = match a {
                 // `i` is the new best; the runner-up of another class is the
                 // old best if its class differs, else the old runner-up.
@@ -609,14 +610,15 @@ impl Between {
 
     /// An operation whose class is not `keep`, invoked after `after` and
     /// completed before `before`, if any.
-    fn find(&self, after: T, keep: Class, before: T) -> Option<W> {
-        let i = self.by_inv.partition_point(|w| w.inv <= after);
+    fn find(&self, after: Stamp, keep: Class, before: Stamp) -> Option<Span> {
+        let i = self.by_inv.partition_point(|w| w.invoked <= after);
         let (a, b) = self.suffix.get(i).copied().unwrap_or((None, None));
         let pick = match a {
             Some(a) if self.by_inv[a].class != keep => Some(a),
             _ => b,
         };
-        pick.map(|p| self.by_inv[p]).filter(|w| w.cmp < before)
+        pick.map(|p| self.by_inv[p])
+            .filter(|w| w.completed < before)
     }
 }
 
@@ -636,10 +638,10 @@ struct WriteIndex {
     absences: Between,
     /// Completed operations that wrote or saw the key present, by
     /// completion, with the latest invocation per prefix.
-    present_by_cmp: Vec<W>,
+    present_by_cmp: Vec<Span>,
     present_latest_inv_prefix: Vec<usize>,
     /// All deletes by invocation, with the latest completion per prefix.
-    del_by_inv: Vec<W>,
+    del_by_inv: Vec<Span>,
     del_latest_cmp_prefix: Vec<usize>,
 }
 
@@ -664,20 +666,20 @@ impl WriteIndex {
                 Op::Delete(_) => None,
                 _ => continue,
             };
-            writes.push(W {
-                inv: inv_t(e),
-                cmp: cmp_t(e),
+            writes.push(Span {
+                invoked: invoked_at(e),
+                completed: completed_at(e),
                 ev: i,
                 class,
             });
         }
-        let mut by_class: HashMap<Class, Vec<W>> = HashMap::new();
+        let mut by_class: HashMap<Class, Vec<Span>> = HashMap::new();
         for w in &writes {
             by_class.entry(w.class).or_default().push(*w);
         }
         // Completed operations, by what they left or saw: between their
         // invocation and completion the key held that value.
-        let observed: Vec<W> = evs
+        let observed: Vec<Span> = evs
             .iter()
             .filter(|&&i| !events[i].is_pending())
             .filter_map(|&i| {
@@ -688,28 +690,28 @@ impl WriteIndex {
                     (Op::Get(_), Ret::Get(r)) => *r,
                     _ => return None,
                 };
-                Some(W {
-                    inv: inv_t(e),
-                    cmp: cmp_t(e),
+                Some(Span {
+                    invoked: invoked_at(e),
+                    completed: completed_at(e),
                     ev: i,
                     class,
                 })
             })
             .collect();
-        let mut present_by_cmp: Vec<W> = observed
+        let mut present_by_cmp: Vec<Span> = observed
             .iter()
             .filter(|w| w.class.is_some())
             .copied()
             .collect();
-        present_by_cmp.sort_by_key(|w| (w.cmp, w.inv));
-        let present_latest_inv_prefix = running_best(&present_by_cmp, |w| w.inv);
-        let mut del_by_inv: Vec<W> = writes
+        present_by_cmp.sort_by_key(|w| (w.completed, w.invoked));
+        let present_latest_inv_prefix = running_best(&present_by_cmp, |w| w.invoked);
+        let mut del_by_inv: Vec<Span> = writes
             .iter()
             .filter(|w| w.class.is_none())
             .copied()
             .collect();
-        del_by_inv.sort_by_key(|w| (w.inv, w.cmp));
-        let del_latest_cmp_prefix = running_best(&del_by_inv, |w| w.cmp);
+        del_by_inv.sort_by_key(|w| (w.invoked, w.completed));
+        let del_latest_cmp_prefix = running_best(&del_by_inv, |w| w.completed);
         WriteIndex {
             initial,
             any_put: Sources::new(
@@ -739,7 +741,7 @@ impl WriteIndex {
     }
 
     /// Could the key's value be `class` at some moment of `[from, until]`?
-    fn could_be(&self, class: Class, from: T, until: T) -> Result<(), NoSource> {
+    fn could_be(&self, class: Class, from: Stamp, until: Stamp) -> Result<(), NoSource> {
         let mut killed = None;
         if self.initial == class {
             match self.superseders.find(BEFORE_ALL, class, from) {
@@ -754,7 +756,7 @@ impl WriteIndex {
         }
         match self.sources.get(&class).and_then(|s| s.best(until)) {
             None => Err(killed.unwrap_or(NoSource::NeverWritten)),
-            Some(src) => match self.superseders.find(src.cmp, class, from) {
+            Some(src) => match self.superseders.find(src.completed, class, from) {
                 None => Ok(()),
                 Some(by) => Err(NoSource::Superseded {
                     source: Some(src.ev),
@@ -766,12 +768,12 @@ impl WriteIndex {
 
     /// Could the key be present at some moment of `[from, until]`? (`keep`
     /// is any present value: every absence counts.)
-    fn could_be_present(&self, from: T, until: T) -> bool {
+    fn could_be_present(&self, from: Stamp, until: Stamp) -> bool {
         (self.initial.is_some() && self.absences.find(BEFORE_ALL, Some(0), from).is_none())
             || self
                 .any_put
                 .best(until)
-                .is_some_and(|p| self.absences.find(p.cmp, Some(0), from).is_none())
+                .is_some_and(|p| self.absences.find(p.completed, Some(0), from).is_none())
     }
 
     /// If the key is certainly present throughout `[from, until]`, the
@@ -779,18 +781,18 @@ impl WriteIndex {
     /// wrote or saw the key present and completed before `from`, and every
     /// delete that might fall before `until` completed before it began. Of
     /// the candidates, the one invoked last is the strongest.
-    fn certainly_present(&self, from: T, until: T) -> Option<Option<W>> {
-        let n = self.present_by_cmp.partition_point(|w| w.cmp < from);
+    fn certainly_present(&self, from: Stamp, until: Stamp) -> Option<Option<Span>> {
+        let n = self.present_by_cmp.partition_point(|w| w.completed < from);
         let witness = match n.checked_sub(1) {
             Some(i) => Some(self.present_by_cmp[self.present_latest_inv_prefix[i]]),
             None if self.initial.is_some() => None,
             None => return None,
         };
-        let witness_inv = witness.map_or(BEFORE_ALL, |w| w.inv);
-        let d = self.del_by_inv.partition_point(|w| w.inv <= until);
+        let witness_inv = witness.map_or(BEFORE_ALL, |w| w.invoked);
+        let d = self.del_by_inv.partition_point(|w| w.invoked <= until);
         let last_del_cmp = d
             .checked_sub(1)
-            .map(|i| self.del_by_inv[self.del_latest_cmp_prefix[i]].cmp);
+            .map(|i| self.del_by_inv[self.del_latest_cmp_prefix[i]].completed);
         match last_del_cmp {
             Some(c) if c >= witness_inv => None,
             _ => Some(witness),
@@ -799,7 +801,7 @@ impl WriteIndex {
 }
 
 /// For each prefix of `ws`, the index of the element with the largest `f`.
-fn running_best(ws: &[W], f: impl Fn(&W) -> T) -> Vec<usize> {
+fn running_best(ws: &[Span], f: impl Fn(&Span) -> Stamp) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::with_capacity(ws.len());
     for (i, w) in ws.iter().enumerate() {
         let b = match out.last() {
@@ -819,7 +821,7 @@ fn read_source_test(events: &[Event], evs: &[usize], index: &WriteIndex) -> Opti
         let (Op::Get(key), Ret::Get(got), false) = (&e.op, &e.ret, e.is_pending()) else {
             continue;
         };
-        if let Err(why) = index.could_be(*got, inv_t(e), cmp_t(e)) {
+        if let Err(why) = index.could_be(*got, invoked_at(e), completed_at(e)) {
             let mut s = format!(
                 "key {key}: {} returned {}, which it could not have read:\n",
                 show(i, e),
@@ -882,7 +884,7 @@ fn check_scan(
     else {
         return None;
     };
-    let (from, until) = (inv_t(e), cmp_t(e));
+    let (from, until) = (invoked_at(e), completed_at(e));
     let head = || {
         let mut r = format!("{}:\n", show(i, e));
         if got.len() > 12 {
@@ -1005,9 +1007,9 @@ enum Kind {
 #[derive(Clone, Copy, Debug)]
 struct KeyOp {
     ev: usize,
-    inv: u64,
+    invoked: u64,
     /// `u64::MAX` for a pending operation (only its `done` flag tells).
-    cmp: u64,
+    completed: u64,
     done: bool,
     kind: Kind,
 }
@@ -1028,8 +1030,8 @@ fn key_ops(events: &[Event], evs: &[usize]) -> Vec<KeyOp> {
         };
         ops.push(KeyOp {
             ev: i,
-            inv: e.invoke_ns,
-            cmp: if done {
+            invoked: e.invoke_ns,
+            completed: if done {
                 e.complete_ns.unwrap_or(u64::MAX)
             } else {
                 u64::MAX
@@ -1038,7 +1040,7 @@ fn key_ops(events: &[Event], evs: &[usize]) -> Vec<KeyOp> {
             kind,
         });
     }
-    ops.sort_by_key(|o| (o.inv, o.cmp, o.ev));
+    ops.sort_by_key(|o| (o.invoked, o.completed, o.ev));
     ops
 }
 
@@ -1278,7 +1280,7 @@ impl<'a> Search<'a> {
         // `ops` is in invocation order already.
         let by_inv = Links::new(n, &[(0..n).collect()]);
         let mut done: Vec<usize> = (0..n).filter(|&i| ops[i].done).collect();
-        done.sort_by_key(|&i| (ops[i].cmp, i));
+        done.sort_by_key(|&i| (ops[i].completed, i));
         let total_done = done.len();
         let by_cmp = Links::new(n, &[done]);
         let mut writes = vec![Vec::new(); values.len()];
@@ -1292,7 +1294,7 @@ impl<'a> Search<'a> {
             }
         }
         for r in &mut reads {
-            r.sort_by_key(|&i| (ops[i].cmp, i));
+            r.sort_by_key(|&i| (ops[i].completed, i));
         }
         let mut pending_bit = vec![0u64; n];
         for (bit, i) in (0..n).filter(|&i| !ops[i].done).take(64).enumerate() {
@@ -1344,7 +1346,9 @@ impl<'a> Search<'a> {
     /// The earliest completion among unlinearized completed operations:
     /// nothing invoked after it may linearize next.
     fn horizon(&self) -> u64 {
-        self.by_cmp.first(0).map_or(u64::MAX, |i| self.ops[i].cmp)
+        self.by_cmp
+            .first(0)
+            .map_or(u64::MAX, |i| self.ops[i].completed)
     }
 
     fn value(&self, v: Val) -> Option<u64> {
@@ -1366,7 +1370,7 @@ impl<'a> Search<'a> {
         };
         self.writers
             .first(v as usize)
-            .is_none_or(|w| self.ops[w].inv > self.ops[r].cmp)
+            .is_none_or(|w| self.ops[w].invoked > self.ops[r].completed)
     }
 
     fn lift(&mut self, i: usize) {
@@ -1428,7 +1432,7 @@ impl<'a> Search<'a> {
     fn settle(&mut self) {
         let mut j = self.by_inv.first(0);
         while let Some(i) = j {
-            if self.ops[i].inv > self.horizon() {
+            if self.ops[i].invoked > self.horizon() {
                 break;
             }
             j = self.by_inv.after(i);
@@ -1483,7 +1487,7 @@ impl<'a> Search<'a> {
         let (mut blind_put, mut must_find) = (None, false);
         let horizon = self.horizon();
         let mut j = self.by_inv.first(0);
-        while let Some(i) = j.filter(|&i| self.ops[i].inv <= horizon) {
+        while let Some(i) = j.filter(|&i| self.ops[i].invoked <= horizon) {
             j = self.by_inv.after(i);
             if self.read[i] != NO_VAL {
                 self.wanted.push(self.read[i]);
@@ -1514,7 +1518,7 @@ impl<'a> Search<'a> {
         let (ops, write, wanted) = (self.ops, &self.write, &self.wanted);
         self.cands[lo..].sort_by_key(|&c| {
             let o = &ops[c];
-            (!o.done, !wanted.contains(&write[c]), o.cmp, c)
+            (!o.done, !wanted.contains(&write[c]), o.completed, c)
         });
         let hi = self.cands.len();
         self.frames.push(Frame {
@@ -1639,14 +1643,14 @@ impl Deepest {
         let t0 = self
             .tail
             .iter()
-            .map(|&(i, _)| ops[i].inv)
+            .map(|&(i, _)| ops[i].invoked)
             .min()
-            .unwrap_or(b.inv)
-            .min(b.inv);
-        let t1 = b.cmp;
+            .unwrap_or(b.invoked)
+            .min(b.invoked);
+        let t1 = b.completed;
         let window: Vec<&KeyOp> = ops
             .iter()
-            .filter(|o| o.inv <= t1 && (o.cmp >= t0 || !o.done))
+            .filter(|o| o.invoked <= t1 && (o.completed >= t0 || !o.done))
             .collect();
         let _ = writeln!(
             s,

@@ -1,4 +1,4 @@
-//! Randomized tests of `index::history`: histories of a sequential map that
+//! Randomized tests of `history::map`: histories of a sequential map that
 //! are allowed by construction must pass; mutations that are forbidden by
 //! construction must be caught; on small histories the checker must agree
 //! with a brute-force search; and a large, highly concurrent key is checked
@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use index::history::{check, check_with, CheckOptions, Event, Op, Ret, Verdict};
+use history::map::{check, check_with, CheckOptions, Event, Op, Ret, Verdict};
 use nicdrv::rng::Domain;
 
 /// The project's generator (`nicdrv::rng`), plus the draws these tests use.

@@ -1,10 +1,10 @@
-//! Hand-written histories with a known verdict, for `index::history`: each
+//! Hand-written histories with a known verdict, for `history::map`: each
 //! allowed one must pass and each forbidden one must be caught — by the
 //! whole checker and, for point operations, by the search alone.
 
 use std::collections::BTreeMap;
 
-use index::history::{check, check_with, CheckOptions, Event, History, Op, Recorder, Ret, Verdict};
+use history::map::{check, check_with, CheckOptions, Event, History, Op, Recorder, Ret, Verdict};
 
 fn get(c: u32, k: u64, r: Option<u64>, a: u64, b: u64) -> Event {
     Event::completed(c, Op::Get(k), Ret::Get(r), a, b)
