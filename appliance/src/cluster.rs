@@ -180,12 +180,3 @@ impl EmuCluster {
         })
     }
 }
-
-/// The CPU time a run used per operation (ns), from the wall time of
-/// `threads` busy-polling cores: each pinned core spins for the whole run.
-pub fn cpu_ns_per_op(elapsed_ns: u64, threads: usize, ops: u64) -> f64 {
-    if ops == 0 {
-        return 0.0;
-    }
-    elapsed_ns as f64 * threads as f64 / ops as f64
-}

@@ -24,13 +24,14 @@
 
 use crate::node::{index_ready, say, NodeError, NodeOptions, TASKS_PER_CORE_MAX};
 use crate::node_index::{self, AnyIndex, IndexCoreState};
-use crate::node_work::{self, unix_ns, CoreState, Layout, NodeTally, AREA_BYTES};
+use crate::node_work::{self, CoreState, Layout, NodeTally, AREA_BYTES};
 use crate::signals;
 use crate::stats::{latency_histogram, OpTally};
 use bootstrap::config::NodeConfig;
 use bootstrap::{ClusterConfig, Rendezvous};
 use hdrhistogram::Histogram;
 use index::tree::TreeStats;
+use nicdrv::clock::unix_ns;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, VerbCounters};
 use std::cell::RefCell;

@@ -112,7 +112,7 @@ impl CoreState {
         let t = &mut nodes[idx];
         t.failures += 1;
         if t.first_error.is_none() {
-            t.first_failure_unix_ns = unix_ns();
+            t.first_failure_unix_ns = nicdrv::clock::unix_ns();
             // A verb racing the death may see the queue pair's error state
             // rather than the timeout itself; the owner's state says why.
             t.dead = e.is_node_dead() || !(self.alive)(idx);
@@ -137,13 +137,6 @@ impl CoreState {
         let n = self.dead.len();
         (0..n).map(|k| (idx + k) % n).find(|&i| !self.dead[i].get())
     }
-}
-
-/// Unix time in ns (comparable across processes on this host).
-pub fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// One task: random READ (checked) / WRITE / FAA over `nodes` until `stop()`

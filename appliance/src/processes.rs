@@ -12,9 +12,10 @@
 
 use crate::cluster::EmuCluster;
 use crate::node::{emu_node_path, Workload};
-use crate::node_work::{unix_ns, FAA_OFFSET};
+use crate::node_work::FAA_OFFSET;
 use crate::stats::latency_histogram;
 use bootstrap::ClusterConfig;
+use nicdrv::clock::unix_ns;
 use nicdrv::emu::{EmuConfig, EmuEndpoint};
 use nicdrv::{ExecutorConfig, GlobalAddr};
 use serde_json::Value;

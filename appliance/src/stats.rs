@@ -41,7 +41,7 @@ impl OpTally {
         let _ = self.hist.borrow_mut().record(lat);
         let _ = self.interval.borrow_mut().record(lat);
         if self.first_op_unix_ns.get() == 0 {
-            self.first_op_unix_ns.set(crate::node_work::unix_ns());
+            self.first_op_unix_ns.set(nicdrv::clock::unix_ns());
         }
         self.ops.set(self.ops.get() + 1);
     }
@@ -99,7 +99,7 @@ impl RunStats {
     /// CPU nanoseconds per operation: every core busy-polls for the whole
     /// run, so this is wall time × cores / operations.
     pub fn cpu_ns_per_op(&self) -> f64 {
-        crate::cluster::cpu_ns_per_op(self.elapsed_ns, self.threads, self.ops)
+        cpu_ns_per_op(self.elapsed_ns, self.threads, self.ops)
     }
 
     pub fn per_op(&self, v: u64) -> f64 {
@@ -109,6 +109,15 @@ impl RunStats {
             v as f64 / self.ops as f64
         }
     }
+}
+
+/// The CPU time a run used per operation (ns), from the wall time of
+/// `threads` busy-polling cores: each pinned core spins for the whole run.
+pub fn cpu_ns_per_op(elapsed_ns: u64, threads: usize, ops: u64) -> f64 {
+    if ops == 0 {
+        return 0.0;
+    }
+    elapsed_ns as f64 * threads as f64 / ops as f64
 }
 
 #[cfg(test)]

@@ -10,12 +10,7 @@ use std::time::{Duration, Instant};
 
 const LOCH: &str = env!("CARGO_BIN_EXE_loch");
 
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
+use nicdrv::clock::unix_ns;
 
 /// A private temporary directory, removed on drop.
 struct TempDir(PathBuf);

@@ -69,6 +69,14 @@ pub fn now_ns() -> u64 {
     c.epoch.elapsed().as_nanos() as u64
 }
 
+/// Unix time in ns (comparable across processes on this host; 0 if the
+/// clock is before 1970).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -160,6 +160,22 @@ pub struct WorkRequest {
     pub op: WrOp,
 }
 
+/// A work request that is never posted; fills unused storage (the
+/// executor's batch storage, the simulator's request slots).
+pub(crate) const PLACEHOLDER_WR: WorkRequest = WorkRequest {
+    wr_id: 0,
+    signaled: false,
+    op: WrOp::Read {
+        remote: GlobalAddr::NULL,
+        rkey: RKey(0),
+        local: Sge {
+            addr: std::ptr::null_mut(),
+            len: 0,
+            lkey: LKey(0),
+        },
+    },
+};
+
 /// Kinds of verbs, for counters and completions.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Opcode {

@@ -13,25 +13,10 @@ use super::arena::Buf;
 use super::ctx::{LAST_BIT, MAX_BATCH};
 use super::error::VerbError;
 use super::Slot;
-use crate::addr::{GlobalAddr, NodeId};
+use crate::addr::NodeId;
 use crate::counters::VerbCounters;
-use crate::verbs::{LKey, Opcode, RKey, Sge, WorkRequest, WrOp};
+use crate::verbs::{Opcode, WorkRequest, PLACEHOLDER_WR};
 use std::cell::UnsafeCell;
-
-/// A work request that is never posted; fills unused storage.
-pub(crate) const PLACEHOLDER_WR: WorkRequest = WorkRequest {
-    wr_id: 0,
-    signaled: false,
-    op: WrOp::Read {
-        remote: GlobalAddr::NULL,
-        rkey: RKey(0),
-        local: Sge {
-            addr: std::ptr::null_mut(),
-            len: 0,
-            lkey: LKey(0),
-        },
-    },
-};
 
 pub(crate) struct BatchStorage {
     wrs: UnsafeCell<[WorkRequest; MAX_BATCH]>,

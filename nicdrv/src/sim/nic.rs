@@ -11,8 +11,6 @@ use crate::nic::{
 use crate::verbs::{Access, Caps, Completion, LKey, PostError, RKey, WorkRequest};
 use std::rc::Rc;
 
-pub(crate) use crate::exec::storage::PLACEHOLDER_WR;
-
 /// Limits of the simulated NIC (those of a ConnectX-5).
 pub const SIM_CAPS: Caps = Caps {
     masked_cas: true,

@@ -302,7 +302,7 @@ impl Shared {
             gen: 0,
             live: false,
             qp: 0,
-            wr: super::nic::PLACEHOLDER_WR,
+            wr: crate::verbs::PLACEHOLDER_WR,
             payload: Vec::new(),
             posted_at: 0,
             status: WcStatus::Success,
