@@ -212,29 +212,26 @@ impl<N: Nic> Ctx<N> {
     /// Every local SGE in `wrs` must satisfy `QueuePair::post_send`'s
     /// contract (the batch machinery guarantees it; see `submit`).
     pub(crate) unsafe fn post(&self, node: NodeId, wrs: &[WorkRequest]) -> Result<(), VerbError> {
-        // SAFETY: the caller upholds this function's `# Safety` contract, which is
-        // what every unsafe operation below relies on (each argued in place).
-        unsafe {
-            let mut qps = self.core.qps.borrow_mut();
-            let qp = qps
-                .get_mut(node as usize)
-                .and_then(|q| q.as_mut())
-                .ok_or(VerbError::NoRoute { node })?;
-            if qp.state() == QpState::Error {
-                match qp.recover() {
-                    Ok(()) => {}
-                    Err(RecoverError::PeerDead(_)) => return Err(VerbError::NodeDead { node }),
-                    Err(RecoverError::Busy { .. }) => {
-                        return Err(VerbError::Post {
-                            node,
-                            error: crate::verbs::PostError::QpInError,
-                        })
-                    }
+        let mut qps = self.core.qps.borrow_mut();
+        let qp = qps
+            .get_mut(node as usize)
+            .and_then(|q| q.as_mut())
+            .ok_or(VerbError::NoRoute { node })?;
+        if qp.state() == QpState::Error {
+            match qp.recover() {
+                Ok(()) => {}
+                Err(RecoverError::PeerDead(_)) => return Err(VerbError::NodeDead { node }),
+                Err(RecoverError::Busy { .. }) => {
+                    return Err(VerbError::Post {
+                        node,
+                        error: crate::verbs::PostError::QpInError,
+                    })
                 }
             }
-            qp.post_send(wrs)
-                .map_err(|error| VerbError::Post { node, error })
         }
+        // SAFETY: the SGEs are as `QueuePair::post_send` requires: this
+        // function's own contract, which the caller upholds.
+        unsafe { qp.post_send(wrs) }.map_err(|error| VerbError::Post { node, error })
     }
 }
 

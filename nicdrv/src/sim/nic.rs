@@ -178,34 +178,32 @@ impl QueuePair for SimQp {
     }
 
     unsafe fn post_send(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
-        // SAFETY: the caller upholds `QueuePair::post_send`'s `# Safety` contract, which is
-        // what every unsafe operation below relies on (each argued in place).
-        unsafe {
-            {
-                let qps = self.shared.qps.borrow();
-                let q = &qps[self.idx as usize];
-                if q.life == QpState::Error {
-                    return Err(PostError::QpInError);
-                }
-                if wrs.is_empty() {
-                    return Err(PostError::EmptyBatch);
-                }
-                if q.outstanding as usize + wrs.len() > q.depth as usize {
-                    return Err(PostError::SendQueueFull { depth: q.depth });
-                }
+        {
+            let qps = self.shared.qps.borrow();
+            let q = &qps[self.idx as usize];
+            if q.life == QpState::Error {
+                return Err(PostError::QpInError);
             }
-            for wr in wrs {
-                SIM_CAPS.check(&wr.op)?;
-                if wr.op.remote().node() != self.peer {
-                    return Err(PostError::WrongNode {
-                        addr: wr.op.remote(),
-                        peer: self.peer,
-                    });
-                }
+            if wrs.is_empty() {
+                return Err(PostError::EmptyBatch);
             }
-            self.shared.post(self.idx, self.thread, wrs);
-            Ok(())
+            if q.outstanding as usize + wrs.len() > q.depth as usize {
+                return Err(PostError::SendQueueFull { depth: q.depth });
+            }
         }
+        for wr in wrs {
+            SIM_CAPS.check(&wr.op)?;
+            if wr.op.remote().node() != self.peer {
+                return Err(PostError::WrongNode {
+                    addr: wr.op.remote(),
+                    peer: self.peer,
+                });
+            }
+        }
+        // SAFETY: the SGEs are as `post_send` requires: the caller's
+        // contract, which `Shared::post` asks for in turn.
+        unsafe { self.shared.post(self.idx, self.thread, wrs) };
+        Ok(())
     }
 
     fn recover(&mut self) -> Result<(), RecoverError> {

@@ -335,98 +335,96 @@ impl Shared {
     /// # Safety
     /// The local SGEs must satisfy `QueuePair::post_send`'s contract.
     pub(crate) unsafe fn post(&self, qpi: u32, thread: u32, wrs: &[WorkRequest]) {
-        // SAFETY: the caller upholds this function's `# Safety` contract, which is
-        // what every unsafe operation below relies on (each argued in place).
-        unsafe {
-            let m = &self.model;
-            let cpu = if thread == NO_THREAD {
-                self.now.get()
-            } else {
-                let mut th = self.threads.borrow_mut();
-                let t = &mut th[thread as usize];
-                t.clock += m.cpu_post_ns + m.cpu_post_extra_wr_ns * (wrs.len() as u64 - 1);
-                t.clock
-            };
-            let (cn, mn) = {
+        let m = &self.model;
+        let cpu = if thread == NO_THREAD {
+            self.now.get()
+        } else {
+            let mut th = self.threads.borrow_mut();
+            let t = &mut th[thread as usize];
+            t.clock += m.cpu_post_ns + m.cpu_post_extra_wr_ns * (wrs.len() as u64 - 1);
+            t.clock
+        };
+        let (cn, mn) = {
+            let mut qps = self.qps.borrow_mut();
+            let q = &mut qps[qpi as usize];
+            q.outstanding += wrs.len() as u32;
+            (q.cn, q.mn)
+        };
+        let mut failed = false;
+        for wr in wrs {
+            let r = self.alloc_req();
+            let psn = {
                 let mut qps = self.qps.borrow_mut();
                 let q = &mut qps[qpi as usize];
-                q.outstanding += wrs.len() as u32;
-                (q.cn, q.mn)
+                q.next_psn = q.next_psn.wrapping_add(1);
+                q.next_psn.wrapping_sub(1)
             };
-            let mut failed = false;
-            for wr in wrs {
-                let r = self.alloc_req();
-                let psn = {
+            let gen = {
+                let mut reqs = self.reqs.borrow_mut();
+                let q = &mut reqs[r as usize];
+                q.live = true;
+                q.qp = qpi;
+                q.wr = *wr;
+                q.posted_at = cpu;
+                q.status = WcStatus::Success;
+                q.answered = false;
+                q.lost = false;
+                q.lines_left = 0;
+                q.psn = psn;
+                q.payload.clear();
+                q.gen
+            };
+            self.qps.borrow_mut()[qpi as usize].inflight.push_back(r);
+            let mut s = self.stats.get();
+            s.verbs += 1;
+            self.stats.set(s);
+            if failed {
+                // After a local failure nothing more leaves this doorbell:
+                // these complete flushed right behind it.
+                self.answer(r, WcStatus::Flushed, cpu);
+                continue;
+            }
+            let op = wr.op;
+            let local = op.local();
+            let local_need = op.local_access();
+            if local_need.is_some_and(|need| !self.local_ok(&local, need)) {
+                failed = true;
+                self.answer(r, WcStatus::LocalProtection, cpu);
+                continue;
+            }
+            let mut out_bytes = m.header_bytes;
+            if let WrOp::Write { local, .. } = op {
+                // The NIC reads the payload now (inline: copied at post).
+                let mut reqs = self.reqs.borrow_mut();
+                let p = &mut reqs[r as usize].payload;
+                // SAFETY: the caller guarantees the SGE is valid for reads.
+                p.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(local.addr, local.len as usize)
+                });
+                out_bytes += local.len as u64;
+            } else if op.opcode().is_atomic() {
+                out_bytes += 16;
+            }
+            let depart = {
+                let mut cns = self.cn.borrow_mut();
+                let c = &mut cns[cn as usize];
+                c.tx_free = c.tx_free.max(cpu) + m.xfer_ns(out_bytes);
+                c.tx_free
+            };
+            if self.link_cut(cn, mn) || self.cn.borrow()[cn as usize].crashed {
+                self.lose(r, gen);
+            } else {
+                // A spike that ends between two requests of this QP must not
+                // let the later one overtake the earlier one and execute
+                // first: RC delivers a QP's packets in order.
+                let arrive = depart + self.latency(depart);
+                let arrive = {
                     let mut qps = self.qps.borrow_mut();
                     let q = &mut qps[qpi as usize];
-                    q.next_psn = q.next_psn.wrapping_add(1);
-                    q.next_psn.wrapping_sub(1)
+                    q.last_arrive = q.last_arrive.max(arrive);
+                    q.last_arrive
                 };
-                let gen = {
-                    let mut reqs = self.reqs.borrow_mut();
-                    let q = &mut reqs[r as usize];
-                    q.live = true;
-                    q.qp = qpi;
-                    q.wr = *wr;
-                    q.posted_at = cpu;
-                    q.status = WcStatus::Success;
-                    q.answered = false;
-                    q.lost = false;
-                    q.lines_left = 0;
-                    q.psn = psn;
-                    q.payload.clear();
-                    q.gen
-                };
-                self.qps.borrow_mut()[qpi as usize].inflight.push_back(r);
-                let mut s = self.stats.get();
-                s.verbs += 1;
-                self.stats.set(s);
-                if failed {
-                    // After a local failure nothing more leaves this doorbell:
-                    // these complete flushed right behind it.
-                    self.answer(r, WcStatus::Flushed, cpu);
-                    continue;
-                }
-                let op = wr.op;
-                let local = op.local();
-                let local_need = op.local_access();
-                if local_need.is_some_and(|need| !self.local_ok(&local, need)) {
-                    failed = true;
-                    self.answer(r, WcStatus::LocalProtection, cpu);
-                    continue;
-                }
-                let mut out_bytes = m.header_bytes;
-                if let WrOp::Write { local, .. } = op {
-                    // The NIC reads the payload now (inline: copied at post).
-                    let mut reqs = self.reqs.borrow_mut();
-                    let p = &mut reqs[r as usize].payload;
-                    // SAFETY: the caller guarantees the SGE is valid for reads.
-                    p.extend_from_slice(std::slice::from_raw_parts(local.addr, local.len as usize));
-                    out_bytes += local.len as u64;
-                } else if op.opcode().is_atomic() {
-                    out_bytes += 16;
-                }
-                let depart = {
-                    let mut cns = self.cn.borrow_mut();
-                    let c = &mut cns[cn as usize];
-                    c.tx_free = c.tx_free.max(cpu) + m.xfer_ns(out_bytes);
-                    c.tx_free
-                };
-                if self.link_cut(cn, mn) || self.cn.borrow()[cn as usize].crashed {
-                    self.lose(r, gen);
-                } else {
-                    // A spike that ends between two requests of this QP must not
-                    // let the later one overtake the earlier one and execute
-                    // first: RC delivers a QP's packets in order.
-                    let arrive = depart + self.latency(depart);
-                    let arrive = {
-                        let mut qps = self.qps.borrow_mut();
-                        let q = &mut qps[qpi as usize];
-                        q.last_arrive = q.last_arrive.max(arrive);
-                        q.last_arrive
-                    };
-                    self.schedule(arrive, Ev::Arrive(r, gen));
-                }
+                self.schedule(arrive, Ev::Arrive(r, gen));
             }
         }
     }
