@@ -315,15 +315,8 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
         return Err("--fault and --fault-seed apply to --backend sim only".into());
     }
     for f in &cfg.faults {
-        f.check(cfg.memory_nodes, cfg.compute_nodes)?;
-        if let nicdrv::sim::FaultKind::StallThread { thread, .. } = f.kind {
-            if thread as usize >= cfg.cores {
-                return Err(format!(
-                    "fault {f} names thread {thread}; the verb phase has {} threads",
-                    cfg.cores
-                ));
-            }
-        }
+        // The verb phase's threads are the world's first `cores`.
+        f.check_with_threads(cfg.memory_nodes, cfg.compute_nodes, cfg.cores)?;
     }
     Ok(())
 }

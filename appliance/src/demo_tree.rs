@@ -528,21 +528,23 @@ pub fn summary(p: &TreePhase) -> String {
     if let Some(why) = &p.skipped {
         return format!("  {name}: skipped under faults: {why}\n");
     }
-    let mut text = summary_ran(p, name);
-    if p.faulty {
-        // The last line is the failed-operations check: under faults it is
-        // a count, not a check.
-        let cut = text.trim_end().rfind('\n').map_or(0, |i| i + 1);
-        text.truncate(cut);
-        text.push_str(&format!(
-            "    failed index operations: {} (faults injected: each failing task stopped); {} tasks unfinished\n",
+    // Failed operations are a check without faults, and a count with them.
+    let failed = if p.faulty {
+        format!(
+            "failed index operations: {} (faults injected: each failing task stopped); {} tasks unfinished",
             p.failures, p.unfinished
-        ));
-    }
-    text
+        )
+    } else {
+        format!(
+            "check: failed index operations: {}: {}",
+            p.failures,
+            if p.failures == 0 { "ok" } else { "FAILED" }
+        )
+    };
+    summary_ran(p, name, &failed)
 }
 
-fn summary_ran(p: &TreePhase, name: &str) -> String {
+fn summary_ran(p: &TreePhase, name: &str, failed: &str) -> String {
     let s = &p.stats;
     let c = &s.counters;
     let t = &p.tree;
@@ -562,7 +564,7 @@ fn summary_ran(p: &TreePhase, name: &str) -> String {
          \x20   read retries/op     {:.5}\n\
          \x20   splits              {}\n\
          \x20   check: lookups and deletes agree with the loaded data and each task's shadow: {} mismatches: {}\n\
-         \x20   check: failed index operations: {}: {}\n",
+         \x20   {failed}\n",
         name,
         p.records,
         if p.kind == IndexKind::Hash { "; no scans in a hash table: skipped" } else { "" },
@@ -579,7 +581,5 @@ fn summary_ran(p: &TreePhase, name: &str) -> String {
         t.splits,
         p.mismatches,
         ok(p.mismatches == 0),
-        p.failures,
-        ok(p.failures == 0),
     )
 }

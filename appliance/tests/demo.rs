@@ -29,39 +29,42 @@ fn demo_runs_and_passes_its_checks() {
     assert!(stdout.contains("B+tree"), "{stdout}");
 }
 
+/// `loch demo --backend sim` with `args`: its stdout, after asserting exit 0.
+fn demo_sim(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args(["demo", "--backend", "sim"])
+        .args(args)
+        .output()
+        .unwrap();
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{s}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s
+}
+
+/// The summary's lines without the wall-clock speed: everything else is a
+/// function of the seed.
+fn seeded_lines(s: &str) -> Vec<String> {
+    s.lines()
+        .map(|l| match l.find(';') {
+            Some(i) if l.starts_with("loch demo summary") => {
+                l[..i].to_string() + &l[l.find("trace").unwrap()..]
+            }
+            _ => l.to_string(),
+        })
+        .collect()
+}
+
 #[test]
 fn demo_on_sim_is_deterministic_and_passes_its_checks() {
     let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
-            .args([
-                "demo",
-                "--backend",
-                "sim",
-                "--seed",
-                "9",
-                "--seconds",
-                "0.002",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let s = String::from_utf8(out.stdout).unwrap();
+        let s = demo_sim(&["--seed", "9", "--seconds", "0.002"]);
         assert_eq!(s.matches(": ok").count(), 8, "{s}");
         assert!(s.contains("SIMULATED"), "{s}");
-        // Everything but the wall-clock speed is a function of the seed.
-        s.lines()
-            .map(|l| {
-                if l.starts_with("loch demo summary") {
-                    l.split(';').next().unwrap().to_string() + &l[l.find("trace").unwrap()..]
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
+        seeded_lines(&s)
     };
     assert_eq!(run(), run());
 }
@@ -93,26 +96,9 @@ fn demo_refuses_bad_flags_with_exit_2() {
 #[test]
 fn demo_on_sim_with_faults_goes_on_and_replays() {
     let run = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
-            .args([
-                "demo",
-                "--backend",
-                "sim",
-                "--seed",
-                "3",
-                "--seconds",
-                "0.002",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        let s = String::from_utf8(out.stdout).unwrap();
-        assert!(
-            out.status.success(),
-            "{s}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        s
+        let mut args = vec!["--seed", "3", "--seconds", "0.002"];
+        args.extend(extra);
+        demo_sim(&args)
     };
     // Node 1 holds half the CAS words: crashed, they cannot be checked.
     let s = run(&[
@@ -139,15 +125,5 @@ fn demo_on_sim_with_faults_goes_on_and_replays() {
     assert!(s.contains("SIMULATED"), "{s}");
     // The same faults from the same seed: the same run.
     let seeded = ["--fault-seed", "11"];
-    let strip = |s: String| {
-        s.lines()
-            .map(|l| match l.find(';') {
-                Some(i) if l.starts_with("loch demo summary") => {
-                    l[..i].to_string() + &l[l.find("trace").unwrap()..]
-                }
-                _ => l.to_string(),
-            })
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(strip(run(&seeded)), strip(run(&seeded)));
+    assert_eq!(seeded_lines(&run(&seeded)), seeded_lines(&run(&seeded)));
 }

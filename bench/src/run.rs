@@ -217,6 +217,12 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
+    /// The injected faults as text, for the report, the table and the
+    /// history header.
+    fn fault_names(&self) -> Vec<String> {
+        self.faults.iter().map(|f| f.to_string()).collect()
+    }
+
     fn clients(&self) -> u64 {
         (self.compute_nodes * self.threads * self.coroutines) as u64
     }
@@ -269,13 +275,8 @@ impl HistLog {
     /// The history file (see `docs/history-format.md`): `header`, then one
     /// `initial` line per bulk-loaded record, then every operation, warm-up
     /// included, in invocation order (emu merges per-core histories, so the
-    /// file sorts them), each marked `measured` or not. Returns the number of
-    /// operations and the text.
-    pub fn file_lines(
-        &self,
-        header: &serde_json::Value,
-        initial: &[(u64, u64)],
-    ) -> (usize, String) {
+    /// file sorts them), each marked `measured` or not.
+    pub fn file_lines(&self, header: &serde_json::Value, initial: &[(u64, u64)]) -> String {
         let mut events: Vec<_> = self.history.events().iter().zip(&self.measured).collect();
         events.sort_by_key(|(e, _)| e.invoke_ns);
         let mut out = String::with_capacity(96 * (events.len() + initial.len()) + 512);
@@ -296,7 +297,7 @@ impl HistLog {
             );
             out.push('\n');
         }
-        (events.len(), out)
+        out
     }
 }
 
@@ -332,7 +333,8 @@ struct Shared {
     history: Option<RefCell<HistLog>>,
     /// Clients that ran to their end (a run with faults may stop others).
     finished: Cell<u64>,
-    /// When the last measured operation ended (completed or failed).
+    /// When the last measured operation ended (completed or failed); kept
+    /// only under faults, where the run's end is not the last event.
     last_done_ns: Cell<u64>,
 }
 
@@ -637,7 +639,7 @@ async fn client_task<N: Nic>(
         };
         let draws = (&mut rng, &mut values);
         let r = one_op(&mut c, kind, key, &spec, &sh, draws, &log).await;
-        if measured {
+        if measured && faulty {
             sh.last_done_ns.set(sh.last_done_ns.get().max(ctx.now_ns()));
         }
         if let Err(e) = r {
@@ -829,6 +831,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     // crashed node held, or on a crashed node): the run ends once no
     // operation has ended for FAULT_QUIET_NS of virtual time.
     let mut quiet_since = (w.now_ns(), sh.last_done_ns.get());
+    let last_fault_ns = faults.iter().map(|f| f.at_ns).max().unwrap_or(0);
     let mut until = w.now_ns();
     let end = loop {
         // Slices of virtual time, so a long run can report progress; the
@@ -841,8 +844,7 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         }
         if !faults.is_empty() {
             let last = sh.last_done_ns.get();
-            let pending_faults = faults.iter().any(|f| f.at_ns > until);
-            if last != quiet_since.1 || pending_faults {
+            if last != quiet_since.1 || last_fault_ns > until {
                 quiet_since = (until, last);
             } else if until - quiet_since.0 >= FAULT_QUIET_NS {
                 break RunEnd::Limit;
@@ -1161,11 +1163,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
     });
     doc["failed_ops"] = failed_ops.into();
     doc["unfinished_clients"] = json!(r.unfinished_clients);
-    doc["faults"] = json!(spec
-        .faults
-        .iter()
-        .map(|f| f.to_string())
-        .collect::<Vec<_>>());
+    doc["faults"] = json!(spec.fault_names());
     doc
 }
 
@@ -1316,7 +1314,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "clients": spec.clients(),
         "initial_records": spec.records,
         "warmup_per_client": spec.warmup,
-        "faults": spec.faults.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        "faults": spec.fault_names(),
         "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
     })
 }
@@ -1357,15 +1355,12 @@ fn fault_plan_for(
         ));
     }
     for f in &v {
-        f.check(memory_nodes, compute_nodes)
-            .map_err(|e| ArgError(format!("--fault: {e}")))?;
-        if let FaultKind::StallThread { thread, .. } = f.kind {
-            if thread as usize >= client_threads {
-                return Err(ArgError(format!(
-                    "--fault: {f} names client thread {thread}; there are {client_threads} ({compute_nodes} compute nodes × {threads})"
-                )));
-            }
-        }
+        f.check_with_threads(memory_nodes, compute_nodes, client_threads)
+            .map_err(|e| {
+                ArgError(format!(
+                    "--fault: {e} (client threads: {compute_nodes} compute nodes × {threads})"
+                ))
+            })?;
     }
     v.sort_by_key(|f| f.at_ns);
     Ok(v)
@@ -1594,9 +1589,15 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
         eprintln!("loch-bench: warning: {w}");
     }
     let sweep = thread_list.len() > 1;
+    // The bulk-loaded records, for the history file and for the checker:
+    // made once for every run.
+    let initial_records: Vec<(u64, u64)> = if check_history || history_path.is_some() {
+        records_sorted(records)
+    } else {
+        Vec::new()
+    };
     let initial: Option<BTreeMap<u64, u64>> =
-        check_history.then(|| records_sorted(records).into_iter().collect());
-    let mut initial_records: Option<Vec<(u64, u64)>> = None;
+        check_history.then(|| initial_records.iter().copied().collect());
     let mut done: Vec<Done> = Vec::new();
     for spec in specs {
         let mut report = match measure(&spec) {
@@ -1623,10 +1624,9 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 });
                 verdict = Some(v);
             }
-            history_lines = history_path.is_some().then(|| {
-                let records = initial_records.get_or_insert_with(|| records_sorted(records));
-                log.file_lines(&history_header(&spec), records).1
-            });
+            history_lines = history_path
+                .is_some()
+                .then(|| log.file_lines(&history_header(&spec), &initial_records));
         }
         if !json {
             eprintln!(
@@ -1856,10 +1856,9 @@ fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         );
     }
     if !spec.faults.is_empty() {
-        let faults: Vec<String> = spec.faults.iter().map(|f| f.to_string()).collect();
         println!(
             "faults (from the start of the workload): {}",
-            faults.join("; ")
+            spec.fault_names().join("; ")
         );
         for j in rows {
             let f = &j["failed_ops"];

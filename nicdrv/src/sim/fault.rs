@@ -74,6 +74,23 @@ impl Fault {
         }
     }
 
+    /// [`Fault::check`], and a thread stall against `threads` threads
+    /// (numbered from 0).
+    pub fn check_with_threads(
+        &self,
+        memory_nodes: usize,
+        compute_nodes: usize,
+        threads: usize,
+    ) -> Result<(), String> {
+        self.check(memory_nodes, compute_nodes)?;
+        match self.kind {
+            FaultKind::StallThread { thread, .. } if thread as usize >= threads => Err(format!(
+                "fault {self} names thread {thread}; there are {threads} threads"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `count` faults drawn from `seed`, at times in `[0, horizon_ns)`:
     /// latency spikes, thread stalls and link cuts that heal again (crashes
     /// are left to tests that expect them).

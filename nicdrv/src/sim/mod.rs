@@ -420,7 +420,9 @@ impl World {
     }
 
     /// Runs until every task has finished, nothing is left to happen, or
-    /// virtual time passes `limit_ns`.
+    /// virtual time passes `limit_ns`. On `Limit` the clock stays at the last
+    /// event run (so a run's end time is never rounded up to a limit): a
+    /// driver that runs in slices moves its own limit, not `now + slice`.
     pub fn run_until(&mut self, limit_ns: u64) -> RunEnd {
         while self.live > 0 {
             if !self.step_until(limit_ns) {
@@ -475,20 +477,12 @@ impl World {
     pub fn add_faults(&mut self, faults: &[Fault]) -> Result<(), SimError> {
         let now = self.now_ns();
         for f in faults {
-            f.check(self.memory_nodes(), self.compute_nodes())
+            f.check_with_threads(self.memory_nodes(), self.compute_nodes(), self.threads())
                 .map_err(SimError::Config)?;
             if f.at_ns < now {
                 return Err(SimError::Config(format!(
                     "fault {f} is in the past (now {now} ns)"
                 )));
-            }
-            if let FaultKind::StallThread { thread, .. } = f.kind {
-                if thread as usize >= self.threads() {
-                    return Err(SimError::Config(format!(
-                        "fault {f} names thread {thread}; there are {} threads",
-                        self.threads()
-                    )));
-                }
             }
         }
         for f in faults {
