@@ -606,6 +606,8 @@ struct CasRun {
     finals: Vec<u64>,
     won: Vec<Vec<u64>>,
     errored: Vec<Vec<u64>>,
+    /// READs that reported an error, per memory node.
+    read_errors: Vec<u64>,
 }
 
 /// 16 tasks on 4 threads of 2 compute nodes increment two counters (one
@@ -636,11 +638,13 @@ fn cas_run(seed: u64) -> CasRun {
     let mut w = world(seed, 2, faults);
     let won: Vec<Log<u64>> = (0..2).map(|_| log()).collect();
     let errored: Vec<Log<u64>> = (0..2).map(|_| log()).collect();
+    let read_errors: Vec<Log<u64>> = (0..2).map(|_| log()).collect();
     for th in 0..threads {
         let t = thread(&mut w, (th % 2) as u16, slots);
         for s in 0..slots {
             let node = (s % 2) as u16;
             let (won, errored) = (won[node as usize].clone(), errored[node as usize].clone());
+            let read_errors = read_errors[node as usize].clone();
             w.spawn(t, move |ctx| async move {
                 let c = GlobalAddr::host(node, 4096);
                 let retry_later = |e: VerbError| {
@@ -660,6 +664,7 @@ fn cas_run(seed: u64) -> CasRun {
                     let v = match ctx.read(c, 8).await {
                         Ok(b) => b.u64_at(0),
                         Err(e) => {
+                            read_errors.borrow_mut().push(ctx.now_ns());
                             sleep_until(&ctx, retry_later(e)).await;
                             continue;
                         }
@@ -689,6 +694,10 @@ fn cas_run(seed: u64) -> CasRun {
             .collect(),
         won: take(&won),
         errored: take(&errored),
+        read_errors: read_errors
+            .iter()
+            .map(|l| l.borrow().len() as u64)
+            .collect(),
     }
 }
 
@@ -741,7 +750,14 @@ fn cas_increments_are_exact_under_random_faults() {
                 "node {node}: counter {fin} includes increments no CAS can explain: {unexplained:?}"
             );
         }
-        assert!(errors > 0, "the faults caused no error at all");
+        // The guaranteed cut meets traffic on a busy link, but which verb it
+        // catches is up to the seed: some seeds lose only READs (seed 119
+        // loses two READs and no CAS). Either is a fault the run survived.
+        let read_errors: u64 = run.read_errors.iter().sum();
+        assert!(
+            errors as u64 + read_errors > 0,
+            "the faults caused no error at all"
+        );
     });
 }
 
