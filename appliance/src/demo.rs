@@ -9,8 +9,9 @@
 //! The workload grows with Loch: later capabilities (the B+tree, the hash
 //! table, transactions) join it.
 
-use crate::cluster::{EmuCluster, EmuClusterConfig};
-use crate::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::sim::{self as simrun, Placement};
+use cluster::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::{EmuCluster, EmuClusterConfig, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
 use mempool::{ChunkConfig, RemoteAllocator, SUPERBLOCK_BYTES};
 use nicdrv::emu::EmuConfig;
@@ -468,6 +469,57 @@ fn tally_of(sh: &Shared) -> Tally {
     }
 }
 
+/// The verb phase: `tasks_per_core` demo tasks on every core.
+struct VerbPhase<'a> {
+    cfg: &'a DemoConfig,
+    duration_ns: u64,
+    /// Operations so far, over every core (the emu progress line).
+    progress: Arc<AtomicU64>,
+}
+
+impl Workload for VerbPhase<'_> {
+    type Group = Rc<Shared>;
+    type Out = (CoreStats, Tally);
+
+    fn group(&self, _: usize, _: usize) -> Rc<Shared> {
+        Shared::new(self.progress.clone(), !self.cfg.faults.is_empty())
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        sh: &Rc<Shared>,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let mut seeds = Rng::stream(self.cfg.seed, Domain::Core, place.core as u64);
+        for _ in 0..self.cfg.tasks_per_core {
+            let (rng, sh2, duration_ns) = (seeds.fork(), sh.clone(), self.duration_ns);
+            let alloc = RemoteAllocator::new(chunk_config()).map_err(|e| e.to_string())?;
+            let cw = cas_word(place.core, self.cfg.memory_nodes);
+            on.spawn_task(move |ctx| demo_task(ctx, rng, alloc, cw, duration_ns, sh2))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&self, sh: Rc<Shared>, counters: VerbCounters) -> (CoreStats, Tally) {
+        let latency_ns = sh.hist.borrow().clone();
+        let core = CoreStats {
+            ops: sh.ops.get(),
+            latency_ns,
+            counters,
+        };
+        (core, tally_of(&sh))
+    }
+}
+
+fn exec_config(cfg: &DemoConfig) -> ExecutorConfig {
+    ExecutorConfig {
+        slots: cfg.tasks_per_core,
+        scratch_bytes_per_slot: 16 * 1024,
+        poll_batch: 32,
+    }
+}
+
 fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     eprintln!(
         "loch demo: booting an emu cluster on this host: {} memory nodes × {} MiB host + 256 KiB device memory, {} compute cores × {} tasks",
@@ -513,35 +565,14 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
             }
         })
     };
-    let exec_cfg = ExecutorConfig {
-        slots: cfg.tasks_per_core,
-        scratch_bytes_per_slot: 16 * 1024,
-        poll_batch: 32,
+    let work = VerbPhase {
+        cfg,
+        duration_ns: (cfg.seconds * 1e9) as u64,
+        progress,
     };
-    let duration_ns = (cfg.seconds * 1e9) as u64;
     let started = Instant::now();
     let results = cluster
-        .run_cores(cfg.cores, exec_cfg, cfg.pin, |core, ex| {
-            let sh = Shared::new(progress.clone(), false);
-            let mut seeds = Rng::stream(cfg.seed, Domain::Core, core as u64);
-            for _ in 0..cfg.tasks_per_core {
-                let (rng, sh2) = (seeds.fork(), sh.clone());
-                let alloc = RemoteAllocator::new(chunk_config()).expect("valid chunk config");
-                let cw = cas_word(core, cfg.memory_nodes);
-                ex.spawn(move |ctx| demo_task(ctx, rng, alloc, cw, duration_ns, sh2))
-                    .expect("one slot per task");
-            }
-            ex.run();
-            let latency_ns = sh.hist.borrow().clone();
-            (
-                CoreStats {
-                    ops: sh.ops.get(),
-                    latency_ns,
-                    counters: ex.counters(),
-                },
-                tally_of(&sh),
-            )
-        })
+        .run(&work, cfg.cores, exec_config(cfg), cfg.pin)
         .map_err(|e| e.to_string())?;
     let elapsed_ns = started.elapsed().as_nanos() as u64;
     done.store(true, Ordering::Relaxed);
@@ -552,14 +583,15 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         cores.push(c);
         tally += t;
     }
-    let faa_counter = cluster.node(0).host().load_u64(SHARED_FAA.offset());
+    let faa_counter = cluster
+        .node(0)
+        .map(|n| n.host().load_u64(SHARED_FAA.offset()));
     let cas_total = (0..cfg.cores)
         .map(|c| {
             let a = cas_word(c, cfg.memory_nodes);
             cluster
                 .node(a.node() as usize)
-                .device()
-                .load_u64(a.offset())
+                .map(|n| n.device().load_u64(a.offset()))
         })
         .sum();
     let header = format!(
@@ -572,7 +604,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     Ok((
         RunStats::merge(cores, elapsed_ns),
         tally,
-        (Some(faa_counter), Some(cas_total)),
+        (faa_counter, cas_total),
         header,
         tree,
     ))
@@ -603,28 +635,20 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         faults: cfg.faults.clone(),
     })
     .map_err(|e| e.to_string())?;
-    let sh = Shared::new(Arc::new(AtomicU64::new(0)), !cfg.faults.is_empty());
-    let exec_cfg = ExecutorConfig {
-        slots: cfg.tasks_per_core,
-        scratch_bytes_per_slot: 16 * 1024,
-        poll_batch: 32,
-    };
     let duration_ns = (cfg.seconds * 1e9) as u64;
-    for c in 0..cfg.cores {
-        let mut seeds = Rng::stream(cfg.seed, Domain::Core, c as u64);
-        let t = w
-            .add_thread((c % cfg.compute_nodes) as u16, exec_cfg)
-            .map_err(|e| e.to_string())?;
-        for _ in 0..cfg.tasks_per_core {
-            let (rng, sh2) = (seeds.fork(), sh.clone());
-            let alloc = RemoteAllocator::new(chunk_config()).expect("valid chunk config");
-            let cw = cas_word(c, cfg.memory_nodes);
-            w.spawn(t, move |ctx| {
-                demo_task(ctx, rng, alloc, cw, duration_ns, sh2)
-            })
-            .map_err(|e| e.to_string())?;
-        }
-    }
+    let work = VerbPhase {
+        cfg,
+        duration_ns,
+        progress: Arc::new(AtomicU64::new(0)),
+    };
+    let spawned = simrun::spawn(
+        &mut w,
+        &work,
+        cfg.cores,
+        exec_config(cfg),
+        Placement::RoundRobin,
+    )?;
+    let sh = spawned.group.clone();
     let wall = Instant::now();
     let steps = 5;
     let mut last = 0;
@@ -661,24 +685,11 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     if stuck > 0 {
         eprintln!("loch demo: {stuck} verb tasks did not finish (faults injected)");
         // They must not run on into the index phases.
-        for t in 0..w.threads() as u32 {
-            w.halt_thread(t);
-        }
+        spawned.halt(&mut w);
     }
     let wall_s = wall.elapsed().as_secs_f64();
-    let mut counters = VerbCounters::default();
-    for t in 0..w.threads() as u32 {
-        counters += w.executor(t).map(|e| e.counters()).unwrap_or_default();
-    }
-    let latency_ns = sh.hist.borrow().clone();
-    let mut stats = RunStats::merge(
-        vec![CoreStats {
-            ops: sh.ops.get(),
-            latency_ns,
-            counters,
-        }],
-        w.now_ns(),
-    );
+    let (core, tally) = spawned.finish(&w, &work);
+    let mut stats = RunStats::merge(vec![core], w.now_ns());
     stats.threads = cfg.cores;
     let faa_counter = w.read_u64(0, Space::Host, SHARED_FAA.offset());
     let cas_total = (0..cfg.cores)
@@ -701,7 +712,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     let tree = crate::demo_tree::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
         crate::demo_tree::run_sim(&mut w, tcfg, cfg, kind)
     })?;
-    Ok((stats, tally_of(&sh), (faa_counter, cas_total), header, tree))
+    Ok((stats, tally, (faa_counter, cas_total), header, tree))
 }
 
 fn verdict(ok: bool) -> &'static str {

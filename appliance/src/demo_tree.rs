@@ -7,16 +7,17 @@
 //! shadow of them, so its lookups and deletes of those must agree with the
 //! shadow; every scan must be in order.
 
-use crate::cluster::EmuCluster;
 use crate::demo::DemoConfig;
-use crate::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::sim::{self as simrun, Flow, Placement};
+use cluster::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::{EmuCluster, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
 use index::any::{AnyClient, AnyError, AnyIndex};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::tree::{Tree, TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::sim::{RunEnd, World};
+use nicdrv::sim::World;
 use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -263,6 +264,111 @@ async fn tree_task<N: Nic>(
     sh.finished.set(sh.finished.get() + 1);
 }
 
+/// The load of an index phase: one task creates the index and loads it.
+struct LoadTask<'a> {
+    index: &'a AnyIndex,
+    records: u64,
+}
+
+impl Workload for LoadTask<'_> {
+    /// The load's error, and whether it has ended.
+    type Group = (Rc<RefCell<Option<String>>>, Rc<Cell<bool>>);
+    type Out = Option<String>;
+
+    fn group(&self, _: usize, _: usize) -> Self::Group {
+        (Rc::new(RefCell::new(None)), Rc::new(Cell::new(false)))
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        _: Place,
+        (err, loaded): &Self::Group,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let (t, e, l, records) = (
+            self.index.clone(),
+            err.clone(),
+            loaded.clone(),
+            self.records,
+        );
+        on.spawn_task(move |ctx| async move {
+            load(ctx, t, records, e).await;
+            l.set(true);
+        })
+    }
+
+    fn finish(&self, (err, _): Self::Group, _: VerbCounters) -> Option<String> {
+        err.borrow_mut().take()
+    }
+}
+
+/// The workload of an index phase: `tasks_per_core` tasks on every core,
+/// each a client of its compute node's index handle.
+struct PhaseTasks<'a> {
+    cfg: &'a DemoConfig,
+    /// One handle per compute node.
+    indexes: &'a [AnyIndex],
+    faulty: bool,
+}
+
+/// What a group of phase tasks measured: stats, tree counters,
+/// mismatches, failures, tasks that ran to their end.
+type PhaseOut = (CoreStats, TreeStats, u64, u64, u64);
+
+impl Workload for PhaseTasks<'_> {
+    type Group = Rc<Shared>;
+    type Out = PhaseOut;
+
+    fn group(&self, _: usize, _: usize) -> Rc<Shared> {
+        shared(self.faulty)
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        sh: &Rc<Shared>,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let cfg = self.cfg;
+        let (tasks, seed, records) = (cfg.tasks_per_core, cfg.seed, cfg.tree_records);
+        let duration_ns = (cfg.seconds * 1e9) as u64;
+        for t in 0..tasks {
+            let me = (place.core * tasks + t) as u64 + 1;
+            let c = self.indexes[place.compute_node]
+                .client(me)
+                .map_err(|e| e.to_string())?;
+            let s = sh.clone();
+            on.spawn_task(move |ctx| tree_task(ctx, c, me, seed, records, duration_ns, s))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&self, sh: Rc<Shared>, counters: VerbCounters) -> PhaseOut {
+        let latency_ns = sh.hist.borrow().clone();
+        let core = CoreStats {
+            ops: sh.ops.get(),
+            latency_ns,
+            counters,
+        };
+        let tree = *sh.tree.borrow();
+        (
+            core,
+            tree,
+            sh.mismatches.get(),
+            sh.failures.get(),
+            sh.finished.get(),
+        )
+    }
+}
+
+fn phase_exec_config(cfg: &DemoConfig) -> ExecutorConfig {
+    ExecutorConfig {
+        slots: cfg.tasks_per_core,
+        scratch_bytes_per_slot: 64 << 10,
+        poll_batch: 32,
+    }
+}
+
 /// The phase on the emu cluster: one compute node (this process), its
 /// cores sharing one tree handle.
 pub fn run_emu(
@@ -271,69 +377,36 @@ pub fn run_emu(
     cfg: &DemoConfig,
     kind: IndexKind,
 ) -> Result<TreePhase, String> {
-    let (cores, tasks, pin, records, seconds, seed) = (
-        cfg.cores,
-        cfg.tasks_per_core,
-        cfg.pin,
-        cfg.tree_records,
-        cfg.seconds,
-        cfg.seed,
-    );
-    let tree = demo_index(
+    let records = cfg.tree_records;
+    let index = demo_index(
         kind,
         &tree_cfg,
-        cfg.tree_records,
+        records,
         (cfg.cores * cfg.tasks_per_core) as u64,
     )?;
-    let exec = ExecutorConfig {
-        slots: tasks,
-        scratch_bytes_per_slot: 64 << 10,
-        poll_batch: 32,
+    let exec = phase_exec_config(cfg);
+    let load = LoadTask {
+        index: &index,
+        records,
     };
     let loaded = cluster
-        .run_cores(1, ExecutorConfig { slots: 1, ..exec }, false, |_, ex| {
-            let err = Rc::new(RefCell::new(None));
-            let (t, e) = (tree.clone(), err.clone());
-            ex.spawn(move |ctx| load(ctx, t, records, e))
-                .expect("a slot");
-            ex.run();
-            let r = err.borrow_mut().take();
-            r
-        })
+        .run(&load, 1, ExecutorConfig { slots: 1, ..exec }, false)
         .map_err(|e| e.to_string())?;
     if let Some(Some(e)) = loaded.into_iter().next() {
         return Err(format!("loading failed: {e}"));
     }
-    let duration_ns = (seconds * 1e9) as u64;
+    let work = PhaseTasks {
+        cfg,
+        indexes: std::slice::from_ref(&index),
+        faulty: false,
+    };
     let started = std::time::Instant::now();
     let results = cluster
-        .run_cores(cores, exec, pin, |core, ex| {
-            let sh = shared(false);
-            for t in 0..tasks {
-                let me = (core * tasks + t) as u64 + 1;
-                let c = tree.client(me).expect("a client of a valid index");
-                let s = sh.clone();
-                ex.spawn(move |ctx| tree_task(ctx, c, me, seed, records, duration_ns, s))
-                    .expect("a slot per task");
-            }
-            ex.run();
-            let latency_ns = sh.hist.borrow().clone();
-            let ts = *sh.tree.borrow();
-            (
-                CoreStats {
-                    ops: sh.ops.get(),
-                    latency_ns,
-                    counters: ex.counters(),
-                },
-                ts,
-                sh.mismatches.get(),
-                sh.failures.get(),
-            )
-        })
+        .run(&work, cfg.cores, exec, cfg.pin)
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed().as_nanos() as u64;
     let (mut cores_stats, mut ts, mut mism, mut fail) = (Vec::new(), TreeStats::default(), 0, 0);
-    for (c, t, m, f) in results {
+    for (c, t, m, f, _) in results {
         cores_stats.push(c);
         ts += t;
         mism += m;
@@ -359,40 +432,22 @@ pub fn run_sim(
     cfg: &DemoConfig,
     kind: IndexKind,
 ) -> Result<TreePhase, String> {
-    let (cores, tasks, records, seconds, seed) = (
-        cfg.cores,
-        cfg.tasks_per_core,
-        cfg.tree_records,
-        cfg.seconds,
-        cfg.seed,
-    );
-    let trees: Vec<AnyIndex> = (0..w.compute_nodes())
-        .map(|_| {
-            demo_index(
-                kind,
-                &tree_cfg,
-                cfg.tree_records,
-                (cfg.cores * cfg.tasks_per_core) as u64,
-            )
-        })
+    let (cores, tasks, records) = (cfg.cores, cfg.tasks_per_core, cfg.tree_records);
+    let indexes: Vec<AnyIndex> = (0..w.compute_nodes())
+        .map(|_| demo_index(kind, &tree_cfg, records, (cores * tasks) as u64))
         .collect::<Result<_, _>>()?;
-    let exec = ExecutorConfig {
-        slots: tasks,
-        scratch_bytes_per_slot: 64 << 10,
-        poll_batch: 32,
+    let exec = phase_exec_config(cfg);
+    let load = LoadTask {
+        index: &indexes[0],
+        records,
     };
-    let err = Rc::new(RefCell::new(None));
-    let lt = w
-        .add_thread(0, ExecutorConfig { slots: 1, ..exec })
-        .map_err(|e| e.to_string())?;
-    let (t0, e0) = (trees[0].clone(), err.clone());
-    let loaded = Rc::new(Cell::new(false));
-    let l0 = loaded.clone();
-    w.spawn(lt, move |ctx| async move {
-        load(ctx, t0, records, e0).await;
-        l0.set(true);
-    })
-    .map_err(|e| e.to_string())?;
+    let loader = simrun::spawn(
+        w,
+        &load,
+        1,
+        ExecutorConfig { slots: 1, ..exec },
+        Placement::Node(0),
+    )?;
     let faulty = !cfg.faults.is_empty();
     let skip = |why: String| TreePhase {
         kind,
@@ -409,90 +464,66 @@ pub fn run_sim(
     // tasks stuck in an earlier phase may still spin: run in slices, until
     // this phase's own tasks are done.
     let slice = 1_000_000;
-    // The limit moves by a slice each time, even when the clock does not
-    // (the next event may lie further off).
-    let mut until = w.now_ns();
-    let load_limit = until + 10_000_000_000;
-    while !loaded.get() {
-        until += slice;
-        let end = w.run_until(until);
-        if end != RunEnd::Limit && !loaded.get() || until > load_limit {
-            if faulty {
-                w.halt_thread(lt);
-                return Ok(skip("the load did not finish".into()));
-            }
-            return Err("bulk load did not finish".into());
+    let loaded = loader.group.1.clone();
+    let load_limit = w.now_ns() + 10_000_000_000;
+    simrun::run_slices(w, slice, |_, until| {
+        if loaded.get() || until > load_limit {
+            Flow::Stop
+        } else {
+            Flow::Go
         }
+    });
+    if !loaded.get() {
+        if faulty {
+            loader.halt(w);
+            return Ok(skip("the load did not finish".into()));
+        }
+        return Err("bulk load did not finish".into());
     }
-    if let Some(e) = err.borrow_mut().take() {
+    if let Some(e) = loader.finish(w, &load) {
         if faulty {
             return Ok(skip(format!("the load failed: {e}")));
         }
         return Err(format!("bulk load failed: {e}"));
     }
-    let sh = shared(faulty);
-    let first_thread = w.threads() as u32;
-    for core in 0..cores {
-        let cn = core % w.compute_nodes();
-        let t = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
-        for k in 0..tasks {
-            let me = (core * tasks + k) as u64 + 1;
-            let c = trees[cn].client(me).map_err(|e| e.to_string())?;
-            let s = sh.clone();
-            w.spawn(t, move |ctx| {
-                tree_task(ctx, c, me, seed, records, (seconds * 1e9) as u64, s)
-            })
-            .map_err(|e| e.to_string())?;
+    let work = PhaseTasks {
+        cfg,
+        indexes: &indexes,
+        faulty,
+    };
+    let spawned = simrun::spawn(w, &work, cores, exec, Placement::RoundRobin)?;
+    let start = spawned.start_ns;
+    let spawned_tasks = (cores * tasks) as u64;
+    let deadline = start + (cfg.seconds * 1e9) as u64 + FAULT_QUIET_NS;
+    let sh = spawned.group.clone();
+    simrun::run_slices(w, slice, |_, until| {
+        if sh.finished.get() == spawned_tasks || until > deadline {
+            Flow::Stop
+        } else {
+            Flow::Go
         }
-    }
-    let start = w.now_ns();
-    let spawned = (cores * tasks) as u64;
-    let deadline = start + (seconds * 1e9) as u64 + FAULT_QUIET_NS;
-    let mut until = start;
-    while sh.finished.get() < spawned {
-        until += slice;
-        let end = w.run_until(until);
-        if sh.finished.get() == spawned {
-            break;
-        }
-        let stuck = end != RunEnd::Limit || until > deadline;
-        if stuck && !faulty {
+    });
+    if sh.finished.get() < spawned_tasks {
+        if !faulty {
             return Err("the tree phase did not finish".into());
         }
-        if stuck {
-            // Tasks stuck for ever (behind a lock a crashed node held) must
-            // not spin on through the phases after this one.
-            for t in first_thread..w.threads() as u32 {
-                w.halt_thread(t);
-            }
-            break;
-        }
+        // Tasks stuck for ever (behind a lock a crashed node held) must
+        // not spin on through the phases after this one.
+        spawned.halt(w);
     }
-    let mut counters = VerbCounters::default();
-    for t in first_thread..w.threads() as u32 {
-        counters += w.executor(t).map(|e| e.counters()).unwrap_or_default();
-    }
-    let latency_ns = sh.hist.borrow().clone();
-    let mut stats = RunStats::merge(
-        vec![CoreStats {
-            ops: sh.ops.get(),
-            latency_ns,
-            counters,
-        }],
-        w.now_ns() - start,
-    );
+    let (core, tree, mismatches, failures, finished) = spawned.finish(w, &work);
+    let mut stats = RunStats::merge(vec![core], w.now_ns() - start);
     stats.threads = cores;
-    let ts = *sh.tree.borrow();
     Ok(TreePhase {
         kind,
         stats,
-        tree: ts,
+        tree,
         records,
-        mismatches: sh.mismatches.get(),
-        failures: sh.failures.get(),
+        mismatches,
+        failures,
         faulty,
         skipped: None,
-        unfinished: spawned - sh.finished.get(),
+        unfinished: spawned_tasks - finished,
     })
 }
 

@@ -1,14 +1,12 @@
 //! # appliance — the `loch` binary's library
 //!
-//! Owns node roles and the single-host emu cluster ([`cluster`]) that
-//! `loch demo` and the benchmarks boot, the demo workload itself
-//! ([`demo`]), `loch node` and `loch check` ([`node`], one process per node
+//! Owns node roles and the demo workload itself ([`demo`], on a cluster
+//! the `cluster` crate boots), `loch node` and `loch check` ([`node`], one process per node
 //! over bootstrap's control channel; [`node_mlx5`] on real NICs), its
 //! compute role on any backend ([`node_compute`]), its workloads
 //! ([`node_work`]: verbs; [`node_index`]: the B+tree and the hash table), and
 //! `loch demo --processes` ([`processes`]).
 
-pub mod cluster;
 pub mod demo;
 pub mod demo_tree;
 pub mod node;

@@ -24,7 +24,6 @@
 //! derive it, attach, and check the attached node's registered regions
 //! against the Region records the node published.
 
-use crate::cluster::EmuCluster;
 use crate::demo_tree::IndexKind;
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
@@ -35,6 +34,7 @@ use bootstrap::config::{Backend, NodeConfig};
 use bootstrap::preflight::{self, Host, PreflightOptions};
 use bootstrap::wire::{Region, Space as WireSpace};
 use bootstrap::{ChannelOptions, ClusterConfig, Directory, Rendezvous};
+use cluster::EmuCluster;
 use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};

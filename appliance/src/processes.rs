@@ -10,11 +10,11 @@
 //! it (verbs), stops the memory nodes with SIGTERM, and prints a summary
 //! with checks. Every path out kills what it started and removes its files.
 
-use crate::cluster::EmuCluster;
 use crate::node::{emu_node_path, Workload};
 use crate::node_work::FAA_OFFSET;
-use crate::stats::latency_histogram;
 use bootstrap::ClusterConfig;
+use cluster::stats::latency_histogram;
+use cluster::EmuCluster;
 use nicdrv::clock::unix_ns;
 use nicdrv::emu::{EmuConfig, EmuEndpoint};
 use nicdrv::{ExecutorConfig, GlobalAddr};

@@ -392,11 +392,11 @@ mod tests {
 
     #[test]
     fn charts_are_well_formed_and_escape_names() {
-        let mut h = appliance::stats::latency_histogram();
+        let mut h = cluster::stats::latency_histogram();
         for v in [1500u64, 2000, 2100, 9000, 150_000] {
             h.record(v).unwrap();
         }
-        let empty = appliance::stats::latency_histogram();
+        let empty = cluster::stats::latency_histogram();
         let doc = latency_cdf_svg(
             "a <b> & \"c\"",
             &[("fg+comb".into(), &h), ("x<y&z".into(), &empty)],

@@ -24,8 +24,9 @@ use crate::plot;
 use crate::progress::Progress;
 use crate::workload::{key_of, KeyDist, Zipfian};
 use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
-use appliance::cluster::{EmuCluster, EmuClusterConfig};
-use appliance::stats::latency_histogram;
+use cluster::sim::{self as simrun, Flow, Placement};
+use cluster::stats::latency_histogram;
+use cluster::{EmuCluster, EmuClusterConfig, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
 use history::map::{History, Op, OpId, Ret, Verdict};
 use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
@@ -34,7 +35,7 @@ use index::tree::{Tree, TreeConfig, TreeStats, VersionScheme};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{parse_fault, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
-use nicdrv::{Ctx, ExecutorConfig, Nic};
+use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -725,6 +726,100 @@ fn finish(
     })
 }
 
+/// The loaders of one load phase: `parts` of them, `per_core` to a core.
+struct LoadWork {
+    index: IndexHandle,
+    records: u64,
+    parts: usize,
+    per_core: usize,
+    loaded: Arc<AtomicU64>,
+}
+
+impl Workload for LoadWork {
+    /// The first loader's error.
+    type Group = Rc<RefCell<Option<String>>>;
+    type Out = Option<String>;
+
+    fn group(&self, _: usize, _: usize) -> Self::Group {
+        Rc::new(RefCell::new(None))
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        err: &Self::Group,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let first = place.core * self.per_core;
+        for part in first..(first + self.per_core).min(self.parts) {
+            let (h, e, n, parts) = (self.index.clone(), err.clone(), self.records, self.parts);
+            let l = self.loaded.clone();
+            on.spawn_task(move |ctx| load_part(ctx, h, n, part, parts, e, l))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&self, err: Self::Group, _: VerbCounters) -> Option<String> {
+        err.borrow_mut().take()
+    }
+}
+
+/// The load phases of an index: the tree is created and bulk-loaded by one
+/// client; the hash table is created by one, then filled by
+/// `CUCKOO_LOADERS` in parallel.
+fn load_phases(spec: &RunSpec) -> Vec<usize> {
+    if spec.cuckoo {
+        vec![1, CUCKOO_LOADERS]
+    } else {
+        vec![1]
+    }
+}
+
+/// The measured clients: `coroutines` per core, numbered from 1 across
+/// the run; core `c` runs on compute node `c / threads` with that node's
+/// index handle.
+struct ClientWork<'a> {
+    spec: &'a RunSpec,
+    /// One handle per compute node.
+    indexes: &'a [IndexHandle],
+    dist: &'a KeyDist,
+    /// The start of the measured interval, over every group.
+    from: Arc<AtomicU64>,
+}
+
+impl Workload for ClientWork<'_> {
+    type Group = (Rc<Shared>, Rc<RunSpec>, Rc<KeyDist>);
+    type Out = Result<Report, String>;
+
+    fn group(&self, index: usize, groups: usize) -> Self::Group {
+        let sh = Shared::new(self.spec, self.from.clone(), groups as u64, index as u64);
+        (sh, Rc::new(self.spec.clone()), Rc::new(self.dist.clone()))
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        (sh, spec, dist): &Self::Group,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let index = &self.indexes[place.compute_node];
+        for co in 0..spec.coroutines {
+            let id = 1 + (place.core * spec.coroutines + co) as u64;
+            let c = index.client(id).map_err(|e| e.to_string())?;
+            let (s, d, h) = (spec.clone(), dist.clone(), sh.clone());
+            on.spawn_task(move |ctx| client_task(ctx, c, s, d, id, h))?;
+        }
+        Ok(())
+    }
+
+    /// An emu core's report (sim reports from the whole world instead).
+    fn finish(&self, (sh, ..): Self::Group, _: VerbCounters) -> Self::Out {
+        // The executor's clock on emu is nicdrv::clock, as is this.
+        let end = nicdrv::clock::now_ns();
+        finish(&sh, self.spec.coroutines as u64, end, 0.0, 0)
+    }
+}
+
 fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     let mut w = World::new(SimConfig {
         seed: spec.seed,
@@ -737,76 +832,55 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     })
     .map_err(|e| e.to_string())?;
     let trees = handles(spec)?;
-    // Create and load: the tree by one client's bulk load; the hash table
-    // created by one client, then filled by parallel loaders.
-    let phases: Vec<(usize, usize)> = if spec.cuckoo {
-        vec![(0, 1), (0, CUCKOO_LOADERS)]
-    } else {
-        vec![(0, 1)]
-    };
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
-    for (_, parts) in phases {
-        let err = Rc::new(RefCell::new(None));
-        let per = if parts == 1 { 1 } else { 8 };
-        let mut part = 0;
-        while part < parts {
-            let t = w
-                .add_thread(
-                    0,
-                    ExecutorConfig {
-                        slots: per,
-                        ..exec_cfg(spec)
-                    },
-                )
-                .map_err(|e| e.to_string())?;
-            for _ in 0..per.min(parts - part) {
-                let (h, e, n, p) = (trees[0].clone(), err.clone(), spec.records, part);
-                let l = progress.counter();
-                w.spawn(t, move |ctx| load_part(ctx, h, n, p, parts, e, l))
-                    .map_err(|e| e.to_string())?;
-                part += 1;
-            }
+    for parts in load_phases(spec) {
+        // Up to 8 loaders to a simulated thread, all on compute node 0.
+        let per_core = if parts == 1 { 1 } else { 8 };
+        let load = LoadWork {
+            index: trees[0].clone(),
+            records: spec.records,
+            parts,
+            per_core,
+            loaded: progress.counter(),
+        };
+        let cfg = ExecutorConfig {
+            slots: per_core,
+            ..exec_cfg(spec)
+        };
+        let cores = parts.div_ceil(per_core);
+        let spawned = simrun::spawn(&mut w, &load, cores, cfg, Placement::Node(0))?;
+        let end = simrun::run_slices(&mut w, 1_000_000, |_, _| {
+            progress.tick();
+            Flow::Go
+        });
+        if end != RunEnd::Done {
+            return Err("loading did not finish".into());
         }
-        let mut until = w.now_ns();
-        loop {
-            // The limit moves on even when the clock does not.
-            until += 1_000_000;
-            match w.run_until(until) {
-                RunEnd::Limit => progress.tick(),
-                RunEnd::Done => break,
-                _ => return Err("loading did not finish".into()),
-            }
-        }
-        let failed = err.borrow_mut().take();
-        if let Some(e) = failed {
+        if let Some(e) = spawned.finish(&w, &load) {
             return Err(format!("loading failed: {e}"));
         }
     }
     progress.finish();
     // Fault times count from here, the start of the workload.
     let start = w.now_ns();
-    let from = Arc::new(AtomicU64::new(u64::MAX));
-    let sh = Shared::new(spec, from.clone(), 1, 0);
-    let dist = Rc::new(KeyDist::new(spec.records, spec.zipf));
-    let spec_rc = Rc::new(spec.clone());
-    let mut id = 1;
+    let dist = KeyDist::new(spec.records, spec.zipf);
+    let clients = ClientWork {
+        spec,
+        indexes: &trees,
+        dist: &dist,
+        from: Arc::new(AtomicU64::new(u64::MAX)),
+    };
+    let cores = spec.threads * trees.len();
+    let spawned = simrun::spawn(
+        &mut w,
+        &clients,
+        cores,
+        exec_cfg(spec),
+        Placement::Blocks(spec.threads),
+    )?;
+    let sh = &spawned.group.0;
     // Client threads are numbered after the loaders' in the world.
-    let first_client_thread = w.threads() as u32;
-    for (cn, tree) in trees.iter().enumerate() {
-        for _ in 0..spec.threads {
-            let t = w
-                .add_thread(cn as u16, exec_cfg(spec))
-                .map_err(|e| e.to_string())?;
-            for _ in 0..spec.coroutines {
-                let c = tree.client(id).map_err(|e| e.to_string())?;
-                let (s, d, h) = (spec_rc.clone(), dist.clone(), sh.clone());
-                let me = id;
-                w.spawn(t, move |ctx| client_task(ctx, c, s, d, me, h))
-                    .map_err(|e| e.to_string())?;
-                id += 1;
-            }
-        }
-    }
+    let first_client_thread = spawned.threads.start;
     let faults: Vec<Fault> = spec
         .faults
         .iter()
@@ -832,22 +906,14 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     // operation has ended for FAULT_QUIET_NS of virtual time.
     let mut quiet_since = (w.now_ns(), sh.last_done_ns.get());
     let last_fault_ns = faults.iter().map(|f| f.at_ns).max().unwrap_or(0);
-    let mut until = w.now_ns();
-    let end = loop {
-        // Slices of virtual time, so a long run can report progress; the
-        // limit moves on even when the clock does not (the next event may
-        // lie further off).
-        until += 1_000_000;
-        let end = w.run_until(until);
-        if end != RunEnd::Limit {
-            break end;
-        }
+    // Slices of virtual time, so a long run can report progress.
+    let end = simrun::run_slices(&mut w, 1_000_000, |w, until| {
         if !faults.is_empty() {
             let last = sh.last_done_ns.get();
             if last != quiet_since.1 || last_fault_ns > until {
                 quiet_since = (until, last);
             } else if until - quiet_since.0 >= FAULT_QUIET_NS {
-                break RunEnd::Limit;
+                return Flow::Stop;
             }
         }
         let t = wall.elapsed().as_secs_f64();
@@ -867,7 +933,8 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 t
             );
         }
-    };
+        Flow::Go
+    });
     let wall_sec = wall.elapsed().as_secs_f64();
     if end != RunEnd::Done && sh.failure.borrow().is_none() && faults.is_empty() {
         return Err(format!(
@@ -881,9 +948,9 @@ fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     } else {
         sh.last_done_ns.get()
     };
-    let elapsed = now.saturating_sub(from.load(Ordering::Relaxed).min(now));
+    let elapsed = now.saturating_sub(clients.from.load(Ordering::Relaxed).min(now));
     let events = w.events();
-    finish(&sh, spec.clients(), elapsed, wall_sec, events)
+    finish(sh, spec.clients(), elapsed, wall_sec, events)
 }
 
 /// How long a run with faults waits, in virtual time, with no operation
@@ -899,17 +966,21 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     })
     .map_err(|e| e.to_string())?;
     // One compute node: this process; its cores share one index handle.
-    let tree = handles(spec)?.remove(0);
-    let phases: Vec<usize> = if spec.cuckoo {
-        vec![1, CUCKOO_LOADERS]
-    } else {
-        vec![1]
-    };
+    let trees = handles(spec)?;
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
-    for parts in phases {
-        let n = spec.records;
-        let h = tree.clone();
-        let counter = progress.counter();
+    for parts in load_phases(spec) {
+        // Every loader on one core.
+        let load = LoadWork {
+            index: trees[0].clone(),
+            records: spec.records,
+            parts,
+            per_core: parts,
+            loaded: progress.counter(),
+        };
+        let cfg = ExecutorConfig {
+            slots: parts,
+            ..exec_cfg(spec)
+        };
         let loading = AtomicBool::new(true);
         let loaded = std::thread::scope(|scope| {
             // Draws the bar while the cores load; no thread when nothing is
@@ -923,25 +994,7 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
                     }
                 });
             }
-            let r = cluster.run_cores(
-                1,
-                ExecutorConfig {
-                    slots: parts,
-                    ..exec_cfg(spec)
-                },
-                false,
-                move |_, ex| {
-                    let e = Rc::new(RefCell::new(None));
-                    for p in 0..parts {
-                        let (e2, h2, l2) = (e.clone(), h.clone(), counter.clone());
-                        ex.spawn(move |ctx| load_part(ctx, h2, n, p, parts, e2, l2))
-                            .expect("slot per loader");
-                    }
-                    ex.run();
-                    let r = e.borrow_mut().take();
-                    r
-                },
-            );
+            let r = cluster.run(&load, 1, cfg, false);
             loading.store(false, Ordering::Relaxed);
             r
         });
@@ -952,27 +1005,17 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     }
     progress.finish();
     let wall = std::time::Instant::now();
-    let dist = Arc::new(KeyDist::new(spec.records, spec.zipf));
+    let dist = KeyDist::new(spec.records, spec.zipf);
     // Shared by the cores: the measured interval starts at the first
     // measured operation of any core, and --seconds counts from there.
-    let from = Arc::new(AtomicU64::new(u64::MAX));
+    let clients = ClientWork {
+        spec,
+        indexes: &trees,
+        dist: &dist,
+        from: Arc::new(AtomicU64::new(u64::MAX)),
+    };
     let reports = cluster
-        .run_cores(spec.threads, exec_cfg(spec), true, |core, ex| {
-            let sh = Shared::new(spec, from.clone(), spec.threads as u64, core as u64);
-            let spec_rc = Rc::new(spec.clone());
-            let dist = Rc::new((*dist).clone());
-            for co in 0..spec.coroutines {
-                let id = 1 + (core * spec.coroutines + co) as u64;
-                let c = tree.client(id).expect("a client of a valid index");
-                let (s, d, h) = (spec_rc.clone(), dist.clone(), sh.clone());
-                ex.spawn(move |ctx| client_task(ctx, c, s, d, id, h))
-                    .expect("slot per coroutine");
-            }
-            ex.run();
-            // The executor's clock on emu is nicdrv::clock, as is this.
-            let end = nicdrv::clock::now_ns();
-            finish(&sh, spec.coroutines as u64, end, 0.0, 0)
-        })
+        .run(&clients, spec.threads, exec_cfg(spec), true)
         .map_err(|e| e.to_string())?;
     let wall_sec = wall.elapsed().as_secs_f64();
     let mut merged: Option<Report> = None;
@@ -981,36 +1024,43 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
         merged = Some(match merged {
             None => r,
             Some(mut m) => {
-                for (a, b) in m.kinds.iter_mut().zip(r.kinds) {
-                    a.count += b.count;
-                    a.latency.add(&b.latency).expect("same bounds");
-                    for (x, y) in a.rtt.iter_mut().zip(b.rtt) {
-                        *x += y;
-                    }
-                    a.bytes_written += b.bytes_written;
-                    a.bytes_read += b.bytes_read;
-                    a.nosplit += b.nosplit;
-                    a.nosplit_bytes += b.nosplit_bytes;
-                    a.failed += b.failed;
-                }
-                m.unfinished_clients += r.unfinished_clients;
-                m.all_latency.add(&r.all_latency).expect("same bounds");
-                m.tree += r.tree;
-                m.ops += r.ops;
-                // Each core returned its end time; the run ends with the last.
-                m.elapsed_ns = m.elapsed_ns.max(r.elapsed_ns);
-                if let (Some(a), Some(b)) = (m.history.as_mut(), r.history) {
-                    a.append(b);
-                }
+                m.absorb(r);
                 m
             }
         });
     }
     let mut m = merged.ok_or("no cores ran")?;
-    let start = from.load(Ordering::Relaxed);
+    let start = clients.from.load(Ordering::Relaxed);
     m.elapsed_ns = m.elapsed_ns.saturating_sub(start.min(m.elapsed_ns));
     m.wall_sec = wall_sec;
     Ok(m)
+}
+
+impl Report {
+    /// Adds another core's report to this one.
+    fn absorb(&mut self, r: Report) {
+        for (a, b) in self.kinds.iter_mut().zip(r.kinds) {
+            a.count += b.count;
+            a.latency.add(&b.latency).expect("same bounds");
+            for (x, y) in a.rtt.iter_mut().zip(b.rtt) {
+                *x += y;
+            }
+            a.bytes_written += b.bytes_written;
+            a.bytes_read += b.bytes_read;
+            a.nosplit += b.nosplit;
+            a.nosplit_bytes += b.nosplit_bytes;
+            a.failed += b.failed;
+        }
+        self.unfinished_clients += r.unfinished_clients;
+        self.all_latency.add(&r.all_latency).expect("same bounds");
+        self.tree += r.tree;
+        self.ops += r.ops;
+        // Each core returned its end time; the run ends with the last.
+        self.elapsed_ns = self.elapsed_ns.max(r.elapsed_ns);
+        if let (Some(a), Some(b)) = (self.history.as_mut(), r.history) {
+            a.append(b);
+        }
+    }
 }
 
 fn rtt_quantile(h: &[u64], q: f64) -> u64 {

@@ -13,15 +13,15 @@
 //! measured with the executor's per-turn clock.
 
 use crate::args::{parse_size, ArgError, Args, Flags};
-use appliance::cluster::{EmuCluster, EmuClusterConfig};
-use appliance::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::stats::{latency_histogram, CoreStats, RunStats};
+use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
-use nicdrv::emu::EmuConfig;
-use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
-use nicdrv::{Buf, Ctx, ExecutorConfig, GlobalAddr, Nic, Opcode};
+use nicdrv::sim::SimModel;
+use nicdrv::{Buf, Ctx, ExecutorConfig, GlobalAddr, Nic, Opcode, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Instant;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -246,10 +246,54 @@ pub struct Measured {
 }
 
 pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
-    match spec.backend {
-        Backend::Emu => measure_emu(spec),
-        Backend::Sim => measure_sim(spec),
-    }
+    let backend = match spec.backend {
+        Backend::Emu => cluster::Backend::Emu { pin: spec.pin },
+        Backend::Sim => cluster::Backend::Sim {
+            seed: spec.seed,
+            compute_nodes: spec.compute_nodes,
+            model: SimModel::default(),
+            faults: Vec::new(),
+        },
+    };
+    let mut c = Cluster::boot(&ClusterSpec {
+        memory_nodes: spec.memory_nodes,
+        host_bytes: host_bytes(spec),
+        dm_bytes: 64 << 10,
+        latency_ns: spec.latency_ns,
+        backend,
+    })?;
+    // --ops is the whole run's: each emu core (its own group) takes its
+    // share, the simulated world (one group) all of it.
+    let budget = match (spec.max_ops, &c) {
+        (0, _) => u64::MAX,
+        (n, Cluster::Emu { .. }) => n.div_ceil(spec.threads as u64),
+        (n, Cluster::Sim(_)) => n,
+    };
+    let wall = Instant::now();
+    let groups = c
+        .run(&VerbWork { spec, budget }, spec.threads, exec_config(spec))?
+        .into_iter()
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(match &c {
+        Cluster::Emu { .. } => {
+            let elapsed = groups.iter().map(|c| c.1).max().unwrap_or(0);
+            Measured {
+                stats: RunStats::merge(groups.into_iter().map(|c| c.0).collect(), elapsed),
+                sim_wall_sec: 0.0,
+                sim_verbs: 0,
+            }
+        }
+        Cluster::Sim(w) => {
+            let sim_wall_sec = wall.elapsed().as_secs_f64();
+            let mut stats = RunStats::merge(groups.into_iter().map(|c| c.0).collect(), w.now_ns());
+            stats.threads = spec.threads;
+            Measured {
+                stats,
+                sim_wall_sec,
+                sim_verbs: w.verbs(),
+            }
+        }
+    })
 }
 
 fn stride(spec: &VerbSpec) -> u64 {
@@ -276,16 +320,63 @@ struct Tally {
     ops: Cell<u64>,
     budget: u64,
     failure: RefCell<Option<String>>,
+    /// When the last core's tasks were spawned (emu: the core's run
+    /// starts).
+    began: Cell<Option<Instant>>,
 }
 
-impl Tally {
-    fn new(budget: u64) -> Rc<Tally> {
+/// The verb tasks of every core: `depth` per core, each on its own slots.
+struct VerbWork<'a> {
+    spec: &'a VerbSpec,
+    budget: u64,
+}
+
+impl Workload for VerbWork<'_> {
+    type Group = Rc<Tally>;
+    /// What the group measured, and for how long (wall ns; emu only).
+    type Out = Result<(CoreStats, u64), String>;
+
+    fn group(&self, _: usize, _: usize) -> Rc<Tally> {
         Rc::new(Tally {
             hist: RefCell::new(latency_histogram()),
             ops: Cell::new(0),
-            budget,
+            budget: self.budget,
             failure: RefCell::new(None),
+            began: Cell::new(None),
         })
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        tally: &Rc<Tally>,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let spec = self.spec;
+        for slot in 0..spec.depth {
+            let first = ((place.core * spec.depth + slot) * spec.batch) as u64;
+            let (s, t) = (spec.clone(), tally.clone());
+            on.spawn_task(move |ctx| verb_task(ctx, s, first, t))?;
+        }
+        tally.began.set(Some(Instant::now()));
+        Ok(())
+    }
+
+    fn finish(&self, tally: Rc<Tally>, counters: VerbCounters) -> Self::Out {
+        let elapsed = tally
+            .began
+            .get()
+            .map_or(0, |b| b.elapsed().as_nanos() as u64);
+        if let Some(e) = tally.failure.borrow_mut().take() {
+            return Err(format!("a verb failed: {e}"));
+        }
+        let latency_ns = tally.hist.borrow().clone();
+        let core = CoreStats {
+            ops: tally.ops.get(),
+            latency_ns,
+            counters,
+        };
+        Ok((core, elapsed))
     }
 }
 
@@ -345,120 +436,6 @@ async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Ta
         let _ = tally.hist.borrow_mut().record((ctx.now_ns() - t).max(1));
         tally.ops.set(tally.ops.get() + spec.batch as u64);
     }
-}
-
-fn measure_emu(spec: &VerbSpec) -> Result<Measured, String> {
-    let cluster = EmuCluster::boot(&EmuClusterConfig {
-        memory_nodes: spec.memory_nodes,
-        host_bytes: host_bytes(spec),
-        dm_bytes: 64 << 10,
-        emu: EmuConfig {
-            latency_ns_one_way: spec.latency_ns,
-            ..Default::default()
-        },
-    })
-    .map_err(|e| e.to_string())?;
-    let budget = if spec.max_ops == 0 {
-        u64::MAX
-    } else {
-        spec.max_ops.div_ceil(spec.threads as u64)
-    };
-    let cores = cluster
-        .run_cores(spec.threads, exec_config(spec), spec.pin, |core, ex| {
-            let tally = Tally::new(budget);
-            for slot in 0..spec.depth {
-                let first = ((core * spec.depth + slot) * spec.batch) as u64;
-                let (s, t) = (spec.clone(), tally.clone());
-                ex.spawn(move |ctx| verb_task(ctx, s, first, t))
-                    .expect("one slot per depth");
-            }
-            let begin = std::time::Instant::now();
-            ex.run();
-            let elapsed = begin.elapsed().as_nanos() as u64;
-            if let Some(e) = tally.failure.borrow_mut().take() {
-                return Err(format!("a verb failed: {e}"));
-            }
-            let latency_ns = tally.hist.borrow().clone();
-            Ok((
-                CoreStats {
-                    ops: tally.ops.get(),
-                    latency_ns,
-                    counters: ex.counters(),
-                },
-                elapsed,
-            ))
-        })
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .collect::<Result<Vec<_>, String>>()?;
-    let elapsed = cores.iter().map(|c| c.1).max().unwrap_or(0);
-    Ok(Measured {
-        stats: RunStats::merge(cores.into_iter().map(|c| c.0).collect(), elapsed),
-        sim_wall_sec: 0.0,
-        sim_verbs: 0,
-    })
-}
-
-fn measure_sim(spec: &VerbSpec) -> Result<Measured, String> {
-    let mut model = SimModel::default();
-    if spec.latency_ns != 0 {
-        model.link_latency_ns_one_way = spec.latency_ns;
-    }
-    let mut w = World::new(SimConfig {
-        seed: spec.seed,
-        memory_nodes: spec.memory_nodes,
-        host_bytes: host_bytes(spec),
-        dm_bytes: 64 << 10,
-        compute_nodes: spec.compute_nodes,
-        model,
-        faults: Vec::new(),
-    })
-    .map_err(|e| e.to_string())?;
-    let budget = if spec.max_ops == 0 {
-        u64::MAX
-    } else {
-        spec.max_ops
-    };
-    let tally = Tally::new(budget);
-    for th in 0..spec.threads {
-        let t = w
-            .add_thread((th % spec.compute_nodes) as u16, exec_config(spec))
-            .map_err(|e| e.to_string())?;
-        for slot in 0..spec.depth {
-            let first = ((th * spec.depth + slot) * spec.batch) as u64;
-            let (s, tl) = (spec.clone(), tally.clone());
-            w.spawn(t, move |ctx| verb_task(ctx, s, first, tl))
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    let wall = std::time::Instant::now();
-    let end = w.run();
-    let sim_wall_sec = wall.elapsed().as_secs_f64();
-    if let Some(e) = tally.failure.borrow_mut().take() {
-        return Err(format!("a verb failed: {e}"));
-    }
-    if end != RunEnd::Done {
-        return Err(format!(
-            "the simulation ended {end:?} with tasks unfinished"
-        ));
-    }
-    let mut counters = nicdrv::VerbCounters::default();
-    for t in 0..w.threads() as u32 {
-        counters += w.executor(t).map(|e| e.counters()).unwrap_or_default();
-    }
-    let latency_ns = tally.hist.borrow().clone();
-    let core = CoreStats {
-        ops: tally.ops.get(),
-        latency_ns,
-        counters,
-    };
-    let mut stats = RunStats::merge(vec![core], w.now_ns());
-    stats.threads = spec.threads;
-    Ok(Measured {
-        stats,
-        sim_wall_sec,
-        sim_verbs: w.verbs(),
-    })
 }
 
 fn print_header(sim: bool) {

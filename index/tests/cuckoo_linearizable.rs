@@ -205,40 +205,31 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
 /// each on 150 keys in a 128-slot table.
 #[test]
 fn cuckoo_histories_are_linearizable_on_emu_threads() {
-    let emu = Arc::new(Emu::new(2));
+    let emu = emu_cluster(2);
     let table = Cuckoo::new(cfg(128, 8, 100)).unwrap();
     emu_create_table(&emu, &table);
     let rec = Recorder::new();
     let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
     let keys = Arc::new((0..150u64).collect::<Vec<_>>());
-    std::thread::scope(|s| {
-        for th in 0..2u32 {
-            let (emu, table, rec, sink, keys) = (
-                emu.clone(),
-                table.clone(),
-                rec.clone(),
-                sink.clone(),
-                keys.clone(),
-            );
-            s.spawn(move || {
-                let mut ex = emu.executor(4);
-                for t in 0..4u32 {
-                    let me = 1 + th * 4 + t;
-                    let c = table.client().unwrap();
-                    let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
-                    let wl = Workload {
-                        put: 5,
-                        get: 3,
-                        keys: keys.clone(),
-                        ops: 1500,
-                    };
-                    ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, wl, wall_clock, sink))
-                        .unwrap();
-                }
-                ex.run();
-            });
+    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        let th = th as u32;
+        let (table, rec, sink, keys) = (table.clone(), rec.clone(), sink.clone(), keys.clone());
+        for t in 0..4u32 {
+            let me = 1 + th * 4 + t;
+            let c = table.client().unwrap();
+            let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
+            let wl = Workload {
+                put: 5,
+                get: 3,
+                keys: keys.clone(),
+                ops: 1500,
+            };
+            ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, wl, wall_clock, sink))
+                .unwrap();
         }
-    });
+        ex.run();
+    })
+    .unwrap();
     let v = rec.check(&BTreeMap::new());
     assert!(v.is_ok(), "{v:?}");
     assert!(rec.snapshot().events().len() >= 12_000);

@@ -388,7 +388,7 @@ fn use_before_create_and_mismatched_config() {
 /// The same random operations on emu memory nodes (real shared memory).
 #[test]
 fn small_table_matches_a_hashmap_on_emu() {
-    let emu = Emu::new(2);
+    let emu = emu_cluster(2);
     let table = Cuckoo::new(cfg(128, 8, 200)).unwrap();
     emu_create_table(&emu, &table);
     let mut rng = nicdrv::rng::Rng::new(11);
@@ -399,7 +399,7 @@ fn small_table_matches_a_hashmap_on_emu() {
             _ => Op::Delete(rng.below(160)),
         })
         .collect();
-    let mut ex = emu.executor(1);
+    let mut ex = emu_executor(&emu, 1);
     let t = table.clone();
     let full = Rc::new(RefCell::new(0));
     let f = full.clone();

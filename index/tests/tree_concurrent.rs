@@ -279,50 +279,47 @@ fn deletes_under_concurrency() {
 /// the process's cores (one compute node).
 #[test]
 fn concurrent_inserts_and_lookups_on_emu_threads() {
-    let emu = Arc::new(Emu::new(2));
+    let emu = emu_cluster(2);
     let tree = Tree::new(sherman(), DM).unwrap();
     {
-        let mut ex = emu.executor(1);
+        let mut ex = emu_executor(&emu, 1);
         let tr = tree.clone();
         ex.spawn(move |ctx| async move { tr.client(1).unwrap().create(&ctx).await.unwrap() })
             .unwrap();
         ex.run();
     }
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    std::thread::scope(|s| {
-        for th in 0..2u64 {
-            let (emu, tree, errors) = (emu.clone(), tree.clone(), errors.clone());
-            s.spawn(move || {
-                let mut ex = emu.executor(4);
-                for t in 0..4u64 {
-                    let id = 10 + th * 4 + t;
-                    let mut c = tree.client(id).unwrap();
-                    let errors = errors.clone();
-                    ex.spawn(move |ctx| async move {
-                        for j in 0..1500u64 {
-                            let k = (j << 8) | id;
-                            c.put(&ctx, k, k + 1).await.unwrap();
-                            if j % 3 == 0 {
-                                let back = ((j / 2) << 8) | id;
-                                let got = c.get(&ctx, back).await.unwrap();
-                                if got != Some(back + 1) {
-                                    errors.lock().unwrap().push(format!("key {back}: {got:?}"));
-                                }
-                            }
+    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        let th = th as u64;
+        let (tree, errors) = (tree.clone(), errors.clone());
+        for t in 0..4u64 {
+            let id = 10 + th * 4 + t;
+            let mut c = tree.client(id).unwrap();
+            let errors = errors.clone();
+            ex.spawn(move |ctx| async move {
+                for j in 0..1500u64 {
+                    let k = (j << 8) | id;
+                    c.put(&ctx, k, k + 1).await.unwrap();
+                    if j % 3 == 0 {
+                        let back = ((j / 2) << 8) | id;
+                        let got = c.get(&ctx, back).await.unwrap();
+                        if got != Some(back + 1) {
+                            errors.lock().unwrap().push(format!("key {back}: {got:?}"));
                         }
-                    })
-                    .unwrap();
+                    }
                 }
-                ex.run();
-            });
+            })
+            .unwrap();
         }
-    });
+        ex.run();
+    })
+    .unwrap();
     assert!(
         errors.lock().unwrap().is_empty(),
         "{:?}",
         errors.lock().unwrap()
     );
-    let mut ex = emu.executor(1);
+    let mut ex = emu_executor(&emu, 1);
     let tr = tree.clone();
     ex.spawn(move |ctx| async move {
         let mut c = tr.client(99).unwrap();

@@ -163,32 +163,29 @@ fn fg_plus_histories_are_linearizable_on_sim() {
 
 #[test]
 fn histories_are_linearizable_on_emu_threads() {
-    let emu = Arc::new(Emu::new(2));
+    let emu = emu_cluster(2);
     let tree = Tree::new(sherman(), DM).unwrap();
     {
-        let mut ex = emu.executor(1);
+        let mut ex = emu_executor(&emu, 1);
         let tr = tree.clone();
         ex.spawn(move |ctx| async move { tr.client(99).unwrap().create(&ctx).await.unwrap() })
             .unwrap();
         ex.run();
     }
     let rec = Recorder::new();
-    std::thread::scope(|s| {
-        for th in 0..2u32 {
-            let (emu, tree, rec) = (emu.clone(), tree.clone(), rec.clone());
-            s.spawn(move || {
-                let mut ex = emu.executor(4);
-                for t in 0..4u32 {
-                    let me = 1 + th * 4 + t;
-                    let c = tree.client(me as u64).unwrap();
-                    let r = Rec::Shared(rec.clone());
-                    ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, 1500, 150, wall_clock))
-                        .unwrap();
-                }
-                ex.run();
-            });
+    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        let th = th as u32;
+        let (tree, rec) = (tree.clone(), rec.clone());
+        for t in 0..4u32 {
+            let me = 1 + th * 4 + t;
+            let c = tree.client(me as u64).unwrap();
+            let r = Rec::Shared(rec.clone());
+            ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, 1500, 150, wall_clock))
+                .unwrap();
         }
-    });
+        ex.run();
+    })
+    .unwrap();
     let v = rec.check(&BTreeMap::new());
     assert!(v.is_ok(), "{v:?}");
     assert!(rec.snapshot().events().len() >= 12_000);

@@ -265,8 +265,8 @@ fn bad_input_is_an_error() {
 
 #[test]
 fn sequential_on_emu() {
-    let emu = Emu::new(2);
-    let mut ex = emu.executor(1);
+    let emu = emu_cluster(2);
+    let mut ex = emu_executor(&emu, 1);
     let tree = Tree::new(sherman(), DM).unwrap();
     let tr = tree.clone();
     ex.spawn(move |ctx| async move {

@@ -8,7 +8,7 @@
 //! that reorders, drops or duplicates a request fails them.
 
 use crate::addr::{GlobalAddr, NodeId, Space};
-use crate::exec::{Ctx, VerbError, MAX_BATCH};
+use crate::exec::{Ctx, Executor, VerbError, MAX_BATCH};
 use crate::nic::{CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair};
 use crate::verbs::{Completion, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp};
 use std::future::Future;
@@ -20,6 +20,18 @@ use std::sync::{Arc, Mutex};
 /// Makes one task per (thread, task) pair, inside the thread that runs it.
 pub type TaskFactory<N> =
     Arc<dyn Fn(Ctx<N>, usize, usize) -> Pin<Box<dyn Future<Output = ()>>> + Send + Sync>;
+
+/// Starts `tasks` tasks made by `f` for thread `th` on `ex` and runs them
+/// to the end: one [`Harness::parallel`] thread on a backend whose threads
+/// are OS threads.
+pub fn run_factory<N: Nic>(ex: &mut Executor<N>, th: usize, tasks: usize, f: &TaskFactory<N>) {
+    for tk in 0..tasks {
+        let f = f.clone();
+        ex.spawn(move |ctx| f(ctx, th, tk))
+            .expect("parallel: one slot per task");
+    }
+    ex.run();
+}
 
 /// A queue pair, its completion queue and registered local memory, for the
 /// cases that speak verbs directly.

@@ -134,23 +134,17 @@ impl Harness for EmuHarness {
         self.endpoints[node as usize].dm_bytes()
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<EmuNic>) {
-        std::thread::scope(|s| {
-            for th in 0..threads {
-                let f = f.clone();
-                s.spawn(move || {
-                    let cfg = ExecutorConfig {
-                        slots: tasks,
-                        ..Default::default()
-                    };
-                    let mut ex = build_executor(&self.nic, &self.endpoints, cfg);
-                    for tk in 0..tasks {
-                        let f = f.clone();
-                        ex.spawn(move |ctx| f(ctx, th, tk)).unwrap();
-                    }
-                    ex.run();
-                });
-            }
-        });
+        let cfg = ExecutorConfig {
+            slots: tasks,
+            ..Default::default()
+        };
+        cluster::cores::run_threads(
+            threads,
+            false,
+            |_| Ok(build_executor(&self.nic, &self.endpoints, cfg)),
+            |th, ex| conformance::run_factory(ex, th, tasks, &f),
+        )
+        .unwrap();
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<EmuNic> {
         let mut cq = self.nic.create_cq(64).unwrap();

@@ -476,22 +476,17 @@ impl Harness for Mlx5Harness {
         self.nodes[node as usize].dm_bytes()
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<Mlx5Nic>) {
-        std::thread::scope(|s| {
-            for th in 0..threads {
-                let f = f.clone();
-                s.spawn(move || {
-                    let mut ex = self.executor(ExecutorConfig {
-                        slots: tasks,
-                        ..Default::default()
-                    });
-                    for tk in 0..tasks {
-                        let f = f.clone();
-                        ex.spawn(move |ctx| f(ctx, th, tk)).unwrap();
-                    }
-                    ex.run();
-                });
-            }
-        });
+        let cfg = ExecutorConfig {
+            slots: tasks,
+            ..Default::default()
+        };
+        cluster::cores::run_threads(
+            threads,
+            false,
+            |_| Ok(self.executor(cfg)),
+            |th, ex| conformance::run_factory(ex, th, tasks, &f),
+        )
+        .unwrap();
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<Mlx5Nic> {
         let cq = self.nic.create_cq(64).unwrap();

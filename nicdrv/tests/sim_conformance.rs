@@ -2,6 +2,8 @@
 //! can show: determinism, torn reads for chosen seeds (including the one
 //! that fools front/rear versions), crashes, and the modelled costs.
 
+use cluster::sim::{spawn_with, Placement};
+use cluster::Spawn;
 use nicdrv::conformance::{self, Harness, RawRig, TaskFactory};
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, RunEnd, SimConfig, SimModel, SimNic, World};
 use nicdrv::*;
@@ -50,21 +52,18 @@ impl Harness for SimHarness {
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<SimNic>) {
         let mut w = self.world.borrow_mut();
-        for th in 0..threads {
-            let t = w
-                .add_thread(
-                    0,
-                    ExecutorConfig {
-                        slots: tasks,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
+        let cfg = ExecutorConfig {
+            slots: tasks,
+            ..Default::default()
+        };
+        spawn_with(&mut w, threads, cfg, Placement::Node(0), |p, on| {
             for tk in 0..tasks {
                 let f = f.clone();
-                w.spawn(t, move |ctx| f(ctx, th, tk)).unwrap();
+                on.spawn_task(move |ctx| f(ctx, p.core, tk))?;
             }
-        }
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(w.run(), RunEnd::Done, "simulated tasks did not finish");
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<SimNic> {

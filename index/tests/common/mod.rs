@@ -1,11 +1,12 @@
-//! Shared fixtures: a simulated cluster and an emu cluster to run tree
-//! tasks on.
+//! Shared fixtures: a simulated world and an emu cluster (the cluster
+//! crate's) to run index tasks on.
 #![allow(dead_code)]
 
+use cluster::{EmuCluster, EmuClusterConfig};
 use index::tree::{Tree, TreeConfig};
-use nicdrv::emu::{Backing, EmuConfig, EmuNic, EmuNode, EmuNodeConfig};
+use nicdrv::emu::{EmuConfig, EmuNic};
 use nicdrv::sim::{RunEnd, SimConfig, SimNic, World};
-use nicdrv::{Access, Ctx, Executor, ExecutorConfig, HeapMem, Nic};
+use nicdrv::{Ctx, Executor, ExecutorConfig};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -55,58 +56,21 @@ where
     assert_eq!(w.run(), RunEnd::Done);
 }
 
-/// An emu cluster of `n` in-process memory nodes.
-pub struct Emu {
-    pub nic: EmuNic,
-    pub nodes: Vec<EmuNode>,
+/// An emu cluster of `n` in-process memory nodes of `HOST` host and `DM`
+/// device memory each.
+pub fn emu_cluster(n: usize) -> EmuCluster {
+    EmuCluster::boot(&EmuClusterConfig {
+        memory_nodes: n,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        emu: EmuConfig::default(),
+    })
+    .unwrap()
 }
 
-impl Emu {
-    pub fn new(n: usize) -> Emu {
-        let nodes = (0..n)
-            .map(|id| {
-                let node = EmuNode::create(&EmuNodeConfig {
-                    id: id as u16,
-                    host_bytes: HOST,
-                    dm_bytes: DM,
-                    backing: Backing::Memfd,
-                })
-                .unwrap();
-                node.register_all().unwrap();
-                node
-            })
-            .collect();
-        Emu {
-            nic: EmuNic::new(EmuConfig::default()),
-            nodes,
-        }
-    }
-
-    pub fn executor(&self, slots: usize) -> Executor<EmuNic> {
-        let cfg = exec_cfg(slots);
-        let cq = self
-            .nic
-            .create_cq(cfg.qp_depth() * self.nodes.len() as u32)
-            .unwrap();
-        let qps = self
-            .nodes
-            .iter()
-            .map(|n| {
-                self.nic
-                    .create_qp(&cq, cfg.qp_depth())
-                    .unwrap()
-                    .connect(&n.endpoint())
-            })
-            .collect();
-        let mr = self
-            .nic
-            .register(
-                HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
-                Access::LOCAL_WRITE,
-            )
-            .unwrap();
-        Executor::new(self.nic.clone(), cq, qps, mr, cfg).unwrap()
-    }
+/// An executor with `slots` task slots on the calling thread.
+pub fn emu_executor(emu: &EmuCluster, slots: usize) -> Executor<EmuNic> {
+    emu.executor(exec_cfg(slots)).unwrap()
 }
 
 pub fn sherman() -> TreeConfig {

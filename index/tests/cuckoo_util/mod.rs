@@ -4,7 +4,8 @@
 //! emu.
 #![allow(dead_code)]
 
-use crate::common::{exec_cfg, Emu, HOST};
+use crate::common::{emu_executor, exec_cfg, HOST};
+use cluster::EmuCluster;
 use index::cuckoo::{Cuckoo, CuckooClient, CuckooConfig};
 use nicdrv::sim::{RunEnd, World};
 use nicdrv::{Ctx, Nic};
@@ -93,8 +94,8 @@ pub fn sim_create_table(w: &mut World, t: &Arc<Cuckoo>) {
 }
 
 /// Creates the table on an emu cluster.
-pub fn emu_create_table(emu: &Emu, t: &Arc<Cuckoo>) {
-    let mut ex = emu.executor(1);
+pub fn emu_create_table(emu: &EmuCluster, t: &Arc<Cuckoo>) {
+    let mut ex = emu_executor(emu, 1);
     let t = t.clone();
     ex.spawn(move |ctx| async move { t.client().unwrap().create(&ctx).await.unwrap() })
         .unwrap();

@@ -1,8 +1,10 @@
 //! A whole cluster on one host with the emu backend: memory nodes as
 //! shared mappings owned by this process, and compute cores as pinned
 //! threads, each running one executor with a queue pair to every memory
-//! node.
+//! node. Also the compute side of a cluster whose memory nodes other
+//! processes own ([`EmuCluster::attach`]).
 
+use crate::work::{Place, Workload};
 use mempool::CorePool;
 use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
 use nicdrv::{Executor, ExecutorConfig};
@@ -38,6 +40,9 @@ pub enum ClusterError {
     Device(String),
     Memory(mempool::MemError),
     Executor(nicdrv::ExecError),
+    /// A core thread could not start or make its executor, or its
+    /// workload could not start its tasks.
+    Core(String),
 }
 
 impl fmt::Display for ClusterError {
@@ -48,6 +53,7 @@ impl fmt::Display for ClusterError {
             ClusterError::Device(s) => write!(f, "device: {s}"),
             ClusterError::Memory(e) => write!(f, "memory: {e}"),
             ClusterError::Executor(e) => write!(f, "executor: {e}"),
+            ClusterError::Core(s) => write!(f, "core: {s}"),
         }
     }
 }
@@ -118,9 +124,10 @@ impl EmuCluster {
         &self.endpoints
     }
 
-    /// The owner's view of a node (for checks after a run).
-    pub fn node(&self, id: usize) -> &EmuNode {
-        &self.nodes[id]
+    /// The owner's view of node `id` (for checks after a run); `None` for
+    /// an attached cluster, which owns no node, or an id it does not have.
+    pub fn node(&self, id: usize) -> Option<&EmuNode> {
+        self.nodes.get(id)
     }
 
     /// An executor on the calling thread with a queue pair to every node and
@@ -156,27 +163,37 @@ impl EmuCluster {
         pin: bool,
         per_core: impl Fn(usize, &mut Executor<EmuNic>) -> R + Sync,
     ) -> Result<Vec<R>, ClusterError> {
-        let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len().max(1));
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..cores)
-                .map(|i| {
-                    let per_core = &per_core;
-                    std::thread::Builder::new()
-                        .name(format!("loch-core-{i}"))
-                        .spawn_scoped(s, move || {
-                            if pin && !nicdrv::exec::pin_current_thread(i % cpus) {
-                                log::warn!("could not pin core thread {i} to CPU {}", i % cpus);
-                            }
-                            let mut ex = self.executor(cfg)?;
-                            Ok(per_core(i, &mut ex))
-                        })
-                        .expect("spawn core thread")
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("core thread panicked"))
-                .collect()
-        })
+        crate::cores::run_threads(
+            cores,
+            pin,
+            |_| self.executor(cfg).map_err(|e| e.to_string()),
+            per_core,
+        )
+        .map_err(ClusterError::Core)
+    }
+
+    /// Runs `work` on `cores` cores (module docs of [`crate::work`]): one
+    /// group per core, its tasks spawned, run to the end and finished on
+    /// the core's own thread; what each core's group reported, in core
+    /// order.
+    pub fn run<W: Workload>(
+        &self,
+        work: &W,
+        cores: usize,
+        cfg: ExecutorConfig,
+        pin: bool,
+    ) -> Result<Vec<W::Out>, ClusterError> {
+        self.run_cores(cores, cfg, pin, |core, ex| {
+            let group = work.group(core, cores);
+            let place = Place {
+                core,
+                compute_node: 0,
+            };
+            work.spawn(place, &group, ex).map_err(ClusterError::Core)?;
+            ex.run();
+            Ok(work.finish(group, ex.counters()))
+        })?
+        .into_iter()
+        .collect()
     }
 }

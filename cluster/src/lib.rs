@@ -1,0 +1,137 @@
+//! # cluster — boots a Loch cluster and runs tasks on its cores
+//!
+//! One description ([`ClusterSpec`]) boots either backend ([`Cluster`]):
+//! an emu cluster on this host ([`emu::EmuCluster`]: memory nodes as
+//! shared mappings, compute cores as pinned threads) or a simulated world
+//! (`nicdrv::sim::World`). A [`work::Workload`] says once what runs on
+//! each core; [`emu::EmuCluster::run`] and [`sim::spawn`]/[`sim::run`] run
+//! it, and [`stats`] merges what the cores measured. [`cores::run_threads`]
+//! runs cores as threads on any NIC backend. The demo, the
+//! benchmarks and the tests of every crate drive clusters through here.
+
+pub mod cores;
+pub mod emu;
+pub mod sim;
+pub mod stats;
+pub mod work;
+
+use nicdrv::emu::EmuConfig;
+use nicdrv::sim::{Fault, SimConfig, SimModel, World};
+use nicdrv::{ExecutorConfig, NodeId, Space};
+
+pub use emu::{ClusterError, EmuCluster, EmuClusterConfig};
+pub use work::{Place, Spawn, Workload};
+
+/// Which backend a [`ClusterSpec`] boots, with what only it has.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// Memory nodes in this process; one compute node (this process) whose
+    /// cores are threads, pinned when `pin`.
+    Emu { pin: bool },
+    /// A simulated cluster in virtual time.
+    Sim {
+        seed: u64,
+        compute_nodes: usize,
+        model: SimModel,
+        faults: Vec<Fault>,
+    },
+}
+
+/// One cluster description for either backend.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub memory_nodes: usize,
+    /// Host memory per memory node.
+    pub host_bytes: u64,
+    /// Device memory per memory node.
+    pub dm_bytes: u64,
+    /// One-way link latency in ns that replaces the backend's own (emu
+    /// adds none, sim models one); 0 keeps the backend's.
+    pub latency_ns: u64,
+    pub backend: Backend,
+}
+
+/// A booted cluster.
+pub enum Cluster {
+    Emu { cluster: EmuCluster, pin: bool },
+    Sim(Box<World>),
+}
+
+impl Cluster {
+    /// Boots the memory nodes (ids 0..n) of `spec`.
+    pub fn boot(spec: &ClusterSpec) -> Result<Cluster, String> {
+        match &spec.backend {
+            Backend::Emu { pin } => {
+                let cluster = EmuCluster::boot(&EmuClusterConfig {
+                    memory_nodes: spec.memory_nodes,
+                    host_bytes: spec.host_bytes,
+                    dm_bytes: spec.dm_bytes,
+                    emu: EmuConfig {
+                        latency_ns_one_way: spec.latency_ns,
+                        ..Default::default()
+                    },
+                })
+                .map_err(|e| e.to_string())?;
+                Ok(Cluster::Emu { cluster, pin: *pin })
+            }
+            Backend::Sim {
+                seed,
+                compute_nodes,
+                model,
+                faults,
+            } => {
+                let mut model = model.clone();
+                if spec.latency_ns != 0 {
+                    model.link_latency_ns_one_way = spec.latency_ns;
+                }
+                let w = World::new(SimConfig {
+                    seed: *seed,
+                    memory_nodes: spec.memory_nodes,
+                    host_bytes: spec.host_bytes,
+                    dm_bytes: spec.dm_bytes,
+                    compute_nodes: *compute_nodes,
+                    model,
+                    faults: faults.clone(),
+                })
+                .map_err(|e| e.to_string())?;
+                Ok(Cluster::Sim(Box::new(w)))
+            }
+        }
+    }
+
+    /// Runs `work` on `cores` cores to the end: on emu one group per core
+    /// (one `Out` each, in core order), on sim one group for all the cores,
+    /// placed round robin over the compute nodes (one `Out`).
+    pub fn run<W: Workload>(
+        &mut self,
+        work: &W,
+        cores: usize,
+        cfg: ExecutorConfig,
+    ) -> Result<Vec<W::Out>, String> {
+        match self {
+            Cluster::Emu { cluster, pin } => cluster
+                .run(work, cores, cfg, *pin)
+                .map_err(|e| e.to_string()),
+            Cluster::Sim(w) => {
+                sim::run(w, work, cores, cfg, sim::Placement::RoundRobin).map(|out| vec![out])
+            }
+        }
+    }
+
+    /// The 8-byte word at `offset` of `space` on memory node `node`, read
+    /// as the owner sees it (checks after a run); `None` when there is no
+    /// such word, or the node crashed.
+    pub fn read_u64(&self, node: NodeId, space: Space, offset: u64) -> Option<u64> {
+        match self {
+            Cluster::Emu { cluster, .. } => {
+                let n = cluster.node(node as usize)?;
+                let mem = match space {
+                    Space::Host => n.host(),
+                    Space::Device => n.device(),
+                };
+                (offset.checked_add(8)? <= mem.len() as u64).then(|| mem.load_u64(offset))
+            }
+            Cluster::Sim(w) => w.read_u64(node, space, offset),
+        }
+    }
+}
