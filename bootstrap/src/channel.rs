@@ -18,7 +18,7 @@
 //!   records one node may publish is bounded ([`RECORDS_PER_NODE_MAX`]).
 //! - A node may publish records only under its own authenticated id.
 //!
-//! Rendezvous (the coordinator is the lowest node id, design §7):
+//! Rendezvous (the coordinator is the lowest node id):
 //! members dial the coordinator; each sends its records then
 //! `Barrier{"exchange", e}`; once all have, the coordinator sends every
 //! record to every member followed by `BarrierRelease{"exchange", e}`.

@@ -1,4 +1,4 @@
-//! Loch cluster bootstrap (design §7): the cluster file, preflight checks,
+//! Loch cluster bootstrap: the cluster file, preflight checks,
 //! and the authenticated control channel that exchanges queue-pair endpoints
 //! and memory regions and runs barriers.
 //!

@@ -42,7 +42,7 @@ pub struct QpInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Space {
     Host = 0,
-    /// NIC device memory (the lock table, design §4).
+    /// NIC device memory (the lock table of the tree's on-chip locks).
     Device = 1,
 }
 

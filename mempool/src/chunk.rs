@@ -1,5 +1,5 @@
 //! The remote chunk allocator: memory on memory nodes, allocated without
-//! their CPUs (design.md §3, Sherman §4.1).
+//! their CPUs (Sherman §4.1).
 //!
 //! Owns the chunk cursor protocol and the bump allocation inside chunks.
 //! Each memory node's host memory past the superblock is cut into chunks of
@@ -13,7 +13,7 @@
 //! Promises:
 //! - no two allocations overlap, across tasks, cores and processes: a chunk
 //!   index is returned by exactly one FAA (NIC atomics are atomic with
-//!   respect to each other, design.md §2), and inside a chunk one
+//!   respect to each other: the NIC contract), and inside a chunk one
 //!   [`RemoteAllocator`] bumps a private cursor;
 //! - an allocation is aligned to `max(align, 8)`, has a length rounded up to
 //!   8 bytes, lies inside one chunk, and never touches the superblock, so

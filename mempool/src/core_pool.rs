@@ -14,7 +14,7 @@
 //!
 //! The mlx5 backend pins what it registers; whoever boots the node checks
 //! the total against `RLIMIT_MEMLOCK` with [`crate::check_memlock`] first
-//! (preflight, design.md §7). The emu backend pins nothing.
+//! (bootstrap's preflight checks the limit). The emu backend pins nothing.
 //!
 //! [`Buf`]: nicdrv::Buf
 

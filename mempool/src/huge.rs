@@ -8,7 +8,7 @@
 //! faulted in at allocation (so the data path takes no page faults), never
 //! moves, and is unmapped when dropped. Huge pages matter because a NIC
 //! translates addresses through its own small cache (MTT); 4 KiB pages make
-//! it miss far more often than 2 MiB ones (design.md §3).
+//! it miss far more often than 2 MiB ones.
 //!
 //! Registering memory with a real NIC pins it, which counts against
 //! `RLIMIT_MEMLOCK`: [`check_memlock`] turns a too-low limit into one clear
@@ -181,7 +181,7 @@ fn map_small(len: usize) -> io::Result<NonNull<u8>> {
 }
 
 /// Faults every page in now, at start-up, so the data path never waits on
-/// a page fault (design.md §2: nothing allocates on the data path).
+/// a page fault (nothing allocates on the data path).
 fn prefault(ptr: NonNull<u8>, len: usize, page: usize) {
     for off in (0..len).step_by(page) {
         // SAFETY: `off < len`, inside our fresh private mapping, which no one

@@ -34,7 +34,7 @@ pub const NULL_WORD_OFF: u64 = 0;
 pub const CHUNK_CURSOR_OFF: u64 = 64;
 
 /// Reserved for `index::tree`: on node 0, the word that holds the B+tree's
-/// root address and level, replaced by CAS (design.md §4). Unused here.
+/// root address and level, replaced by CAS. Unused here.
 pub const TREE_ROOT_OFF: u64 = 128;
 
 /// Reserved for `index::cuckoo`: a descriptor word for the Nessie table.

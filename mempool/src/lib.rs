@@ -1,6 +1,6 @@
 //! # mempool — memory for Loch's cores and memory nodes
 //!
-//! Owns the memory Loch allocates (design.md §3): huge-page mappings and
+//! Owns the memory Loch allocates: huge-page mappings and
 //! the locked-memory check ([`huge`]), a core's registered scratch region
 //! sized from its executor config ([`core_pool`]), the map of well-known
 //! words at the start of every memory node ([`layout`]), and the remote

@@ -1,4 +1,4 @@
-//! The backend conformance suite: the contract of design.md §2, written once
+//! The backend conformance suite: the NIC contract (`nic.rs`, `verbs.rs`), written once
 //! and run against every backend. A backend's test file implements
 //! [`Harness`] and expands [`conformance_suite!`](crate::conformance_suite),
 //! which makes one `#[test]` per case.
@@ -644,7 +644,7 @@ impl Drop for StopOnDrop {
 
 /// A READ racing WRITEs can observe a torn mix of old and new lines (upper
 /// layers must never assume otherwise), while no aligned 64-byte line is ever
-/// torn (design.md §2: transfers land in whole cacheline units). Each WRITE
+/// torn (the contract: transfers land in whole cacheline units). Each WRITE
 /// fills the whole block with one fresh value; the reader checks every line
 /// of every READ until it has seen 16 torn READs or done `max_reads`.
 pub fn torn_reads_observable<H: Harness>(h: &H, block: usize, max_reads: u64) {

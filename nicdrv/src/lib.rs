@@ -6,7 +6,7 @@
 //! ([`emu`], [`sim`], and `mlx5` behind the cargo feature of that name), per-task counters
 //! ([`counters`]) and the per-core run-to-completion executor ([`exec`]).
 //!
-//! Promises to upper layers (design.md §2): work requests on one queue pair
+//! Promises to upper layers: work requests on one queue pair
 //! execute in posting order; only signaled requests complete on success; a
 //! failure completes with its status and flushes the rest of the queue
 //! pair; READs and WRITEs longer than 8 bytes are not atomic (a concurrent

@@ -4,8 +4,8 @@
 //! random fault plan, checked as a whole history, and the determinism of a
 //! faulty run.
 //!
-//! Times in the assertions come from `SimModel::default()` (the figures in
-//! calibration.md); every world here uses it.
+//! Times in the assertions come from `SimModel::default()` (the published
+//! figures its fields cite); every world here uses it.
 
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
 use nicdrv::*;

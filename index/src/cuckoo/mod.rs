@@ -1,7 +1,7 @@
 //! Nessie: a lock-free cuckoo hash table on disaggregated memory, driven
 //! only by one-sided READ, WRITE, CAS and FAA (Szepesi et al., "Designing a
 //! low-latency cuckoo hash table for write-intensive workloads using RDMA",
-//! 2014; design.md §5). Memory nodes run nothing; a client that stalls or
+//! 2014). Memory nodes run nothing; a client that stalls or
 //! dies at any point blocks no one.
 //!
 //! Owns the table ([`layout`]: buckets of eight 8-byte slots, out-of-place
@@ -116,7 +116,7 @@
 //! stays in flight longer than G − W (the RC transport's retry timeout
 //! bounds it; FaRM's leases rest on the same bounded-delay assumption),
 //! no core is held off its turn for that long between reading the clock
-//! and posting (run-to-completion cores, pinned: design.md §2), and clocks
+//! and posting (run-to-completion cores, pinned), and clocks
 //! run at the same rate (no synchronisation is needed). So no client
 //! ever follows a pointer into a reused entry, and slot words stay unique.
 //! The checksum and key check on every entry READ back this up: an entry

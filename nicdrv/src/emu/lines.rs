@@ -3,7 +3,7 @@
 //! block, kept in the node file beside the memory they guard (layout in
 //! node.rs), so threads and processes share them.
 //!
-//! Promise (design.md §2: a transfer "lands in 64-byte cacheline units in no
+//! Promise (the NIC contract: a transfer "lands in 64-byte cacheline units in no
 //! guaranteed order"): for every line a READ covers it returns the line as
 //! some order of the WRITEs to that line left it; the bytes one WRITE puts
 //! in a line are never interleaved with another WRITE's bytes in that line.

@@ -1,5 +1,5 @@
 //! The `mlx5` backend: real RDMA NICs (ConnectX; soft-RoCE too) through
-//! libibverbs, via `rdma-sys` (design.md §2, "mlx5").
+//! libibverbs, via `rdma-sys`.
 //!
 //! Owns: device discovery and the device context with its protection domain
 //! (`device.rs`: [`Mlx5Nic`], [`DeviceMemory`]), memory registration

@@ -177,7 +177,7 @@ impl Mlx5MemoryNode {
     }
 
     /// The node's host memory, for its own CPU (which the NIC's atomics are
-    /// not atomic with respect to, design.md §2).
+    /// not atomic with respect to: the NIC contract).
     pub fn host_ptr(&self) -> *mut u8 {
         self.host.as_ptr()
     }

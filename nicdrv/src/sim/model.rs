@@ -1,9 +1,10 @@
 //! The simulator's model of a ConnectX-5-class fabric: every parameter in
 //! one struct, each with its unit in its name and where its default comes
-//! from. Figures are from `shared/calibration.md`, which collects perftest
-//! reports for ConnectX-5 100 Gb/s NICs, NIC atomic measurements (Kalia et
-//! al., ATC'16 and later work) and the RDMA_CAS / RDMA_WRITE figures of the
-//! Sherman paper (§3.2, Figures 2–3).
+//! from: perftest reports for ConnectX-5 100 Gb/s NICs, NIC atomic
+//! measurements (Kalia et al., ATC'16, and later work) and the
+//! RDMA_CAS / RDMA_WRITE figures of the Sherman paper (§3.2, Figures 2–3).
+//! The resulting round trips (small READ ≈ 2.1 µs, 1 KiB ≈ 2.4 µs) are
+//! checked by `defaults_match_the_published_figures`.
 
 /// Timing and capacity of the simulated fabric.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,7 +13,7 @@ pub struct SimModel {
     /// and one switch, without the memory node's PCIe. 750 ns: perftest's
     /// 8 B WRITE at 0.93 µs half round trip on ConnectX-5 (perftest issue
     /// #131) less the ~0.2 µs of PCIe on the requester side, plus one switch
-    /// hop of ~250 ns (IBM tulips notes); calibration.md's suggested default.
+    /// hop of ~250 ns (IBM tulips notes).
     pub link_latency_ns_one_way: u64,
     /// Per-NIC bandwidth in each direction: 12.0 GB/s, the ~96.6 Gb/s
     /// ib_write_bw ceiling of EDR/100 GbE NICs.
@@ -31,8 +32,8 @@ pub struct SimModel {
     /// interpolate linearly, larger ones extrapolate.
     pub pcie_read_ns_1k: u64,
     /// A NIC atomic on host memory, serialized per atomic slot: 500 ns,
-    /// ≈2 Mops on one hot address (2.04 Mops same-address CAS on CX-6,
-    /// calibration.md; Kalia ATC'16 reports the same order on CX-3).
+    /// ≈2 Mops on one hot address (2.04 Mops same-address CAS measured on
+    /// CX-6; Kalia ATC'16 reports the same order on CX-3).
     pub host_atomic_ns: u64,
     /// A NIC atomic on device memory, serialized per slot: 120 ns, ≈8 Mops
     /// on one hot address (8.65 Mops same-address CAS in device memory).
@@ -279,7 +280,7 @@ mod tests {
     fn defaults_match_the_published_figures() {
         let m = SimModel::default();
         m.check().unwrap();
-        // calibration.md: small READ round trip ≈ 2.1 µs; 1 KiB ≈ 2.4 µs.
+        // perftest on CX-5: small READ round trip ≈ 2.1 µs; 1 KiB ≈ 2.4 µs.
         let small = m.read_rtt_ns(8);
         let kib = m.read_rtt_ns(1024);
         assert!((2000..=2200).contains(&small), "{small}");
