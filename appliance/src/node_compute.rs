@@ -29,6 +29,7 @@ use crate::signals;
 use crate::stats::OpTally;
 use bootstrap::config::NodeConfig;
 use bootstrap::{ClusterConfig, Rendezvous};
+use cluster::cores::{run_threads_with, Pinning};
 use cluster::stats::latency_histogram;
 use hdrhistogram::Histogram;
 use index::tree::TreeStats;
@@ -185,7 +186,6 @@ impl Gate {
 struct CoreArgs {
     /// Index among this node's cores.
     i: usize,
-    cpu: u32,
     /// The cluster-wide slot of its first task.
     first_slot: usize,
     exec_cfg: ExecutorConfig,
@@ -235,38 +235,39 @@ pub fn run<N: Nic, S: CoreSource<N>>(
     let live = Live::new(cores);
     let gate = Gate::default();
     let (load_tx, load_rx) = mpsc::channel();
-    let mut load_tx = (loader && index.is_some()).then_some(load_tx);
-
-    let run = std::thread::scope(|s| -> Result<Run, NodeError> {
-        let mut handles = Vec::with_capacity(cores);
-        for (i, &cpu) in node.cores.iter().enumerate() {
-            let core = CoreArgs {
-                i,
-                cpu,
-                first_slot: (first_core + i) * TASKS_PER_CORE_MAX,
-                exec_cfg: exec_config(o),
-            };
-            let load = if i == 0 { load_tx.take() } else { None };
-            let (live, gate, index) = (&live, &gate, index.as_ref());
-            let spawned = std::thread::Builder::new()
-                .name(format!("loch-core-{cpu}"))
-                .spawn_scoped(s, move || {
-                    let r = core_main(src, c, live, &core, index, gate, load);
-                    // Release: the core's last published counters are
-                    // visible to the report loop that sees it finished.
-                    live.finished.fetch_add(1, Ordering::Release);
-                    r
-                });
-            match spawned {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    gate.shut();
-                    return Err(NodeError::Failed(format!(
-                        "cannot start the thread of core {i}: {e}"
-                    )));
-                }
-            }
-        }
+    // Core 0 takes the sender when this node loads the index.
+    let load_tx = Mutex::new((loader && index.is_some()).then_some(load_tx));
+    let cpus: Vec<usize> = node.cores.iter().map(|&c| c as usize).collect();
+    let pin = if o.pin {
+        Pinning::Cpus(&cpus)
+    } else {
+        Pinning::None
+    };
+    let per_core = |i: usize| {
+        let core = CoreArgs {
+            i,
+            first_slot: (first_core + i) * TASKS_PER_CORE_MAX,
+            exec_cfg: exec_config(o),
+        };
+        let load = if i == 0 {
+            load_tx.lock().ok().and_then(|mut tx| tx.take())
+        } else {
+            None
+        };
+        let r = core_main(src, c, &live, &core, index.as_ref(), &gate, load);
+        // Release: the core's last published counters are visible to the
+        // report loop that sees it finished.
+        live.finished.fetch_add(1, Ordering::Release);
+        r
+    };
+    // The cores wait at the gate until this has loaded the index (on core
+    // 0) and met the other nodes; a failure shuts the gate.
+    let meanwhile = |started: Result<(), String>| -> Result<(u64, u64, Instant), NodeError> {
+        let shut = |e: NodeError| {
+            gate.shut();
+            e
+        };
+        started.map_err(|e| shut(NodeError::Failed(e)))?;
         let load_ns = match &index {
             Some(ix) if loader => match load_rx.recv() {
                 Ok(Ok(ns)) => {
@@ -278,23 +279,16 @@ pub fn run<N: Nic, S: CoreSource<N>>(
                     ));
                     ns
                 }
-                Ok(Err(e)) => {
-                    gate.shut();
-                    return Err(NodeError::Failed(e));
-                }
+                Ok(Err(e)) => return Err(shut(NodeError::Failed(e))),
                 Err(_) => {
-                    gate.shut();
-                    return Err(NodeError::Failed(
+                    return Err(shut(NodeError::Failed(
                         "core 0 ended before loading the index".into(),
-                    ));
+                    )))
                 }
             },
             _ => 0,
         };
-        if let Err(e) = index_ready(rv) {
-            gate.shut();
-            return Err(e);
-        }
+        index_ready(rv).map_err(shut)?;
         let deadline_ns = match o.seconds {
             Some(secs) => src.now_ns() + (secs * 1e9) as u64,
             None => u64::MAX,
@@ -314,24 +308,23 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             index.as_ref().is_some_and(|ix| !ix.is_hash()),
             me,
         );
-        let results = handles
+        Ok((load_ns, start_unix_ns, started))
+    };
+    let (ran, results) = run_threads_with(cores, pin, per_core, meanwhile);
+    let (load_ns, start_unix_ns, started) = ran?;
+    let run = Run {
+        results: results
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a core thread panicked".into()))
-            })
-            .collect();
-        Ok(Run {
-            results,
-            load_ns,
-            start_unix_ns,
-            elapsed_ns: started.elapsed().as_nanos() as u64,
-        })
-    })?;
+            .map(|r| r.unwrap_or_else(|_| Err("a core thread panicked".into())))
+            .collect(),
+        load_ns,
+        start_unix_ns,
+        elapsed_ns: started.elapsed().as_nanos() as u64,
+    };
     Ok(report(c, index.is_some(), run))
 }
 
-/// One core's thread: pin, make the executor, load the index if told to
+/// One core's thread (pinned by then): make the executor, load the index if told to
 /// (`load`), wait at the gate, run the workload.
 fn core_main<N: Nic, S: CoreSource<N>>(
     src: &S,
@@ -343,9 +336,6 @@ fn core_main<N: Nic, S: CoreSource<N>>(
     load: Option<mpsc::Sender<Result<u64, String>>>,
 ) -> Result<CoreResult, String> {
     let o = c.o;
-    if o.pin && !nicdrv::exec::pin_current_thread(core.cpu as usize) {
-        log::warn!("could not pin core thread {} to CPU {}", core.i, core.cpu);
-    }
     let mut made = src
         .executor(core.i, core.exec_cfg)
         .map_err(|e| format!("core {}: {e}", core.i));

@@ -1,48 +1,158 @@
 //! Compute cores as OS threads, on any NIC backend: one thread per core,
-//! pinned when asked, each making its own executor on its own thread (a
+//! pinned as asked, each making its own executor on its own thread (a
 //! core's queue pairs and scratch are its alone) and running what it is
-//! given on it.
+//! given on it, while the calling thread does what the run needs meanwhile
+//! (barriers, a progress line).
 
-use nicdrv::{Executor, Nic};
+/// Which CPU each core's thread is pinned to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinning<'a> {
+    /// Not pinned.
+    None,
+    /// Core `i` on CPU `i mod cpus`.
+    RoundRobin,
+    /// Core `i` on CPU `cpus[i]` (a node's configured cores).
+    Cpus(&'a [usize]),
+}
 
-/// Runs `cores` threads named `loch-core-{i}`; thread `i` pins itself to
-/// CPU `i mod cpus` when `pin`, makes its executor with `executor(i)`, and
-/// returns `per_core(i, &mut executor)`. What each core returned, in core
-/// order; an error when a thread could not start, had no executor, or
-/// panicked (the cores already started still run to their end).
-pub fn run_threads<N: Nic, R: Send>(
+impl Pinning<'_> {
+    fn cpu_of(self, i: usize, cpus: usize) -> Option<usize> {
+        match self {
+            Pinning::None => None,
+            Pinning::RoundRobin => Some(i % cpus),
+            Pinning::Cpus(list) => list.get(i).copied(),
+        }
+    }
+}
+
+/// Runs `cores` threads, named `loch-core-{i}` (`-{cpu}` for
+/// [`Pinning::Cpus`]);
+/// thread `i` pins itself as `pin` says and returns `per_core(i)`.
+/// Meanwhile the calling thread runs `meanwhile`, told whether every thread
+/// started (when one did not, `meanwhile` must release the cores already
+/// started from any wait it holds them in: they are joined after it). What
+/// `meanwhile` returned and what each core returned, in core order; an
+/// error for a core whose thread panicked.
+pub fn run_threads_with<R: Send, M>(
     cores: usize,
-    pin: bool,
-    executor: impl Fn(usize) -> Result<Executor<N>, String> + Sync,
-    per_core: impl Fn(usize, &mut Executor<N>) -> R + Sync,
-) -> Result<Vec<R>, String> {
+    pin: Pinning<'_>,
+    per_core: impl Fn(usize) -> R + Sync,
+    meanwhile: impl FnOnce(Result<(), String>) -> M,
+) -> (M, Vec<Result<R, String>>) {
     let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len().max(1));
     std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(cores);
+        let mut started = Ok(());
         for i in 0..cores {
-            let (executor, per_core) = (&executor, &per_core);
+            let per_core = &per_core;
+            let cpu = pin.cpu_of(i, cpus);
+            // A node's cores are named by their configured CPU.
+            let name = match pin {
+                Pinning::Cpus(_) => cpu.unwrap_or(i),
+                _ => i,
+            };
             let spawned = std::thread::Builder::new()
-                .name(format!("loch-core-{i}"))
+                .name(format!("loch-core-{name}"))
                 .spawn_scoped(s, move || {
-                    if pin && !nicdrv::exec::pin_current_thread(i % cpus) {
-                        log::warn!("could not pin core thread {i} to CPU {}", i % cpus);
+                    if let Some(cpu) = cpu {
+                        if !nicdrv::exec::pin_current_thread(cpu) {
+                            log::warn!("could not pin core thread {i} to CPU {cpu}");
+                        }
                     }
-                    let mut ex = executor(i).map_err(|e| format!("core {i}: {e}"))?;
-                    Ok(per_core(i, &mut ex))
+                    per_core(i)
                 });
             match spawned {
                 Ok(h) => handles.push(h),
-                // The scope joins the cores already started.
-                Err(e) => return Err(format!("cannot start core {i}: {e}")),
+                Err(e) => {
+                    started = Err(format!("cannot start the thread of core {i}: {e}"));
+                    break;
+                }
             }
         }
-        handles
+        let m = meanwhile(started);
+        let results = handles
             .into_iter()
             .enumerate()
             .map(|(i, h)| {
                 h.join()
-                    .unwrap_or_else(|_| Err(format!("core {i}: its thread panicked")))
+                    .map_err(|_| format!("core {i}: its thread panicked"))
             })
-            .collect()
+            .collect();
+        (m, results)
     })
+}
+
+/// [`run_threads_with`] with nothing to do meanwhile, for cores that each
+/// make an executor with `executor(i)` and run `per_core(i, &mut it)`:
+/// what each returned, or the first error (a thread that could not start,
+/// a core without an executor, a panic).
+pub fn run_threads<N: nicdrv::Nic, R: Send>(
+    cores: usize,
+    pin: Pinning<'_>,
+    executor: impl Fn(usize) -> Result<nicdrv::Executor<N>, String> + Sync,
+    per_core: impl Fn(usize, &mut nicdrv::Executor<N>) -> R + Sync,
+) -> Result<Vec<R>, String> {
+    let (started, results) = run_threads_with(
+        cores,
+        pin,
+        |i| {
+            let mut ex = executor(i).map_err(|e| format!("core {i}: {e}"))?;
+            Ok(per_core(i, &mut ex))
+        },
+        |started| started,
+    );
+    started?;
+    results.into_iter().map(|r| r.and_then(|r| r)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn meanwhile_runs_while_the_cores_wait_for_it() {
+        let go = AtomicBool::new(false);
+        let (m, results) = run_threads_with(
+            3,
+            Pinning::None,
+            |i| {
+                // Acquire/Release: the flag is the only thing handed over.
+                while !go.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                i * 10
+            },
+            |started| {
+                go.store(true, Ordering::Release);
+                started.is_ok()
+            },
+        );
+        assert!(m, "every thread started");
+        let got: Vec<usize> = results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(got, [0, 10, 20], "in core order");
+    }
+
+    #[test]
+    fn a_core_that_panics_is_an_error_and_the_others_still_report() {
+        let (_, results) = run_threads_with(
+            2,
+            Pinning::None,
+            |i| {
+                assert!(i != 1, "core 1 fails on purpose");
+                i
+            },
+            |_| (),
+        );
+        assert_eq!(results[0], Ok(0));
+        assert!(results[1].as_ref().unwrap_err().contains("core 1"));
+    }
+
+    #[test]
+    fn pinnings_name_their_cpus() {
+        assert_eq!(Pinning::None.cpu_of(3, 2), None);
+        assert_eq!(Pinning::RoundRobin.cpu_of(3, 2), Some(1));
+        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(1, 2), Some(6));
+        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(2, 2), None);
+    }
 }

@@ -163,6 +163,11 @@ impl EmuCluster {
         pin: bool,
         per_core: impl Fn(usize, &mut Executor<EmuNic>) -> R + Sync,
     ) -> Result<Vec<R>, ClusterError> {
+        let pin = if pin {
+            crate::cores::Pinning::RoundRobin
+        } else {
+            crate::cores::Pinning::None
+        };
         crate::cores::run_threads(
             cores,
             pin,

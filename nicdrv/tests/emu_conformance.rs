@@ -140,7 +140,7 @@ impl Harness for EmuHarness {
         };
         cluster::cores::run_threads(
             threads,
-            false,
+            cluster::cores::Pinning::None,
             |_| Ok(build_executor(&self.nic, &self.endpoints, cfg)),
             |th, ex| conformance::run_factory(ex, th, tasks, &f),
         )

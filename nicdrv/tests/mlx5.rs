@@ -482,7 +482,7 @@ impl Harness for Mlx5Harness {
         };
         cluster::cores::run_threads(
             threads,
-            false,
+            cluster::cores::Pinning::None,
             |_| Ok(self.executor(cfg)),
             |th, ex| conformance::run_factory(ex, th, tasks, &f),
         )
