@@ -99,7 +99,7 @@ pub struct DemoReport {
     pub faa_counter: u64,
     pub mismatches: u64,
     pub failures: u64,
-    pub tree: Option<Vec<crate::demo_tree::TreePhase>>,
+    pub tree: Option<Vec<crate::demo_index::IndexPhase>>,
     pub text: String,
 }
 
@@ -143,7 +143,7 @@ impl std::ops::AddAssign for Tally {
 }
 
 /// What the tasks of one core (emu) or one world (sim) share.
-struct Shared {
+struct VerbPhaseTally {
     hist: RefCell<Histogram<u64>>,
     ops: Cell<u64>,
     faa: Cell<u64>,
@@ -158,9 +158,9 @@ struct Shared {
     progress: Arc<AtomicU64>,
 }
 
-impl Shared {
-    fn new(progress: Arc<AtomicU64>, faulty: bool) -> Rc<Shared> {
-        Rc::new(Shared {
+impl VerbPhaseTally {
+    fn new(progress: Arc<AtomicU64>, faulty: bool) -> Rc<VerbPhaseTally> {
+        Rc::new(VerbPhaseTally {
             hist: RefCell::new(latency_histogram()),
             ops: Cell::new(0),
             faa: Cell::new(0),
@@ -192,7 +192,7 @@ async fn demo_task<N: Nic>(
     alloc: RemoteAllocator,
     cas_word: GlobalAddr,
     duration_ns: u64,
-    sh: Rc<Shared>,
+    sh: Rc<VerbPhaseTally>,
 ) {
     let area = match alloc.alloc(&ctx, TASK_WORDS * 64, 64).await {
         Ok(a) => a,
@@ -434,7 +434,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
     let failures = failed_checks;
     if let Some(t) = &tree {
         for p in t {
-            text.push_str(&crate::demo_tree::summary(p));
+            text.push_str(&crate::demo_index::summary(p));
         }
     }
     Ok(DemoReport {
@@ -455,10 +455,10 @@ type Outcome = (
     Tally,
     (Option<u64>, Option<u64>),
     String,
-    Option<Vec<crate::demo_tree::TreePhase>>,
+    Option<Vec<crate::demo_index::IndexPhase>>,
 );
 
-fn tally_of(sh: &Shared) -> Tally {
+fn tally_of(sh: &VerbPhaseTally) -> Tally {
     Tally {
         faa: sh.faa.get(),
         cas: sh.cas_incs.get(),
@@ -478,17 +478,17 @@ struct VerbPhase<'a> {
 }
 
 impl Workload for VerbPhase<'_> {
-    type Group = Rc<Shared>;
+    type Group = Rc<VerbPhaseTally>;
     type Out = (CoreStats, Tally);
 
-    fn group(&self, _: usize, _: usize) -> Rc<Shared> {
-        Shared::new(self.progress.clone(), !self.cfg.faults.is_empty())
+    fn group(&self, _: usize, _: usize) -> Rc<VerbPhaseTally> {
+        VerbPhaseTally::new(self.progress.clone(), !self.cfg.faults.is_empty())
     }
 
     fn spawn<N: Nic, S: Spawn<N>>(
         &self,
         place: Place,
-        sh: &Rc<Shared>,
+        sh: &Rc<VerbPhaseTally>,
         on: &mut S,
     ) -> Result<(), String> {
         let mut seeds = Rng::stream(self.cfg.seed, Domain::Core, place.core as u64);
@@ -501,7 +501,7 @@ impl Workload for VerbPhase<'_> {
         Ok(())
     }
 
-    fn finish(&self, sh: Rc<Shared>, counters: VerbCounters) -> (CoreStats, Tally) {
+    fn finish(&self, sh: Rc<VerbPhaseTally>, counters: VerbCounters) -> (CoreStats, Tally) {
         let latency_ns = sh.hist.borrow().clone();
         let core = CoreStats {
             ops: sh.ops.get(),
@@ -598,8 +598,8 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo summary (emu backend, {} memory nodes, {} cores × {} tasks)",
         cfg.memory_nodes, cfg.cores, cfg.tasks_per_core
     );
-    let tree = crate::demo_tree::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
-        crate::demo_tree::run_emu(&cluster, tcfg, cfg, kind)
+    let tree = crate::demo_index::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+        crate::demo_index::run_emu(&cluster, tcfg, cfg, kind)
     })?;
     Ok((
         RunStats::merge(cores, elapsed_ns),
@@ -673,7 +673,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         } else {
             // Under faults a task can wait forever on a crashed node: give
             // the others FAULT_QUIET_NS past the deadline to finish.
-            w.run_until(duration_ns + crate::demo_tree::FAULT_QUIET_NS)
+            w.run_until(duration_ns + crate::demo_index::FAULT_QUIET_NS)
         };
     }
     let stuck = w.live_tasks();
@@ -709,8 +709,8 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.verbs() as f64 / wall_s.max(1e-9) / 1e6,
         w.trace_hash()
     );
-    let tree = crate::demo_tree::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
-        crate::demo_tree::run_sim(&mut w, tcfg, cfg, kind)
+    let tree = crate::demo_index::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+        crate::demo_index::run_sim(&mut w, tcfg, cfg, kind)
     })?;
     Ok((stats, tally, (faa_counter, cas_total), header, tree))
 }

@@ -1,14 +1,17 @@
 //! # appliance — the `loch` binary's library
 //!
-//! Owns node roles and the demo workload itself ([`demo`], on a cluster
-//! the `cluster` crate boots), `loch node` and `loch check` ([`node`], one process per node
-//! over bootstrap's control channel; [`node_mlx5`] on real NICs), its
-//! compute role on any backend ([`node_compute`]), its workloads
-//! ([`node_work`]: verbs; [`node_index`]: the B+tree and the hash table), and
-//! `loch demo --processes` ([`processes`]).
+//! Owns `loch demo` ([`demo`]: its verb phase; [`demo_index`]: its index
+//! phases, on clusters the `cluster` crate boots), the index workload the
+//! demo and `loch node` share ([`index_work`]), `loch node` and `loch
+//! check` ([`node`], one process per node over bootstrap's control channel;
+//! [`node_mlx5`] on real NICs), the compute role on any backend
+//! ([`node_compute`]) and its workloads ([`node_work`]: verbs;
+//! [`node_index`]: the B+tree and the hash table), and `loch demo
+//! --processes` ([`processes`]).
 
 pub mod demo;
-pub mod demo_tree;
+pub mod demo_index;
+pub mod index_work;
 pub mod node;
 pub mod node_compute;
 pub mod node_index;

@@ -24,7 +24,7 @@
 //! derive it, attach, and check the attached node's registered regions
 //! against the Region records the node published.
 
-use crate::demo_tree::IndexKind;
+use crate::index_work::IndexKind;
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
 use crate::node_work::{self, Layout};

@@ -413,7 +413,7 @@ fn load_index<N: Nic>(ex: &mut Executor<N>, index: &AnyIndex, records: u64) -> R
     let t0 = Instant::now();
     let err = Rc::new(RefCell::new(None));
     let (ix, e) = (index.clone(), err.clone());
-    ex.spawn(move |ctx| crate::demo_tree::load(ctx, ix, records, e))
+    ex.spawn(move |ctx| crate::index_work::load(ctx, ix, records, e))
         .map_err(|e| format!("loading the index: {e}"))?;
     ex.run();
     if let Some(e) = err.borrow_mut().take() {

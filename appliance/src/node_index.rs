@@ -1,10 +1,10 @@
 //! The index workloads `loch node` runs on its compute cores (`--workload
 //! tree|hash`): the Sherman B+tree or the Nessie hash table over every
 //! memory node of the cluster, with the same self-checking mix as the
-//! index phases of `loch demo` ([`crate::demo_tree`]).
+//! index workload of `loch demo`'s index phases ([`crate::index_work`]).
 //!
 //! Across processes: the lowest-id compute node creates the index and
-//! loads `records` records ([`crate::demo_tree::load`]) after the
+//! loads `records` records ([`crate::index_work::load`]) after the
 //! "memory-ready" barrier; every node then meets at "index-ready", and
 //! each compute node opens its own handle — the tree's root word and the
 //! table's descriptor word sit in memory node 0's superblock, so opening
@@ -12,7 +12,7 @@
 //!
 //! Checks: loaded records are never written (every task reads them, the
 //! shared hot keys), so a lookup of one must return its value; each task
-//! owns [`crate::demo_tree::OWN_KEYS`] further keys (task ids are unique over the cluster),
+//! owns [`crate::index_work::OWN_KEYS`] further keys (task ids are unique over the cluster),
 //! writes only those and keeps a shadow, so its lookups and deletes of them
 //! must agree with the shadow; every tree scan must be in order.
 //!
@@ -20,7 +20,7 @@
 //! [`Layout::index_bytes`](crate::node_work::Layout), so they never touch
 //! the verb workload's areas.
 
-use crate::demo_tree::{demo_tree_config, index_handle, mixed_op, IndexKind, OwnKeys};
+use crate::index_work::{index_handle, mixed_op, tree_config, IndexKind, OwnKeys};
 use crate::stats::OpTally;
 use index::any::AnyClient;
 use index::tree::TreeStats;
@@ -57,7 +57,7 @@ pub fn handle(
     tasks: u64,
     dm_bytes: u64,
 ) -> Result<AnyIndex, String> {
-    let tcfg = demo_tree_config(index_bytes, &chunk_config(index_bytes));
+    let tcfg = tree_config(index_bytes, &chunk_config(index_bytes));
     index_handle(kind, &tcfg, records, tasks, dm_bytes)
 }
 

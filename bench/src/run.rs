@@ -317,7 +317,7 @@ pub struct Report {
     pub unfinished_clients: u64,
 }
 
-struct Shared {
+struct ClientTally {
     kinds: RefCell<Vec<KindStats>>,
     all: RefCell<Histogram<u64>>,
     tree: RefCell<TreeStats>,
@@ -339,14 +339,14 @@ struct Shared {
     last_done_ns: Cell<u64>,
 }
 
-impl Shared {
+impl ClientTally {
     fn new(
         spec: &RunSpec,
         measuring_from: Arc<AtomicU64>,
         insert_stride: u64,
         insert_offset: u64,
-    ) -> Rc<Shared> {
-        Rc::new(Shared {
+    ) -> Rc<ClientTally> {
+        Rc::new(ClientTally {
             kinds: RefCell::new(
                 KINDS
                     .iter()
@@ -536,7 +536,7 @@ async fn one_op<N: Nic>(
     kind: Kind,
     key: u64,
     spec: &RunSpec,
-    sh: &Shared,
+    sh: &ClientTally,
     (rng, values): (&mut Rng, &mut Values),
     log: &Log<'_, N>,
 ) -> Result<(), index::any::AnyError> {
@@ -596,7 +596,7 @@ async fn client_task<N: Nic>(
     spec: Rc<RunSpec>,
     dist: Rc<KeyDist>,
     me: u64,
-    sh: Rc<Shared>,
+    sh: Rc<ClientTally>,
 ) {
     let mut rng = Rng::stream(spec.seed, Domain::Client, me);
     let mut values = Values::new(me);
@@ -699,7 +699,7 @@ pub fn measure(spec: &RunSpec) -> Result<Report, String> {
 }
 
 fn finish(
-    sh: &Shared,
+    sh: &ClientTally,
     clients: u64,
     elapsed_ns: u64,
     wall_sec: f64,
@@ -788,11 +788,11 @@ struct ClientWork<'a> {
 }
 
 impl Workload for ClientWork<'_> {
-    type Group = (Rc<Shared>, Rc<RunSpec>, Rc<KeyDist>);
+    type Group = (Rc<ClientTally>, Rc<RunSpec>, Rc<KeyDist>);
     type Out = Result<Report, String>;
 
     fn group(&self, index: usize, groups: usize) -> Self::Group {
-        let sh = Shared::new(self.spec, self.from.clone(), groups as u64, index as u64);
+        let sh = ClientTally::new(self.spec, self.from.clone(), groups as u64, index as u64);
         (sh, Rc::new(self.spec.clone()), Rc::new(self.dist.clone()))
     }
 
@@ -1006,7 +1006,7 @@ fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     progress.finish();
     let wall = std::time::Instant::now();
     let dist = KeyDist::new(spec.records, spec.zipf);
-    // Shared by the cores: the measured interval starts at the first
+    // ClientTally by the cores: the measured interval starts at the first
     // measured operation of any core, and --seconds counts from there.
     let clients = ClientWork {
         spec,
@@ -1417,7 +1417,7 @@ fn fault_plan_for(
 }
 
 /// One finished run, kept until every run is done.
-struct Done {
+struct SystemRun {
     spec: RunSpec,
     report: Report,
     doc: serde_json::Value,
@@ -1648,7 +1648,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
     };
     let initial: Option<BTreeMap<u64, u64>> =
         check_history.then(|| initial_records.iter().copied().collect());
-    let mut done: Vec<Done> = Vec::new();
+    let mut done: Vec<SystemRun> = Vec::new();
     for spec in specs {
         let mut report = match measure(&spec) {
             Ok(r) => r,
@@ -1684,7 +1684,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
                 spec.system, spec.threads, report.ops, report.wall_sec
             );
         }
-        done.push(Done {
+        done.push(SystemRun {
             spec,
             report,
             doc,
@@ -1747,7 +1747,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
         println!("{}", serde_json::Value::Array(docs));
     } else {
         for &t in &thread_list {
-            let rows: Vec<&Done> = done.iter().filter(|d| d.spec.threads == t).collect();
+            let rows: Vec<&SystemRun> = done.iter().filter(|d| d.spec.threads == t).collect();
             let docs: Vec<serde_json::Value> = rows.iter().map(|d| d.doc.clone()).collect();
             print_table(&rows[0].spec, &docs);
             for d in rows {
@@ -1774,7 +1774,7 @@ pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
 
 /// The charts of `--plot`: a latency CDF per thread count, and throughput
 /// against client threads for a sweep.
-fn write_plots(dir: &Path, done: &[Done], thread_list: &[usize]) -> Result<(), String> {
+fn write_plots(dir: &Path, done: &[SystemRun], thread_list: &[usize]) -> Result<(), String> {
     std::fs::create_dir_all(dir)
         .map_err(|e| format!("--plot: cannot create `{}`: {e}", dir.display()))?;
     let first = &done[0].spec;
@@ -1795,7 +1795,7 @@ fn write_plots(dir: &Path, done: &[Done], thread_list: &[usize]) -> Result<(), S
     // parse_threads rejects repeats, so each point is one run per system.
     let points = thread_list;
     for &t in points {
-        let runs: Vec<&Done> = done.iter().filter(|d| d.spec.threads == t).collect();
+        let runs: Vec<&SystemRun> = done.iter().filter(|d| d.spec.threads == t).collect();
         let series: Vec<(String, &Histogram<u64>)> = runs
             .iter()
             .map(|d| (d.spec.system.clone(), &d.report.all_latency))

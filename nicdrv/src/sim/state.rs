@@ -155,7 +155,9 @@ pub(crate) struct Stats {
     pub trace: u64,
 }
 
-pub(crate) struct Shared {
+/// The simulated cluster, shared by the world, its devices and queue
+/// pairs: the clock, the event queue, the memory and compute nodes.
+pub(crate) struct Fabric {
     pub model: SimModel,
     pub now: Cell<u64>,
     seq: Cell<u64>,
@@ -184,7 +186,7 @@ fn mix(h: u64, v: u64) -> u64 {
     (h ^ v).wrapping_mul(0x0000_0100_0000_01B3)
 }
 
-impl Shared {
+impl Fabric {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         model: SimModel,
@@ -192,9 +194,9 @@ impl Shared {
         mem: Vec<MemNode>,
         compute_nodes: usize,
         faults: Vec<Fault>,
-    ) -> Shared {
+    ) -> Fabric {
         let memory_nodes = mem.len();
-        Shared {
+        Fabric {
             model,
             now: Cell::new(0),
             seq: Cell::new(0),

@@ -1,4 +1,5 @@
-//! The index phases of `loch demo`: load an index — the Sherman B+tree
+//! The index phases of `loch demo` (the index workload of
+//! [`crate::index_work`]): load an index — the Sherman B+tree
 //! (bulk load) or the Nessie hash table (puts) — then run a mixed workload
 //! of lookups, inserts, updates, deletes (and, on the tree, scans) from
 //! every task, on the same cluster (emu or sim) the verb phase used. It
@@ -8,35 +9,19 @@
 //! shadow; every scan must be in order.
 
 use crate::demo::DemoConfig;
+use crate::index_work::{index_handle, load, mixed_op, tree_config, IndexKind, OwnKeys};
 use cluster::sim::{self as simrun, Flow, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{EmuCluster, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
-use index::any::{AnyClient, AnyError, AnyIndex};
-use index::cuckoo::{Cuckoo, CuckooConfig};
-use index::tree::{Tree, TreeConfig, TreeStats};
+use index::any::{AnyClient, AnyIndex};
+use index::tree::{TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::World;
 use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-
-/// Keys each task owns beyond the loaded records.
-pub const OWN_KEYS: u64 = 256;
-
-/// The key of record `i`: spread over the key space (odd multiplier: a
-/// bijection on u64; the top bit is cleared, so u64::MAX is never used).
-pub fn key_of(i: u64) -> u64 {
-    i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1
-}
-
-/// Which index a phase runs.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum IndexKind {
-    Tree,
-    Hash,
-}
 
 /// The demo's index for a phase.
 fn demo_index(
@@ -48,32 +33,8 @@ fn demo_index(
     index_handle(kind, tree_cfg, records, tasks, 256 << 10)
 }
 
-/// A compute node's handle on the index of a phase: `records` loaded keys
-/// plus [`OWN_KEYS`] for each of `tasks` tasks; `dm_bytes` is the device
-/// memory each memory node offers (the tree's lock table must fit it).
-/// Every compute node of a cluster must pass the same values.
-pub fn index_handle(
-    kind: IndexKind,
-    tree_cfg: &TreeConfig,
-    records: u64,
-    tasks: u64,
-    dm_bytes: u64,
-) -> Result<AnyIndex, String> {
-    Ok(match kind {
-        IndexKind::Tree => {
-            AnyIndex::Tree(Tree::new(tree_cfg.clone(), dm_bytes).map_err(|e| e.to_string())?)
-        }
-        IndexKind::Hash => {
-            let keys = records + tasks * OWN_KEYS;
-            let mut cfg = CuckooConfig::new(keys + keys / 4, 8, 8, tree_cfg.chunk.node_bytes);
-            cfg.chunk = tree_cfg.chunk.clone();
-            AnyIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
-        }
-    })
-}
-
 /// What an index phase measured and checked.
-pub struct TreePhase {
+pub struct IndexPhase {
     pub kind: IndexKind,
     pub stats: RunStats,
     pub tree: TreeStats,
@@ -93,7 +54,9 @@ pub struct TreePhase {
 /// crashed compute node held, or on a crashed node).
 pub const FAULT_QUIET_NS: u64 = 20_000_000;
 
-struct Shared {
+/// What the tasks of an index phase count: one core's (emu), or the
+/// world's (sim).
+struct IndexPhaseTally {
     hist: RefCell<Histogram<u64>>,
     ops: Cell<u64>,
     mismatches: Cell<u64>,
@@ -105,8 +68,8 @@ struct Shared {
     faulty: bool,
 }
 
-fn shared(faulty: bool) -> Rc<Shared> {
-    Rc::new(Shared {
+fn shared(faulty: bool) -> Rc<IndexPhaseTally> {
+    Rc::new(IndexPhaseTally {
         hist: RefCell::new(latency_histogram()),
         ops: Cell::new(0),
         mismatches: Cell::new(0),
@@ -117,120 +80,6 @@ fn shared(faulty: bool) -> Rc<Shared> {
     })
 }
 
-fn records_sorted(n: u64) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
-    v.sort_unstable();
-    v
-}
-
-/// The tree configuration of the demo: Sherman, with the demo's chunks
-/// (every user of a memory node must cut it into the same chunks).
-pub fn demo_tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
-    TreeConfig {
-        chunk: chunk.clone(),
-        cache_bytes: 16 << 20,
-        ..TreeConfig::sherman(host_bytes)
-    }
-}
-
-/// Creates the index and loads `records` records (`key_of(i)` → `i`): the
-/// tree by bulk load, the hash table by puts. Sets `err` on failure.
-pub async fn load<N: Nic>(
-    ctx: Ctx<N>,
-    index: AnyIndex,
-    records: u64,
-    err: Rc<RefCell<Option<String>>>,
-) {
-    let r = async {
-        match &index {
-            AnyIndex::Tree(t) => {
-                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
-                c.create(&ctx).await.map_err(|e| e.to_string())?;
-                c.bulk_load(&ctx, records_sorted(records), 36)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            AnyIndex::Hash(_) => {
-                // No bulk load for a hash table: one put per record.
-                let mut c = index.client(u64::MAX - 1).map_err(|e| e.to_string())?;
-                c.create(&ctx).await.map_err(|e| e.to_string())?;
-                for i in 0..records {
-                    c.put(&ctx, key_of(i), i).await.map_err(|e| e.to_string())?;
-                }
-            }
-        }
-        Ok::<(), String>(())
-    };
-    if let Err(e) = r.await {
-        *err.borrow_mut() = Some(e);
-    }
-}
-
-/// A task's own keys (`OWN_KEYS` of them past the loaded records, by task
-/// id) and what it last wrote to each.
-pub struct OwnKeys {
-    base: u64,
-    shadow: Vec<Option<u64>>,
-}
-
-impl OwnKeys {
-    pub fn new(records: u64, me: u64) -> OwnKeys {
-        OwnKeys {
-            base: records + me * OWN_KEYS,
-            shadow: vec![None; OWN_KEYS as usize],
-        }
-    }
-}
-
-/// One operation of the self-checking mix that `loch demo` and `loch node`
-/// run: 40 % lookups of loaded records, 25 % puts, 10 % deletes and 15 %
-/// lookups of the task's own keys, 10 % scans (skipped on the hash table).
-/// Ok(true) when the answer contradicts the loaded data, the task's own
-/// writes or a scan's order.
-pub async fn mixed_op<N: Nic>(
-    ctx: &Ctx<N>,
-    c: &mut AnyClient,
-    rng: &mut Rng,
-    records: u64,
-    own: &mut OwnKeys,
-) -> Result<bool, AnyError> {
-    let j = rng.below(OWN_KEYS);
-    let key = key_of(own.base + j);
-    let slot = &mut own.shadow[j as usize];
-    match rng.below(100) {
-        0..=39 => {
-            let i = rng.below(records.max(1));
-            let v = c.get(ctx, key_of(i)).await?;
-            Ok(records > 0 && v != Some(i))
-        }
-        40..=64 => {
-            let v = rng.next_u64() >> 1;
-            c.put(ctx, key, v).await?;
-            *slot = Some(v);
-            Ok(false)
-        }
-        65..=74 => {
-            let was = c.delete(ctx, key).await?;
-            let bad = was != slot.is_some();
-            *slot = None;
-            Ok(bad)
-        }
-        75..=89 => Ok(c.get(ctx, key).await? != *slot),
-        _ => {
-            let low = key_of(rng.below(records.max(1)));
-            match c.scan(ctx, low, u64::MAX - 1, 20).await {
-                Ok(v) => {
-                    Ok(!v.windows(2).all(|p| p[0].0 < p[1].0)
-                        || v.first().is_some_and(|p| p.0 < low))
-                }
-                // The hash table keeps no order: its scans are skipped.
-                Err(AnyError::NoScans) => Ok(false),
-                Err(e) => Err(e),
-            }
-        }
-    }
-}
-
 async fn tree_task<N: Nic>(
     ctx: Ctx<N>,
     mut c: AnyClient,
@@ -238,7 +87,7 @@ async fn tree_task<N: Nic>(
     seed: u64,
     records: u64,
     duration_ns: u64,
-    sh: Rc<Shared>,
+    sh: Rc<IndexPhaseTally>,
 ) {
     let mut rng = Rng::stream(seed, Domain::Client, me);
     let mut own = OwnKeys::new(records, me);
@@ -316,17 +165,17 @@ struct PhaseTasks<'a> {
 type PhaseOut = (CoreStats, TreeStats, u64, u64, u64);
 
 impl Workload for PhaseTasks<'_> {
-    type Group = Rc<Shared>;
+    type Group = Rc<IndexPhaseTally>;
     type Out = PhaseOut;
 
-    fn group(&self, _: usize, _: usize) -> Rc<Shared> {
+    fn group(&self, _: usize, _: usize) -> Rc<IndexPhaseTally> {
         shared(self.faulty)
     }
 
     fn spawn<N: Nic, S: Spawn<N>>(
         &self,
         place: Place,
-        sh: &Rc<Shared>,
+        sh: &Rc<IndexPhaseTally>,
         on: &mut S,
     ) -> Result<(), String> {
         let cfg = self.cfg;
@@ -343,7 +192,7 @@ impl Workload for PhaseTasks<'_> {
         Ok(())
     }
 
-    fn finish(&self, sh: Rc<Shared>, counters: VerbCounters) -> PhaseOut {
+    fn finish(&self, sh: Rc<IndexPhaseTally>, counters: VerbCounters) -> PhaseOut {
         let latency_ns = sh.hist.borrow().clone();
         let core = CoreStats {
             ops: sh.ops.get(),
@@ -376,7 +225,7 @@ pub fn run_emu(
     tree_cfg: TreeConfig,
     cfg: &DemoConfig,
     kind: IndexKind,
-) -> Result<TreePhase, String> {
+) -> Result<IndexPhase, String> {
     let records = cfg.tree_records;
     let index = demo_index(
         kind,
@@ -412,7 +261,7 @@ pub fn run_emu(
         mism += m;
         fail += f;
     }
-    Ok(TreePhase {
+    Ok(IndexPhase {
         kind,
         stats: RunStats::merge(cores_stats, elapsed),
         tree: ts,
@@ -431,7 +280,7 @@ pub fn run_sim(
     tree_cfg: TreeConfig,
     cfg: &DemoConfig,
     kind: IndexKind,
-) -> Result<TreePhase, String> {
+) -> Result<IndexPhase, String> {
     let (cores, tasks, records) = (cfg.cores, cfg.tasks_per_core, cfg.tree_records);
     let indexes: Vec<AnyIndex> = (0..w.compute_nodes())
         .map(|_| demo_index(kind, &tree_cfg, records, (cores * tasks) as u64))
@@ -449,7 +298,7 @@ pub fn run_sim(
         Placement::Node(0),
     )?;
     let faulty = !cfg.faults.is_empty();
-    let skip = |why: String| TreePhase {
+    let skip = |why: String| IndexPhase {
         kind,
         stats: RunStats::merge(Vec::new(), 0),
         tree: TreeStats::default(),
@@ -514,7 +363,7 @@ pub fn run_sim(
     let (core, tree, mismatches, failures, finished) = spawned.finish(w, &work);
     let mut stats = RunStats::merge(vec![core], w.now_ns() - start);
     stats.threads = cores;
-    Ok(TreePhase {
+    Ok(IndexPhase {
         kind,
         stats,
         tree,
@@ -533,8 +382,8 @@ pub fn run_phases(
     cfg: &DemoConfig,
     host_bytes: u64,
     chunk: &ChunkConfig,
-    mut run: impl FnMut(TreeConfig, IndexKind) -> Result<TreePhase, String>,
-) -> Result<Option<Vec<TreePhase>>, String> {
+    mut run: impl FnMut(TreeConfig, IndexKind) -> Result<IndexPhase, String>,
+) -> Result<Option<Vec<IndexPhase>>, String> {
     if cfg.tree_records == 0 {
         return Ok(None);
     }
@@ -542,7 +391,7 @@ pub fn run_phases(
         "loch demo: index phases: a B+tree and a hash table of {} records each, then a mixed workload",
         cfg.tree_records
     );
-    let tcfg = demo_tree_config(host_bytes, chunk);
+    let tcfg = tree_config(host_bytes, chunk);
     [IndexKind::Tree, IndexKind::Hash]
         .into_iter()
         .map(|kind| run(tcfg.clone(), kind))
@@ -551,7 +400,7 @@ pub fn run_phases(
 }
 
 /// The summary lines of the phase.
-pub fn summary(p: &TreePhase) -> String {
+pub fn summary(p: &IndexPhase) -> String {
     let name = match p.kind {
         IndexKind::Tree => "B+tree (Sherman, bulk load)",
         IndexKind::Hash => "hash table (Nessie, puts)",
@@ -575,7 +424,7 @@ pub fn summary(p: &TreePhase) -> String {
     summary_ran(p, name, &failed)
 }
 
-fn summary_ran(p: &TreePhase, name: &str, failed: &str) -> String {
+fn summary_ran(p: &IndexPhase, name: &str, failed: &str) -> String {
     let s = &p.stats;
     let c = &s.counters;
     let t = &p.tree;
