@@ -83,6 +83,43 @@ impl TreeConfig {
         }
     }
 
+    /// The configurations the benchmarks compare, by name: `sherman`,
+    /// `sherman-paper-versions` (Sherman with its own front/rear versions),
+    /// `fg` (or `fg+`), and Sherman §5.2.1's breakdown adding one technique
+    /// at a time to FG+: `fg+comb`, `fg+comb+onchip`, `fg+comb+onchip+hier`.
+    pub fn named(name: &str, node_bytes: u64) -> Option<TreeConfig> {
+        let fg = TreeConfig::fg_plus(node_bytes);
+        Some(match name {
+            "sherman" => TreeConfig::sherman(node_bytes),
+            "sherman-paper-versions" => TreeConfig {
+                versions: VersionScheme::FrontRear,
+                ..TreeConfig::sherman(node_bytes)
+            },
+            "fg" | "fg+" => fg,
+            "fg+comb" => TreeConfig {
+                combine: true,
+                ..fg
+            },
+            "fg+comb+onchip" => TreeConfig {
+                combine: true,
+                lock_in_dm: true,
+                ..fg
+            },
+            "fg+comb+onchip+hier" => TreeConfig {
+                combine: true,
+                lock_in_dm: true,
+                local_lock_table: true,
+                handover: true,
+                ..fg
+            },
+            _ => return None,
+        })
+    }
+
+    /// The names [`TreeConfig::named`] knows, in its order.
+    pub const NAMES: &'static str =
+        "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
+
     /// Rejects configurations a tree cannot run with.
     pub fn check(&self) -> Result<(), String> {
         if self.lock_table_words == 0 {
@@ -95,5 +132,34 @@ impl TreeConfig {
             return Err("chunks must hold at least a few nodes (4 KiB)".into());
         }
         self.chunk.validate().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_names_a_valid_configuration_and_the_breakdown_adds_one_technique_at_a_time() {
+        for name in TreeConfig::NAMES.split(", ") {
+            let cfg = TreeConfig::named(name, 64 << 20).unwrap_or_else(|| panic!("{name}"));
+            cfg.check().unwrap();
+        }
+        assert_eq!(
+            TreeConfig::named("fg+", 1 << 20),
+            TreeConfig::named("fg", 1 << 20)
+        );
+        assert_eq!(TreeConfig::named("nope", 1 << 20), None);
+        let techniques = |c: TreeConfig| {
+            [c.combine, c.lock_in_dm, c.local_lock_table && c.handover]
+                .iter()
+                .filter(|&&t| t)
+                .count()
+        };
+        let steps: Vec<usize> = ["fg", "fg+comb", "fg+comb+onchip", "fg+comb+onchip+hier"]
+            .iter()
+            .map(|n| techniques(TreeConfig::named(n, 1 << 20).unwrap()))
+            .collect();
+        assert_eq!(steps, [0, 1, 2, 3]);
     }
 }

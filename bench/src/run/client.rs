@@ -1,0 +1,375 @@
+//! The clients: loading the index, and the operations each client issues,
+//! recorded into the history when there is one. Generic over the backend.
+
+use super::*;
+
+pub(crate) struct ClientTally {
+    pub(crate) kinds: RefCell<Vec<KindStats>>,
+    pub(crate) all: RefCell<Histogram<u64>>,
+    pub(crate) tree: RefCell<TreeStats>,
+    /// When the first measured operation began, over every client (and
+    /// every core on emu): the start of the measured interval.
+    pub(crate) measuring_from: Arc<AtomicU64>,
+    pub(crate) failure: RefCell<Option<String>>,
+    /// Inserts by this executor's clients. The n-th is record
+    /// `records + n * insert_stride + insert_offset`: on sim one executor
+    /// holds every client (stride 1), on emu each core numbers its own.
+    pub(crate) inserted: Cell<u64>,
+    pub(crate) insert_stride: u64,
+    pub(crate) insert_offset: u64,
+    pub(crate) history: Option<RefCell<HistLog>>,
+    /// Clients that ran to their end (a run with faults may stop others).
+    pub(crate) finished: Cell<u64>,
+    /// When the last measured operation ended (completed or failed); kept
+    /// only under faults, where the run's end is not the last event.
+    pub(crate) last_done_ns: Cell<u64>,
+}
+
+impl ClientTally {
+    pub(crate) fn new(
+        spec: &RunSpec,
+        measuring_from: Arc<AtomicU64>,
+        insert_stride: u64,
+        insert_offset: u64,
+    ) -> Rc<ClientTally> {
+        Rc::new(ClientTally {
+            kinds: RefCell::new(
+                KINDS
+                    .iter()
+                    .map(|_| KindStats {
+                        count: 0,
+                        latency: latency_histogram(),
+                        rtt: vec![0; 65],
+                        bytes_written: 0,
+                        bytes_read: 0,
+                        nosplit: 0,
+                        nosplit_bytes: 0,
+                        failed: 0,
+                    })
+                    .collect(),
+            ),
+            all: RefCell::new(latency_histogram()),
+            tree: RefCell::new(TreeStats::default()),
+            measuring_from,
+            failure: RefCell::new(None),
+            inserted: Cell::new(0),
+            insert_stride,
+            insert_offset,
+            history: spec
+                .record_history
+                .then(|| RefCell::new(HistLog::default())),
+            finished: Cell::new(0),
+            last_done_ns: Cell::new(0),
+        })
+    }
+}
+
+pub(crate) fn pick(mix: &Mix, rng: &mut Rng) -> Kind {
+    let mut u = rng.unit();
+    for k in KINDS {
+        if u < mix.props[k.ix()] {
+            return k;
+        }
+        u -= mix.props[k.ix()];
+    }
+    // Rounding left u just above the last proportion: the last kind in use.
+    KINDS
+        .into_iter()
+        .rev()
+        .find(|k| mix.props[k.ix()] > 0.0)
+        .unwrap_or(Kind::Read)
+}
+
+/// Scans run from their start key to the end of the key space.
+pub(crate) const SCAN_HIGH: u64 = u64::MAX - 1;
+
+/// One index handle per compute node.
+pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
+    (0..spec.compute_nodes)
+        .map(|_| {
+            if spec.cuckoo {
+                let expected = spec.records + spec.clients() * spec.ops_hint();
+                let mut cfg = CuckooConfig::new(expected + expected / 4, 8, 8, spec.host_bytes);
+                cfg.chunk = spec.tree.chunk.clone();
+                Cuckoo::new(cfg)
+                    .map(IndexHandle::Hash)
+                    .map_err(|e| e.to_string())
+            } else {
+                Tree::new(
+                    TreeConfig {
+                        cache_bytes: spec.cache_bytes,
+                        ..spec.tree.clone()
+                    },
+                    256 << 10,
+                )
+                .map(IndexHandle::Tree)
+                .map_err(|e| e.to_string())
+            }
+        })
+        .collect()
+}
+
+/// Loaders that fill the hash table in parallel (it has no bulk load).
+pub(crate) const CUCKOO_LOADERS: usize = 32;
+
+/// Creates the index and loads the records: the tree by one client's bulk
+/// load (`part` 0 of 1), the hash table by `CUCKOO_LOADERS` clients each
+/// putting its share of the records.
+pub(crate) async fn load_part<N: Nic>(
+    ctx: Ctx<N>,
+    h: IndexHandle,
+    records: u64,
+    part: usize,
+    parts: usize,
+    err: Rc<RefCell<Option<String>>>,
+    loaded: Arc<AtomicU64>,
+) {
+    let r = async {
+        match &h {
+            IndexHandle::Tree(t) => {
+                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
+                c.report_loaded(loaded);
+                c.create(&ctx).await.map_err(|e| e.to_string())?;
+                c.bulk_load(&ctx, records_sorted(records), 36)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            IndexHandle::Hash(_) => {
+                let mut c = h
+                    .client(u64::MAX - 1 - part as u64)
+                    .map_err(|e| e.to_string())?;
+                if parts == 1 {
+                    c.create(&ctx).await.map_err(|e| e.to_string())?;
+                } else {
+                    for i in (part as u64..records).step_by(parts) {
+                        c.put(&ctx, key_of(i), i).await.map_err(|e| e.to_string())?;
+                        // Relaxed: a progress figure for the display only.
+                        loaded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Ok::<(), String>(())
+    };
+    if let Err(e) = r.await {
+        *err.borrow_mut() = Some(e);
+    }
+}
+
+/// Records one operation into the executor's history, when there is one.
+pub(crate) struct Log<'a, N: Nic> {
+    pub(crate) log: Option<&'a RefCell<HistLog>>,
+    pub(crate) ctx: &'a Ctx<N>,
+    pub(crate) emu: bool,
+    pub(crate) client: u32,
+    pub(crate) measured: bool,
+}
+
+impl<N: Nic> Log<'_, N> {
+    pub(crate) fn now(&self) -> u64 {
+        if self.emu {
+            nicdrv::clock::now_ns()
+        } else {
+            self.ctx.now_ns()
+        }
+    }
+
+    pub(crate) fn invoke(&self, op: impl FnOnce() -> Op) -> Option<OpId> {
+        let log = self.log?;
+        let now = self.now();
+        Some(
+            log.borrow_mut()
+                .invoke(self.client, op(), now, self.measured),
+        )
+    }
+
+    /// `ret` is asked for only when recording. A failed operation is left
+    /// pending (invoked, never completed): its effect is unknown, and it
+    /// may take effect at any later time or never.
+    pub(crate) fn complete<T, E>(
+        &self,
+        id: Option<OpId>,
+        r: &Result<T, E>,
+        ret: impl FnOnce(&T) -> Ret,
+    ) {
+        if let (Some(log), Some(id), Ok(v)) = (self.log, id, r) {
+            let now = self.now();
+            log.borrow_mut().history.complete(id, ret(v), now);
+        }
+    }
+}
+
+/// The values one client writes: `client << 32 | n` for its `n`-th put, so
+/// every value written in a run is unique and differs from every
+/// bulk-loaded value (a record's index, below 2³²): a stale read is always
+/// told from a fresh one.
+pub(crate) struct Values {
+    pub(crate) client: u64,
+    pub(crate) puts: u64,
+}
+
+impl Values {
+    pub(crate) fn new(client: u64) -> Values {
+        debug_assert!(client > 0 && client < 1 << 31);
+        Values { client, puts: 0 }
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let v = self.client << 32 | self.puts;
+        self.puts += 1;
+        v
+    }
+}
+
+/// One operation of `kind` on record `key`.
+pub(crate) async fn one_op<N: Nic>(
+    c: &mut Client,
+    kind: Kind,
+    key: u64,
+    spec: &RunSpec,
+    sh: &ClientTally,
+    (rng, values): (&mut Rng, &mut Values),
+    log: &Log<'_, N>,
+) -> Result<(), index::any::AnyError> {
+    let ctx = log.ctx;
+    match kind {
+        Kind::Read => {
+            let id = log.invoke(|| Op::Get(key));
+            let r = c.get(ctx, key).await;
+            log.complete(id, &r, |v| Ret::Get(*v));
+            r.map(drop)
+        }
+        Kind::Update | Kind::Insert => {
+            let key = if kind == Kind::Insert {
+                let n = sh.inserted.get();
+                sh.inserted.set(n + 1);
+                key_of(spec.records + n * sh.insert_stride + sh.insert_offset)
+            } else {
+                key
+            };
+            let v = values.next();
+            let id = log.invoke(|| Op::Put(key, v));
+            let r = c.put(ctx, key, v).await;
+            log.complete(id, &r, |_| Ret::Put);
+            r
+        }
+        Kind::Scan => {
+            let len = spec.mix.scan_len(rng);
+            let id = log.invoke(|| Op::Scan {
+                low: key,
+                high: SCAN_HIGH,
+                limit: len,
+            });
+            let r = c.scan(ctx, key, SCAN_HIGH, len).await;
+            log.complete(id, &r, |v| Ret::Scan(v.clone()));
+            r.map(drop)
+        }
+        Kind::ReadModifyWrite => {
+            // YCSB's read-modify-write: read the record, write a new value.
+            // The history holds its two steps as a get and a put.
+            let id = log.invoke(|| Op::Get(key));
+            let r = c.get(ctx, key).await;
+            log.complete(id, &r, |v| Ret::Get(*v));
+            r?;
+            let v = values.next();
+            let id = log.invoke(|| Op::Put(key, v));
+            let r = c.put(ctx, key, v).await;
+            log.complete(id, &r, |_| Ret::Put);
+            r
+        }
+    }
+}
+
+/// One client: warm-up, then measured operations. Generic over the backend.
+pub(crate) async fn client_task<N: Nic>(
+    ctx: Ctx<N>,
+    mut c: Client,
+    spec: Rc<RunSpec>,
+    dist: Rc<KeyDist>,
+    me: u64,
+    sh: Rc<ClientTally>,
+) {
+    let mut rng = Rng::stream(spec.seed, Domain::Client, me);
+    let mut values = Values::new(me);
+    let emu = spec.backend == Backend::Emu;
+    let faulty = !spec.faults.is_empty();
+    for i in 0.. {
+        let measured = i >= spec.warmup;
+        let t0 = ctx.now_ns();
+        if i == spec.warmup {
+            // Relaxed: a time stamp, read for the deadline and the report.
+            sh.measuring_from.fetch_min(t0, Ordering::Relaxed);
+            c.reset_stats();
+        }
+        match spec.length {
+            Length::Ops(n) if i >= spec.warmup + n => break,
+            Length::Nanos(d)
+                if measured
+                    && t0 >= sh.measuring_from.load(Ordering::Relaxed).saturating_add(d) =>
+            {
+                break
+            }
+            _ => {}
+        }
+        let kind = pick(&spec.mix, &mut rng);
+        let rec = if spec.mix.request == RequestDist::Latest {
+            // YCSB's "latest": rank r counts back from the newest record.
+            let top = spec.records + sh.inserted.get() * sh.insert_stride;
+            top - 1 - dist.rank(&mut rng) % top
+        } else {
+            dist.next(&mut rng)
+        };
+        let key = key_of(rec);
+        let before = ctx.counters();
+        let splits0 = c.splits();
+        let log = Log {
+            log: sh.history.as_ref(),
+            ctx: &ctx,
+            emu,
+            client: me as u32,
+            measured,
+        };
+        let draws = (&mut rng, &mut values);
+        let r = one_op(&mut c, kind, key, &spec, &sh, draws, &log).await;
+        if measured && faulty {
+            sh.last_done_ns.set(sh.last_done_ns.get().max(ctx.now_ns()));
+        }
+        if let Err(e) = r {
+            if !faulty {
+                *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
+                *sh.tree.borrow_mut() += c.tree_stats();
+                return;
+            }
+            // Under faults the client goes on; the failure is counted and
+            // its operation stays pending in the history.
+            sh.kinds.borrow_mut()[kind.ix()].failed += 1;
+            continue;
+        }
+        if !measured {
+            continue;
+        }
+        let d = ctx.counters() - before;
+        let lat = (ctx.now_ns() - t0).max(1);
+        let mut ks = sh.kinds.borrow_mut();
+        let s = &mut ks[kind.ix()];
+        s.count += 1;
+        let _ = s.latency.record(lat);
+        s.rtt[(d.round_trips as usize).min(64)] += 1;
+        s.bytes_written += d.bytes_written;
+        s.bytes_read += d.bytes_read;
+        if kind.is_write() && c.splits() == splits0 {
+            s.nosplit += 1;
+            s.nosplit_bytes += d.bytes_written;
+        }
+        let _ = sh.all.borrow_mut().record(lat);
+    }
+    *sh.tree.borrow_mut() += c.tree_stats();
+    sh.finished.set(sh.finished.get() + 1);
+}
+
+pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
+    v.sort_unstable();
+    v.dedup_by_key(|p| p.0);
+    v
+}

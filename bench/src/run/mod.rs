@@ -1,0 +1,731 @@
+//! `loch-bench run`: index workloads (the Sherman paper's mixes and YCSB's
+//! core workloads, as property files: see `ycsb.rs`) on the emu backend
+//! (wall clock) or the sim backend (virtual time, the paper's scale by
+//! default), several systems side by side, with per-operation round trips,
+//! bytes, retries and cache hits.
+//!
+//! A run: boot the cluster, create the tree, bulk-load `--records`
+//! (sorted, one client), warm up (`--warmup` operations per client, not
+//! measured), then measure `--ops` operations per client, or until
+//! `--seconds` after the first measured operation. A `--threads` list runs
+//! the whole thing once per point.
+//!
+//! With `--history` or `--check-history`, every operation (warm-up too,
+//! since the checker starts from the bulk-loaded records) is recorded into
+//! a `history::map::History` per executor, stamped with the virtual
+//! clock on sim and `nicdrv::clock::now_ns()` on emu (the executor's
+//! per-turn clock is read before the turn polls completions, so it could
+//! stamp a completion before the verb took effect). Without them, the hot
+//! path pays one `Option` test per operation.
+
+use crate::args::{ArgError, Args, Flags};
+use crate::outfile;
+use crate::plot;
+use crate::progress::Progress;
+use crate::workload::{key_of, KeyDist, Zipfian};
+use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
+use cluster::sim::{self as simrun, Flow, Placement};
+use cluster::stats::latency_histogram;
+use cluster::{EmuCluster, EmuClusterConfig, Place, Spawn, Workload};
+use hdrhistogram::Histogram;
+use history::map::{History, Op, OpId, Ret, Verdict};
+use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
+use index::cuckoo::{Cuckoo, CuckooConfig};
+use index::tree::{Tree, TreeConfig, TreeStats};
+use nicdrv::emu::EmuConfig;
+use nicdrv::rng::{Domain, Rng};
+use nicdrv::sim::{parse_fault, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
+use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
+use serde_json::json;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+mod client;
+mod drive;
+mod output;
+mod report;
+mod spec;
+
+pub(crate) use client::*;
+pub(crate) use drive::*;
+pub(crate) use output::*;
+pub(crate) use report::*;
+pub(crate) use spec::*;
+
+pub const USAGE: &str = "loch-bench run [flags]
+  --backend sim|emu       sim: virtual time, the Sherman paper's scale by default; emu: this
+                          host, wall clock (default sim)
+  --workload NAME         a shipped workload, bench/workloads/NAME (default write-intensive):
+                          read-intensive, write-intensive, write-only, insert-only, ycsb-a .. ycsb-f
+  --workload-file FILE    a YCSB core-workload property file instead: recordcount, operationcount,
+                          read/update/insert/scan/readmodifywriteproportion, requestdistribution
+                          (uniform|zipfian|latest), zipfianconstant, maxscanlength,
+                          scanlengthdistribution (uniform|zipfian), fieldcount, fieldlength;
+                          other keys are warned about and ignored
+  --zipf THETA            key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the file's
+                          requestdistribution (latest stays latest) and zipfianconstant
+                          (default: the file's; 0.99 in every shipped workload)
+  --systems a,b,...       systems side by side (default sherman,fg): sherman,
+                          sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier,
+                          cuckoo (the Nessie hash table; no scans)
+  --memory-nodes N        (default sim 8, emu 2)
+  --compute-nodes N       (default sim 8; emu runs one: this process)
+  --threads N[,N,...]     client threads per compute node (default sim 22, emu 2); a list, such
+                          as 4,8,16,22, runs every system at each point
+  --coroutines N          clients per thread (default 1)
+  --records N             records bulk-loaded first; overrides the file's recordcount
+                          (default sim 1000000, emu 200000)
+  --ops N                 measured operations per client; overrides the file's operationcount,
+                          which is otherwise split over all clients, rounded up
+                          (default sim 200, emu 20000)
+  --seconds S             measure for S seconds instead of a count (virtual on sim, wall on
+                          emu), from the first measured operation; excludes --ops
+  --warmup N              unmeasured operations per client first (default sim 50, emu 2000)
+  --cache-mb N            index cache per compute node (default 64)
+  --seed N                (default 1)
+  --sim-model K=V,...     override simulator parameters (nicdrv/src/sim/model.rs field names,
+                          e.g. atomic_window=0,link_latency_ns_one_way=500); sim only
+  --json                  one JSON array on stdout, an object per system and thread count
+  --history FILE          write the run's history as JSON lines: a header, the bulk-loaded records
+                          (type initial), then every operation, warm-up included (type op:
+                          client, op, key, value, ret, invoke_ns, complete_ns, measured); a failed
+                          operation is pending (complete_ns null); every put writes a unique
+                          value. Format: docs/history-format.md. With several systems or thread
+                          counts, one file per run: FILE with .SYSTEM and/or .tN before its
+                          extension
+  --check-history         check every operation (warm-up included) against the bulk-loaded
+                          records with history::map (linearizable point operations, Sherman's
+                          scan promise); exit code 1 on a violation
+  --fault KIND@TIME[:TARGET]
+                          inject a fault (sim only; repeatable), TIME from the start of the
+                          workload: memory-crash@TIME:NODE, compute-crash@TIME:NODE,
+                          link-cut@TIME:COMPUTE-MEMORY[/DURATION], link-heal@TIME:COMPUTE-MEMORY,
+                          latency-spike@TIME:EXTRA/DURATION, thread-stall@TIME:THREAD/DURATION
+                          (client threads numbered from 0 across compute nodes); times take
+                          ns, us, ms or s. With faults the run goes on with the clients that
+                          can: failed operations are counted (failed_ops, by kind) instead of
+                          failing the run, and it ends 20 virtual ms after the last operation
+                          ended once no fault is left to come (unfinished_clients)
+  --fault-seed N          add six faults drawn from N (crashes included) within the first
+                          virtual ms of the workload, or within --seconds (sim only)
+  --plot DIR              write SVG charts into DIR: latency-cdf.svg, one line per system
+                          (latency-cdf-tN.svg per point of a --threads list), and for a list
+                          throughput.svg, ops/s against client threads in all
+  Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
+  where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
+  message on stderr); 2 bad input (one line naming it; nothing run, nothing written).
+  Files are written only after every run succeeded, each whole (written aside, then renamed).";
+
+/// How `run` ended, when it ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// `--check-history` found a violation (exit code 1).
+    HistoryViolation,
+    /// The system under test failed: an operation failed where none may
+    /// (no faults were injected), task scratch ran out, or the simulation
+    /// ended with clients stuck (exit code 1). Nothing is written.
+    Failed(String),
+}
+
+/// The workload named on the command line, parsed; warnings for stderr.
+fn load_workload(
+    name: Option<String>,
+    file: Option<String>,
+) -> Result<(String, WorkloadFile, Vec<String>), ArgError> {
+    let (label, source, text) = match (name, file) {
+        (Some(_), Some(_)) => {
+            return Err(ArgError(
+                "--workload and --workload-file exclude each other".into(),
+            ))
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ArgError(format!("--workload-file: cannot read `{path}`: {e}")))?;
+            (path.clone(), path, text)
+        }
+        (name, None) => {
+            let name = name.unwrap_or_else(|| "write-intensive".into());
+            let text = ycsb::builtin(&name).ok_or_else(|| {
+                ArgError(format!(
+                    "--workload: unknown workload `{name}` (shipped: {}; or --workload-file FILE)",
+                    ycsb::builtin_names()
+                ))
+            })?;
+            (
+                name.clone(),
+                format!("bench/workloads/{name}"),
+                text.to_string(),
+            )
+        }
+    };
+    let (w, warnings) = ycsb::parse(&source, &text).map_err(|e| ArgError(e.to_string()))?;
+    Ok((label, w, warnings))
+}
+
+fn parse_threads(s: &str) -> Result<Vec<usize>, ArgError> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        let n: usize = part.parse().map_err(|_| {
+            ArgError(format!(
+                "--threads: `{part}` is not a whole number (give N or a list N,N,...)"
+            ))
+        })?;
+        if n == 0 || n > 1024 {
+            return Err(ArgError(format!(
+                "--threads: {n} is out of range; each count must be 1..=1024"
+            )));
+        }
+        if v.contains(&n) {
+            return Err(ArgError(format!("--threads: {n} is given twice")));
+        }
+        v.push(n);
+    }
+    Ok(v)
+}
+
+/// The first line of a history file: what ran, and how to read the rest.
+fn history_header(spec: &RunSpec) -> serde_json::Value {
+    json!({
+        "type": "header",
+        "format": "loch-history",
+        "version": 1,
+        "system": spec.system,
+        "index": if spec.cuckoo { "hash" } else { "tree" },
+        "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns (CLOCK_MONOTONIC)" },
+        "workload": spec.mix.name,
+        "seed": spec.seed,
+        "clients": spec.clients(),
+        "initial_records": spec.records,
+        "warmup_per_client": spec.warmup,
+        "faults": spec.fault_names(),
+        "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
+    })
+}
+
+/// Faults drawn by `--fault-seed`, and the window they fall in when the run
+/// is counted in operations.
+const SEEDED_FAULTS: usize = 6;
+
+const SEEDED_FAULT_WINDOW_NS: u64 = 1_000_000;
+
+/// The run's faults: those of `--fault` and, with `--fault-seed`, a plan
+/// drawn from it (crashes included) over the measured window, each checked
+/// against the cluster. Thread numbers count client threads across compute
+/// nodes from 0.
+fn fault_plan_for(
+    given: &[Fault],
+    seed: Option<u64>,
+    length: Length,
+    memory_nodes: usize,
+    compute_nodes: usize,
+    threads: usize,
+) -> Result<Vec<Fault>, ArgError> {
+    let client_threads = compute_nodes * threads;
+    let mut v = given.to_vec();
+    if let Some(s) = seed {
+        let horizon = match length {
+            Length::Nanos(d) => d,
+            Length::Ops(_) => SEEDED_FAULT_WINDOW_NS,
+        };
+        v.extend(Fault::random_plan_with_crashes(
+            s,
+            SEEDED_FAULTS,
+            horizon,
+            (
+                memory_nodes as u16,
+                compute_nodes as u16,
+                client_threads as u32,
+            ),
+        ));
+    }
+    for f in &v {
+        f.check_with_threads(memory_nodes, compute_nodes, client_threads)
+            .map_err(|e| {
+                ArgError(format!(
+                    "--fault: {e} (client threads: {compute_nodes} compute nodes × {threads})"
+                ))
+            })?;
+    }
+    v.sort_by_key(|f| f.at_ns);
+    Ok(v)
+}
+
+/// One finished run, kept until every run is done.
+pub(crate) struct SystemRun {
+    spec: RunSpec,
+    report: Report,
+    doc: serde_json::Value,
+    /// Measured events as JSON lines, for --history.
+    history_lines: Option<String>,
+    verdict: Option<Verdict>,
+}
+
+/// The command line of `loch-bench run`, read and checked.
+struct Cli {
+    backend: Backend,
+    mix: Mix,
+    zipf: f64,
+    /// The workload file's operation count, when it has one.
+    operation_count: Option<u64>,
+    /// Warnings about the workload file, printed once everything is valid.
+    warnings: Vec<String>,
+    systems: Vec<String>,
+    memory_nodes: usize,
+    compute_nodes: usize,
+    thread_list: Vec<usize>,
+    coroutines: usize,
+    records: u64,
+    /// `None`: per thread count, from the file's operation count.
+    length: Option<Length>,
+    warmup: u64,
+    cache_mb: f64,
+    seed: u64,
+    json: bool,
+    check_history: bool,
+    history_path: Option<PathBuf>,
+    plot_dir: Option<PathBuf>,
+    model: SimModel,
+    fault_plan: Vec<Fault>,
+    fault_seed: Option<u64>,
+}
+
+const RUN_FLAGS: Flags = Flags {
+    switches: &["json", "check-history"],
+    valued: &[
+        "backend",
+        "workload",
+        "workload-file",
+        "zipf",
+        "systems",
+        "memory-nodes",
+        "compute-nodes",
+        "threads",
+        "coroutines",
+        "records",
+        "ops",
+        "seconds",
+        "warmup",
+        "cache-mb",
+        "seed",
+        "history",
+        "plot",
+        "sim-model",
+        "fault",
+        "fault-seed",
+    ],
+    repeatable: &["fault"],
+};
+
+impl Cli {
+    /// Reads every flag (defaults depend on the backend); [`Cli::check`]
+    /// then checks them together.
+    fn parse(raw: &[String]) -> Result<Cli, ArgError> {
+        let mut a = Args::parse(raw, &RUN_FLAGS)?;
+        let backend = match a.string("backend").as_deref().unwrap_or("sim") {
+            "sim" => Backend::Sim,
+            "emu" => Backend::Emu,
+            other => {
+                return Err(ArgError(format!(
+                    "--backend: `{other}` is not available (sim, emu)"
+                )))
+            }
+        };
+        let sim = backend == Backend::Sim;
+        let (wname, wfile, warnings) =
+            load_workload(a.string("workload"), a.string("workload-file"))?;
+        let zipf: f64 = a.get("zipf", wfile.zipf())?;
+        if !(zipf == 0.0 || ycsb::zipf_constant_ok(zipf)) {
+            return Err(ArgError(format!(
+                "--zipf must be 0 (uniform) or in (0,1) or (1,5], got {zipf}"
+            )));
+        }
+        let systems = a.string("systems").unwrap_or_else(|| "sherman,fg".into());
+        let thread_list = match a.string("threads") {
+            Some(s) => parse_threads(&s)?,
+            None => vec![if sim { 22 } else { 2 }],
+        };
+        let records = match a.get_opt("records")? {
+            Some(n) => n,
+            None => wfile
+                .record_count
+                .unwrap_or(if sim { 1_000_000 } else { 200_000 }),
+        };
+        let length = run_length(a.get_opt("ops")?, a.get_opt("seconds")?)?;
+        let model = sim_model(a.string("sim-model"), sim)?;
+        let mut fault_plan: Vec<Fault> = Vec::new();
+        for f in a.strings("fault") {
+            fault_plan.extend(parse_fault(&f).map_err(|e| ArgError(format!("--fault {e}")))?);
+        }
+        let cli = Cli {
+            backend,
+            mix: Mix::from_file(&wname, &wfile, zipf),
+            zipf,
+            operation_count: wfile.operation_count,
+            warnings,
+            systems: systems
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            memory_nodes: a.get("memory-nodes", if sim { 8 } else { 2 })?,
+            compute_nodes: a.get("compute-nodes", if sim { 8 } else { 1 })?,
+            thread_list,
+            coroutines: a.get("coroutines", 1)?,
+            records,
+            length,
+            warmup: a.get("warmup", if sim { 50 } else { 2_000 })?,
+            cache_mb: a.get("cache-mb", 64.0)?,
+            seed: a.get("seed", 1)?,
+            json: a.switch("json"),
+            check_history: a.switch("check-history"),
+            history_path: a.string("history").map(PathBuf::from),
+            plot_dir: a.string("plot").map(PathBuf::from),
+            model,
+            fault_plan,
+            fault_seed: a.get_opt("fault-seed")?,
+        };
+        a.finish()?;
+        cli.check()?;
+        Ok(cli)
+    }
+
+    /// The checks that look at several flags at once.
+    fn check(&self) -> Result<(), ArgError> {
+        let sim = self.backend == Backend::Sim;
+        if !sim && (!self.fault_plan.is_empty() || self.fault_seed.is_some()) {
+            return Err(ArgError(
+                "--fault and --fault-seed apply to --backend sim only".into(),
+            ));
+        }
+        let (m, c) = (self.memory_nodes, self.compute_nodes);
+        if m == 0 || m > 256 || c == 0 || c > 256 {
+            return Err(ArgError(
+                "--memory-nodes and --compute-nodes must be 1..=256".into(),
+            ));
+        }
+        if !sim && c != 1 {
+            return Err(ArgError(
+                "--compute-nodes: the emu backend runs one compute node (this process)".into(),
+            ));
+        }
+        if self.coroutines == 0 || self.coroutines > 64 {
+            return Err(ArgError(format!(
+                "--coroutines must be 1..=64, got {}",
+                self.coroutines
+            )));
+        }
+        if self.records == 0 || self.records > 100_000_000 {
+            return Err(ArgError(format!(
+                "--records must be 1..=100000000, got {}",
+                self.records
+            )));
+        }
+        if self.cache_mb.is_nan() || self.cache_mb < 0.0 {
+            return Err(ArgError("--cache-mb must be non-negative".into()));
+        }
+        if let Some(p) = &self.history_path {
+            outfile::check_file_target("--history", p).map_err(ArgError)?;
+        }
+        if let Some(d) = &self.plot_dir {
+            outfile::check_dir_target("--plot", d).map_err(ArgError)?;
+        }
+        if self.systems.is_empty() {
+            return Err(ArgError("--systems names no system".into()));
+        }
+        Ok(())
+    }
+
+    fn records_wanted(&self) -> bool {
+        self.check_history || self.history_path.is_some()
+    }
+
+    /// One run per (thread count, system), in that order.
+    fn specs(&self) -> Result<Vec<RunSpec>, ArgError> {
+        let sim = self.backend == Backend::Sim;
+        let mut specs = Vec::new();
+        for &threads in &self.thread_list {
+            let clients = (self.compute_nodes * threads * self.coroutines) as u64;
+            let mem = self.memory_nodes as u64;
+            let host_bytes =
+                (self.records * 1024 / 20 / mem + clients * (2 << 20) / mem + (64 << 20))
+                    .next_multiple_of(1 << 20);
+            let length = self.length.unwrap_or(match self.operation_count {
+                Some(total) => Length::Ops(total.div_ceil(clients)),
+                None => Length::Ops(if sim { 200 } else { 20_000 }),
+            });
+            let faults = fault_plan_for(
+                &self.fault_plan,
+                self.fault_seed,
+                length,
+                self.memory_nodes,
+                self.compute_nodes,
+                threads,
+            )?;
+            for name in &self.systems {
+                let tree = system_named(name, host_bytes).ok_or_else(|| {
+                    ArgError(format!(
+                        "--systems: unknown system `{name}` (known: {})",
+                        systems_known()
+                    ))
+                })?;
+                let cuckoo = name == "cuckoo";
+                if cuckoo && self.mix.props[Kind::Scan.ix()] > 0.0 {
+                    return Err(ArgError(format!(
+                        "--systems: the hash table `cuckoo` has no scans, and workload `{}` scans",
+                        self.mix.name
+                    )));
+                }
+                specs.push(RunSpec {
+                    backend: self.backend,
+                    mix: self.mix.clone(),
+                    zipf: self.zipf,
+                    system: name.clone(),
+                    tree,
+                    memory_nodes: self.memory_nodes,
+                    compute_nodes: self.compute_nodes,
+                    threads,
+                    coroutines: self.coroutines,
+                    records: self.records,
+                    length,
+                    warmup: self.warmup,
+                    seed: self.seed,
+                    host_bytes,
+                    cache_bytes: (self.cache_mb * (1 << 20) as f64) as usize,
+                    record_history: self.records_wanted(),
+                    cuckoo,
+                    model: self.model.clone(),
+                    faults: faults.clone(),
+                });
+            }
+        }
+        Ok(specs)
+    }
+}
+
+/// `--ops` or `--seconds` (not both); `None` when neither was given.
+fn run_length(ops: Option<u64>, seconds: Option<f64>) -> Result<Option<Length>, ArgError> {
+    match (ops, seconds) {
+        (Some(_), Some(_)) => Err(ArgError("--ops and --seconds exclude each other".into())),
+        (Some(0), None) => Err(ArgError("--ops must be positive".into())),
+        (Some(n), None) => Ok(Some(Length::Ops(n))),
+        (None, Some(s)) if !(s > 0.0 && s <= 86_400.0) => Err(ArgError(format!(
+            "--seconds must be in (0, 86400], got {s}"
+        ))),
+        (None, Some(s)) => Ok(Some(Length::Nanos(((s * 1e9) as u64).max(1)))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The simulator's model with `--sim-model NAME=VALUE,...` applied.
+fn sim_model(list: Option<String>, sim: bool) -> Result<SimModel, ArgError> {
+    let mut model = SimModel::default();
+    let Some(list) = list else {
+        return Ok(model);
+    };
+    if !sim {
+        return Err(ArgError("--sim-model applies to --backend sim only".into()));
+    }
+    for item in list.split(',') {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| ArgError(format!("--sim-model: `{item}` is not NAME=VALUE")))?;
+        model
+            .set(k.trim(), v.trim())
+            .map_err(|e| ArgError(format!("--sim-model: {e}")))?;
+    }
+    model
+        .check()
+        .map_err(|e| ArgError(format!("--sim-model: {e}")))?;
+    Ok(model)
+}
+
+pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
+    let cli = Cli::parse(raw)?;
+    let specs = cli.specs()?;
+    // Everything is valid: from here on, only a failed run is an error.
+    for w in &cli.warnings {
+        eprintln!("loch-bench: warning: {w}");
+    }
+    let mut done = match measure_all(&cli, specs) {
+        Ok(done) => done,
+        Err(why) => return Ok(Outcome::Failed(why)),
+    };
+    if cli.backend == Backend::Emu {
+        // A reference measured in the same run: the same records and key
+        // distribution, looked up in a local BTreeMap on one thread.
+        let rate = btreemap_lookup_rate(cli.records, cli.zipf, cli.seed);
+        for d in done.iter_mut() {
+            d.doc["btreemap_lookups_per_sec"] = json!(rate);
+        }
+    }
+    // Files, each whole, before anything is printed: a failure to write
+    // them is the one error after the runs.
+    write_histories(&cli, &mut done)?;
+    if let Some(dir) = &cli.plot_dir {
+        write_plots(dir, &done, &cli.thread_list).map_err(ArgError)?;
+    }
+    Ok(if print_results(&cli, &done) {
+        Outcome::HistoryViolation
+    } else {
+        Outcome::Done
+    })
+}
+
+/// Runs every spec, checking its history when asked; the first failed run
+/// is the error.
+fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String> {
+    // The bulk-loaded records, for the history file and for the checker:
+    // made once for every run.
+    let initial_records: Vec<(u64, u64)> = if cli.records_wanted() {
+        records_sorted(cli.records)
+    } else {
+        Vec::new()
+    };
+    let initial: Option<BTreeMap<u64, u64>> = cli
+        .check_history
+        .then(|| initial_records.iter().copied().collect());
+    let mut done: Vec<SystemRun> = Vec::new();
+    for spec in specs {
+        let mut report = measure(&spec)
+            .map_err(|e| format!("{} at {} threads: {e}", spec.system, spec.threads))?;
+        let mut doc = report_json(&spec, &report);
+        let (mut history_lines, mut verdict) = (None, None);
+        if let Some(log) = report.history.take() {
+            let measured = log.measured.iter().filter(|&&m| m).count();
+            doc["history"] = json!({"events": log.history.len(), "measured_events": measured, "events_checked": null, "check": null});
+            if let Some(initial) = &initial {
+                let v = log.history.check(initial);
+                doc["history"]["events_checked"] = json!(log.history.len());
+                doc["history"]["check"] = json!(match &v {
+                    Verdict::Ok => "ok",
+                    Verdict::Violation(_) => "violation",
+                    Verdict::Undecided(_) => "undecided",
+                });
+                verdict = Some(v);
+            }
+            history_lines = cli
+                .history_path
+                .is_some()
+                .then(|| log.file_lines(&history_header(&spec), &initial_records));
+        }
+        if !cli.json {
+            eprintln!(
+                "loch-bench run: {} at {} threads done ({} ops, {:.1} s wall)",
+                spec.system, spec.threads, report.ops, report.wall_sec
+            );
+        }
+        done.push(SystemRun {
+            spec,
+            report,
+            doc,
+            history_lines,
+            verdict,
+        });
+    }
+    Ok(done)
+}
+
+/// `--history`: one file per run, tagged with the system and thread count
+/// when there are several.
+fn write_histories(cli: &Cli, done: &mut [SystemRun]) -> Result<(), ArgError> {
+    let Some(path) = &cli.history_path else {
+        return Ok(());
+    };
+    let (runs, sweep) = (done.len(), cli.thread_list.len() > 1);
+    for d in done.iter_mut() {
+        let file = if runs == 1 {
+            path.clone()
+        } else {
+            let mut tag = Vec::new();
+            if cli.systems.len() > 1 {
+                tag.push(d.spec.system.clone());
+            }
+            if sweep {
+                tag.push(format!("t{}", d.spec.threads));
+            }
+            outfile::tagged(path, &tag.join("."))
+        };
+        let lines = d.history_lines.take().unwrap_or_default();
+        outfile::write_atomic(&file, lines.as_bytes()).map_err(ArgError)?;
+        d.doc["history"]["file"] = json!(file.display().to_string());
+    }
+    Ok(())
+}
+
+/// Prints the history verdicts (stderr) and the results (stdout: JSON or
+/// tables); whether a history check found a violation.
+fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
+    let mut violation = false;
+    for d in done {
+        match &d.verdict {
+            Some(Verdict::Violation(why)) => {
+                violation = true;
+                eprintln!(
+                    "loch-bench run: {} at {} threads: history check: violation\n{why}",
+                    d.spec.system, d.spec.threads
+                );
+            }
+            Some(Verdict::Undecided(why)) => eprintln!(
+                "loch-bench run: {} at {} threads: history check undecided (no violation found)\n{why}",
+                d.spec.system, d.spec.threads
+            ),
+            _ => {}
+        }
+    }
+    if cli.json {
+        let docs: Vec<serde_json::Value> = done.iter().map(|d| d.doc.clone()).collect();
+        println!("{}", serde_json::Value::Array(docs));
+        return violation;
+    }
+    for &t in &cli.thread_list {
+        let rows: Vec<&SystemRun> = done.iter().filter(|d| d.spec.threads == t).collect();
+        let docs: Vec<serde_json::Value> = rows.iter().map(|d| d.doc.clone()).collect();
+        print_table(&rows[0].spec, &docs);
+        for d in rows {
+            if let Some(v) = &d.verdict {
+                let word = match v {
+                    Verdict::Ok => "ok",
+                    Verdict::Violation(_) => "VIOLATION (details on stderr)",
+                    Verdict::Undecided(_) => "undecided (details on stderr)",
+                };
+                println!("history check, {}: {word}", d.spec.system);
+            }
+        }
+    }
+    if let Some(rate) = done[0].doc["btreemap_lookups_per_sec"].as_f64() {
+        println!(
+            "reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s",
+            rate / 1e6
+        );
+    }
+    violation
+}
+
+/// Lookups per second of a local `BTreeMap` holding the same records, with
+/// keys from the same distribution.
+pub fn btreemap_lookup_rate(records: u64, zipf: f64, seed: u64) -> f64 {
+    let map: std::collections::BTreeMap<u64, u64> = records_sorted(records).into_iter().collect();
+    let dist = KeyDist::new(records, zipf);
+    let mut rng = Rng::new(seed);
+    let keys: Vec<u64> = (0..1_000_000)
+        .map(|_| key_of(dist.next(&mut rng)))
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut found = 0u64;
+    for _ in 0..3 {
+        for k in &keys {
+            found += map.get(k).copied().unwrap_or(0) & 1;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    std::hint::black_box(found);
+    3.0 * keys.len() as f64 / secs
+}

@@ -1,0 +1,148 @@
+//! What a run prints and draws: the table on stdout and the `--plot` charts.
+
+use super::*;
+
+/// The charts of `--plot`: a latency CDF per thread count, and throughput
+/// against client threads for a sweep.
+pub(crate) fn write_plots(
+    dir: &Path,
+    done: &[SystemRun],
+    thread_list: &[usize],
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("--plot: cannot create `{}`: {e}", dir.display()))?;
+    let first = &done[0].spec;
+    let what = format!(
+        "{}, {} on {}",
+        first.mix.name,
+        if first.zipf == 0.0 {
+            "uniform".to_string()
+        } else {
+            format!("zipf {}", first.zipf)
+        },
+        if first.backend == Backend::Sim {
+            "sim (virtual time)"
+        } else {
+            "emu (wall clock)"
+        }
+    );
+    // parse_threads rejects repeats, so each point is one run per system.
+    let points = thread_list;
+    for &t in points {
+        let runs: Vec<&SystemRun> = done.iter().filter(|d| d.spec.threads == t).collect();
+        let series: Vec<(String, &Histogram<u64>)> = runs
+            .iter()
+            .map(|d| (d.spec.system.clone(), &d.report.all_latency))
+            .collect();
+        let title = format!(
+            "Latency CDF: {what}, {} x {t} client threads",
+            first.compute_nodes
+        );
+        let name = if points.len() == 1 {
+            "latency-cdf.svg".to_string()
+        } else {
+            format!("latency-cdf-t{t}.svg")
+        };
+        outfile::write_atomic(
+            &dir.join(name),
+            plot::latency_cdf_svg(&title, &series).as_bytes(),
+        )?;
+    }
+    if points.len() > 1 {
+        let mut series: Vec<plot::Series> = Vec::new();
+        for d in done {
+            let p = (
+                (d.spec.compute_nodes * d.spec.threads) as f64,
+                d.report.ops_per_sec(),
+            );
+            match series.iter_mut().find(|s| s.name == d.spec.system) {
+                Some(s) => s.points.push(p),
+                None => series.push(plot::Series {
+                    name: d.spec.system.clone(),
+                    points: vec![p],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let title = format!("Throughput: {what}");
+        outfile::write_atomic(
+            &dir.join("throughput.svg"),
+            plot::throughput_svg(&title, &series).as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
+    println!(
+        "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
+        spec.mix.name,
+        if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        if spec.backend == Backend::Sim { "virtual time" } else { "wall clock" },
+        spec.memory_nodes,
+        spec.compute_nodes,
+        spec.threads,
+        spec.coroutines,
+        spec.records,
+        spec.zipf
+    );
+    println!(
+        "{:<22} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "system",
+        "Mops/s",
+        "p50 us",
+        "p99 us",
+        "wr<=3rt %",
+        "wr p99rt",
+        "B/w nosp",
+        "clean rd%",
+        "retry/op",
+        "cache%"
+    );
+    for j in rows {
+        println!(
+            "{:<22} {:>10.3} {:>9.1} {:>9.1} {:>10.2} {:>9} {:>9.1} {:>9.3} {:>9.4} {:>8.2}",
+            j["system"].as_str().unwrap_or("?"),
+            j["ops_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+            j["latency_ns"]["p50"].as_u64().unwrap_or(0) as f64 / 1e3,
+            j["latency_ns"]["p99"].as_u64().unwrap_or(0) as f64 / 1e3,
+            j["writes_within_3_round_trips"].as_f64().unwrap_or(0.0) * 100.0,
+            j["write_round_trips_p99"].as_u64().unwrap_or(0),
+            j["bytes_written_per_nonsplit_write"]
+                .as_f64()
+                .unwrap_or(0.0),
+            j["clean_lookup_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            j["retries_per_op"].as_f64().unwrap_or(0.0),
+            j["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+        );
+    }
+    if !spec.faults.is_empty() {
+        println!(
+            "faults (from the start of the workload): {}",
+            spec.fault_names().join("; ")
+        );
+        for j in rows {
+            let f = &j["failed_ops"];
+            let by: Vec<String> = KINDS
+                .iter()
+                .filter_map(|k| {
+                    let n = f[k.name()].as_u64().unwrap_or(0);
+                    (n > 0).then(|| format!("{} {n}", k.name()))
+                })
+                .collect();
+            println!(
+                "{}: {} failed operations{}, {} clients unfinished",
+                j["system"].as_str().unwrap_or("?"),
+                f["total"].as_u64().unwrap_or(0),
+                if by.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", by.join(", "))
+                },
+                j["unfinished_clients"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+}
