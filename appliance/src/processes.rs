@@ -15,6 +15,7 @@ use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
 use cluster::stats::latency_histogram;
 use cluster::EmuCluster;
+use hdrhistogram::Histogram;
 use nicdrv::clock::unix_ns;
 use nicdrv::emu::{EmuConfig, EmuEndpoint};
 use nicdrv::{ExecutorConfig, GlobalAddr};
@@ -287,6 +288,81 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
         .filter(|n| n.roles.memory)
         .map(|n| emu_node_path(&cluster, n.id))
         .collect();
+    start_nodes(cfg, w, &cluster, &file, &mut launch)?;
+    // Compute nodes: each ends after --seconds; allow the rendezvous, the
+    // index load and teardown on top, then give up (Launch's Drop kills
+    // everything).
+    let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(90);
+    let (results, exit_ok) = compute_results(&mut launch, by)?;
+    let counters = if w == Workload::Verbs {
+        let eps: Result<Vec<EmuEndpoint>, String> = launch
+            .node_files
+            .iter()
+            .map(|p| EmuEndpoint::attach(p).map_err(|e| e.to_string()))
+            .collect();
+        read_faa_counters(eps?)?
+    } else {
+        Vec::new()
+    };
+    let memory_clean = stop_memory_nodes(&cluster, &mut launch);
+    let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
+    let t = Totals::of(&results, cfg.memory_nodes, start_unix_ns);
+    let mut text = section_stats(cfg, w, &t);
+    let mut ok = true;
+    let ind = if w == Workload::Verbs { "  " } else { "    " };
+    let mut check = |what: String, pass: bool| {
+        ok &= pass;
+        let _ = writeln!(
+            text,
+            "{ind}check: {what}: {}",
+            if pass { "ok" } else { "FAILED" }
+        );
+    };
+    for (k, (&c, &f)) in counters.iter().zip(&t.faa).enumerate() {
+        check(
+            format!("memory node {k} FAA counter {c} = FAAs issued {f}"),
+            c == f,
+        );
+    }
+    let mism = t.mismatches;
+    if w == Workload::Verbs {
+        check(
+            format!("reads of own words matching last write: {mism} mismatches"),
+            mism == 0,
+        );
+    } else {
+        check(
+            format!("lookups and deletes agree with the loaded data and each task's shadow: {mism} mismatches"),
+            mism == 0,
+        );
+    }
+    check(
+        format!("failed operations: {}", t.failures),
+        t.failures == 0,
+    );
+    check(
+        format!(
+            "every compute node ran and exited 0 ({} results)",
+            results.len()
+        ),
+        exit_ok && results.len() == cfg.compute_nodes && t.ops > 0,
+    );
+    check(
+        "memory nodes stopped on SIGTERM and removed their files".into(),
+        memory_clean && files_removed,
+    );
+    Ok((text, ok))
+}
+
+/// Starts one `loch node` process per node of `cluster` (compute nodes
+/// with the workload's flags and their stdout piped) into `launch`.
+fn start_nodes(
+    cfg: &ProcessesConfig,
+    w: Workload,
+    cluster: &ClusterConfig,
+    file: &Path,
+    launch: &mut Launch,
+) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the loch binary: {e}"))?;
     eprintln!(
         "loch demo: {} workload: starting {} memory + {} compute node processes ({} cores × {} tasks each), cluster file {}",
@@ -301,7 +377,7 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
         let mut cmd = Command::new(&exe);
         cmd.arg("node")
             .arg("--config")
-            .arg(&file)
+            .arg(file)
             .args(["--id", &n.id.to_string()])
             .stdin(Stdio::null());
         if n.roles.compute {
@@ -321,11 +397,12 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
             .map_err(|e| format!("cannot start node {}: {e}", n.id))?;
         launch.children.push((n.id, child));
     }
+    Ok(())
+}
 
-    // Compute nodes: each ends after --seconds; allow the rendezvous, the
-    // index load and teardown on top, then give up (Launch's Drop kills
-    // everything).
-    let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(90);
+/// Waits (until `by`) for every compute node and takes its result line;
+/// the results, and whether every compute node exited 0.
+fn compute_results(launch: &mut Launch, by: Instant) -> Result<(Vec<Value>, bool), String> {
     let mut results = Vec::new();
     let mut exit_ok = true;
     // One reader per compute node, so a full pipe never stalls a node
@@ -358,19 +435,13 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
             .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
         results.push(json);
     }
-    let counters = if w == Workload::Verbs {
-        let eps: Result<Vec<EmuEndpoint>, String> = launch
-            .node_files
-            .iter()
-            .map(|p| EmuEndpoint::attach(p).map_err(|e| e.to_string()))
-            .collect();
-        read_faa_counters(eps?)?
-    } else {
-        Vec::new()
-    };
+    Ok((results, exit_ok))
+}
 
-    // Stop the memory nodes: SIGTERM, then a bounded wait.
-    let mut memory_clean = true;
+/// Stops the memory nodes: SIGTERM, then a bounded wait; whether each
+/// exited 0.
+fn stop_memory_nodes(cluster: &ClusterConfig, launch: &mut Launch) -> bool {
+    let mut clean = true;
     let stop_by = Instant::now() + Duration::from_secs(5);
     for (id, c) in launch.children.iter_mut() {
         if cluster.node(*id).is_some_and(|n| n.roles.compute) {
@@ -378,65 +449,108 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
         }
         // SAFETY: kill(2) on a child we started and have not reaped.
         unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-        memory_clean &= wait_bounded(c, stop_by).is_some_and(|s| s.success());
+        clean &= wait_bounded(c, stop_by).is_some_and(|s| s.success());
     }
-    let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
+    clean
+}
 
-    // Totals over the compute nodes.
-    let mut hist = latency_histogram();
-    let (mut ops, mut rts, mut mism, mut fails, mut elapsed_ns) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut bytes_read, mut bytes_written, mut hits, mut misses) = (0u64, 0u64, 0u64, 0u64);
-    let (mut splits, mut handovers, mut retries, mut load_ns) = (0u64, 0u64, 0u64, 0u64);
-    let mut faa = vec![0u64; cfg.memory_nodes];
-    let mut first_op = u64::MAX;
-    let (mut join_max, mut exchange_max) = (0u64, 0u64);
-    for r in &results {
-        ops += field(r, "ops");
-        rts += field(r, "round_trips");
-        bytes_read += field(r, "bytes_read");
-        bytes_written += field(r, "bytes_written");
-        hits += field(r, "cache_hits");
-        misses += field(r, "cache_misses");
-        splits += field(r, "splits");
-        handovers += field(r, "handovers");
-        retries += field(r, "read_retries");
-        load_ns = load_ns.max(field(r, "index_load_ns"));
-        mism += field(r, "mismatches");
-        fails += field(r, "failures");
-        elapsed_ns = elapsed_ns.max(field(r, "elapsed_ns"));
-        join_max = join_max.max(field(r, "join_ns"));
-        exchange_max = exchange_max.max(field(r, "exchange_ns"));
-        let f = field(r, "first_op_unix_ns");
-        if f != 0 {
-            first_op = first_op.min(f);
-        }
-        for n in r["per_node"].as_array().into_iter().flatten() {
-            let k = field(n, "node") as usize;
-            if k < faa.len() {
-                faa[k] += field(n, "faa");
+/// The compute nodes' result lines, summed (maxima for times).
+struct Totals {
+    hist: Histogram<u64>,
+    ops: u64,
+    round_trips: u64,
+    mismatches: u64,
+    failures: u64,
+    elapsed_ns: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    hits: u64,
+    misses: u64,
+    splits: u64,
+    handovers: u64,
+    retries: u64,
+    load_ns: u64,
+    /// FAAs issued per memory node.
+    faa: Vec<u64>,
+    /// From the start of the launch to the first operation of any node
+    /// (NaN when none ran).
+    first_op_ms: f64,
+    join_max_ns: u64,
+    exchange_max_ns: u64,
+}
+
+impl Totals {
+    fn of(results: &[Value], memory_nodes: usize, start_unix_ns: u64) -> Totals {
+        let mut t = Totals {
+            hist: latency_histogram(),
+            ops: 0,
+            round_trips: 0,
+            mismatches: 0,
+            failures: 0,
+            elapsed_ns: 0,
+            bytes_read: 0,
+            bytes_written: 0,
+            hits: 0,
+            misses: 0,
+            splits: 0,
+            handovers: 0,
+            retries: 0,
+            load_ns: 0,
+            faa: vec![0; memory_nodes],
+            first_op_ms: f64::NAN,
+            join_max_ns: 0,
+            exchange_max_ns: 0,
+        };
+        let mut first_op = u64::MAX;
+        for r in results {
+            t.ops += field(r, "ops");
+            t.round_trips += field(r, "round_trips");
+            t.bytes_read += field(r, "bytes_read");
+            t.bytes_written += field(r, "bytes_written");
+            t.hits += field(r, "cache_hits");
+            t.misses += field(r, "cache_misses");
+            t.splits += field(r, "splits");
+            t.handovers += field(r, "handovers");
+            t.retries += field(r, "read_retries");
+            t.load_ns = t.load_ns.max(field(r, "index_load_ns"));
+            t.mismatches += field(r, "mismatches");
+            t.failures += field(r, "failures");
+            t.elapsed_ns = t.elapsed_ns.max(field(r, "elapsed_ns"));
+            t.join_max_ns = t.join_max_ns.max(field(r, "join_ns"));
+            t.exchange_max_ns = t.exchange_max_ns.max(field(r, "exchange_ns"));
+            let f = field(r, "first_op_unix_ns");
+            if f != 0 {
+                first_op = first_op.min(f);
+            }
+            for n in r["per_node"].as_array().into_iter().flatten() {
+                let k = field(n, "node") as usize;
+                if k < t.faa.len() {
+                    t.faa[k] += field(n, "faa");
+                }
+            }
+            for pair in r["latency_ns"].as_array().into_iter().flatten() {
+                if let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
+                    let _ = t.hist.record_n(v.max(1), c);
+                }
             }
         }
-        for pair in r["latency_ns"].as_array().into_iter().flatten() {
-            if let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
-                let _ = hist.record_n(v.max(1), c);
-            }
+        if first_op != u64::MAX {
+            t.first_op_ms = first_op.saturating_sub(start_unix_ns) as f64 / 1e6;
         }
+        t
     }
-    let per_op = |v: u64| ratio(v, ops);
-    let ops_s = if elapsed_ns == 0 {
+}
+
+/// The section's figures: verbs at the top level as in `loch demo`, each
+/// index as an indented block under its name.
+fn section_stats(cfg: &ProcessesConfig, w: Workload, t: &Totals) -> String {
+    let mut text = String::new();
+    let per_op = |v: u64| ratio(v, t.ops);
+    let ops_s = if t.elapsed_ns == 0 {
         0.0
     } else {
-        ops as f64 * 1e9 / elapsed_ns as f64
+        t.ops as f64 * 1e9 / t.elapsed_ns as f64
     };
-    let first_ms = if first_op == u64::MAX {
-        f64::NAN
-    } else {
-        first_op.saturating_sub(start_unix_ns) as f64 / 1e6
-    };
-
-    // The section: verbs at the top level as in `loch demo`, each index
-    // as an indented block under its name.
-    let mut text = String::new();
     let ind = if w == Workload::Verbs {
         "  "
     } else {
@@ -449,7 +563,7 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
                 "hash table (Nessie, puts)"
             },
             cfg.records,
-            load_ns as f64 / 1e6,
+            t.load_ns as f64 / 1e6,
             if w == Workload::Hash {
                 "; no scans in a hash table: skipped"
             } else {
@@ -458,108 +572,48 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
         );
         "    "
     };
-    let line = |text: &mut String, name: &str, v: String| {
+    let mut line = |name: &str, v: String| {
         let _ = writeln!(text, "{ind}{name:<20}{v}");
     };
-    line(&mut text, "operations", ops.to_string());
-    line(&mut text, "operations/s", format!("{ops_s:.0}"));
-    line(&mut text, "round trips/op", format!("{:.3}", per_op(rts)));
+    line("operations", t.ops.to_string());
+    line("operations/s", format!("{ops_s:.0}"));
+    line("round trips/op", format!("{:.3}", per_op(t.round_trips)));
     if w != Workload::Verbs {
+        line("bytes read/op", format!("{:.1}", per_op(t.bytes_read)));
         line(
-            &mut text,
-            "bytes read/op",
-            format!("{:.1}", per_op(bytes_read)),
-        );
-        line(
-            &mut text,
             "bytes written/op",
-            format!("{:.1}", per_op(bytes_written)),
+            format!("{:.1}", per_op(t.bytes_written)),
         );
     }
     line(
-        &mut text,
         "latency p50",
-        format!("{} ns", hist.value_at_quantile(0.5)),
+        format!("{} ns", t.hist.value_at_quantile(0.5)),
     );
     line(
-        &mut text,
         "latency p99",
-        format!("{} ns", hist.value_at_quantile(0.99)),
+        format!("{} ns", t.hist.value_at_quantile(0.99)),
     );
     if w != Workload::Verbs {
         line(
-            &mut text,
             "cache hit ratio",
             if w == Workload::Tree {
-                format!("{:.4}", ratio(hits, hits + misses))
+                format!("{:.4}", ratio(t.hits, t.hits + t.misses))
             } else {
                 "n/a (the hash table has no index cache)".into()
             },
         );
-        line(
-            &mut text,
-            "lock handovers/op",
-            format!("{:.4}", per_op(handovers)),
-        );
-        line(
-            &mut text,
-            "read retries/op",
-            format!("{:.5}", per_op(retries)),
-        );
-        line(&mut text, "splits", splits.to_string());
+        line("lock handovers/op", format!("{:.4}", per_op(t.handovers)));
+        line("read retries/op", format!("{:.5}", per_op(t.retries)));
+        line("splits", t.splits.to_string());
     }
-    line(&mut text, "time to first op", format!("{first_ms:.1} ms"));
+    line("time to first op", format!("{:.1} ms", t.first_op_ms));
     line(
-        &mut text,
         "control channel",
         format!(
             "join ≤ {:.1} ms, exchange + barrier ≤ {:.1} ms",
-            join_max as f64 / 1e6,
-            exchange_max as f64 / 1e6
+            t.join_max_ns as f64 / 1e6,
+            t.exchange_max_ns as f64 / 1e6
         ),
     );
-    let mut ok = true;
-    let mut check = |text: &mut String, what: String, pass: bool| {
-        ok &= pass;
-        let _ = writeln!(
-            text,
-            "{ind}check: {what}: {}",
-            if pass { "ok" } else { "FAILED" }
-        );
-    };
-    for (k, (&c, &f)) in counters.iter().zip(&faa).enumerate() {
-        check(
-            &mut text,
-            format!("memory node {k} FAA counter {c} = FAAs issued {f}"),
-            c == f,
-        );
-    }
-    if w == Workload::Verbs {
-        check(
-            &mut text,
-            format!("reads of own words matching last write: {mism} mismatches"),
-            mism == 0,
-        );
-    } else {
-        check(
-            &mut text,
-            format!("lookups and deletes agree with the loaded data and each task's shadow: {mism} mismatches"),
-            mism == 0,
-        );
-    }
-    check(&mut text, format!("failed operations: {fails}"), fails == 0);
-    check(
-        &mut text,
-        format!(
-            "every compute node ran and exited 0 ({} results)",
-            results.len()
-        ),
-        exit_ok && results.len() == cfg.compute_nodes && ops > 0,
-    );
-    check(
-        &mut text,
-        "memory nodes stopped on SIGTERM and removed their files".into(),
-        memory_clean && files_removed,
-    );
-    Ok((text, ok))
+    text
 }
