@@ -8,7 +8,7 @@ use crate::addr::{NodeId, Space};
 use crate::nic::{QpState as QpLife, RemoteRegion};
 use crate::rng::{Domain, Rng};
 use crate::verbs::{Access, Completion, LKey, Opcode, RKey, Sge, WcStatus, WorkRequest, WrOp};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -153,6 +153,16 @@ pub(crate) struct Stats {
     pub events: u64,
     pub verbs: u64,
     pub trace: u64,
+}
+
+/// A request the memory NIC has taken in: which, on which queue pair,
+/// and when it starts on it.
+#[derive(Clone, Copy)]
+struct Served {
+    r: u32,
+    gen: u32,
+    qpi: u32,
+    start: u64,
 }
 
 /// The simulated cluster, shared by the world, its devices and queue
@@ -465,21 +475,23 @@ impl Fabric {
         self.schedule(at, Ev::Deliver(r, gen));
     }
 
+    /// A request reaches its memory node's NIC: dropped if the node crashed
+    /// or the responder is out of sequence, answered with an error if the
+    /// responder refuses it, else served ([`Fabric::serve_transfer`],
+    /// [`Fabric::serve_atomic`]).
     pub(crate) fn on_arrive(&self, r: u32, gen: u32) {
         if !self.req_live(r, gen) {
             return;
         }
-        let now = self.now.get();
-        let m = &self.model;
         let (qpi, wr, psn) = {
             let reqs = self.reqs.borrow();
             let q = &reqs[r as usize];
             (q.qp, q.wr, q.psn)
         };
-        let (mn, cn, resp_error, last_end, in_sequence) = {
+        let (mn, resp_error, last_end, in_sequence) = {
             let qps = self.qps.borrow();
             let q = &qps[qpi as usize];
-            (q.mn, q.cn, q.resp_error, q.resp_last_end, q.resp_psn == psn)
+            (q.mn, q.resp_error, q.resp_last_end, q.resp_psn == psn)
         };
         let mut mems = self.mem.borrow_mut();
         let node = &mut mems[mn as usize];
@@ -499,8 +511,27 @@ impl Fabric {
             let q = &mut qps[qpi as usize];
             q.resp_psn = q.resp_psn.wrapping_add(1);
         }
-        let mut start = now.max(node.nic_free);
-        if wr.op.opcode().is_atomic() && m.atomic_window > 0 {
+        let start = self.admit(node, wr.op.opcode()).max(last_end);
+        let status = crate::nic::responder_check(&node.regions, &wr.op);
+        if status != WcStatus::Success {
+            drop(mems);
+            self.qps.borrow_mut()[qpi as usize].resp_error = true;
+            self.answer(r, status, start + self.latency(start));
+            return;
+        }
+        let served = Served { r, gen, qpi, start };
+        match wr.op.opcode() {
+            Opcode::Read | Opcode::Write => self.serve_transfer(served, mems, mn, &wr.op),
+            _ => self.serve_atomic(served, mems, mn, &wr.op),
+        }
+    }
+
+    /// The memory NIC takes a request in: when it can start on it, after
+    /// the requests before it and (an atomic) a free place in its window.
+    fn admit(&self, node: &mut MemNode, opcode: Opcode) -> u64 {
+        let m = &self.model;
+        let mut start = self.now.get().max(node.nic_free);
+        if opcode.is_atomic() && m.atomic_window > 0 {
             // The NIC tracks at most `atomic_window` atomics at once; one
             // arriving when all are taken waits for the earliest to finish,
             // and as the NIC takes inbound requests in order, everything
@@ -515,91 +546,93 @@ impl Fabric {
             }
         }
         node.nic_free = start + SimModel::per_op_ns(m.nic_msg_rate_per_sec);
-        start = start.max(last_end);
-        let op = wr.op;
+        start
+    }
+
+    /// A READ or WRITE: its lines touch memory over the transfer window
+    /// (in order, or at random times within it), and the answer departs
+    /// when the data (READ) or the window (WRITE) is through.
+    fn serve_transfer(&self, s: Served, mut mems: RefMut<'_, Vec<MemNode>>, mn: NodeId, op: &WrOp) {
+        let (m, now, start) = (&self.model, self.now.get(), s.start);
+        let node = &mut mems[mn as usize];
         let remote = op.remote();
         let (space, off, len) = (remote.space(), remote.offset(), op.len() as u64);
         let opcode = op.opcode();
-        let status = crate::nic::responder_check(&node.regions, &op);
-        let back = |t: u64| t + self.latency(t);
-        if status != WcStatus::Success {
-            drop(mems);
-            self.qps.borrow_mut()[qpi as usize].resp_error = true;
-            self.answer(r, status, back(start));
-            return;
-        }
-        let _ = cn;
-        match opcode {
-            Opcode::Read | Opcode::Write => {
-                let xfer = m.xfer_ns(len);
-                let first = off / LINE;
-                let last = (off + len - 1) / LINE;
-                let lines = (last - first + 1) as u16;
-                let window_end = start + xfer;
-                let depart = if opcode == Opcode::Read {
-                    let pcie = if space == Space::Host {
-                        m.pcie_read_ns(len)
-                    } else {
-                        0
-                    };
-                    node.tx_free = node.tx_free.max(start + pcie) + m.xfer_ns(len + m.header_bytes);
-                    node.tx_free
-                } else {
-                    window_end
-                };
-                drop(mems);
-                self.reqs.borrow_mut()[r as usize].lines_left = lines;
-                if lines == 1 {
-                    // One line: it touches memory as the NIC takes it.
-                    if start == now {
-                        self.on_access(r, gen, 0);
-                    } else {
-                        self.schedule(start, Ev::Access(r, gen, 0));
-                    }
-                } else {
-                    let in_order = m.in_order_reads && opcode == Opcode::Read;
-                    for l in 0..lines {
-                        let t = if in_order {
-                            start + xfer * l as u64 / (lines as u64 - 1)
-                        } else {
-                            start + self.rng.borrow_mut().below(xfer + 1)
-                        };
-                        self.schedule(t, Ev::Access(r, gen, l));
-                    }
-                }
-                self.qps.borrow_mut()[qpi as usize].resp_last_end = window_end;
-                self.answer(r, WcStatus::Success, back(depart));
+        let xfer = m.xfer_ns(len);
+        let first = off / LINE;
+        let last = (off + len - 1) / LINE;
+        let lines = (last - first + 1) as u16;
+        let window_end = start + xfer;
+        let depart = if opcode == Opcode::Read {
+            let pcie = if space == Space::Host {
+                m.pcie_read_ns(len)
+            } else {
+                0
+            };
+            node.tx_free = node.tx_free.max(start + pcie) + m.xfer_ns(len + m.header_bytes);
+            node.tx_free
+        } else {
+            window_end
+        };
+        drop(mems);
+        self.reqs.borrow_mut()[s.r as usize].lines_left = lines;
+        if lines == 1 {
+            // One line: it touches memory as the NIC takes it.
+            if start == now {
+                self.on_access(s.r, s.gen, 0);
+            } else {
+                self.schedule(start, Ev::Access(s.r, s.gen, 0));
             }
-            _ => {
-                let slots = m.atomic_slots as u64;
-                let slot = (space.index() as u64 * slots + (off / 8) % slots) as usize;
-                // The atomic unit issues at most nic_atomic_rate atomics per
-                // second; each then waits for its slot. Slots serialize only
-                // their own atomics, so a busy slot does not hold up atomics
-                // to other slots.
-                let issue = start.max(node.atomic_free);
-                node.atomic_free = issue + SimModel::per_op_ns(m.nic_atomic_rate_per_sec);
-                let exec = issue.max(node.slot_free[slot]);
-                let cost = if space == Space::Host {
-                    m.host_atomic_ns
+        } else {
+            let in_order = m.in_order_reads && opcode == Opcode::Read;
+            for l in 0..lines {
+                let t = if in_order {
+                    start + xfer * l as u64 / (lines as u64 - 1)
                 } else {
-                    m.dm_atomic_ns
+                    start + self.rng.borrow_mut().below(xfer + 1)
                 };
-                node.slot_free[slot] = exec + cost;
-                if m.atomic_window > 0 {
-                    node.atomics_in_flight.push(std::cmp::Reverse(exec + cost));
-                }
-                drop(mems);
-                self.reqs.borrow_mut()[r as usize].lines_left = 1;
-                if exec == now {
-                    self.on_access(r, gen, 0);
-                } else {
-                    self.schedule(exec, Ev::Access(r, gen, 0));
-                }
-                self.qps.borrow_mut()[qpi as usize].resp_last_end = exec;
-                self.answer(r, WcStatus::Success, back(exec + cost));
+                self.schedule(t, Ev::Access(s.r, s.gen, l));
             }
         }
+        self.qps.borrow_mut()[s.qpi as usize].resp_last_end = window_end;
+        self.answer(s.r, WcStatus::Success, depart + self.latency(depart));
+    }
+
+    /// An atomic: issued at the NIC's atomic rate, then serialized on its
+    /// slot; answered once it has executed.
+    fn serve_atomic(&self, s: Served, mut mems: RefMut<'_, Vec<MemNode>>, mn: NodeId, op: &WrOp) {
+        let (m, now) = (&self.model, self.now.get());
+        let node = &mut mems[mn as usize];
+        let remote = op.remote();
+        let (space, off) = (remote.space(), remote.offset());
+        let slots = m.atomic_slots as u64;
+        let slot = (space.index() as u64 * slots + (off / 8) % slots) as usize;
+        // The atomic unit issues at most nic_atomic_rate atomics per
+        // second; each then waits for its slot. Slots serialize only
+        // their own atomics, so a busy slot does not hold up atomics
+        // to other slots.
+        let issue = s.start.max(node.atomic_free);
+        node.atomic_free = issue + SimModel::per_op_ns(m.nic_atomic_rate_per_sec);
+        let exec = issue.max(node.slot_free[slot]);
+        let cost = if space == Space::Host {
+            m.host_atomic_ns
+        } else {
+            m.dm_atomic_ns
+        };
+        node.slot_free[slot] = exec + cost;
+        if m.atomic_window > 0 {
+            node.atomics_in_flight.push(std::cmp::Reverse(exec + cost));
+        }
+        drop(mems);
+        self.reqs.borrow_mut()[s.r as usize].lines_left = 1;
+        if exec == now {
+            self.on_access(s.r, s.gen, 0);
+        } else {
+            self.schedule(exec, Ev::Access(s.r, s.gen, 0));
+        }
+        self.qps.borrow_mut()[s.qpi as usize].resp_last_end = exec;
+        let done = exec + cost;
+        self.answer(s.r, WcStatus::Success, done + self.latency(done));
     }
 
     /// One line (or the atomic) of a request touches memory.
