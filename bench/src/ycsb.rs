@@ -188,72 +188,87 @@ fn nearest_key(key: &str) -> Option<&'static str> {
         .map(|(_, k)| k)
 }
 
-fn parse_into(
-    file: &str,
-    text: &str,
-    warnings: &mut Vec<String>,
-) -> Result<WorkloadFile, YcsbError> {
-    let err = |line: Option<usize>, msg: String| YcsbError {
-        file: file.to_string(),
-        line,
-        msg,
-        warnings: Vec::new(),
-    };
-    // key -> (value, line), last one wins.
-    let mut props: BTreeMap<&str, (&str, usize)> = BTreeMap::new();
-    let mut unknown_seen: Vec<&str> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let ln = i + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
-            continue;
-        }
-        let Some(sep) = line.find(['=', ':']) else {
-            return Err(err(
-                Some(ln),
-                format!("expected `key=value`, got `{}`", clip(line)),
-            ));
+/// A property file's `key=value` lines (the last of a key wins), with
+/// typed reads that name the file and line of a bad value.
+struct Props<'a> {
+    file: &'a str,
+    /// key -> (value, line).
+    map: BTreeMap<&'a str, (&'a str, usize)>,
+}
+
+impl<'a> Props<'a> {
+    /// Reads the lines of `text`; unknown keys and keys set twice are
+    /// warnings, a line that is not `key=value` an error.
+    fn read(
+        file: &'a str,
+        text: &'a str,
+        warnings: &mut Vec<String>,
+    ) -> Result<Props<'a>, YcsbError> {
+        let mut props = Props {
+            file,
+            map: BTreeMap::new(),
         };
-        let (key, value) = (line[..sep].trim(), line[sep + 1..].trim());
-        if key.is_empty() {
-            return Err(err(
-                Some(ln),
-                format!("no key before `=` in `{}`", clip(line)),
-            ));
-        }
-        if !KNOWN_KEYS.contains(&key) {
-            if !unknown_seen.contains(&key) {
-                unknown_seen.push(key);
-                let hint = match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
-                    Some(k) => format!(" (did you mean `{k}`? keys are case-sensitive)"),
-                    None => nearest_key(key)
-                        .map(|k| format!(": did you mean `{k}`?"))
-                        .unwrap_or_default(),
-                };
+        let mut unknown_seen: Vec<&str> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let ln = i + 1;
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let Some(sep) = line.find(['=', ':']) else {
+                return Err(props.err(
+                    Some(ln),
+                    format!("expected `key=value`, got `{}`", clip(line)),
+                ));
+            };
+            let (key, value) = (line[..sep].trim(), line[sep + 1..].trim());
+            if key.is_empty() {
+                return Err(props.err(Some(ln), format!("no key before `=` in `{}`", clip(line))));
+            }
+            if !KNOWN_KEYS.contains(&key) {
+                if !unknown_seen.contains(&key) {
+                    unknown_seen.push(key);
+                    let hint = match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
+                        Some(k) => format!(" (did you mean `{k}`? keys are case-sensitive)"),
+                        None => nearest_key(key)
+                            .map(|k| format!(": did you mean `{k}`?"))
+                            .unwrap_or_default(),
+                    };
+                    warnings.push(format!(
+                        "{file}:{ln}: unknown key `{}` ignored{hint}",
+                        clip(key)
+                    ));
+                }
+                continue;
+            }
+            if let Some((_, prev)) = props.map.insert(key, (value, ln)) {
                 warnings.push(format!(
-                    "{file}:{ln}: unknown key `{}` ignored{hint}",
-                    clip(key)
+                    "{file}:{ln}: `{key}` set again (first on line {prev}); this value wins"
                 ));
             }
-            continue;
         }
-        if let Some((_, prev)) = props.insert(key, (value, ln)) {
-            warnings.push(format!(
-                "{file}:{ln}: `{key}` set again (first on line {prev}); this value wins"
-            ));
+        Ok(props)
+    }
+
+    fn err(&self, line: Option<usize>, msg: String) -> YcsbError {
+        YcsbError {
+            file: self.file.to_string(),
+            line,
+            msg,
+            warnings: Vec::new(),
         }
     }
 
-    let uint = |key: &str| -> Result<Option<(u64, usize)>, YcsbError> {
-        let Some(&(v, ln)) = props.get(key) else {
+    fn uint(&self, key: &str) -> Result<Option<(u64, usize)>, YcsbError> {
+        let Some(&(v, ln)) = self.map.get(key) else {
             return Ok(None);
         };
         if v.is_empty() {
-            return Err(err(Some(ln), format!("{key} has no value")));
+            return Err(self.err(Some(ln), format!("{key} has no value")));
         }
         if let Some(rest) = v.strip_prefix('-') {
             if rest.parse::<f64>().is_ok() {
-                return Err(err(
+                return Err(self.err(
                     Some(ln),
                     format!("{key}={v} is negative; it must be a whole number >= 0"),
                 ));
@@ -261,60 +276,77 @@ fn parse_into(
         }
         match v.parse::<u64>() {
             Ok(n) => Ok(Some((n, ln))),
-            Err(_) => Err(err(
+            Err(_) => Err(self.err(
                 Some(ln),
                 format!("{key}=`{}` is not a whole number", clip(v)),
             )),
         }
-    };
-    let float = |key: &str| -> Result<Option<(f64, usize)>, YcsbError> {
-        let Some(&(v, ln)) = props.get(key) else {
+    }
+
+    fn float(&self, key: &str) -> Result<Option<(f64, usize)>, YcsbError> {
+        let Some(&(v, ln)) = self.map.get(key) else {
             return Ok(None);
         };
         if v.is_empty() {
-            return Err(err(Some(ln), format!("{key} has no value")));
+            return Err(self.err(Some(ln), format!("{key} has no value")));
         }
         match v.parse::<f64>() {
             Ok(x) if x.is_finite() => Ok(Some((x, ln))),
-            _ => Err(err(
-                Some(ln),
-                format!("{key}=`{}` is not a number", clip(v)),
-            )),
-        }
-    };
-    let at_least_one = |key: &str| -> Result<Option<u64>, YcsbError> {
-        match uint(key)? {
-            Some((0, ln)) => Err(err(Some(ln), format!("{key}=0: it must be at least 1"))),
-            other => Ok(other.map(|(n, _)| n)),
-        }
-    };
-
-    let record_count = at_least_one("recordcount")?;
-    let operation_count = match uint("operationcount")? {
-        // YCSB reads 0 as "run until maxexecutiontime"; loch-bench has
-        // --seconds for that.
-        Some((0, ln)) => {
-            return Err(err(
-                Some(ln),
-                "operationcount=0: it must be at least 1 (for a timed run use --seconds)".into(),
-            ))
-        }
-        other => other.map(|(n, _)| n),
-    };
-
-    let mut proportions = PROPORTION_DEFAULTS;
-    let mut given: [Option<usize>; 5] = [None; 5];
-    for (i, key) in PROPORTION_KEYS.iter().enumerate() {
-        if let Some((p, ln)) = float(key)? {
-            if !(0.0..=1.0).contains(&p) {
-                return Err(err(Some(ln), format!("{key}={p} is outside [0, 1]")));
-            }
-            proportions[i] = p;
-            given[i] = Some(ln);
+            _ => Err(self.err(Some(ln), format!("{key}=`{}` is not a number", clip(v)))),
         }
     }
-    let sum: f64 = proportions.iter().sum();
-    if (sum - 1.0).abs() > 1e-6 {
+
+    fn at_least_one(&self, key: &str) -> Result<Option<u64>, YcsbError> {
+        match self.uint(key)? {
+            Some((0, ln)) => Err(self.err(Some(ln), format!("{key}=0: it must be at least 1"))),
+            other => Ok(other.map(|(n, _)| n)),
+        }
+    }
+
+    /// `key`'s value among `choices` (name, value); `default` when unset.
+    fn choice<T: Copy>(
+        &self,
+        key: &str,
+        choices: &[(&str, T)],
+        default: T,
+    ) -> Result<T, YcsbError> {
+        let Some(&(v, ln)) = self.map.get(key) else {
+            return Ok(default);
+        };
+        match choices.iter().find(|(name, _)| *name == v) {
+            Some(&(_, t)) => Ok(t),
+            None => {
+                let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+                Err(self.err(
+                    Some(ln),
+                    format!(
+                        "{key}=`{}` is not supported ({})",
+                        clip(v),
+                        names.join(", ")
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// The operation proportions: YCSB's defaults, overridden by the file;
+    /// each in [0, 1] and summing to 1.
+    fn proportions(&self) -> Result<[f64; 5], YcsbError> {
+        let mut proportions = PROPORTION_DEFAULTS;
+        let mut given: [Option<usize>; 5] = [None; 5];
+        for (i, key) in PROPORTION_KEYS.iter().enumerate() {
+            if let Some((p, ln)) = self.float(key)? {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(self.err(Some(ln), format!("{key}={p} is outside [0, 1]")));
+                }
+                proportions[i] = p;
+                given[i] = Some(ln);
+            }
+        }
+        let sum: f64 = proportions.iter().sum();
+        if (sum - 1.0).abs() <= 1e-6 {
+            return Ok(proportions);
+        }
         let terms: Vec<String> = PROPORTION_KEYS
             .iter()
             .zip(proportions)
@@ -325,7 +357,7 @@ fn parse_into(
                 None => format!("{k}={p} (YCSB's default; set it to change it)"),
             })
             .collect();
-        return Err(err(
+        Err(self.err(
             given.iter().flatten().max().copied(),
             format!(
                 "proportions sum to {}, not 1: {}",
@@ -337,55 +369,57 @@ fn parse_into(
                     terms.join(" + ")
                 }
             ),
-        ));
+        ))
     }
+}
 
-    let request_dist = match props.get("requestdistribution") {
-        None => RequestDist::Uniform,
-        Some(&(v, ln)) => match v {
-            "uniform" => RequestDist::Uniform,
-            "zipfian" => RequestDist::Zipfian,
-            "latest" => RequestDist::Latest,
-            other => {
-                return Err(err(
-                    Some(ln),
-                    format!(
-                        "requestdistribution=`{}` is not supported (uniform, zipfian, latest)",
-                        clip(other)
-                    ),
-                ))
-            }
-        },
+fn parse_into(
+    file: &str,
+    text: &str,
+    warnings: &mut Vec<String>,
+) -> Result<WorkloadFile, YcsbError> {
+    let props = Props::read(file, text, warnings)?;
+    let record_count = props.at_least_one("recordcount")?;
+    let operation_count = match props.uint("operationcount")? {
+        // YCSB reads 0 as "run until maxexecutiontime"; loch-bench has
+        // --seconds for that.
+        Some((0, ln)) => {
+            return Err(props.err(
+                Some(ln),
+                "operationcount=0: it must be at least 1 (for a timed run use --seconds)".into(),
+            ))
+        }
+        other => other.map(|(n, _)| n),
     };
-    let zipfian_constant = match float("zipfianconstant")? {
+    let proportions = props.proportions()?;
+    let request_dist = props.choice(
+        "requestdistribution",
+        &[
+            ("uniform", RequestDist::Uniform),
+            ("zipfian", RequestDist::Zipfian),
+            ("latest", RequestDist::Latest),
+        ],
+        RequestDist::Uniform,
+    )?;
+    let zipfian_constant = match props.float("zipfianconstant")? {
         None => 0.99,
         Some((t, _)) if zipf_constant_ok(t) => t,
         Some((t, ln)) => {
-            return Err(err(
+            return Err(props.err(
                 Some(ln),
                 format!("zipfianconstant={t} is out of range: it must be in (0, 1) or (1, 5]"),
             ))
         }
     };
-    let max_scan_length = at_least_one("maxscanlength")?.unwrap_or(1000);
-    let scan_length_dist = match props.get("scanlengthdistribution") {
-        None => ScanLengthDist::Uniform,
-        Some(&(v, ln)) => match v {
-            "uniform" => ScanLengthDist::Uniform,
-            "zipfian" => ScanLengthDist::Zipfian,
-            other => {
-                return Err(err(
-                    Some(ln),
-                    format!(
-                        "scanlengthdistribution=`{}` is not supported (uniform, zipfian)",
-                        clip(other)
-                    ),
-                ))
-            }
-        },
-    };
-    let field_count = uint("fieldcount")?.map_or(10, |(n, _)| n);
-    let field_length = uint("fieldlength")?.map_or(100, |(n, _)| n);
+    let max_scan_length = props.at_least_one("maxscanlength")?.unwrap_or(1000);
+    let scan_length_dist = props.choice(
+        "scanlengthdistribution",
+        &[
+            ("uniform", ScanLengthDist::Uniform),
+            ("zipfian", ScanLengthDist::Zipfian),
+        ],
+        ScanLengthDist::Uniform,
+    )?;
     Ok(WorkloadFile {
         record_count,
         operation_count,
@@ -394,8 +428,8 @@ fn parse_into(
         zipfian_constant,
         max_scan_length,
         scan_length_dist,
-        field_count,
-        field_length,
+        field_count: props.uint("fieldcount")?.map_or(10, |(n, _)| n),
+        field_length: props.uint("fieldlength")?.map_or(100, |(n, _)| n),
     })
 }
 
