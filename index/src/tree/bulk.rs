@@ -1,0 +1,233 @@
+//! Bulk load: sorted records into full leaves and the internal levels
+//! above them, bottom up, written in large batches; parts can load in
+//! parallel.
+
+use super::*;
+
+impl TreeClient {
+    /// Loads an empty tree from strictly increasing `(key, value)` pairs
+    /// with one client: [`bulk_load_part`](Self::bulk_load_part) over
+    /// everything, then [`bulk_load_finish`](Self::bulk_load_finish).
+    /// Returns the number of records loaded.
+    pub async fn bulk_load<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        items: impl IntoIterator<Item = (u64, u64)>,
+        fill: usize,
+    ) -> Result<u64, TreeError> {
+        self.check_empty(ctx).await?;
+        let items: Vec<(u64, u64)> = items.into_iter().collect();
+        let n = items.len() as u64;
+        let leaves = self
+            .bulk_load_part(ctx, items, 0, KEY_INFINITY, fill)
+            .await?;
+        self.bulk_load_finish(ctx, vec![leaves], fill).await?;
+        Ok(n)
+    }
+
+    /// Counts the records this client's bulk loads write into `counter`
+    /// as their leaves land, for a progress display.
+    pub fn report_loaded(&mut self, counter: Arc<AtomicU64>) {
+        self.loaded = Some(counter);
+    }
+
+    pub(super) fn count_loaded(&self, n: u64) {
+        if let Some(c) = &self.loaded {
+            // Relaxed: a progress figure, read by a display only.
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) async fn check_empty<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+    ) -> Result<GlobalAddr, TreeError> {
+        let (root, level) = self.root(ctx, true).await?;
+        if level != 0 {
+            return Err(TreeError::NotEmpty);
+        }
+        let rbuf = self.read_node(ctx, root).await?;
+        if Node(rbuf.as_slice()).entries().next().is_some() {
+            return Err(TreeError::NotEmpty);
+        }
+        Ok(root)
+    }
+
+    /// One part of a bulk load, run by any client in parallel with others:
+    /// writes leaves (filled to `fill` ≤ 45 entries, up to 8 per doorbell)
+    /// for the strictly increasing `items`, all inside `[low, high)`; the
+    /// parts of one load must tile the key space in order (the first from
+    /// 0, the last to `u64::MAX`). Returns the part's leaves as (low fence,
+    /// address) for [`bulk_load_finish`](Self::bulk_load_finish). Nothing
+    /// is visible until the finish swings the root.
+    pub async fn bulk_load_part<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        items: Vec<(u64, u64)>,
+        low: u64,
+        high: u64,
+        fill: usize,
+    ) -> Result<Vec<(u64, GlobalAddr)>, TreeError> {
+        let fill = fill.clamp(1, FANOUT);
+        let mut prev: Option<u64> = None;
+        for &(k, _) in &items {
+            check_key(k)?;
+            if prev.is_some_and(|p| k <= p) {
+                return Err(TreeError::Unsorted {
+                    prev: prev.unwrap_or(0),
+                    key: k,
+                });
+            }
+            if k < low || k >= high {
+                return Err(TreeError::Unsorted { prev: low, key: k });
+            }
+            prev = Some(k);
+        }
+        let groups: Vec<&[(u64, u64)]> = if items.is_empty() {
+            vec![&items[..]]
+        } else {
+            items.chunks(fill).collect()
+        };
+        let mut addrs = Vec::with_capacity(groups.len());
+        for _ in 0..groups.len() {
+            addrs.push(
+                self.alloc
+                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+                    .await?,
+            );
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
+        let mut pending_items = 0u64;
+        for (i, g) in groups.iter().enumerate() {
+            let lo = if i == 0 { low } else { g[0].0 };
+            let hi = groups.get(i + 1).map_or(high, |nx| nx[0].0);
+            let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
+            let mut buf = vec![0u8; NODE_BYTES];
+            let mut m = NodeMut(&mut buf);
+            m.init(0, lo, hi, sib, 1);
+            for (j, &(k, v)) in g.iter().enumerate() {
+                m.set_entry(j, k, v);
+            }
+            out.push((lo, addrs[i]));
+            pending.push((addrs[i], buf));
+            pending_items += g.len() as u64;
+            if pending.len() == 8 {
+                write_nodes(ctx, &mut pending).await?;
+                self.count_loaded(std::mem::take(&mut pending_items));
+            }
+        }
+        write_nodes(ctx, &mut pending).await?;
+        self.count_loaded(pending_items);
+        Ok(out)
+    }
+
+    /// Finishes a bulk load: links each part's last leaf to the next part's
+    /// first, builds the internal levels, writes the top node at the old
+    /// (empty) root's address — so a client still holding that address
+    /// finds a node of another level there and rereads the root word — and
+    /// swings the root word. Fails with `NotEmpty` if the tree has data.
+    pub async fn bulk_load_finish<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        parts: Vec<Vec<(u64, GlobalAddr)>>,
+        fill: usize,
+    ) -> Result<(), TreeError> {
+        let fill = fill.clamp(1, FANOUT);
+        let root = self.check_empty(ctx).await?;
+        let parts: Vec<Vec<(u64, GlobalAddr)>> =
+            parts.into_iter().filter(|p| !p.is_empty()).collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut b = ctx.batch();
+        for w in parts.windows(2) {
+            let last = w[0].last().expect("non-empty").1;
+            b.write_u64(last.add(layout::OFF_SIBLING as u64), w[1][0].1.raw());
+        }
+        b.submit().await?;
+        let mut level_nodes: Vec<(u64, GlobalAddr)> = parts.into_iter().flatten().collect();
+        if level_nodes.len() == 1 {
+            // A single leaf: copy it to the root's address.
+            let buf = self.read_node(ctx, level_nodes[0].1).await?;
+            ctx.write(root, buf.as_slice()).await?;
+            return Ok(());
+        }
+        let mut level = 0u8;
+        let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
+        while level_nodes.len() > 1 {
+            level += 1;
+            let per = FANOUT.min(fill + 1).max(2);
+            let chunks: Vec<Vec<(u64, GlobalAddr)>> =
+                level_nodes.chunks(per).map(|c| c.to_vec()).collect();
+            let addrs = self.node_addrs(ctx, chunks.len(), root).await?;
+            let mut next = Vec::with_capacity(chunks.len());
+            for (i, c) in chunks.iter().enumerate() {
+                let low = if i == 0 { 0 } else { c[0].0 };
+                let high = chunks.get(i + 1).map_or(KEY_INFINITY, |nx| nx[0].0);
+                let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
+                let mut buf = vec![0u8; NODE_BYTES];
+                let mut m = NodeMut(&mut buf);
+                m.init(level, low, high, sib, 1);
+                let mut kids = c.clone();
+                kids[0].0 = low;
+                fill_internal(&mut m, &kids);
+                next.push((low, addrs[i]));
+                pending.push((addrs[i], buf));
+                if pending.len() == 8 {
+                    write_nodes(ctx, &mut pending).await?;
+                }
+            }
+            write_nodes(ctx, &mut pending).await?;
+            level_nodes = next;
+        }
+        debug_assert_eq!(level_nodes[0].1, root);
+        let new_root = root.raw() | level as u64;
+        let old = root.raw();
+        if ctx.cas(ROOT_WORD, old, new_root).await? != old {
+            return Err(TreeError::NotEmpty);
+        }
+        self.root_hint = new_root;
+        Ok(())
+    }
+}
+
+impl TreeClient {
+    /// Addresses for `n` new nodes of one bulk-load level: the old root's
+    /// when the level has a single node (the new top), fresh ones otherwise.
+    async fn node_addrs<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        n: usize,
+        root: GlobalAddr,
+    ) -> Result<Vec<GlobalAddr>, TreeError> {
+        if n == 1 {
+            return Ok(vec![root]);
+        }
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(
+                self.alloc
+                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+                    .await?,
+            );
+        }
+        Ok(v)
+    }
+}
+
+pub(super) async fn write_nodes<N: Nic>(
+    ctx: &Ctx<N>,
+    pending: &mut Vec<(GlobalAddr, Vec<u8>)>,
+) -> Result<(), TreeError> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let mut b = ctx.batch();
+    for (a, buf) in pending.iter() {
+        b.write_bytes(*a, buf);
+    }
+    b.submit().await?;
+    pending.clear();
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The read path: reading a node until its line versions agree, walking
+//! down (through the index cache when it holds the route) to a level, and
+//! lookups.
+
+use super::*;
+
+impl TreeClient {
+    /// Reads a node until it is consistent under the configured scheme.
+    pub(super) async fn read_node<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        addr: GlobalAddr,
+    ) -> Result<Buf, TreeError> {
+        if addr.is_null() || !addr.offset().is_multiple_of(NODE_BYTES as u64) {
+            return Err(TreeError::Corrupt {
+                addr,
+                why: "pointer is null or not node-aligned",
+            });
+        }
+        let mut buf = ctx.alloc(NODE_BYTES)?;
+        for _ in 0..MAX_READ_RETRIES {
+            let mut b = ctx.batch();
+            let op = b.read(addr, buf);
+            buf = b.submit().await?.take_buf(op);
+            let n = Node(buf.as_slice());
+            let consistent = match self.tree.cfg.versions {
+                VersionScheme::Lines => n.lines_agree(),
+                VersionScheme::FrontRear => n.front_rear_agree(),
+            };
+            if consistent {
+                if !n.is_valid() {
+                    return Err(TreeError::Corrupt {
+                        addr,
+                        why: "not a tree node",
+                    });
+                }
+                if n.low() >= n.high() || n.count() > FANOUT {
+                    return Err(TreeError::Corrupt {
+                        addr,
+                        why: "impossible fences or count",
+                    });
+                }
+                return Ok(buf);
+            }
+            self.stats.read_retries += 1;
+        }
+        Err(TreeError::Corrupt {
+            addr,
+            why: "never reads consistently",
+        })
+    }
+
+    /// The node at `level` covering `key`, from the cache or by descending
+    /// from the root (caching internal nodes on the way).
+    pub(super) async fn find_level<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        level: u8,
+    ) -> Result<GlobalAddr, TreeError> {
+        if let Some(r) = self.tree.cache.route(key, level + 1, u8::MAX) {
+            if r.level == level + 1 {
+                if level == 0 {
+                    self.stats.cache_hits += 1;
+                    self.tree.cache.count_hit(true);
+                }
+                return Ok(r.child);
+            }
+        }
+        if level == 0 {
+            self.stats.cache_misses += 1;
+            self.tree.cache.count_hit(false);
+        }
+        let mut fresh = false;
+        'restart: for _ in 0..MAX_RESTARTS {
+            let (mut addr, mut at) = self.root(ctx, fresh).await?;
+            fresh = true;
+            if let Some(r) = self.tree.cache.route(key, level + 1, at) {
+                addr = r.child;
+                at = r.level - 1;
+            }
+            if at < level {
+                // The tree is shorter than asked (a root split in progress).
+                ctx.yield_now().await;
+                continue 'restart;
+            }
+            loop {
+                if at == level {
+                    return Ok(addr);
+                }
+                let buf = self.read_node(ctx, addr).await?;
+                let n = Node(buf.as_slice());
+                if n.level() != at || key < n.low() {
+                    self.tree.cache.invalidate_covering(at, key);
+                    continue 'restart;
+                }
+                if key >= n.high() {
+                    if n.sibling().is_null() {
+                        return Err(TreeError::Corrupt {
+                            addr,
+                            why: "key beyond the last node",
+                        });
+                    }
+                    self.stats.sibling_hops += 1;
+                    addr = n.sibling();
+                    continue;
+                }
+                self.tree.cache.insert(addr, &n);
+                addr = n.child_for(key);
+                at -= 1;
+            }
+        }
+        Err(TreeError::Corrupt {
+            addr: ROOT_WORD,
+            why: "descent restarted without end",
+        })
+    }
+
+    /// The value of `key`, if present.
+    pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, TreeError> {
+        crate::scratch_scoped(ctx, self.get_unscoped(ctx, key)).await
+    }
+
+    pub(super) async fn get_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+    ) -> Result<Option<u64>, TreeError> {
+        check_key(key)?;
+        self.stats.lookups += 1;
+        let retries0 = self.stats.read_retries;
+        let mut addr = self.find_level(ctx, key, 0).await?;
+        let mut clean = true;
+        for _ in 0..MAX_RESTARTS {
+            let buf = self.read_node(ctx, addr).await?;
+            let n = Node(buf.as_slice());
+            if !n.is_leaf() || key < n.low() {
+                self.tree.cache.invalidate_covering(1, key);
+                self.root_hint = 0;
+                clean = false;
+                addr = self.find_level(ctx, key, 0).await?;
+                continue;
+            }
+            if key >= n.high() {
+                self.stats.sibling_hops += 1;
+                self.tree.cache.invalidate_covering(1, key);
+                clean = false;
+                addr = n.sibling();
+                continue;
+            }
+            if clean && self.stats.read_retries == retries0 {
+                self.stats.clean_lookups += 1;
+            }
+            return Ok(n.find(key).map(|i| n.value(i)));
+        }
+        Err(TreeError::Corrupt {
+            addr,
+            why: "lookup restarted without end",
+        })
+    }
+}

@@ -1,0 +1,207 @@
+//! Splits: a full leaf becomes two, written with its sibling (in one
+//! doorbell when both are on one memory node), and the separator goes into
+//! the parent, splitting it in turn when full.
+
+use super::*;
+
+impl TreeClient {
+    /// Splits a full leaf whose new sorted contents are `entries`.
+    pub(super) async fn split_leaf<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+        addr: GlobalAddr,
+        buf: &mut Buf,
+        entries: Vec<(u64, u64)>,
+    ) -> Result<(), TreeError> {
+        let mid = entries.len() / 2;
+        let sep = entries[mid].0;
+        let (low, high, sibling, version, lock_word) = {
+            let n = Node(buf.as_slice());
+            (
+                n.low(),
+                n.high(),
+                n.sibling(),
+                n.version(),
+                u64::from_le_bytes(
+                    buf.as_slice()[layout::OFF_LOCK..layout::OFF_LOCK + 8]
+                        .try_into()
+                        .expect("8"),
+                ),
+            )
+        };
+        let right_addr = match self
+            .alloc
+            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                self.abandon(ctx, held, true).await;
+                return Err(e.into());
+            }
+        };
+        let mut right = vec![0u8; NODE_BYTES];
+        let mut r = NodeMut(&mut right);
+        r.init(0, sep, high, sibling, version.wrapping_add(1));
+        for (i, &(k, v)) in entries[mid..].iter().enumerate() {
+            r.set_entry(i, k, v);
+        }
+        let mut left = vec![0u8; NODE_BYTES];
+        let mut l = NodeMut(&mut left);
+        l.init(0, low, sep, right_addr, version.wrapping_add(1));
+        l.set_lock_word(lock_word);
+        for (i, &(k, v)) in entries[..mid].iter().enumerate() {
+            l.set_entry(i, k, v);
+        }
+        self.stats.splits += 1;
+        self.write_split(ctx, held, addr, &left, right_addr, &right)
+            .await?;
+        self.insert_parent(ctx, 1, sep, right_addr, addr).await
+    }
+
+    /// Writes a split's two halves and unlocks: one doorbell when both are
+    /// on one memory node (the sibling lands first: same queue pair), else
+    /// the sibling first, then the rewritten node with the unlock.
+    pub(super) async fn write_split<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+        addr: GlobalAddr,
+        left: &[u8],
+        right_addr: GlobalAddr,
+        right: &[u8],
+    ) -> Result<(), TreeError> {
+        if right_addr.node() == addr.node() {
+            return self
+                .write_and_release(ctx, held, &[(right_addr, right), (addr, left)])
+                .await;
+        }
+        if let Err(e) = ctx.write(right_addr, right).await {
+            self.abandon(ctx, held, true).await;
+            return Err(e.into());
+        }
+        self.write_and_release(ctx, held, &[(addr, left)]).await
+    }
+
+    /// Inserts separator `sep` → `child` into the node at `level` covering
+    /// `sep`, splitting upward as needed; `left` is the node that split.
+    pub(super) async fn insert_parent<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        level: u8,
+        sep: u64,
+        child: GlobalAddr,
+        left: GlobalAddr,
+    ) -> Result<(), TreeError> {
+        for _ in 0..MAX_RESTARTS {
+            let (root, root_level) = self.root(ctx, true).await?;
+            if root_level < level {
+                if root == left {
+                    // We split the root: grow the tree.
+                    let new_root = self
+                        .alloc
+                        .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+                        .await?;
+                    let mut buf = vec![0u8; NODE_BYTES];
+                    let mut n = NodeMut(&mut buf);
+                    n.init(level, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+                    n.set_leftmost(left);
+                    n.set_entry(0, sep, child.raw());
+                    n.set_count(1);
+                    ctx.write(new_root, &buf).await?;
+                    let old = root.raw() | (root_level as u64);
+                    if ctx
+                        .cas(ROOT_WORD, old, new_root.raw() | level as u64)
+                        .await?
+                        == old
+                    {
+                        self.root_hint = new_root.raw() | level as u64;
+                        return Ok(());
+                    }
+                    continue;
+                }
+                // Someone else's root split is still being installed.
+                ctx.yield_now().await;
+                continue;
+            }
+            let mut addr = self.find_level(ctx, sep, level).await?;
+            loop {
+                let held = self.lock(ctx, addr).await?;
+                let mut buf = match self.read_node(ctx, addr).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        self.abandon(ctx, held, true).await;
+                        return Err(e);
+                    }
+                };
+                let n = Node(buf.as_slice());
+                if n.level() != level || sep < n.low() {
+                    self.write_and_release(ctx, held, &[]).await?;
+                    self.tree.cache.invalidate_covering(level, sep);
+                    break;
+                }
+                if sep >= n.high() {
+                    let s = n.sibling();
+                    self.write_and_release(ctx, held, &[]).await?;
+                    self.stats.sibling_hops += 1;
+                    addr = s;
+                    continue;
+                }
+                let mut kids = n.children();
+                if kids.iter().any(|&(k, c)| k == sep && c == child) {
+                    self.write_and_release(ctx, held, &[]).await?;
+                    return Ok(());
+                }
+                let pos = kids.partition_point(|&(k, _)| k <= sep);
+                kids.insert(pos, (sep, child));
+                let (low, high, sibling, version) = (n.low(), n.high(), n.sibling(), n.version());
+                self.tree.cache.invalidate(level, low);
+                if kids.len() - 1 <= FANOUT {
+                    let mut m = NodeMut(buf.as_mut_slice());
+                    fill_internal(&mut m, &kids);
+                    m.set_version(version.wrapping_add(1));
+                    let data = buf.as_slice().to_vec();
+                    self.write_and_release(ctx, held, &[(addr, &data)]).await?;
+                    return Ok(());
+                }
+                // Split the internal node: the middle separator moves up.
+                let mid = kids.len() / 2;
+                let up = kids[mid].0;
+                let right_addr = match self
+                    .alloc
+                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+                    .await
+                {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.abandon(ctx, held, true).await;
+                        return Err(e.into());
+                    }
+                };
+                let lock_word = u64::from_le_bytes(
+                    buf.as_slice()[layout::OFF_LOCK..layout::OFF_LOCK + 8]
+                        .try_into()
+                        .expect("8"),
+                );
+                let mut right = vec![0u8; NODE_BYTES];
+                let mut r = NodeMut(&mut right);
+                r.init(level, up, high, sibling, version.wrapping_add(1));
+                fill_internal(&mut r, &kids[mid..]);
+                let mut lbuf = vec![0u8; NODE_BYTES];
+                let mut l = NodeMut(&mut lbuf);
+                l.init(level, low, up, right_addr, version.wrapping_add(1));
+                l.set_lock_word(lock_word);
+                fill_internal(&mut l, &kids[..mid]);
+                self.stats.splits += 1;
+                self.write_split(ctx, held, addr, &lbuf, right_addr, &right)
+                    .await?;
+                return Box::pin(self.insert_parent(ctx, level + 1, up, right_addr, addr)).await;
+            }
+        }
+        Err(TreeError::Corrupt {
+            addr: left,
+            why: "parent insert restarted without end",
+        })
+    }
+}

@@ -1,0 +1,283 @@
+//! Locking and write-back: taking a node's HOCL lock, giving it up, and
+//! writing a changed node back with the unlock (command combination); put
+//! and delete, which change a leaf in place or split it.
+
+use super::*;
+
+impl TreeClient {
+    pub(super) async fn lock<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        node: GlobalAddr,
+    ) -> Result<Held, TreeError> {
+        let lock = self.tree.lock_of(node);
+        let cfg = &self.tree.cfg;
+        let ticket = if cfg.local_lock_table {
+            let locks = &self.tree.locks;
+            let t = locks.ticket(lock.local);
+            while !locks.is_turn(lock.local, t) {
+                ctx.yield_now().await;
+            }
+            match locks.on_turn(lock.local, lock.word) {
+                Local::HandedOver => {
+                    self.stats.handovers += 1;
+                    return Ok(Held {
+                        lock,
+                        ticket: Some(t),
+                    });
+                }
+                Local::MustAcquire => {}
+                Local::ReleaseFirst(other) => {
+                    // The previous holder finished its writes before passing
+                    // the entry on, so releasing its word now is safe.
+                    if let Err(e) = ctx.write(other, &0u64.to_le_bytes()).await {
+                        let held = Held {
+                            lock,
+                            ticket: Some(t),
+                        };
+                        self.abandon(ctx, held, false).await;
+                        return Err(e.into());
+                    }
+                }
+            }
+            Some(t)
+        } else {
+            None
+        };
+        let held = Held { lock, ticket };
+        loop {
+            match ctx.cas(lock.word, 0, self.id).await {
+                Ok(0) => break,
+                Ok(_) => {
+                    self.stats.lock_retries += 1;
+                    ctx.yield_now().await;
+                }
+                Err(e) => {
+                    self.abandon(ctx, held, false).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        if held.ticket.is_some() {
+            self.tree.locks.set_remote_held(lock.local, lock.word);
+        }
+        Ok(held)
+    }
+
+    /// Gives a lock up after a failure: lets the local queue go on and, if
+    /// we took the global lock, tries to release it (best effort: the node
+    /// may be dead).
+    pub(super) async fn abandon<N: Nic>(&mut self, ctx: &Ctx<N>, held: Held, remote: bool) {
+        if remote {
+            let _ = ctx.write(held.lock.word, &0u64.to_le_bytes()).await;
+        }
+        if let Some(t) = held.ticket {
+            let locks = &self.tree.locks;
+            let _ = locks.plan_release(held.lock.local, t, 0, false);
+            locks.pass(held.lock.local, t);
+        }
+    }
+
+    /// Writes `writes` (in order, on their nodes' queue pairs) and releases
+    /// the lock: in the same doorbell when combining, else in a second
+    /// round trip; or hands it to a local waiter.
+    pub(super) async fn write_and_release<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+        writes: &[(GlobalAddr, &[u8])],
+    ) -> Result<(), TreeError> {
+        let cfg = self.tree.cfg.clone();
+        let hand_over = match held.ticket {
+            Some(t) => {
+                self.tree
+                    .locks
+                    .plan_release(held.lock.local, t, cfg.max_handover, cfg.handover)
+            }
+            None => false,
+        };
+        let mut b = ctx.batch();
+        for (addr, data) in writes {
+            b.write_bytes(*addr, data);
+        }
+        let unlock_now = !hand_over && cfg.combine;
+        if unlock_now {
+            b.write_u64(held.lock.word, 0);
+        }
+        let r = if b.is_empty() {
+            Ok(())
+        } else {
+            b.submit().await.map(drop)
+        };
+        let r = match r {
+            Ok(()) if !hand_over && !unlock_now => {
+                ctx.write(held.lock.word, &0u64.to_le_bytes()).await
+            }
+            other => other,
+        };
+        if let Some(t) = held.ticket {
+            self.tree.locks.pass(held.lock.local, t);
+        }
+        r.map_err(Into::into)
+    }
+
+    /// Inserts or updates `key`.
+    pub async fn put<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: u64,
+    ) -> Result<(), TreeError> {
+        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
+    }
+
+    pub(super) async fn put_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: u64,
+    ) -> Result<(), TreeError> {
+        check_key(key)?;
+        self.modify(ctx, key, Some(value)).await.map(drop)
+    }
+
+    /// Removes `key`; returns whether it was present.
+    pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, TreeError> {
+        crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
+    }
+
+    pub(super) async fn delete_unscoped<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+    ) -> Result<bool, TreeError> {
+        check_key(key)?;
+        self.modify(ctx, key, None).await
+    }
+
+    /// Put (`Some`) or delete (`None`) under the leaf's lock. Returns
+    /// whether the key was present before.
+    pub(super) async fn modify<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: Option<u64>,
+    ) -> Result<bool, TreeError> {
+        let mut addr = self.find_level(ctx, key, 0).await?;
+        for _ in 0..MAX_RESTARTS {
+            let held = self.lock(ctx, addr).await?;
+            let mut buf = match self.read_node(ctx, addr).await {
+                Ok(b) => b,
+                Err(e) => {
+                    self.abandon(ctx, held, true).await;
+                    return Err(e);
+                }
+            };
+            let (leaf, low, high, sibling) = {
+                let n = Node(buf.as_slice());
+                (n.is_leaf(), n.low(), n.high(), n.sibling())
+            };
+            if !leaf || key < low || key >= high {
+                self.write_and_release(ctx, held, &[]).await?;
+                if leaf && key >= high {
+                    self.stats.sibling_hops += 1;
+                    self.tree.cache.invalidate_covering(1, key);
+                    addr = sibling;
+                } else {
+                    self.tree.cache.invalidate_covering(1, key);
+                    self.root_hint = 0;
+                    addr = self.find_level(ctx, key, 0).await?;
+                }
+                continue;
+            }
+            return self
+                .change_leaf(ctx, held, addr, &mut buf, key, value)
+                .await;
+        }
+        Err(TreeError::Corrupt {
+            addr,
+            why: "write restarted without end",
+        })
+    }
+
+    /// Applies a put or delete to a locked leaf we just read, then writes
+    /// back and unlocks (splitting if full).
+    pub(super) async fn change_leaf<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+        addr: GlobalAddr,
+        buf: &mut Buf,
+        key: u64,
+        value: Option<u64>,
+    ) -> Result<bool, TreeError> {
+        let whole = self.tree.cfg.whole_node_writes;
+        let entry_len = match self.tree.cfg.versions {
+            VersionScheme::Lines => ENTRY_WRITE_BYTES,
+            VersionScheme::FrontRear => ENTRY_BYTES,
+        };
+        let slot = Node(buf.as_slice()).find(key);
+        let present = slot.is_some();
+        if whole {
+            // FG+: keep the leaf sorted and write it back whole.
+            let mut entries: Vec<(u64, u64)> = Node(buf.as_slice()).entries().collect();
+            entries.retain(|&(k, _)| k != key);
+            if let Some(v) = value {
+                entries.push((key, v));
+            }
+            entries.sort_unstable();
+            if entries.len() > FANOUT {
+                return self
+                    .split_leaf(ctx, held, addr, buf, entries)
+                    .await
+                    .map(|_| present);
+            }
+            let mut m = NodeMut(buf.as_mut_slice());
+            let v = m.view().version().wrapping_add(1);
+            for i in 0..FANOUT {
+                match entries.get(i) {
+                    Some(&(k, val)) => m.set_entry(i, k, val),
+                    None => m.clear_entry(i),
+                }
+            }
+            m.set_version(v);
+            self.write_and_release(ctx, held, &[(addr, buf.as_slice())])
+                .await?;
+            return Ok(present);
+        }
+        let target = match (slot, value) {
+            (Some(i), Some(v)) => {
+                NodeMut(buf.as_mut_slice()).set_entry(i, key, v);
+                i
+            }
+            (Some(i), None) => {
+                NodeMut(buf.as_mut_slice()).clear_entry(i);
+                i
+            }
+            (None, None) => {
+                self.write_and_release(ctx, held, &[]).await?;
+                return Ok(false);
+            }
+            (None, Some(v)) => match Node(buf.as_slice()).free_slot() {
+                Some(i) => {
+                    NodeMut(buf.as_mut_slice()).set_entry(i, key, v);
+                    i
+                }
+                None => {
+                    let mut entries: Vec<(u64, u64)> = Node(buf.as_slice()).entries().collect();
+                    entries.push((key, v));
+                    entries.sort_unstable();
+                    return self
+                        .split_leaf(ctx, held, addr, buf, entries)
+                        .await
+                        .map(|_| false);
+                }
+            },
+        };
+        let off = layout::entry_off(target);
+        let entry = &buf.as_slice()[off..off + entry_len];
+        self.write_and_release(ctx, held, &[(addr.add(off as u64), entry)])
+            .await?;
+        Ok(present)
+    }
+}
