@@ -1,0 +1,445 @@
+//! The verbs side: device, memory node, per-core queue pairs, and the
+//! `loch node` run over them (cargo feature `mlx5`).
+
+use super::*;
+use crate::node::NodeError;
+use crate::node::{self, say, NodeOptions};
+use crate::node_compute::{self, Compute, CoreSource};
+use crate::node_work::Layout;
+use bootstrap::config::{Backend, ClusterConfig};
+use bootstrap::config::{HugePages, NodeConfig};
+use bootstrap::wire::{QpInfo, Region, Space as WireSpace};
+use bootstrap::Rendezvous;
+use nicdrv::mlx5::{
+    DeviceConfig, Endpoint as NicEndpoint, Mlx5CoreQps, Mlx5Error, Mlx5MemoryNode, Mlx5Nic,
+    QpEndpoint, RegionInfo,
+};
+use nicdrv::{Access, Executor, ExecutorConfig, HeapMem, Nic, NodeId, RKey, RemoteRegion, Space};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A queue pair's address as the wire carries it.
+pub fn qp_info(e: &QpEndpoint) -> QpInfo {
+    QpInfo {
+        qpn: e.qpn,
+        lid: e.lid,
+        gid: e.gid,
+        psn: e.psn,
+        mtu: e.mtu,
+    }
+}
+
+/// The wire's queue-pair address as the verbs code takes it.
+pub fn qp_endpoint(q: &QpInfo) -> QpEndpoint {
+    QpEndpoint {
+        qpn: q.qpn,
+        psn: q.psn,
+        lid: q.lid,
+        gid: q.gid,
+        mtu: q.mtu,
+    }
+}
+
+fn wire_space(s: Space) -> WireSpace {
+    match s {
+        Space::Host => WireSpace::Host,
+        Space::Device => WireSpace::Device,
+    }
+}
+
+/// A memory node's regions as its [`Mlx5MemoryNode::regions`] names
+/// them, as Region records of node `id`.
+pub fn wire_regions(id: u32, regions: &[RegionInfo]) -> Vec<Region> {
+    regions
+        .iter()
+        .map(|r| Region {
+            node_id: id,
+            space: wire_space(r.region.space),
+            base: r.base,
+            len: r.region.len,
+            rkey: r.region.rkey.0,
+        })
+        .collect()
+}
+
+/// The regions exchange 1 published for one memory node, as a queue
+/// pair's peer endpoint carries them: offset 0 of each space at the
+/// published base, with every remote right (what memory nodes grant).
+pub fn region_infos(r: &NodeRegions) -> Vec<RegionInfo> {
+    std::iter::once(r.host)
+        .chain(r.device)
+        .map(|g| RegionInfo {
+            region: RemoteRegion {
+                space: match g.space {
+                    WireSpace::Host => Space::Host,
+                    WireSpace::Device => Space::Device,
+                },
+                offset: 0,
+                len: g.len,
+                rkey: RKey(g.rkey),
+                access: Access::REMOTE_ALL,
+            },
+            base: g.base,
+        })
+        .collect()
+}
+
+/// Device, port and GID index of the cluster file's mlx5 backend.
+pub fn device_config(backend: &Backend) -> Result<DeviceConfig, NodeError> {
+    let Backend::Mlx5 {
+        device,
+        port,
+        gid_index,
+    } = backend
+    else {
+        return Err(NodeError::Usage(
+            "the mlx5 node code runs only with [backend] kind = \"mlx5\"".into(),
+        ));
+    };
+    Ok(DeviceConfig {
+        name: Some(device.clone()),
+        port: *port,
+        gid_index: *gid_index,
+    })
+}
+
+fn device_error(e: Mlx5Error) -> NodeError {
+    NodeError::Failed(e.to_string())
+}
+
+/// This node's device, and its memory node when it has the memory
+/// role: what exists before the rendezvous.
+pub struct Mlx5Local {
+    pub nic: Mlx5Nic,
+    pub id: u32,
+    pub memory: Option<Arc<Mlx5MemoryNode>>,
+    top: Topology,
+    depth: u32,
+    lanes: usize,
+}
+
+impl Mlx5Local {
+    /// Opens the device (one "no RDMA device" error where there is
+    /// none) and, for the memory role, registers the host memory and
+    /// the lock table. Compute queue pairs get `exec`'s depth.
+    pub fn open(
+        cfg: &ClusterConfig,
+        node: &NodeConfig,
+        exec: &ExecutorConfig,
+    ) -> Result<Mlx5Local, NodeError> {
+        let top = Topology::from_config(cfg).map_err(|e| NodeError::Usage(e.to_string()))?;
+        exec.check().map_err(|e| NodeError::Usage(e.to_string()))?;
+        let nic = Mlx5Nic::open(&device_config(&cfg.backend)?).map_err(device_error)?;
+        let memory = if node.roles.memory {
+            Some(Arc::new(memory_node(cfg, node, &nic)?))
+        } else {
+            None
+        };
+        Ok(Mlx5Local {
+            nic,
+            id: node.id,
+            memory,
+            top,
+            depth: exec.qp_depth(),
+            lanes: if node.roles.compute {
+                node.cores.len()
+            } else {
+                0
+            },
+        })
+    }
+
+    /// The Region records of exchange 1 (none without the memory role).
+    pub fn regions(&self) -> Vec<Region> {
+        self.memory
+            .as_ref()
+            .map_or_else(Vec::new, |m| wire_regions(self.id, &m.regions()))
+    }
+
+    /// Runs the connection protocol over `cp`; the compute role gets
+    /// one connected [`Mlx5CoreQps`] per configured core.
+    pub fn connect(self, cp: &mut dyn ControlPlane) -> Result<Mlx5Booted, NodeError> {
+        let mut fabric = DeviceFabric {
+            nic: self.nic.clone(),
+            memory: self.memory.clone(),
+            depth: self.depth,
+            lanes: self.lanes,
+            cores: Vec::new(),
+        };
+        let regions = connect_cluster(cp, &mut fabric, &self.top, self.id, self.regions())
+            .map_err(|e| NodeError::Failed(e.to_string()))?;
+        if let Some(i) = fabric.cores.iter().position(|c| !c.is_connected()) {
+            return Err(NodeError::Failed(format!(
+                "core {i} of node {} has unconnected queue pairs after {QPS_READY}",
+                self.id
+            )));
+        }
+        Ok(Mlx5Booted {
+            nic: self.nic,
+            memory: self.memory,
+            cores: fabric.cores,
+            regions,
+        })
+    }
+}
+
+fn memory_node(
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    nic: &Mlx5Nic,
+) -> Result<Mlx5MemoryNode, NodeError> {
+    let id = NodeId::try_from(node.id)
+        .map_err(|_| NodeError::Usage(PairError::IdTooLarge { node: node.id }.to_string()))?;
+    let bytes = usize::try_from(node.memory_bytes)
+        .map_err(|_| NodeError::Usage(format!("memory of {} bytes", node.memory_bytes)))?;
+    let want_dm = cfg.lock_table_words.saturating_mul(8);
+    let m = if cfg.huge_pages == HugePages::Off {
+        let mem = HeapMem::zeroed(bytes)
+            .ok_or_else(|| NodeError::Failed(format!("cannot allocate {bytes} bytes of memory")))?;
+        Mlx5MemoryNode::with_memory(nic, id, mem, want_dm)
+    } else {
+        // Huge pages where reserved; mempool falls back and says so.
+        let mem = mempool::HugeMem::alloc(bytes)
+            .map_err(|e| NodeError::Failed(format!("allocating node memory: {e}")))?;
+        Mlx5MemoryNode::with_memory(nic, id, mem, want_dm)
+    }
+    .map_err(device_error)?;
+    if m.dm_bytes() < want_dm {
+        log::warn!(
+            "{} offers {} bytes of device memory: the lock table holds {} words, not the {} of lock_table_words",
+            nic.name(),
+            m.dm_bytes(),
+            m.dm_bytes() / 8,
+            cfg.lock_table_words
+        );
+    }
+    Ok(m)
+}
+
+/// The verbs [`Fabric`]: compute queue pairs made per core in one
+/// [`Mlx5CoreQps`] each, responders made by the memory node.
+pub struct DeviceFabric {
+    nic: Mlx5Nic,
+    memory: Option<Arc<Mlx5MemoryNode>>,
+    depth: u32,
+    /// This node's compute cores (0 without the compute role).
+    lanes: usize,
+    cores: Vec<Mlx5CoreQps>,
+}
+
+impl Fabric for DeviceFabric {
+    fn prepare_compute(&mut self, memory: &[u32]) -> Result<Vec<Vec<(u32, QpInfo)>>, String> {
+        let peers: Vec<NodeId> = memory.iter().map(|&m| m as NodeId).collect();
+        self.cores.clear();
+        for lane in 0..self.lanes {
+            let c = Mlx5CoreQps::prepare(&self.nic, &peers, self.depth)
+                .map_err(|e| format!("core {lane}: making queue pairs: {e}"))?;
+            self.cores.push(c);
+        }
+        Ok(self
+            .cores
+            .iter()
+            .map(|c| {
+                c.endpoints()
+                    .iter()
+                    .map(|(n, e)| (*n as u32, qp_info(e)))
+                    .collect()
+            })
+            .collect())
+    }
+
+    fn accept(&mut self, link: Link, peer: &QpInfo) -> Result<QpInfo, String> {
+        let m = self
+            .memory
+            .as_ref()
+            .ok_or_else(|| format!("{link}: this node has no memory role"))?;
+        m.accept(&qp_endpoint(peer))
+            .map(|ep| qp_info(&ep.qp))
+            .map_err(|e| format!("{link}: accepting: {e}"))
+    }
+
+    fn connect(&mut self, link: Link, peer: &QpInfo, regions: &NodeRegions) -> Result<(), String> {
+        let lanes = self.cores.len();
+        let core = self
+            .cores
+            .get_mut(link.lane as usize)
+            .ok_or_else(|| format!("{link}: this node made {lanes} cores"))?;
+        let ep = NicEndpoint {
+            node: regions.node,
+            qp: qp_endpoint(peer),
+            regions: region_infos(regions),
+        };
+        core.connect(&ep)
+            .map_err(|e| format!("{link}: connecting: {e}"))
+    }
+}
+
+/// A booted node: its device, its memory node, and per core the
+/// connected queue pairs to every memory node.
+pub struct Mlx5Booted {
+    pub nic: Mlx5Nic,
+    pub memory: Option<Arc<Mlx5MemoryNode>>,
+    /// One per configured core, in `cores` order; each moves to its
+    /// core's thread and becomes an executor there ([`core_executor`]).
+    pub cores: Vec<Mlx5CoreQps>,
+    /// Every memory node's regions, by ascending id.
+    pub regions: Vec<NodeRegions>,
+}
+
+impl Mlx5Booted {
+    /// The memory node ids, as the executor's queue pairs name them.
+    pub fn memory_ids(&self) -> Vec<NodeId> {
+        self.regions.iter().map(|r| r.node).collect()
+    }
+}
+
+/// On the core's own thread: an executor over `core`'s queue pairs,
+/// with registered scratch of the size `cfg` needs.
+pub fn core_executor(
+    nic: &Mlx5Nic,
+    core: Mlx5CoreQps,
+    cfg: ExecutorConfig,
+) -> Result<Executor<Mlx5Nic>, String> {
+    let (cq, qps) = core
+        .into_parts()
+        .map_err(|missing| format!("queue pairs to memory nodes {missing:?} are not connected"))?;
+    let scratch = HeapMem::zeroed(cfg.scratch_bytes())
+        .ok_or_else(|| format!("cannot allocate {} bytes of scratch", cfg.scratch_bytes()))?;
+    let mr = nic
+        .register(scratch, Access::LOCAL_WRITE)
+        .map_err(|e| format!("registering scratch: {e}"))?;
+    Executor::new(nic.clone(), cq, qps, mr, cfg).map_err(|e| e.to_string())
+}
+
+/// Opens, joins and connects: the whole boot of an mlx5 node, through
+/// "memory-ready"; the rendezvous stays open for "index-ready".
+pub fn boot(
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    exec: &ExecutorConfig,
+) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
+    let local = Mlx5Local::open(cfg, node, exec)?;
+    let me = format!("loch node {}", node.id);
+    let p = local.nic.port();
+    say(format_args!(
+        "{me}: mlx5: {} port {} ({}, MTU code {}, GID index {}), {} bytes of device memory per node at most",
+        local.nic.name(),
+        p.port,
+        if p.roce { "RoCE" } else { "InfiniBand" },
+        p.mtu,
+        p.gid_index,
+        local.nic.attrs().max_dm_size
+    ));
+    if let Some(m) = &local.memory {
+        say(format_args!(
+            "{me}: memory role: {} MiB registered, lock table {} bytes in {}",
+            m.host_bytes() >> 20,
+            m.dm_bytes(),
+            if m.dm_on_device() {
+                "device memory"
+            } else {
+                "host memory (no device memory)"
+            }
+        ));
+    }
+    let (mut rv, join_ns) = node::join(cfg, node.id)?;
+    let t = Instant::now();
+    let booted = local.connect(&mut rv)?;
+    node::memory_ready(&mut rv)?;
+    let exchange_ns = t.elapsed().as_nanos() as u64;
+    say(format_args!(
+        "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores × {} memory nodes connected in {:.1} ms",
+        join_ns as f64 / 1e6,
+        booted.cores.len(),
+        booted.regions.len(),
+        exchange_ns as f64 / 1e6
+    ));
+    Ok((
+        booted,
+        rv,
+        BootTimes {
+            join_ns,
+            exchange_ns,
+        },
+    ))
+}
+
+/// How long [`boot`] spent joining, and connecting through
+/// "memory-ready".
+#[derive(Copy, Clone, Debug)]
+pub struct BootTimes {
+    pub join_ns: u64,
+    pub exchange_ns: u64,
+}
+
+/// `loch node` on the mlx5 backend (module docs): a memory node serves
+/// until SIGINT/SIGTERM; a compute node runs the `--workload` with
+/// [`crate::node_compute`], each core's executor made from its
+/// connected queue pairs. The caller (node.rs) has checked the flags,
+/// the workload's memory needs and preflight, computed the `layout`,
+/// and installed the signal handlers.
+pub fn run(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    layout: Layout,
+) -> Result<u8, NodeError> {
+    let exec = node_compute::exec_config(o);
+    let (booted, rv, times) = boot(cfg, node, &exec)?;
+    let me = format!("loch node {}", node.id);
+    let code = if node.roles.compute {
+        let c = Compute {
+            o,
+            cfg,
+            node,
+            layout,
+            mem_ids: booted.memory_ids(),
+            dm_bytes: lock_table_bytes(&booted.regions),
+            backend: "mlx5",
+            join_ns: times.join_ns,
+            exchange_ns: times.exchange_ns,
+            me: &me,
+        };
+        let cores = Mlx5Cores {
+            nic: booted.nic.clone(),
+            cores: Mutex::new(booted.cores.into_iter().map(Some).collect()),
+        };
+        node_compute::run(&c, &cores, rv)?
+    } else {
+        node::serve_memory(rv)?;
+        0
+    };
+    say(format_args!("{me}: stopping"));
+    drop(booted.memory);
+    Ok(code)
+}
+
+/// The compute cores' connected queue pairs, each taken once by its
+/// core's thread.
+struct Mlx5Cores {
+    nic: Mlx5Nic,
+    cores: Mutex<Vec<Option<Mlx5CoreQps>>>,
+}
+
+impl CoreSource<Mlx5Nic> for Mlx5Cores {
+    fn now_ns(&self) -> u64 {
+        self.nic.now_ns()
+    }
+
+    fn executor(&self, i: usize, cfg: ExecutorConfig) -> Result<Executor<Mlx5Nic>, String> {
+        let core = self
+            .cores
+            .lock()
+            .map_err(|_| "a core thread panicked while taking its queue pairs".to_string())?
+            .get_mut(i)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("core {i} has no queue pairs"))?;
+        core_executor(&self.nic, core, cfg)
+    }
+
+    fn liveness(&self) -> Box<dyn Fn(usize) -> bool> {
+        // A dead memory node shows as RetryExceeded on its queue pair;
+        // nothing else says so sooner.
+        Box::new(|_| true)
+    }
+}

@@ -1,0 +1,91 @@
+//! `loch node` on the mlx5 backend (cluster file `[backend] kind =
+//! "mlx5"`): opens the configured device and port, registers a memory
+//! node's memory and lock table, connects every compute core to every
+//! memory node over reliable-connected queue pairs, and runs the compute
+//! role of [`crate::node_compute`] — `--workload verbs|tree|hash`, as on
+//! emu — on executors over those queue pairs.
+//!
+//! # The connection protocol
+//! Everything travels over bootstrap's control channel (the rendezvous's
+//! exchanges and barriers); no node opens a socket to another.
+//!
+//! 0. Before the rendezvous each node opens its device; a memory node
+//!    registers `memory_bytes` of host memory (huge pages where reserved)
+//!    with remote READ/WRITE/atomic rights, and the lock table
+//!    (`lock_table_words` × 8 bytes) in the NIC's device memory, or in
+//!    host memory with a warning where the NIC has none. A machine with no
+//!    RDMA device stops here with one "no RDMA device" error.
+//! 1. Exchange 1: memory nodes publish one [`Region`](bootstrap::wire::Region) per space (host, and
+//!    device for the lock table: base address, length, rkey). Compute nodes
+//!    make, per core, one completion queue and one queue pair in INIT per
+//!    memory node, and publish one [`Endpoint`](bootstrap::wire::Endpoint) per queue pair:
+//!    `node_id` = the compute node, `peer_id` = [`pack_peer`]`(memory node,
+//!    core index)`.
+//! 2. Each memory node checks the whole set ([`requests_for`]), makes one
+//!    responder queue pair per endpoint addressed to it, moves it to RTR
+//!    and RTS towards the compute queue pair, and publishes in exchange 2
+//!    its own endpoint: `node_id` = the memory node, `peer_id` =
+//!    `pack_peer(compute node, core index)`.
+//! 3. Compute nodes check exchange 2 ([`replies_for`]) and move each queue
+//!    pair to RTR and RTS towards its responder, with the regions of
+//!    exchange 1 ([`regions_by_node`]); then every node meets at the barrier
+//!    `qps-ready`.
+//! 4. From here on as on emu ([`crate::node_compute`]): every node meets at
+//!    "memory-ready"; for an index workload the lowest-id compute node
+//!    creates and loads the index (on its core 0's queue pairs); every node
+//!    meets at "index-ready" and closes the channel; compute nodes run, and
+//!    memory nodes serve until SIGINT/SIGTERM. The index's global locks use
+//!    the smallest lock table a memory node published
+//!    ([`lock_table_bytes`]), as a NIC may offer less device memory than
+//!    `lock_table_words` asks for.
+//!
+//! Every wait on the control channel ends within 100 ms of SIGINT/SIGTERM
+//! ([`crate::node::join`] sets the channel's cancel hook).
+//!
+//! # Why the core index rides in `peer_id`
+//! The rendezvous sorts records, so their order says nothing. Node ids of
+//! the mlx5 backend fit 16 bits (a global address holds 16 bits of node),
+//! so `peer_id` keeps the peer's id in its low 16 bits and the core index
+//! (the "lane") in its high 16 bits: one record names one (compute node,
+//! core, memory node) link unambiguously, with no change to the wire
+//! format. Pure functions below build and check these records; every
+//! malformed, duplicate, missing or foreign record is a [`PairError`].
+//!
+//! The device code needs the cargo feature `mlx5`; without it, [`run`]
+//! says how to build it.
+
+mod pairing;
+pub use pairing::*;
+
+#[cfg(feature = "mlx5")]
+mod device;
+#[cfg(feature = "mlx5")]
+pub use device::*;
+
+#[cfg(test)]
+mod tests;
+
+use crate::node::NodeError;
+use bootstrap::config::{Backend, ClusterConfig};
+
+/// `loch node` on the mlx5 backend: see the module docs. Exit codes as
+/// [`crate::node::run`]'s; in this build (no `mlx5` feature) always the
+/// usage error [`NO_FEATURE`].
+#[cfg(not(feature = "mlx5"))]
+pub fn run(
+    _o: &crate::node::NodeOptions,
+    _cfg: &ClusterConfig,
+    _node: &bootstrap::config::NodeConfig,
+    _layout: crate::node_work::Layout,
+) -> Result<u8, NodeError> {
+    Err(NodeError::Usage(NO_FEATURE.into()))
+}
+
+/// Whether this build can run the backend `cfg` names: an error (exit 2)
+/// for `kind = "mlx5"` in a build without the `mlx5` feature.
+pub fn supported(cfg: &ClusterConfig) -> Result<(), NodeError> {
+    match cfg.backend {
+        Backend::Mlx5 { .. } if !cfg!(feature = "mlx5") => Err(NodeError::Usage(NO_FEATURE.into())),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,717 @@
+use super::*;
+use bootstrap::config::{Backend, ClusterConfig};
+use bootstrap::config::{HugePages, NodeConfig, Roles};
+use bootstrap::wire::{Endpoint as WireEndpoint, QpInfo, Region, Space as WireSpace};
+use bootstrap::Directory;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+fn qp(qpn: u32) -> QpInfo {
+    QpInfo {
+        qpn,
+        lid: 1,
+        gid: [0; 16],
+        psn: qpn & 0xff_ffff,
+        mtu: 5,
+    }
+}
+
+/// Memory nodes 0 and 1; compute node 2 with 2 cores.
+fn small() -> Topology {
+    Topology::new(vec![1, 0], vec![(2, 2)]).unwrap()
+}
+
+fn request(compute: u32, lane: u32, memory: u32, qpn: u32) -> WireEndpoint {
+    WireEndpoint {
+        node_id: compute,
+        peer_id: pack_peer(memory, lane).unwrap(),
+        qp: qp(qpn),
+    }
+}
+
+fn reply(memory: u32, compute: u32, lane: u32, qpn: u32) -> WireEndpoint {
+    WireEndpoint {
+        node_id: memory,
+        peer_id: pack_peer(compute, lane).unwrap(),
+        qp: qp(qpn),
+    }
+}
+
+fn all_requests() -> Vec<WireEndpoint> {
+    let mut v = Vec::new();
+    for lane in 0..2 {
+        for m in 0..2 {
+            v.push(request(2, lane, m, 100 + lane * 10 + m));
+        }
+    }
+    v
+}
+
+fn all_replies() -> Vec<WireEndpoint> {
+    let mut v = Vec::new();
+    for lane in 0..2 {
+        for m in 0..2 {
+            v.push(reply(m, 2, lane, 500 + lane * 10 + m));
+        }
+    }
+    v
+}
+
+#[test]
+fn peer_ids_pack_node_and_lane() {
+    assert_eq!(pack_peer(3, 0), Ok(3));
+    assert_eq!(pack_peer(3, 2), Ok(3 | 2 << 16));
+    assert_eq!(pack_peer(ID_MAX, ID_MAX), Ok(u32::MAX));
+    for (p, l) in [(0, 0), (7, 9), (ID_MAX, 1), (1, ID_MAX)] {
+        assert_eq!(unpack_peer(pack_peer(p, l).unwrap()), (p, l));
+    }
+    assert_eq!(
+        pack_peer(ID_MAX + 1, 0),
+        Err(PairError::IdTooLarge { node: ID_MAX + 1 })
+    );
+    assert!(pack_peer(1, ID_MAX + 1).is_err());
+}
+
+#[test]
+fn topology_sorts_and_bounds_ids_and_records() {
+    let t = small();
+    assert_eq!(t.memory, vec![0, 1]);
+    assert!(t.is_memory(1) && !t.is_memory(2));
+    assert_eq!((t.cores_of(2), t.cores_of(0)), (Some(2), None));
+    assert_eq!(t.links().count(), 4);
+    assert_eq!(
+        Topology::new(vec![70_000], vec![]),
+        Err(PairError::IdTooLarge { node: 70_000 })
+    );
+    assert_eq!(
+        Topology::new(vec![0], vec![(70_000, 1)]),
+        Err(PairError::IdTooLarge { node: 70_000 })
+    );
+    // 64 cores × 65 memory nodes = 4160 endpoints from one node.
+    let err = Topology::new((0..65).collect(), vec![(100, 64)]).unwrap_err();
+    assert_eq!(
+        err,
+        PairError::TooManyRecords {
+            node: 100,
+            records: 4160
+        }
+    );
+    assert!(err.to_string().contains("4096"), "{err}");
+}
+
+#[test]
+fn requests_pair_each_core_with_each_memory_node() {
+    let t = small();
+    let r0 = requests_for(&t, &all_requests(), 0).unwrap();
+    let got: Vec<(u32, u32)> = r0.iter().map(|(l, q)| (l.lane, q.qpn)).collect();
+    assert_eq!(got, vec![(0, 100), (1, 110)]);
+    assert!(r0.iter().all(|(l, _)| l.compute == 2 && l.memory == 0));
+    let r1 = requests_for(&t, &all_requests(), 1).unwrap();
+    assert_eq!(
+        r1.iter().map(|(_, q)| q.qpn).collect::<Vec<_>>(),
+        [101, 111]
+    );
+    // Order of records does not matter (the rendezvous sorts them).
+    let mut rev = all_requests();
+    rev.reverse();
+    assert_eq!(requests_for(&t, &rev, 1).unwrap(), r1);
+}
+
+#[test]
+fn replies_come_back_per_core_in_memory_order() {
+    let t = small();
+    let lanes = replies_for(&t, &all_replies(), 2).unwrap();
+    assert_eq!(lanes.len(), 2);
+    for (lane, v) in lanes.iter().enumerate() {
+        let ids: Vec<(u32, u32)> = v.iter().map(|(l, q)| (l.memory, q.qpn)).collect();
+        let lane = lane as u32;
+        assert_eq!(ids, vec![(0, 500 + lane * 10), (1, 501 + lane * 10)]);
+    }
+    // A memory-only node asking for its replies is told it has none.
+    assert_eq!(
+        replies_for(&t, &all_replies(), 0),
+        Err(PairError::NotCompute {
+            round: Round::Replies,
+            node: 0
+        })
+    );
+}
+
+#[test]
+fn records_round_trip_through_the_builders() {
+    let t = small();
+    let lanes: Vec<Vec<(u32, QpInfo)>> = (0..2)
+        .map(|lane| (0..2).map(|m| (m, qp(100 + lane * 10 + m))).collect())
+        .collect();
+    let mut recs = request_records(2, &lanes).unwrap();
+    recs.sort();
+    let mut want = all_requests();
+    want.sort();
+    assert_eq!(recs, want);
+    let accepted: Vec<(Link, QpInfo)> = requests_for(&t, &recs, 1)
+        .unwrap()
+        .into_iter()
+        .map(|(l, q)| (l, qp(q.qpn + 400)))
+        .collect();
+    let out = reply_records(1, &accepted).unwrap();
+    assert_eq!(out, vec![reply(1, 2, 0, 501), reply(1, 2, 1, 511)]);
+}
+
+#[test]
+fn bad_request_sets_are_clear_errors() {
+    let t = small();
+    let round = Round::Requests;
+    let with = |extra: WireEndpoint| {
+        let mut v = all_requests();
+        v.push(extra);
+        links_of(&t, &v, round).unwrap_err()
+    };
+    let link = Link {
+        compute: 2,
+        lane: 1,
+        memory: 0,
+    };
+    assert_eq!(
+        with(request(2, 1, 0, 999)),
+        PairError::Duplicate { round, link }
+    );
+    assert_eq!(
+        with(request(9, 0, 0, 1)),
+        PairError::UnknownNode { round, node: 9 }
+    );
+    assert_eq!(
+        with(request(2, 0, 9, 1)),
+        PairError::UnknownNode { round, node: 9 }
+    );
+    // A memory node publishing a request, and a request to a compute node.
+    assert_eq!(
+        with(request(0, 0, 1, 1)),
+        PairError::NotCompute { round, node: 0 }
+    );
+    assert_eq!(
+        with(request(2, 0, 2, 1)),
+        PairError::NotMemory { round, node: 2 }
+    );
+    assert_eq!(
+        with(request(2, 2, 0, 1)),
+        PairError::LaneOutOfRange {
+            round,
+            node: 2,
+            lane: 2,
+            cores: 2
+        }
+    );
+    let mut short = all_requests();
+    short.retain(|e| e.peer_id != pack_peer(0, 1).unwrap());
+    let e = links_of(&t, &short, round).unwrap_err();
+    assert_eq!(e, PairError::Missing { round, link });
+    assert_eq!(
+        e.to_string(),
+        "exchange 1 (compute endpoints): no record for compute node 2 core 1 ↔ memory node 0"
+    );
+    assert!(matches!(
+        links_of(&t, &[], round),
+        Err(PairError::Missing { .. })
+    ));
+}
+
+#[test]
+fn bad_reply_sets_are_clear_errors() {
+    let t = small();
+    let round = Round::Replies;
+    let with = |extra: WireEndpoint| {
+        let mut v = all_replies();
+        v.push(extra);
+        replies_for(&t, &v, 2).unwrap_err()
+    };
+    assert!(matches!(
+        with(reply(1, 2, 0, 7)),
+        PairError::Duplicate { .. }
+    ));
+    assert_eq!(
+        with(reply(2, 2, 0, 7)),
+        PairError::NotMemory { round, node: 2 }
+    );
+    assert_eq!(
+        with(reply(0, 1, 0, 7)),
+        PairError::NotCompute { round, node: 1 }
+    );
+    assert_eq!(
+        with(reply(0, 40, 0, 7)),
+        PairError::UnknownNode { round, node: 40 }
+    );
+    let mut short = all_replies();
+    short.pop();
+    assert!(matches!(
+        replies_for(&t, &short, 2),
+        Err(PairError::Missing { .. })
+    ));
+}
+
+#[test]
+fn arbitrary_records_never_panic() {
+    let t = small();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..2000 {
+        let mut recs = Vec::new();
+        for _ in 0..(x % 7) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            recs.push(WireEndpoint {
+                node_id: (x % 5) as u32,
+                peer_id: (x >> 8) as u32 & 0x3_0007,
+                qp: qp(x as u32 & 0xff_ffff),
+            });
+        }
+        let _ = links_of(&t, &recs, Round::Requests);
+        let _ = replies_for(&t, &recs, 2);
+        let _ = requests_for(&t, &recs, 0);
+    }
+}
+
+fn region(node: u32, space: WireSpace, len: u64) -> Region {
+    Region {
+        node_id: node,
+        space,
+        base: 0x7f00_0000_0000 + node as u64 * 0x1_0000_0000,
+        len,
+        rkey: 0x100 + node * 2 + space as u32,
+    }
+}
+
+#[test]
+fn regions_map_to_memory_nodes() {
+    let t = small();
+    let regs = [
+        region(1, WireSpace::Host, 1 << 20),
+        region(0, WireSpace::Device, 4096),
+        region(0, WireSpace::Host, 2 << 20),
+    ];
+    let m = regions_by_node(&t, &regs).unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(
+        (m[0].node, m[0].host, m[0].device),
+        (0, regs[2], Some(regs[1]))
+    );
+    assert_eq!((m[1].node, m[1].host, m[1].device), (1, regs[0], None));
+}
+
+#[test]
+fn bad_regions_are_clear_errors() {
+    let t = small();
+    let host = |n| region(n, WireSpace::Host, 64);
+    assert_eq!(
+        regions_by_node(&t, &[host(0)]),
+        Err(PairError::MissingRegion { node: 1 })
+    );
+    assert_eq!(
+        regions_by_node(&t, &[host(0), host(1), host(2)]),
+        Err(PairError::RegionNotMemory { node: 2 })
+    );
+    assert_eq!(
+        regions_by_node(&t, &[host(0), host(1), host(7)]),
+        Err(PairError::RegionNotMemory { node: 7 })
+    );
+    assert_eq!(
+        regions_by_node(&t, &[host(0), host(1), host(1)]),
+        Err(PairError::DuplicateRegion {
+            node: 1,
+            space: WireSpace::Host
+        })
+    );
+    let dm = region(0, WireSpace::Device, 8);
+    assert_eq!(
+        regions_by_node(&t, &[host(0), host(1), dm, dm]),
+        Err(PairError::DuplicateRegion {
+            node: 0,
+            space: WireSpace::Device
+        })
+    );
+    assert_eq!(
+        regions_by_node(&t, &[host(0), region(1, WireSpace::Host, 0)]),
+        Err(PairError::EmptyRegion {
+            node: 1,
+            space: WireSpace::Host
+        })
+    );
+}
+
+#[test]
+fn the_index_locks_fit_the_smallest_lock_table() {
+    let t = Topology::new(vec![0, 1, 2], vec![(3, 1)]).unwrap();
+    let host = |n| region(n, WireSpace::Host, 1 << 20);
+    let dm = |n, len| region(n, WireSpace::Device, len);
+    let all = [
+        host(0),
+        host(1),
+        host(2),
+        dm(0, 4096),
+        dm(1, 1024),
+        dm(2, 8192),
+    ];
+    let m = regions_by_node(&t, &all).unwrap();
+    assert_eq!(lock_table_bytes(&m), 1024);
+    // A node without a lock table leaves the index none.
+    let m = regions_by_node(&t, &all[..5]).unwrap();
+    assert_eq!(lock_table_bytes(&m), 0);
+    assert_eq!(lock_table_bytes(&[]), 0);
+}
+
+// ---- the protocol over an in-process control plane and fabric ----
+
+/// Every node's exchanges and barriers, in process: a rendezvous
+/// without sockets that, like bootstrap's, returns sorted records.
+struct Hub {
+    barrier: Barrier,
+    rounds: Mutex<Vec<Directory>>,
+}
+
+struct HubMember {
+    hub: Arc<Hub>,
+    me: u32,
+    round: usize,
+    barriers: Vec<String>,
+}
+
+impl ControlPlane for HubMember {
+    fn exchange(&mut self, mine: &Directory) -> Result<Directory, String> {
+        assert!(mine.endpoints.iter().all(|e| e.node_id == self.me));
+        assert!(mine.regions.iter().all(|r| r.node_id == self.me));
+        {
+            let mut rounds = self.hub.rounds.lock().unwrap();
+            if rounds.len() <= self.round {
+                rounds.resize_with(self.round + 1, Directory::default);
+            }
+            let d = &mut rounds[self.round];
+            d.endpoints.extend_from_slice(&mine.endpoints);
+            d.regions.extend_from_slice(&mine.regions);
+        }
+        self.hub.barrier.wait();
+        let mut all = self.hub.rounds.lock().unwrap()[self.round].clone();
+        all.endpoints.sort();
+        all.regions.sort();
+        self.round += 1;
+        Ok(all)
+    }
+    fn barrier(&mut self, name: &str) -> Result<(), String> {
+        self.barriers.push(name.to_string());
+        self.hub.barrier.wait();
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Event {
+    Made { link: Link, qpn: u32 },
+    Accepted { link: Link, peer: u32, qpn: u32 },
+    Connected { link: Link, peer: u32, node: u16 },
+}
+
+/// Queue pairs as numbers: node `id`'s n-th queue pair is id·1000 + n.
+struct FakeFabric {
+    id: u32,
+    lanes: u32,
+    next: u32,
+    log: Arc<Mutex<Vec<Event>>>,
+}
+
+impl FakeFabric {
+    fn qpn(&mut self) -> u32 {
+        self.next += 1;
+        self.id * 1000 + self.next
+    }
+}
+
+impl Fabric for FakeFabric {
+    fn prepare_compute(&mut self, memory: &[u32]) -> Result<Vec<Vec<(u32, QpInfo)>>, String> {
+        let mut out = Vec::new();
+        for lane in 0..self.lanes {
+            let mut v = Vec::new();
+            for &m in memory {
+                let n = self.qpn();
+                self.log.lock().unwrap().push(Event::Made {
+                    link: Link {
+                        compute: self.id,
+                        lane,
+                        memory: m,
+                    },
+                    qpn: n,
+                });
+                v.push((m, qp(n)));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+    fn accept(&mut self, link: Link, peer: &QpInfo) -> Result<QpInfo, String> {
+        assert_eq!(link.memory, self.id);
+        let n = self.qpn();
+        self.log.lock().unwrap().push(Event::Accepted {
+            link,
+            peer: peer.qpn,
+            qpn: n,
+        });
+        Ok(qp(n))
+    }
+    fn connect(&mut self, link: Link, peer: &QpInfo, regions: &NodeRegions) -> Result<(), String> {
+        assert_eq!(link.compute, self.id);
+        self.log.lock().unwrap().push(Event::Connected {
+            link,
+            peer: peer.qpn,
+            node: regions.node,
+        });
+        Ok(())
+    }
+}
+
+/// Memory nodes 0, 1; compute node 2 (2 cores); node 3 both (3 cores):
+/// every link's two queue pairs end up connected to each other, each
+/// compute queue pair with its memory node's regions.
+#[test]
+fn the_protocol_connects_every_link_once() {
+    let top = Topology::new(vec![0, 1, 3], vec![(2, 2), (3, 3)]).unwrap();
+    let ids = [0u32, 1, 2, 3];
+    let hub = Arc::new(Hub {
+        barrier: Barrier::new(ids.len()),
+        rounds: Mutex::new(Vec::new()),
+    });
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let (top, hub, log) = (&top, hub.clone(), log.clone());
+                s.spawn(move || {
+                    let mut cp = HubMember {
+                        hub,
+                        me: id,
+                        round: 0,
+                        barriers: Vec::new(),
+                    };
+                    let mut f = FakeFabric {
+                        id,
+                        lanes: top.cores_of(id).unwrap_or(0),
+                        next: 0,
+                        log,
+                    };
+                    let regions = if top.is_memory(id) {
+                        vec![
+                            region(id, WireSpace::Host, 1 << 20),
+                            region(id, WireSpace::Device, 4096),
+                        ]
+                    } else {
+                        Vec::new()
+                    };
+                    let r = connect_cluster(&mut cp, &mut f, top, id, regions);
+                    (r, cp.barriers, cp.round)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, barriers, rounds) in results {
+        let regions = r.unwrap();
+        assert_eq!(
+            regions.iter().map(|r| r.node).collect::<Vec<_>>(),
+            [0, 1, 3]
+        );
+        assert!(regions.iter().all(|r| r.device.is_some()));
+        assert_eq!((barriers, rounds), (vec![QPS_READY.to_string()], 2));
+    }
+    let log = log.lock().unwrap();
+    let links: Vec<Link> = top.links().collect();
+    assert_eq!(links.len(), 15);
+    assert_eq!(log.len(), 3 * links.len());
+    for l in links {
+        let made = log
+            .iter()
+            .filter_map(|e| match e {
+                Event::Made { link, qpn } if *link == l => Some(*qpn),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        let acc = log
+            .iter()
+            .filter_map(|e| match e {
+                Event::Accepted { link, peer, qpn } if *link == l => Some((*peer, *qpn)),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        let con = log
+            .iter()
+            .filter_map(|e| match e {
+                Event::Connected { link, peer, node } if *link == l => Some((*peer, *node)),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!((made.len(), acc.len(), con.len()), (1, 1, 1), "{l}");
+        assert_eq!(acc[0].0, made[0], "{l}: responder faces the compute QP");
+        assert_eq!(con[0], (acc[0].1, l.memory as u16), "{l}");
+        assert_eq!(acc[0].1 / 1000, l.memory, "{l}: made by the memory node");
+        assert_eq!(made[0] / 1000, l.compute, "{l}: made by the compute node");
+    }
+}
+
+/// Hands out canned directories; errors when the script runs out.
+struct Scripted(Vec<Directory>);
+
+impl ControlPlane for Scripted {
+    fn exchange(&mut self, _mine: &Directory) -> Result<Directory, String> {
+        if self.0.is_empty() {
+            return Err("the peers left".into());
+        }
+        Ok(self.0.remove(0))
+    }
+    fn barrier(&mut self, _name: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn fake(id: u32, lanes: u32) -> FakeFabric {
+    FakeFabric {
+        id,
+        lanes,
+        next: 0,
+        log: Arc::new(Mutex::new(Vec::new())),
+    }
+}
+
+fn good_regions() -> Vec<Region> {
+    vec![
+        region(0, WireSpace::Host, 64),
+        region(1, WireSpace::Host, 64),
+    ]
+}
+
+#[test]
+fn a_bad_exchange_fails_the_node_with_the_reason() {
+    let t = small();
+    let mut dup = all_requests();
+    dup.push(request(2, 0, 0, 5));
+    let mut cp = Scripted(vec![Directory {
+        endpoints: dup,
+        regions: good_regions(),
+    }]);
+    let e = connect_cluster(&mut cp, &mut fake(0, 0), &t, 0, Vec::new()).unwrap_err();
+    assert!(
+        matches!(e, BootError::Pair(PairError::Duplicate { .. })),
+        "{e}"
+    );
+    // A compute node checks the requests too, and then the replies.
+    let mut cp = Scripted(vec![
+        Directory {
+            endpoints: all_requests(),
+            regions: good_regions(),
+        },
+        Directory {
+            endpoints: all_replies()[1..].to_vec(),
+            regions: Vec::new(),
+        },
+    ]);
+    let e = connect_cluster(&mut cp, &mut fake(2, 2), &t, 2, Vec::new()).unwrap_err();
+    assert!(
+        matches!(e, BootError::Pair(PairError::Missing { .. })),
+        "{e}"
+    );
+    // Regions are checked before any queue pair is touched.
+    let mut cp = Scripted(vec![Directory {
+        endpoints: all_requests(),
+        regions: good_regions()[..1].to_vec(),
+    }]);
+    let e = connect_cluster(&mut cp, &mut fake(0, 0), &t, 0, Vec::new()).unwrap_err();
+    assert_eq!(e, BootError::Pair(PairError::MissingRegion { node: 1 }));
+    // A control channel that fails says at which step.
+    let mut cp = Scripted(vec![Directory {
+        endpoints: all_requests(),
+        regions: good_regions(),
+    }]);
+    let e = connect_cluster(&mut cp, &mut fake(0, 0), &t, 0, Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("exchange 2"), "{e}");
+}
+
+// ---- the cluster file and the no-device / no-feature paths ----
+
+fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
+    let node = |id: u32, memory: bool, cores: Vec<u32>| NodeConfig {
+        id,
+        roles: Roles {
+            memory,
+            compute: !memory,
+        },
+        address: format!("127.0.0.1:{}", 47_000 + id),
+        cores,
+        memory_bytes: if memory { 8 << 20 } else { 0 },
+    };
+    let cfg = ClusterConfig {
+        file: "cluster.toml".into(),
+        nodes: vec![node(0, true, vec![]), node(1, false, vec![0, 1])],
+        backend: Backend::Mlx5 {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid_index: 3,
+        },
+        huge_pages: HugePages::Off,
+        lock_table_words: 512,
+        secret_file: "/nonexistent/secret".into(),
+    };
+    let o = crate::node::NodeOptions {
+        config: "cluster.toml".into(),
+        id: 0,
+        seconds: Some(1.0),
+        tasks_per_core: 4,
+        pin: false,
+        seed: 1,
+        workload: crate::node::Workload::Verbs,
+        records: 1000,
+    };
+    (cfg, o)
+}
+
+#[cfg(feature = "mlx5")]
+#[test]
+fn the_device_comes_from_the_cluster_file() {
+    let (cfg, _) = mlx5_cluster();
+    let d = device_config(&cfg.backend).unwrap();
+    assert_eq!(
+        (d.name.as_deref(), d.port, d.gid_index),
+        (Some("mlx5_0"), 1, 3)
+    );
+    assert_eq!(device_config(&Backend::Emu).unwrap_err().exit_code(), 2);
+}
+
+#[test]
+fn topology_of_a_cluster_file() {
+    let (cfg, _) = mlx5_cluster();
+    let t = Topology::from_config(&cfg).unwrap();
+    assert_eq!(t, Topology::new(vec![0], vec![(1, 2)]).unwrap());
+}
+
+/// Booting a memory node on a machine without an RDMA device (or a
+/// build without the feature) fails at once with one clear error.
+#[test]
+fn booting_without_a_device_fails_promptly_and_clearly() {
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        eprintln!("skipped: this machine has RDMA devices");
+        return;
+    }
+    let (cfg, o) = mlx5_cluster();
+    let t = Instant::now();
+    let layout = crate::node_work::Layout::new(8 << 20, 128).unwrap();
+    let e = run(&o, &cfg, &cfg.nodes[0].clone(), layout).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    let msg = e.to_string();
+    if cfg!(feature = "mlx5") {
+        assert!(msg.starts_with("no RDMA device"), "{msg}");
+        assert_eq!(e.exit_code(), 1);
+        assert!(supported(&cfg).is_ok());
+    } else {
+        assert_eq!(msg, NO_FEATURE);
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(supported(&cfg).unwrap_err().to_string(), NO_FEATURE);
+    }
+}
