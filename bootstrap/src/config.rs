@@ -160,277 +160,15 @@ impl ClusterConfig {
 
     /// Parses and validates `text` as if read from `file`; touches no file.
     pub fn parse(file: &Path, text: &str) -> Result<ClusterConfig, ConfigError> {
-        let err = |field: &str, problem: String| ConfigError {
-            file: file.to_path_buf(),
-            field: field.to_string(),
-            problem,
-        };
-        let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let field = match e.span() {
-                Some(span) => {
-                    let (line, col) = line_col(text, span.start);
-                    let at = text.get(span.clone()).unwrap_or("").trim();
-                    let key = at
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-                    if at.is_empty() || at.len() > 40 || !key {
-                        format!("line {line} column {col}")
-                    } else {
-                        // Name the key as a field path where the table is
-                        // known, e.g. `nodes[0].speed`.
-                        let field = match table_at(text, span.start) {
-                            Some(t) => format!("{t}.{at}"),
-                            None => at.to_string(),
-                        };
-                        format!("{field} (line {line} column {col})")
-                    }
-                }
-                None => "(document)".into(),
-            };
-            err(&field, e.message().trim().to_string())
-        })?;
-
-        let secret_file = match raw.secret_file {
-            Some(s) if !s.trim().is_empty() => {
-                let p = PathBuf::from(s);
-                if p.is_relative() {
-                    file.parent().unwrap_or(Path::new("")).join(p)
-                } else {
-                    p
-                }
-            }
-            Some(_) => return Err(err("secret_file", "is empty: give the path of the cluster secret file".into())),
-            None => {
-                return Err(err(
-                    "secret_file",
-                    "missing: give the path of the cluster secret file, e.g. secret_file = \"/etc/loch/secret\"".into(),
-                ))
-            }
-        };
-
-        let lock_table_words = match raw.lock_table_words {
-            Some(0) => return Err(err("lock_table_words", "must be greater than zero".into())),
-            Some(n) => n,
-            None => {
-                return Err(err(
-                    "lock_table_words",
-                    "missing: give the lock-table size in 8-byte words".into(),
-                ))
-            }
-        };
-
-        let huge_pages = match raw.huge_pages {
-            None | Some(toml::Value::Boolean(false)) => HugePages::Off,
-            Some(toml::Value::Boolean(true)) => HugePages::On,
-            Some(toml::Value::Integer(0)) => HugePages::Off,
-            Some(toml::Value::Integer(n)) if n > 0 => HugePages::Count(n as u64),
-            Some(other) => {
-                return Err(err(
-                    "huge_pages",
-                    format!("must be true, false or a page count, not {other}"),
-                ))
-            }
-        };
-
-        let backend = match raw.backend {
-            None => {
-                return Err(err(
-                    "backend",
-                    "missing: add a [backend] table with kind = \"emu\" or \"mlx5\"".into(),
-                ))
-            }
-            Some(b) => match b.kind.as_str() {
-                "emu" => {
-                    if b.device.is_some() || b.port.is_some() || b.gid_index.is_some() {
-                        return Err(err(
-                            "backend",
-                            "device, port and gid_index apply only to kind = \"mlx5\"".into(),
-                        ));
-                    }
-                    Backend::Emu
-                }
-                "mlx5" => {
-                    let device = match b.device {
-                        Some(d) if !d.is_empty() && !d.contains('/') && d != "." && d != ".." => d,
-                        Some(d) => {
-                            return Err(err(
-                                "backend.device",
-                                format!("`{d}` is not a device name such as mlx5_0"),
-                            ))
-                        }
-                        None => {
-                            return Err(err(
-                                "backend.device",
-                                "missing: name the RDMA device, e.g. device = \"mlx5_0\"".into(),
-                            ))
-                        }
-                    };
-                    let port = match b.port {
-                        None => 1,
-                        Some(p) if (1..=255).contains(&p) => p as u8,
-                        Some(p) => {
-                            return Err(err(
-                                "backend.port",
-                                format!("{p} is not a port number (1..=255)"),
-                            ))
-                        }
-                    };
-                    let gid_index = match b.gid_index {
-                        None => 0,
-                        Some(toml::Value::Integer(g)) if (0..=255).contains(&g) => g as u8,
-                        Some(v) => {
-                            return Err(err(
-                                "backend.gid_index",
-                                format!("{v} is not a GID table index (0..=255)"),
-                            ))
-                        }
-                    };
-                    Backend::Mlx5 {
-                        device,
-                        port,
-                        gid_index,
-                    }
-                }
-                other => {
-                    return Err(err(
-                        "backend.kind",
-                        format!("unknown backend `{other}`: use \"emu\" or \"mlx5\""),
-                    ))
-                }
-            },
-        };
-
-        let raw_nodes = match raw.nodes {
-            Some(n) if !n.is_empty() => n,
-            _ => {
-                return Err(err(
-                    "nodes",
-                    "no nodes: add at least one [[nodes]] table".into(),
-                ))
-            }
-        };
-        let mut nodes = Vec::with_capacity(raw_nodes.len());
-        let mut ids = HashSet::new();
-        let mut addresses = HashSet::new();
-        for (i, n) in raw_nodes.into_iter().enumerate() {
-            let f = |name: &str| format!("nodes[{i}].{name}");
-            let id = u32::try_from(n.id).map_err(|_| {
-                err(
-                    &f("id"),
-                    format!("{} is not a node id (0..=4294967295)", n.id),
-                )
-            })?;
-            if !ids.insert(id) {
-                return Err(err(&f("id"), format!("duplicate node id {id}")));
-            }
-            let mut roles = Roles {
-                memory: false,
-                compute: false,
-            };
-            for (j, r) in n.roles.iter().enumerate() {
-                let slot = match r.as_str() {
-                    "memory" => &mut roles.memory,
-                    "compute" => &mut roles.compute,
-                    other => {
-                        return Err(err(
-                            &format!("nodes[{i}].roles[{j}]"),
-                            format!("unknown role `{other}`: use \"memory\" or \"compute\""),
-                        ))
-                    }
-                };
-                if *slot {
-                    return Err(err(
-                        &format!("nodes[{i}].roles[{j}]"),
-                        format!("role `{r}` listed twice"),
-                    ));
-                }
-                *slot = true;
-            }
-            if !roles.memory && !roles.compute {
-                return Err(err(
-                    &f("roles"),
-                    "empty: give \"memory\", \"compute\" or both".into(),
-                ));
-            }
-            let address = check_address(&n.address).map_err(|p| err(&f("address"), p))?;
-            if !addresses.insert(address.to_ascii_lowercase()) {
-                return Err(err(&f("address"), format!("duplicate address {address}")));
-            }
-            let mut cores = Vec::with_capacity(n.cores.len());
-            let mut seen = BTreeSet::new();
-            for (j, &c) in n.cores.iter().enumerate() {
-                let core = u32::try_from(c).map_err(|_| {
-                    err(
-                        &format!("nodes[{i}].cores[{j}]"),
-                        format!("{c} is not a CPU id"),
-                    )
-                })?;
-                if !seen.insert(core) {
-                    return Err(err(
-                        &format!("nodes[{i}].cores[{j}]"),
-                        format!("CPU {core} listed twice"),
-                    ));
-                }
-                cores.push(core);
-            }
-            if roles.compute && cores.is_empty() {
-                return Err(err(
-                    &f("cores"),
-                    "a compute node needs at least one core".into(),
-                ));
-            }
-            let memory_bytes = match (&n.memory, roles.memory) {
-                (None, true) => return Err(err(
-                    &f("memory"),
-                    "missing: a memory node must say how much it exports, e.g. memory = \"256MiB\""
-                        .into(),
-                )),
-                (None, false) => 0,
-                (Some(_), false) => {
-                    return Err(err(
-                        &f("memory"),
-                        "only memory nodes export memory: add the \"memory\" role or drop this key"
-                            .into(),
-                    ))
-                }
-                (Some(v), true) => {
-                    let bytes = match v {
-                        toml::Value::String(s) => {
-                            parse_size(s).map_err(|p| err(&f("memory"), p))?
-                        }
-                        toml::Value::Integer(b) if *b >= 0 => *b as u64,
-                        other => {
-                            return Err(err(
-                                &f("memory"),
-                                format!("{other} is not a size such as \"256MiB\""),
-                            ))
-                        }
-                    };
-                    if bytes == 0 {
-                        return Err(err(
-                            &f("memory"),
-                            "is zero: a memory node must export some memory".into(),
-                        ));
-                    }
-                    bytes
-                }
-            };
-            nodes.push(NodeConfig {
-                id,
-                roles,
-                address,
-                cores,
-                memory_bytes,
-            });
-        }
-        if !nodes.iter().any(|n| n.roles.memory) {
-            return Err(err("nodes", "no node has the \"memory\" role".into()));
-        }
-        if !nodes.iter().any(|n| n.roles.compute) {
-            return Err(err("nodes", "no node has the \"compute\" role".into()));
-        }
-        nodes.sort_by_key(|n| n.id);
-
+        let c = Check { file };
+        let raw: RawFile = toml::from_str(text).map_err(|e| c.syntax(text, &e))?;
+        // In this order, so a file with several problems reports the same
+        // first one every time.
+        let secret_file = c.secret_file(raw.secret_file)?;
+        let lock_table_words = c.lock_table_words(raw.lock_table_words)?;
+        let huge_pages = c.huge_pages(raw.huge_pages)?;
+        let backend = c.backend(raw.backend)?;
+        let nodes = c.nodes(raw.nodes)?;
         Ok(ClusterConfig {
             file: file.to_path_buf(),
             nodes,
@@ -480,6 +218,325 @@ impl ClusterConfig {
             )));
         }
         Ok(ClusterSecret::new(bytes))
+    }
+}
+
+/// The checks of a cluster file's fields, each naming the field it
+/// rejects.
+struct Check<'a> {
+    file: &'a Path,
+}
+
+impl Check<'_> {
+    fn err(&self, field: &str, problem: String) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            field: field.to_string(),
+            problem,
+        }
+    }
+
+    /// A TOML error, named by the key (as a field path where the table is
+    /// known) or the place it is at.
+    fn syntax(&self, text: &str, e: &toml::de::Error) -> ConfigError {
+        let field = match e.span() {
+            Some(span) => {
+                let (line, col) = line_col(text, span.start);
+                let at = text.get(span.clone()).unwrap_or("").trim();
+                let key = at
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if at.is_empty() || at.len() > 40 || !key {
+                    format!("line {line} column {col}")
+                } else {
+                    // Name the key as a field path where the table is
+                    // known, e.g. `nodes[0].speed`.
+                    let field = match table_at(text, span.start) {
+                        Some(t) => format!("{t}.{at}"),
+                        None => at.to_string(),
+                    };
+                    format!("{field} (line {line} column {col})")
+                }
+            }
+            None => "(document)".into(),
+        };
+        self.err(&field, e.message().trim().to_string())
+    }
+
+    /// The secret file's path, relative to the cluster file's directory.
+    fn secret_file(&self, raw: Option<String>) -> Result<PathBuf, ConfigError> {
+        let file = self.file;
+        Ok(match raw {
+            Some(s) if !s.trim().is_empty() => {
+                let p = PathBuf::from(s);
+                if p.is_relative() {
+                    file.parent().unwrap_or(Path::new("")).join(p)
+                } else {
+                    p
+                }
+            }
+            Some(_) => return Err(self.err("secret_file", "is empty: give the path of the cluster secret file".into())),
+            None => {
+                return Err(self.err(
+                    "secret_file",
+                    "missing: give the path of the cluster secret file, e.g. secret_file = \"/etc/loch/secret\"".into(),
+                ))
+            }
+        })
+    }
+
+    fn lock_table_words(&self, raw: Option<u64>) -> Result<u64, ConfigError> {
+        Ok(match raw {
+            Some(0) => return Err(self.err("lock_table_words", "must be greater than zero".into())),
+            Some(n) => n,
+            None => {
+                return Err(self.err(
+                    "lock_table_words",
+                    "missing: give the lock-table size in 8-byte words".into(),
+                ))
+            }
+        })
+    }
+
+    fn huge_pages(&self, raw: Option<toml::Value>) -> Result<HugePages, ConfigError> {
+        Ok(match raw {
+            None | Some(toml::Value::Boolean(false)) => HugePages::Off,
+            Some(toml::Value::Boolean(true)) => HugePages::On,
+            Some(toml::Value::Integer(0)) => HugePages::Off,
+            Some(toml::Value::Integer(n)) if n > 0 => HugePages::Count(n as u64),
+            Some(other) => {
+                return Err(self.err(
+                    "huge_pages",
+                    format!("must be true, false or a page count, not {other}"),
+                ))
+            }
+        })
+    }
+
+    fn backend(&self, raw: Option<RawBackend>) -> Result<Backend, ConfigError> {
+        let Some(b) = raw else {
+            return Err(self.err(
+                "backend",
+                "missing: add a [backend] table with kind = \"emu\" or \"mlx5\"".into(),
+            ));
+        };
+        match b.kind.as_str() {
+            "emu" => {
+                if b.device.is_some() || b.port.is_some() || b.gid_index.is_some() {
+                    return Err(self.err(
+                        "backend",
+                        "device, port and gid_index apply only to kind = \"mlx5\"".into(),
+                    ));
+                }
+                Ok(Backend::Emu)
+            }
+            "mlx5" => self.mlx5(b),
+            other => Err(self.err(
+                "backend.kind",
+                format!("unknown backend `{other}`: use \"emu\" or \"mlx5\""),
+            )),
+        }
+    }
+
+    fn mlx5(&self, b: RawBackend) -> Result<Backend, ConfigError> {
+        let device = match b.device {
+            Some(d) if !d.is_empty() && !d.contains('/') && d != "." && d != ".." => d,
+            Some(d) => {
+                return Err(self.err(
+                    "backend.device",
+                    format!("`{d}` is not a device name such as mlx5_0"),
+                ))
+            }
+            None => {
+                return Err(self.err(
+                    "backend.device",
+                    "missing: name the RDMA device, e.g. device = \"mlx5_0\"".into(),
+                ))
+            }
+        };
+        let port = match b.port {
+            None => 1,
+            Some(p) if (1..=255).contains(&p) => p as u8,
+            Some(p) => {
+                return Err(self.err(
+                    "backend.port",
+                    format!("{p} is not a port number (1..=255)"),
+                ))
+            }
+        };
+        let gid_index = match b.gid_index {
+            None => 0,
+            Some(toml::Value::Integer(g)) if (0..=255).contains(&g) => g as u8,
+            Some(v) => {
+                return Err(self.err(
+                    "backend.gid_index",
+                    format!("{v} is not a GID table index (0..=255)"),
+                ))
+            }
+        };
+        Ok(Backend::Mlx5 {
+            device,
+            port,
+            gid_index,
+        })
+    }
+
+    /// The nodes, sorted by id: ids and addresses unique, at least one
+    /// memory and one compute node.
+    fn nodes(&self, raw: Option<Vec<RawNode>>) -> Result<Vec<NodeConfig>, ConfigError> {
+        let raw_nodes = match raw {
+            Some(n) if !n.is_empty() => n,
+            _ => return Err(self.err("nodes", "no nodes: add at least one [[nodes]] table".into())),
+        };
+        let mut nodes = Vec::with_capacity(raw_nodes.len());
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        for (i, n) in raw_nodes.into_iter().enumerate() {
+            nodes.push(self.node(i, n, &mut ids, &mut addresses)?);
+        }
+        if !nodes.iter().any(|n| n.roles.memory) {
+            return Err(self.err("nodes", "no node has the \"memory\" role".into()));
+        }
+        if !nodes.iter().any(|n| n.roles.compute) {
+            return Err(self.err("nodes", "no node has the \"compute\" role".into()));
+        }
+        nodes.sort_by_key(|n| n.id);
+        Ok(nodes)
+    }
+
+    /// Node `i` of the file; `ids` and `addresses` are the earlier nodes'
+    /// (this one's join them).
+    fn node(
+        &self,
+        i: usize,
+        n: RawNode,
+        ids: &mut HashSet<u32>,
+        addresses: &mut HashSet<String>,
+    ) -> Result<NodeConfig, ConfigError> {
+        let f = |name: &str| format!("nodes[{i}].{name}");
+        let id = u32::try_from(n.id).map_err(|_| {
+            self.err(
+                &f("id"),
+                format!("{} is not a node id (0..=4294967295)", n.id),
+            )
+        })?;
+        if !ids.insert(id) {
+            return Err(self.err(&f("id"), format!("duplicate node id {id}")));
+        }
+        let roles = self.roles(i, &n.roles)?;
+        let address = check_address(&n.address).map_err(|p| self.err(&f("address"), p))?;
+        if !addresses.insert(address.to_ascii_lowercase()) {
+            return Err(self.err(&f("address"), format!("duplicate address {address}")));
+        }
+        let cores = self.cores(i, &n.cores)?;
+        if roles.compute && cores.is_empty() {
+            return Err(self.err(&f("cores"), "a compute node needs at least one core".into()));
+        }
+        let memory_bytes = self.memory(i, &n, roles)?;
+        Ok(NodeConfig {
+            id,
+            roles,
+            address,
+            cores,
+            memory_bytes,
+        })
+    }
+
+    fn roles(&self, i: usize, raw: &[String]) -> Result<Roles, ConfigError> {
+        let f = |name: &str| format!("nodes[{i}].{name}");
+        let mut roles = Roles {
+            memory: false,
+            compute: false,
+        };
+        for (j, r) in raw.iter().enumerate() {
+            let slot = match r.as_str() {
+                "memory" => &mut roles.memory,
+                "compute" => &mut roles.compute,
+                other => {
+                    return Err(self.err(
+                        &format!("nodes[{i}].roles[{j}]"),
+                        format!("unknown role `{other}`: use \"memory\" or \"compute\""),
+                    ))
+                }
+            };
+            if *slot {
+                return Err(self.err(
+                    &format!("nodes[{i}].roles[{j}]"),
+                    format!("role `{r}` listed twice"),
+                ));
+            }
+            *slot = true;
+        }
+        if !roles.memory && !roles.compute {
+            return Err(self.err(
+                &f("roles"),
+                "empty: give \"memory\", \"compute\" or both".into(),
+            ));
+        }
+        Ok(roles)
+    }
+
+    fn cores(&self, i: usize, raw: &[i64]) -> Result<Vec<u32>, ConfigError> {
+        let mut cores = Vec::with_capacity(raw.len());
+        let mut seen = BTreeSet::new();
+        for (j, &c) in raw.iter().enumerate() {
+            let core = u32::try_from(c).map_err(|_| {
+                self.err(
+                    &format!("nodes[{i}].cores[{j}]"),
+                    format!("{c} is not a CPU id"),
+                )
+            })?;
+            if !seen.insert(core) {
+                return Err(self.err(
+                    &format!("nodes[{i}].cores[{j}]"),
+                    format!("CPU {core} listed twice"),
+                ));
+            }
+            cores.push(core);
+        }
+        Ok(cores)
+    }
+
+    fn memory(&self, i: usize, n: &RawNode, roles: Roles) -> Result<u64, ConfigError> {
+        let f = |name: &str| format!("nodes[{i}].{name}");
+        Ok(match (&n.memory, roles.memory) {
+            (None, true) => {
+                return Err(self.err(
+                    &f("memory"),
+                    "missing: a memory node must say how much it exports, e.g. memory = \"256MiB\""
+                        .into(),
+                ))
+            }
+            (None, false) => 0,
+            (Some(_), false) => {
+                return Err(self.err(
+                    &f("memory"),
+                    "only memory nodes export memory: add the \"memory\" role or drop this key"
+                        .into(),
+                ))
+            }
+            (Some(v), true) => {
+                let bytes = match v {
+                    toml::Value::String(s) => {
+                        parse_size(s).map_err(|p| self.err(&f("memory"), p))?
+                    }
+                    toml::Value::Integer(b) if *b >= 0 => *b as u64,
+                    other => {
+                        return Err(self.err(
+                            &f("memory"),
+                            format!("{other} is not a size such as \"256MiB\""),
+                        ))
+                    }
+                };
+                if bytes == 0 {
+                    return Err(self.err(
+                        &f("memory"),
+                        "is zero: a memory node must export some memory".into(),
+                    ));
+                }
+                bytes
+            }
+        })
     }
 }
 
