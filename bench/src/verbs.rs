@@ -80,28 +80,86 @@ pub const USAGE: &str =
   Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot; the
   message on stderr); 2 bad input (one line naming it; nothing run).";
 
+const VERB_FLAGS: Flags = Flags {
+    switches: &["json", "contended", "no-pin", "matrix"],
+    valued: &[
+        "backend",
+        "verb",
+        "size",
+        "depth",
+        "batch",
+        "threads",
+        "duration",
+        "ops",
+        "memory-nodes",
+        "compute-nodes",
+        "seed",
+        "latency-ns",
+    ],
+    repeatable: &[],
+};
+
 pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
-    let mut a = Args::parse(
-        raw,
-        &Flags {
-            switches: &["json", "contended", "no-pin", "matrix"],
-            valued: &[
-                "backend",
-                "verb",
-                "size",
-                "depth",
-                "batch",
-                "threads",
-                "duration",
-                "ops",
-                "memory-nodes",
-                "compute-nodes",
-                "seed",
-                "latency-ns",
-            ],
-            repeatable: &[],
-        },
-    )?;
+    let (base, matrix, json) = parse(raw)?;
+    let sim = base.backend == Backend::Sim;
+    let specs: Vec<VerbSpec> = if matrix {
+        let mut v = Vec::new();
+        for (verb, size) in [
+            (Opcode::Read, 8),
+            (Opcode::Read, 1024),
+            (Opcode::Write, 8),
+            (Opcode::Cas, 8),
+            (Opcode::Faa, 8),
+        ] {
+            for depth in [1, 16] {
+                v.push(VerbSpec {
+                    verb,
+                    size,
+                    depth,
+                    ..base.clone()
+                });
+            }
+        }
+        v
+    } else {
+        vec![base]
+    };
+    if !json {
+        print_header(sim);
+    }
+    let mut docs = Vec::new();
+    for spec in &specs {
+        let r = match measure(spec) {
+            Ok(r) => r,
+            Err(e) => {
+                return Ok(crate::run::Outcome::Failed(format!(
+                    "benchmark failed: {e}"
+                )))
+            }
+        };
+        if json {
+            docs.push(report_json(spec, &r));
+        } else {
+            print_row(spec, &r);
+        }
+    }
+    if json {
+        let out = if docs.len() == 1 {
+            docs.pop().expect("one")
+        } else {
+            serde_json::Value::Array(docs)
+        };
+        println!("{out}");
+    } else if sim {
+        println!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
+    }
+    Ok(crate::run::Outcome::Done)
+}
+
+/// The command line: the point it names, whether `--matrix` asked for
+/// the standard set instead, and whether to print JSON.
+fn parse(raw: &[String]) -> Result<(VerbSpec, bool, bool), ArgError> {
+    let mut a = Args::parse(raw, &VERB_FLAGS)?;
     let backend = match a.string("backend").as_deref().unwrap_or("emu") {
         "emu" => Backend::Emu,
         "sim" => Backend::Sim,
@@ -183,58 +241,7 @@ pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
         pin,
         seed,
     };
-    let specs: Vec<VerbSpec> = if matrix {
-        let mut v = Vec::new();
-        for (verb, size) in [
-            (Opcode::Read, 8),
-            (Opcode::Read, 1024),
-            (Opcode::Write, 8),
-            (Opcode::Cas, 8),
-            (Opcode::Faa, 8),
-        ] {
-            for depth in [1, 16] {
-                v.push(VerbSpec {
-                    verb,
-                    size,
-                    depth,
-                    ..base.clone()
-                });
-            }
-        }
-        v
-    } else {
-        vec![base]
-    };
-    if !json {
-        print_header(sim);
-    }
-    let mut docs = Vec::new();
-    for spec in &specs {
-        let r = match measure(spec) {
-            Ok(r) => r,
-            Err(e) => {
-                return Ok(crate::run::Outcome::Failed(format!(
-                    "benchmark failed: {e}"
-                )))
-            }
-        };
-        if json {
-            docs.push(report_json(spec, &r));
-        } else {
-            print_row(spec, &r);
-        }
-    }
-    if json {
-        let out = if docs.len() == 1 {
-            docs.pop().expect("one")
-        } else {
-            serde_json::Value::Array(docs)
-        };
-        println!("{out}");
-    } else if sim {
-        println!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
-    }
-    Ok(crate::run::Outcome::Done)
+    Ok((base, matrix, json))
 }
 
 /// A measured point: the run's statistics and, on sim, the simulator's
