@@ -153,35 +153,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     })
     .map_err(|e| e.to_string())?;
     let trees = handles(spec)?;
-    let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
-    for parts in load_phases(spec) {
-        // Up to 8 loaders to a simulated thread, all on compute node 0.
-        let per_core = if parts == 1 { 1 } else { 8 };
-        let load = LoadWork {
-            index: trees[0].clone(),
-            records: spec.records,
-            parts,
-            per_core,
-            loaded: progress.counter(),
-        };
-        let cfg = ExecutorConfig {
-            slots: per_core,
-            ..exec_cfg(spec)
-        };
-        let cores = parts.div_ceil(per_core);
-        let spawned = simrun::spawn(&mut w, &load, cores, cfg, Placement::Node(0))?;
-        let end = simrun::run_slices(&mut w, 1_000_000, |_, _| {
-            progress.tick();
-            Flow::Go
-        });
-        if end != RunEnd::Done {
-            return Err("loading did not finish".into());
-        }
-        if let Some(e) = spawned.finish(&w, &load) {
-            return Err(format!("loading failed: {e}"));
-        }
-    }
-    progress.finish();
+    load_sim(&mut w, spec, &trees)?;
     // Fault times count from here, the start of the workload.
     let start = w.now_ns();
     let dist = KeyDist::new(spec.records, spec.zipf);
@@ -202,23 +174,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     let sh = &spawned.group.0;
     // Client threads are numbered after the loaders' in the world.
     let first_client_thread = spawned.threads.start;
-    let faults: Vec<Fault> = spec
-        .faults
-        .iter()
-        .map(|f| Fault {
-            at_ns: start.saturating_add(f.at_ns),
-            kind: match f.kind {
-                FaultKind::StallThread {
-                    thread,
-                    duration_ns,
-                } => FaultKind::StallThread {
-                    thread: first_client_thread + thread,
-                    duration_ns,
-                },
-                k => k,
-            },
-        })
-        .collect();
+    let faults = client_faults(spec, start, first_client_thread);
     w.add_faults(&faults).map_err(|e| e.to_string())?;
     let wall = std::time::Instant::now();
     let mut last_print = 0.0;
@@ -272,6 +228,63 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     let elapsed = now.saturating_sub(clients.from.load(Ordering::Relaxed).min(now));
     let events = w.events();
     finish(sh, spec.clients(), elapsed, wall_sec, events)
+}
+
+/// Creates and loads the index on compute node 0 of `w`, up to 8 loaders
+/// to a simulated thread.
+fn load_sim(w: &mut World, spec: &RunSpec, trees: &[IndexHandle]) -> Result<(), String> {
+    let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
+    for parts in load_phases(spec) {
+        // Up to 8 loaders to a simulated thread, all on compute node 0.
+        let per_core = if parts == 1 { 1 } else { 8 };
+        let load = LoadWork {
+            index: trees[0].clone(),
+            records: spec.records,
+            parts,
+            per_core,
+            loaded: progress.counter(),
+        };
+        let cfg = ExecutorConfig {
+            slots: per_core,
+            ..exec_cfg(spec)
+        };
+        let cores = parts.div_ceil(per_core);
+        let spawned = simrun::spawn(w, &load, cores, cfg, Placement::Node(0))?;
+        let end = simrun::run_slices(w, 1_000_000, |_, _| {
+            progress.tick();
+            Flow::Go
+        });
+        if end != RunEnd::Done {
+            return Err("loading did not finish".into());
+        }
+        if let Some(e) = spawned.finish(w, &load) {
+            return Err(format!("loading failed: {e}"));
+        }
+    }
+    progress.finish();
+    Ok(())
+}
+
+/// The run's faults on the world's clock and threads: times from the start
+/// of the workload (`start`), stalled threads counted from the first
+/// client thread.
+fn client_faults(spec: &RunSpec, start: u64, first_client_thread: u32) -> Vec<Fault> {
+    spec.faults
+        .iter()
+        .map(|f| Fault {
+            at_ns: start.saturating_add(f.at_ns),
+            kind: match f.kind {
+                FaultKind::StallThread {
+                    thread,
+                    duration_ns,
+                } => FaultKind::StallThread {
+                    thread: first_client_thread + thread,
+                    duration_ns,
+                },
+                k => k,
+            },
+        })
+        .collect()
 }
 
 /// How long a run with faults waits, in virtual time, with no operation
