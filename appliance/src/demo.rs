@@ -322,14 +322,8 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the demo, printing progress to stderr; returns the report.
-pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
-    validate(cfg)?;
-    let faulty = !cfg.faults.is_empty();
-    let (stats, tally, counters, header, tree) = match cfg.backend {
-        DemoBackend::Emu => run_emu(cfg)?,
-        DemoBackend::Sim => run_sim(cfg)?,
-    };
+/// The summary's header and the verb phase's figures.
+fn stats_text(header: &str, stats: &RunStats) -> String {
     let mut text = String::new();
     let c = &stats.counters;
     let _ = writeln!(text, "{header}");
@@ -369,6 +363,18 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
         "  latency p99         {} ns",
         stats.latency_ns.value_at_quantile(0.99)
     );
+    text
+}
+
+/// Runs the demo, printing progress to stderr; returns the report.
+pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
+    validate(cfg)?;
+    let faulty = !cfg.faults.is_empty();
+    let (stats, tally, counters, header, tree) = match cfg.backend {
+        DemoBackend::Emu => run_emu(cfg)?,
+        DemoBackend::Sim => run_sim(cfg)?,
+    };
+    let mut text = stats_text(&header, &stats);
     let Tally {
         faa,
         cas,
