@@ -305,6 +305,51 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?.clone();
     crate::node_mlx5::supported(&cfg)?;
+    let layout = check_run(o, &cfg, &node)?;
+    let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
+    signals::install();
+    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
+        return crate::node_mlx5::run(o, &cfg, &node, layout);
+    }
+    let me = format!("loch node {}", o.id);
+
+    let (own, regions) = memory_role(o, &cfg, &node, &me)?;
+    let (boot, rv) = rendezvous(&cfg, o.id, regions)?;
+    say(format_args!(
+        "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
+        boot.join_ns as f64 / 1e6,
+        boot.exchange_ns as f64 / 1e6
+    ));
+
+    let code = if node.roles.compute {
+        compute(
+            o,
+            &cfg,
+            &node,
+            &memory,
+            own.as_ref(),
+            &boot,
+            rv,
+            layout,
+            &me,
+        )?
+    } else {
+        serve_memory(rv)?;
+        0
+    };
+    if own.is_some() {
+        say(format_args!(
+            "{me}: stopping; removing the memory node file"
+        ));
+    }
+    drop(own);
+    Ok(code)
+}
+
+/// The checks before anything starts: the flags, the preflight, and
+/// whether the memory nodes can hold the workload; the layout of their
+/// memory.
+fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<Layout, NodeError> {
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
         return Err(NodeError::Usage(format!(
             "--tasks must be 1..={TASKS_PER_CORE_MAX}"
@@ -317,7 +362,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
             )));
         }
     }
-    let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
+    let report = preflight::run(cfg, o.id, &Host::current(), PreflightOptions::default());
     if !report.passed() {
         say(format_args!("{}", report.to_string().trim_end()));
         return Err(failed(format!("node {} failed its preflight", o.id)));
@@ -362,20 +407,24 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
             ));
         }
     }
-    signals::install();
-    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
-        return crate::node_mlx5::run(o, &cfg, &node, layout);
-    }
-    let me = format!("loch node {}", o.id);
+    Ok(layout)
+}
 
-    // Memory role: create and register before the rendezvous, so the
-    // exchange's release means every memory node is attachable.
+/// The emu memory role, when the node has it: its memory node created and
+/// registered before the rendezvous (so the exchange's release means every
+/// memory node is attachable), and the regions it publishes.
+fn memory_role(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    me: &str,
+) -> Result<(Option<EmuNode>, Vec<Region>), NodeError> {
     let mut own = None;
     let mut regions = Vec::new();
     if node.roles.memory {
-        let path = emu_node_path(&cfg, o.id);
+        let path = emu_node_path(cfg, o.id);
         let emu = EmuNode::create(&EmuNodeConfig {
-            id: memory_id(&node)?,
+            id: memory_id(node)?,
             host_bytes: node.memory_bytes,
             dm_bytes: cfg.lock_table_words.saturating_mul(8),
             backing: Backing::File(path.clone()),
@@ -405,36 +454,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
         ));
         own = Some(emu);
     }
-    let (boot, rv) = rendezvous(&cfg, o.id, regions)?;
-    say(format_args!(
-        "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
-        boot.join_ns as f64 / 1e6,
-        boot.exchange_ns as f64 / 1e6
-    ));
-
-    let code = if node.roles.compute {
-        compute(
-            o,
-            &cfg,
-            &node,
-            &memory,
-            own.as_ref(),
-            &boot,
-            rv,
-            layout,
-            &me,
-        )?
-    } else {
-        serve_memory(rv)?;
-        0
-    };
-    if own.is_some() {
-        say(format_args!(
-            "{me}: stopping; removing the memory node file"
-        ));
-    }
-    drop(own);
-    Ok(code)
+    Ok((own, regions))
 }
 
 fn attach_all(
