@@ -217,8 +217,10 @@ pub fn run<N: Nic, S: CoreSource<N>>(
     let cores_total: usize = cfg.nodes.iter().map(|n| n.cores.len()).sum();
     // The index, when the workload has one: the lowest-id compute node
     // loads it before "index-ready"; the others open it after.
-    let index = match o.workload.index() {
-        Some(kind) => Some(
+    let index = o
+        .workload
+        .index()
+        .map(|kind| {
             node_index::handle(
                 kind,
                 c.layout.index_bytes,
@@ -226,10 +228,9 @@ pub fn run<N: Nic, S: CoreSource<N>>(
                 (cores_total * TASKS_PER_CORE_MAX) as u64,
                 c.dm_bytes,
             )
-            .map_err(|e| NodeError::Usage(format!("index configuration: {e}")))?,
-        ),
-        None => None,
-    };
+            .map_err(|e| NodeError::Usage(format!("index configuration: {e}")))
+        })
+        .transpose()?;
     let loader = cfg.nodes.iter().find(|n| n.roles.compute).map(|n| n.id) == Some(node.id);
     let cores = node.cores.len();
     let live = Live::new(cores);
@@ -269,23 +270,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         };
         started.map_err(|e| shut(NodeError::Failed(e)))?;
         let load_ns = match &index {
-            Some(ix) if loader => match load_rx.recv() {
-                Ok(Ok(ns)) => {
-                    say(format_args!(
-                        "{me}: created the {} and loaded {} records in {:.1} ms",
-                        if ix.is_hash() { "hash table" } else { "B+tree" },
-                        o.records,
-                        ns as f64 / 1e6
-                    ));
-                    ns
-                }
-                Ok(Err(e)) => return Err(shut(NodeError::Failed(e))),
-                Err(_) => {
-                    return Err(shut(NodeError::Failed(
-                        "core 0 ended before loading the index".into(),
-                    )))
-                }
-            },
+            Some(ix) if loader => loaded(ix, &load_rx, o.records, me).map_err(shut)?,
             _ => 0,
         };
         index_ready(rv).map_err(shut)?;
@@ -322,6 +307,29 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         elapsed_ns: started.elapsed().as_nanos() as u64,
     };
     Ok(report(c, index.is_some(), run))
+}
+
+/// Core 0's answer to the load: how long it took, or why it failed.
+fn loaded(
+    ix: &AnyIndex,
+    rx: &mpsc::Receiver<Result<u64, String>>,
+    records: u64,
+    me: &str,
+) -> Result<u64, NodeError> {
+    match rx.recv() {
+        Ok(Ok(ns)) => {
+            say(format_args!(
+                "{me}: created the {} and loaded {records} records in {:.1} ms",
+                if ix.is_hash() { "hash table" } else { "B+tree" },
+                ns as f64 / 1e6
+            ));
+            Ok(ns)
+        }
+        Ok(Err(e)) => Err(NodeError::Failed(e)),
+        Err(_) => Err(NodeError::Failed(
+            "core 0 ended before loading the index".into(),
+        )),
+    }
 }
 
 /// One core's thread (pinned by then): make the executor, load the index if told to
@@ -545,17 +553,7 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
                     first_op = first_op.min(r.first_op_unix_ns);
                 }
                 for (acc, t) in nodes.iter_mut().zip(r.nodes) {
-                    acc.ops += t.ops;
-                    acc.faa += t.faa;
-                    acc.failures += t.failures;
-                    if t.first_failure_unix_ns != 0
-                        && (acc.first_failure_unix_ns == 0
-                            || t.first_failure_unix_ns < acc.first_failure_unix_ns)
-                    {
-                        acc.first_failure_unix_ns = t.first_failure_unix_ns;
-                        acc.first_error = t.first_error;
-                    }
-                    acc.dead |= t.dead;
+                    acc.absorb(t);
                 }
             }
             Err(e) => errors.push(e),

@@ -73,6 +73,24 @@ pub struct NodeTally {
     pub dead: bool,
 }
 
+impl NodeTally {
+    /// Adds another core's tally of the same node: counts add up, the
+    /// earliest failure is kept.
+    pub fn absorb(&mut self, t: NodeTally) {
+        self.ops += t.ops;
+        self.faa += t.faa;
+        self.failures += t.failures;
+        if t.first_failure_unix_ns != 0
+            && (self.first_failure_unix_ns == 0
+                || t.first_failure_unix_ns < self.first_failure_unix_ns)
+        {
+            self.first_failure_unix_ns = t.first_failure_unix_ns;
+            self.first_error = t.first_error;
+        }
+        self.dead |= t.dead;
+    }
+}
+
 /// What the tasks of one core share (one thread, so `Cell`s).
 pub struct CoreState {
     pub tally: OpTally,
