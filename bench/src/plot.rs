@@ -169,63 +169,115 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     t
 }
 
+/// Where a chart's values land: its ranges, ticks and plot area.
+struct Frame {
+    scale: Scale,
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+    xt: Vec<f64>,
+    yt: Vec<f64>,
+    /// The plot area's width and height.
+    pw: f64,
+    ph: f64,
+}
+
+impl Frame {
+    /// Ranges that hold every point of `pts`, rounded out to ticks.
+    fn new(c: &Chart, pts: &[(f64, f64)]) -> Frame {
+        let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+        // x range
+        let (mut x0, mut x1) = pts
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+                (a.min(p.0), b.max(p.0))
+            });
+        if pts.is_empty() {
+            (x0, x1) = (1.0, 10.0);
+        }
+        let xt = match c.x_scale {
+            Scale::Log10 => {
+                x0 = 10f64.powf(x0.log10().floor());
+                x1 = 10f64.powf(x1.log10().ceil());
+                if x1 <= x0 {
+                    x1 = x0 * 10.0;
+                }
+                log_ticks(x0, x1)
+            }
+            Scale::Linear => {
+                x0 = x0.min(0.0);
+                if x1 <= x0 {
+                    x1 = x0 + 1.0;
+                }
+                let step = nice_step(x1 - x0);
+                x1 = (x1 / step).ceil() * step;
+                linear_ticks(x0, x1)
+            }
+        };
+        let (y0, y1) = match c.y_range {
+            Some(r) => r,
+            None => {
+                // 0 to the first round tick at or above the largest value.
+                let m = pts.iter().map(|p| p.1).fold(0.0f64, f64::max);
+                let top = if m > 0.0 { m * 1.02 } else { 1.0 };
+                let step = nice_step(top);
+                (0.0, (top / step).ceil() * step)
+            }
+        };
+        Frame {
+            scale: c.x_scale,
+            x0,
+            x1,
+            y0,
+            y1,
+            xt,
+            yt: linear_ticks(y0, y1),
+            pw,
+            ph,
+        }
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        let (x0, x1) = (self.x0, self.x1);
+        let f = match self.scale {
+            Scale::Log10 => (x.log10() - x0.log10()) / (x1.log10() - x0.log10()),
+            Scale::Linear => (x - x0) / (x1 - x0),
+        };
+        LEFT + f.clamp(0.0, 1.0) * self.pw
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        TOP + self.ph - ((y - self.y0) / (self.y1 - self.y0)).clamp(0.0, 1.0) * self.ph
+    }
+}
+
+/// The points a chart can place (finite, and positive on a log axis).
+fn placeable(c: &Chart, p: &(f64, f64)) -> bool {
+    p.0.is_finite() && p.1.is_finite() && (c.x_scale == Scale::Linear || p.0 > 0.0)
+}
+
 /// The chart as an SVG document.
 pub fn svg(c: &Chart) -> String {
     let pts: Vec<(f64, f64)> = c
         .series
         .iter()
         .flat_map(|s| s.points.iter().copied())
-        .filter(|(x, y)| x.is_finite() && y.is_finite() && (c.x_scale == Scale::Linear || *x > 0.0))
+        .filter(|p| placeable(c, p))
         .collect();
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    // x range
-    let (mut x0, mut x1) = pts
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(p.0), b.max(p.0))
-        });
-    if pts.is_empty() {
-        (x0, x1) = (1.0, 10.0);
-    }
-    let xt = match c.x_scale {
-        Scale::Log10 => {
-            x0 = 10f64.powf(x0.log10().floor());
-            x1 = 10f64.powf(x1.log10().ceil());
-            if x1 <= x0 {
-                x1 = x0 * 10.0;
-            }
-            log_ticks(x0, x1)
-        }
-        Scale::Linear => {
-            x0 = x0.min(0.0);
-            if x1 <= x0 {
-                x1 = x0 + 1.0;
-            }
-            let step = nice_step(x1 - x0);
-            x1 = (x1 / step).ceil() * step;
-            linear_ticks(x0, x1)
-        }
-    };
-    let (y0, y1) = match c.y_range {
-        Some(r) => r,
-        None => {
-            // 0 to the first round tick at or above the largest value.
-            let m = pts.iter().map(|p| p.1).fold(0.0f64, f64::max);
-            let top = if m > 0.0 { m * 1.02 } else { 1.0 };
-            let step = nice_step(top);
-            (0.0, (top / step).ceil() * step)
-        }
-    };
-    let yt = linear_ticks(y0, y1);
-    let sx = |x: f64| -> f64 {
-        let f = match c.x_scale {
-            Scale::Log10 => (x.log10() - x0.log10()) / (x1.log10() - x0.log10()),
-            Scale::Linear => (x - x0) / (x1 - x0),
-        };
-        LEFT + f.clamp(0.0, 1.0) * pw
-    };
-    let sy = |y: f64| TOP + ph - ((y - y0) / (y1 - y0)).clamp(0.0, 1.0) * ph;
+    let f = Frame::new(c, &pts);
+    let mut o = frame_svg(c, &f, pts.is_empty());
+    series_svg(&mut o, c, &f);
+    o.push_str("</svg>\n");
+    o
+}
 
+/// The document's head, title, grid, ticks, axes and labels.
+fn frame_svg(c: &Chart, f: &Frame, empty: bool) -> String {
+    let (pw, ph) = (f.pw, f.ph);
+    let (xt, yt) = (&f.xt, &f.yt);
+    let sx = |x: f64| f.sx(x);
+    let sy = |y: f64| f.sy(y);
     let mut o = String::with_capacity(8 << 10);
     let _ = writeln!(o, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
     let _ = writeln!(
@@ -244,7 +296,7 @@ pub fn svg(c: &Chart) -> String {
         escape(c.title)
     );
     // Grid and ticks.
-    for &t in &xt {
+    for &t in xt {
         let x = sx(t);
         let _ = writeln!(
             o,
@@ -254,7 +306,7 @@ pub fn svg(c: &Chart) -> String {
             label(t)
         );
     }
-    for &t in &yt {
+    for &t in yt {
         let y = sy(t);
         let _ = writeln!(
             o,
@@ -283,7 +335,7 @@ pub fn svg(c: &Chart) -> String {
         TOP + ph / 2.0,
         escape(c.y_label)
     );
-    if pts.is_empty() {
+    if empty {
         let _ = writeln!(
             o,
             r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#888">no data</text>"##,
@@ -291,15 +343,20 @@ pub fn svg(c: &Chart) -> String {
             TOP + ph / 2.0
         );
     }
+    o
+}
+
+/// Each series' line (and markers) and its legend entry.
+fn series_svg(o: &mut String, c: &Chart, f: &Frame) {
+    let sx = |x: f64| f.sx(x);
+    let sy = |y: f64| f.sy(y);
     // Lines and legend.
     for (i, s) in c.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let line: Vec<String> = s
             .points
             .iter()
-            .filter(|(x, y)| {
-                x.is_finite() && y.is_finite() && (c.x_scale == Scale::Linear || *x > 0.0)
-            })
+            .filter(|p| placeable(c, p))
             .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
             .collect();
         let _ = writeln!(
@@ -325,8 +382,6 @@ pub fn svg(c: &Chart) -> String {
             escape(&s.name)
         );
     }
-    o.push_str("</svg>\n");
-    o
 }
 
 #[cfg(test)]
