@@ -489,6 +489,104 @@ impl Mlx5Qp {
     }
 }
 
+impl Mlx5Qp {
+    /// Everything the driver would refuse, refused here before any request
+    /// reaches the send queue: a refused batch executes nothing.
+    fn refusal(&self, wrs: &[WorkRequest], outstanding: u32) -> Result<(), PostError> {
+        let depth = self.handle.depth;
+        if outstanding as usize + wrs.len() > depth as usize {
+            return Err(PostError::SendQueueFull { depth });
+        }
+        let peer = self.peer.node;
+        for wr in wrs {
+            self.caps.check(&wr.op)?;
+            if wr_opcode(wr.op.opcode()).is_none() {
+                return Err(PostError::Unsupported(wr.op.opcode()));
+            }
+            if wr.op.remote().node() != peer {
+                return Err(PostError::WrongNode {
+                    addr: wr.op.remote(),
+                    peer,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Links the first `n` work requests into a chain, each with its SGE,
+    /// and returns its head. Done last, from one base pointer per array,
+    /// so no later borrow of the arrays invalidates the links before the
+    /// doorbell.
+    fn link_chain(&mut self, n: usize) -> *mut ibv_send_wr {
+        assert!(
+            n <= self.wrs.len() && n <= self.sges.len(),
+            "chain within the arrays"
+        );
+        let wr_base = self.wrs.as_mut_ptr();
+        let sge_base = self.sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= wrs.len() == sges.len() (asserted above), so
+            // every pointer is in bounds.
+            unsafe {
+                let w = &mut *wr_base.add(i);
+                w.sg_list = sge_base.add(i);
+                w.next = if i + 1 < n {
+                    wr_base.add(i + 1)
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        wr_base
+    }
+
+    /// The driver took `posted` of `n` requests, then refused. Cannot
+    /// happen while [`Mlx5Qp::refusal`] matches the driver's checks; if it
+    /// does, the first `posted` requests are in flight: the QP is forced to
+    /// error so each of them completes (done or flushed) and the executor
+    /// sees a failure rather than a silent partial batch.
+    fn partly_posted(&mut self, head: u64, posted: usize, n: usize, err: &PostError) {
+        log::error!(
+            "ibv_post_send took {posted} of {n} requests then refused: {err}; \
+             moving QP {} to error",
+            self.local.qpn
+        );
+        self.shared.head.set(head + posted as u64);
+        let mut attr = reset_attr();
+        attr.attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is live.
+        let _ = unsafe { modify(self.handle.qp, attr, "ibv_modify_qp(ERR)") };
+    }
+}
+
+/// The remote side of a work request: address and rkey, and for an atomic
+/// its operands.
+fn set_remote(w: &mut ibv_send_wr, op: &WrOp, remote_addr: u64) {
+    let rkey = op.rkey().0;
+    match *op {
+        WrOp::Read { .. } | WrOp::Write { .. } => {
+            w.wr.rdma = rdma_t { remote_addr, rkey };
+        }
+        WrOp::Cas { compare, swap, .. } => {
+            w.wr.atomic = atomic_t {
+                remote_addr,
+                compare_add: compare,
+                swap,
+                rkey,
+            };
+        }
+        WrOp::Faa { add, .. } => {
+            w.wr.atomic = atomic_t {
+                remote_addr,
+                compare_add: add,
+                swap: 0,
+                rkey,
+            };
+        }
+        WrOp::MaskedCas { .. } => unreachable!("refused before posting"),
+    }
+}
+
 impl QueuePair for Mlx5Qp {
     fn qp_num(&self) -> u32 {
         self.local.qpn
@@ -523,24 +621,7 @@ impl QueuePair for Mlx5Qp {
         }
         let depth = self.handle.depth;
         let outstanding = self.shared.outstanding();
-        if outstanding as usize + wrs.len() > depth as usize {
-            return Err(PostError::SendQueueFull { depth });
-        }
-        // Everything the driver would refuse is refused here, before any
-        // request reaches the send queue: a refused batch executes nothing.
-        let peer = self.peer.node;
-        for wr in wrs {
-            self.caps.check(&wr.op)?;
-            if wr_opcode(wr.op.opcode()).is_none() {
-                return Err(PostError::Unsupported(wr.op.opcode()));
-            }
-            if wr.op.remote().node() != peer {
-                return Err(PostError::WrongNode {
-                    addr: wr.op.remote(),
-                    peer,
-                });
-            }
-        }
+        self.refusal(wrs, outstanding)?;
         let head = self.shared.head.get();
         let mut before = self.read_or_atomic_in_flight && outstanding > 0;
         let n = wrs.len();
@@ -572,54 +653,16 @@ impl QueuePair for Mlx5Qp {
                 }
                 before |= op != Opcode::Write;
                 let remote_addr = remote_va(&self.peer.regions, wr.op.remote());
-                let rkey = wr.op.rkey().0;
                 let w = &mut self.wrs[i];
                 w.wr_id = seq;
                 w.num_sge = 1;
                 w.opcode = wr_opcode(op).expect("checked above");
                 w.send_flags = flags;
-                match wr.op {
-                    WrOp::Read { .. } | WrOp::Write { .. } => {
-                        w.wr.rdma = rdma_t { remote_addr, rkey };
-                    }
-                    WrOp::Cas { compare, swap, .. } => {
-                        w.wr.atomic = atomic_t {
-                            remote_addr,
-                            compare_add: compare,
-                            swap,
-                            rkey,
-                        };
-                    }
-                    WrOp::Faa { add, .. } => {
-                        w.wr.atomic = atomic_t {
-                            remote_addr,
-                            compare_add: add,
-                            swap: 0,
-                            rkey,
-                        };
-                    }
-                    WrOp::MaskedCas { .. } => unreachable!("refused above"),
-                }
+                set_remote(w, &wr.op, remote_addr);
             }
         }
         self.read_or_atomic_in_flight = before;
-        // Link the chain last, from one base pointer per array, so no later
-        // borrow of the arrays invalidates the links before the doorbell.
-        let wr_base = self.wrs.as_mut_ptr();
-        let sge_base = self.sges.as_mut_ptr();
-        for i in 0..n {
-            // SAFETY: i < n <= depth == wrs.len() == sges.len() (the depth
-            // check above), so every pointer is in bounds.
-            unsafe {
-                let w = &mut *wr_base.add(i);
-                w.sg_list = sge_base.add(i);
-                w.next = if i + 1 < n {
-                    wr_base.add(i + 1)
-                } else {
-                    std::ptr::null_mut()
-                };
-            }
-        }
+        let wr_base = self.link_chain(n);
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is live; the chain of `n` linked requests and their
         // SGEs live in self until ibv_post_send returns (the driver copies
@@ -639,20 +682,7 @@ impl QueuePair for Mlx5Qp {
         let failed = &wrs[posted.min(n - 1)].op;
         let err = post_errno_to_error(rc, failed, depth, self.caps.max_inline_bytes);
         if posted > 0 {
-            // Cannot happen while the checks above match the driver's; if it
-            // does, the first `posted` requests are in flight. Force the QP
-            // to error so each of them completes (done or flushed) and the
-            // executor sees a failure rather than a silent partial batch.
-            log::error!(
-                "ibv_post_send took {posted} of {n} requests then refused: {err}; \
-                 moving QP {} to error",
-                self.local.qpn
-            );
-            self.shared.head.set(head + posted as u64);
-            let mut attr = reset_attr();
-            attr.attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-            // SAFETY: the QP is live.
-            let _ = unsafe { modify(self.handle.qp, attr, "ibv_modify_qp(ERR)") };
+            self.partly_posted(head, posted, n, &err);
         }
         Err(err)
     }
