@@ -99,24 +99,8 @@ impl TreeClient {
             if root_level < level {
                 if root == left {
                     // We split the root: grow the tree.
-                    let new_root = self
-                        .alloc
-                        .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-                        .await?;
-                    let mut buf = vec![0u8; NODE_BYTES];
-                    let mut n = NodeMut(&mut buf);
-                    n.init(level, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
-                    n.set_leftmost(left);
-                    n.set_entry(0, sep, child.raw());
-                    n.set_count(1);
-                    ctx.write(new_root, &buf).await?;
                     let old = root.raw() | (root_level as u64);
-                    if ctx
-                        .cas(ROOT_WORD, old, new_root.raw() | level as u64)
-                        .await?
-                        == old
-                    {
-                        self.root_hint = new_root.raw() | level as u64;
+                    if self.grow_root(ctx, level, sep, child, left, old).await? {
                         return Ok(());
                     }
                     continue;
@@ -184,15 +168,18 @@ impl TreeClient {
                         .try_into()
                         .expect("8"),
                 );
-                let mut right = vec![0u8; NODE_BYTES];
-                let mut r = NodeMut(&mut right);
-                r.init(level, up, high, sibling, version.wrapping_add(1));
-                fill_internal(&mut r, &kids[mid..]);
-                let mut lbuf = vec![0u8; NODE_BYTES];
-                let mut l = NodeMut(&mut lbuf);
-                l.init(level, low, up, right_addr, version.wrapping_add(1));
-                l.set_lock_word(lock_word);
-                fill_internal(&mut l, &kids[..mid]);
+                let (lbuf, right) = internal_halves(
+                    Fences {
+                        level,
+                        low,
+                        high,
+                        sibling,
+                        version: version.wrapping_add(1),
+                    },
+                    lock_word,
+                    &kids,
+                    right_addr,
+                );
                 self.stats.splits += 1;
                 self.write_split(ctx, held, addr, &lbuf, right_addr, &right)
                     .await?;
@@ -204,4 +191,69 @@ impl TreeClient {
             why: "parent insert restarted without end",
         })
     }
+
+    /// Installs a new root at `level` over `left` and its new sibling
+    /// `child` (separator `sep`), if the root word still holds `old`;
+    /// whether it did.
+    async fn grow_root<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        level: u8,
+        sep: u64,
+        child: GlobalAddr,
+        left: GlobalAddr,
+        old: u64,
+    ) -> Result<bool, TreeError> {
+        let new_root = self
+            .alloc
+            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+            .await?;
+        let mut buf = vec![0u8; NODE_BYTES];
+        let mut n = NodeMut(&mut buf);
+        n.init(level, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        n.set_leftmost(left);
+        n.set_entry(0, sep, child.raw());
+        n.set_count(1);
+        ctx.write(new_root, &buf).await?;
+        let new = new_root.raw() | level as u64;
+        if ctx.cas(ROOT_WORD, old, new).await? == old {
+            self.root_hint = new;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+/// What an internal node that splits keeps and hands on: its level, its
+/// fences and sibling, and the halves' version.
+struct Fences {
+    level: u8,
+    low: u64,
+    high: u64,
+    sibling: GlobalAddr,
+    version: u8,
+}
+
+/// The two halves of a full internal node with children `kids`: the left
+/// (still locked with `lock_word`, now ending at the middle separator and
+/// pointing at the right) and the right (at `right_addr`, from the middle
+/// separator to the old high fence and sibling).
+fn internal_halves(
+    f: Fences,
+    lock_word: u64,
+    kids: &[(u64, GlobalAddr)],
+    right_addr: GlobalAddr,
+) -> (Vec<u8>, Vec<u8>) {
+    let mid = kids.len() / 2;
+    let up = kids[mid].0;
+    let mut right = vec![0u8; NODE_BYTES];
+    let mut r = NodeMut(&mut right);
+    r.init(f.level, up, f.high, f.sibling, f.version);
+    fill_internal(&mut r, &kids[mid..]);
+    let mut left = vec![0u8; NODE_BYTES];
+    let mut l = NodeMut(&mut left);
+    l.init(f.level, f.low, up, right_addr, f.version);
+    l.set_lock_word(lock_word);
+    fill_internal(&mut l, &kids[..mid]);
+    (left, right)
 }
