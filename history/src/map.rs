@@ -884,7 +884,6 @@ fn check_scan(
     else {
         return None;
     };
-    let (from, until) = (invoked_at(e), completed_at(e));
     let head = || {
         let mut r = format!("{}:\n", show(i, e));
         if got.len() > 12 {
@@ -892,93 +891,143 @@ fn check_scan(
         }
         r
     };
+    let scan = ScanSeen {
+        low,
+        high,
+        limit,
+        got,
+        from: invoked_at(e),
+        until: completed_at(e),
+        head: &head,
+    };
+    scan.shape()
+        .or_else(|| scan.entries(events, initial, indexes))
+        .or_else(|| scan.missing(events, initial, indexes))
+}
 
-    // S1: shape.
-    if got.len() > limit {
-        return Some(format!(
-            "{}  returned {} entries, over its limit",
-            head(),
-            got.len()
-        ));
-    }
-    for (j, &(k, _)) in got.iter().enumerate() {
-        if k < low || k >= high {
-            return Some(format!("{}  key {k} lies outside [{low}, {high})", head()));
-        }
-        if j > 0 && got[j - 1].0 >= k {
+/// A completed scan as the scan rules look at it: its range, limit and
+/// answer, when it ran, and the first line of a violation's report.
+struct ScanSeen<'a> {
+    low: u64,
+    high: u64,
+    limit: usize,
+    got: &'a [(u64, u64)],
+    from: Stamp,
+    until: Stamp,
+    head: &'a dyn Fn() -> String,
+}
+
+impl ScanSeen<'_> {
+    /// S1: within its limit and range, keys in order.
+    fn shape(&self) -> Option<String> {
+        let (low, high, limit, got, head) = (self.low, self.high, self.limit, self.got, self.head);
+        if got.len() > limit {
             return Some(format!(
-                "{}  keys out of order: {} then {k}",
+                "{}  returned {} entries, over its limit",
                 head(),
-                got[j - 1].0
+                got.len()
             ));
         }
+        for (j, &(k, _)) in got.iter().enumerate() {
+            if k < low || k >= high {
+                return Some(format!("{}  key {k} lies outside [{low}, {high})", head()));
+            }
+            if j > 0 && got[j - 1].0 >= k {
+                return Some(format!(
+                    "{}  keys out of order: {} then {k}",
+                    head(),
+                    got[j - 1].0
+                ));
+            }
+        }
+
+        None
     }
 
-    // S2, S3: every entry could be current during the scan.
-    for &(k, v) in got {
-        let untouched;
-        let index = match indexes.get(&k) {
-            Some(index) => index,
-            None => {
-                // No point operation on k: only the initial map speaks for it.
-                untouched = WriteIndex {
-                    initial: initial.get(&k).copied(),
-                    ..WriteIndex::default()
-                };
-                &untouched
+    /// S2, S3: every entry could be current during the scan.
+    fn entries(
+        &self,
+        events: &[Event],
+        initial: &BTreeMap<u64, u64>,
+        indexes: &BTreeMap<u64, WriteIndex>,
+    ) -> Option<String> {
+        let (got, from, until, head) = (self.got, self.from, self.until, self.head);
+        for &(k, v) in got {
+            let untouched;
+            let index = match indexes.get(&k) {
+                Some(index) => index,
+                None => {
+                    // No point operation on k: only the initial map speaks for it.
+                    untouched = WriteIndex {
+                        initial: initial.get(&k).copied(),
+                        ..WriteIndex::default()
+                    };
+                    &untouched
+                }
+            };
+            if !index.could_be_present(from, until) {
+                return Some(format!(
+                    "{}  returned key {k}, which was certainly absent throughout the scan",
+                    head()
+                ));
+            }
+            if let Err(why) = index.could_be(Some(v), from, until) {
+                let mut s = format!(
+                    "{}  returned ({k}, {v}), but key {k} could not hold {v} during the scan:\n",
+                    head()
+                );
+                explain_no_source(&mut s, events, why, Some(v), index.initial);
+                return Some(s);
+            }
+        }
+
+        None
+    }
+
+    /// S4: nothing certainly present throughout the scan is missing from
+    /// the range it covered.
+    fn missing(
+        &self,
+        events: &[Event],
+        initial: &BTreeMap<u64, u64>,
+        indexes: &BTreeMap<u64, WriteIndex>,
+    ) -> Option<String> {
+        let (low, high, limit, got) = (self.low, self.high, self.limit, self.got);
+        let (from, until, head) = (self.from, self.until, self.head);
+        if limit == 0 {
+            return None;
+        }
+        let end = if got.len() < limit {
+            high
+        } else {
+            match got.last() {
+                Some(&(k, _)) => k.saturating_add(1).min(high),
+                None => return None,
             }
         };
-        if !index.could_be_present(from, until) {
-            return Some(format!(
-                "{}  returned key {k}, which was certainly absent throughout the scan",
-                head()
-            ));
+        if low >= end {
+            return None;
         }
-        if let Err(why) = index.could_be(Some(v), from, until) {
-            let mut s = format!(
-                "{}  returned ({k}, {v}), but key {k} could not hold {v} during the scan:\n",
-                head()
-            );
-            explain_no_source(&mut s, events, why, Some(v), index.initial);
-            return Some(s);
-        }
-    }
-
-    // S4: nothing certainly present is missing.
-    if limit == 0 {
-        return None;
-    }
-    let end = if got.len() < limit {
-        high
-    } else {
-        match got.last() {
-            Some(&(k, _)) => k.saturating_add(1).min(high),
-            None => return None,
-        }
-    };
-    if low >= end {
-        return None;
-    }
-    let returned: BTreeSet<u64> = got.iter().map(|&(k, _)| k).collect();
-    let touched = indexes.range(low..end).map(|(&k, _)| k);
-    let untouched = initial
-        .range(low..end)
-        .map(|(&k, _)| k)
-        .filter(|k| !indexes.contains_key(k));
-    for k in touched.chain(untouched) {
-        if returned.contains(&k) {
-            continue;
-        }
-        let witness = match indexes.get(&k) {
-            Some(index) => index.certainly_present(from, until),
-            None => Some(None), // in the initial map and never touched
-        };
-        if let Some(w) = witness {
-            let since = match w {
-                Some(w) => format!("since {}", show(w.ev, &events[w.ev])),
-                None => "since the initial load".to_string(),
+        let returned: BTreeSet<u64> = got.iter().map(|&(k, _)| k).collect();
+        let touched = indexes.range(low..end).map(|(&k, _)| k);
+        let untouched = initial
+            .range(low..end)
+            .map(|(&k, _)| k)
+            .filter(|k| !indexes.contains_key(k));
+        for k in touched.chain(untouched) {
+            if returned.contains(&k) {
+                continue;
+            }
+            let witness = match indexes.get(&k) {
+                Some(index) => index.certainly_present(from, until),
+                None => Some(None), // in the initial map and never touched
             };
-            return Some(format!(
+            if let Some(w) = witness {
+                let since = match w {
+                    Some(w) => format!("since {}", show(w.ev, &events[w.ev])),
+                    None => "since the initial load".to_string(),
+                };
+                return Some(format!(
                 "{}  missed key {k}, which was present throughout the scan ({since}; no delete of it could fall inside the scan){}",
                 head(),
                 if got.len() == limit {
@@ -987,9 +1036,10 @@ fn check_scan(
                     String::new()
                 }
             ));
+            }
         }
+        None
     }
-    None
 }
 
 // ---------------------------------------------------------------------------
