@@ -29,7 +29,7 @@ use super::place::{alt, locate, Loc};
 use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, POSITIONS};
 use super::{CuckooClient, CuckooError, PATH_HIST};
 use nicdrv::exec::MAX_BATCH;
-use nicdrv::{Ctx, Nic, OpId};
+use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
 
 /// One bucket reached by the search.
 struct Reached {
@@ -196,23 +196,38 @@ impl CuckooClient {
         // w is named by no slot now (the snapshot showed no Forward word
         // of this fingerprint, so none names w).
         self.retire(ctx, e);
-        // Steps 3 and 4. If 3 fails, someone finished it for us or cleared
-        // the copy; a fresh snapshot tells which, and resolving the
-        // Forward word (if still there) settles it.
+        self.finish_move(ctx, desc, &loc, &key, (s_at, d_at), tent)
+            .await
+    }
+
+    /// Steps 3 and 4 of a move whose commit succeeded: the copy at `d_at`
+    /// turns Normal, then the Forward word at `s_at` is cleared. If 3
+    /// fails, someone finished it for us or cleared the copy; a fresh
+    /// snapshot tells which, and resolving the Forward word (if still
+    /// there) settles it. Whether this client completed the move.
+    async fn finish_move<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        key: &[u8],
+        (s_at, d_at): (GlobalAddr, GlobalAddr),
+        tent: Slot,
+    ) -> Result<bool, CuckooError> {
+        let fwd = tent.with_state(State::Forward);
         if self
             .cas(ctx, d_at, tent, tent.with_state(State::Normal))
             .await?
         {
             let e3 = self.empty_word()?;
-            self.cas(ctx, s_at, Slot::entry(State::Forward, fp, x), e3)
-                .await?;
+            self.cas(ctx, s_at, fwd, e3).await?;
             self.stats.moves += 1;
             return Ok(true);
         }
         self.known.clear();
-        let snap = self.snapshot(ctx, desc, &loc, &key, None).await?;
-        if let Plan::Resolve(p) = self.plan(&snap, &loc)? {
-            self.resolve(ctx, desc, &loc, &snap, p).await?;
+        let snap = self.snapshot(ctx, desc, loc, key, None).await?;
+        if let Plan::Resolve(p) = self.plan(&snap, loc)? {
+            self.resolve(ctx, desc, loc, &snap, p).await?;
         }
         Ok(false)
     }
