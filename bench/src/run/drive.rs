@@ -340,7 +340,7 @@ pub(crate) fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     progress.finish();
     let wall = std::time::Instant::now();
     let dist = KeyDist::new(spec.records, spec.zipf);
-    // ClientTally by the cores: the measured interval starts at the first
+    // Shared by the cores: the measured interval starts at the first
     // measured operation of any core, and --seconds counts from there.
     let clients = ClientWork {
         spec,

@@ -39,7 +39,7 @@ use crate::addr::{NodeId, Space};
 use crate::exec::{Ctx, ExecError, Executor, ExecutorConfig};
 use crate::nic::{HeapMem, Nic, QpState, RemoteRegion};
 use crate::verbs::Access;
-use state::{CqSim, Ev, Fabric, MemNode, QpSim, ThreadState, NO_THREAD};
+use state::{CqSim, Ev, SimCluster, MemNode, QpSim, ThreadState, NO_THREAD};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -142,7 +142,7 @@ impl SimConfig {
 
 /// A simulated cluster.
 pub struct World {
-    shared: Rc<Fabric>,
+    shared: Rc<SimCluster>,
     execs: Vec<Option<Executor<SimNic>>>,
     live: usize,
     wall: std::time::Instant,
@@ -165,7 +165,7 @@ impl World {
                 atomics_in_flight: Default::default(),
             });
         }
-        let shared = Rc::new(Fabric::new(
+        let shared = Rc::new(SimCluster::new(
             cfg.model.clone(),
             cfg.seed,
             mems,

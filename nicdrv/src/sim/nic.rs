@@ -2,7 +2,7 @@
 //! that the ordinary executor runs on. Posting charges the posting thread's
 //! virtual CPU and hands the requests to the simulated fabric.
 
-use super::state::{Fabric, NO_THREAD};
+use super::state::{SimCluster, NO_THREAD};
 use crate::addr::NodeId;
 use crate::nic::{
     CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
@@ -23,7 +23,7 @@ pub const SIM_CAPS: Caps = Caps {
 /// A simulated device as one compute thread (or a raw test rig) sees it.
 #[derive(Clone)]
 pub struct SimNic {
-    pub(crate) shared: Rc<Fabric>,
+    pub(crate) shared: Rc<SimCluster>,
     pub(crate) thread: u32,
 }
 
@@ -36,7 +36,7 @@ impl SimNic {
 
 /// A local registration in the simulator; dropping it deregisters.
 pub struct SimReg {
-    shared: Rc<Fabric>,
+    shared: Rc<SimCluster>,
     lkey: LKey,
 }
 
@@ -119,7 +119,7 @@ impl Nic for SimNic {
 
 /// A simulated completion queue.
 pub struct SimCq {
-    pub(crate) shared: Rc<Fabric>,
+    pub(crate) shared: Rc<SimCluster>,
     pub(crate) idx: u32,
 }
 
@@ -145,7 +145,7 @@ impl CompletionQueue for SimCq {
 
 /// A simulated reliable-connected queue pair.
 pub struct SimQp {
-    pub(crate) shared: Rc<Fabric>,
+    pub(crate) shared: Rc<SimCluster>,
     pub(crate) idx: u32,
     pub(crate) thread: u32,
     pub(crate) peer: NodeId,
@@ -201,7 +201,7 @@ impl QueuePair for SimQp {
             }
         }
         // SAFETY: the SGEs are as `post_send` requires: the caller's
-        // contract, which `Fabric::post` asks for in turn.
+        // contract, which `SimCluster::post` asks for in turn.
         unsafe { self.shared.post(self.idx, self.thread, wrs) };
         Ok(())
     }

@@ -167,7 +167,7 @@ struct Served {
 
 /// The simulated cluster, shared by the world, its devices and queue
 /// pairs: the clock, the event queue, the memory and compute nodes.
-pub(crate) struct Fabric {
+pub(crate) struct SimCluster {
     pub model: SimModel,
     pub now: Cell<u64>,
     seq: Cell<u64>,
@@ -196,7 +196,7 @@ fn mix(h: u64, v: u64) -> u64 {
     (h ^ v).wrapping_mul(0x0000_0100_0000_01B3)
 }
 
-impl Fabric {
+impl SimCluster {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         model: SimModel,
@@ -204,9 +204,9 @@ impl Fabric {
         mem: Vec<MemNode>,
         compute_nodes: usize,
         faults: Vec<Fault>,
-    ) -> Fabric {
+    ) -> SimCluster {
         let memory_nodes = mem.len();
-        Fabric {
+        SimCluster {
             model,
             now: Cell::new(0),
             seq: Cell::new(0),
@@ -477,8 +477,8 @@ impl Fabric {
 
     /// A request reaches its memory node's NIC: dropped if the node crashed
     /// or the responder is out of sequence, answered with an error if the
-    /// responder refuses it, else served ([`Fabric::serve_transfer`],
-    /// [`Fabric::serve_atomic`]).
+    /// responder refuses it, else served ([`SimCluster::serve_transfer`],
+    /// [`SimCluster::serve_atomic`]).
     pub(crate) fn on_arrive(&self, r: u32, gen: u32) {
         if !self.req_live(r, gen) {
             return;
