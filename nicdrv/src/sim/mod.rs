@@ -39,7 +39,7 @@ use crate::addr::{NodeId, Space};
 use crate::exec::{Ctx, ExecError, Executor, ExecutorConfig};
 use crate::nic::{HeapMem, Nic, QpState, RemoteRegion};
 use crate::verbs::Access;
-use state::{CqSim, Ev, SimCluster, MemNode, QpSim, ThreadState, NO_THREAD};
+use state::{CqSim, Ev, MemNode, QpSim, SimCluster, ThreadState, NO_THREAD};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,172 @@
+//! The harness on both backends: one workload, written once, booted from
+//! one description and run on emu threads and in a simulated world; the
+//! memory holds exactly what the groups say their tasks did.
+
+use cluster::sim::{self as simrun, Flow, Placement};
+use cluster::{Backend, Cluster, ClusterSpec, Place, Spawn, Workload};
+use nicdrv::sim::{RunEnd, SimModel};
+use nicdrv::{ExecutorConfig, GlobalAddr, Nic, Space, VerbCounters};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+/// Where the counter lives: past the superblock of memory node 1.
+const COUNTER: GlobalAddr = GlobalAddr::host(1, 8192);
+
+/// Each task adds 1 to the counter `per_task` times; a group records the
+/// places its cores were given.
+struct Adds {
+    tasks: usize,
+    per_task: u64,
+}
+
+struct Group {
+    faa: Cell<u64>,
+    places: RefCell<Vec<Place>>,
+    index: (usize, usize),
+}
+
+impl Workload for Adds {
+    type Group = Rc<Group>;
+    type Out = (u64, Vec<Place>, (usize, usize), VerbCounters);
+
+    fn group(&self, index: usize, groups: usize) -> Rc<Group> {
+        Rc::new(Group {
+            faa: Cell::new(0),
+            places: RefCell::new(Vec::new()),
+            index: (index, groups),
+        })
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        g: &Rc<Group>,
+        on: &mut S,
+    ) -> Result<(), String> {
+        g.places.borrow_mut().push(place);
+        for _ in 0..self.tasks {
+            let (g, n) = (g.clone(), self.per_task);
+            on.spawn_task(move |ctx| async move {
+                for _ in 0..n {
+                    ctx.faa(COUNTER, 1).await.expect("no faults here");
+                    g.faa.set(g.faa.get() + 1);
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn finish(&self, g: Rc<Group>, counters: VerbCounters) -> Self::Out {
+        (g.faa.get(), g.places.borrow().clone(), g.index, counters)
+    }
+}
+
+fn spec(backend: Backend) -> ClusterSpec {
+    ClusterSpec {
+        memory_nodes: 2,
+        host_bytes: 4 << 20,
+        dm_bytes: 64 << 10,
+        latency_ns: 0,
+        backend,
+    }
+}
+
+fn cfg(slots: usize) -> ExecutorConfig {
+    ExecutorConfig {
+        slots,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn one_workload_runs_on_emu_cores_with_a_group_each() {
+    let mut c = Cluster::boot(&spec(Backend::Emu { pin: false })).unwrap();
+    let work = Adds {
+        tasks: 3,
+        per_task: 500,
+    };
+    let outs = c.run(&work, 3, cfg(3)).unwrap();
+    assert_eq!(outs.len(), 3, "one result per core");
+    for (core, (faa, places, index, counters)) in outs.iter().enumerate() {
+        assert_eq!(*faa, 1500);
+        assert_eq!(counters.faa, 1500, "the core's own verb counters");
+        assert_eq!(*index, (core, 3));
+        assert_eq!(
+            places,
+            &[Place {
+                core,
+                compute_node: 0
+            }]
+        );
+    }
+    assert_eq!(c.read_u64(1, Space::Host, 8192), Some(4500));
+    assert_eq!(c.read_u64(1, Space::Host, 4 << 20), None, "past the end");
+    assert_eq!(c.read_u64(7, Space::Host, 0), None, "no such node");
+}
+
+#[test]
+fn one_workload_runs_in_a_world_with_one_group_placed_round_robin() {
+    let sim = Backend::Sim {
+        seed: 5,
+        compute_nodes: 2,
+        model: SimModel::default(),
+        faults: Vec::new(),
+    };
+    let mut c = Cluster::boot(&spec(sim)).unwrap();
+    let work = Adds {
+        tasks: 2,
+        per_task: 100,
+    };
+    let outs = c.run(&work, 3, cfg(2)).unwrap();
+    assert_eq!(outs.len(), 1, "one group for the world");
+    let (faa, places, index, counters) = &outs[0];
+    assert_eq!((*faa, counters.faa, *index), (600, 600, (0, 1)));
+    let nodes: Vec<usize> = places.iter().map(|p| p.compute_node).collect();
+    assert_eq!(nodes, [0, 1, 0]);
+    assert_eq!(c.read_u64(1, Space::Host, 8192), Some(600));
+}
+
+#[test]
+fn slices_stop_when_told_and_the_limit_moves_on() {
+    let Cluster::Sim(mut w) = Cluster::boot(&spec(Backend::Sim {
+        seed: 9,
+        compute_nodes: 1,
+        model: SimModel::default(),
+        faults: Vec::new(),
+    }))
+    .unwrap() else {
+        unreachable!("a sim spec boots a world")
+    };
+    let work = Adds {
+        tasks: 1,
+        per_task: 1_000_000,
+    };
+    let spawned = simrun::spawn(&mut w, &work, 2, cfg(1), Placement::Blocks(2)).unwrap();
+    assert_eq!(spawned.threads, 0..2);
+    let mut slices = 0;
+    let end = simrun::run_slices(&mut w, 10_000, |_, until| {
+        slices += 1;
+        assert_eq!(until, 10_000 * slices, "the limit moves by a slice");
+        if slices == 5 {
+            Flow::Stop
+        } else {
+            Flow::Go
+        }
+    });
+    assert_eq!((end, slices), (RunEnd::Limit, 5));
+    let done = spawned.group.faa.get();
+    assert!(done > 0 && done < 2_000_000, "{done} adds in 50 virtual µs");
+    spawned.halt(&mut w);
+    // Halted threads run no more: what was in flight lands, then the world
+    // stalls with their tasks unfinished.
+    assert_eq!(w.run(), RunEnd::Stalled);
+    assert_eq!(w.live_tasks(), 2);
+    let (faa, ..) = spawned.finish(&w, &work);
+    // A task halted with its FAA in flight did not count it, though it
+    // may have landed: at most one per task.
+    let memory = w.read_u64(1, Space::Host, 8192).unwrap();
+    assert!(
+        (faa..=faa + 2).contains(&memory),
+        "memory {memory}, counted {faa}"
+    );
+}
