@@ -656,32 +656,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     )?;
     let sh = spawned.group.clone();
     let wall = Instant::now();
-    let steps = 5;
-    let mut last = 0;
-    let mut end = RunEnd::Limit;
-    for i in 1..=steps {
-        let until = duration_ns * i / steps;
-        end = w.run_until(until);
-        let now = sh.ops.get();
-        eprintln!(
-            "loch demo: t={:.2} virtual ms  {now:>10} ops  {:>8.2} Mops/s simulated",
-            w.now_ns() as f64 / 1e6,
-            (now - last) as f64 / (duration_ns / steps) as f64 * 1e3
-        );
-        last = now;
-        if end == RunEnd::Done {
-            break;
-        }
-    }
-    if end != RunEnd::Done {
-        end = if cfg.faults.is_empty() {
-            w.run()
-        } else {
-            // Under faults a task can wait forever on a crashed node: give
-            // the others FAULT_QUIET_NS past the deadline to finish.
-            w.run_until(duration_ns + crate::demo_index::FAULT_QUIET_NS)
-        };
-    }
+    let end = run_verb_phase(&mut w, cfg, &sh, duration_ns);
     let stuck = w.live_tasks();
     if end != RunEnd::Done && cfg.faults.is_empty() {
         return Err(format!(
@@ -719,6 +694,42 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         crate::demo_index::run_sim(&mut w, tcfg, cfg, kind)
     })?;
     Ok((stats, tally, (faa_counter, cas_total), header, tree))
+}
+
+/// Runs the verb phase on `w` in five steps to its deadline, a progress
+/// line each, then to its end: every task (no faults), or `FAULT_QUIET_NS`
+/// past the deadline (a task can wait forever on a crashed node).
+fn run_verb_phase(
+    w: &mut World,
+    cfg: &DemoConfig,
+    sh: &VerbPhaseTally,
+    duration_ns: u64,
+) -> RunEnd {
+    let steps = 5;
+    let mut last = 0;
+    let mut end = RunEnd::Limit;
+    for i in 1..=steps {
+        let until = duration_ns * i / steps;
+        end = w.run_until(until);
+        let now = sh.ops.get();
+        eprintln!(
+            "loch demo: t={:.2} virtual ms  {now:>10} ops  {:>8.2} Mops/s simulated",
+            w.now_ns() as f64 / 1e6,
+            (now - last) as f64 / (duration_ns / steps) as f64 * 1e3
+        );
+        last = now;
+        if end == RunEnd::Done {
+            break;
+        }
+    }
+    if end != RunEnd::Done {
+        end = if cfg.faults.is_empty() {
+            w.run()
+        } else {
+            w.run_until(duration_ns + crate::demo_index::FAULT_QUIET_NS)
+        };
+    }
+    end
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -241,91 +241,9 @@ impl Message {
             TAG_AUTH => Message::Auth {
                 mac: r.array("mac")?,
             },
-            TAG_ENDPOINT => {
-                let node_id = r.u32("node_id")?;
-                let peer_id = r.u32("peer_id")?;
-                let qp = QpInfo {
-                    qpn: r.u32("qpn")?,
-                    lid: r.u16("lid")?,
-                    gid: r.array("gid")?,
-                    psn: r.u32("psn")?,
-                    mtu: r.u8("mtu")?,
-                };
-                if qp.qpn > 0x00ff_ffff {
-                    return Err(WireError::Invalid {
-                        field: "qpn",
-                        why: "wider than 24 bits",
-                    });
-                }
-                if qp.psn > 0x00ff_ffff {
-                    return Err(WireError::Invalid {
-                        field: "psn",
-                        why: "wider than 24 bits",
-                    });
-                }
-                if !(1..=5).contains(&qp.mtu) {
-                    return Err(WireError::Invalid {
-                        field: "mtu",
-                        why: "not an ibv_mtu code 1..=5",
-                    });
-                }
-                Message::Endpoint(Endpoint {
-                    node_id,
-                    peer_id,
-                    qp,
-                })
-            }
-            TAG_REGION => {
-                let node_id = r.u32("node_id")?;
-                let space = match r.u8("space")? {
-                    0 => Space::Host,
-                    1 => Space::Device,
-                    _ => {
-                        return Err(WireError::Invalid {
-                            field: "space",
-                            why: "not 0 (host) or 1 (device)",
-                        })
-                    }
-                };
-                let base = r.u64("base")?;
-                let len = r.u64("len")?;
-                let rkey = r.u32("rkey")?;
-                if base.checked_add(len).is_none() {
-                    return Err(WireError::Invalid {
-                        field: "len",
-                        why: "base + len overflows",
-                    });
-                }
-                Message::Region(Region {
-                    node_id,
-                    space,
-                    base,
-                    len,
-                    rkey,
-                })
-            }
-            TAG_BARRIER | TAG_BARRIER_RELEASE => {
-                let n = r.u16("name")? as usize;
-                if n > NAME_BYTES_MAX {
-                    return Err(WireError::Invalid {
-                        field: "name",
-                        why: "longer than 256 bytes",
-                    });
-                }
-                let bytes = r.take(n, "name")?;
-                let name = std::str::from_utf8(bytes)
-                    .map_err(|_| WireError::Invalid {
-                        field: "name",
-                        why: "not UTF-8",
-                    })?
-                    .to_string();
-                let epoch = r.u64("epoch")?;
-                if tag == TAG_BARRIER {
-                    Message::Barrier { name, epoch }
-                } else {
-                    Message::BarrierRelease { name, epoch }
-                }
-            }
+            TAG_ENDPOINT => read_endpoint(&mut r)?,
+            TAG_REGION => read_region(&mut r)?,
+            TAG_BARRIER | TAG_BARRIER_RELEASE => read_barrier(&mut r, tag)?,
             TAG_BYE => Message::Bye,
             t => return Err(WireError::UnknownTag(t)),
         };
@@ -347,6 +265,99 @@ impl Message {
             Message::Bye => "Bye",
         }
     }
+}
+
+/// An endpoint record: ids, then the queue pair (24-bit QPN and PSN, an
+/// ibv_mtu code).
+fn read_endpoint(r: &mut Reader<'_>) -> Result<Message, WireError> {
+    let node_id = r.u32("node_id")?;
+    let peer_id = r.u32("peer_id")?;
+    let qp = QpInfo {
+        qpn: r.u32("qpn")?,
+        lid: r.u16("lid")?,
+        gid: r.array("gid")?,
+        psn: r.u32("psn")?,
+        mtu: r.u8("mtu")?,
+    };
+    if qp.qpn > 0x00ff_ffff {
+        return Err(WireError::Invalid {
+            field: "qpn",
+            why: "wider than 24 bits",
+        });
+    }
+    if qp.psn > 0x00ff_ffff {
+        return Err(WireError::Invalid {
+            field: "psn",
+            why: "wider than 24 bits",
+        });
+    }
+    if !(1..=5).contains(&qp.mtu) {
+        return Err(WireError::Invalid {
+            field: "mtu",
+            why: "not an ibv_mtu code 1..=5",
+        });
+    }
+    Ok(Message::Endpoint(Endpoint {
+        node_id,
+        peer_id,
+        qp,
+    }))
+}
+
+/// A region record: a space, and a base and length that do not overflow.
+fn read_region(r: &mut Reader<'_>) -> Result<Message, WireError> {
+    let node_id = r.u32("node_id")?;
+    let space = match r.u8("space")? {
+        0 => Space::Host,
+        1 => Space::Device,
+        _ => {
+            return Err(WireError::Invalid {
+                field: "space",
+                why: "not 0 (host) or 1 (device)",
+            })
+        }
+    };
+    let base = r.u64("base")?;
+    let len = r.u64("len")?;
+    let rkey = r.u32("rkey")?;
+    if base.checked_add(len).is_none() {
+        return Err(WireError::Invalid {
+            field: "len",
+            why: "base + len overflows",
+        });
+    }
+    Ok(Message::Region(Region {
+        node_id,
+        space,
+        base,
+        len,
+        rkey,
+    }))
+}
+
+/// A barrier (or its release): a UTF-8 name of at most 256 bytes and an
+/// epoch.
+fn read_barrier(r: &mut Reader<'_>, tag: u8) -> Result<Message, WireError> {
+    let n = r.u16("name")? as usize;
+    if n > NAME_BYTES_MAX {
+        return Err(WireError::Invalid {
+            field: "name",
+            why: "longer than 256 bytes",
+        });
+    }
+    let bytes = r.take(n, "name")?;
+    let name = std::str::from_utf8(bytes)
+        .map_err(|_| WireError::Invalid {
+            field: "name",
+            why: "not UTF-8",
+        })?
+        .to_string();
+    let epoch = r.u64("epoch")?;
+    Ok(if tag == TAG_BARRIER {
+        Message::Barrier { name, epoch }
+    } else {
+        Message::BarrierRelease { name, epoch }
+    })
 }
 
 struct Reader<'a> {
