@@ -406,6 +406,79 @@ impl NodeMap {
     }
 }
 
+/// An anonymous memfd for a node of `cfg`'s size: of huge pages when
+/// enough are free, else of ordinary pages (with a warning); the file,
+/// its `/proc` path and its page size.
+fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> {
+    let need = Layout::new(HUGE_PAGE, cfg.host_bytes, cfg.dm_bytes).total;
+    // A hugetlb memfd only fails at fault time without reserved
+    // pages, so ask the kernel whether enough are free first.
+    let huge = if crate::emu::hugepages_free() * HUGE_PAGE >= need {
+        memfd(true).and_then(|f| f.set_len(need).map(|_| f))
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            "too few free 2 MiB huge pages",
+        ))
+    };
+    let (f, page) = match huge {
+        Ok(f) => (f, HUGE_PAGE),
+        Err(e) => {
+            crate::emu::warn_no_hugepages(&e);
+            (
+                memfd(false).map_err(io_err(Path::new("memfd"), "cannot create"))?,
+                SMALL_PAGE,
+            )
+        }
+    };
+    let path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::getpid() },
+        f.as_raw_fd()
+    ));
+    Ok((f, path, page))
+}
+
+/// The node file at `path`, made anew or taken over from an owner that is
+/// gone (an owner that holds its lock makes it `InUse`); the file, its
+/// path and its page size.
+fn file_backing(path: &PathBuf) -> Result<(File, PathBuf, u64), EmuError> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(io_err(path, "cannot open"))?;
+            if owner_holds_lock(f.as_raw_fd()) {
+                let pid = read_owner_pid(&f).unwrap_or(0);
+                return Err(EmuError::InUse {
+                    path: path.clone(),
+                    pid,
+                });
+            }
+            log::info!("reusing stale memory node file {}", path.display());
+            f.set_len(0).map_err(io_err(path, "cannot truncate"))?;
+            f
+        }
+        Err(e) => return Err(io_err(path, "cannot create")(e)),
+    };
+    let page = if is_hugetlbfs(&file) {
+        HUGE_PAGE
+    } else {
+        SMALL_PAGE
+    };
+    Ok((file, path.clone(), page))
+}
+
 /// A memory node owned by this process.
 pub struct EmuNode {
     map: Arc<NodeMap>,
@@ -434,71 +507,8 @@ impl EmuNode {
             )));
         }
         let (file, path, page) = match &cfg.backing {
-            Backing::Memfd => {
-                let need = Layout::new(HUGE_PAGE, cfg.host_bytes, cfg.dm_bytes).total;
-                // A hugetlb memfd only fails at fault time without reserved
-                // pages, so ask the kernel whether enough are free first.
-                let huge = if crate::emu::hugepages_free() * HUGE_PAGE >= need {
-                    memfd(true).and_then(|f| f.set_len(need).map(|_| f))
-                } else {
-                    Err(io::Error::new(
-                        io::ErrorKind::OutOfMemory,
-                        "too few free 2 MiB huge pages",
-                    ))
-                };
-                let (f, page) = match huge {
-                    Ok(f) => (f, HUGE_PAGE),
-                    Err(e) => {
-                        crate::emu::warn_no_hugepages(&e);
-                        (
-                            memfd(false).map_err(io_err(Path::new("memfd"), "cannot create"))?,
-                            SMALL_PAGE,
-                        )
-                    }
-                };
-                let path = PathBuf::from(format!(
-                    "/proc/{}/fd/{}",
-                    // SAFETY: getpid has no preconditions.
-                    unsafe { libc::getpid() },
-                    f.as_raw_fd()
-                ));
-                (f, path, page)
-            }
-            Backing::File(path) => {
-                let file = match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(path)
-                {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        let f = OpenOptions::new()
-                            .read(true)
-                            .write(true)
-                            .open(path)
-                            .map_err(io_err(path, "cannot open"))?;
-                        if owner_holds_lock(f.as_raw_fd()) {
-                            let pid = read_owner_pid(&f).unwrap_or(0);
-                            return Err(EmuError::InUse {
-                                path: path.clone(),
-                                pid,
-                            });
-                        }
-                        log::info!("reusing stale memory node file {}", path.display());
-                        f.set_len(0).map_err(io_err(path, "cannot truncate"))?;
-                        f
-                    }
-                    Err(e) => return Err(io_err(path, "cannot create")(e)),
-                };
-                let page = if is_hugetlbfs(&file) {
-                    HUGE_PAGE
-                } else {
-                    SMALL_PAGE
-                };
-                (file, path.clone(), page)
-            }
+            Backing::Memfd => memfd_backing(cfg)?,
+            Backing::File(path) => file_backing(path)?,
         };
         // SAFETY: flock on our own descriptor.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
