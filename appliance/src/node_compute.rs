@@ -199,6 +199,18 @@ struct Run {
     elapsed_ns: u64,
 }
 
+/// This node's first core in the cluster's numbering (cores of nodes with
+/// lower ids first; task slots follow it), and the cluster's core count.
+fn core_offsets(cfg: &ClusterConfig, me: u32) -> (usize, usize) {
+    let first = cfg
+        .nodes
+        .iter()
+        .take_while(|n| n.id != me)
+        .map(|n| n.cores.len())
+        .sum();
+    (first, cfg.nodes.iter().map(|n| n.cores.len()).sum())
+}
+
 /// Runs the compute role (module docs) over `src`; `rv` has passed
 /// "memory-ready". Returns the exit code: 0 clean, 1 a failure seen.
 pub fn run<N: Nic, S: CoreSource<N>>(
@@ -207,14 +219,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
     rv: Rendezvous,
 ) -> Result<u8, NodeError> {
     let (o, cfg, node, me) = (c.o, c.cfg, c.node, c.me);
-    // This node's first task slot in the layout: cores of lower ids first.
-    let first_core: usize = cfg
-        .nodes
-        .iter()
-        .take_while(|n| n.id != node.id)
-        .map(|n| n.cores.len())
-        .sum();
-    let cores_total: usize = cfg.nodes.iter().map(|n| n.cores.len()).sum();
+    let (first_core, cores_total) = core_offsets(cfg, node.id);
     // The index, when the workload has one: the lowest-id compute node
     // loads it before "index-ready"; the others open it after.
     let index = o

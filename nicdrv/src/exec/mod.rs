@@ -254,6 +254,30 @@ pub struct Executor<N: Nic> {
     turns: u64,
 }
 
+/// The queue pairs indexed by their memory node: each at least `need`
+/// deep, one per node.
+fn qps_by_node<Q: QueuePair>(qps: Vec<Q>, need: u32) -> Result<Vec<Option<Q>>, ExecError> {
+    let mut by_node: Vec<Option<Q>> = Vec::new();
+    for qp in qps {
+        let node = qp.peer();
+        if qp.depth() < need {
+            return Err(ExecError::QpTooShallow {
+                node,
+                depth: qp.depth(),
+                need,
+            });
+        }
+        if by_node.len() <= node as usize {
+            by_node.resize_with(node as usize + 1, || None);
+        }
+        if by_node[node as usize].is_some() {
+            return Err(ExecError::DuplicateQp(node));
+        }
+        by_node[node as usize] = Some(qp);
+    }
+    Ok(by_node)
+}
+
 impl<N: Nic> Executor<N> {
     /// Makes an executor over a completion queue, one connected queue pair
     /// per memory node (all on `cq`), and a registered scratch region of at
@@ -276,24 +300,7 @@ impl<N: Nic> Executor<N> {
                 need,
             });
         }
-        let mut by_node: Vec<Option<N::Qp>> = Vec::new();
-        for qp in qps {
-            let node = qp.peer();
-            if qp.depth() < cfg.qp_depth() {
-                return Err(ExecError::QpTooShallow {
-                    node,
-                    depth: qp.depth(),
-                    need: cfg.qp_depth(),
-                });
-            }
-            if by_node.len() <= node as usize {
-                by_node.resize_with(node as usize + 1, || None);
-            }
-            if by_node[node as usize].is_some() {
-                return Err(ExecError::DuplicateQp(node));
-            }
-            by_node[node as usize] = Some(qp);
-        }
+        let by_node = qps_by_node(qps, cfg.qp_depth())?;
         let lkey = scratch.lkey();
         let base = scratch.as_ptr();
         let keep: Rc<dyn std::any::Any> = Rc::new(scratch);
