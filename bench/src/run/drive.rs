@@ -103,9 +103,20 @@ pub(crate) struct ClientWork<'a> {
     pub(crate) spec: &'a RunSpec,
     /// One handle per compute node.
     pub(crate) indexes: &'a [IndexHandle],
-    pub(crate) dist: &'a KeyDist,
+    pub(crate) dist: KeyDist,
     /// The start of the measured interval, over every group.
     pub(crate) from: Arc<AtomicU64>,
+}
+
+impl<'a> ClientWork<'a> {
+    pub(crate) fn new(spec: &'a RunSpec, indexes: &'a [IndexHandle]) -> ClientWork<'a> {
+        ClientWork {
+            spec,
+            indexes,
+            dist: KeyDist::new(spec.records, spec.zipf),
+            from: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
 }
 
 impl Workload for ClientWork<'_> {
@@ -156,13 +167,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     load_sim(&mut w, spec, &trees)?;
     // Fault times count from here, the start of the workload.
     let start = w.now_ns();
-    let dist = KeyDist::new(spec.records, spec.zipf);
-    let clients = ClientWork {
-        spec,
-        indexes: &trees,
-        dist: &dist,
-        from: Arc::new(AtomicU64::new(u64::MAX)),
-    };
+    let clients = ClientWork::new(spec, &trees);
     let cores = spec.threads * trees.len();
     let spawned = simrun::spawn(
         &mut w,
@@ -339,15 +344,9 @@ pub(crate) fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
     }
     progress.finish();
     let wall = std::time::Instant::now();
-    let dist = KeyDist::new(spec.records, spec.zipf);
     // Shared by the cores: the measured interval starts at the first
     // measured operation of any core, and --seconds counts from there.
-    let clients = ClientWork {
-        spec,
-        indexes: &trees,
-        dist: &dist,
-        from: Arc::new(AtomicU64::new(u64::MAX)),
-    };
+    let clients = ClientWork::new(spec, &trees);
     let reports = cluster
         .run(&clients, spec.threads, exec_cfg(spec), true)
         .map_err(|e| e.to_string())?;
