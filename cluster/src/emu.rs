@@ -53,7 +53,8 @@ impl fmt::Display for ClusterError {
             ClusterError::Device(s) => write!(f, "device: {s}"),
             ClusterError::Memory(e) => write!(f, "memory: {e}"),
             ClusterError::Executor(e) => write!(f, "executor: {e}"),
-            ClusterError::Core(s) => write!(f, "core: {s}"),
+            // The message names the core already.
+            ClusterError::Core(s) => write!(f, "{s}"),
         }
     }
 }
@@ -194,7 +195,8 @@ impl EmuCluster {
                 core,
                 compute_node: 0,
             };
-            work.spawn(place, &group, ex).map_err(ClusterError::Core)?;
+            work.spawn(place, &group, ex)
+                .map_err(|e| ClusterError::Core(format!("core {core}: {e}")))?;
             ex.run();
             Ok(work.finish(group, ex.counters()))
         })?
