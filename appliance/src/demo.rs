@@ -9,6 +9,7 @@
 //! The workload grows with Loch: later capabilities (the B+tree, the hash
 //! table, transactions) join it.
 
+use crate::verb_mix::{self, Mix, Target, Verb};
 use cluster::sim::{self as simrun, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{EmuCluster, EmuClusterConfig, Place, Spawn, Workload};
@@ -204,66 +205,35 @@ async fn demo_task<N: Nic>(
     while ctx.now_ns() < deadline {
         let t0 = ctx.now_ns();
         let w = rng.below(TASK_WORDS);
-        let addr = area.add(w * 64);
-        let pick = rng.below(100);
+        let target = Target {
+            word: area.add(w * 64),
+            counter: SHARED_FAA,
+            cas_word,
+        };
+        let verb = Mix::DEMO.pick(&mut rng);
         // FAAs and CASes in flight: if the task never hears back (its node
         // crashed), the memory node may still have applied them.
-        let counted = match pick {
-            50..=69 | 85.. => Some(&sh.failed_faa),
-            70..=84 => Some(&sh.failed_cas),
+        let counted = match verb {
+            v if v.bumps_counter() => Some(&sh.failed_faa),
+            Verb::CasIncrement => Some(&sh.failed_cas),
             _ => None,
         };
         if let Some(c) = counted {
             c.set(c.get() + 1);
         }
-        let r = match pick {
-            0..=29 => ctx.read(addr, 64).await.map(|b| {
-                if b.u64_at(0) != shadow[w as usize] {
+        let r = verb_mix::step(&ctx, verb, &mut rng, target, &mut shadow[w as usize])
+            .await
+            .map(|found| {
+                if found.mismatch {
                     sh.mismatches.set(sh.mismatches.get() + 1);
                 }
-            }),
-            30..=49 => {
-                let v = rng.next_u64();
-                let mut line = [0u8; 64];
-                line[..8].copy_from_slice(&v.to_le_bytes());
-                let r = ctx.write(addr, &line).await;
-                if r.is_ok() {
-                    shadow[w as usize] = v;
-                }
-                r
-            }
-            50..=69 => ctx
-                .faa(SHARED_FAA, 1)
-                .await
-                .map(|_| sh.faa.set(sh.faa.get() + 1)),
-            70..=84 => {
-                // A contended CAS increment, retried until it wins.
-                let mut cur = 0;
-                loop {
-                    match ctx.cas(cas_word, cur, cur + 1).await {
-                        Ok(old) if old == cur => {
-                            sh.cas_incs.set(sh.cas_incs.get() + 1);
-                            break Ok(());
-                        }
-                        Ok(old) => cur = old,
-                        Err(e) => break Err(e),
-                    }
-                }
-            }
-            _ => {
-                // One doorbell per node, one round trip: read one of our
-                // words and bump the shared counter.
-                let mut b = ctx.batch();
-                let rd = b.read_new(addr, 64);
-                b.faa(SHARED_FAA, 1);
-                b.submit().await.map(|d| {
+                if verb.bumps_counter() {
                     sh.faa.set(sh.faa.get() + 1);
-                    if d.word(rd) != shadow[w as usize] {
-                        sh.mismatches.set(sh.mismatches.get() + 1);
-                    }
-                })
-            }
-        };
+                }
+                if found.cas_increment {
+                    sh.cas_incs.set(sh.cas_incs.get() + 1);
+                }
+            });
         if let Err(e) = r {
             // A failed FAA or CAS may still have taken effect (its answer
             // was lost): it stays counted, and the counter checks allow

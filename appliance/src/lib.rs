@@ -20,3 +20,4 @@ pub mod node_work;
 pub mod processes;
 pub mod signals;
 pub mod stats;
+pub mod verb_mix;

@@ -17,6 +17,7 @@
 //!   the index allocators hand out chunks only below them.
 
 use crate::stats::OpTally;
+use crate::verb_mix::{self, Mix, Target};
 use nicdrv::rng::Rng;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, VerbError};
 use std::cell::{Cell, RefCell};
@@ -157,8 +158,8 @@ impl CoreState {
     }
 }
 
-/// One task: random READ (checked) / WRITE / FAA over `nodes` until `stop()`
-/// or `deadline_ns` (the NIC clock). 40 % READ, 30 % WRITE, 30 % FAA.
+/// One task: the self-checking verb mix [`Mix::NODE`] over `nodes` until
+/// `stop()` or `deadline_ns` (the NIC clock).
 pub async fn task<N: Nic>(
     ctx: Ctx<N>,
     nodes: Vec<NodeId>,
@@ -175,38 +176,25 @@ pub async fn task<N: Nic>(
         };
         let node = nodes[idx];
         let w = rng.below(TASK_WORDS) as usize;
-        let addr = GlobalAddr::host(node, area_offset + w as u64 * 64);
+        let target = Target {
+            word: GlobalAddr::host(node, area_offset + w as u64 * 64),
+            counter: GlobalAddr::host(node, FAA_OFFSET),
+            // Mix::NODE draws no CAS; a CAS increment here would count
+            // on the counter the launcher checks against the FAAs.
+            cas_word: GlobalAddr::host(node, FAA_OFFSET),
+        };
+        let verb = Mix::NODE.pick(&mut rng);
         let t0 = ctx.now_ns();
-        let mut faa = false;
-        let r = match rng.below(10) {
-            0..=3 => ctx.read(addr, 64).await.map(|b| {
-                if b.u64_at(0) != shadow[idx][w] {
+        let r = verb_mix::step(&ctx, verb, &mut rng, target, &mut shadow[idx][w]).await;
+        match r {
+            Ok(found) => {
+                if found.mismatch {
                     st.tally.mismatch();
                 }
-            }),
-            4..=6 => {
-                let v = rng.next_u64();
-                let mut line = [0u8; 64];
-                line[..8].copy_from_slice(&v.to_le_bytes());
-                let r = ctx.write(addr, &line).await;
-                if r.is_ok() {
-                    shadow[idx][w] = v;
-                }
-                r
-            }
-            _ => {
-                faa = true;
-                ctx.faa(GlobalAddr::host(node, FAA_OFFSET), 1)
-                    .await
-                    .map(|_| ())
-            }
-        };
-        match r {
-            Ok(()) => {
                 st.tally.done(ctx.now_ns() - t0);
                 let mut ns = st.nodes.borrow_mut();
                 ns[idx].ops += 1;
-                if faa {
+                if verb.bumps_counter() {
                     ns[idx].faa += 1;
                 }
             }
