@@ -6,6 +6,7 @@
 
 use index::any::{AnyClient, AnyError, AnyIndex};
 use index::cuckoo::{Cuckoo, CuckooConfig};
+pub use index::keys::{key_of, records_sorted};
 use index::tree::{Tree, TreeConfig};
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
@@ -15,12 +16,6 @@ use std::rc::Rc;
 
 /// Keys each task owns beyond the loaded records.
 pub const OWN_KEYS: u64 = 256;
-
-/// The key of record `i`: spread over the key space (odd multiplier: a
-/// bijection on u64; the top bit is cleared, so u64::MAX is never used).
-pub fn key_of(i: u64) -> u64 {
-    i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1
-}
 
 /// Which index a phase runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -51,14 +46,6 @@ pub fn index_handle(
             AnyIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
         }
     })
-}
-
-/// Records `key_of(i)` → `i` for `i` in `0..n`, in key order (a bulk
-/// load's input).
-pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
-    v.sort_unstable();
-    v
 }
 
 /// The tree configuration of the index workload: Sherman, with the given chunks

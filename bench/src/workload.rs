@@ -146,12 +146,6 @@ impl KeyDist {
     }
 }
 
-/// The tree key of record `i`: records are spread over the 64-bit space
-/// (and never u64::MAX, which the tree reserves).
-pub fn key_of(i: u64) -> u64 {
-    fnv64(i ^ 0x5bd1_e995) >> 1
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +213,5 @@ mod tests {
         let z = KeyDist::new(100, 0.99);
         let zeros = (0..10_000).filter(|_| z.rank(&mut rng) == 0).count();
         assert!(zeros > 1_000, "rank 0 drawn {zeros} times in 10000");
-        assert_ne!(key_of(1), key_of(2));
-        assert!(key_of(u64::MAX) < u64::MAX);
     }
 }

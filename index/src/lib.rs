@@ -4,11 +4,13 @@
 //! [`tree`], the Sherman B+tree with HOCL locks, command combination, line
 //! versions and the index cache, plus its FG+ baseline; [`cuckoo`], the
 //! Nessie lock-free cuckoo hash table, driven by one-sided READ, WRITE and
-//! CAS only; and [`any`], one client over both. Their concurrency tests
+//! CAS only; [`any`], one client over both; and [`keys`], the keys every
+//! workload gives its records. Their concurrency tests
 //! check recorded histories with the `history` crate.
 
 pub mod any;
 pub mod cuckoo;
+pub mod keys;
 pub mod tree;
 
 use nicdrv::{Ctx, Nic};

@@ -366,10 +366,3 @@ pub(crate) async fn client_task<N: Nic>(
     *sh.tree.borrow_mut() += c.tree_stats();
     sh.finished.set(sh.finished.get() + 1);
 }
-
-pub fn records_sorted(n: u64) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = (0..n).map(|i| (key_of(i), i)).collect();
-    v.sort_unstable();
-    v.dedup_by_key(|p| p.0);
-    v
-}
