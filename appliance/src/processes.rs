@@ -13,6 +13,7 @@
 use crate::node::{emu_node_path, Workload};
 use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
+use cluster::processes::{free_ports, PrivateDir, Processes};
 use cluster::stats::latency_histogram;
 use cluster::EmuCluster;
 use hdrhistogram::Histogram;
@@ -23,9 +24,8 @@ use serde_json::Value;
 use std::cell::Cell;
 use std::fmt::Write as _;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -65,40 +65,23 @@ pub struct ProcessesReport {
     pub ok: bool,
 }
 
-/// Processes and files to clean up on every path out.
+/// Processes and files to clean up on every path out: the node processes
+/// are killed and reaped first, then the memory nodes' files and the
+/// directory are removed.
 struct Launch {
-    dir: PathBuf,
+    nodes: Processes,
     node_files: Vec<PathBuf>,
-    children: Vec<(u32, Child)>,
+    /// Held for its drop, which removes the directory last.
+    _dir: PrivateDir,
 }
 
 impl Drop for Launch {
     fn drop(&mut self) {
-        for (_, c) in &mut self.children {
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
+        self.nodes = Processes::new();
         for f in &self.node_files {
             let _ = std::fs::remove_file(f);
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_ports(n: usize) -> Result<Vec<u16>, String> {
-    // Hold every listener until all are bound so the ports differ; a
-    // process may still take one before the node binds it (rare; the
-    // coordinator then fails with a clear "cannot listen" error).
-    let ls: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("cannot find a free port: {e}"))?;
-    ls.iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("cannot find a free port: {e}"))
 }
 
 fn secret_bytes() -> Result<[u8; 32], String> {
@@ -111,25 +94,9 @@ fn secret_bytes() -> Result<[u8; 32], String> {
 
 /// Writes the cluster file (and its secret) into a fresh private directory;
 /// returns the directory and the cluster file's path.
-pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PathBuf, PathBuf), String> {
-    let dir = std::env::temp_dir().join(format!("loch-demo-{}-{}", std::process::id(), unix_ns()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let write = |name: &str, data: &[u8]| -> Result<PathBuf, String> {
-        let p = dir.join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&p)
-            .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
-        std::io::Write::write_all(&mut f, data)
-            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-        Ok(p)
-    };
-    write("secret", &secret_bytes()?)?;
+pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), String> {
+    let dir = PrivateDir::new("demo")?;
+    dir.write("secret", &secret_bytes()?)?;
     let cpus: Vec<usize> = core_affinity::get_core_ids()
         .map(|v| v.into_iter().map(|c| c.id).collect())
         .unwrap_or_default();
@@ -166,7 +133,7 @@ pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PathBuf, PathBuf), String
             );
         }
     }
-    let file = write("cluster.toml", toml.as_bytes())?;
+    let file = dir.write("cluster.toml", toml.as_bytes())?;
     Ok((dir, file))
 }
 
@@ -199,16 +166,6 @@ fn read_faa_counters(eps: Vec<EmuEndpoint>) -> Result<Vec<u64>, String> {
                 .ok_or(format!("cannot read memory node {i}'s counter"))
         })
         .collect()
-}
-
-fn wait_bounded(c: &mut Child, by: Instant) -> Option<std::process::ExitStatus> {
-    loop {
-        match c.try_wait() {
-            Ok(Some(s)) => return Some(s),
-            Ok(None) if Instant::now() < by => std::thread::sleep(Duration::from_millis(10)),
-            _ => return None,
-        }
-    }
 }
 
 fn field(v: &Value, k: &str) -> u64 {
@@ -277,9 +234,9 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
     let start_unix_ns = unix_ns();
     let (dir, file) = write_cluster(cfg)?;
     let mut launch = Launch {
-        dir,
+        nodes: Processes::new(),
         node_files: Vec::new(),
-        children: Vec::new(),
+        _dir: dir,
     };
     let cluster = ClusterConfig::load(&file).map_err(|e| e.to_string())?;
     launch.node_files = cluster
@@ -293,7 +250,7 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
     // index load and teardown on top, then give up (Launch's Drop kills
     // everything).
     let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(90);
-    let (results, exit_ok) = compute_results(&mut launch, by)?;
+    let (results, exit_ok) = compute_results(&cluster, &mut launch.nodes, by)?;
     let counters = if w == Workload::Verbs {
         let eps: Result<Vec<EmuEndpoint>, String> = launch
             .node_files
@@ -304,7 +261,7 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
     } else {
         Vec::new()
     };
-    let memory_clean = stop_memory_nodes(&cluster, &mut launch);
+    let memory_clean = stop_memory_nodes(&cluster, &mut launch.nodes);
     let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
     let t = Totals::of(&results, cfg.memory_nodes, start_unix_ns);
     let mut text = section_stats(cfg, w, &t);
@@ -378,8 +335,7 @@ fn start_nodes(
         cmd.arg("node")
             .arg("--config")
             .arg(file)
-            .args(["--id", &n.id.to_string()])
-            .stdin(Stdio::null());
+            .args(["--id", &n.id.to_string()]);
         if n.roles.compute {
             cmd.args(["--seconds", &cfg.seconds.to_string()])
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
@@ -392,47 +348,31 @@ fn start_nodes(
         } else {
             cmd.stdout(Stdio::null());
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start node {}: {e}", n.id))?;
-        launch.children.push((n.id, child));
+        launch.nodes.spawn(n.id, &mut cmd)?;
     }
     Ok(())
 }
 
 /// Waits (until `by`) for every compute node and takes its result line;
 /// the results, and whether every compute node exited 0.
-fn compute_results(launch: &mut Launch, by: Instant) -> Result<(Vec<Value>, bool), String> {
+fn compute_results(
+    cluster: &ClusterConfig,
+    nodes: &mut Processes,
+    by: Instant,
+) -> Result<(Vec<Value>, bool), String> {
     let mut results = Vec::new();
     let mut exit_ok = true;
-    // One reader per compute node, so a full pipe never stalls a node
-    // while we wait on another.
-    let readers: Vec<_> = launch
-        .children
-        .iter_mut()
-        .map(|(_, c)| {
-            c.stdout.take().map(|mut so| {
-                std::thread::spawn(move || {
-                    let mut out = String::new();
-                    let _ = so.read_to_string(&mut out);
-                    out
-                })
-            })
-        })
-        .collect();
-    for ((id, c), reader) in launch.children.iter_mut().zip(readers) {
-        let Some(reader) = reader else {
-            continue; // a memory node
-        };
-        let status = wait_bounded(c, by)
-            .ok_or_else(|| format!("compute node {id} did not finish in time"))?;
-        let out = reader.join().unwrap_or_default();
+    for n in cluster.nodes.iter().filter(|n| n.roles.compute) {
+        let status = nodes
+            .wait(n.id, by)
+            .ok_or_else(|| format!("compute node {} did not finish in time", n.id))?;
+        let (out, _) = nodes.output(n.id);
         exit_ok &= status.success();
         let json = out
             .lines()
             .rev()
             .find_map(|l| serde_json::from_str::<Value>(l).ok())
-            .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
+            .ok_or_else(|| format!("compute node {} ({status}) printed no result line", n.id))?;
         results.push(json);
     }
     Ok((results, exit_ok))
@@ -440,18 +380,15 @@ fn compute_results(launch: &mut Launch, by: Instant) -> Result<(Vec<Value>, bool
 
 /// Stops the memory nodes: SIGTERM, then a bounded wait; whether each
 /// exited 0.
-fn stop_memory_nodes(cluster: &ClusterConfig, launch: &mut Launch) -> bool {
-    let mut clean = true;
+fn stop_memory_nodes(cluster: &ClusterConfig, nodes: &mut Processes) -> bool {
     let stop_by = Instant::now() + Duration::from_secs(5);
-    for (id, c) in launch.children.iter_mut() {
-        if cluster.node(*id).is_some_and(|n| n.roles.compute) {
-            continue;
-        }
-        // SAFETY: kill(2) on a child we started and have not reaped.
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-        clean &= wait_bounded(c, stop_by).is_some_and(|s| s.success());
-    }
-    clean
+    cluster
+        .nodes
+        .iter()
+        .filter(|n| !n.roles.compute)
+        .fold(true, |clean, n| {
+            nodes.terminate(n.id, stop_by).is_some_and(|s| s.success()) && clean
+        })
 }
 
 /// The compute nodes' result lines, summed (maxima for times).

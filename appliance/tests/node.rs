@@ -2,66 +2,32 @@
 //! them: exit codes, the lines they print, a multi-process cluster over the
 //! control channel, and a memory node killed with SIGKILL mid-run.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const LOCH: &str = env!("CARGO_BIN_EXE_loch");
 
+use cluster::processes::{free_ports, wait_until, PrivateDir};
 use nicdrv::clock::unix_ns;
 
-/// A private temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "loch-test-{tag}-{}-{}",
-            std::process::id(),
-            unix_ns()
-        ));
-        std::fs::create_dir(&p).unwrap();
-        TempDir(p)
-    }
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+/// Writes `text` to `name` in `dir` (0600).
+fn write(dir: &PrivateDir, name: &str, text: &str) -> PathBuf {
+    dir.write(name, text.as_bytes()).unwrap()
 }
 
 /// A cluster file: `memory` memory nodes (ids 0..) then one compute node on
 /// CPU 0, on 127.0.0.1 with free ports, plus its secret.
-fn cluster(dir: &TempDir, memory: usize) -> (PathBuf, Vec<u16>) {
+fn cluster(dir: &PrivateDir, memory: usize) -> (PathBuf, Vec<u16>) {
     cluster_of(dir, memory, 1)
 }
 
 /// As [`cluster`], with `compute` compute nodes (the k-th on CPU k mod 2).
-fn cluster_of(dir: &TempDir, memory: usize, compute: usize) -> (PathBuf, Vec<u16>) {
-    dir.write("secret", "0123456789abcdef0123456789abcdef-test");
-    let ports = free_ports(memory + compute);
+fn cluster_of(dir: &PrivateDir, memory: usize, compute: usize) -> (PathBuf, Vec<u16>) {
+    write(dir, "secret", "0123456789abcdef0123456789abcdef-test");
+    let ports = free_ports(memory + compute).unwrap();
     let mut t = String::from(
         "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n",
     );
@@ -73,12 +39,12 @@ fn cluster_of(dir: &TempDir, memory: usize, compute: usize) -> (PathBuf, Vec<u16
             t += &format!("roles = [\"compute\"]\ncores = [{}]\n", (id - memory) % 2);
         }
     }
-    (dir.write("cluster.toml", &t), ports)
+    (write(dir, "cluster.toml", &t), ports)
 }
 
 #[test]
 fn check_prints_every_check_and_exits_0_or_1() {
-    let dir = TempDir::new("check");
+    let dir = PrivateDir::new("check").unwrap();
     let (file, _) = cluster(&dir, 2);
     let out = Command::new(LOCH)
         .args(["check", "--config"])
@@ -107,7 +73,7 @@ fn check_prints_every_check_and_exits_0_or_1() {
 
 #[test]
 fn check_on_a_bad_config_exits_2_with_one_line() {
-    let dir = TempDir::new("badcfg");
+    let dir = PrivateDir::new("badcfg").unwrap();
     let (good, _) = cluster(&dir, 1);
     let good_text = std::fs::read_to_string(&good).unwrap();
     let cases = [
@@ -129,7 +95,7 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
         ),
     ];
     for (name, text, expect) in cases {
-        let f = dir.write(name, &text);
+        let f = write(&dir, name, &text);
         let out = Command::new(LOCH)
             .args(["check", "--config"])
             .arg(&f)
@@ -146,7 +112,11 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
         );
     }
     // A secret others can read: refused with the fix.
-    std::fs::set_permissions(dir.0.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("secret"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
     let out = Command::new(LOCH)
         .args(["check", "--config"])
         .arg(&good)
@@ -156,7 +126,11 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("chmod 600"), "{stderr}");
-    std::fs::set_permissions(dir.0.join("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     // An id the file does not have: bad input, said on stderr, as `loch node` says it.
     for cmd in ["check", "node"] {
         let out = Command::new(LOCH)
@@ -294,21 +268,9 @@ impl Drop for Reaper {
     }
 }
 
-fn wait_by(c: &mut Child, by: Instant) -> Option<std::process::ExitStatus> {
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return Some(s);
-        }
-        if Instant::now() > by {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
-    let dir = TempDir::new("kill");
+    let dir = PrivateDir::new("kill").unwrap();
     let (file, ports) = cluster(&dir, 2);
     let node_file = |id: u32| {
         // SAFETY: getuid has no preconditions.
@@ -353,7 +315,7 @@ fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
     let _ = r.0[1].wait();
 
     let by = Instant::now() + Duration::from_secs(10);
-    let status = wait_by(&mut r.0[2], by).expect("the compute node hung after the kill");
+    let status = wait_until(&mut r.0[2], by).expect("the compute node hung after the kill");
     let log = log.join().unwrap();
     let out = result.join().unwrap();
     let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
@@ -391,7 +353,7 @@ fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
     // Node 0 stops on SIGTERM and removes its file; node 1 left a stale one.
     // SAFETY: kill(2) on a child we started and have not reaped.
     unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
-    let s0 = wait_by(&mut r.0[0], Instant::now() + Duration::from_secs(5))
+    let s0 = wait_until(&mut r.0[0], Instant::now() + Duration::from_secs(5))
         .expect("memory node 0 ignored SIGTERM");
     assert!(s0.success());
     assert!(!node_file(0).exists());
@@ -413,7 +375,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 #[test]
 fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
-    let dir = TempDir::new("signal");
+    let dir = PrivateDir::new("signal").unwrap();
     let (file, _) = cluster(&dir, 1);
     // No --seconds: the compute node runs until a signal.
     let mut r = Reaper(vec![
@@ -439,7 +401,7 @@ fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
         .expect("the compute node printed no stats line");
     // SAFETY: kill(2) on a child we started and have not reaped.
     unsafe { libc::kill(r.0[1].id() as libc::pid_t, libc::SIGINT) };
-    let s1 = wait_by(&mut r.0[1], Instant::now() + Duration::from_secs(5))
+    let s1 = wait_until(&mut r.0[1], Instant::now() + Duration::from_secs(5))
         .expect("the compute node ignored SIGINT");
     assert!(s1.success(), "{s1}");
     let out = result.join().unwrap();
@@ -453,14 +415,14 @@ fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
     assert!(cpu < 0.25, "memory node used {cpu} CPU seconds");
     // SAFETY: as above.
     unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
-    let s0 = wait_by(&mut r.0[0], Instant::now() + Duration::from_secs(5))
+    let s0 = wait_until(&mut r.0[0], Instant::now() + Duration::from_secs(5))
         .expect("the memory node ignored SIGTERM");
     assert!(s0.success(), "{s0}");
 }
 
 #[test]
 fn node_rejects_bad_input_with_exit_2() {
-    let dir = TempDir::new("nodebad");
+    let dir = PrivateDir::new("nodebad").unwrap();
     let (file, _) = cluster(&dir, 1);
     for args in [
         vec!["--id", "1", "--tasks", "0"],
@@ -484,7 +446,7 @@ fn node_rejects_bad_input_with_exit_2() {
     let mlx5 = std::fs::read_to_string(&file)
         .unwrap()
         .replace("kind = \"emu\"", "kind = \"mlx5\"\ndevice = \"mlx5_0\"");
-    let f = dir.write("mlx5.toml", &mlx5);
+    let f = write(&dir, "mlx5.toml", &mlx5);
     let out = Command::new(LOCH)
         .args(["node", "--config"])
         .arg(&f)
@@ -529,7 +491,7 @@ fn read_all(c: &mut Child) -> std::thread::JoinHandle<String> {
 
 #[test]
 fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
-    let dir = TempDir::new("tree");
+    let dir = PrivateDir::new("tree").unwrap();
     let (file, ports) = cluster_of(&dir, 2, 2);
     let node_file = |id: u32| {
         // SAFETY: getuid has no preconditions.
@@ -560,7 +522,7 @@ fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
     let outs: Vec<_> = (2..4).map(|i| read_all(&mut r.0[i])).collect();
     let by = Instant::now() + Duration::from_secs(30);
     let status: Vec<_> = (2..4)
-        .map(|i| wait_by(&mut r.0[i], by).expect("a compute node hung"))
+        .map(|i| wait_until(&mut r.0[i], by).expect("a compute node hung"))
         .collect();
     let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
     let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
@@ -608,7 +570,7 @@ fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
     for i in 0..2 {
         // SAFETY: kill(2) on a child we started and have not reaped.
         unsafe { libc::kill(r.0[i].id() as libc::pid_t, libc::SIGTERM) };
-        let s = wait_by(&mut r.0[i], Instant::now() + Duration::from_secs(5))
+        let s = wait_until(&mut r.0[i], Instant::now() + Duration::from_secs(5))
             .expect("a memory node ignored SIGTERM");
         assert!(s.success(), "{s}");
         assert!(!node_file(i as u32).exists());
@@ -617,7 +579,7 @@ fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
 
 #[test]
 fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
-    let dir = TempDir::new("lone");
+    let dir = PrivateDir::new("lone").unwrap();
     let (file, ports) = cluster(&dir, 1);
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -637,7 +599,7 @@ fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
         let t0 = Instant::now();
         // SAFETY: kill(2) on a child we started and have not reaped.
         unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
-        let s = wait_by(&mut r.0[0], t0 + Duration::from_secs(5))
+        let s = wait_until(&mut r.0[0], t0 + Duration::from_secs(5))
             .unwrap_or_else(|| panic!("node {id} ignored SIGTERM during the rendezvous"));
         let took = t0.elapsed();
         let log = log.join().unwrap();

@@ -6,11 +6,13 @@
 //! (`nicdrv::sim::World`). A [`work::Workload`] says once what runs on
 //! each core; [`emu::EmuCluster::run`] and [`sim::spawn`]/[`sim::run`] run
 //! it, and [`stats`] merges what the cores measured. [`cores::run_threads`]
-//! runs cores as threads on any NIC backend. The demo, the
+//! runs cores as threads on any NIC backend; [`processes`] runs a cluster
+//! as one process per node (their files, ports and lifetimes). The demo, the
 //! benchmarks and the tests of every crate drive clusters through here.
 
 pub mod cores;
 pub mod emu;
+pub mod processes;
 pub mod sim;
 pub mod stats;
 pub mod work;

@@ -1,0 +1,256 @@
+//! A cluster as one process per node on this host: a private directory for
+//! its files, free ports for its control channel, and the node processes
+//! themselves — started, waited for with a bound, stopped by SIGTERM, and
+//! killed and reaped on every path out (a panic included) so that no node
+//! outlives its cluster. What the processes run (`loch node` and its
+//! cluster file) is the caller's; this owns their lifetimes.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A fresh directory only this user can enter (0700), for a cluster file,
+/// its secret and the nodes' files; removed with everything in it on drop.
+#[derive(Debug)]
+pub struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    /// Creates `$TMPDIR/loch-<tag>-<pid>-<ns>`.
+    pub fn new(tag: &str) -> Result<PrivateDir, String> {
+        let path = std::env::temp_dir().join(format!(
+            "loch-{tag}-{}-{}",
+            std::process::id(),
+            nicdrv::clock::unix_ns()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        Ok(PrivateDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `data` to `name` in the directory, readable by this user
+    /// only (0600), replacing any file of that name.
+    pub fn write(&self, name: &str, data: &[u8]) -> Result<PathBuf, String> {
+        let p = self.path.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+        f.write_all(data)
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        Ok(p)
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// `n` distinct free TCP ports on 127.0.0.1. Every listener is held until
+/// all are bound, so the ports differ; another process may still take one
+/// before a node binds it (rare: that node then fails with a clear "cannot
+/// listen" error).
+pub fn free_ports(n: usize) -> Result<Vec<u16>, String> {
+    let ls: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    ls.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+/// Waits for `c` until `by`; `None` if it is still running then (or cannot
+/// be waited for).
+pub fn wait_until(c: &mut Child, by: Instant) -> Option<ExitStatus> {
+    loop {
+        match c.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < by => std::thread::sleep(Duration::from_millis(10)),
+            _ => return None,
+        }
+    }
+}
+
+/// One node's process, and the threads draining its piped output (so a
+/// full pipe never stalls a node while another is waited for).
+#[derive(Debug)]
+struct NodeProcess {
+    id: u32,
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+/// The node processes of a cluster, by node id. Drop kills (SIGKILL) and
+/// reaps every one still running.
+#[derive(Debug, Default)]
+pub struct Processes {
+    nodes: Vec<NodeProcess>,
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = p.read_to_string(&mut out);
+            out
+        })
+    })
+}
+
+impl Processes {
+    pub fn new() -> Processes {
+        Processes::default()
+    }
+
+    /// Starts node `id`'s process from `cmd` (stdin closed). Whatever of
+    /// stdout and stderr `cmd` pipes is collected for [`Processes::output`].
+    pub fn spawn(&mut self, id: u32, cmd: &mut Command) -> Result<(), String> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start node {id}: {e}"))?;
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        self.nodes.push(NodeProcess {
+            id,
+            child,
+            stdout,
+            stderr,
+        });
+        Ok(())
+    }
+
+    fn node(&mut self, id: u32) -> &mut NodeProcess {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("node {id} was never started"))
+    }
+
+    /// The ids of the nodes started, in order.
+    pub fn ids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The operating system's process id of node `id`.
+    pub fn pid(&mut self, id: u32) -> u32 {
+        self.node(id).child.id()
+    }
+
+    /// Waits for node `id` until `by`; `None` if it is still running.
+    pub fn wait(&mut self, id: u32, by: Instant) -> Option<ExitStatus> {
+        wait_until(&mut self.node(id).child, by)
+    }
+
+    /// What node `id` printed on its piped stdout and stderr, once it has
+    /// exited (empty for a stream not piped, or taken before).
+    pub fn output(&mut self, id: u32) -> (String, String) {
+        let n = self.node(id);
+        let join =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        (join(n.stdout.take()), join(n.stderr.take()))
+    }
+
+    /// Sends `signal` to node `id` if it is still running.
+    pub fn signal(&mut self, id: u32, signal: libc::c_int) {
+        let c = &mut self.node(id).child;
+        if matches!(c.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) takes no pointers; the pid is our own child's,
+            // not yet reaped (try_wait just saw it running), so it cannot
+            // name another process.
+            unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+        }
+    }
+
+    /// Stops node `id`: SIGTERM, then a wait until `by`; its exit status,
+    /// `None` if it did not stop in time.
+    pub fn terminate(&mut self, id: u32, by: Instant) -> Option<ExitStatus> {
+        self.signal(id, libc::SIGTERM);
+        self.wait(id, by)
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if matches!(n.child.try_wait(), Ok(None)) {
+                let _ = n.child.kill();
+                let _ = n.child.wait();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_private_dir_is_private_and_gone_on_drop() {
+        let d = PrivateDir::new("test").unwrap();
+        let f = d.write("secret", b"abc").unwrap();
+        d.write("secret", b"xy").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"xy");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(d.path()), 0o700);
+        assert_eq!(mode(&f), 0o600);
+        let p = d.path().to_path_buf();
+        drop(d);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn ports_are_distinct() {
+        let mut p = free_ports(8).unwrap();
+        p.sort_unstable();
+        p.dedup();
+        assert_eq!(p.len(), 8);
+    }
+
+    #[test]
+    fn processes_are_waited_for_stopped_and_reaped() {
+        let mut ps = Processes::new();
+        ps.spawn(
+            0,
+            Command::new("sh")
+                .args(["-c", "echo out; echo err >&2"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        )
+        .unwrap();
+        ps.spawn(1, Command::new("sleep").arg("30")).unwrap();
+        ps.spawn(2, Command::new("sleep").arg("30")).unwrap();
+        let by = Instant::now() + Duration::from_secs(10);
+        assert!(ps.wait(0, by).unwrap().success());
+        assert_eq!(ps.output(0), ("out\n".into(), "err\n".into()));
+        // Still running: the bounded wait gives up.
+        assert!(ps.wait(1, Instant::now()).is_none());
+        let s = ps.terminate(1, by).expect("sleep ignores no SIGTERM");
+        assert!(!s.success());
+        let pid = ps.pid(2);
+        drop(ps);
+        // Reaped on drop: the pid is no longer our child.
+        // SAFETY: waitpid(2) with a null status pointer writes nothing.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        assert_eq!(r, -1);
+    }
+}
