@@ -105,6 +105,29 @@ pub fn run_threads<N: nicdrv::Nic, R: Send>(
     results.into_iter().map(|r| r.and_then(|r| r)).collect()
 }
 
+/// The conformance suite's parallel cases on a real-memory backend
+/// (`Harness::parallel`): `tasks` tasks from `f` on each of `threads`
+/// unpinned threads, each thread's executor from `executor` with one slot
+/// per task. Panics if a thread cannot start: the case cannot run.
+pub fn run_task_factory<N: nicdrv::Nic>(
+    threads: usize,
+    tasks: usize,
+    executor: impl Fn(nicdrv::ExecutorConfig) -> nicdrv::Executor<N> + Sync,
+    f: &nicdrv::conformance::TaskFactory<N>,
+) {
+    let cfg = nicdrv::ExecutorConfig {
+        slots: tasks,
+        ..Default::default()
+    };
+    run_threads(
+        threads,
+        Pinning::None,
+        |_| Ok(executor(cfg)),
+        |th, ex| nicdrv::conformance::run_factory(ex, th, tasks, f),
+    )
+    .expect("conformance threads");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,17 +134,12 @@ impl Harness for EmuHarness {
         self.endpoints[node as usize].dm_bytes()
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<EmuNic>) {
-        let cfg = ExecutorConfig {
-            slots: tasks,
-            ..Default::default()
-        };
-        cluster::cores::run_threads(
+        cluster::cores::run_task_factory(
             threads,
-            cluster::cores::Pinning::None,
-            |_| Ok(build_executor(&self.nic, &self.endpoints, cfg)),
-            |th, ex| conformance::run_factory(ex, th, tasks, &f),
-        )
-        .unwrap();
+            tasks,
+            |cfg| build_executor(&self.nic, &self.endpoints, cfg),
+            &f,
+        );
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<EmuNic> {
         let mut cq = self.nic.create_cq(64).unwrap();

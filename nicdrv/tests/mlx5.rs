@@ -476,17 +476,7 @@ impl Harness for Mlx5Harness {
         self.nodes[node as usize].dm_bytes()
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<Mlx5Nic>) {
-        let cfg = ExecutorConfig {
-            slots: tasks,
-            ..Default::default()
-        };
-        cluster::cores::run_threads(
-            threads,
-            cluster::cores::Pinning::None,
-            |_| Ok(self.executor(cfg)),
-            |th, ex| conformance::run_factory(ex, th, tasks, &f),
-        )
-        .unwrap();
+        cluster::cores::run_task_factory(threads, tasks, |cfg| self.executor(cfg), &f);
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<Mlx5Nic> {
         let cq = self.nic.create_cq(64).unwrap();

@@ -30,17 +30,7 @@ impl TreeClient {
                 ),
             )
         };
-        let right_addr = match self
-            .alloc
-            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-            .await
-        {
-            Ok(a) => a,
-            Err(e) => {
-                self.abandon(ctx, held, true).await;
-                return Err(e.into());
-            }
-        };
+        let (held, right_addr) = self.alloc_node(ctx, held).await?;
         let mut right = vec![0u8; NODE_BYTES];
         let mut r = NodeMut(&mut right);
         r.init(0, sep, high, sibling, version.wrapping_add(1));
@@ -111,14 +101,7 @@ impl TreeClient {
             }
             let mut addr = self.find_level(ctx, sep, level).await?;
             loop {
-                let held = self.lock(ctx, addr).await?;
-                let mut buf = match self.read_node(ctx, addr).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        self.abandon(ctx, held, true).await;
-                        return Err(e);
-                    }
-                };
+                let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
                 let n = Node(buf.as_slice());
                 if n.level() != level || sep < n.low() {
                     self.write_and_release(ctx, held, &[]).await?;
@@ -152,17 +135,7 @@ impl TreeClient {
                 // Split the internal node: the middle separator moves up.
                 let mid = kids.len() / 2;
                 let up = kids[mid].0;
-                let right_addr = match self
-                    .alloc
-                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-                    .await
-                {
-                    Ok(a) => a,
-                    Err(e) => {
-                        self.abandon(ctx, held, true).await;
-                        return Err(e.into());
-                    }
-                };
+                let (held, right_addr) = self.alloc_node(ctx, held).await?;
                 let lock_word = u64::from_le_bytes(
                     buf.as_slice()[layout::OFF_LOCK..layout::OFF_LOCK + 8]
                         .try_into()

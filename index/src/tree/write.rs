@@ -64,6 +64,44 @@ impl TreeClient {
         Ok(held)
     }
 
+    /// Locks the node at `addr` and reads it under the lock; a failed
+    /// read gives the lock up (the node is unchanged) and is the error.
+    pub(super) async fn lock_and_read<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        addr: GlobalAddr,
+    ) -> Result<(Held, Buf), TreeError> {
+        let held = self.lock(ctx, addr).await?;
+        match self.read_node(ctx, addr).await {
+            Ok(b) => Ok((held, b)),
+            Err(e) => {
+                self.abandon(ctx, held, true).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Allocates a node for a split while `held` is held; a failed
+    /// allocation gives the lock up (nothing was written yet) and is the
+    /// error.
+    pub(super) async fn alloc_node<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+    ) -> Result<(Held, GlobalAddr), TreeError> {
+        match self
+            .alloc
+            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
+            .await
+        {
+            Ok(a) => Ok((held, a)),
+            Err(e) => {
+                self.abandon(ctx, held, true).await;
+                Err(e.into())
+            }
+        }
+    }
+
     /// Gives a lock up after a failure: lets the local queue go on and, if
     /// we took the global lock, tries to release it (best effort: the node
     /// may be dead).
@@ -165,14 +203,7 @@ impl TreeClient {
     ) -> Result<bool, TreeError> {
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
-            let held = self.lock(ctx, addr).await?;
-            let mut buf = match self.read_node(ctx, addr).await {
-                Ok(b) => b,
-                Err(e) => {
-                    self.abandon(ctx, held, true).await;
-                    return Err(e);
-                }
-            };
+            let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
             let (leaf, low, high, sibling) = {
                 let n = Node(buf.as_slice());
                 (n.is_leaf(), n.low(), n.high(), n.sibling())
