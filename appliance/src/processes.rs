@@ -199,7 +199,7 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     }
     // Ctrl-C reaches the whole process group: the nodes stop cleanly, and
     // this process survives it to reap them and remove its files.
-    crate::signals::install();
+    cmdline::signals::install();
     let t0 = Instant::now();
     let mut text = String::new();
     let _ = writeln!(
@@ -213,7 +213,7 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     );
     let mut ok = true;
     for &w in &cfg.workloads {
-        if crate::signals::stop_requested() {
+        if cmdline::signals::stop_requested() {
             return Err("stopped by SIGINT/SIGTERM".into());
         }
         let (section, pass) = run_cluster(cfg, w)?;
@@ -382,13 +382,12 @@ fn compute_results(
 /// exited 0.
 fn stop_memory_nodes(cluster: &ClusterConfig, nodes: &mut Processes) -> bool {
     let stop_by = Instant::now() + Duration::from_secs(5);
-    cluster
-        .nodes
-        .iter()
-        .filter(|n| !n.roles.compute)
-        .fold(true, |clean, n| {
-            nodes.terminate(n.id, stop_by).is_some_and(|s| s.success()) && clean
-        })
+    // Every memory node is stopped, whatever the others did.
+    let mut clean = true;
+    for n in cluster.nodes.iter().filter(|n| !n.roles.compute) {
+        clean &= nodes.terminate(n.id, stop_by).is_some_and(|s| s.success());
+    }
+    clean
 }
 
 /// The compute nodes' result lines, summed (maxima for times).
