@@ -7,7 +7,7 @@
 //! [`node_mlx5`] on real NICs), the compute role on any backend
 //! ([`node_compute`]) and its workloads ([`node_work`]: verbs;
 //! [`node_index`]: the B+tree and the hash table), and `loch demo
-//! --processes` ([`processes`]).
+//! --processes` ([`processes`]). SIGINT and SIGTERM come from `cmdline`.
 
 pub mod demo;
 pub mod demo_index;
@@ -18,6 +18,5 @@ pub mod node_index;
 pub mod node_mlx5;
 pub mod node_work;
 pub mod processes;
-pub mod signals;
 pub mod stats;
 pub mod verb_mix;

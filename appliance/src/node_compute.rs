@@ -25,12 +25,12 @@
 use crate::node::{index_ready, say, NodeError, NodeOptions, TASKS_PER_CORE_MAX};
 use crate::node_index::{self, AnyIndex, IndexCoreState};
 use crate::node_work::{self, CoreState, Layout, NodeTally, AREA_BYTES};
-use crate::signals;
 use crate::stats::OpTally;
 use bootstrap::config::NodeConfig;
 use bootstrap::{ClusterConfig, Rendezvous};
 use cluster::cores::{run_threads_with, Pinning};
 use cluster::stats::latency_histogram;
+use cmdline::signals;
 use hdrhistogram::Histogram;
 use index::tree::TreeStats;
 use nicdrv::clock::unix_ns;

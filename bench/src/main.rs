@@ -1,7 +1,9 @@
 //! `loch-bench`: Loch's benchmarks, run from scripts. Exit code 2 on bad
 //! input, with one line naming the problem; 1 when the system under test
 //! failed (a history violation, a failed operation where none may fail,
-//! scratch exhaustion); 0 otherwise.
+//! scratch exhaustion); 130 when SIGINT or SIGTERM stopped it; 0
+//! otherwise. A closed stdout (`loch-bench … | head -1`) ends the output
+//! quietly.
 
 mod args;
 mod outfile;
@@ -12,54 +14,55 @@ mod verbs;
 mod workload;
 mod ycsb;
 
+use clap::{Parser, Subcommand};
+use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: loch-bench <command> [flags]
-commands:
-  verbs   perftest-style microbenchmark of single verbs
-  run     index workloads (Sherman's mixes, YCSB) on sim or emu, systems side by side
-run `loch-bench <command> --help` for its flags
-exit codes: 0 done; 1 the system under test failed (history violation, failed operations
-where none were allowed, scratch exhaustion); 2 bad input";
+/// Loch's benchmarks: single verbs perftest-style, and index workloads
+/// with systems side by side, on the emu backend (this host, wall clock)
+/// or the sim backend (a simulated cluster, virtual time).
+#[derive(Parser, Debug)]
+#[command(
+    name = "loch-bench",
+    version = cmdline::version(&["emu", "sim"]),
+    propagate_version = true,
+    after_help = cmdline::EXIT_CODES_HELP
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Single verbs (READ, WRITE, CAS, FAA) through the executor,
+    /// perftest-style
+    Verbs(verbs::VerbsArgs),
+    /// Index workloads (Sherman's mixes, YCSB) on sim or emu, systems side
+    /// by side
+    Run(Box<run::RunArgs>),
+}
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = argv.first() else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
+    let cli: Cli = match cmdline::parse("loch-bench") {
+        Ok(c) => c,
+        Err(code) => return code,
     };
-    let rest = &argv[1..];
-    let wants_help = rest.iter().any(|a| a == "--help" || a == "-h");
-    let result = match cmd.as_str() {
-        "verbs" if wants_help => {
-            println!("{}", verbs::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        "verbs" => verbs::run(rest),
-        "run" if wants_help => {
-            println!("{}", run::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        "run" => run::run(rest),
-        "--help" | "-h" | "help" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        other => Err(args::ArgError(format!(
-            "unknown command `{other}`\n{USAGE}"
-        ))),
+    let result = match cli.command {
+        Command::Verbs(a) => verbs::run(a),
+        Command::Run(a) => run::run(*a),
     };
     match result {
-        Ok(run::Outcome::Done) => ExitCode::SUCCESS,
-        Ok(run::Outcome::HistoryViolation) => ExitCode::from(1),
+        Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),
+        Ok(run::Outcome::HistoryViolation) => ExitCode::from(EXIT_FAILED),
         Ok(run::Outcome::Failed(why)) => {
             eprintln!("loch-bench: {why}");
-            ExitCode::from(1)
+            ExitCode::from(EXIT_FAILED)
         }
         Err(e) => {
             eprintln!("loch-bench: {e}");
-            ExitCode::from(2)
+            ExitCode::from(EXIT_BAD_INPUT)
         }
     }
 }

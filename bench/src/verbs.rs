@@ -12,7 +12,8 @@
 //! `--contended` puts them all on one word. Latency is per doorbell,
 //! measured with the executor's per-turn clock.
 
-use crate::args::{parse_size, ArgError, Args, Flags};
+pub use crate::args::Backend;
+use crate::args::{size_value, ArgError};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
@@ -22,12 +23,6 @@ use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Instant;
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Emu,
-    Sim,
-}
 
 /// One benchmark point.
 #[derive(Clone, Debug)]
@@ -51,58 +46,109 @@ pub struct VerbSpec {
     pub seed: u64,
 }
 
-fn parse_verb(s: &str) -> Result<Opcode, ArgError> {
-    Ok(match s {
+/// A verb by name, in any case (`READ`, `Read`, `read`).
+fn verb_value(s: &str) -> Result<Opcode, String> {
+    Ok(match s.to_ascii_lowercase().as_str() {
         "read" => Opcode::Read,
         "write" => Opcode::Write,
         "cas" => Opcode::Cas,
         "faa" => Opcode::Faa,
         "masked-cas" | "masked_cas" => Opcode::MaskedCas,
         _ => {
-            return Err(ArgError(format!(
-                "--verb: unknown verb `{s}` (read, write, cas, faa, masked-cas)"
-            )))
+            return Err(format!(
+                "unknown verb `{s}` (read, write, cas, faa, masked-cas)"
+            ))
         }
     })
 }
 
-pub const USAGE: &str =
-    "loch-bench verbs [--backend emu|sim] [--verb read|write|cas|faa|masked-cas] [--size BYTES]
-                  [--depth N] [--batch N] [--threads N] [--duration SECS] [--ops N]
-                  [--memory-nodes N] [--compute-nodes N] [--seed N] [--latency-ns N]
-                  [--contended] [--no-pin] [--json] [--matrix]
-  emu: --threads pinned cores (default 1), --duration wall seconds (default 2), 1 memory node.
-  sim: --threads simulated client threads over --compute-nodes (defaults: 176 threads on 8
-       compute nodes, 8 memory nodes: the Sherman paper's setup), --duration virtual seconds
-       (default 0.01), --seed for the run; --latency-ns overrides the one-way link latency.
-  Latency is per doorbell (all --batch verbs of it complete together).
-  --matrix runs 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at depth 1 and 16.
-  Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot; the
-  message on stderr); 2 bad input (one line naming it; nothing run).";
+/// The sizes `-a` sweeps, as perftest's `-a`: 2 B to 8 MiB in powers of
+/// two.
+pub const SWEEP_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 
-const VERB_FLAGS: Flags = Flags {
-    switches: &["json", "contended", "no-pin", "matrix"],
-    valued: &[
-        "backend",
-        "verb",
-        "size",
-        "depth",
-        "batch",
-        "threads",
-        "duration",
-        "ops",
-        "memory-nodes",
-        "compute-nodes",
-        "seed",
-        "latency-ns",
-    ],
-    repeatable: &[],
-};
+/// `loch-bench verbs`: a perftest-style microbenchmark of single verbs
+/// (ib_read_lat, ib_write_bw, ib_atomic_bw) through the executor.
+#[derive(clap::Args, Debug)]
+#[command(after_help = VERBS_AFTER_HELP, allow_negative_numbers = true)]
+pub struct VerbsArgs {
+    /// emu: this host, wall clock, 1 memory node; sim: virtual time, the
+    /// Sherman paper's setup (8 memory nodes, 8 compute nodes, 176 threads)
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Emu)]
+    backend: Backend,
+    /// The verb: read, write, cas, faa or masked-cas (any case)
+    #[arg(long, value_parser = verb_value, default_value = "read")]
+    verb: Opcode,
+    /// Bytes per verb: READ and WRITE 1 B ..= 16 MiB (64, 4k, 1MiB); atomics 8
+    #[arg(short = 's', long, value_parser = size_value, default_value = "8")]
+    size: usize,
+    /// Sweep sizes 2 B ..= 8 MiB in powers of two, a row each (perftest's
+    /// -a); READ and WRITE only
+    #[arg(short = 'a', long = "all-sizes", conflicts_with_all = ["size", "matrix"])]
+    all_sizes: bool,
+    /// Tasks per thread, each keeping one doorbell in flight (1 ..= 1024)
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    /// Verbs per doorbell, perftest's post list (latency is per doorbell)
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Client threads: emu pinned cores (default 1); sim simulated threads
+    /// over --compute-nodes (default 176)
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Seconds to measure: emu wall (default 2); sim virtual (default 0.01)
+    #[arg(short = 'D', long, value_name = "SECS")]
+    duration: Option<f64>,
+    /// Stop after N verbs in all (0: run for --duration), perftest's -n
+    #[arg(
+        short = 'n',
+        long,
+        visible_alias = "iters",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    ops: u64,
+    /// Memory nodes (default emu 1, sim 8)
+    #[arg(long, value_name = "N")]
+    memory_nodes: Option<usize>,
+    /// Compute nodes the sim threads spread over (default 8)
+    #[arg(long, value_name = "N")]
+    compute_nodes: Option<usize>,
+    /// The simulation's seed
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Extra one-way link latency (emu), or the link latency itself (sim)
+    #[arg(long, value_name = "NS", default_value_t = 0)]
+    latency_ns: u64,
+    /// Every verb on one word instead of a slot of its own
+    #[arg(long)]
+    contended: bool,
+    /// Do not pin the emu threads to cores
+    #[arg(long)]
+    no_pin: bool,
+    /// One JSON document on stdout (an array for several points)
+    #[arg(long)]
+    json: bool,
+    /// The standard set: 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at
+    /// depth 1 and 16
+    #[arg(long)]
+    matrix: bool,
+    /// Bandwidth in Gb/s instead of GB/s (perftest's --report_gbits)
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
+    report_gbits: bool,
+}
 
-pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
-    let (base, matrix, json) = parse(raw)?;
+const VERBS_AFTER_HELP: &str = "\
+Columns: verb, bytes per verb, depth (tasks per thread), batch (verbs per doorbell), threads,
+ops (verbs completed), Mops/s, cpu ns/op (CPU time per verb), p50/p99/p999 ns (latency per
+doorbell), GB/s (Gb/s with --report_gbits), rt/op (network round trips per verb); on sim also
+the simulator's wall seconds and simulated verbs per wall second.
+Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot; the
+message on stderr); 2 bad input (one line naming it; nothing run).";
+
+pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
+    let (base, json, gbits) = (args.spec()?, args.json, args.report_gbits);
     let sim = base.backend == Backend::Sim;
-    let specs: Vec<VerbSpec> = if matrix {
+    let specs: Vec<VerbSpec> = if args.matrix {
         let mut v = Vec::new();
         for (verb, size) in [
             (Opcode::Read, 8),
@@ -121,11 +167,18 @@ pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
             }
         }
         v
+    } else if args.all_sizes {
+        SWEEP_SIZES
+            .map(|p| VerbSpec {
+                size: 1 << p,
+                ..base.clone()
+            })
+            .collect()
     } else {
         vec![base]
     };
     if !json {
-        print_header(sim);
+        print_header(sim, gbits);
     }
     let mut docs = Vec::new();
     for spec in &specs {
@@ -140,7 +193,7 @@ pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
         if json {
             docs.push(report_json(spec, &r));
         } else {
-            print_row(spec, &r);
+            print_row(spec, &r, gbits);
         }
     }
     if json {
@@ -149,99 +202,90 @@ pub fn run(raw: &[String]) -> Result<crate::run::Outcome, ArgError> {
         } else {
             serde_json::Value::Array(docs)
         };
-        println!("{out}");
+        cmdline::outln!("{out}");
     } else if sim {
-        println!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
+        cmdline::outln!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
     }
     Ok(crate::run::Outcome::Done)
 }
 
-/// The command line: the point it names, whether `--matrix` asked for
-/// the standard set instead, and whether to print JSON.
-fn parse(raw: &[String]) -> Result<(VerbSpec, bool, bool), ArgError> {
-    let mut a = Args::parse(raw, &VERB_FLAGS)?;
-    let backend = match a.string("backend").as_deref().unwrap_or("emu") {
-        "emu" => Backend::Emu,
-        "sim" => Backend::Sim,
-        other => {
+impl VerbsArgs {
+    /// The point the flags name (the size `-a` sweeps is checked at its
+    /// largest), its defaults filled in for the backend.
+    fn spec(&self) -> Result<VerbSpec, ArgError> {
+        let backend = self.backend;
+        let sim = backend == Backend::Sim;
+        let verb = self.verb;
+        let size = if self.all_sizes {
+            if verb.is_atomic() {
+                return Err(ArgError(
+                    "-a/--all-sizes sweeps READ and WRITE sizes; atomics are 8 bytes".into(),
+                ));
+            }
+            1 << SWEEP_SIZES.end()
+        } else {
+            self.size
+        };
+        let (depth, batch) = (self.depth, self.batch);
+        let threads = self.threads.unwrap_or(if sim { 176 } else { 1 });
+        let duration = self.duration.unwrap_or(if sim { 0.01 } else { 2.0 });
+        let memory_nodes = self.memory_nodes.unwrap_or(if sim { 8 } else { 1 });
+        let compute_nodes = self.compute_nodes.unwrap_or(if sim { 8 } else { 1 });
+        if depth == 0 || depth > 1024 {
+            return Err(ArgError(format!("--depth must be 1..=1024, got {depth}")));
+        }
+        if batch == 0 || batch > nicdrv::exec::MAX_BATCH {
             return Err(ArgError(format!(
-                "--backend: `{other}` is not available (this build has: emu, sim)"
-            )))
+                "--batch must be 1..={}, got {batch}",
+                nicdrv::exec::MAX_BATCH
+            )));
         }
-    };
-    let sim = backend == Backend::Sim;
-    let verb = parse_verb(&a.string("verb").unwrap_or_else(|| "read".into()))?;
-    let size_s = a.string("size").unwrap_or_else(|| "8".into());
-    let size =
-        parse_size(&size_s).ok_or_else(|| ArgError(format!("--size: cannot parse `{size_s}`")))?;
-    let depth: usize = a.get("depth", 1)?;
-    let batch: usize = a.get("batch", 1)?;
-    let threads: usize = a.get("threads", if sim { 176 } else { 1 })?;
-    let duration: f64 = a.get("duration", if sim { 0.01 } else { 2.0 })?;
-    let max_ops: u64 = a.get("ops", 0)?;
-    let memory_nodes: usize = a.get("memory-nodes", if sim { 8 } else { 1 })?;
-    let compute_nodes: usize = a.get("compute-nodes", if sim { 8 } else { 1 })?;
-    let seed: u64 = a.get("seed", 1)?;
-    let latency_ns: u64 = a.get("latency-ns", 0)?;
-    let contended = a.switch("contended");
-    let pin = !a.switch("no-pin");
-    let json = a.switch("json");
-    let matrix = a.switch("matrix");
-    a.finish()?;
-    if depth == 0 || depth > 1024 {
-        return Err(ArgError(format!("--depth must be 1..=1024, got {depth}")));
-    }
-    if batch == 0 || batch > nicdrv::exec::MAX_BATCH {
-        return Err(ArgError(format!(
-            "--batch must be 1..={}, got {batch}",
-            nicdrv::exec::MAX_BATCH
-        )));
-    }
-    let max_threads = if sim { 100_000 } else { 256 };
-    if threads == 0 || threads > max_threads {
-        return Err(ArgError(format!(
-            "--threads must be 1..={max_threads}, got {threads}"
-        )));
-    }
-    if memory_nodes == 0 || memory_nodes > 1024 {
-        return Err(ArgError(format!(
-            "--memory-nodes must be 1..=1024, got {memory_nodes}"
-        )));
-    }
-    if compute_nodes == 0 || compute_nodes > 1024 {
-        return Err(ArgError(format!(
-            "--compute-nodes must be 1..=1024, got {compute_nodes}"
-        )));
-    }
-    if !(duration > 0.0 && duration <= 3600.0) {
-        return Err(ArgError(format!(
-            "--duration must be in (0, 3600] seconds, got {duration}"
-        )));
-    }
-    if verb.is_atomic() {
-        if size != 8 {
-            return Err(ArgError("--size: atomics are 8 bytes".into()));
+        let max_threads = if sim { 100_000 } else { 256 };
+        if threads == 0 || threads > max_threads {
+            return Err(ArgError(format!(
+                "--threads must be 1..={max_threads}, got {threads}"
+            )));
         }
-    } else if size == 0 || size > 16 << 20 {
-        return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
+        if memory_nodes == 0 || memory_nodes > 1024 {
+            return Err(ArgError(format!(
+                "--memory-nodes must be 1..=1024, got {memory_nodes}"
+            )));
+        }
+        if compute_nodes == 0 || compute_nodes > 1024 {
+            return Err(ArgError(format!(
+                "--compute-nodes must be 1..=1024, got {compute_nodes}"
+            )));
+        }
+        if !(duration > 0.0 && duration <= 3600.0) {
+            return Err(ArgError(format!(
+                "--duration must be in (0, 3600] seconds, got {duration}"
+            )));
+        }
+        if verb.is_atomic() {
+            if size != 8 {
+                return Err(ArgError("--size: atomics are 8 bytes".into()));
+            }
+        } else if size == 0 || size > 16 << 20 {
+            return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
+        }
+        let base = VerbSpec {
+            backend,
+            verb,
+            size,
+            depth,
+            batch,
+            threads,
+            duration_ns: (duration * 1e9) as u64,
+            max_ops: self.ops,
+            memory_nodes,
+            compute_nodes,
+            latency_ns: self.latency_ns,
+            contended: self.contended,
+            pin: !self.no_pin,
+            seed: self.seed,
+        };
+        Ok(base)
     }
-    let base = VerbSpec {
-        backend,
-        verb,
-        size,
-        depth,
-        batch,
-        threads,
-        duration_ns: (duration * 1e9) as u64,
-        max_ops,
-        memory_nodes,
-        compute_nodes,
-        latency_ns,
-        contended,
-        pin,
-        seed,
-    };
-    Ok((base, matrix, json))
 }
 
 /// A measured point: the run's statistics and, on sim, the simulator's
@@ -445,8 +489,8 @@ async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Ta
     }
 }
 
-fn print_header(sim: bool) {
-    print!(
+fn print_header(sim: bool, gbits: bool) {
+    cmdline::out!(
         "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>6}",
         "verb",
         "bytes",
@@ -459,19 +503,19 @@ fn print_header(sim: bool) {
         "p50 ns",
         "p99 ns",
         "p999 ns",
-        "GB/s",
+        if gbits { "Gb/s" } else { "GB/s" },
         "rt/op"
     );
     if sim {
-        print!(" {:>8} {:>12}", "wall s", "sim verbs/s");
+        cmdline::out!(" {:>8} {:>12}", "wall s", "sim verbs/s");
     }
-    println!();
+    cmdline::outln!();
 }
 
-fn print_row(s: &VerbSpec, m: &Measured) {
+fn print_row(s: &VerbSpec, m: &Measured, gbits: bool) {
     let r = &m.stats;
-    let gbs = r.ops_per_sec() * s.size as f64 / 1e9;
-    print!(
+    let gbs = r.ops_per_sec() * s.size as f64 / 1e9 * if gbits { 8.0 } else { 1.0 };
+    cmdline::out!(
         "{:<6} {:>6} {:>5} {:>5} {:>7} {:>11} {:>9.2} {:>10.1} {:>8} {:>8} {:>8} {:>8.2} {:>6.2}",
         s.verb.name(),
         s.size,
@@ -488,13 +532,13 @@ fn print_row(s: &VerbSpec, m: &Measured) {
         r.per_op(r.counters.round_trips),
     );
     if s.backend == Backend::Sim {
-        print!(
+        cmdline::out!(
             " {:>8.2} {:>12.0}",
             m.sim_wall_sec,
             m.sim_verbs as f64 / m.sim_wall_sec.max(1e-9)
         );
     }
-    println!();
+    cmdline::outln!();
 }
 
 pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
@@ -516,6 +560,7 @@ pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
         "ns_per_op": r.cpu_ns_per_op(),
         "bytes_per_op": s.size,
         "gbytes_per_sec": r.ops_per_sec() * s.size as f64 / 1e9,
+        "gbits_per_sec": r.ops_per_sec() * s.size as f64 * 8.0 / 1e9,
         "latency_ns": {
             "p50": r.latency_ns.value_at_quantile(0.5),
             "p90": r.latency_ns.value_at_quantile(0.9),

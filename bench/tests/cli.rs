@@ -93,9 +93,15 @@ fn bad_input_exits_2_with_a_clear_line() {
         (vec!["verbs", "--depth", "0"], "--depth"),
         (vec!["verbs", "--size", "lots"], "--size"),
         (vec!["verbs", "--backend", "carrier-pigeon"], "--backend"),
-        (vec!["verbs", "--bogus", "1"], "unknown flag"),
-        (vec!["verbs", "--duration"], "needs a value"),
-        (vec!["frobnicate"], "unknown command"),
+        (
+            vec!["verbs", "--bogus", "1"],
+            "unexpected argument '--bogus'",
+        ),
+        (
+            vec!["verbs", "--duration"],
+            "a value is required for '--duration",
+        ),
+        (vec!["frobnicate"], "unrecognized subcommand 'frobnicate'"),
         (
             vec!["verbs", "--backend", "sim", "--duration", "-1"],
             "--duration",
@@ -158,4 +164,154 @@ fn the_hash_table_runs_as_a_system_beside_the_tree() {
     let out = bench(&["run", "--systems", "cuckoo", "--workload", "ycsb-e"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no scans"));
+}
+
+#[test]
+fn help_and_version_exit_0_on_stdout() {
+    for args in [
+        vec!["--help"],
+        vec!["-h"],
+        vec!["verbs", "--help"],
+        vec!["run", "--help"],
+        vec!["help", "run"],
+    ] {
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Usage: loch-bench"), "{args:?}: {help}");
+        assert!(help.contains("Exit codes:"), "{args:?}: {help}");
+        assert!(out.stderr.is_empty(), "{args:?}");
+    }
+    let verbs = String::from_utf8_lossy(&bench(&["verbs", "--help"]).stdout).to_string();
+    for flag in [
+        "-s, --size",
+        "-n, --ops",
+        "--iters",
+        "-D, --duration",
+        "-a, --all-sizes",
+        "--report_gbits",
+    ] {
+        assert!(verbs.contains(flag), "verbs --help lacks {flag}");
+    }
+    for args in [vec!["--version"], vec!["-V"], vec!["verbs", "--version"]] {
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let v = String::from_utf8_lossy(&out.stdout);
+        let want = format!(" {} (commit ", env!("CARGO_PKG_VERSION"));
+        assert!(
+            v.starts_with("loch-bench") && v.contains(&want),
+            "{args:?}: {v}"
+        );
+        assert!(v.trim_end().ends_with("backends: emu, sim)"), "{v}");
+        assert_eq!(v.lines().count(), 1, "{v}");
+    }
+}
+
+#[test]
+fn unknown_flags_suggest_the_nearest_in_one_line() {
+    let out = bench(&["run", "--recods", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("'--recods'") && err.contains("'--records'"),
+        "{err}"
+    );
+    assert!(err.contains("see `loch-bench run --help`"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn perftest_flags_sweep_sizes_and_report_gbits() {
+    // -a: 2 B .. 8 MiB, a row each; -n as perftest's iterations; the verb
+    // in any case; --report_gbits: bits, eight times the bytes.
+    let sim = [
+        "verbs",
+        "--verb",
+        "READ",
+        "--backend",
+        "Sim",
+        "--threads",
+        "2",
+        "--compute-nodes",
+        "1",
+        "--memory-nodes",
+        "1",
+        "-D",
+        "0.0002",
+    ];
+    let mut args = sim.to_vec();
+    args.extend(["-a", "--json"]);
+    let out = bench(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sizes: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, (1..=23).map(|p| 1u64 << p).collect::<Vec<_>>());
+    for p in v.as_array().unwrap() {
+        let (gb, gbit) = (
+            p["gbytes_per_sec"].as_f64().unwrap(),
+            p["gbits_per_sec"].as_f64().unwrap(),
+        );
+        assert!((gbit - 8.0 * gb).abs() <= 1e-9 * gbit.max(1.0), "{p}");
+    }
+    let mut args = sim.to_vec();
+    args.extend(["-s", "4k", "--report_gbits"]);
+    let out = bench(&args);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.lines().next().unwrap().contains("Gb/s"), "{table}");
+    assert!(table.contains(" 4096 "), "{table}");
+    let out = bench(&["verbs", "--verb", "cas", "-a"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("atomics are 8 bytes"));
+    let out = bench(&["verbs", "-n", "3000", "--json", "--no-pin"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["ops"].as_u64().unwrap() >= 3000);
+}
+
+#[test]
+fn a_closed_stdout_ends_the_output_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // `loch-bench verbs -a | head -1`: the reader leaves after the header,
+    // the benchmark still has 23 rows to print.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args([
+            "verbs",
+            "--backend",
+            "sim",
+            "--threads",
+            "2",
+            "--compute-nodes",
+            "1",
+            "--memory-nodes",
+            "1",
+            "-D",
+            "0.0002",
+            "-a",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("verb"), "{first}");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
 }

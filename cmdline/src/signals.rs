@@ -1,5 +1,5 @@
-//! SIGINT and SIGTERM as a flag: `loch node` installs the handler once and
-//! its loops poll [`stop_requested`]. No async runtime, no self-pipe: every
+//! SIGINT and SIGTERM as a flag: `loch` and `loch-bench` install the
+//! handler once and their loops poll [`stop_requested`]. No async runtime, no self-pipe: every
 //! loop that waits already wakes at least every 50 ms.
 
 use std::sync::atomic::{AtomicBool, Ordering};

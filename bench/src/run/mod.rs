@@ -18,7 +18,7 @@
 //! stamp a completion before the verb took effect). Without them, the hot
 //! path pays one `Option` test per operation.
 
-use crate::args::{ArgError, Args, Flags};
+use crate::args::ArgError;
 use crate::outfile;
 use crate::plot;
 use crate::progress::Progress;
@@ -58,69 +58,121 @@ pub(crate) use output::*;
 pub(crate) use report::*;
 pub(crate) use spec::*;
 
-pub const USAGE: &str = "loch-bench run [flags]
-  --backend sim|emu       sim: virtual time, the Sherman paper's scale by default; emu: this
-                          host, wall clock (default sim)
-  --workload NAME         a shipped workload, bench/workloads/NAME (default write-intensive):
-                          read-intensive, write-intensive, write-only, insert-only, ycsb-a .. ycsb-f
-  --workload-file FILE    a YCSB core-workload property file instead: recordcount, operationcount,
-                          read/update/insert/scan/readmodifywriteproportion, requestdistribution
-                          (uniform|zipfian|latest), zipfianconstant, maxscanlength,
-                          scanlengthdistribution (uniform|zipfian), fieldcount, fieldlength;
-                          other keys are warned about and ignored
-  --zipf THETA            key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the file's
-                          requestdistribution (latest stays latest) and zipfianconstant
-                          (default: the file's; 0.99 in every shipped workload)
-  --systems a,b,...       systems side by side (default sherman,fg): sherman,
-                          sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier,
-                          cuckoo (the Nessie hash table; no scans)
-  --memory-nodes N        (default sim 8, emu 2)
-  --compute-nodes N       (default sim 8; emu runs one: this process)
-  --threads N[,N,...]     client threads per compute node (default sim 22, emu 2); a list, such
-                          as 4,8,16,22, runs every system at each point
-  --coroutines N          clients per thread (default 1)
-  --records N             records bulk-loaded first; overrides the file's recordcount
-                          (default sim 1000000, emu 200000)
-  --ops N                 measured operations per client; overrides the file's operationcount,
-                          which is otherwise split over all clients, rounded up
-                          (default sim 200, emu 20000)
-  --seconds S             measure for S seconds instead of a count (virtual on sim, wall on
-                          emu), from the first measured operation; excludes --ops
-  --warmup N              unmeasured operations per client first (default sim 50, emu 2000)
-  --cache-mb N            index cache per compute node (default 64)
-  --seed N                (default 1)
-  --sim-model K=V,...     override simulator parameters (nicdrv/src/sim/model.rs field names,
-                          e.g. atomic_window=0,link_latency_ns_one_way=500); sim only
-  --json                  one JSON array on stdout, an object per system and thread count
-  --history FILE          write the run's history as JSON lines: a header, the bulk-loaded records
-                          (type initial), then every operation, warm-up included (type op:
-                          client, op, key, value, ret, invoke_ns, complete_ns, measured); a failed
-                          operation is pending (complete_ns null); every put writes a unique
-                          value. Format: docs/history-format.md. With several systems or thread
-                          counts, one file per run: FILE with .SYSTEM and/or .tN before its
-                          extension
-  --check-history         check every operation (warm-up included) against the bulk-loaded
-                          records with history::map (linearizable point operations, Sherman's
-                          scan promise); exit code 1 on a violation
-  --fault KIND@TIME[:TARGET]
-                          inject a fault (sim only; repeatable), TIME from the start of the
-                          workload: memory-crash@TIME:NODE, compute-crash@TIME:NODE,
-                          link-cut@TIME:COMPUTE-MEMORY[/DURATION], link-heal@TIME:COMPUTE-MEMORY,
-                          latency-spike@TIME:EXTRA/DURATION, thread-stall@TIME:THREAD/DURATION
-                          (client threads numbered from 0 across compute nodes); times take
-                          ns, us, ms or s. With faults the run goes on with the clients that
-                          can: failed operations are counted (failed_ops, by kind) instead of
-                          failing the run, and it ends 20 virtual ms after the last operation
-                          ended once no fault is left to come (unfinished_clients)
-  --fault-seed N          add six faults drawn from N (crashes included) within the first
-                          virtual ms of the workload, or within --seconds (sim only)
-  --plot DIR              write SVG charts into DIR: latency-cdf.svg, one line per system
-                          (latency-cdf-tN.svg per point of a --threads list), and for a list
-                          throughput.svg, ops/s against client threads in all
-  Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
-  where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
-  message on stderr); 2 bad input (one line naming it; nothing run, nothing written).
-  Files are written only after every run succeeded, each whole (written aside, then renamed).";
+/// `loch-bench run`'s flags. Defaults that depend on the backend are
+/// `None` until [`Cli::parse`] fills them in.
+#[derive(clap::Args, Debug)]
+#[command(after_help = RUN_AFTER_HELP, allow_negative_numbers = true)]
+pub struct RunArgs {
+    /// sim: virtual time, the Sherman paper's scale by default; emu: this
+    /// host, wall clock
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
+    backend: Backend,
+    /// A shipped workload, bench/workloads/NAME: read-intensive,
+    /// write-intensive, write-only, insert-only, ycsb-a .. ycsb-f [default:
+    /// write-intensive]
+    #[arg(long, value_name = "NAME")]
+    workload: Option<String>,
+    /// A YCSB core-workload property file instead: recordcount,
+    /// operationcount, read/update/insert/scan/readmodifywriteproportion,
+    /// requestdistribution (uniform|zipfian|latest), zipfianconstant,
+    /// maxscanlength, scanlengthdistribution (uniform|zipfian), fieldcount,
+    /// fieldlength; other keys are warned about and ignored
+    #[arg(long, value_name = "FILE")]
+    workload_file: Option<String>,
+    /// Key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the
+    /// file's requestdistribution (latest stays latest) and
+    /// zipfianconstant [default: the file's; 0.99 in every shipped
+    /// workload]
+    #[arg(long, value_name = "THETA")]
+    zipf: Option<f64>,
+    /// Systems side by side: sherman, sherman-paper-versions, fg, fg+comb,
+    /// fg+comb+onchip, fg+comb+onchip+hier, cuckoo (the Nessie hash table;
+    /// no scans)
+    #[arg(long, value_name = "A,B,...", default_value = "sherman,fg")]
+    systems: String,
+    /// Memory nodes [default: sim 8, emu 2]
+    #[arg(long, value_name = "N")]
+    memory_nodes: Option<usize>,
+    /// Compute nodes [default: sim 8; emu runs one: this process]
+    #[arg(long, value_name = "N")]
+    compute_nodes: Option<usize>,
+    /// Client threads per compute node; a list such as 4,8,16,22 runs
+    /// every system at each point [default: sim 22, emu 2]
+    #[arg(long, value_name = "N[,N,...]")]
+    threads: Option<String>,
+    /// Clients per thread
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    coroutines: usize,
+    /// Records bulk-loaded first; overrides the file's recordcount
+    /// [default: sim 1000000, emu 200000]
+    #[arg(long, value_name = "N")]
+    records: Option<u64>,
+    /// Measured operations per client (perftest's -n); overrides the
+    /// file's operationcount, which is otherwise split over all clients,
+    /// rounded up [default: sim 200, emu 20000]
+    #[arg(short = 'n', long, visible_alias = "iters", value_name = "N")]
+    ops: Option<u64>,
+    /// Measure for S seconds instead of a count (virtual on sim, wall on
+    /// emu), from the first measured operation; excludes --ops (perftest's
+    /// -D)
+    #[arg(short = 'D', long, visible_alias = "duration", value_name = "S")]
+    seconds: Option<f64>,
+    /// Unmeasured operations per client first [default: sim 50, emu 2000]
+    #[arg(long, value_name = "N")]
+    warmup: Option<u64>,
+    /// Index cache per compute node, MiB
+    #[arg(long, value_name = "MIB", default_value_t = 64.0)]
+    cache_mb: f64,
+    /// The run's seed (sim: the whole run; emu: the clients' streams)
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Override simulator parameters (nicdrv/src/sim/model.rs field names,
+    /// e.g. atomic_window=0,link_latency_ns_one_way=500); sim only
+    #[arg(long, value_name = "K=V,...")]
+    sim_model: Option<String>,
+    /// One JSON array on stdout, an object per system and thread count
+    #[arg(long)]
+    json: bool,
+    /// Write the run's history as JSON lines (docs/history-format.md): a
+    /// header, the bulk-loaded records (type initial), then every
+    /// operation, warm-up included; a failed operation is pending; every
+    /// put writes a unique value. With several systems or thread counts,
+    /// one file per run: FILE with .SYSTEM and/or .tN before its extension
+    #[arg(long, value_name = "FILE")]
+    history: Option<PathBuf>,
+    /// Check every operation (warm-up included) against the bulk-loaded
+    /// records with history::map (linearizable point operations, Sherman's
+    /// scan promise); exit code 1 on a violation
+    #[arg(long)]
+    check_history: bool,
+    /// Inject a fault (sim only; repeatable), TIME from the start of the
+    /// workload: memory-crash@TIME:NODE, compute-crash@TIME:NODE,
+    /// link-cut@TIME:COMPUTE-MEMORY[/DURATION],
+    /// link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION,
+    /// thread-stall@TIME:THREAD/DURATION (client threads numbered from 0
+    /// across compute nodes); times take ns, us, ms or s. With faults the
+    /// run goes on with the clients that can: failed operations are counted
+    /// (failed_ops, by kind) instead of failing the run, and it ends 20
+    /// virtual ms after the last operation ended once no fault is left to
+    /// come (unfinished_clients)
+    #[arg(long, value_name = "KIND@TIME[:TARGET]")]
+    fault: Vec<String>,
+    /// Add six faults drawn from N (crashes included) within the first
+    /// virtual ms of the workload, or within --seconds (sim only)
+    #[arg(long, value_name = "N")]
+    fault_seed: Option<u64>,
+    /// Write SVG charts into DIR: latency-cdf.svg, one line per system
+    /// (latency-cdf-tN.svg per point of a --threads list), and for a list
+    /// throughput.svg, ops/s against client threads in all
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+}
+
+const RUN_AFTER_HELP: &str = "\
+Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
+where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
+message on stderr); 2 bad input (one line naming it; nothing run, nothing written).
+Files are written only after every run succeeded, each whole (written aside, then renamed).";
 
 /// How `run` ended, when it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -297,72 +349,34 @@ struct Cli {
     fault_seed: Option<u64>,
 }
 
-const RUN_FLAGS: Flags = Flags {
-    switches: &["json", "check-history"],
-    valued: &[
-        "backend",
-        "workload",
-        "workload-file",
-        "zipf",
-        "systems",
-        "memory-nodes",
-        "compute-nodes",
-        "threads",
-        "coroutines",
-        "records",
-        "ops",
-        "seconds",
-        "warmup",
-        "cache-mb",
-        "seed",
-        "history",
-        "plot",
-        "sim-model",
-        "fault",
-        "fault-seed",
-    ],
-    repeatable: &["fault"],
-};
-
 impl Cli {
-    /// Reads every flag (defaults depend on the backend); [`Cli::check`]
-    /// then checks them together.
-    fn parse(raw: &[String]) -> Result<Cli, ArgError> {
-        let mut a = Args::parse(raw, &RUN_FLAGS)?;
-        let backend = match a.string("backend").as_deref().unwrap_or("sim") {
-            "sim" => Backend::Sim,
-            "emu" => Backend::Emu,
-            other => {
-                return Err(ArgError(format!(
-                    "--backend: `{other}` is not available (sim, emu)"
-                )))
-            }
-        };
+    /// Fills in the defaults that depend on the backend and reads the
+    /// workload; [`Cli::check`] then checks the flags together.
+    fn parse(a: RunArgs) -> Result<Cli, ArgError> {
+        let backend = a.backend;
         let sim = backend == Backend::Sim;
-        let (wname, wfile, warnings) =
-            load_workload(a.string("workload"), a.string("workload-file"))?;
-        let zipf: f64 = a.get("zipf", wfile.zipf())?;
+        let (wname, wfile, warnings) = load_workload(a.workload, a.workload_file)?;
+        let zipf: f64 = a.zipf.unwrap_or(wfile.zipf());
         if !(zipf == 0.0 || ycsb::zipf_constant_ok(zipf)) {
             return Err(ArgError(format!(
                 "--zipf must be 0 (uniform) or in (0,1) or (1,5], got {zipf}"
             )));
         }
-        let systems = a.string("systems").unwrap_or_else(|| "sherman,fg".into());
-        let thread_list = match a.string("threads") {
+        let thread_list = match a.threads {
             Some(s) => parse_threads(&s)?,
             None => vec![if sim { 22 } else { 2 }],
         };
-        let records = match a.get_opt("records")? {
+        let records = match a.records {
             Some(n) => n,
             None => wfile
                 .record_count
                 .unwrap_or(if sim { 1_000_000 } else { 200_000 }),
         };
-        let length = run_length(a.get_opt("ops")?, a.get_opt("seconds")?)?;
-        let model = sim_model(a.string("sim-model"), sim)?;
+        let length = run_length(a.ops, a.seconds)?;
+        let model = sim_model(a.sim_model, sim)?;
         let mut fault_plan: Vec<Fault> = Vec::new();
-        for f in a.strings("fault") {
-            fault_plan.extend(parse_fault(&f).map_err(|e| ArgError(format!("--fault {e}")))?);
+        for f in &a.fault {
+            fault_plan.extend(parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?);
         }
         let cli = Cli {
             backend,
@@ -370,30 +384,30 @@ impl Cli {
             zipf,
             operation_count: wfile.operation_count,
             warnings,
-            systems: systems
+            systems: a
+                .systems
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
                 .map(String::from)
                 .collect(),
-            memory_nodes: a.get("memory-nodes", if sim { 8 } else { 2 })?,
-            compute_nodes: a.get("compute-nodes", if sim { 8 } else { 1 })?,
+            memory_nodes: a.memory_nodes.unwrap_or(if sim { 8 } else { 2 }),
+            compute_nodes: a.compute_nodes.unwrap_or(if sim { 8 } else { 1 }),
             thread_list,
-            coroutines: a.get("coroutines", 1)?,
+            coroutines: a.coroutines,
             records,
             length,
-            warmup: a.get("warmup", if sim { 50 } else { 2_000 })?,
-            cache_mb: a.get("cache-mb", 64.0)?,
-            seed: a.get("seed", 1)?,
-            json: a.switch("json"),
-            check_history: a.switch("check-history"),
-            history_path: a.string("history").map(PathBuf::from),
-            plot_dir: a.string("plot").map(PathBuf::from),
+            warmup: a.warmup.unwrap_or(if sim { 50 } else { 2_000 }),
+            cache_mb: a.cache_mb,
+            seed: a.seed,
+            json: a.json,
+            check_history: a.check_history,
+            history_path: a.history,
+            plot_dir: a.plot,
             model,
             fault_plan,
-            fault_seed: a.get_opt("fault-seed")?,
+            fault_seed: a.fault_seed,
         };
-        a.finish()?;
         cli.check()?;
         Ok(cli)
     }
@@ -548,8 +562,8 @@ fn sim_model(list: Option<String>, sim: bool) -> Result<SimModel, ArgError> {
     Ok(model)
 }
 
-pub fn run(raw: &[String]) -> Result<Outcome, ArgError> {
-    let cli = Cli::parse(raw)?;
+pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
+    let cli = Cli::parse(args)?;
     let specs = cli.specs()?;
     // Everything is valid: from here on, only a failed run is an error.
     for w in &cli.warnings {
@@ -683,7 +697,7 @@ fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
     }
     if cli.json {
         let docs: Vec<serde_json::Value> = done.iter().map(|d| d.doc.clone()).collect();
-        println!("{}", serde_json::Value::Array(docs));
+        cmdline::outln!("{}", serde_json::Value::Array(docs));
         return violation;
     }
     for &t in &cli.thread_list {
@@ -697,12 +711,12 @@ fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
                     Verdict::Violation(_) => "VIOLATION (details on stderr)",
                     Verdict::Undecided(_) => "undecided (details on stderr)",
                 };
-                println!("history check, {}: {word}", d.spec.system);
+                cmdline::outln!("history check, {}: {word}", d.spec.system);
             }
         }
     }
     if let Some(rate) = done[0].doc["btreemap_lookups_per_sec"].as_f64() {
-        println!(
+        cmdline::outln!(
             "reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s",
             rate / 1e6
         );

@@ -76,7 +76,7 @@ pub(crate) fn write_plots(
 }
 
 pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
-    println!(
+    cmdline::outln!(
         "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
         spec.mix.name,
         if spec.backend == Backend::Sim { "sim" } else { "emu" },
@@ -88,7 +88,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         spec.records,
         spec.zipf
     );
-    println!(
+    cmdline::outln!(
         "{:<22} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
         "system",
         "Mops/s",
@@ -102,7 +102,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         "cache%"
     );
     for j in rows {
-        println!(
+        cmdline::outln!(
             "{:<22} {:>10.3} {:>9.1} {:>9.1} {:>10.2} {:>9} {:>9.1} {:>9.3} {:>9.4} {:>8.2}",
             j["system"].as_str().unwrap_or("?"),
             j["ops_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
@@ -119,7 +119,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         );
     }
     if !spec.faults.is_empty() {
-        println!(
+        cmdline::outln!(
             "faults (from the start of the workload): {}",
             spec.fault_names().join("; ")
         );
@@ -132,7 +132,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
                     (n > 0).then(|| format!("{} {n}", k.name()))
                 })
                 .collect();
-            println!(
+            cmdline::outln!(
                 "{}: {} failed operations{}, {} clients unfinished",
                 j["system"].as_str().unwrap_or("?"),
                 f["total"].as_u64().unwrap_or(0),

@@ -3,11 +3,7 @@
 
 use super::*;
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Emu,
-    Sim,
-}
+pub use crate::args::Backend;
 
 /// Operation kinds, in report order (and in `ycsb::PROPORTION_KEYS` order).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,176 @@
+//! # cmdline — what Loch's command lines share
+//!
+//! `loch` and `loch-bench` are driven from scripts; they behave as one
+//! family of Unix tools: the same `--version` line ([`version`]), bad input
+//! reported in one line with clap's suggestion ([`one_line`]) and exit code
+//! [`EXIT_BAD_INPUT`], output that ends quietly when its reader goes away
+//! ([`out`]), and SIGINT/SIGTERM as a flag their loops poll ([`signals`]).
+
+pub mod out;
+pub mod signals;
+
+/// Exit code of a run that finished and whose checks passed.
+pub const EXIT_DONE: u8 = 0;
+/// Exit code when the system under test failed: a check, a verb, a node.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code of bad input: one line on stderr names it; nothing ran.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT, as
+/// shells report it).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// The exit codes, for the end of every `--help`.
+pub const EXIT_CODES_HELP: &str =
+    "Exit codes: 0 done, every check passed; 1 the system failed (a check, a verb, a node; \
+the message on stderr); 2 bad input (one line naming it; nothing ran); 130 stopped by \
+SIGINT or SIGTERM (the summary of what ran is still printed).";
+
+/// The `--version` line: the package version, the git commit built from
+/// and the backends compiled in, e.g. `0.1.0 (commit 5ca5964a1b2c;
+/// backends: emu, sim, mlx5)`.
+pub fn version(backends: &[&str]) -> String {
+    format!(
+        "{} (commit {}; backends: {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("LOCH_GIT_COMMIT"),
+        backends.join(", ")
+    )
+}
+
+/// clap's error for bad input as one line: what is wrong, clap's
+/// suggestion when it has one ("a similar argument exists: '--json'"), the
+/// values a flag takes, then where the help is. Scripts read one line;
+/// people get the fix.
+pub fn one_line(e: &clap::Error, command: &str) -> String {
+    let text = e.render().to_string();
+    let mut parts: Vec<String> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(what) = line.strip_prefix("error: ") {
+            parts.push(what.to_string());
+        } else if let Some(tip) = line.strip_prefix("tip: ") {
+            parts.push(tip.to_string());
+        } else if line.starts_with("[possible values") && line.ends_with(']') {
+            parts.push(line.trim_matches(['[', ']']).to_string());
+        }
+    }
+    if parts.is_empty() {
+        parts.push(
+            text.lines()
+                .next()
+                .unwrap_or("bad input")
+                .trim()
+                .to_string(),
+        );
+    }
+    format!("{}; see `{command} --help`", parts.join("; "))
+}
+
+/// Parses the command line with clap: help and version go to stdout and
+/// exit 0, bad input is one line on stderr (prefixed `name: `) and exit 2.
+pub fn parse<T: clap::Parser>(name: &str) -> Result<T, std::process::ExitCode> {
+    parse_from(name, std::env::args_os())
+}
+
+/// [`parse`] over the given arguments (the first is the program name).
+pub fn parse_from<T: clap::Parser>(
+    name: &str,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<T, std::process::ExitCode> {
+    use clap::error::ErrorKind;
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    match T::try_parse_from(&args) {
+        Ok(t) => Ok(t),
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                out::print(format_args!("{}", e.render()));
+                Err(std::process::ExitCode::from(EXIT_DONE))
+            }
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                eprint!("{}", e.render());
+                Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
+            }
+            _ => {
+                let cmd = command_of(&T::command(), name, &args);
+                eprintln!("{name}: {}", one_line(&e, &cmd));
+                Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
+            }
+        },
+    }
+}
+
+/// The command an error is about: the program and the subcommand named on
+/// the command line (`loch-bench run`), for the pointer to its help.
+fn command_of(cmd: &clap::Command, name: &str, args: &[std::ffi::OsString]) -> String {
+    let sub = args.iter().skip(1).find_map(|a| {
+        let a = a.to_str()?;
+        cmd.get_subcommands()
+            .any(|s| s.get_name() == a)
+            .then_some(a)
+    });
+    match sub {
+        Some(s) => format!("{name} {s}"),
+        None => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Parser, Subcommand};
+
+    #[derive(Parser, Debug)]
+    #[command(name = "t")]
+    struct T {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(Subcommand, Debug)]
+    enum Cmd {
+        Go {
+            #[arg(long)]
+            json: bool,
+            #[arg(long, value_parser = ["emu", "sim"])]
+            backend: Option<String>,
+            #[arg(long)]
+            size: Option<u32>,
+        },
+    }
+
+    fn err(args: &[&str]) -> String {
+        let argv: Vec<std::ffi::OsString> = std::iter::once("t")
+            .chain(args.iter().copied())
+            .map(Into::into)
+            .collect();
+        let e = T::try_parse_from(&argv).unwrap_err();
+        one_line(
+            &e,
+            &command_of(&<T as clap::CommandFactory>::command(), "t", &argv),
+        )
+    }
+
+    #[test]
+    fn clap_errors_are_one_line_with_the_fix() {
+        let e = err(&["go", "--jsn"]);
+        assert!(!e.contains('\n'), "{e}");
+        assert!(e.contains("'--jsn'") && e.contains("'--json'"), "{e}");
+        assert!(e.ends_with("see `t go --help`"), "{e}");
+        let e = err(&["go", "--backend", "pigeon"]);
+        assert!(e.contains("--backend") && e.contains("emu, sim"), "{e}");
+        assert!(e.ends_with("see `t go --help`"), "{e}");
+        let e = err(&["go", "--size", "lots"]);
+        assert!(e.contains("--size") && e.contains("lots"), "{e}");
+        let e = err(&["stop"]);
+        assert!(e.contains("'stop'"), "{e}");
+    }
+
+    #[test]
+    fn the_version_names_the_commit_and_backends() {
+        let v = version(&["emu", "sim"]);
+        assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
+        assert!(
+            v.contains("commit ") && v.ends_with("backends: emu, sim)"),
+            "{v}"
+        );
+    }
+}
