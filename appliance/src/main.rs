@@ -1,264 +1,343 @@
 //! `loch`: boots Loch. `loch demo` runs a whole cluster on this host,
 //! `loch node` boots one node of a cluster file, `loch check` runs its
-//! preflight.
+//! preflight. Exit codes as every `--help` says (cmdline's): 0 done, 1 the
+//! system failed, 2 bad input.
 
 use appliance::demo::{self, DemoBackend, DemoConfig};
-use appliance::node::{self, NodeOptions};
+use appliance::node::{self, NodeOptions, Workload};
 use appliance::processes::{self, ProcessesConfig};
+use clap::{Parser, Subcommand};
+use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: loch <command> [flags]
-commands:
-  demo    run a whole cluster with a mixed verb workload: on this host (--backend emu,
-          the default) or simulated in virtual time (--backend sim)
-          flags: --backend emu|sim  --memory-nodes N (2)  --cores N (emu 2, sim 16)  --tasks N per core (8)
-                 --seconds S (emu: wall, 3; sim: virtual, 0.005)  --seed N (1)
-                 --compute-nodes N (sim only, 4)  --latency-ns N one-way (emu: injected; sim: link)
-                 --tree-records N (records bulk-loaded into the B+tree phase; 0 skips it; 100000)
-                 --no-pin
-                 --fault KIND@TIME[:TARGET] (sim only, repeatable; TIME from the start of the
-                 simulation: the verb phase, then each index phase's load and workload):
-                 memory-crash@TIME:NODE, compute-crash@TIME:NODE,
-                 link-cut@TIME:COMPUTE-MEMORY[/DURATION], link-heal@TIME:COMPUTE-MEMORY,
-                 latency-spike@TIME:EXTRA/DURATION, thread-stall@TIME:THREAD/DURATION;
-                 times take ns, us, ms or s. A task stops at its first failed operation, the
-                 others go on, and the checks allow for operations whose effect is unknown
-                 --fault-seed N (sim only: six faults drawn from N, crashes included, within
-                 3 × --seconds of virtual time)
-          --processes: one `loch node` process per node over the control channel
-                 (2 memory + 2 compute nodes on 127.0.0.1), a fresh cluster per workload;
-                 flags: --seconds S per workload (3)  --cores N per compute node (1)
-                 --tasks N per core (8)  --workload verbs|tree|hash|all (all)
-                 --tree-records N (records loaded into each index; 100000)  --no-pin
-  node    boot one node of a cluster file (emu backend)
-          flags: --config FILE  --id N  [--seconds S] [--tasks N per core (8)] [--seed N] [--no-pin]
-                 [--workload verbs|tree|hash (tree)]  [--records N loaded into the index (100000)]
-                 every compute node of a cluster must get the same --workload and --records
-  check   run node N's preflight checks
-          flags: --config FILE  --id N
-exit codes: 0 done (every check passed); 1 the system failed (a check FAILED, a node
-could not run); 2 bad input (a flag, a value, a cluster file, an id not in it)";
-
-fn parse<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
-    let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-    v.parse().map_err(|_| format!("{flag}: cannot parse `{v}`"))
+/// Loch, a disaggregated-memory appliance: compute nodes reach memory
+/// nodes through one-sided RDMA verbs and run a B+tree (Sherman) and a
+/// hash table (Nessie) on them.
+#[derive(Parser, Debug)]
+#[command(
+    name = "loch",
+    version = cmdline::version(BACKENDS),
+    propagate_version = true,
+    after_help = cmdline::EXIT_CODES_HELP
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn demo_config(args: &[String]) -> Result<DemoConfig, String> {
-    let mut cfg = DemoConfig::default();
-    let mut seconds = None;
-    let (mut cores, mut compute_nodes) = (None, None);
-    let mut fault_seed = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--backend" => {
-                cfg.backend = match it.next().map(String::as_str) {
-                    Some("emu") => DemoBackend::Emu,
-                    Some("sim") => DemoBackend::Sim,
-                    Some(other) => {
-                        return Err(format!("--backend: `{other}` is not available (emu, sim)"))
-                    }
-                    None => return Err("--backend needs a value".into()),
-                }
-            }
-            "--compute-nodes" => compute_nodes = Some(parse(a, it.next())?),
-            "--memory-nodes" => cfg.memory_nodes = parse(a, it.next())?,
-            "--cores" => cores = Some(parse(a, it.next())?),
-            "--tasks" => cfg.tasks_per_core = parse(a, it.next())?,
-            "--seconds" => seconds = Some(parse(a, it.next())?),
-            "--seed" => cfg.seed = parse(a, it.next())?,
-            "--latency-ns" => cfg.latency_ns = parse(a, it.next())?,
-            "--no-pin" => cfg.pin = false,
-            "--tree-records" => cfg.tree_records = parse(a, it.next())?,
-            "--fault" => {
-                let spec: String = parse(a, it.next())?;
-                cfg.faults
-                    .extend(nicdrv::sim::parse_fault(&spec).map_err(|e| format!("--fault {e}"))?);
-            }
-            "--fault-seed" => fault_seed = Some(parse::<u64>(a, it.next())?),
-            other => return Err(format!("unknown flag `{other}`")),
-        }
-    }
-    // The emu cluster is as big as this host; the simulated one defaults
-    // to 4 compute nodes × 4 threads.
-    let sim = cfg.backend == DemoBackend::Sim;
-    cfg.seconds = seconds.unwrap_or(if sim { 0.005 } else { 3.0 });
-    cfg.cores = cores.unwrap_or(if sim { 16 } else { 2 });
-    cfg.compute_nodes = compute_nodes.unwrap_or(if sim { 4 } else { 1 });
-    if let Some(s) = fault_seed {
-        if !sim {
-            return Err("--fault-seed applies to --backend sim only".into());
-        }
-        // The three phases span about three times --seconds.
-        let horizon = (3.0 * cfg.seconds * 1e9) as u64;
-        cfg.faults
-            .extend(nicdrv::sim::Fault::random_plan_with_crashes(
-                s,
-                6,
-                horizon,
-                (
-                    cfg.memory_nodes.min(u16::MAX as usize) as u16,
-                    cfg.compute_nodes.min(u16::MAX as usize) as u16,
-                    cfg.cores.min(u32::MAX as usize) as u32,
-                ),
-            ));
-    }
-    cfg.faults.sort_by_key(|f| f.at_ns);
-    demo::validate(&cfg)?;
-    Ok(cfg)
+#[cfg(feature = "mlx5")]
+const BACKENDS: &[&str] = &["emu", "sim", "mlx5"];
+#[cfg(not(feature = "mlx5"))]
+const BACKENDS: &[&str] = &["emu", "sim"];
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a whole cluster with a self-checking workload: the verb mix,
+    /// then the B+tree, then the hash table; on this host (emu) or
+    /// simulated in virtual time (sim)
+    Demo(DemoArgs),
+    /// Boot one node of a cluster file: a memory node serves until
+    /// SIGINT/SIGTERM, a compute node runs its workload
+    Node(NodeArgs),
+    /// Run node N's preflight checks and print each
+    Check(NodeId),
 }
 
-fn processes_config(args: &[String]) -> Result<ProcessesConfig, String> {
-    let mut cfg = ProcessesConfig::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--processes" => {}
-            "--backend" => match it.next().map(String::as_str) {
-                Some("emu") => {}
-                _ => return Err("--processes runs the emu backend only".into()),
+/// Which node of which cluster file.
+#[derive(clap::Args, Debug)]
+#[command(after_help = cmdline::EXIT_CODES_HELP)]
+struct NodeId {
+    /// The cluster file (docs/cluster-file.md)
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// This node's id in the cluster file
+    #[arg(long, value_name = "N")]
+    id: u32,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true, after_help = cmdline::EXIT_CODES_HELP)]
+struct NodeArgs {
+    #[command(flatten)]
+    node: NodeId,
+    /// Compute role: stop after S seconds [default: at SIGINT/SIGTERM]
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// Compute role: tasks per core
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    tasks: usize,
+    /// Compute role: the seed of the tasks' streams
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Do not pin the compute cores
+    #[arg(long)]
+    no_pin: bool,
+    /// Compute role: what to run: verbs, tree or hash; every compute node
+    /// of a cluster must get the same
+    #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
+    workload: Workload,
+    /// Compute role: records loaded into the index; every compute node of
+    /// a cluster must get the same
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    records: u64,
+}
+
+fn workload_value(s: &str) -> Result<Workload, String> {
+    Workload::parse(&s.to_ascii_lowercase())
+        .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash"))
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BackendArg {
+    Emu,
+    Sim,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true, after_help = DEMO_AFTER_HELP)]
+struct DemoArgs {
+    /// emu: this host, wall clock; sim: a simulated cluster in virtual time
+    #[arg(long, value_enum, ignore_case = true, default_value_t = BackendArg::Emu)]
+    backend: BackendArg,
+    /// Memory nodes [default: 2]
+    #[arg(long, value_name = "N")]
+    memory_nodes: Option<usize>,
+    /// Compute cores: emu pinned threads [default: 2]; sim threads spread
+    /// over --compute-nodes [default: 16]; with --processes, per compute
+    /// node [default: 1]
+    #[arg(long, value_name = "N")]
+    cores: Option<usize>,
+    /// Tasks per core
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    tasks: usize,
+    /// Seconds per phase: emu wall [default: 3]; sim virtual [default:
+    /// 0.005]
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// The simulation's seed (sim), or the tasks' streams (emu)
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Compute nodes the simulated cores spread over (sim only) [default:
+    /// 4]
+    #[arg(long, value_name = "N")]
+    compute_nodes: Option<usize>,
+    /// One-way link latency: emu injected; sim the link's own [default: 0,
+    /// the model's]
+    #[arg(long, value_name = "NS")]
+    latency_ns: Option<u64>,
+    /// Records bulk-loaded into each index phase (0 skips them)
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    tree_records: u64,
+    /// Do not pin the compute cores
+    #[arg(long)]
+    no_pin: bool,
+    /// Inject a fault (sim only; repeatable), TIME from the start of the
+    /// simulation (the verb phase, then each index phase's load and
+    /// workload): memory-crash@TIME:NODE, compute-crash@TIME:NODE,
+    /// link-cut@TIME:COMPUTE-MEMORY[/DURATION],
+    /// link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION,
+    /// thread-stall@TIME:THREAD/DURATION; times take ns, us, ms or s. A
+    /// task stops at its first failed operation, the others go on, and the
+    /// checks allow for operations whose effect is unknown
+    #[arg(long, value_name = "KIND@TIME[:TARGET]")]
+    fault: Vec<String>,
+    /// Six faults drawn from N, crashes included, within 3 × --seconds of
+    /// virtual time (sim only)
+    #[arg(long, value_name = "N")]
+    fault_seed: Option<u64>,
+    /// One `loch node` process per node over the control channel (2
+    /// memory + 2 compute nodes on 127.0.0.1), a fresh cluster per
+    /// workload (emu only)
+    #[arg(long)]
+    processes: bool,
+    /// With --processes: the workload to run: verbs, tree, hash or all
+    #[arg(long, value_name = "W", requires = "processes")]
+    workload: Option<String>,
+}
+
+const DEMO_AFTER_HELP: &str = concat!(
+    "The summary ends with its checks: every FAA and CAS accounted for, every READ of a task's own \
+words returning its last write, every index lookup agreeing with the loaded data and the task's \
+own writes.\n\n",
+    cmdline::exit_codes_help!()
+);
+
+impl DemoArgs {
+    /// The in-process demo's configuration, defaults filled in for the
+    /// backend.
+    fn demo(self) -> Result<DemoConfig, String> {
+        let sim = self.backend == BackendArg::Sim;
+        let mut cfg = DemoConfig {
+            backend: if sim {
+                DemoBackend::Sim
+            } else {
+                DemoBackend::Emu
             },
-            "--seconds" => cfg.seconds = parse(a, it.next())?,
-            "--cores" => cfg.cores_per_compute = parse(a, it.next())?,
-            "--tasks" => cfg.tasks_per_core = parse(a, it.next())?,
-            "--no-pin" => cfg.pin = false,
-            "--tree-records" => cfg.records = parse(a, it.next())?,
-            "--workload" => {
-                let v: String = parse(a, it.next())?;
-                cfg.workloads = match v.as_str() {
-                    "all" => ProcessesConfig::default().workloads,
-                    w => vec![node::Workload::parse(w).ok_or_else(|| {
-                        format!("--workload: `{w}` is not one of verbs, tree, hash, all")
-                    })?],
-                };
-            }
-            other => return Err(format!("unknown flag `{other}` with --processes")),
+            tasks_per_core: self.tasks,
+            pin: !self.no_pin,
+            tree_records: self.tree_records,
+            ..DemoConfig::default()
+        };
+        if let Some(n) = self.memory_nodes {
+            cfg.memory_nodes = n;
         }
+        cfg.seed = self.seed.unwrap_or(cfg.seed);
+        cfg.latency_ns = self.latency_ns.unwrap_or(cfg.latency_ns);
+        // The emu cluster is as big as this host; the simulated one
+        // defaults to 4 compute nodes × 4 threads.
+        cfg.seconds = self.seconds.unwrap_or(if sim { 0.005 } else { 3.0 });
+        cfg.cores = self.cores.unwrap_or(if sim { 16 } else { 2 });
+        cfg.compute_nodes = self.compute_nodes.unwrap_or(if sim { 4 } else { 1 });
+        for spec in &self.fault {
+            cfg.faults
+                .extend(nicdrv::sim::parse_fault(spec).map_err(|e| format!("--fault {e}"))?);
+        }
+        if let Some(s) = self.fault_seed {
+            if !sim {
+                return Err("--fault-seed applies to --backend sim only".into());
+            }
+            // The three phases span about three times --seconds.
+            let horizon = (3.0 * cfg.seconds * 1e9) as u64;
+            cfg.faults
+                .extend(nicdrv::sim::Fault::random_plan_with_crashes(
+                    s,
+                    6,
+                    horizon,
+                    (
+                        cfg.memory_nodes.min(u16::MAX as usize) as u16,
+                        cfg.compute_nodes.min(u16::MAX as usize) as u16,
+                        cfg.cores.min(u32::MAX as usize) as u32,
+                    ),
+                ));
+        }
+        cfg.faults.sort_by_key(|f| f.at_ns);
+        demo::validate(&cfg)?;
+        Ok(cfg)
     }
-    if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
-        return Err("--cores and --tasks must be at least 1".into());
+
+    /// `--processes`' configuration; the flags of the in-process demo
+    /// that it has no use for are refused.
+    fn processes(self) -> Result<ProcessesConfig, String> {
+        let unused = [
+            (self.backend == BackendArg::Sim, "--backend sim"),
+            (self.memory_nodes.is_some(), "--memory-nodes"),
+            (self.seed.is_some(), "--seed"),
+            (self.compute_nodes.is_some(), "--compute-nodes"),
+            (self.latency_ns.is_some(), "--latency-ns"),
+            (!self.fault.is_empty(), "--fault"),
+            (self.fault_seed.is_some(), "--fault-seed"),
+        ];
+        if let Some((_, flag)) = unused.iter().find(|u| u.0) {
+            return Err(format!(
+                "{flag} does not apply to --processes (it runs the emu backend, 2 memory + 2 compute nodes)"
+            ));
+        }
+        let mut cfg = ProcessesConfig {
+            tasks_per_core: self.tasks,
+            pin: !self.no_pin,
+            records: self.tree_records,
+            ..ProcessesConfig::default()
+        };
+        cfg.seconds = self.seconds.unwrap_or(cfg.seconds);
+        cfg.cores_per_compute = self.cores.unwrap_or(cfg.cores_per_compute);
+        if let Some(w) = self.workload {
+            cfg.workloads = match w.to_ascii_lowercase().as_str() {
+                "all" => ProcessesConfig::default().workloads,
+                one => vec![Workload::parse(one).ok_or_else(|| {
+                    format!("--workload: `{w}` is not one of verbs, tree, hash, all")
+                })?],
+            };
+        }
+        if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
+            return Err("--cores and --tasks must be at least 1".into());
+        }
+        Ok(cfg)
     }
-    Ok(cfg)
 }
 
-/// `--config F --id N` plus the node flags.
-fn node_options(args: &[String], node_flags: bool) -> Result<NodeOptions, String> {
-    let (mut config, mut id) = (None, None);
-    let mut o = NodeOptions {
-        config: PathBuf::new(),
-        id: 0,
-        seconds: None,
-        tasks_per_core: 8,
-        pin: true,
-        seed: 1,
-        workload: node::Workload::Tree,
-        records: 100_000,
+/// Prints a demo's summary; exit 0 if its checks passed, else 1.
+fn summary(text: &str, ok: bool) -> ExitCode {
+    cmdline::out!("{text}");
+    if ok {
+        ExitCode::from(EXIT_DONE)
+    } else {
+        eprintln!("loch demo: a check FAILED");
+        ExitCode::from(EXIT_FAILED)
+    }
+}
+
+fn bad_input(cmd: &str, e: &str) -> ExitCode {
+    eprintln!("loch {cmd}: {e}; see `loch {cmd} --help`");
+    ExitCode::from(EXIT_BAD_INPUT)
+}
+
+fn demo_main(a: DemoArgs) -> ExitCode {
+    let run = if a.processes {
+        a.processes()
+            .map(|cfg| processes::run(&cfg).map(|r| (r.text, r.ok)))
+    } else {
+        a.demo()
+            .map(|cfg| demo::run(&cfg).map(|r| (r.text.clone(), r.ok())))
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--config" => config = Some(PathBuf::from(parse::<String>(a, it.next())?)),
-            "--id" => id = Some(parse(a, it.next())?),
-            "--seconds" if node_flags => o.seconds = Some(parse(a, it.next())?),
-            "--tasks" if node_flags => o.tasks_per_core = parse(a, it.next())?,
-            "--seed" if node_flags => o.seed = parse(a, it.next())?,
-            "--no-pin" if node_flags => o.pin = false,
-            "--workload" if node_flags => {
-                let v: String = parse(a, it.next())?;
-                o.workload = node::Workload::parse(&v)
-                    .ok_or_else(|| format!("--workload: `{v}` is not one of verbs, tree, hash"))?;
-            }
-            "--records" if node_flags => o.records = parse(a, it.next())?,
-            other => return Err(format!("unknown flag `{other}`")),
+    match run {
+        Err(e) => bad_input("demo", &e),
+        Ok(Ok((text, ok))) => summary(&text, ok),
+        Ok(Err(e)) => {
+            eprintln!("loch demo: {e}");
+            ExitCode::from(EXIT_FAILED)
         }
     }
-    o.config = config.ok_or("--config FILE is required")?;
-    o.id = id.ok_or("--id N is required")?;
-    Ok(o)
+}
+
+fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
+    let r = if check_only {
+        node::check(&o.config, o.id).map(|passed| u8::from(!passed))
+    } else {
+        node::run(o)
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("loch {cmd}: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    match argv.first().map(String::as_str) {
-        Some("demo") if argv.iter().any(|a| a == "--processes") => {
-            let cfg = match processes_config(&argv[1..]) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("loch demo: {e}\n{USAGE}");
-                    return ExitCode::from(2);
-                }
+    let cli: Cli = match cmdline::parse("loch") {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match cli.command {
+        Command::Demo(a) => demo_main(a),
+        Command::Node(a) => {
+            let o = NodeOptions {
+                config: a.node.config,
+                id: a.node.id,
+                seconds: a.seconds,
+                tasks_per_core: a.tasks,
+                pin: !a.no_pin,
+                seed: a.seed,
+                workload: a.workload,
+                records: a.records,
             };
-            match processes::run(&cfg) {
-                Ok(report) => {
-                    print!("{}", report.text);
-                    if report.ok {
-                        ExitCode::SUCCESS
-                    } else {
-                        eprintln!("loch demo: a check FAILED");
-                        ExitCode::FAILURE
-                    }
-                }
-                Err(e) => {
-                    eprintln!("loch demo: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            node_main("node", &o, false)
         }
-        Some(cmd @ ("node" | "check")) => {
-            let o = match node_options(&argv[1..], cmd == "node") {
-                Ok(o) => o,
-                Err(e) => {
-                    eprintln!("loch {cmd}: {e}\n{USAGE}");
-                    return ExitCode::from(2);
-                }
+        Command::Check(n) => {
+            let o = NodeOptions {
+                config: n.config,
+                id: n.id,
+                seconds: None,
+                tasks_per_core: 8,
+                pin: true,
+                seed: 1,
+                workload: Workload::Tree,
+                records: 100_000,
             };
-            let r = if cmd == "node" {
-                node::run(&o)
-            } else {
-                node::check(&o.config, o.id).map(|passed| u8::from(!passed))
-            };
-            match r {
-                Ok(code) => ExitCode::from(code),
-                Err(e) => {
-                    eprintln!("loch {cmd}: {e}");
-                    ExitCode::from(e.exit_code())
-                }
-            }
-        }
-        Some("demo") => {
-            let cfg = match demo_config(&argv[1..]) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("loch demo: {e}\n{USAGE}");
-                    return ExitCode::from(2);
-                }
-            };
-            match demo::run(&cfg) {
-                Ok(report) => {
-                    print!("{}", report.text);
-                    if report.ok() {
-                        ExitCode::SUCCESS
-                    } else {
-                        eprintln!("loch demo: a check FAILED");
-                        ExitCode::FAILURE
-                    }
-                }
-                Err(e) => {
-                    eprintln!("loch demo: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Some("--help") | Some("-h") | Some("help") => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
+            node_main("check", &o, true)
         }
     }
 }

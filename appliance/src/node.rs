@@ -153,7 +153,7 @@ pub fn check(config: &Path, id: u32) -> Result<bool, NodeError> {
     let cfg = ClusterConfig::load(config).map_err(|e| NodeError::Usage(e.to_string()))?;
     node_in(&cfg, config, id)?;
     let report = preflight::run(&cfg, id, &Host::current(), PreflightOptions::default());
-    print!("{report}");
+    cmdline::out!("{report}");
     Ok(report.passed())
 }
 

@@ -618,7 +618,7 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
         })).collect::<Vec<_>>(),
         "latency_ns": hist.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
     });
-    println!("{json}");
+    cmdline::outln!("{json}");
     say(format_args!(
         "{me}: done: {ops} operations in {:.2} s, {failures} failed, {mismatches} mismatched reads",
         elapsed_ns as f64 / 1e9

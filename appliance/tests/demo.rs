@@ -127,3 +127,72 @@ fn demo_on_sim_with_faults_goes_on_and_replays() {
     let seeded = ["--fault-seed", "11"];
     assert_eq!(seeded_lines(&run(&seeded)), seeded_lines(&run(&seeded)));
 }
+
+#[test]
+fn every_command_has_help_and_the_version_names_the_build() {
+    let loch = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_loch"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for (args, usage) in [
+        (vec!["--help"], "Usage: loch <COMMAND>"),
+        (vec!["demo", "--help"], "Usage: loch demo"),
+        (vec!["node", "--help"], "Usage: loch node"),
+        (vec!["check", "--help"], "Usage: loch check"),
+        (vec!["help", "demo"], "Usage: loch demo"),
+    ] {
+        let out = loch(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains(usage), "{args:?}: {help}");
+        assert!(help.contains("Exit codes:"), "{args:?}: {help}");
+    }
+    let out = loch(&["-V"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = String::from_utf8_lossy(&out.stdout);
+    let want = format!("loch {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        v.starts_with(&want) && v.contains("backends: emu, sim"),
+        "{v}"
+    );
+    // A near miss names the flag meant, in one line.
+    let out = loch(&["demo", "--tree-record", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("loch demo: ") && err.contains("'--tree-records'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_closed_stdout_ends_the_demo_quietly() {
+    use std::process::Stdio;
+    // `loch demo --backend sim | head -0`: the reader has left before the
+    // summary is printed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args([
+            "demo",
+            "--backend",
+            "sim",
+            "--seconds",
+            "0.001",
+            "--tree-records",
+            "2000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}

@@ -19,11 +19,19 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 /// shells report it).
 pub const EXIT_INTERRUPTED: u8 = 130;
 
-/// The exit codes, for the end of every `--help`.
-pub const EXIT_CODES_HELP: &str =
-    "Exit codes: 0 done, every check passed; 1 the system failed (a check, a verb, a node; \
+/// The exit codes, for the end of every `--help` (a macro, so that a
+/// command's own text can be `concat!`ed before it).
+#[macro_export]
+macro_rules! exit_codes_help {
+    () => {
+        "Exit codes: 0 done, every check passed; 1 the system failed (a check, a verb, a node; \
 the message on stderr); 2 bad input (one line naming it; nothing ran); 130 stopped by \
-SIGINT or SIGTERM (the summary of what ran is still printed).";
+SIGINT or SIGTERM (the summary of what ran is still printed)."
+    };
+}
+
+/// [`exit_codes_help!`] as a constant.
+pub const EXIT_CODES_HELP: &str = exit_codes_help!();
 
 /// The `--version` line: the package version, the git commit built from
 /// and the backends compiled in, e.g. `0.1.0 (commit 5ca5964a1b2c;
@@ -44,13 +52,30 @@ pub fn version(backends: &[&str]) -> String {
 pub fn one_line(e: &clap::Error, command: &str) -> String {
     let text = e.render().to_string();
     let mut parts: Vec<String> = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if let Some(what) = line.strip_prefix("error: ") {
-            parts.push(what.to_string());
+    // The lines after "error: ...:" up to a blank one continue it (the
+    // required arguments not given, one per line).
+    let mut continuing = false;
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continuing = false;
+        } else if let Some(what) = line.strip_prefix("error: ") {
+            parts.push(what.trim_end_matches(':').to_string());
+            continuing = what.ends_with(':');
+        } else if continuing {
+            let last = parts.last_mut().expect("an error line came first");
+            last.push_str(if last.ends_with(',') { " " } else { ": " });
+            last.push_str(line);
+            last.push(',');
         } else if let Some(tip) = line.strip_prefix("tip: ") {
             parts.push(tip.to_string());
         } else if line.starts_with("[possible values") && line.ends_with(']') {
             parts.push(line.trim_matches(['[', ']']).to_string());
+        }
+    }
+    for p in &mut parts {
+        if p.ends_with(',') {
+            p.pop();
         }
     }
     if parts.is_empty() {
@@ -66,7 +91,8 @@ pub fn one_line(e: &clap::Error, command: &str) -> String {
 }
 
 /// Parses the command line with clap: help and version go to stdout and
-/// exit 0, bad input is one line on stderr (prefixed `name: `) and exit 2.
+/// exit 0, bad input is one line on stderr (prefixed with the command,
+/// `loch node: `) and exit 2.
 pub fn parse<T: clap::Parser>(name: &str) -> Result<T, std::process::ExitCode> {
     parse_from(name, std::env::args_os())
 }
@@ -91,7 +117,7 @@ pub fn parse_from<T: clap::Parser>(
             }
             _ => {
                 let cmd = command_of(&T::command(), name, &args);
-                eprintln!("{name}: {}", one_line(&e, &cmd));
+                eprintln!("{cmd}: {}", one_line(&e, &cmd));
                 Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
             }
         },
@@ -135,6 +161,12 @@ mod tests {
             #[arg(long)]
             size: Option<u32>,
         },
+        Need {
+            #[arg(long)]
+            a: u32,
+            #[arg(long)]
+            b: u32,
+        },
     }
 
     fn err(args: &[&str]) -> String {
@@ -162,6 +194,11 @@ mod tests {
         assert!(e.contains("--size") && e.contains("lots"), "{e}");
         let e = err(&["stop"]);
         assert!(e.contains("'stop'"), "{e}");
+        let e = err(&["need"]);
+        assert!(
+            e.starts_with("the following required arguments were not provided: --a <A>, --b <B>;"),
+            "{e}"
+        );
     }
 
     #[test]
