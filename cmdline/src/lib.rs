@@ -4,7 +4,7 @@
 //! family of Unix tools: the same `--version` line ([`version`]), bad input
 //! reported in one line with clap's suggestion ([`one_line`]) and exit code
 //! [`EXIT_BAD_INPUT`], output that ends quietly when its reader goes away
-//! ([`out`]), and SIGINT/SIGTERM as a flag their loops poll ([`signals`]).
+//! ([`mod@out`]), and SIGINT/SIGTERM as a flag their loops poll ([`signals`]).
 
 pub mod out;
 pub mod signals;

@@ -3,7 +3,7 @@
 //! closed pipe, and SIGPIPE is ignored in Rust programs, so every write
 //! sees EPIPE). The first failed write marks stdout closed and runs the
 //! program's hook once (e.g. ask the run to stop); every later write is
-//! dropped. Use the [`outln!`](crate::outln) and [`out!`](crate::out)
+//! dropped. Use the [`outln!`](crate::outln!) and [`out!`](crate::out!)
 //! macros as `println!` and `print!`.
 
 use std::io::Write;
@@ -40,14 +40,14 @@ pub fn print(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// `println!` to stdout through [`print`].
+/// `println!` to stdout through [`print()`](crate::out::print).
 #[macro_export]
 macro_rules! outln {
     () => { $crate::out::print(format_args!("\n")) };
     ($($t:tt)*) => { $crate::out::print(format_args!("{}\n", format_args!($($t)*))) };
 }
 
-/// `print!` to stdout through [`print`].
+/// `print!` to stdout through [`print()`](crate::out::print).
 #[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::out::print(format_args!($($t)*)) };
