@@ -49,19 +49,19 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let result = match cli.command {
-        Command::Verbs(a) => verbs::run(a),
-        Command::Run(a) => run::run(*a),
+    let (name, result) = match cli.command {
+        Command::Verbs(a) => ("loch-bench verbs", verbs::run(a)),
+        Command::Run(a) => ("loch-bench run", run::run(*a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),
         Ok(run::Outcome::HistoryViolation) => ExitCode::from(EXIT_FAILED),
         Ok(run::Outcome::Failed(why)) => {
-            eprintln!("loch-bench: {why}");
+            eprintln!("{name}: {why}");
             ExitCode::from(EXIT_FAILED)
         }
         Err(e) => {
-            eprintln!("loch-bench: {e}");
+            eprintln!("{name}: {e}; see `{name} --help`");
             ExitCode::from(EXIT_BAD_INPUT)
         }
     }

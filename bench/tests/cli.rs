@@ -221,26 +221,26 @@ fn unknown_flags_suggest_the_nearest_in_one_line() {
     assert!(out.stdout.is_empty());
 }
 
+/// A small simulated cluster for short sweeps: 2 threads, one node of each
+/// kind, 0.2 virtual ms per point.
+const SMALL_SIM: [&str; 8] = [
+    "--threads",
+    "2",
+    "--compute-nodes",
+    "1",
+    "--memory-nodes",
+    "1",
+    "-D",
+    "0.0002",
+];
+
 #[test]
 fn perftest_flags_sweep_sizes_and_report_gbits() {
     // -a: 2 B .. 8 MiB, a row each; -n as perftest's iterations; the verb
     // in any case; --report_gbits: bits, eight times the bytes.
-    let sim = [
-        "verbs",
-        "--verb",
-        "READ",
-        "--backend",
-        "Sim",
-        "--threads",
-        "2",
-        "--compute-nodes",
-        "1",
-        "--memory-nodes",
-        "1",
-        "-D",
-        "0.0002",
-    ];
-    let mut args = sim.to_vec();
+    let mut sim = vec!["verbs", "--verb", "READ", "--backend", "Sim"];
+    sim.extend(SMALL_SIM);
+    let mut args = sim.clone();
     args.extend(["-a", "--json"]);
     let out = bench(&args);
     assert!(
@@ -263,7 +263,7 @@ fn perftest_flags_sweep_sizes_and_report_gbits() {
         );
         assert!((gbit - 8.0 * gb).abs() <= 1e-9 * gbit.max(1.0), "{p}");
     }
-    let mut args = sim.to_vec();
+    let mut args = sim.clone();
     args.extend(["-s", "4k", "--report_gbits"]);
     let out = bench(&args);
     let table = String::from_utf8_lossy(&out.stdout);
@@ -284,20 +284,8 @@ fn a_closed_stdout_ends_the_output_quietly() {
     // `loch-bench verbs -a | head -1`: the reader leaves after the header,
     // the benchmark still has 23 rows to print.
     let mut child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
-        .args([
-            "verbs",
-            "--backend",
-            "sim",
-            "--threads",
-            "2",
-            "--compute-nodes",
-            "1",
-            "--memory-nodes",
-            "1",
-            "-D",
-            "0.0002",
-            "-a",
-        ])
+        .args(["verbs", "--backend", "sim", "-a"])
+        .args(SMALL_SIM)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

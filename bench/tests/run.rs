@@ -769,7 +769,7 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
             1,
             "{extra:?}: one line, got {err}"
         );
-        assert!(err.starts_with("loch-bench: "), "{err}");
+        assert!(err.starts_with("loch-bench run: "), "{err}");
         assert!(out.stdout.is_empty(), "{extra:?}: no partial output");
         assert_eq!(listing(&dir), before, "{extra:?}: no files left behind");
     }

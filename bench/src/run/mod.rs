@@ -567,7 +567,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     let specs = cli.specs()?;
     // Everything is valid: from here on, only a failed run is an error.
     for w in &cli.warnings {
-        eprintln!("loch-bench: warning: {w}");
+        eprintln!("loch-bench run: warning: {w}");
     }
     let mut done = match measure_all(&cli, specs) {
         Ok(done) => done,
