@@ -40,8 +40,10 @@ enum Command {
     /// Boot one node of a cluster file: a memory node serves until
     /// SIGINT/SIGTERM, a compute node runs its workload
     Node(NodeArgs),
-    /// Run node N's preflight checks and print each
-    Check(NodeId),
+    /// Run node N's preflight checks and print each, then whether the
+    /// memory nodes can hold the workload `loch node` would run with the
+    /// same flags
+    Check(CheckArgs),
 }
 
 /// Which node of which cluster file.
@@ -79,6 +81,19 @@ struct NodeArgs {
     workload: Workload,
     /// Compute role: records loaded into the index; every compute node of
     /// a cluster must get the same
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    records: u64,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = cmdline::EXIT_CODES_HELP)]
+struct CheckArgs {
+    #[command(flatten)]
+    node: NodeId,
+    /// The workload whose memory to check, as `loch node --workload`
+    #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
+    workload: Workload,
+    /// The records to check room for, as `loch node --records`
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     records: u64,
 }
@@ -292,7 +307,7 @@ fn demo_main(a: DemoArgs) -> ExitCode {
 
 fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
     let r = if check_only {
-        node::check(&o.config, o.id).map(|passed| u8::from(!passed))
+        node::check(o).map(|passed| u8::from(!passed))
     } else {
         node::run(o)
     };
@@ -326,16 +341,16 @@ fn main() -> ExitCode {
             };
             node_main("node", &o, false)
         }
-        Command::Check(n) => {
+        Command::Check(a) => {
             let o = NodeOptions {
-                config: n.config,
-                id: n.id,
+                config: a.node.config,
+                id: a.node.id,
                 seconds: None,
                 tasks_per_core: 8,
                 pin: true,
                 seed: 1,
-                workload: Workload::Tree,
-                records: 100_000,
+                workload: a.workload,
+                records: a.records,
             };
             node_main("check", &o, true)
         }

@@ -148,13 +148,25 @@ pub struct NodeOptions {
     pub records: u64,
 }
 
-/// `loch check`: prints the preflight report of node `id`; Ok(passed).
-pub fn check(config: &Path, id: u32) -> Result<bool, NodeError> {
-    let cfg = ClusterConfig::load(config).map_err(|e| NodeError::Usage(e.to_string()))?;
-    node_in(&cfg, config, id)?;
-    let report = preflight::run(&cfg, id, &Host::current(), PreflightOptions::default());
+/// `loch check`: prints the preflight report of node `o.id`, then whether
+/// the memory nodes can hold the workload `loch node` would run with the
+/// same flags; Ok(every check passed).
+pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
+    let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
+    let node = node_in(&cfg, &o.config, o.id)?;
+    let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
-    Ok(report.passed())
+    let fits = workload_fits(o, &cfg, node);
+    let what = format!("--workload {} --records {}", o.workload.name(), o.records);
+    match &fits {
+        Ok(_) => cmdline::outln!(
+            "node {} ok   {:<10} the memory nodes hold {what}",
+            o.id,
+            "workload"
+        ),
+        Err(e) => cmdline::outln!("node {} FAIL {:<10} {e} ({what})", o.id, "workload"),
+    }
+    Ok(report.passed() && fits.is_ok())
 }
 
 /// Node `id` of the cluster file, or the usage error (exit 2) naming the
@@ -372,6 +384,17 @@ fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<
             "--records must be 1..={RECORDS_MAX}"
         )));
     }
+    workload_fits(o, cfg, node)
+}
+
+/// Whether the memory nodes can hold the verb areas of every core of the
+/// cluster and, for an index workload on a compute node, the index's
+/// chunks; the layout of their memory.
+fn workload_fits(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+) -> Result<Layout, NodeError> {
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
     let cores_total: usize = cfg.nodes.iter().map(|n| n.cores.len()).sum();
     let tasks_total = (cores_total * TASKS_PER_CORE_MAX) as u64;

@@ -54,8 +54,11 @@ fn check_prints_every_check_and_exits_0_or_1() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "{stdout}");
-    for (line, name) in lines.iter().zip(["hugepages", "memlock", "cores", "nic"]) {
+    assert_eq!(lines.len(), 5, "{stdout}");
+    for (line, name) in lines
+        .iter()
+        .zip(["hugepages", "memlock", "cores", "nic", "workload"])
+    {
         let words: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(&words[..2], ["node", "2"], "{line}");
         assert!(["ok", "warn", "FAIL"].contains(&words[2]), "{line}");
@@ -69,6 +72,39 @@ fn check_prints_every_check_and_exits_0_or_1() {
 
     // A node the file does not have is bad input: exit 2, said on stderr
     // (check_on_a_bad_config_exits_2_with_one_line has the case).
+}
+
+#[test]
+fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
+    let dir = PrivateDir::new("small").unwrap();
+    let (file, _) = cluster(&dir, 1);
+    // 1 MiB cannot hold the verb areas of the cluster's cores.
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("memory = \"16MiB\"", "memory = \"1MiB\"");
+    let small = write(&dir, "small.toml", &text);
+    let out = Command::new(LOCH)
+        .args(["check", "--config"])
+        .arg(&small)
+        .args(["--id", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout.lines().last().unwrap();
+    assert!(
+        line.starts_with("node 1 FAIL workload") && line.contains("needs"),
+        "{line}"
+    );
+    // And loch node refuses it the same way, before starting.
+    let out = Command::new(LOCH)
+        .args(["node", "--config"])
+        .arg(&small)
+        .args(["--id", "1", "--seconds", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs"));
 }
 
 #[test]
@@ -611,4 +647,29 @@ fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
         );
     }
     assert!(!node0.exists(), "the memory node left its file");
+}
+
+#[test]
+fn check_passes_the_shipped_emu_example() {
+    let dir = PrivateDir::new("example").unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/emu.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let file = write(&dir, "emu.toml", &text);
+    write(&dir, "secret", "0123456789abcdef0123456789abcdef-test");
+    for id in ["0", "2"] {
+        let out = Command::new(LOCH)
+            .args(["check", "--config"])
+            .arg(&file)
+            .args(["--id", id])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Exit 0, or 1 where this machine lacks something the file asks
+        // for (a CPU of `cores`): never bad input.
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{id}: {stdout}");
+        assert!(
+            stdout.contains(&format!("node {id} ok   workload")),
+            "{id}: {stdout}"
+        );
+    }
 }

@@ -1,9 +1,11 @@
 //! The cluster file: one TOML document describing every node, the backend,
 //! huge pages, the lock-table size and where the cluster secret lives.
+//! Every field, its unit and its default: `docs/cluster-file.md`.
 //!
 //! Promises: a `ClusterConfig` that exists has passed every check below;
 //! every rejection is a [`ConfigError`] naming the file, the field (as a path
-//! such as `nodes[2].address`) and the problem in one sentence. Unknown keys
+//! such as `nodes[2].address`) and the problem in one sentence, and carrying
+//! every other problem the checks found. Unknown keys
 //! are errors. Parsing never panics, whatever the text (see the
 //! `config_parse` fuzz target).
 //!
@@ -36,7 +38,8 @@ use serde::Deserialize;
 
 use crate::auth::{ClusterSecret, SECRET_BYTES_MIN};
 
-/// A rejected cluster file: which file, which field, what is wrong.
+/// A rejected cluster file: which file, which field, what is wrong — and
+/// the file's other problems, so that one run reports them all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: PathBuf,
@@ -44,9 +47,30 @@ pub struct ConfigError {
     /// where only the TOML parser's position is known.
     pub field: String,
     pub problem: String,
+    /// The file's other problems, in the order the checks found them (a
+    /// TOML syntax error stops the checks: it is always alone).
+    pub more: Vec<ConfigError>,
+}
+
+impl ConfigError {
+    /// The first of `errors` carrying the others; `None` if there are none.
+    fn all(mut errors: Vec<ConfigError>) -> Option<ConfigError> {
+        if errors.is_empty() {
+            return None;
+        }
+        let mut first = errors.remove(0);
+        first.more.extend(errors);
+        Some(first)
+    }
+
+    /// How many problems this reports.
+    pub fn count(&self) -> usize {
+        1 + self.more.len()
+    }
 }
 
 impl fmt::Display for ConfigError {
+    /// One line per problem: `file: field: problem`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -54,7 +78,11 @@ impl fmt::Display for ConfigError {
             self.file.display(),
             self.field,
             self.problem
-        )
+        )?;
+        for e in &self.more {
+            write!(f, "\n{e}")?;
+        }
+        Ok(())
     }
 }
 
@@ -152,6 +180,7 @@ impl ClusterConfig {
             file: path.to_path_buf(),
             field: "(file)".into(),
             problem: format!("cannot read the cluster file: {e}"),
+            more: Vec::new(),
         })?;
         let config = Self::parse(path, &text)?;
         config.secret()?;
@@ -159,16 +188,32 @@ impl ClusterConfig {
     }
 
     /// Parses and validates `text` as if read from `file`; touches no file.
+    /// Every field is checked, and every problem found is in the error.
     pub fn parse(file: &Path, text: &str) -> Result<ClusterConfig, ConfigError> {
         let c = Check { file };
         let raw: RawFile = toml::from_str(text).map_err(|e| c.syntax(text, &e))?;
-        // In this order, so a file with several problems reports the same
-        // first one every time.
-        let secret_file = c.secret_file(raw.secret_file)?;
-        let lock_table_words = c.lock_table_words(raw.lock_table_words)?;
-        let huge_pages = c.huge_pages(raw.huge_pages)?;
-        let backend = c.backend(raw.backend)?;
-        let nodes = c.nodes(raw.nodes)?;
+        // In this order, so that the problems of a file are always listed
+        // in the same order.
+        let mut errs = Vec::new();
+        let secret_file = keep(&mut errs, c.secret_file(raw.secret_file));
+        let lock_table_words = keep(&mut errs, c.lock_table_words(raw.lock_table_words));
+        let huge_pages = keep(&mut errs, c.huge_pages(raw.huge_pages));
+        let backend = keep(&mut errs, c.backend(raw.backend));
+        let nodes = c.nodes(raw.nodes, &mut errs);
+        if let Some(e) = ConfigError::all(errs) {
+            return Err(e);
+        }
+        // No error: every field was kept.
+        let (
+            Some(secret_file),
+            Some(lock_table_words),
+            Some(huge_pages),
+            Some(backend),
+            Some(nodes),
+        ) = (secret_file, lock_table_words, huge_pages, backend, nodes)
+        else {
+            unreachable!("a field without a value has an error");
+        };
         Ok(ClusterConfig {
             file: file.to_path_buf(),
             nodes,
@@ -195,6 +240,7 @@ impl ClusterConfig {
             file: self.file.clone(),
             field: "secret_file".into(),
             problem,
+            more: Vec::new(),
         };
         let shown = self.secret_file.display();
         let meta = std::fs::metadata(&self.secret_file)
@@ -221,6 +267,11 @@ impl ClusterConfig {
     }
 }
 
+/// The value of a check that passed; a failed one's error joins `errs`.
+fn keep<T>(errs: &mut Vec<ConfigError>, r: Result<T, ConfigError>) -> Option<T> {
+    r.map_err(|e| errs.push(e)).ok()
+}
+
 /// The checks of a cluster file's fields, each naming the field it
 /// rejects.
 struct Check<'a> {
@@ -233,6 +284,7 @@ impl Check<'_> {
             file: self.file.to_path_buf(),
             field: field.to_string(),
             problem,
+            more: Vec::new(),
         }
     }
 
@@ -382,63 +434,101 @@ impl Check<'_> {
     }
 
     /// The nodes, sorted by id: ids and addresses unique, at least one
-    /// memory and one compute node.
-    fn nodes(&self, raw: Option<Vec<RawNode>>) -> Result<Vec<NodeConfig>, ConfigError> {
+    /// memory and one compute node. Every node's every problem joins
+    /// `errs`; `None` if there was any.
+    fn nodes(
+        &self,
+        raw: Option<Vec<RawNode>>,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<Vec<NodeConfig>> {
         let raw_nodes = match raw {
             Some(n) if !n.is_empty() => n,
-            _ => return Err(self.err("nodes", "no nodes: add at least one [[nodes]] table".into())),
+            _ => {
+                errs.push(self.err("nodes", "no nodes: add at least one [[nodes]] table".into()));
+                return None;
+            }
         };
+        let before = errs.len();
         let mut nodes = Vec::with_capacity(raw_nodes.len());
         let mut ids = HashSet::new();
         let mut addresses = HashSet::new();
-        for (i, n) in raw_nodes.into_iter().enumerate() {
-            nodes.push(self.node(i, n, &mut ids, &mut addresses)?);
+        for (i, n) in raw_nodes.iter().enumerate() {
+            if let Some(node) = self.node(i, n, &mut ids, &mut addresses, errs) {
+                nodes.push(node);
+            }
         }
-        if !nodes.iter().any(|n| n.roles.memory) {
-            return Err(self.err("nodes", "no node has the \"memory\" role".into()));
+        // Which roles the cluster lacks, once every node's roles are
+        // known (a misspelt role is its own problem, not this one too).
+        let roles: Option<Vec<Roles>> = raw_nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| self.roles(i, &n.roles).ok())
+            .collect();
+        if let Some(roles) = roles {
+            if !roles.iter().any(|r| r.memory) {
+                errs.push(self.err("nodes", "no node has the \"memory\" role".into()));
+            }
+            if !roles.iter().any(|r| r.compute) {
+                errs.push(self.err("nodes", "no node has the \"compute\" role".into()));
+            }
         }
-        if !nodes.iter().any(|n| n.roles.compute) {
-            return Err(self.err("nodes", "no node has the \"compute\" role".into()));
+        if errs.len() > before {
+            return None;
         }
         nodes.sort_by_key(|n| n.id);
-        Ok(nodes)
+        Some(nodes)
     }
 
     /// Node `i` of the file; `ids` and `addresses` are the earlier nodes'
-    /// (this one's join them).
+    /// (this one's join them). Each field is checked whatever the others
+    /// hold; `None` if any failed.
     fn node(
         &self,
         i: usize,
-        n: RawNode,
+        n: &RawNode,
         ids: &mut HashSet<u32>,
         addresses: &mut HashSet<String>,
-    ) -> Result<NodeConfig, ConfigError> {
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<NodeConfig> {
         let f = |name: &str| format!("nodes[{i}].{name}");
-        let id = u32::try_from(n.id).map_err(|_| {
-            self.err(
-                &f("id"),
-                format!("{} is not a node id (0..=4294967295)", n.id),
-            )
-        })?;
-        if !ids.insert(id) {
-            return Err(self.err(&f("id"), format!("duplicate node id {id}")));
+        let id = keep(
+            errs,
+            u32::try_from(n.id)
+                .map_err(|_| {
+                    self.err(
+                        &f("id"),
+                        format!("{} is not a node id (0..=4294967295)", n.id),
+                    )
+                })
+                .and_then(|id| match ids.insert(id) {
+                    true => Ok(id),
+                    false => Err(self.err(&f("id"), format!("duplicate node id {id}"))),
+                }),
+        );
+        let roles = keep(errs, self.roles(i, &n.roles));
+        let address = keep(
+            errs,
+            check_address(&n.address)
+                .map_err(|p| self.err(&f("address"), p))
+                .and_then(|a| match addresses.insert(a.to_ascii_lowercase()) {
+                    true => Ok(a),
+                    false => Err(self.err(&f("address"), format!("duplicate address {a}"))),
+                }),
+        );
+        let cores = keep(errs, self.cores(i, &n.cores));
+        if let (Some(r), Some(c)) = (roles, &cores) {
+            if r.compute && c.is_empty() {
+                errs.push(self.err(&f("cores"), "a compute node needs at least one core".into()));
+                return None;
+            }
         }
-        let roles = self.roles(i, &n.roles)?;
-        let address = check_address(&n.address).map_err(|p| self.err(&f("address"), p))?;
-        if !addresses.insert(address.to_ascii_lowercase()) {
-            return Err(self.err(&f("address"), format!("duplicate address {address}")));
-        }
-        let cores = self.cores(i, &n.cores)?;
-        if roles.compute && cores.is_empty() {
-            return Err(self.err(&f("cores"), "a compute node needs at least one core".into()));
-        }
-        let memory_bytes = self.memory(i, &n, roles)?;
-        Ok(NodeConfig {
-            id,
-            roles,
-            address,
-            cores,
-            memory_bytes,
+        let memory_bytes = roles.and_then(|r| keep(errs, self.memory(i, n, r)));
+        Some(NodeConfig {
+            id: id?,
+            roles: roles?,
+            address: address?,
+            cores: cores?,
+            memory_bytes: memory_bytes?,
         })
     }
 
@@ -520,7 +610,12 @@ impl Check<'_> {
                     toml::Value::String(s) => {
                         parse_size(s).map_err(|p| self.err(&f("memory"), p))?
                     }
-                    toml::Value::Integer(b) if *b >= 0 => *b as u64,
+                    toml::Value::Integer(b) => {
+                        return Err(self.err(
+                            &f("memory"),
+                            format!("{b} has no unit: write a string such as \"{b}MiB\" (units: B, KiB, MiB, GiB, TiB)"),
+                        ))
+                    }
                     other => {
                         return Err(self.err(
                             &f("memory"),
@@ -602,8 +697,9 @@ fn check_address(a: &str) -> Result<String, String> {
     }
 }
 
-/// Sizes such as `"256MiB"`, `"1 GiB"`, `"4096"` (bytes). Binary units only,
-/// so nobody wonders whether "M" meant 10^6.
+/// Sizes such as `"256MiB"`, `"1 GiB"`, `"4096B"`: a unit is required
+/// (a bare number is refused rather than read as bytes), and binary units
+/// only, so nobody wonders whether "M" meant 10^6.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -614,7 +710,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
     let n: u64 = num.parse().map_err(|_| bad())?;
     let shift = match unit.trim() {
-        "" | "B" => 0,
+        "" => {
+            return Err(format!(
+                "`{s}` has no unit: write \"{num}MiB\", or \"{num}B\" for bytes (units: B, KiB, MiB, GiB, TiB)"
+            ))
+        }
+        "B" => 0,
         "KiB" => 10,
         "MiB" => 20,
         "GiB" => 30,

@@ -352,10 +352,73 @@ fn missing_file_is_named() {
 
 #[test]
 fn sizes() {
-    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("4096B"), Ok(4096));
+    let e = parse_size("4096").unwrap_err();
+    assert!(e.contains("no unit") && e.contains("\"4096B\""), "{e}");
     assert_eq!(parse_size("2KiB"), Ok(2048));
     assert_eq!(parse_size(" 3 TiB "), Ok(3 << 40));
     assert!(parse_size("").is_err());
     assert!(parse_size("1e3").is_err());
     assert!(parse_size("18446744073709551615KiB").is_err());
+}
+
+#[test]
+fn a_size_without_a_unit_is_refused_not_read_as_bytes() {
+    for bare in ["memory = 64", "memory = \"64\""] {
+        let (field, problem) = reject("unitless", &GOOD.replace("memory = \"1 GiB\"", bare));
+        assert_eq!(field, "nodes[2].memory", "{bare}");
+        assert!(
+            problem.contains("no unit") && problem.contains("\"64MiB\""),
+            "{bare}: {problem}"
+        );
+    }
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported_in_one_run() {
+    let text = GOOD
+        .replace("lock_table_words = 4096", "lock_table_words = 0")
+        .replace("port = 1", "port = 999")
+        .replace("address = \"127.0.0.1:7002\"", "address = \"nowhere\"")
+        .replace("roles = [\"memory\"]", "roles = [\"gpu\"]")
+        .replace("memory = \"256MiB\"", "memory = 256");
+    let (_dir, file) = setup("many", &text);
+    let e = ClusterConfig::load(&file).expect_err("five problems");
+    let fields: Vec<&str> = std::iter::once(&e)
+        .chain(&e.more)
+        .map(|e| e.field.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "lock_table_words",
+            "backend.port",
+            "nodes[0].address",
+            "nodes[1].memory",
+            "nodes[2].roles[0]",
+        ]
+    );
+    assert_eq!(e.count(), 5);
+    // One line each, every one naming the file.
+    let shown = e.to_string();
+    assert_eq!(shown.lines().count(), 5, "{shown}");
+    assert!(shown.lines().all(|l| l.contains("cluster.toml")), "{shown}");
+    // A file with one problem still reports exactly one.
+    let (_dir, file) = setup("one", &GOOD.replace("port = 1", "port = 999"));
+    assert_eq!(ClusterConfig::load(&file).unwrap_err().count(), 1);
+}
+
+#[test]
+fn the_shipped_example_files_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for (name, nodes) in [("emu.toml", 4), ("mlx5.toml", 4)] {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = ClusterConfig::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.nodes.len(), nodes, "{name}");
+        assert!(
+            c.nodes.iter().any(|n| n.id == 0 && n.roles.memory),
+            "{name}"
+        );
+    }
 }
