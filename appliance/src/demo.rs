@@ -202,7 +202,9 @@ async fn demo_task<N: Nic>(
     let mut shadow = vec![0u64; TASK_WORDS as usize];
     let deadline = ctx.nic().now_ns() + duration_ns;
     let mut local_ops = 0u64;
-    while ctx.now_ns() < deadline {
+    // SIGINT/SIGTERM ends the phase early (never set in a normal run, so a
+    // seed's trace is unchanged).
+    while ctx.now_ns() < deadline && !cmdline::signals::stop_requested() {
         let t0 = ctx.now_ns();
         let w = rng.below(TASK_WORDS);
         let target = Target {

@@ -92,7 +92,9 @@ async fn tree_task<N: Nic>(
     let mut rng = Rng::stream(seed, Domain::Client, me);
     let mut own = OwnKeys::new(records, me);
     let deadline = ctx.nic().now_ns() + duration_ns;
-    while ctx.now_ns() < deadline {
+    // SIGINT/SIGTERM ends the phase early (never set in a normal run, so a
+    // seed's trace is unchanged).
+    while ctx.now_ns() < deadline && !cmdline::signals::stop_requested() {
         let t0 = ctx.now_ns();
         match mixed_op(&ctx, &mut c, &mut rng, records, &mut own).await {
             Ok(bad) => sh.mismatches.set(sh.mismatches.get() + bad as u64),
@@ -384,7 +386,7 @@ pub fn run_phases(
     chunk: &ChunkConfig,
     mut run: impl FnMut(TreeConfig, IndexKind) -> Result<IndexPhase, String>,
 ) -> Result<Option<Vec<IndexPhase>>, String> {
-    if cfg.tree_records == 0 {
+    if cfg.tree_records == 0 || cmdline::signals::stop_requested() {
         return Ok(None);
     }
     eprintln!(
@@ -392,11 +394,14 @@ pub fn run_phases(
         cfg.tree_records
     );
     let tcfg = tree_config(host_bytes, chunk);
-    [IndexKind::Tree, IndexKind::Hash]
-        .into_iter()
-        .map(|kind| run(tcfg.clone(), kind))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    let mut phases = Vec::new();
+    for kind in [IndexKind::Tree, IndexKind::Hash] {
+        if cmdline::signals::stop_requested() {
+            break; // SIGINT/SIGTERM: report the phases that ran
+        }
+        phases.push(run(tcfg.clone(), kind)?);
+    }
+    Ok(Some(phases))
 }
 
 /// The summary lines of the phase.

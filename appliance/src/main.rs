@@ -7,7 +7,7 @@ use appliance::demo::{self, DemoBackend, DemoConfig};
 use appliance::node::{self, NodeOptions, Workload};
 use appliance::processes::{self, ProcessesConfig};
 use clap::{Parser, Subcommand};
-use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED};
+use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -271,14 +271,19 @@ impl DemoArgs {
     }
 }
 
-/// Prints a demo's summary; exit 0 if its checks passed, else 1.
+/// Prints a demo's summary; exit 0 if its checks passed, 1 if one failed,
+/// 130 if SIGINT/SIGTERM cut the run short (after the summary of what
+/// ran).
 fn summary(text: &str, ok: bool) -> ExitCode {
     cmdline::out!("{text}");
-    if ok {
-        ExitCode::from(EXIT_DONE)
-    } else {
+    if !ok {
         eprintln!("loch demo: a check FAILED");
         ExitCode::from(EXIT_FAILED)
+    } else if cmdline::signals::stop_requested() {
+        eprintln!("loch demo: stopped by SIGINT/SIGTERM; the summary covers what ran");
+        ExitCode::from(EXIT_INTERRUPTED)
+    } else {
+        ExitCode::from(EXIT_DONE)
     }
 }
 
@@ -288,6 +293,9 @@ fn bad_input(cmd: &str, e: &str) -> ExitCode {
 }
 
 fn demo_main(a: DemoArgs) -> ExitCode {
+    // SIGINT/SIGTERM end the run early with its summary; --processes
+    // passes them on to its nodes.
+    cmdline::signals::install();
     let run = if a.processes {
         a.processes()
             .map(|cfg| processes::run(&cfg).map(|r| (r.text, r.ok)))

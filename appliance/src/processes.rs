@@ -197,8 +197,9 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
             crate::node::RECORDS_MAX
         ));
     }
-    // Ctrl-C reaches the whole process group: the nodes stop cleanly, and
-    // this process survives it to reap them and remove its files.
+    // Ctrl-C reaches the whole process group, and a signal to this process
+    // alone is passed on: the nodes stop cleanly, and this process survives
+    // it to reap them, print what ran and remove its files.
     cmdline::signals::install();
     let t0 = Instant::now();
     let mut text = String::new();
@@ -214,7 +215,8 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     let mut ok = true;
     for &w in &cfg.workloads {
         if cmdline::signals::stop_requested() {
-            return Err("stopped by SIGINT/SIGTERM".into());
+            // SIGINT/SIGTERM: the summary covers the clusters that ran.
+            break;
         }
         let (section, pass) = run_cluster(cfg, w)?;
         text.push_str(&section);
@@ -362,17 +364,34 @@ fn compute_results(
 ) -> Result<(Vec<Value>, bool), String> {
     let mut results = Vec::new();
     let mut exit_ok = true;
-    for n in cluster.nodes.iter().filter(|n| n.roles.compute) {
+    let compute: Vec<u32> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.roles.compute)
+        .map(|n| n.id)
+        .collect();
+    let mut forwarded = false;
+    for &id in &compute {
+        // A stop request reaches every compute node (a signal sent to this
+        // process alone would leave them running); the memory nodes stay
+        // up until their counters are read.
         let status = nodes
-            .wait(n.id, by)
-            .ok_or_else(|| format!("compute node {} did not finish in time", n.id))?;
-        let (out, _) = nodes.output(n.id);
+            .wait_watching(id, by, |ps| {
+                if !forwarded && cmdline::signals::stop_requested() {
+                    for &c in &compute {
+                        ps.signal(c, libc::SIGINT);
+                    }
+                    forwarded = true;
+                }
+            })
+            .ok_or_else(|| format!("compute node {id} did not finish in time"))?;
+        let (out, _) = nodes.output(id);
         exit_ok &= status.success();
         let json = out
             .lines()
             .rev()
             .find_map(|l| serde_json::from_str::<Value>(l).ok())
-            .ok_or_else(|| format!("compute node {} ({status}) printed no result line", n.id))?;
+            .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
         results.push(json);
     }
     Ok((results, exit_ok))

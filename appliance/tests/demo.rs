@@ -196,3 +196,89 @@ fn a_closed_stdout_ends_the_demo_quietly() {
         "{err}"
     );
 }
+
+/// Starts `loch` with `args`, sends SIGINT once its stderr says `ready`,
+/// and returns its exit code, stdout and how long it took to stop.
+fn interrupted(args: &[&str], ready: &str) -> (Option<i32>, String, std::time::Duration) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains(ready) {
+        line.clear();
+    }
+    assert!(line.contains(ready), "never said `{ready}`");
+    let t0 = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let drain = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+    });
+    let out = child.wait_with_output().unwrap();
+    let took = t0.elapsed();
+    drain.join().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        took,
+    )
+}
+
+#[test]
+fn sigint_stops_the_demo_with_its_summary_and_exit_130() {
+    // A 60-second run, stopped at its first progress line.
+    let (code, stdout, took) = interrupted(
+        &[
+            "demo",
+            "--seconds",
+            "60",
+            "--no-pin",
+            "--tree-records",
+            "2000",
+        ],
+        "t=1s",
+    );
+    assert_eq!(code, Some(130), "{stdout}");
+    assert!(stdout.starts_with("loch demo summary"), "{stdout}");
+    assert!(stdout.contains("0 mismatches: ok"), "{stdout}");
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+    assert!(took.as_secs() < 10, "took {took:?} to stop");
+}
+
+#[test]
+fn sigint_to_demo_processes_reaches_its_nodes_and_exits_130() {
+    // SIGINT to the launcher alone (as `kill -INT` sends it, not a
+    // terminal's Ctrl-C to the group): it passes it on to the compute
+    // nodes, which stop; it reads the counters, stops the memory nodes and
+    // prints what ran.
+    let (code, stdout, took) = interrupted(
+        &[
+            "demo",
+            "--processes",
+            "--seconds",
+            "60",
+            "--no-pin",
+            "--workload",
+            "verbs",
+        ],
+        "t=1s",
+    );
+    assert_eq!(code, Some(130), "{stdout}");
+    assert!(stdout.starts_with("loch demo summary"), "{stdout}");
+    for check in [
+        "FAA counter",
+        "every compute node ran and exited 0 (2 results): ok",
+        "memory nodes stopped on SIGTERM and removed their files: ok",
+    ] {
+        assert!(stdout.contains(check), "{check}: {stdout}");
+    }
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+    assert!(took.as_secs() < 15, "took {took:?} to stop");
+}

@@ -15,7 +15,7 @@ mod workload;
 mod ycsb;
 
 use clap::{Parser, Subcommand};
-use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED};
+use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED};
 use std::process::ExitCode;
 
 /// Loch's benchmarks: single verbs perftest-style, and index workloads
@@ -49,12 +49,15 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // SIGINT/SIGTERM end the run early, and what it measured is reported.
+    cmdline::signals::install();
     let (name, result) = match cli.command {
         Command::Verbs(a) => ("loch-bench verbs", verbs::run(a)),
         Command::Run(a) => ("loch-bench run", run::run(*a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),
+        Ok(run::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
         Ok(run::Outcome::HistoryViolation) => ExitCode::from(EXIT_FAILED),
         Ok(run::Outcome::Failed(why)) => {
             eprintln!("{name}: {why}");

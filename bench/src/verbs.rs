@@ -143,7 +143,8 @@ ops (verbs completed), Mops/s, cpu ns/op (CPU time per verb), p50/p99/p999 ns (l
 doorbell), GB/s (Gb/s with --report_gbits), rt/op (network round trips per verb); on sim also
 the simulator's wall seconds and simulated verbs per wall second.
 Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot; the
-message on stderr); 2 bad input (one line naming it; nothing run).";
+message on stderr); 2 bad input (one line naming it; nothing run); 130 stopped by SIGINT or
+SIGTERM (the points measured until then are printed).";
 
 pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
     let (base, json, gbits) = (args.spec()?, args.json, args.report_gbits);
@@ -182,6 +183,9 @@ pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
     }
     let mut docs = Vec::new();
     for spec in &specs {
+        if cmdline::signals::stop_requested() {
+            break;
+        }
         let r = match measure(spec) {
             Ok(r) => r,
             Err(e) => {
@@ -206,7 +210,7 @@ pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
     } else if sim {
         cmdline::outln!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
     }
-    Ok(crate::run::Outcome::Done)
+    Ok(crate::run::Outcome::finished())
 }
 
 impl VerbsArgs {
@@ -459,7 +463,11 @@ async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Ta
         }
     }
     let mut ids = [None; nicdrv::exec::MAX_BATCH];
-    while ctx.now_ns() < deadline && tally.ops.get() < tally.budget {
+    // SIGINT/SIGTERM ends the point with what it measured.
+    while ctx.now_ns() < deadline
+        && tally.ops.get() < tally.budget
+        && !cmdline::signals::stop_requested()
+    {
         let t = ctx.now_ns();
         let mut b = ctx.batch();
         for (i, buf) in bufs.iter_mut().enumerate() {

@@ -303,3 +303,49 @@ fn a_closed_stdout_ends_the_output_quietly() {
         "{err}"
     );
 }
+
+#[test]
+fn sigint_ends_a_run_with_its_results_and_exit_130() {
+    use std::process::Stdio;
+    let child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args([
+            "run",
+            "--backend",
+            "emu",
+            "--systems",
+            "sherman",
+            "--records",
+            "20000",
+            "--threads",
+            "1",
+            "--warmup",
+            "10",
+            "--seconds",
+            "60",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let t0 = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        t0.elapsed().as_secs() < 10,
+        "took {:?} to stop",
+        t0.elapsed()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    // The results of what ran: a measured window shorter than asked.
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the results");
+    let run = &v[0];
+    assert!(run["ops"].as_u64().unwrap() > 0, "{run}");
+    assert!(
+        run["elapsed_ns"].as_u64().unwrap() < 30_000_000_000,
+        "{run}"
+    );
+}

@@ -180,6 +180,28 @@ impl Processes {
         }
     }
 
+    /// Waits for node `id` until `by` as [`Processes::wait`] does, calling
+    /// `tick` every 10 ms meanwhile (to watch for a stop request and pass
+    /// it on: `kill -INT` reaches only the launcher, Ctrl-C at a terminal
+    /// the whole group).
+    pub fn wait_watching(
+        &mut self,
+        id: u32,
+        by: Instant,
+        mut tick: impl FnMut(&mut Processes),
+    ) -> Option<ExitStatus> {
+        loop {
+            let step = (Instant::now() + Duration::from_millis(10)).min(by);
+            if let Some(s) = self.wait(id, step) {
+                return Some(s);
+            }
+            if Instant::now() >= by {
+                return None;
+            }
+            tick(self);
+        }
+    }
+
     /// Stops node `id`: SIGTERM, then a wait until `by`; its exit status,
     /// `None` if it did not stop in time.
     pub fn terminate(&mut self, id: u32, by: Instant) -> Option<ExitStatus> {
@@ -246,7 +268,16 @@ mod tests {
         assert!(ps.wait(1, Instant::now()).is_none());
         let s = ps.terminate(1, by).expect("sleep ignores no SIGTERM");
         assert!(!s.success());
-        let pid = ps.pid(2);
+        // A watched wait sees the stop its tick sends.
+        let mut ticks = 0;
+        let s = ps.wait_watching(2, by, |ps| {
+            ticks += 1;
+            ps.signal(2, libc::SIGINT);
+        });
+        assert!(!s.expect("SIGINT ends sleep").success());
+        assert!(ticks >= 1);
+        ps.spawn(3, Command::new("sleep").arg("30")).unwrap();
+        let pid = ps.pid(3);
         drop(ps);
         // Reaped on drop: the pid is no longer our child.
         // SAFETY: waitpid(2) with a null status pointer writes nothing.

@@ -294,6 +294,9 @@ pub(crate) async fn client_task<N: Nic>(
     let emu = spec.backend == Backend::Emu;
     let faulty = !spec.faults.is_empty();
     for i in 0.. {
+        if cmdline::signals::stop_requested() {
+            break; // SIGINT/SIGTERM: the run ends with what it measured
+        }
         let measured = i >= spec.warmup;
         let t0 = ctx.now_ns();
         if i == spec.warmup {

@@ -171,7 +171,8 @@ pub struct RunArgs {
 const RUN_AFTER_HELP: &str = "\
 Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
 where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
-message on stderr); 2 bad input (one line naming it; nothing run, nothing written).
+message on stderr); 2 bad input (one line naming it; nothing run, nothing written); 130 stopped
+by SIGINT or SIGTERM (the runs until then are reported and written; the one running ends early).
 Files are written only after every run succeeded, each whole (written aside, then renamed).";
 
 /// How `run` ended, when it ran.
@@ -184,6 +185,20 @@ pub enum Outcome {
     /// (no faults were injected), task scratch ran out, or the simulation
     /// ended with clients stuck (exit code 1). Nothing is written.
     Failed(String),
+    /// SIGINT or SIGTERM stopped the run: what ran until then was
+    /// reported (exit code 130).
+    Interrupted,
+}
+
+impl Outcome {
+    /// `Done`, or `Interrupted` if a signal cut the run short.
+    pub fn finished() -> Outcome {
+        if cmdline::signals::stop_requested() {
+            Outcome::Interrupted
+        } else {
+            Outcome::Done
+        }
+    }
 }
 
 /// The workload named on the command line, parsed; warnings for stderr.
@@ -590,7 +605,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     Ok(if print_results(&cli, &done) {
         Outcome::HistoryViolation
     } else {
-        Outcome::Done
+        Outcome::finished()
     })
 }
 
@@ -608,7 +623,15 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
         .check_history
         .then(|| initial_records.iter().copied().collect());
     let mut done: Vec<SystemRun> = Vec::new();
+    let planned = specs.len();
     for spec in specs {
+        if cmdline::signals::stop_requested() {
+            eprintln!(
+                "loch-bench run: stopped by SIGINT/SIGTERM after {} of {planned} runs",
+                done.len()
+            );
+            break;
+        }
         let mut report = measure(&spec)
             .map_err(|e| format!("{} at {} threads: {e}", spec.system, spec.threads))?;
         let mut doc = report_json(&spec, &report);
@@ -702,6 +725,9 @@ fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
     }
     for &t in &cli.thread_list {
         let rows: Vec<&SystemRun> = done.iter().filter(|d| d.spec.threads == t).collect();
+        if rows.is_empty() {
+            continue; // not reached: a signal stopped the run
+        }
         let docs: Vec<serde_json::Value> = rows.iter().map(|d| d.doc.clone()).collect();
         print_table(&rows[0].spec, &docs);
         for d in rows {
@@ -715,7 +741,10 @@ fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
             }
         }
     }
-    if let Some(rate) = done[0].doc["btreemap_lookups_per_sec"].as_f64() {
+    if let Some(rate) = done
+        .first()
+        .and_then(|d| d.doc["btreemap_lookups_per_sec"].as_f64())
+    {
         cmdline::outln!(
             "reference: BTreeMap lookups on one local thread, same records and keys: {:.3} Mops/s",
             rate / 1e6
