@@ -297,11 +297,18 @@ fn demo_main(a: DemoArgs) -> ExitCode {
     // passes them on to its nodes.
     cmdline::signals::install();
     let run = if a.processes {
-        a.processes()
-            .map(|cfg| processes::run(&cfg).map(|r| (r.text, r.ok)))
+        a.processes().map(|cfg| {
+            let threads = cfg.compute_nodes * cfg.cores_per_compute;
+            cmdline::warn_if_oversubscribed("loch demo", "compute cores in all", threads);
+            processes::run(&cfg).map(|r| (r.text, r.ok))
+        })
     } else {
-        a.demo()
-            .map(|cfg| demo::run(&cfg).map(|r| (r.text.clone(), r.ok())))
+        a.demo().map(|cfg| {
+            if cfg.backend == DemoBackend::Emu {
+                cmdline::warn_if_oversubscribed("loch demo", "compute cores", cfg.cores);
+            }
+            demo::run(&cfg).map(|r| (r.text.clone(), r.ok()))
+        })
     };
     match run {
         Err(e) => bad_input("demo", &e),

@@ -27,6 +27,11 @@ fn demo_runs_and_passes_its_checks() {
     assert_eq!(stdout.matches(": ok").count(), 8, "{stdout}");
     assert!(stdout.contains("hash table (Nessie"), "{stdout}");
     assert!(stdout.contains("B+tree"), "{stdout}");
+    // Memory nodes and scratch both fall back without huge pages: one
+    // warning for the process, not one per allocator.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warned = stderr.lines().filter(|l| l.contains("huge pages")).count();
+    assert!(warned <= 1, "{stderr}");
 }
 
 /// `loch demo --backend sim` with `args`: its stdout, after asserting exit 0.

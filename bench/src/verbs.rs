@@ -149,6 +149,7 @@ SIGTERM (the points measured until then are printed).";
 pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
     let (base, json, gbits) = (args.spec()?, args.json, args.report_gbits);
     let sim = base.backend == Backend::Sim;
+    let base_threads = base.threads;
     let specs: Vec<VerbSpec> = if args.matrix {
         let mut v = Vec::new();
         for (verb, size) in [
@@ -178,6 +179,9 @@ pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
     } else {
         vec![base]
     };
+    if !sim {
+        cmdline::warn_if_oversubscribed("loch-bench verbs", "threads", base_threads);
+    }
     if !json {
         print_header(sim, gbits);
     }

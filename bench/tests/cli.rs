@@ -349,3 +349,37 @@ fn sigint_ends_a_run_with_its_results_and_exit_130() {
         "{run}"
     );
 }
+
+#[test]
+fn more_threads_than_cpus_online_are_warned_about() {
+    // SAFETY: sysconf takes no pointers.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+    let over = (online + 1).to_string();
+    let out = bench(&[
+        "verbs",
+        "--threads",
+        &over,
+        "-n",
+        "2000",
+        "--no-pin",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: {over} threads asked for, but this machine has {online} CPUs online"
+        )),
+        "{err}"
+    );
+    let out = bench(&[
+        "verbs",
+        "--threads",
+        "1",
+        "-n",
+        "2000",
+        "--no-pin",
+        "--json",
+    ]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("CPUs online"));
+}

@@ -45,6 +45,29 @@ pub fn version(backends: &[&str]) -> String {
     )
 }
 
+/// CPUs online on this machine (at least 1).
+pub fn cpus_online() -> usize {
+    // SAFETY: sysconf takes no pointers and only reads system state.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// Warns on stderr (as `command: warning: ...`) when a run asks for more
+/// busy threads than the machine has CPUs online: pinned, polling cores
+/// then share CPUs, and what is measured is the sharing. Whether it
+/// warned.
+pub fn warn_if_oversubscribed(command: &str, what: &str, threads: usize) -> bool {
+    let online = cpus_online();
+    let over = threads > online;
+    if over {
+        eprintln!(
+            "{command}: warning: {threads} {what} asked for, but this machine has {online} CPUs online: \
+             polling threads will share CPUs, and the figures measure the sharing"
+        );
+    }
+    over
+}
+
 /// clap's error for bad input as one line: what is wrong, clap's
 /// suggestion when it has one ("a similar argument exists: '--json'"), the
 /// values a flag takes, then where the help is. Scripts read one line;
@@ -199,6 +222,14 @@ mod tests {
             e.starts_with("the following required arguments were not provided: --a <A>, --b <B>;"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn oversubscription_is_warned_about_only_past_the_cpus_online() {
+        let online = cpus_online();
+        assert!(online >= 1);
+        assert!(!warn_if_oversubscribed("t", "cores", online));
+        assert!(warn_if_oversubscribed("t", "cores", online + 1));
     }
 
     #[test]

@@ -18,12 +18,9 @@
 use crate::MemError;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::Once;
 
 /// Size of a huge page on x86-64 and the size huge mappings are rounded to.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
-
-static FALLBACK_WARN: Once = Once::new();
 
 /// Anonymous memory from `mmap`, on 2 MiB huge pages when the kernel has
 /// them, zeroed, unmapped on drop.
@@ -64,7 +61,7 @@ impl HugeMem {
                     huge: true,
                 });
             }
-            Err(why) => warn_fallback(bytes, &why),
+            Err(why) => nicdrv::pages::warn_no_huge_pages(&why),
         }
         let page = page_bytes();
         let len = round_up(bytes, page).ok_or(MemError::TooLarge { bytes })?;
@@ -188,18 +185,6 @@ fn prefault(ptr: NonNull<u8>, len: usize, page: usize) {
         // else can see yet; writing the zero it already holds keeps it zeroed.
         unsafe { ptr.as_ptr().add(off).write_volatile(0) };
     }
-}
-
-fn warn_fallback(bytes: usize, why: &io::Error) {
-    FALLBACK_WARN.call_once(|| {
-        let pages = round_up(bytes, HUGE_PAGE_BYTES).unwrap_or(usize::MAX) / HUGE_PAGE_BYTES;
-        log::warn!(
-            "no 2 MiB huge pages available ({why}); using ordinary pages, which make the NIC's \
-             address translation miss more often. Reserve huge pages as root with \
-             `echo N > /proc/sys/vm/nr_hugepages` (this first request alone needed {pages}). \
-             This warning is printed once per process."
-        );
-    });
 }
 
 /// The locked-memory limit (`RLIMIT_MEMLOCK`, soft) in bytes; `None` when

@@ -17,7 +17,7 @@ impl log::Log for CountWarnings {
         m.level() <= log::Level::Warn
     }
     fn log(&self, r: &log::Record) {
-        if r.level() == log::Level::Warn && r.target().starts_with("mempool") {
+        if r.level() == log::Level::Warn && r.target() == "nicdrv::pages" {
             assert!(
                 r.args().to_string().contains("/proc/sys/vm/nr_hugepages"),
                 "warning does not say how to reserve huge pages: {}",

@@ -4,7 +4,8 @@
 //! addresses ([`addr`]), the verbs vocabulary ([`verbs`]), the backend
 //! contract ([`nic`]) that every backend keeps, the backends themselves
 //! ([`emu`], [`sim`], and `mlx5` behind the cargo feature of that name), per-task counters
-//! ([`counters`]) and the per-core run-to-completion executor ([`exec`]).
+//! ([`counters`]), the per-core run-to-completion executor ([`exec`]) and
+//! the one warning every huge-page fallback shares ([`pages`]).
 //!
 //! Promises to upper layers: work requests on one queue pair
 //! execute in posting order; only signaled requests complete on success; a
@@ -23,6 +24,7 @@ pub mod exec;
 #[cfg(feature = "mlx5")]
 pub mod mlx5;
 pub mod nic;
+pub mod pages;
 pub mod rng;
 pub mod sim;
 pub mod verbs;

@@ -584,6 +584,10 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     for w in &cli.warnings {
         eprintln!("loch-bench run: warning: {w}");
     }
+    if cli.backend == Backend::Emu {
+        let most = cli.thread_list.iter().copied().max().unwrap_or(1);
+        cmdline::warn_if_oversubscribed("loch-bench run", "client threads", most);
+    }
     let mut done = match measure_all(&cli, specs) {
         Ok(done) => done,
         Err(why) => return Ok(Outcome::Failed(why)),

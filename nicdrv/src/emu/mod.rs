@@ -19,8 +19,6 @@ mod watchdog;
 pub use node::{Backing, EmuEndpoint, EmuError, EmuNode, EmuNodeConfig, MAX_REGIONS};
 pub use qp::{EmuCq, EmuNic, EmuPreparedQp, EmuQp, EmuReg};
 
-use std::sync::Once;
-
 /// Options of the emu device.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct EmuConfig {
@@ -73,15 +71,4 @@ pub fn hugepages_free() -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
-}
-
-static HUGE_WARN: Once = Once::new();
-
-pub(crate) fn warn_no_hugepages(why: &std::io::Error) {
-    HUGE_WARN.call_once(|| {
-        log::warn!(
-            "emu memory nodes use ordinary 4 KiB pages ({why}); reserve 2 MiB huge pages with \
-             `echo N > /proc/sys/vm/nr_hugepages` for TLB behaviour closer to a real memory node"
-        )
-    });
 }

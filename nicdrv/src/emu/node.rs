@@ -424,7 +424,7 @@ fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> 
     let (f, page) = match huge {
         Ok(f) => (f, HUGE_PAGE),
         Err(e) => {
-            crate::emu::warn_no_hugepages(&e);
+            crate::pages::warn_no_huge_pages(&e);
             (
                 memfd(false).map_err(io_err(Path::new("memfd"), "cannot create"))?,
                 SMALL_PAGE,
