@@ -12,14 +12,18 @@ use std::sync::Arc;
 /// A compute node's handle on either index.
 #[derive(Clone)]
 pub enum AnyIndex {
+    /// The Sherman B+tree (or its FG+ baseline).
     Tree(Arc<Tree>),
+    /// The Nessie cuckoo hash table.
     Hash(Arc<Cuckoo>),
 }
 
 /// Why an operation through [`AnyClient`] failed.
 #[derive(Debug)]
 pub enum AnyError {
+    /// A tree operation failed.
     Tree(TreeError),
+    /// A hash table operation failed.
     Hash(CuckooError),
     /// A scan of the hash table, which keeps no order.
     NoScans,
@@ -50,7 +54,9 @@ impl From<CuckooError> for AnyError {
 }
 
 impl AnyIndex {
-    /// A client; `id` marks tree locks (non-zero, unique per live client).
+    /// A client for one task. `id` marks tree locks: non-zero and unique
+    /// among live clients; the hash table ignores it. Fails with
+    /// `Tree(Config)` for an `id` of 0 on the tree.
     pub fn client(&self, id: u64) -> Result<AnyClient, AnyError> {
         Ok(match self {
             AnyIndex::Tree(t) => AnyClient::Tree(t.client(id)?),
@@ -58,14 +64,18 @@ impl AnyIndex {
         })
     }
 
+    /// Whether this is the hash table (which has no scans).
     pub fn is_hash(&self) -> bool {
         matches!(self, AnyIndex::Hash(_))
     }
 }
 
-/// One task's client of either index.
+/// One task's client of either index. Every operation fails with the
+/// index's own error, wrapped in [`AnyError::Tree`] or [`AnyError::Hash`].
 pub enum AnyClient {
+    /// A client of the tree.
     Tree(TreeClient),
+    /// A client of the hash table (boxed).
     Hash(Box<CuckooClient>),
 }
 
@@ -77,6 +87,8 @@ fn word(v: &[u8]) -> u64 {
 }
 
 impl AnyClient {
+    /// Creates the index unless it exists; idempotent
+    /// ([`TreeClient::create`], [`CuckooClient::create`]).
     pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.create(ctx).await?),
@@ -84,6 +96,9 @@ impl AnyClient {
         }
     }
 
+    /// The value of `key`, if present. From the hash table: the stored
+    /// value's first 8 bytes as a little-endian `u64` (a shorter value is
+    /// padded with zeros).
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.get(ctx, key).await?),
@@ -91,6 +106,9 @@ impl AnyClient {
         }
     }
 
+    /// Inserts `key` or replaces its value. The hash table stores both as
+    /// 8-byte little-endian words: its keys must have 8 bytes and its values
+    /// be allowed 8 (else `KeySize` or `ValueTooLarge`).
     pub async fn put<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -103,7 +121,7 @@ impl AnyClient {
         }
     }
 
-    /// Removes `key`; whether it was present.
+    /// Removes `key`; returns whether it was present.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.delete(ctx, key).await?),
@@ -111,8 +129,9 @@ impl AnyClient {
         }
     }
 
-    /// Up to `limit` entries in `[low, high)` in key order; `NoScans` on
-    /// the hash table.
+    /// Up to `limit` entries with keys in `[low, high)`, in key order
+    /// ([`TreeClient::scan`]). Fails with `NoScans` on the hash table,
+    /// which reads nothing.
     pub async fn scan<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -126,7 +145,7 @@ impl AnyClient {
         }
     }
 
-    /// Splits so far (the hash table never splits).
+    /// Node splits this client made so far (the hash table never splits).
     pub fn splits(&self) -> u64 {
         match self {
             AnyClient::Tree(c) => c.stats.splits,
@@ -134,6 +153,7 @@ impl AnyClient {
         }
     }
 
+    /// Sets this client's counters back to zero.
     pub fn reset_stats(&mut self) {
         match self {
             AnyClient::Tree(c) => c.stats = TreeStats::default(),

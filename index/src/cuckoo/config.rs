@@ -25,18 +25,19 @@ pub struct CuckooConfig {
     /// Buckets a displacement search may read before it gives up with
     /// `TableFull` (breadth first, 16 per round trip).
     pub max_search_buckets: usize,
-    /// W: the longest an operation may act on what it read. A get whose
-    /// entry READ completes later than this after its bucket READ was
-    /// posted, or a CAS that would be posted later than this after the
-    /// snapshot it rests on, restarts instead.
+    /// W, in nanoseconds: the longest an operation may act on what it
+    /// read. A get whose entry READ completes later than this after its
+    /// bucket READ was posted, or a CAS that would be posted later than
+    /// this after the snapshot it rests on, restarts instead.
     pub window_ns: u64,
-    /// G: how long a freed data entry (and a freed table word's pointer)
-    /// waits before reuse. Must exceed `window_ns` by the longest a verb can
-    /// be in flight; the check asks for G >= 4 W.
+    /// G, in nanoseconds: how long a freed data entry (and a freed table
+    /// word's pointer) waits before reuse. Must exceed `window_ns` by the
+    /// longest a verb can be in flight; the check asks for G >= 4 W.
     pub reuse_grace_ns: u64,
-    /// A tentative slot that stays unchanged this long is taken as left
-    /// behind by a stopped client and may be cleared by anyone (only for
-    /// progress: clearing any tentative slot is always safe).
+    /// A tentative slot that stays unchanged this many nanoseconds is
+    /// taken as left behind by a stopped client and may be cleared by
+    /// anyone (only for progress: clearing any tentative slot is always
+    /// safe).
     pub stale_ns: u64,
     /// How memory nodes are cut into chunks (the table's segments are one
     /// chunk at most; data entries are bump-allocated in chunks).
@@ -45,7 +46,10 @@ pub struct CuckooConfig {
 
 impl CuckooConfig {
     /// A table for `capacity` keys of `key_bytes` with values up to
-    /// `max_value_bytes`, on memory nodes of `node_bytes` host memory.
+    /// `max_value_bytes`, on memory nodes of `node_bytes` host memory (all
+    /// sizes in bytes). The rest are defaults: W 2 ms, G 20 ms, `stale_ns`
+    /// 5 ms, searches of up to 512 buckets, 1 MiB chunks. Nothing is
+    /// checked here ([`check`](Self::check) does that).
     pub fn new(
         capacity: u64,
         key_bytes: usize,

@@ -158,17 +158,31 @@ pub enum CuckooError {
     /// No memory for an entry or the table.
     Alloc(AllocError),
     /// The key does not have the table's key size.
-    KeySize { expected: usize, got: usize },
+    KeySize {
+        /// The table's key size, in bytes.
+        expected: usize,
+        /// The key's size, in bytes.
+        got: usize,
+    },
     /// The value is longer than the table's maximum.
-    ValueTooLarge { max: usize, got: usize },
+    ValueTooLarge {
+        /// The table's largest value, in bytes.
+        max: usize,
+        /// The value's size, in bytes.
+        got: usize,
+    },
     /// No slot for a new key within the displacement search bound.
     TableFull,
     /// No table at the root word: call `create` first.
     NotCreated,
-    /// Bad configuration, or one that disagrees with the table's.
+    /// Bad configuration, or one that disagrees with the table's; the
+    /// reason in words.
     Config(String),
     /// Something the protocol never writes was read.
-    Corrupt { what: &'static str },
+    Corrupt {
+        /// What was read, in words.
+        what: &'static str,
+    },
     /// An operation retried `MAX_ATTEMPTS` times without finishing.
     Contention,
     /// The test hook stopped this client (see `stop_after_cas`).
@@ -226,17 +240,29 @@ impl From<AllocError> for CuckooError {
 pub const PATH_HIST: usize = 8;
 
 /// What one client counted (exact; benchmarks report them per operation).
+/// Every field but `max_path_len` is a count of events since the client was
+/// made or the caller last reset [`CuckooClient::stats`]. A get, put or
+/// delete counts once, whether it succeeded or not, when its key and value
+/// sizes were valid and the client could open the table; its round trips
+/// leave out the first operation's descriptor READs and FAA.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct CuckooStats {
+    /// Gets run.
     pub gets: u64,
+    /// Puts run.
     pub puts: u64,
+    /// Deletes run.
     pub deletes: u64,
-    /// Round trips (batches waited on) spent in each kind of operation.
+    /// Round trips (batches waited on) spent in gets, summed.
     pub get_round_trips: u64,
+    /// Round trips (batches waited on) spent in puts, summed.
     pub put_round_trips: u64,
+    /// Round trips (batches waited on) spent in deletes, summed.
     pub delete_round_trips: u64,
-    /// Puts that inserted a new key / replaced a value.
+    /// Puts that inserted a new key.
     pub inserts: u64,
+    /// Puts that replaced the value of a present key with their own CAS
+    /// (eliminated updates count in `eliminated`).
     pub updates: u64,
     /// Operation attempts started over (any cause below).
     pub retries: u64,
@@ -268,14 +294,20 @@ pub struct CuckooStats {
     pub moves: u64,
     /// Moves abandoned because the table changed under them.
     pub aborted_moves: u64,
-    /// Completed displacement paths by length (hops; last bucket: longer).
+    /// Completed displacement paths by length: element `i` counts paths of
+    /// `i` moves, the last element paths of `PATH_HIST - 1` moves or more.
     pub path_len_hist: [u64; PATH_HIST],
+    /// Moves in the longest completed displacement path (adding two stats
+    /// keeps the larger).
     pub max_path_len: u64,
     /// Buckets read by displacement searches.
     pub search_buckets: u64,
+    /// Puts that failed with [`CuckooError::TableFull`].
     pub table_full: u64,
-    /// Entry blocks taken from the remote allocator / reused after G.
+    /// Entry blocks taken from the remote allocator.
     pub entries_allocated: u64,
+    /// Entry blocks reused: retired ones after the grace period G, or ones
+    /// no slot ever named.
     pub entries_reused: u64,
 }
 
@@ -319,7 +351,10 @@ impl std::ops::AddAssign for CuckooStats {
 pub struct Occupancy {
     /// Slots holding a committed word (a key in mid-move counts twice).
     pub committed: u64,
+    /// Slots holding a Tentative word: an insert or a move in progress, or
+    /// one left by a stopped client.
     pub tentative: u64,
+    /// Slots in the table (8 per bucket).
     pub slots: u64,
 }
 
@@ -338,6 +373,10 @@ pub struct Cuckoo {
 }
 
 impl Cuckoo {
+    /// The compute node's handle on the table `cfg` describes. Reads and
+    /// writes nothing; a client reads the descriptor on its first
+    /// operation. Fails with [`CuckooError::Config`] when `cfg.check()`
+    /// rejects `cfg`.
     pub fn new(cfg: CuckooConfig) -> Result<Arc<Cuckoo>, CuckooError> {
         cfg.check().map_err(CuckooError::Config)?;
         Ok(Arc::new(Cuckoo {
@@ -346,12 +385,15 @@ impl Cuckoo {
         }))
     }
 
+    /// The configuration this handle was made with.
     pub fn config(&self) -> &CuckooConfig {
         &self.cfg
     }
 
     /// A client for one task (clients take their identity from the table
-    /// on first use, so none is asked for here).
+    /// on first use, so none is asked for here). Reads and writes nothing.
+    /// Fails with `Alloc` only for an invalid chunk configuration, which
+    /// [`Cuckoo::new`] already rejects.
     pub fn client(self: &Arc<Cuckoo>) -> Result<CuckooClient, CuckooError> {
         Ok(CuckooClient {
             table: self.clone(),
@@ -371,6 +413,34 @@ impl Cuckoo {
 
 /// One task's handle on a table. Operations take `&mut self`: one at a
 /// time per client.
+///
+/// # Example
+///
+/// One task on an embedded emu cluster (two memory nodes in this process)
+/// creates a table, puts a key and gets it back:
+///
+/// ```rust
+/// use cluster::{EmuCluster, EmuClusterConfig};
+/// use index::cuckoo::{Cuckoo, CuckooConfig};
+/// use nicdrv::ExecutorConfig;
+///
+/// let memory = EmuClusterConfig::default();
+/// let cluster = EmuCluster::boot(&memory).unwrap();
+/// // Room for 1 000 keys of 8 bytes, values up to 16 bytes.
+/// let table = Cuckoo::new(CuckooConfig::new(1_000, 8, 16, memory.host_bytes)).unwrap();
+/// let mut executor = cluster.executor(ExecutorConfig::default()).unwrap();
+/// executor
+///     .spawn(move |ctx| async move {
+///         let mut h = table.client().unwrap();
+///         h.create(&ctx).await.unwrap();
+///         h.put(&ctx, b"AAPL.bid", b"189.25").await.unwrap();
+///         let bid = h.get(&ctx, b"AAPL.bid").await.unwrap();
+///         assert_eq!(bid.as_deref(), Some(&b"189.25"[..]));
+///         assert_eq!(h.get(&ctx, b"MSFT.bid").await.unwrap(), None);
+///     })
+///     .unwrap();
+/// executor.run(); // until every task has finished
+/// ```
 pub struct CuckooClient {
     table: Arc<Cuckoo>,
     alloc: RemoteAllocator,
@@ -385,10 +455,12 @@ pub struct CuckooClient {
     stop_after_cas: Option<u32>,
     stopped: bool,
     hold: Option<Arc<AtomicBool>>,
+    /// What this client counted; callers read it and may reset it.
     pub stats: CuckooStats,
 }
 
 impl CuckooClient {
+    /// The table this client works on.
     pub fn table(&self) -> &Arc<Cuckoo> {
         &self.table
     }
@@ -415,14 +487,18 @@ impl CuckooClient {
         self.hold = Some(gate);
     }
 
-    /// Blocks retired and not yet reusable, or given back.
+    /// Entry blocks this client holds for reuse: retired ones, waiting out
+    /// the grace period G or past it, and ones given back unused.
     pub fn entries_waiting(&self) -> usize {
         self.reclaim.waiting()
     }
 
     /// Creates the table — every segment, the descriptor, then the root
     /// word by CAS — unless one exists. Idempotent; racing creators agree
-    /// on the first (the others' memory is left unused).
+    /// on the first (the others' memory is left unused). An existing table
+    /// is not checked against this client's configuration here; the first
+    /// operation does that. Fails with `Alloc` when the memory nodes lack
+    /// room for the table, `Verb` when a verb fails.
     pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), CuckooError> {
         if ctx.read(ROOT_WORD, 8).await?.u64_at(0) != 0 {
             return Ok(());
@@ -657,7 +733,11 @@ impl CuckooClient {
     }
 
     /// Counts committed and tentative slots by reading the whole table
-    /// (for reports and tests, not the data path).
+    /// (for reports and tests, not the data path); not a snapshot while
+    /// others write. Fails with [`CuckooError::NotCreated`] before the
+    /// table exists, `Config` when it disagrees with this client's
+    /// configuration, `Corrupt` for an unreadable descriptor, `Verb` when
+    /// a verb fails.
     pub async fn occupancy<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Occupancy, CuckooError> {
         let desc = self.open(ctx).await?;
         let mut occ = Occupancy {

@@ -36,7 +36,12 @@ impl CuckooClient {
 
     /// The value of `key`, appended to `out` (cleared first); whether it
     /// was present. Two round trips when the key is present and its
-    /// buckets are quiet, two when it is absent.
+    /// buckets are quiet, two when it is absent. Fails with
+    /// [`CuckooError::KeySize`] for a key of the wrong size, `NotCreated`
+    /// before the table exists, `Config` when the table disagrees with this
+    /// client's configuration or has had too many clients, `Verb` when a
+    /// verb fails, `Corrupt` when the table holds what the protocol never
+    /// writes, `Contention` when its attempts never finish.
     pub async fn get_into<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -61,7 +66,8 @@ impl CuckooClient {
         r
     }
 
-    /// [`get_into`](Self::get_into) into a new vector.
+    /// [`get_into`](Self::get_into) into a new vector: the value of `key`,
+    /// if present. Fails as `get_into` does.
     pub async fn get<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -149,8 +155,12 @@ impl CuckooClient {
     }
 
     /// Inserts `key` or replaces its value. An update takes three round
-    /// trips, an insert four, when the buckets are quiet; `TableFull` when
-    /// no slot can be made within the displacement bound.
+    /// trips, an insert four, when the buckets are quiet. Fails with
+    /// [`CuckooError::TableFull`] when no slot can be made within the
+    /// displacement bound, `KeySize` or `ValueTooLarge` for bad input
+    /// (nothing written), `Alloc` when no memory is left for the entry,
+    /// and as [`get_into`](Self::get_into) does otherwise; after a `Verb`
+    /// error the put's effect is unknown.
     pub async fn put<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -462,7 +472,10 @@ impl CuckooClient {
     }
 
     /// Removes `key`; whether it was present. Three round trips when
-    /// present and quiet, two when absent.
+    /// present and quiet, two when absent. Fails with
+    /// [`CuckooError::KeySize`] for a key of the wrong size, and as
+    /// [`get_into`](Self::get_into) does otherwise; after a `Verb` error
+    /// the delete's effect is unknown.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: &[u8]) -> Result<bool, CuckooError> {
         crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
     }

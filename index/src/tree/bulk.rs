@@ -8,7 +8,11 @@ impl TreeClient {
     /// Loads an empty tree from strictly increasing `(key, value)` pairs
     /// with one client: [`bulk_load_part`](Self::bulk_load_part) over
     /// everything, then [`bulk_load_finish`](Self::bulk_load_finish).
-    /// Returns the number of records loaded.
+    /// `fill` is the entries per leaf (clamped to 1..=45). Returns the
+    /// number of records loaded. Fails with [`TreeError::NotCreated`]
+    /// before the tree exists, `NotEmpty` if it holds data, `Unsorted` or
+    /// `ReservedKey` for bad input, `Alloc` when memory runs out, `Verb`
+    /// when a verb fails, `Corrupt` for a broken node.
     pub async fn bulk_load<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -59,7 +63,11 @@ impl TreeClient {
     /// parts of one load must tile the key space in order (the first from
     /// 0, the last to `u64::MAX`). Returns the part's leaves as (low fence,
     /// address) for [`bulk_load_finish`](Self::bulk_load_finish). Nothing
-    /// is visible until the finish swings the root.
+    /// is visible until the finish swings the root. Fails with
+    /// [`TreeError::Unsorted`] for keys out of order or outside
+    /// `[low, high)` and `ReservedKey` for `u64::MAX`, before anything is
+    /// allocated or written; `Alloc` when memory runs out, `Verb` when a
+    /// verb fails.
     pub async fn bulk_load_part<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -126,7 +134,11 @@ impl TreeClient {
     /// first, builds the internal levels, writes the top node at the old
     /// (empty) root's address — so a client still holding that address
     /// finds a node of another level there and rereads the root word — and
-    /// swings the root word. Fails with `NotEmpty` if the tree has data.
+    /// swings the root word. An internal node gets `fill + 1` children
+    /// (within 2..=45). Fails with [`TreeError::NotEmpty`] if the tree has
+    /// data (or another load finished first), `NotCreated` before the tree
+    /// exists, `Alloc` when memory runs out, `Verb` when a verb fails,
+    /// `Corrupt` for a broken node.
     pub async fn bulk_load_finish<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,

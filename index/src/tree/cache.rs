@@ -50,12 +50,16 @@ pub struct IndexCache {
 /// What a cache lookup found: the cached node and its child for the key.
 #[derive(Copy, Clone, Debug)]
 pub struct Route {
+    /// The cached node's address.
     pub node: GlobalAddr,
+    /// The cached node's level (1: just above the leaves).
     pub level: u8,
+    /// The child of the cached node whose range holds the key.
     pub child: GlobalAddr,
 }
 
 impl IndexCache {
+    /// An empty cache of at most `max_bytes` bytes (0: caches nothing).
     pub fn new(max_bytes: usize) -> IndexCache {
         IndexCache {
             inner: RwLock::new(Inner::default()),
@@ -74,6 +78,8 @@ impl IndexCache {
         )
     }
 
+    /// Counts one leaf-route lookup in [`hit_counts`](Self::hit_counts): a
+    /// hit when `hit`, else a miss.
     pub fn count_hit(&self, hit: bool) {
         // Relaxed: statistics only.
         if hit {
@@ -83,8 +89,8 @@ impl IndexCache {
         }
     }
 
-    /// The deepest cached node at or above `min_level` covering `key`, with
-    /// its child for `key`.
+    /// The deepest cached node covering `key` with a level in
+    /// `min_level..=max_level`, with its child for `key`.
     pub fn route(&self, key: u64, min_level: u8, max_level: u8) -> Option<Route> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         for level in min_level..=max_level {
@@ -219,7 +225,7 @@ impl IndexCache {
         Self::drop_slot(inner, victim);
     }
 
-    /// Bytes cached now.
+    /// Bytes cached now, counted as 64 per node plus 16 per child.
     pub fn bytes(&self) -> usize {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).bytes
     }

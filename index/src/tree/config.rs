@@ -36,6 +36,7 @@ pub struct TreeConfig {
     /// lock: at the paper's setup the write p99 is 15 round trips instead
     /// of 8 (bench/paper/README.md).
     pub max_handover: u32,
+    /// How readers check that a node they read is consistent.
     pub versions: VersionScheme,
     /// Leaves keep entries sorted and every change writes the whole node
     /// back (FG+); otherwise leaves are unsorted and entries change in place.
@@ -50,7 +51,9 @@ pub struct TreeConfig {
 }
 
 impl TreeConfig {
-    /// Sherman with every technique on, for memory nodes of `node_bytes`.
+    /// Sherman with every technique on, for memory nodes of `node_bytes`
+    /// bytes of host memory: 32 Ki lock words, a 64 MiB index cache, 1 MiB
+    /// chunks.
     pub fn sherman(node_bytes: u64) -> TreeConfig {
         TreeConfig {
             combine: true,
@@ -87,6 +90,7 @@ impl TreeConfig {
     /// `sherman-paper-versions` (Sherman with its own front/rear versions),
     /// `fg` (or `fg+`), and Sherman §5.2.1's breakdown adding one technique
     /// at a time to FG+: `fg+comb`, `fg+comb+onchip`, `fg+comb+onchip+hier`.
+    /// `None` for any other name.
     pub fn named(name: &str, node_bytes: u64) -> Option<TreeConfig> {
         let fg = TreeConfig::fg_plus(node_bytes);
         Some(match name {
@@ -120,7 +124,8 @@ impl TreeConfig {
     pub const NAMES: &'static str =
         "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
 
-    /// Rejects configurations a tree cannot run with.
+    /// Rejects configurations a tree cannot run with; the error says why
+    /// in words.
     pub fn check(&self) -> Result<(), String> {
         if self.lock_table_words == 0 {
             return Err("lock_table_words must be positive".into());

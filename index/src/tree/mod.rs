@@ -63,16 +63,25 @@ pub enum TreeError {
     NotCreated,
     /// Bulk load needs an empty tree.
     NotEmpty,
-    /// Bulk load input must be strictly increasing.
+    /// Bulk load input must be strictly increasing, and each part's keys
+    /// must lie inside its range.
     Unsorted {
+        /// The key before `key`, or the part's low fence when `key` lies
+        /// outside the part's range.
         prev: u64,
+        /// The key out of order or out of range.
         key: u64,
     },
-    /// A node that never reads consistently, or whose header is impossible.
+    /// A node that never reads consistently, or whose header is impossible;
+    /// also an operation that restarted without end.
     Corrupt {
+        /// The node's address ([`ROOT_WORD`] for a descent that restarted
+        /// without end).
         addr: GlobalAddr,
+        /// What was wrong, in words.
         why: &'static str,
     },
+    /// An invalid configuration, or a client id of 0; the reason in words.
     Config(String),
 }
 
@@ -114,21 +123,30 @@ impl From<AllocError> for TreeError {
 }
 
 /// What one client counted (exact; benchmarks report them per operation).
+/// Every field is a count of events since the client was made or the
+/// caller last reset [`TreeClient::stats`].
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TreeStats {
-    /// Node READs that were inconsistent and retried.
+    /// Node READs that failed the version check and were read again.
     pub read_retries: u64,
     /// Remote lock CASes that found the lock taken.
     pub lock_retries: u64,
     /// Locks received from a local holder without a remote CAS.
     pub handovers: u64,
+    /// Descents to a leaf (one per get, put, delete or scan, more after a
+    /// stale route) whose leaf address came from the index cache.
     pub cache_hits: u64,
+    /// Descents to a leaf whose leaf's parent was not cached: they read
+    /// internal nodes, from the deepest cached one or from the root.
     pub cache_misses: u64,
     /// Right moves along sibling pointers.
     pub sibling_hops: u64,
+    /// Nodes this client split, leaves and internal nodes.
     pub splits: u64,
-    /// Lookups that read their leaf exactly once (no retry, no hop).
+    /// Gets that found their leaf at the first try (no hop, no stale route)
+    /// with no READ retried.
     pub clean_lookups: u64,
+    /// Gets of a valid key, whether they succeeded or not.
     pub lookups: u64,
 }
 
@@ -157,7 +175,10 @@ pub struct Tree {
 
 impl Tree {
     /// The compute node's handle. `dm_bytes` is the device memory each
-    /// memory node offers; the lock table is cut down to fit it.
+    /// memory node offers, in bytes; the lock table is cut down to fit it.
+    /// Reads and writes nothing. Fails with [`TreeError::Config`] when
+    /// `cfg.check()` rejects `cfg`, or when `cfg.lock_in_dm` is set and
+    /// `dm_bytes` holds no 8-byte lock word.
     pub fn new(cfg: TreeConfig, dm_bytes: u64) -> Result<Arc<Tree>, TreeError> {
         cfg.check().map_err(TreeError::Config)?;
         let table_words = cfg.lock_table_words.min(dm_bytes / 8);
@@ -174,10 +195,12 @@ impl Tree {
         }))
     }
 
+    /// The configuration the tree was made with.
     pub fn config(&self) -> &TreeConfig {
         &self.cfg
     }
 
+    /// This compute node's index cache, shared by its clients.
     pub fn cache(&self) -> &IndexCache {
         &self.cache
     }
@@ -187,7 +210,8 @@ impl Tree {
     }
 
     /// A client for one task. `id` must be non-zero and unique among live
-    /// clients of the cluster (it marks the locks it holds).
+    /// clients of the cluster (it marks the locks it holds). Reads and
+    /// writes nothing. Fails with [`TreeError::Config`] for an `id` of 0.
     pub fn client(self: &Arc<Tree>, id: u64) -> Result<TreeClient, TreeError> {
         if id == 0 {
             return Err(TreeError::Config("client id must be non-zero".into()));
@@ -210,11 +234,41 @@ struct Held {
     ticket: Option<u32>,
 }
 
-/// One task's handle on a tree.
+/// One task's handle on a tree. Operations take `&mut self`: one at a
+/// time per client.
+///
+/// # Example
+///
+/// One task on an embedded emu cluster (two memory nodes in this process)
+/// creates a tree, puts two keys, gets one and scans them:
+///
+/// ```rust
+/// use cluster::{EmuCluster, EmuClusterConfig};
+/// use index::tree::{Tree, TreeConfig};
+/// use nicdrv::ExecutorConfig;
+///
+/// let memory = EmuClusterConfig::default();
+/// let cluster = EmuCluster::boot(&memory).unwrap();
+/// let tree = Tree::new(TreeConfig::sherman(memory.host_bytes), memory.dm_bytes).unwrap();
+/// let mut executor = cluster.executor(ExecutorConfig::default()).unwrap();
+/// executor
+///     .spawn(move |ctx| async move {
+///         let mut t = tree.client(1).unwrap(); // ids: non-zero, unique
+///         t.create(&ctx).await.unwrap();
+///         t.put(&ctx, 10, 1_000).await.unwrap();
+///         t.put(&ctx, 20, 2_000).await.unwrap();
+///         assert_eq!(t.get(&ctx, 10).await.unwrap(), Some(1_000));
+///         let all = t.scan(&ctx, 0, u64::MAX, 10).await.unwrap();
+///         assert_eq!(all, [(10, 1_000), (20, 2_000)]);
+///     })
+///     .unwrap();
+/// executor.run(); // until every task has finished
+/// ```
 pub struct TreeClient {
     tree: Arc<Tree>,
     alloc: RemoteAllocator,
     id: u64,
+    /// What this client counted; callers read it and may reset it.
     pub stats: TreeStats,
     root_hint: u64,
     /// Bulk-loaded records written so far, for a progress display.
@@ -237,11 +291,15 @@ fn check_key(key: u64) -> Result<(), TreeError> {
 }
 
 impl TreeClient {
+    /// The tree this client works on.
     pub fn tree(&self) -> &Arc<Tree> {
         &self.tree
     }
 
-    /// Creates an empty tree (one leaf) unless one exists. Idempotent.
+    /// Creates an empty tree (one leaf) unless one exists. Idempotent:
+    /// racing creators agree on the first (the others' leaves are left
+    /// unused). Fails with `Alloc` when no memory node has room for the
+    /// leaf, `Verb` when a verb fails.
     pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TreeError> {
         if ctx.read(ROOT_WORD, 8).await?.u64_at(0) != 0 {
             return Ok(());

@@ -116,7 +116,10 @@ impl TreeClient {
         })
     }
 
-    /// The value of `key`, if present.
+    /// The value of `key`, if present. Fails with
+    /// [`TreeError::ReservedKey`] for `u64::MAX`, `NotCreated` before the
+    /// tree exists, `Verb` when a verb fails, `Corrupt` for a broken node
+    /// or endless restarts.
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, TreeError> {
         crate::scratch_scoped(ctx, self.get_unscoped(ctx, key)).await
     }

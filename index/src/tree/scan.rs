@@ -3,7 +3,13 @@
 use super::*;
 
 impl TreeClient {
-    /// Up to `limit` entries with keys in `[low, high)`, in key order.
+    /// Up to `limit` entries with keys in `[low, high)`, in key order, as
+    /// `(key, value)` pairs; `high = u64::MAX` reaches the last key. Not a
+    /// snapshot: every key present throughout the scan is returned, none
+    /// absent throughout. Empty, with nothing read, when `low >= high` or
+    /// `limit` is 0. Fails with [`TreeError::NotCreated`] before the tree
+    /// exists, `Verb` when a verb fails, `Corrupt` for a broken node or
+    /// endless restarts.
     pub async fn scan<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,

@@ -159,7 +159,11 @@ impl TreeClient {
         r.map_err(Into::into)
     }
 
-    /// Inserts or updates `key`.
+    /// Inserts `key` or replaces its value; splits the leaf (and its
+    /// parents) when full. Fails with [`TreeError::ReservedKey`] for
+    /// `u64::MAX`, `NotCreated` before the tree exists, `Alloc` when a
+    /// split finds no memory for a new node, `Verb` when a verb fails,
+    /// `Corrupt` for a broken node or endless restarts.
     pub async fn put<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -179,7 +183,10 @@ impl TreeClient {
         self.modify(ctx, key, Some(value)).await.map(drop)
     }
 
-    /// Removes `key`; returns whether it was present.
+    /// Removes `key`; returns whether it was present. The leaf stays in
+    /// place however empty it gets. Fails with [`TreeError::ReservedKey`]
+    /// for `u64::MAX`, `NotCreated` before the tree exists, `Verb` when a
+    /// verb fails, `Corrupt` for a broken node or endless restarts.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, TreeError> {
         crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
     }
