@@ -47,6 +47,15 @@ def breakdown(rows, out):
             )
 
 
+def pct(v, digits):
+    """A ratio as a percentage; n/a where the figure does not apply (null)."""
+    return "n/a" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def num(v, digits):
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
 def round_trips(rows, out):
     out.append("| system | writes ≤ 3 round trips | write p99 round trips | bytes written per non-split write | lookups without retry | paper |")
     out.append("|---|---|---|---|---|---|")
@@ -56,8 +65,8 @@ def round_trips(rows, out):
     }
     for r in rows:
         out.append(
-            f"| {r['system']} | {100*r['writes_within_3_round_trips']:.2f}% | {r['write_round_trips_p99']} | "
-            f"{r['bytes_written_per_nonsplit_write']:.1f} | {100*r['clean_lookup_ratio']:.3f}% | {paper.get(r['system'], '')} |"
+            f"| {r['system']} | {pct(r['writes_within_3_round_trips'], 2)} | {num(r['write_round_trips_p99'], 0)} | "
+            f"{num(r['bytes_written_per_nonsplit_write'], 1)} | {pct(r['clean_lookup_ratio'], 3)} | {paper.get(r['system'], '')} |"
         )
     for r in rows:
         rt = r["round_trips"]
@@ -87,7 +96,7 @@ def cache(rows, out):
     for r in sorted(rows, key=lambda r: r["config"]["cache_bytes"]):
         mb = r["config"]["cache_bytes"] / (1 << 20)
         scale = 1e9 / r["config"]["records"]
-        out.append(f"| {mb:.3f} | {mb*scale/1024:.1f} GB | {100*r['cache_hit_ratio']:.2f}% | {r['ops_per_sec']/1e6:.2f} |")
+        out.append(f"| {mb:.3f} | {mb*scale/1024:.1f} GB | {pct(r['cache_hit_ratio'], 2)} | {r['ops_per_sec']/1e6:.2f} |")
 
 
 # Why our figures differ from the paper's, under each table (the model's

@@ -5,6 +5,9 @@
 //! otherwise. A closed stdout (`loch-bench … | head -1`) ends the output
 //! quietly.
 
+// serde_json's json! of a whole report nests deeper than the default 128.
+#![recursion_limit = "256"]
+
 mod args;
 mod outfile;
 mod plot;

@@ -205,12 +205,8 @@ pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
         }
     }
     if json {
-        let out = if docs.len() == 1 {
-            docs.pop().expect("one")
-        } else {
-            serde_json::Value::Array(docs)
-        };
-        cmdline::outln!("{out}");
+        // Always an array, one object per point, as `loch-bench run` prints.
+        cmdline::outln!("{}", serde_json::Value::Array(docs));
     } else if sim {
         cmdline::outln!("(sim: throughput and latency in virtual time; the last columns are the simulator's own wall-clock speed)");
     }
@@ -556,6 +552,7 @@ fn print_row(s: &VerbSpec, m: &Measured, gbits: bool) {
 pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
     let r = &m.stats;
     let mut v = json!({
+        "schema_version": crate::run::SCHEMA_VERSION,
         "backend": if s.backend == Backend::Sim { "sim" } else { "emu" },
         "simulated": s.backend == Backend::Sim,
         "verb": s.verb.name(),

@@ -22,7 +22,10 @@ fn verbs_json_has_the_promised_keys() {
             "{verb}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON array");
+        assert_eq!(all.as_array().map(Vec::len), Some(1), "one point: {all}");
+        let v = &all[0];
+        assert_eq!(v["schema_version"].as_u64(), Some(1));
         for key in [
             "ops",
             "ops_per_sec",
@@ -71,7 +74,7 @@ fn sim_json_has_the_seed_and_the_simulator_speed_and_is_reproducible() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("one JSON object")
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON array")[0].clone()
     };
     let (a, b) = (run(), run());
     assert_eq!(a["seed"].as_u64(), Some(4));
@@ -153,6 +156,19 @@ fn the_hash_table_runs_as_a_system_beside_the_tree() {
         .collect();
     assert_eq!(systems, ["sherman", "cuckoo"]);
     let cuckoo = &v[1];
+    // The tree's figures do not apply to the hash table: null, not zero;
+    // the configuration is JSON values, not a Debug string.
+    for k in [
+        "cache_hit_ratio",
+        "clean_lookup_ratio",
+        "retries_per_op",
+        "splits",
+    ] {
+        assert!(cuckoo[k].is_null(), "{k}: {}", cuckoo[k]);
+        assert!(v[0][k].is_number(), "{k}: {}", v[0][k]);
+    }
+    assert_eq!(v[0]["schema_version"].as_u64(), Some(1));
+    assert_eq!(v[0]["config"]["tree"]["combine"].as_bool(), Some(true));
     // A hash-table get is two round trips: both buckets, then the entry.
     assert_eq!(cuckoo["round_trips"]["read"]["p50"].as_u64(), Some(2));
     assert_eq!(
@@ -274,7 +290,7 @@ fn perftest_flags_sweep_sizes_and_report_gbits() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("atomics are 8 bytes"));
     let out = bench(&["verbs", "-n", "3000", "--json", "--no-pin"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["ops"].as_u64().unwrap() >= 3000);
+    assert!(v[0]["ops"].as_u64().unwrap() >= 3000);
 }
 
 #[test]

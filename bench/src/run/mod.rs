@@ -109,7 +109,7 @@ pub struct RunArgs {
     records: Option<u64>,
     /// Measured operations per client (perftest's -n); overrides the
     /// file's operationcount, which is otherwise split over all clients,
-    /// rounded up [default: sim 200, emu 20000]
+    /// rounded up [default: sim 200; emu measures for 1 s instead]
     #[arg(short = 'n', long, visible_alias = "iters", value_name = "N")]
     ops: Option<u64>,
     /// Measure for S seconds instead of a count (virtual on sim, wall on
@@ -174,6 +174,10 @@ where none may fail (no faults injected), task scratch exhausted, clients left s
 message on stderr); 2 bad input (one line naming it; nothing run, nothing written); 130 stopped
 by SIGINT or SIGTERM (the runs until then are reported and written; the one running ends early).
 Files are written only after every run succeeded, each whole (written aside, then renamed).";
+
+/// The measured window below which an emu figure is not to be trusted,
+/// and the default length of an emu run.
+const EMU_WINDOW_NS: u64 = 1_000_000_000;
 
 /// How `run` ended, when it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -489,7 +493,10 @@ impl Cli {
                     .next_multiple_of(1 << 20);
             let length = self.length.unwrap_or(match self.operation_count {
                 Some(total) => Length::Ops(total.div_ceil(clients)),
-                None => Length::Ops(if sim { 200 } else { 20_000 }),
+                // Emu: a measured second, the shortest window the wall
+                // clock makes trustworthy.
+                None if sim => Length::Ops(200),
+                None => Length::Nanos(EMU_WINDOW_NS),
             });
             let faults = fault_plan_for(
                 &self.fault_plan,
@@ -592,6 +599,18 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
         Ok(done) => done,
         Err(why) => return Ok(Outcome::Failed(why)),
     };
+    for d in done.iter().filter(|d| d.spec.backend == Backend::Emu) {
+        if d.report.elapsed_ns < EMU_WINDOW_NS {
+            eprintln!(
+                "loch-bench run: warning: {} at {} threads measured for {:.3} s of wall clock, under \
+                 a second: too short to trust (timer and scheduling noise); measure longer with \
+                 --seconds or more --ops",
+                d.spec.system,
+                d.spec.threads,
+                d.report.elapsed_ns as f64 / 1e9
+            );
+        }
+    }
     if cli.backend == Backend::Emu {
         // A reference measured in the same run: the same records and key
         // distribution, looked up in a local BTreeMap on one thread.

@@ -75,6 +75,19 @@ pub(crate) fn write_plots(
     Ok(())
 }
 
+/// What the table's columns mean, printed under it.
+const TABLE_LEGEND: &[&str] = &[
+    "Mops/s: measured operations per second, all clients (virtual time on sim)",
+    "p50 us, p99 us: operation latency, microseconds",
+    "wr<=3rt %: writes that took at most 3 network round trips",
+    "wr p99rt: round trips of the 99th-percentile write",
+    "B/w nosp: bytes written back per write that split no node",
+    "clean rd%: tree lookups that read a consistent leaf the first time",
+    "retry/op: leaf re-reads per operation (torn or changed)",
+    "cache%: index-cache hit ratio",
+    "n/a: the figure does not apply (a tree's on the hash table, or no such operations)",
+];
+
 pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
     cmdline::outln!(
         "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
@@ -101,22 +114,28 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         "retry/op",
         "cache%"
     );
+    // A figure that does not apply (null in the JSON) is n/a.
+    let num = |v: &serde_json::Value, scale: f64, width: usize, prec: usize| match v.as_f64() {
+        Some(x) => format!("{:>width$.prec$}", x * scale),
+        None => format!("{:>width$}", "n/a"),
+    };
     for j in rows {
         cmdline::outln!(
-            "{:<22} {:>10.3} {:>9.1} {:>9.1} {:>10.2} {:>9} {:>9.1} {:>9.3} {:>9.4} {:>8.2}",
+            "{:<22} {} {} {} {} {} {} {} {} {}",
             j["system"].as_str().unwrap_or("?"),
-            j["ops_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
-            j["latency_ns"]["p50"].as_u64().unwrap_or(0) as f64 / 1e3,
-            j["latency_ns"]["p99"].as_u64().unwrap_or(0) as f64 / 1e3,
-            j["writes_within_3_round_trips"].as_f64().unwrap_or(0.0) * 100.0,
-            j["write_round_trips_p99"].as_u64().unwrap_or(0),
-            j["bytes_written_per_nonsplit_write"]
-                .as_f64()
-                .unwrap_or(0.0),
-            j["clean_lookup_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            j["retries_per_op"].as_f64().unwrap_or(0.0),
-            j["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            num(&j["ops_per_sec"], 1e-6, 10, 3),
+            num(&j["latency_ns"]["p50"], 1e-3, 9, 1),
+            num(&j["latency_ns"]["p99"], 1e-3, 9, 1),
+            num(&j["writes_within_3_round_trips"], 100.0, 10, 2),
+            num(&j["write_round_trips_p99"], 1.0, 9, 0),
+            num(&j["bytes_written_per_nonsplit_write"], 1.0, 9, 1),
+            num(&j["clean_lookup_ratio"], 100.0, 9, 3),
+            num(&j["retries_per_op"], 1.0, 9, 4),
+            num(&j["cache_hit_ratio"], 100.0, 8, 2),
         );
+    }
+    for l in TABLE_LEGEND {
+        cmdline::outln!("  {l}");
     }
     if !spec.faults.is_empty() {
         cmdline::outln!(

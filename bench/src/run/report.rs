@@ -156,15 +156,29 @@ impl Report {
         }
         h
     }
+}
 
-    pub fn cache_hit_ratio(&self) -> f64 {
-        let t = self.tree.cache_hits + self.tree.cache_misses;
-        if t == 0 {
-            0.0
-        } else {
-            self.tree.cache_hits as f64 / t as f64
-        }
-    }
+/// The version of the JSON `loch-bench` writes (docs/benchmark-json.md);
+/// it changes when a field changes meaning or goes.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// A tree configuration as JSON values, one field each.
+fn tree_config_json(t: &TreeConfig) -> serde_json::Value {
+    json!({
+        "combine": t.combine,
+        "lock_in_dm": t.lock_in_dm,
+        "local_lock_table": t.local_lock_table,
+        "handover": t.handover,
+        "max_handover": t.max_handover,
+        "versions": match t.versions {
+            index::tree::VersionScheme::Lines => "lines",
+            index::tree::VersionScheme::FrontRear => "front-rear",
+        },
+        "whole_node_writes": t.whole_node_writes,
+        "lock_table_words": t.lock_table_words,
+        "cache_bytes": t.cache_bytes,
+        "chunk_bytes": t.chunk.chunk_bytes,
+    })
 }
 
 pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
@@ -209,8 +223,21 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
     }
     let bw: u64 = r.kinds.iter().map(|k| k.bytes_written).sum();
     let br: u64 = r.kinds.iter().map(|k| k.bytes_read).sum();
+    // A figure that does not apply — a tree's on a hash table, a ratio of
+    // nothing — is null, not zero.
+    let tree = spec.system != "cuckoo";
+    let tree_only = |v: serde_json::Value| if tree { v } else { json!(null) };
+    let ratio = |num: u64, den: u64| {
+        if den == 0 {
+            json!(null)
+        } else {
+            json!(num as f64 / den as f64)
+        }
+    };
     let mut doc = json!({
+        "schema_version": SCHEMA_VERSION,
         "system": spec.system,
+        "index": if tree { "tree" } else { "hash" },
         "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
         "simulated": spec.backend == Backend::Sim,
         "workload": spec.mix.name,
@@ -226,17 +253,17 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "p999": r.all_latency.value_at_quantile(0.999),
         },
         "round_trips": rt,
-        "writes_within_3_round_trips": if writes == 0 { 0.0 } else { le3 as f64 / writes as f64 },
-        "write_round_trips_p99": rtt_quantile(&w, 0.99),
+        "writes_within_3_round_trips": ratio(le3, writes),
+        "write_round_trips_p99": if writes == 0 { json!(null) } else { json!(rtt_quantile(&w, 0.99)) },
         "bytes_written_per_op": per(bw),
         "bytes_read_per_op": per(br),
-        "bytes_written_per_nonsplit_write": if nosplit == 0 { 0.0 } else { nosplit_bytes as f64 / nosplit as f64 },
-        "retries_per_op": per(r.tree.read_retries),
-        "lock_retries_per_op": per(r.tree.lock_retries),
-        "handovers_per_op": per(r.tree.handovers),
-        "clean_lookup_ratio": if r.tree.lookups == 0 { 0.0 } else { r.tree.clean_lookups as f64 / r.tree.lookups as f64 },
-        "cache_hit_ratio": r.cache_hit_ratio(),
-        "splits": r.tree.splits,
+        "bytes_written_per_nonsplit_write": tree_only(ratio(nosplit_bytes, nosplit)),
+        "retries_per_op": tree_only(json!(per(r.tree.read_retries))),
+        "lock_retries_per_op": tree_only(json!(per(r.tree.lock_retries))),
+        "handovers_per_op": tree_only(json!(per(r.tree.handovers))),
+        "clean_lookup_ratio": tree_only(ratio(r.tree.clean_lookups, r.tree.lookups)),
+        "cache_hit_ratio": tree_only(ratio(r.tree.cache_hits, r.tree.cache_hits + r.tree.cache_misses)),
+        "splits": tree_only(json!(r.tree.splits)),
         "wall_sec": r.wall_sec,
         "sim_events": r.sim_events,
         "config": {
@@ -254,7 +281,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "sim_model_overrides": spec.model.overrides(),
             "seed": spec.seed,
             "cache_bytes": spec.cache_bytes,
-            "tree": format!("{:?}", spec.tree),
+            "tree": tree_config_json(&spec.tree),
         },
     });
     doc["failed_ops"] = failed_ops.into();
