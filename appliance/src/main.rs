@@ -83,6 +83,11 @@ struct NodeArgs {
     /// a cluster must get the same
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     records: u64,
+    /// Compute role: also write the raw latency histogram to FILE, as JSON
+    /// [[value_ns, count], ...] (the result line on stdout has the
+    /// percentiles)
+    #[arg(long, value_name = "FILE")]
+    histogram: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -353,6 +358,7 @@ fn main() -> ExitCode {
                 seed: a.seed,
                 workload: a.workload,
                 records: a.records,
+                histogram: a.histogram,
             };
             node_main("node", &o, false)
         }
@@ -366,6 +372,7 @@ fn main() -> ExitCode {
                 seed: 1,
                 workload: a.workload,
                 records: a.records,
+                histogram: None,
             };
             node_main("check", &o, true)
         }

@@ -146,6 +146,9 @@ pub struct NodeOptions {
     /// Index workloads: records the loader loads (every compute node must
     /// be given the same number).
     pub records: u64,
+    /// Compute role: write the raw latency histogram here (JSON) besides
+    /// the summary line.
+    pub histogram: Option<PathBuf>,
 }
 
 /// `loch check`: prints the preflight report of node `o.id`, then whether

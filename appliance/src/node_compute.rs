@@ -526,6 +526,21 @@ fn drive<N: Nic>(
     st.result(ex.counters() - base)
 }
 
+/// Writes `hist` to `path` as JSON, `[[value_ns, count], …]` over its
+/// recorded buckets: written aside, then renamed, so a reader never sees
+/// half of it.
+fn write_histogram(path: &std::path::Path, hist: &Histogram<u64>) -> Result<(), String> {
+    let pairs: Vec<[u64; 2]> = hist
+        .iter_recorded()
+        .map(|v| [v.value_iterated_to(), v.count_at_value()])
+        .collect();
+    let text = serde_json::to_string(&pairs).map_err(|e| e.to_string())?;
+    let aside = path.with_extension("partial");
+    std::fs::write(&aside, text)
+        .and_then(|_| std::fs::rename(&aside, path))
+        .map_err(|e| format!("cannot write the histogram to {}: {e}", path.display()))
+}
+
 /// Sums the cores' results, prints the JSON line and the summary; returns
 /// the exit code.
 fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
@@ -585,8 +600,6 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
         "ops": ops,
         "elapsed_ns": elapsed_ns,
         "ops_per_sec": if elapsed_ns == 0 { 0.0 } else { ops as f64 * 1e9 / elapsed_ns as f64 },
-        "p50_ns": hist.value_at_quantile(0.5),
-        "p99_ns": hist.value_at_quantile(0.99),
         "round_trips": counters.round_trips,
         "round_trips_per_op": per_op(counters.round_trips),
         "bytes_read": counters.bytes_read,
@@ -616,8 +629,25 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
             "error": n.first_error,
             "dead": n.dead,
         })).collect::<Vec<_>>(),
-        "latency_ns": hist.iter_recorded().map(|v| [v.value_iterated_to(), v.count_at_value()]).collect::<Vec<_>>(),
+        "latency_ns": {
+            "count": hist.len(),
+            "p50": hist.value_at_quantile(0.5),
+            "p90": hist.value_at_quantile(0.9),
+            "p99": hist.value_at_quantile(0.99),
+            "p999": hist.value_at_quantile(0.999),
+            "max": hist.max(),
+        },
+        "histogram_file": o.histogram.as_ref().map(|p| p.display().to_string()),
     });
+    // The raw histogram, only when asked for, to its own file: the result
+    // line stays a summary a script can read.
+    let mut code = 0;
+    if let Some(path) = &o.histogram {
+        if let Err(e) = write_histogram(path, &hist) {
+            say(format_args!("{me}: {e}"));
+            code = 1;
+        }
+    }
     cmdline::outln!("{json}");
     say(format_args!(
         "{me}: done: {ops} operations in {:.2} s, {failures} failed, {mismatches} mismatched reads",
@@ -626,7 +656,9 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
     for e in &errors {
         say(format_args!("{me}: error: {e}"));
     }
-    u8::from(failures != 0 || mismatches != 0 || !errors.is_empty())
+    code.max(u8::from(
+        failures != 0 || mismatches != 0 || !errors.is_empty(),
+    ))
 }
 
 /// Prints a stats line per second until every core finished; `cache`:
@@ -722,6 +754,7 @@ mod tests {
             seed: 1,
             workload: crate::node::Workload::Verbs,
             records: 10,
+            histogram: None,
         };
         let verbs = exec_config(&o);
         assert_eq!((verbs.slots, verbs.scratch_bytes_per_slot), (5, 4096));

@@ -343,6 +343,8 @@ fn start_nodes(
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
                 .args(["--workload", w.name()])
                 .args(["--records", &cfg.records.to_string()])
+                .arg("--histogram")
+                .arg(file.with_file_name(format!("latency-{}.json", n.id)))
                 .stdout(Stdio::piped());
             if !cfg.pin {
                 cmd.arg("--no-pin");
@@ -392,6 +394,15 @@ fn compute_results(
             .rev()
             .find_map(|l| serde_json::from_str::<Value>(l).ok())
             .ok_or_else(|| format!("compute node {id} ({status}) printed no result line"))?;
+        // The raw histogram, from the file the result line names, for an
+        // exact merge of the nodes' latencies.
+        let mut json = json;
+        if let Some(path) = json["histogram_file"].as_str() {
+            let raw = std::fs::read_to_string(path)
+                .map_err(|e| format!("compute node {id}'s histogram {path}: {e}"))?;
+            json["latency_hist"] = serde_json::from_str(&raw)
+                .map_err(|e| format!("compute node {id}'s histogram {path}: {e}"))?;
+        }
         results.push(json);
     }
     Ok((results, exit_ok))
@@ -483,7 +494,7 @@ impl Totals {
                     t.faa[k] += field(n, "faa");
                 }
             }
-            for pair in r["latency_ns"].as_array().into_iter().flatten() {
+            for pair in r["latency_hist"].as_array().into_iter().flatten() {
                 if let (Some(v), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
                     let _ = t.hist.record_n(v.max(1), c);
                 }

@@ -664,6 +664,7 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
         seed: 1,
         workload: crate::node::Workload::Verbs,
         records: 1000,
+        histogram: None,
     };
     (cfg, o)
 }
