@@ -28,7 +28,7 @@ use crate::index_work::IndexKind;
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
 use crate::node_work::{self, Layout};
-use bootstrap::channel::{Cancel, ChannelError};
+use bootstrap::channel::{Cancel, ChannelError, WaitReport};
 use bootstrap::config::{Backend, NodeConfig};
 use bootstrap::preflight::{self, Host, PreflightOptions};
 use bootstrap::wire::{Region, Space as WireSpace};
@@ -246,6 +246,26 @@ pub fn join(cfg: &ClusterConfig, id: u32) -> Result<(Rendezvous, u64), NodeError
     let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
     let mut opts = ChannelOptions::new(id, secret);
     opts.cancel = Some(Cancel::new(signals::stop_requested));
+    // Once a second while waiting: whom, and where to look for them.
+    let where_: Vec<(u32, String)> = cfg
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.address.clone()))
+        .collect();
+    opts.on_wait = Some(WaitReport::new(move |ids| {
+        let list: Vec<String> = ids
+            .iter()
+            .map(|i| match where_.iter().find(|(n, _)| n == i) {
+                Some((_, a)) => format!("{i} ({a})"),
+                None => i.to_string(),
+            })
+            .collect();
+        say(format_args!(
+            "loch node {id}: waiting for node{} {} to join the rendezvous",
+            if ids.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        ));
+    }));
     let coord = cfg.coordinator();
     let addr = resolve(&coord.address)?;
     let ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();

@@ -654,6 +654,44 @@ fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
 }
 
 #[test]
+fn a_waiting_node_says_once_a_second_whom_it_waits_for_and_where() {
+    let dir = PrivateDir::new("waitmsg").unwrap();
+    let (file, ports) = cluster_of(&dir, 1, 2);
+    // The coordinator (node 0) alone waits for nodes 1 and 2; node 1
+    // alone waits for the coordinator.
+    for (id, want) in [
+        (
+            0u32,
+            format!(
+                "waiting for nodes 1 (127.0.0.1:{}), 2 (127.0.0.1:{})",
+                ports[1], ports[2]
+            ),
+        ),
+        (1, format!("waiting for node 0 (127.0.0.1:{})", ports[0])),
+    ] {
+        let mut r = Reaper(vec![spawn_node(&file, id, &[])]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = collect(&mut r.0[0], "waiting for node", tx);
+        let t0 = Instant::now();
+        rx.recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("node {id} never said whom it waits for"));
+        let first = t0.elapsed();
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("a second report");
+        let between = t0.elapsed() - first;
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(r.0[0].id() as libc::pid_t, libc::SIGTERM) };
+        wait_until(&mut r.0[0], Instant::now() + Duration::from_secs(5)).expect("stops");
+        let log = log.join().unwrap();
+        assert!(log.contains(&want), "node {id}: want `{want}` in\n{log}");
+        assert!(
+            between >= Duration::from_millis(800) && between <= Duration::from_secs(4),
+            "node {id}: reports {between:?} apart"
+        );
+    }
+}
+
+#[test]
 fn check_passes_the_shipped_emu_example() {
     let dir = PrivateDir::new("example").unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/emu.toml");

@@ -73,6 +73,38 @@ fn cancelled(cancel: &Option<Cancel>) -> bool {
     cancel.as_ref().is_some_and(Cancel::requested)
 }
 
+/// Hears, about once a second while a rendezvous waits, the ids of the
+/// nodes it still waits for (the coordinator: members not yet joined; a
+/// member: the coordinator), so that a node can say whom it waits for.
+#[derive(Clone)]
+pub struct WaitReport(Arc<dyn Fn(&[u32]) + Send + Sync>);
+
+impl WaitReport {
+    pub fn new(report: impl Fn(&[u32]) + Send + Sync + 'static) -> WaitReport {
+        WaitReport(Arc::new(report))
+    }
+}
+
+impl fmt::Debug for WaitReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WaitReport")
+    }
+}
+
+/// How often a waiting rendezvous reports.
+pub const WAIT_REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// Calls `report` with `waiting` when `next` has passed, and moves `next`
+/// on by [`WAIT_REPORT_EVERY`].
+fn report_wait(report: &Option<WaitReport>, next: &mut Instant, waiting: &[u32]) {
+    if let Some(r) = report {
+        if Instant::now() >= *next {
+            (r.0)(waiting);
+            *next = Instant::now() + WAIT_REPORT_EVERY;
+        }
+    }
+}
+
 /// Who we are and how long we wait.
 #[derive(Debug, Clone)]
 pub struct ChannelOptions {
@@ -87,6 +119,9 @@ pub struct ChannelOptions {
     /// Ends any wait early with [`ChannelError::Cancelled`]; `None` waits
     /// out the timeouts.
     pub cancel: Option<Cancel>,
+    /// Told once a second whom a rendezvous still waits for; `None` waits
+    /// quietly.
+    pub on_wait: Option<WaitReport>,
 }
 
 impl ChannelOptions {
@@ -98,6 +133,7 @@ impl ChannelOptions {
             io_timeout: Duration::from_secs(5),
             barrier_timeout: Duration::from_secs(60),
             cancel: None,
+            on_wait: None,
         }
     }
 }
@@ -563,9 +599,20 @@ impl Rendezvous {
         );
         let mut joined = Vec::with_capacity(waiting.len());
         let mut refused = Vec::new();
+        let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
         while !waiting.is_empty() {
-            let stream = match accept_by(listener, deadline, &opts.cancel) {
+            // Accept in steps of at most a second, to report between them.
+            let step = match opts.on_wait {
+                Some(_) => deadline.min(next_report),
+                None => deadline,
+            };
+            let stream = match accept_by(listener, step, &opts.cancel) {
                 Ok(s) => s,
+                Err(ChannelError::Timeout(_)) if Instant::now() < deadline => {
+                    let ids: Vec<u32> = waiting.iter().copied().collect();
+                    report_wait(&opts.on_wait, &mut next_report, &ids);
+                    continue;
+                }
                 Err(ChannelError::Timeout(_)) => {
                     return Err(ChannelError::Timeout(format!(
                         "nodes {:?} did not join within {timeout:?} ({} connections refused)",
@@ -604,6 +651,7 @@ impl Rendezvous {
         timeout: Duration,
     ) -> Result<Rendezvous, ChannelError> {
         let deadline = Instant::now() + timeout;
+        let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
         let ch = loop {
             if cancelled(&opts.cancel) {
                 return Err(ChannelError::Cancelled);
@@ -614,6 +662,7 @@ impl Rendezvous {
                     if e.kind() == io::ErrorKind::ConnectionRefused
                         && Instant::now() < deadline =>
                 {
+                    report_wait(&opts.on_wait, &mut next_report, &[coordinator_id]);
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Err(or_cancelled(e, &opts.cancel)),
