@@ -77,7 +77,10 @@ fn cancelled(cancel: &Option<Cancel>) -> bool {
 /// nodes it still waits for (the coordinator: members not yet joined; a
 /// member: the coordinator), so that a node can say whom it waits for.
 #[derive(Clone)]
-pub struct WaitReport(Arc<dyn Fn(&[u32]) + Send + Sync>);
+pub struct WaitReport(Arc<WaitFn>);
+
+/// What a [`WaitReport`] calls: the ids still awaited.
+type WaitFn = dyn Fn(&[u32]) + Send + Sync;
 
 impl WaitReport {
     pub fn new(report: impl Fn(&[u32]) + Send + Sync + 'static) -> WaitReport {
