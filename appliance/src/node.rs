@@ -5,8 +5,16 @@
 //!
 //! Memory role (emu): create the node's memory as an emu node file,
 //! register it, publish its regions over the control channel, then stay
-//! out of the data path (a 50 ms sleep loop) until SIGINT/SIGTERM, and
-//! remove the file. Compute role (emu): wait for the memory nodes (the
+//! out of the data path until SIGINT/SIGTERM, and remove the file. The
+//! memory nodes outlive compute runs: after the cluster's first run, the
+//! coordinator (the lowest id, when it is a memory-only node) serves any
+//! number of later ones — each a rendezvous of the coordinator and the
+//! compute nodes, to which it relays every memory node's regions — while
+//! the other memory nodes sleep (a 50 ms loop). A run's loader clears the
+//! previous run's index from the memory nodes before loading its own, and
+//! each verb task zeroes its own words before checking them. (On mlx5 the
+//! memory nodes pair queue pairs with each run's cores, so there one run
+//! is served; see [`crate::node_mlx5`].) Compute role (emu): wait for the memory nodes (the
 //! exchange and the "memory-ready" barrier), attach to every memory node
 //! by path, and run the `--workload` with [`crate::node_compute`], the
 //! compute role of every backend: the verb mix of [`crate::node_work`], or
@@ -239,13 +247,29 @@ fn channel_failed(what: &str, e: ChannelError) -> NodeError {
     failed(format!("{what}: {}", channel_problem(e)))
 }
 
+/// The channel options of node `id`: the cluster secret, and waits that a
+/// signal ends within their 100 ms poll.
+fn channel_options(cfg: &ClusterConfig, id: u32) -> Result<ChannelOptions, NodeError> {
+    let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
+    let mut opts = ChannelOptions::new(id, secret);
+    opts.cancel = Some(Cancel::new(signals::stop_requested));
+    Ok(opts)
+}
+
 /// Joins the cluster's rendezvous (as coordinator or member); returns it
 /// and how long joining took. A signal ends any wait on the channel, now
 /// and later, within its 100 ms poll.
 pub fn join(cfg: &ClusterConfig, id: u32) -> Result<(Rendezvous, u64), NodeError> {
-    let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
-    let mut opts = ChannelOptions::new(id, secret);
-    opts.cancel = Some(Cancel::new(signals::stop_requested));
+    join_keeping(cfg, id).map(|(rv, ns, _)| (rv, ns))
+}
+
+/// [`join`], also returning the coordinator's listener (`None` for a
+/// member), for a memory node that goes on serving compute runs.
+fn join_keeping(
+    cfg: &ClusterConfig,
+    id: u32,
+) -> Result<(Rendezvous, u64, Option<TcpListener>), NodeError> {
+    let mut opts = channel_options(cfg, id)?;
     // Once a second while waiting: whom, and where to look for them.
     let where_: Vec<(u32, String)> = cfg
         .nodes
@@ -270,15 +294,19 @@ pub fn join(cfg: &ClusterConfig, id: u32) -> Result<(Rendezvous, u64), NodeError
     let addr = resolve(&coord.address)?;
     let ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();
     let t0 = Instant::now();
-    let rv = if coord.id == id {
+    let (rv, listener) = if coord.id == id {
         let listener =
             TcpListener::bind(addr).map_err(|e| failed(format!("cannot listen on {addr}: {e}")))?;
-        Rendezvous::coordinate(&listener, &ids, &opts, RENDEZVOUS_TIMEOUT)
+        let rv = Rendezvous::coordinate(&listener, &ids, &opts, RENDEZVOUS_TIMEOUT);
+        (rv, Some(listener))
     } else {
-        Rendezvous::join(addr, coord.id, &opts, RENDEZVOUS_TIMEOUT)
-    }
-    .map_err(|e| channel_failed("rendezvous", e))?;
-    Ok((rv, t0.elapsed().as_nanos() as u64))
+        (
+            Rendezvous::join(addr, coord.id, &opts, RENDEZVOUS_TIMEOUT),
+            None,
+        )
+    };
+    let rv = rv.map_err(|e| channel_failed("rendezvous", e))?;
+    Ok((rv, t0.elapsed().as_nanos() as u64, listener))
 }
 
 /// Waits at "memory-ready" (every node does, once the backend's exchange
@@ -294,8 +322,8 @@ fn rendezvous(
     cfg: &ClusterConfig,
     id: u32,
     regions: Vec<Region>,
-) -> Result<(Boot, Rendezvous), NodeError> {
-    let (mut rv, join_ns) = join(cfg, id)?;
+) -> Result<(Boot, Rendezvous, Option<TcpListener>), NodeError> {
+    let (mut rv, join_ns, listener) = join_keeping(cfg, id)?;
     let t1 = Instant::now();
     let directory = rv
         .exchange(&Directory {
@@ -312,6 +340,7 @@ fn rendezvous(
             directory,
         },
         rv,
+        listener,
     ))
 }
 
@@ -335,6 +364,94 @@ pub fn serve_memory(rv: Rendezvous) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// The memory role of the coordinator on emu, once the cluster's first run
+/// has booted: it goes on serving compute runs until SIGINT/SIGTERM. Each
+/// later run is a rendezvous of the coordinator and the compute nodes (the
+/// other memory nodes stay up and out of it: compute nodes attach to them
+/// by path): the coordinator relays every memory node's regions from the
+/// first exchange, and passes both barriers with them. Returns the runs
+/// served after the first.
+fn serve_compute_runs(
+    rv: Rendezvous,
+    cfg: &ClusterConfig,
+    id: u32,
+    listener: TcpListener,
+    first: &Directory,
+    me: &str,
+) -> Result<u64, NodeError> {
+    index_ready(rv)?;
+    let memory: Vec<u32> = cfg
+        .nodes
+        .iter()
+        .filter(|n| n.roles.memory)
+        .map(|n| n.id)
+        .collect();
+    let mut members: Vec<u32> = cfg
+        .nodes
+        .iter()
+        .filter(|n| n.roles.compute)
+        .map(|n| n.id)
+        .collect();
+    members.push(id);
+    let relayed = Directory {
+        endpoints: Vec::new(),
+        regions: first
+            .regions
+            .iter()
+            .filter(|r| r.node_id != id && memory.contains(&r.node_id))
+            .cloned()
+            .collect(),
+    };
+    let mine = Directory {
+        endpoints: Vec::new(),
+        regions: first
+            .regions
+            .iter()
+            .filter(|r| r.node_id == id)
+            .cloned()
+            .collect(),
+    };
+    // Quiet while idle: a memory node may wait for hours between runs.
+    let opts = channel_options(cfg, id)?;
+    let mut served = 0u64;
+    say(format_args!(
+        "{me}: serving compute runs until SIGINT/SIGTERM"
+    ));
+    loop {
+        let mut rv = match Rendezvous::coordinate(&listener, &members, &opts, RENDEZVOUS_TIMEOUT) {
+            Ok(rv) => rv,
+            Err(ChannelError::Cancelled) => return Ok(served),
+            Err(ChannelError::Timeout(_)) => continue, // no run yet: wait on
+            Err(e) => {
+                say(format_args!(
+                    "{me}: a compute run could not join: {}",
+                    channel_problem(e)
+                ));
+                continue;
+            }
+        };
+        let run = rv
+            .exchange_relaying(&mine, &relayed)
+            .and_then(|_| rv.barrier(MEMORY_READY))
+            .and_then(|_| rv.barrier(INDEX_READY));
+        match run {
+            Ok(()) => {
+                rv.close();
+                served += 1;
+                say(format_args!(
+                    "{me}: compute run {} joined and started",
+                    served + 1
+                ));
+            }
+            Err(ChannelError::Cancelled) => return Ok(served),
+            Err(e) => say(format_args!(
+                "{me}: a compute run failed to start: {}",
+                channel_problem(e)
+            )),
+        }
+    }
+}
+
 /// Runs `loch node`; returns the exit code (0: clean, 1: a failure seen).
 pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
@@ -349,7 +466,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let me = format!("loch node {}", o.id);
 
     let (own, regions) = memory_role(o, &cfg, &node, &me)?;
-    let (boot, rv) = rendezvous(&cfg, o.id, regions)?;
+    let (boot, rv, listener) = rendezvous(&cfg, o.id, regions)?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,
@@ -368,6 +485,10 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
             layout,
             &me,
         )?
+    } else if let Some(listener) = listener {
+        // The coordinator: memory nodes outlive compute runs.
+        serve_compute_runs(rv, &cfg, o.id, listener, &boot.directory, &me)?;
+        0
     } else {
         serve_memory(rv)?;
         0

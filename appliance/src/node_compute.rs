@@ -35,7 +35,7 @@ use hdrhistogram::Histogram;
 use index::tree::TreeStats;
 use nicdrv::clock::unix_ns;
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, VerbCounters};
+use nicdrv::{Ctx, Executor, ExecutorConfig, GlobalAddr, Nic, NodeId, VerbCounters};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -357,7 +357,7 @@ fn core_main<N: Nic, S: CoreSource<N>>(
         let answer = match (made.as_mut(), index) {
             (Err(e), _) => Err(e.clone()),
             (Ok(_), None) => Ok(0),
-            (Ok(ex), Some(ix)) => load_index(ex, ix, o.records),
+            (Ok(ex), Some(ix)) => load_index(ex, ix, o.records, &c.mem_ids, c.layout.index_bytes),
         };
         let _ = tx.send(answer);
     }
@@ -422,17 +422,70 @@ fn core_main<N: Nic, S: CoreSource<N>>(
 
 /// Creates the index and loads `records` records on `ex` (one task);
 /// returns how long that took.
-fn load_index<N: Nic>(ex: &mut Executor<N>, index: &AnyIndex, records: u64) -> Result<u64, String> {
+fn load_index<N: Nic>(
+    ex: &mut Executor<N>,
+    index: &AnyIndex,
+    records: u64,
+    memory: &[NodeId],
+    index_bytes: u64,
+) -> Result<u64, String> {
     let t0 = Instant::now();
     let err = Rc::new(RefCell::new(None));
     let (ix, e) = (index.clone(), err.clone());
-    ex.spawn(move |ctx| crate::index_work::load(ctx, ix, records, e))
-        .map_err(|e| format!("loading the index: {e}"))?;
+    let memory = memory.to_vec();
+    ex.spawn(move |ctx| async move {
+        // Memory nodes outlive compute runs: an earlier run's index and
+        // chunks are cleared before this one loads its own.
+        if let Err(why) = clear_index_memory(&ctx, &memory, index_bytes).await {
+            *e.borrow_mut() = Some(why);
+            return;
+        }
+        crate::index_work::load(ctx, ix, records, e).await
+    })
+    .map_err(|e| format!("loading the index: {e}"))?;
     ex.run();
     if let Some(e) = err.borrow_mut().take() {
         return Err(format!("loading the index failed: {e}"));
     }
     Ok(t0.elapsed().as_nanos() as u64)
+}
+
+/// Zeroes what an index keeps on the memory nodes — the chunk cursor of
+/// each, the index roots on node 0, and the chunks below `index_bytes` —
+/// so that a run finds them as a freshly booted memory node has them. Only
+/// the loader calls it, before "index-ready": no other compute node uses
+/// the index then. The verb areas above `index_bytes` are left alone.
+async fn clear_index_memory<N: Nic>(
+    ctx: &Ctx<N>,
+    memory: &[NodeId],
+    index_bytes: u64,
+) -> Result<(), String> {
+    use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
+    // Within a loader slot's 64 KiB of scratch.
+    const PIECE: u64 = 16 << 10;
+    let zeros = vec![0u8; PIECE as usize];
+    let word = [0u8; 8];
+    for &m in memory {
+        let at = |off| GlobalAddr::host(m, off);
+        let mut words = vec![CHUNK_CURSOR_OFF];
+        if m == 0 {
+            words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
+        }
+        for w in words {
+            ctx.write(at(w), &word)
+                .await
+                .map_err(|e| format!("clearing memory node {m}: {e}"))?;
+        }
+        let mut off = first_chunk_off();
+        while off < index_bytes {
+            let len = PIECE.min(index_bytes - off) as usize;
+            ctx.write(at(off), &zeros[..len])
+                .await
+                .map_err(|e| format!("clearing memory node {m}: {e}"))?;
+            off += len as u64;
+        }
+    }
+    Ok(())
 }
 
 /// What a core's tasks share, as the core loop publishes and returns it.

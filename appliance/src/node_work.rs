@@ -170,6 +170,22 @@ pub async fn task<N: Nic>(
     st: Rc<CoreState>,
 ) {
     let mut shadow = vec![vec![0u64; TASK_WORDS as usize]; nodes.len()];
+    // Memory nodes outlive compute runs: a slot's words may hold an
+    // earlier run's values, so the task zeroes them before it checks any.
+    // In pieces within a slot's 4 KiB of scratch.
+    const PIECE: u64 = 2048;
+    let zeros = [0u8; PIECE as usize];
+    for (idx, &node) in nodes.iter().enumerate() {
+        for off in (0..AREA_BYTES).step_by(PIECE as usize) {
+            if let Err(e) = ctx
+                .write(GlobalAddr::host(node, area_offset + off), &zeros)
+                .await
+            {
+                st.failed(idx, &e);
+                break;
+            }
+        }
+    }
     while ctx.now_ns() < deadline_ns && !stop() {
         let Some(idx) = st.live_from(rng.below(nodes.len() as u64) as usize) else {
             return; // every memory node is gone

@@ -715,3 +715,64 @@ fn check_passes_the_shipped_emu_example() {
         );
     }
 }
+
+#[test]
+fn memory_nodes_serve_one_compute_run_after_another() {
+    // Two memory nodes stay up while a compute node runs the B+tree, the
+    // hash table, the verb mix and the B+tree again, each a fresh process
+    // joining the same memory nodes; every run checks itself.
+    let dir = PrivateDir::new("service").unwrap();
+    let (file, ports) = cluster_of(&dir, 2, 1);
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let files: Vec<PathBuf> = (0..2)
+        .map(|k| PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{k}", ports[0])))
+        .collect();
+    let mut memory = Reaper(vec![spawn_node(&file, 0, &[]), spawn_node(&file, 1, &[])]);
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let mem_log = collect(&mut memory.0[0], "", tx);
+    for (run, workload) in ["tree", "hash", "verbs", "tree"].iter().enumerate() {
+        let flags = [
+            "--seconds",
+            "1",
+            "--tasks",
+            "2",
+            "--workload",
+            workload,
+            "--records",
+            "3000",
+            "--no-pin",
+        ];
+        let mut c = Reaper(vec![spawn_node(&file, 2, &flags)]);
+        let out = read_all(&mut c.0[0]);
+        let (ctx, _crx) = std::sync::mpsc::channel();
+        let log = collect(&mut c.0[0], "", ctx);
+        let s = wait_until(&mut c.0[0], Instant::now() + Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("run {run} ({workload}) hung"));
+        let (out, log) = (out.join().unwrap(), log.join().unwrap());
+        assert!(s.success(), "run {run} ({workload}): {s}\n{log}");
+        let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(json["workload"], *workload, "{json}");
+        assert!(json["ops"].as_u64().unwrap() > 0, "run {run}: {json}");
+        assert_eq!(json["mismatches"], 0, "run {run} ({workload}): {json}");
+        assert_eq!(json["failures"], 0, "run {run} ({workload}): {json}");
+        // The memory nodes are still up for the next run.
+        assert!(memory.0.iter_mut().all(|m| m.try_wait().unwrap().is_none()));
+        assert!(files.iter().all(|f| f.exists()));
+    }
+    for m in &memory.0 {
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(m.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    for (k, m) in memory.0.iter_mut().enumerate() {
+        let s = wait_until(m, Instant::now() + Duration::from_secs(5)).expect("memory node stops");
+        assert!(s.success(), "memory node {k}: {s}");
+    }
+    let log = mem_log.join().unwrap();
+    assert!(log.contains("serving compute runs"), "{log}");
+    assert!(log.contains("compute run 4 joined"), "{log}");
+    assert!(
+        files.iter().all(|f| !f.exists()),
+        "memory node files left behind"
+    );
+}

@@ -692,6 +692,31 @@ impl Rendezvous {
     /// Publishes `mine` and returns every node's records (including ours).
     /// Records must carry this node's id.
     pub fn exchange(&mut self, mine: &Directory) -> Result<Directory, ChannelError> {
+        self.exchange_with(mine, &Directory::default())
+    }
+
+    /// As [`Rendezvous::exchange`], for a coordinator that also hands out
+    /// `relayed`: records of nodes not in this rendezvous that an earlier,
+    /// authenticated exchange gave it (a memory node serving a later
+    /// compute run passes on the other memory nodes' regions). A member
+    /// cannot relay.
+    pub fn exchange_relaying(
+        &mut self,
+        mine: &Directory,
+        relayed: &Directory,
+    ) -> Result<Directory, ChannelError> {
+        assert!(
+            matches!(self.role, Role::Coordinator { .. }),
+            "only the coordinator relays records"
+        );
+        self.exchange_with(mine, relayed)
+    }
+
+    fn exchange_with(
+        &mut self,
+        mine: &Directory,
+        relayed: &Directory,
+    ) -> Result<Directory, ChannelError> {
         let (me, epoch) = (self.node_id, self.next_epoch());
         assert!(
             mine.endpoints.iter().all(|e| e.node_id == me)
@@ -731,6 +756,8 @@ impl Rendezvous {
             }
             Role::Coordinator { members } => {
                 let mut all = mine.clone();
+                all.endpoints.extend(relayed.endpoints.iter().cloned());
+                all.regions.extend(relayed.regions.iter().cloned());
                 for ch in members.iter_mut() {
                     let mut count = 0usize;
                     loop {
