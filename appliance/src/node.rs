@@ -309,11 +309,29 @@ fn join_keeping(
     Ok((rv, t0.elapsed().as_nanos() as u64, listener))
 }
 
+/// What every compute node of a run must agree on: the workload and, for
+/// an index, the records loaded; `None` for a node without the compute
+/// role (it runs no workload).
+pub fn workload_agreement(o: &NodeOptions, node: &NodeConfig) -> Option<String> {
+    node.roles.compute.then(|| match o.workload.index() {
+        Some(_) => format!("--workload {} --records {}", o.workload.name(), o.records),
+        None => format!("--workload {}", o.workload.name()),
+    })
+}
+
 /// Waits at "memory-ready" (every node does, once the backend's exchange
-/// made every memory node reachable).
-pub fn memory_ready(rv: &mut Rendezvous) -> Result<(), NodeError> {
-    rv.barrier(MEMORY_READY)
-        .map_err(|e| channel_failed("barrier memory-ready", e))
+/// made every memory node reachable), agreeing there on `workload`
+/// ([`workload_agreement`]): compute nodes given different workloads are
+/// refused here, each with one line naming who was given what, before any
+/// of them loads or runs anything.
+pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(), NodeError> {
+    match rv.agree(MEMORY_READY, workload.as_deref()) {
+        Ok(_) => Ok(()),
+        Err(ChannelError::Disagreed(why)) => Err(NodeError::Usage(format!(
+            "the compute nodes were given different workloads ({why}); give every compute node the same --workload and --records"
+        ))),
+        Err(e) => Err(channel_failed("barrier memory-ready", e)),
+    }
 }
 
 /// Joins the cluster, exchanges regions and passes "memory-ready"; the
@@ -322,6 +340,7 @@ fn rendezvous(
     cfg: &ClusterConfig,
     id: u32,
     regions: Vec<Region>,
+    workload: Option<String>,
 ) -> Result<(Boot, Rendezvous, Option<TcpListener>), NodeError> {
     let (mut rv, join_ns, listener) = join_keeping(cfg, id)?;
     let t1 = Instant::now();
@@ -331,7 +350,7 @@ fn rendezvous(
             regions,
         })
         .map_err(|e| channel_failed("exchange", e))?;
-    memory_ready(&mut rv)?;
+    memory_ready(&mut rv, workload)?;
     let exchange_ns = t1.elapsed().as_nanos() as u64;
     Ok((
         Boot {
@@ -432,7 +451,7 @@ fn serve_compute_runs(
         };
         let run = rv
             .exchange_relaying(&mine, &relayed)
-            .and_then(|_| rv.barrier(MEMORY_READY))
+            .and_then(|_| rv.agree(MEMORY_READY, None).map(drop))
             .and_then(|_| rv.barrier(INDEX_READY));
         match run {
             Ok(()) => {
@@ -466,7 +485,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let me = format!("loch node {}", o.id);
 
     let (own, regions) = memory_role(o, &cfg, &node, &me)?;
-    let (boot, rv, listener) = rendezvous(&cfg, o.id, regions)?;
+    let (boot, rv, listener) = rendezvous(&cfg, o.id, regions, workload_agreement(o, &node))?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,

@@ -776,3 +776,53 @@ fn memory_nodes_serve_one_compute_run_after_another() {
         "memory node files left behind"
     );
 }
+
+#[test]
+fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
+    let dir = PrivateDir::new("mismatch").unwrap();
+    let (file, _) = cluster_of(&dir, 1, 2);
+    let mut r = Reaper(vec![
+        spawn_node(&file, 0, &[]),
+        spawn_node(
+            &file,
+            1,
+            &["--workload", "tree", "--seconds", "5", "--no-pin"],
+        ),
+        spawn_node(
+            &file,
+            2,
+            &["--workload", "hash", "--seconds", "5", "--no-pin"],
+        ),
+    ]);
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let logs: Vec<_> = (0..3)
+        .map(|i| collect(&mut r.0[i], "", tx.clone()))
+        .collect();
+    let by = Instant::now() + Duration::from_secs(20);
+    let codes: Vec<Option<i32>> = (0..3)
+        .map(|i| {
+            wait_until(&mut r.0[i], by)
+                .expect("refused, not hung")
+                .code()
+        })
+        .collect();
+    let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (id, (code, log)) in codes.iter().zip(&logs).enumerate() {
+        // Bad input, said in one line naming who was given what; nothing
+        // was loaded or run.
+        assert_eq!(*code, Some(2), "node {id}: {log}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("different workloads"))
+            .unwrap_or_else(|| panic!("node {id}: {log}"));
+        assert!(
+            line.contains("node 1: --workload tree --records 100000")
+                && line.contains("node 2: --workload hash --records 100000"),
+            "node {id}: {line}"
+        );
+        assert!(
+            !log.contains("compute role:"),
+            "node {id} started anyway: {log}"
+        );
+    }
+}

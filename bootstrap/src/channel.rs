@@ -162,6 +162,9 @@ pub enum ChannelError {
     Timeout(String),
     /// The wait was cancelled ([`ChannelOptions::cancel`]) before it ended.
     Cancelled,
+    /// The nodes at an [`Rendezvous::agree`] barrier held different values:
+    /// which node held what.
+    Disagreed(String),
     Io(io::Error),
 }
 
@@ -181,6 +184,7 @@ impl fmt::Display for ChannelError {
             ChannelError::Cancelled => {
                 write!(f, "cancelled (stop requested) while waiting for peers")
             }
+            ChannelError::Disagreed(what) => write!(f, "the nodes disagree: {what}"),
             ChannelError::Io(e) => write!(f, "control channel: {e}"),
         }
     }
@@ -848,6 +852,113 @@ impl Rendezvous {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// A barrier at which the nodes also agree on a value (such as the
+    /// workload every compute node must run): a node passes `Some(value)`
+    /// to require it, or `None` to accept whatever the others hold. Every
+    /// node returns the agreed value (`None` if nobody held one), or every
+    /// node fails with [`ChannelError::Disagreed`] naming which node held
+    /// what — before any of them goes on.
+    pub fn agree(
+        &mut self,
+        name: &str,
+        mine: Option<&str>,
+    ) -> Result<Option<String>, ChannelError> {
+        // On the wire: a barrier named `name=value` (`name?` for none), and
+        // a release named `name=agreed`, `name?`, or `name!why`.
+        let tag = |v: Option<&str>| match v {
+            Some(v) => format!("{name}={v}"),
+            None => format!("{name}?"),
+        };
+        let own = tag(mine);
+        assert!(
+            own.len() <= NAME_BYTES_MAX && !name.contains(['=', '?', '!']),
+            "agree: a plain name, and name and value within {NAME_BYTES_MAX} bytes"
+        );
+        let epoch = self.next_epoch();
+        let barrier_timeout = self.barrier_timeout;
+        let me = self.node_id;
+        let (release, from) = match &mut self.role {
+            Role::Member { coordinator } => {
+                coordinator.send(&Message::Barrier { name: own, epoch })?;
+                match coordinator.recv_within(barrier_timeout)? {
+                    Message::BarrierRelease { name: n, epoch: e } if e == epoch => {
+                        (n, coordinator.peer_id)
+                    }
+                    m => {
+                        return Err(coordinator
+                            .protocol(format!("expected the release of `{name}`, got {m:?}")))
+                    }
+                }
+            }
+            Role::Coordinator { members } => {
+                let mut held: Vec<(u32, Option<String>)> = vec![(me, mine.map(str::to_string))];
+                for ch in members.iter_mut() {
+                    let got = match ch.recv_within(barrier_timeout)? {
+                        Message::Barrier { name: n, epoch: e } if e == epoch => n,
+                        m => {
+                            return Err(ch.protocol(format!(
+                                "expected barrier `{name}` (epoch {epoch}), got {m:?}"
+                            )))
+                        }
+                    };
+                    let value = if got == format!("{name}?") {
+                        None
+                    } else if let Some(v) = got.strip_prefix(&format!("{name}=")) {
+                        Some(v.to_string())
+                    } else {
+                        return Err(ch.protocol(format!("expected barrier `{name}`, got `{got}`")));
+                    };
+                    held.push((ch.peer_id, value));
+                }
+                let mut values: Vec<&String> =
+                    held.iter().filter_map(|(_, v)| v.as_ref()).collect();
+                values.sort();
+                values.dedup();
+                let release = match values.as_slice() {
+                    [] => format!("{name}?"),
+                    [one] => format!("{name}={one}"),
+                    _ => {
+                        let who: Vec<String> = held
+                            .iter()
+                            .filter_map(|(id, v)| v.as_ref().map(|v| format!("node {id}: {v}")))
+                            .collect();
+                        let mut why = who.join("; ");
+                        // Within a frame's name, on a character boundary.
+                        let room = NAME_BYTES_MAX - name.len() - 1;
+                        if why.len() > room {
+                            let mut cut = room.saturating_sub(3);
+                            while !why.is_char_boundary(cut) {
+                                cut -= 1;
+                            }
+                            why.truncate(cut);
+                            why.push_str("...");
+                        }
+                        format!("{name}!{why}")
+                    }
+                };
+                for ch in members.iter_mut() {
+                    ch.send(&Message::BarrierRelease {
+                        name: release.clone(),
+                        epoch,
+                    })?;
+                }
+                (release, me)
+            }
+        };
+        if release == format!("{name}?") {
+            Ok(None)
+        } else if let Some(v) = release.strip_prefix(&format!("{name}=")) {
+            Ok(Some(v.to_string()))
+        } else if let Some(why) = release.strip_prefix(&format!("{name}!")) {
+            Err(ChannelError::Disagreed(format!("at `{name}`: {why}")))
+        } else {
+            Err(ChannelError::Protocol {
+                peer: from,
+                why: format!("the release of `{name}` was `{release}`"),
+            })
         }
     }
 

@@ -749,3 +749,51 @@ fn a_cancelled_barrier_stops_waiting_for_the_release() {
     done_tx.send(()).unwrap();
     coord.join().unwrap();
 }
+
+/// Nodes 0..values.len() meet at an `agree` barrier, node i holding
+/// `values[i]`; what each returned.
+fn agree_among(values: &[Option<&'static str>]) -> Vec<Result<Option<String>, ChannelError>> {
+    let n = values.len() as u32;
+    let (l, addr) = listener();
+    let mut handles = Vec::new();
+    for id in 1..n {
+        let v = values[id as usize];
+        handles.push(thread::spawn(move || {
+            let mut rv = Rendezvous::join(addr, 0, &opts(id, 1), Duration::from_secs(5)).unwrap();
+            let r = rv.agree("ready", v);
+            rv.close();
+            r
+        }));
+    }
+    let ids: Vec<u32> = (0..n).collect();
+    let mut rv = Rendezvous::coordinate(&l, &ids, &opts(0, 1), Duration::from_secs(5)).unwrap();
+    let mut out = vec![rv.agree("ready", values[0])];
+    rv.close();
+    out.extend(handles.into_iter().map(|h| h.join().unwrap()));
+    out
+}
+
+#[test]
+fn an_agree_barrier_passes_one_value_and_refuses_two() {
+    // The coordinator holds no value (a memory node), the others agree.
+    let r = agree_among(&[None, Some("tree 1000"), None, Some("tree 1000")]);
+    for x in &r {
+        assert_eq!(x.as_ref().unwrap().as_deref(), Some("tree 1000"));
+    }
+    // Nobody holds one.
+    for x in agree_among(&[None, None]) {
+        assert_eq!(x.unwrap(), None);
+    }
+    // Two values: every node fails, each told who held what.
+    for x in agree_among(&[None, Some("tree 1000"), Some("hash 1000")]) {
+        match x {
+            Err(ChannelError::Disagreed(why)) => {
+                assert!(
+                    why.contains("node 1: tree 1000") && why.contains("node 2: hash 1000"),
+                    "{why}"
+                );
+            }
+            other => panic!("expected a disagreement, got {other:?}"),
+        }
+    }
+}

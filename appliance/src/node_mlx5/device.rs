@@ -317,6 +317,7 @@ pub fn boot(
     cfg: &ClusterConfig,
     node: &NodeConfig,
     exec: &ExecutorConfig,
+    workload: Option<String>,
 ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
     let local = Mlx5Local::open(cfg, node, exec)?;
     let me = format!("loch node {}", node.id);
@@ -345,7 +346,7 @@ pub fn boot(
     let (mut rv, join_ns) = node::join(cfg, node.id)?;
     let t = Instant::now();
     let booted = local.connect(&mut rv)?;
-    node::memory_ready(&mut rv)?;
+    node::memory_ready(&mut rv, workload)?;
     let exchange_ns = t.elapsed().as_nanos() as u64;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores × {} memory nodes connected in {:.1} ms",
@@ -385,7 +386,7 @@ pub fn run(
     layout: Layout,
 ) -> Result<u8, NodeError> {
     let exec = node_compute::exec_config(o);
-    let (booted, rv, times) = boot(cfg, node, &exec)?;
+    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node))?;
     let me = format!("loch node {}", node.id);
     let code = if node.roles.compute {
         let c = Compute {
