@@ -37,8 +37,9 @@ enum Command {
     /// then the B+tree, then the hash table; on this host (emu) or
     /// simulated in virtual time (sim)
     Demo(DemoArgs),
-    /// Boot one node of a cluster file: a memory node serves until
-    /// SIGINT/SIGTERM, a compute node runs its workload
+    /// Boot one node of a cluster file: a memory node serves compute runs
+    /// (on emu any number, one after another) until SIGINT/SIGTERM, a
+    /// compute node runs its workload
     Node(NodeArgs),
     /// Run node N's preflight checks and print each, then whether the
     /// memory nodes can hold the workload `loch node` would run with the
