@@ -1,49 +1,42 @@
 //! A progress bar for the bulk load, drawn on stderr only when stderr is
-//! a terminal (scripts and pipes see nothing).
+//! a terminal (scripts and pipes see nothing). The drawing is indicatif's:
+//! the time left, redraws rate-limited, the line redrawn in place; the
+//! loaders only bump a counter.
 
-use std::io::{IsTerminal, Write};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// Cells of the bar.
-const WIDTH: usize = 30;
-/// Redraws at most this often.
-const EVERY: Duration = Duration::from_millis(100);
-
-/// The bar's text for `done` of `total`: `[#####.....]  50% 5/10 label`.
-pub fn bar(label: &str, done: u64, total: u64) -> String {
-    let done = done.min(total);
-    let frac = if total == 0 {
-        1.0
-    } else {
-        done as f64 / total as f64
-    };
-    let full = ((frac * WIDTH as f64) as usize).min(WIDTH);
-    format!(
-        "[{}{}] {:>3.0}% {done}/{total} {label}",
-        "#".repeat(full),
-        ".".repeat(WIDTH - full),
-        frac * 100.0
-    )
-}
+/// How the bar reads: `[#####.....]  50% 500,000/1,000,000 records loaded
+/// (sherman), 3s left`.
+const TEMPLATE: &str = "[{bar:30}] {percent:>3}% {human_pos}/{human_len} {msg}, {eta} left";
 
 pub struct Progress {
-    label: String,
-    total: u64,
+    bar: ProgressBar,
     done: Arc<AtomicU64>,
     tty: bool,
-    last: Option<Instant>,
 }
 
 impl Progress {
     pub fn new(label: impl Into<String>, total: u64) -> Progress {
+        let tty = std::io::stderr().is_terminal();
+        let target = if tty {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(Some(total), target);
+        // The template is a constant: a mistake in it is a bug, caught by
+        // the test below.
+        if let Ok(style) = ProgressStyle::with_template(TEMPLATE) {
+            bar.set_style(style.progress_chars("#."));
+        }
+        bar.set_message(label.into());
         Progress {
-            label: label.into(),
-            total,
+            bar,
             done: Arc::new(AtomicU64::new(0)),
-            tty: std::io::stderr().is_terminal(),
-            last: None,
+            tty,
         }
     }
 
@@ -57,29 +50,23 @@ impl Progress {
         self.done.clone()
     }
 
-    /// Redraws the bar if it is due.
+    /// Brings the bar up to the loaders' count (indicatif redraws it at
+    /// most 20 times a second).
     pub fn tick(&mut self) {
-        if !self.tty || self.last.is_some_and(|t| t.elapsed() < EVERY) {
-            return;
-        }
-        self.last = Some(Instant::now());
-        self.draw("");
+        // Relaxed: a display figure; the loaders' own completion is what
+        // the run waits for.
+        self.bar.set_position(self.done.load(Ordering::Relaxed));
     }
 
     /// Draws the bar at its final count and ends the line.
     pub fn finish(&mut self) {
-        if self.tty && self.last.is_some() {
-            self.draw("\n");
+        self.tick();
+        self.bar.finish();
+        if self.tty {
+            // indicatif leaves the cursor on the bar's line; what follows
+            // starts on its own.
+            eprintln!();
         }
-    }
-
-    fn draw(&self, end: &str) {
-        // Relaxed: a display figure; the loaders' own completion is what
-        // the run waits for.
-        let done = self.done.load(Ordering::Relaxed);
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r{}{end}", bar(&self.label, done, self.total));
-        let _ = err.flush();
     }
 }
 
@@ -88,19 +75,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bar_fills_with_the_count() {
-        assert_eq!(
-            bar("records", 0, 10),
-            format!("[{}]   0% 0/10 records", ".".repeat(WIDTH))
-        );
-        assert_eq!(
-            bar("records", 5, 10),
-            format!("[{}{}]  50% 5/10 records", "#".repeat(15), ".".repeat(15))
-        );
-        assert_eq!(
-            bar("r", 12, 10),
-            format!("[{}] 100% 10/10 r", "#".repeat(WIDTH))
-        );
-        assert!(bar("r", 0, 0).contains("100%"));
+    fn the_template_parses_and_the_bar_follows_the_count() {
+        assert!(ProgressStyle::with_template(TEMPLATE).is_ok());
+        let mut p = Progress::new("records", 10);
+        p.counter().fetch_add(5, Ordering::Relaxed);
+        p.tick();
+        assert_eq!(p.bar.position(), 5);
+        p.counter().fetch_add(5, Ordering::Relaxed);
+        p.finish();
+        assert_eq!(p.bar.position(), 10);
+        assert!(p.bar.is_finished());
     }
 }
