@@ -129,6 +129,11 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
             good_text.replace("\"compute\"", "\"gpu\""),
             "unknown role",
         ),
+        (
+            "unitless.toml",
+            good_text.replace("memory = \"16MiB\"", "memory = 16"),
+            "16 has no unit",
+        ),
     ];
     for (name, text, expect) in cases {
         let f = write(&dir, name, &text);
