@@ -168,8 +168,8 @@ struct DemoArgs {
     #[arg(long, value_name = "N")]
     fault_seed: Option<u64>,
     /// One `loch node` process per node over the control channel (2
-    /// memory + 2 compute nodes on 127.0.0.1), a fresh cluster per
-    /// workload (emu only)
+    /// memory + 2 compute nodes on 127.0.0.1): the memory nodes serve one
+    /// compute run per workload (emu only)
     #[arg(long)]
     processes: bool,
     /// With --processes: the workload to run: verbs, tree, hash or all

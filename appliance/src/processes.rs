@@ -1,14 +1,16 @@
 //! `loch demo --processes`: the whole cluster on this host as one `loch
 //! node` process per node, over the authenticated control channel.
 //!
-//! For each workload (as `loch demo`: the verb mix, then the B+tree, then
-//! the hash table; `--workload` picks one), a fresh cluster: writes a
-//! temporary cluster file and secret (a 0700 directory, 0600 files) for 2
-//! memory nodes and 2 compute nodes on 127.0.0.1 with free ports, starts
-//! the processes (`loch node --workload W`), waits for the compute nodes
-//! (bounded), reads each memory node's shared FAA counter by attaching to
-//! it (verbs), stops the memory nodes with SIGTERM, and prints a summary
-//! with checks. Every path out kills what it started and removes its files.
+//! Writes a temporary cluster file and secret (a 0700 directory, 0600
+//! files) for 2 memory nodes and 2 compute nodes on 127.0.0.1 with free
+//! ports and starts the memory nodes once. Then for each workload (as
+//! `loch demo`: the verb mix, then the B+tree, then the hash table;
+//! `--workload` picks one) it starts the compute nodes (`loch node
+//! --workload W`) against the same memory nodes, which serve one run after
+//! another, waits for them (bounded), and for the verb mix reads each
+//! memory node's shared FAA counter by attaching to it. At the end it stops
+//! the memory nodes with SIGTERM and prints a summary with checks. Every
+//! path out kills what it started and removes its files.
 
 use crate::node::{emu_node_path, Workload};
 use crate::node_work::FAA_OFFSET;
@@ -205,23 +207,45 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "loch demo summary (emu backend, {} processes per cluster: {} memory nodes, {} compute nodes × {} cores × {} tasks)",
+        "loch demo summary (emu backend, {} processes: {} memory nodes serving a run of {} compute nodes × {} cores × {} tasks per workload)",
         cfg.memory_nodes + cfg.compute_nodes,
         cfg.memory_nodes,
         cfg.compute_nodes,
         cfg.cores_per_compute,
         cfg.tasks_per_core
     );
+    let (dir, file) = write_cluster(cfg)?;
+    let cluster = ClusterConfig::load(&file).map_err(|e| e.to_string())?;
+    let mut launch = Launch {
+        nodes: Processes::new(),
+        node_files: cluster
+            .nodes
+            .iter()
+            .filter(|n| n.roles.memory)
+            .map(|n| emu_node_path(&cluster, n.id))
+            .collect(),
+        _dir: dir,
+    };
+    start_nodes(cfg, None, &cluster, &file, &mut launch)?;
     let mut ok = true;
     for &w in &cfg.workloads {
         if cmdline::signals::stop_requested() {
-            // SIGINT/SIGTERM: the summary covers the clusters that ran.
+            // SIGINT/SIGTERM: the summary covers the runs that ran.
             break;
         }
-        let (section, pass) = run_cluster(cfg, w)?;
+        let (section, pass) = run_workload(cfg, w, &cluster, &file, &mut launch)?;
         text.push_str(&section);
         ok &= pass;
     }
+    let memory_clean = stop_memory_nodes(&cluster, &mut launch.nodes);
+    let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
+    let pass = memory_clean && files_removed;
+    ok &= pass;
+    let _ = writeln!(
+        text,
+        "  check: memory nodes served every run, stopped on SIGTERM and removed their files: {}",
+        if pass { "ok" } else { "FAILED" }
+    );
     let _ = writeln!(
         text,
         "  wall time           {:.2} s",
@@ -230,29 +254,22 @@ pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
     Ok(ProcessesReport { text, ok })
 }
 
-/// One cluster of processes running workload `w`: its summary section and
-/// whether its checks passed.
-fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), String> {
+/// One compute run of workload `w` against the running memory nodes: its
+/// summary section and whether its checks passed.
+fn run_workload(
+    cfg: &ProcessesConfig,
+    w: Workload,
+    cluster: &ClusterConfig,
+    file: &Path,
+    launch: &mut Launch,
+) -> Result<(String, bool), String> {
     let start_unix_ns = unix_ns();
-    let (dir, file) = write_cluster(cfg)?;
-    let mut launch = Launch {
-        nodes: Processes::new(),
-        node_files: Vec::new(),
-        _dir: dir,
-    };
-    let cluster = ClusterConfig::load(&file).map_err(|e| e.to_string())?;
-    launch.node_files = cluster
-        .nodes
-        .iter()
-        .filter(|n| n.roles.memory)
-        .map(|n| emu_node_path(&cluster, n.id))
-        .collect();
-    start_nodes(cfg, w, &cluster, &file, &mut launch)?;
+    start_nodes(cfg, Some(w), cluster, file, launch)?;
     // Compute nodes: each ends after --seconds; allow the rendezvous, the
     // index load and teardown on top, then give up (Launch's Drop kills
     // everything).
     let by = Instant::now() + Duration::from_secs_f64(cfg.seconds) + Duration::from_secs(90);
-    let (results, exit_ok) = compute_results(&cluster, &mut launch.nodes, by)?;
+    let (results, exit_ok) = compute_results(cluster, &mut launch.nodes, by)?;
     let counters = if w == Workload::Verbs {
         let eps: Result<Vec<EmuEndpoint>, String> = launch
             .node_files
@@ -263,8 +280,6 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
     } else {
         Vec::new()
     };
-    let memory_clean = stop_memory_nodes(&cluster, &mut launch.nodes);
-    let files_removed = launch.node_files.iter().all(|f| !Path::new(f).exists());
     let t = Totals::of(&results, cfg.memory_nodes, start_unix_ns);
     let mut text = section_stats(cfg, w, &t);
     let mut ok = true;
@@ -306,39 +321,45 @@ fn run_cluster(cfg: &ProcessesConfig, w: Workload) -> Result<(String, bool), Str
         ),
         exit_ok && results.len() == cfg.compute_nodes && t.ops > 0,
     );
-    check(
-        "memory nodes stopped on SIGTERM and removed their files".into(),
-        memory_clean && files_removed,
-    );
     Ok((text, ok))
 }
 
-/// Starts one `loch node` process per node of `cluster` (compute nodes
-/// with the workload's flags and their stdout piped) into `launch`.
+/// Starts one `loch node` process per node of `cluster` into `launch`:
+/// the memory nodes (`w` is `None`), or the compute nodes of a run of
+/// workload `w` (with its flags, their stdout piped).
 fn start_nodes(
     cfg: &ProcessesConfig,
-    w: Workload,
+    w: Option<Workload>,
     cluster: &ClusterConfig,
     file: &Path,
     launch: &mut Launch,
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the loch binary: {e}"))?;
-    eprintln!(
-        "loch demo: {} workload: starting {} memory + {} compute node processes ({} cores × {} tasks each), cluster file {}",
-        w.name(),
-        cfg.memory_nodes,
-        cfg.compute_nodes,
-        cfg.cores_per_compute,
-        cfg.tasks_per_core,
-        file.display()
-    );
-    for n in &cluster.nodes {
+    match w {
+        None => eprintln!(
+            "loch demo: starting {} memory node processes, cluster file {}",
+            cfg.memory_nodes,
+            file.display()
+        ),
+        Some(w) => eprintln!(
+            "loch demo: {} workload: starting {} compute node processes ({} cores × {} tasks each)",
+            w.name(),
+            cfg.compute_nodes,
+            cfg.cores_per_compute,
+            cfg.tasks_per_core,
+        ),
+    }
+    for n in cluster
+        .nodes
+        .iter()
+        .filter(|n| n.roles.compute == w.is_some())
+    {
         let mut cmd = Command::new(&exe);
         cmd.arg("node")
             .arg("--config")
             .arg(file)
             .args(["--id", &n.id.to_string()]);
-        if n.roles.compute {
+        if let Some(w) = w {
             cmd.args(["--seconds", &cfg.seconds.to_string()])
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
                 .args(["--workload", w.name()])

@@ -280,7 +280,7 @@ fn sigint_to_demo_processes_reaches_its_nodes_and_exits_130() {
     for check in [
         "FAA counter",
         "every compute node ran and exited 0 (2 results): ok",
-        "memory nodes stopped on SIGTERM and removed their files: ok",
+        "memory nodes served every run, stopped on SIGTERM and removed their files: ok",
     ] {
         assert!(stdout.contains(check), "{check}: {stdout}");
     }

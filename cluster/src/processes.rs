@@ -122,7 +122,15 @@ impl Processes {
 
     /// Starts node `id`'s process from `cmd` (stdin closed). Whatever of
     /// stdout and stderr `cmd` pipes is collected for [`Processes::output`].
+    /// A node's earlier process, once exited, is replaced (a compute node
+    /// started again for the next run); a running one is an error.
     pub fn spawn(&mut self, id: u32, cmd: &mut Command) -> Result<(), String> {
+        if let Some(i) = self.nodes.iter().position(|n| n.id == id) {
+            if matches!(self.nodes[i].child.try_wait(), Ok(None)) {
+                return Err(format!("node {id} is still running"));
+            }
+            self.nodes.remove(i);
+        }
         let mut child = cmd
             .stdin(Stdio::null())
             .spawn()
@@ -261,9 +269,16 @@ mod tests {
         .unwrap();
         ps.spawn(1, Command::new("sleep").arg("30")).unwrap();
         ps.spawn(2, Command::new("sleep").arg("30")).unwrap();
+        assert!(ps
+            .spawn(2, &mut Command::new("true"))
+            .unwrap_err()
+            .contains("still running"));
         let by = Instant::now() + Duration::from_secs(10);
         assert!(ps.wait(0, by).unwrap().success());
         assert_eq!(ps.output(0), ("out\n".into(), "err\n".into()));
+        // An exited node is started again (the next run's compute node).
+        ps.spawn(0, &mut Command::new("true")).unwrap();
+        assert!(ps.wait(0, by).unwrap().success());
         // Still running: the bounded wait gives up.
         assert!(ps.wait(1, Instant::now()).is_none());
         let s = ps.terminate(1, by).expect("sleep ignores no SIGTERM");
