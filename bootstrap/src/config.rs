@@ -452,18 +452,17 @@ impl Check<'_> {
         let mut nodes = Vec::with_capacity(raw_nodes.len());
         let mut ids = HashSet::new();
         let mut addresses = HashSet::new();
+        let mut all_roles = Vec::with_capacity(raw_nodes.len());
         for (i, n) in raw_nodes.iter().enumerate() {
-            if let Some(node) = self.node(i, n, &mut ids, &mut addresses, errs) {
+            let roles = keep(errs, self.roles(i, &n.roles));
+            all_roles.push(roles);
+            if let Some(node) = self.node(i, n, roles, &mut ids, &mut addresses, errs) {
                 nodes.push(node);
             }
         }
         // Which roles the cluster lacks, once every node's roles are
         // known (a misspelt role is its own problem, not this one too).
-        let roles: Option<Vec<Roles>> = raw_nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| self.roles(i, &n.roles).ok())
-            .collect();
+        let roles: Option<Vec<Roles>> = all_roles.into_iter().collect();
         if let Some(roles) = roles {
             if !roles.iter().any(|r| r.memory) {
                 errs.push(self.err("nodes", "no node has the \"memory\" role".into()));
@@ -479,13 +478,15 @@ impl Check<'_> {
         Some(nodes)
     }
 
-    /// Node `i` of the file; `ids` and `addresses` are the earlier nodes'
-    /// (this one's join them). Each field is checked whatever the others
-    /// hold; `None` if any failed.
+    /// Node `i` of the file, whose `roles` were checked already (`None`:
+    /// they failed); `ids` and `addresses` are the earlier nodes' (this
+    /// one's join them). Each field is checked whatever the others hold;
+    /// `None` if any failed.
     fn node(
         &self,
         i: usize,
         n: &RawNode,
+        roles: Option<Roles>,
         ids: &mut HashSet<u32>,
         addresses: &mut HashSet<String>,
         errs: &mut Vec<ConfigError>,
@@ -505,7 +506,6 @@ impl Check<'_> {
                     false => Err(self.err(&f("id"), format!("duplicate node id {id}"))),
                 }),
         );
-        let roles = keep(errs, self.roles(i, &n.roles));
         let address = keep(
             errs,
             check_address(&n.address)
@@ -515,13 +515,16 @@ impl Check<'_> {
                     false => Err(self.err(&f("address"), format!("duplicate address {a}"))),
                 }),
         );
-        let cores = keep(errs, self.cores(i, &n.cores));
-        if let (Some(r), Some(c)) = (roles, &cores) {
-            if r.compute && c.is_empty() {
-                errs.push(self.err(&f("cores"), "a compute node needs at least one core".into()));
-                return None;
-            }
-        }
+        let cores = keep(
+            errs,
+            self.cores(i, &n.cores).and_then(|c| {
+                if c.is_empty() && roles.is_some_and(|r| r.compute) {
+                    Err(self.err(&f("cores"), "a compute node needs at least one core".into()))
+                } else {
+                    Ok(c)
+                }
+            }),
+        );
         let memory_bytes = roles.and_then(|r| keep(errs, self.memory(i, n, r)));
         Some(NodeConfig {
             id: id?,

@@ -403,6 +403,18 @@ fn every_problem_of_a_file_is_reported_in_one_run() {
     let shown = e.to_string();
     assert_eq!(shown.lines().count(), 5, "{shown}");
     assert!(shown.lines().all(|l| l.contains("cluster.toml")), "{shown}");
+    // A compute node without cores is one problem; its memory key, which
+    // only memory nodes may have, is another.
+    let (_dir, file) = setup(
+        "two-in-a-node",
+        &GOOD.replace("cores = [4, 5]", "cores = []\nmemory = \"1MiB\""),
+    );
+    let e = ClusterConfig::load(&file).unwrap_err();
+    let fields: Vec<&str> = std::iter::once(&e)
+        .chain(&e.more)
+        .map(|e| e.field.as_str())
+        .collect();
+    assert_eq!(fields, ["nodes[0].cores", "nodes[0].memory"]);
     // A file with one problem still reports exactly one.
     let (_dir, file) = setup("one", &GOOD.replace("port = 1", "port = 999"));
     assert_eq!(ClusterConfig::load(&file).unwrap_err().count(), 1);
