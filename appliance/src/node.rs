@@ -14,8 +14,9 @@
 //! previous run's index from the memory nodes before loading its own, and
 //! each verb task zeroes its own words before checking them. (On mlx5 the
 //! memory nodes pair queue pairs with each run's cores, so there one run
-//! is served; see [`crate::node_mlx5`].) Compute role (emu): wait for the memory nodes (the
-//! exchange and the "memory-ready" barrier), attach to every memory node
+//! is served; see [`crate::node_mlx5`].) Compute role (emu): wait for the
+//! memory nodes (the exchange and the "memory-ready" barrier), attach to
+//! every memory node
 //! by path, and run the `--workload` with [`crate::node_compute`], the
 //! compute role of every backend: the verb mix of [`crate::node_work`], or
 //! an index ([`crate::node_index`]: the lowest-id compute node creates and
@@ -168,7 +169,7 @@ pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
     let fits = workload_fits(o, &cfg, node);
-    let what = format!("--workload {} --records {}", o.workload.name(), o.records);
+    let what = workload_flags(o);
     match &fits {
         Ok(_) => cmdline::outln!(
             "node {} ok   {:<10} the memory nodes hold {what}",
@@ -313,10 +314,16 @@ fn join_keeping(
 /// an index, the records loaded; `None` for a node without the compute
 /// role (it runs no workload).
 pub fn workload_agreement(o: &NodeOptions, node: &NodeConfig) -> Option<String> {
-    node.roles.compute.then(|| match o.workload.index() {
+    node.roles.compute.then(|| workload_flags(o))
+}
+
+/// The flags that say what a compute node runs: the workload and, for an
+/// index, the records loaded.
+fn workload_flags(o: &NodeOptions) -> String {
+    match o.workload.index() {
         Some(_) => format!("--workload {} --records {}", o.workload.name(), o.records),
         None => format!("--workload {}", o.workload.name()),
-    })
+    }
 }
 
 /// Waits at "memory-ready" (every node does, once the backend's exchange
@@ -399,12 +406,6 @@ fn serve_compute_runs(
     me: &str,
 ) -> Result<u64, NodeError> {
     index_ready(rv)?;
-    let memory: Vec<u32> = cfg
-        .nodes
-        .iter()
-        .filter(|n| n.roles.memory)
-        .map(|n| n.id)
-        .collect();
     let mut members: Vec<u32> = cfg
         .nodes
         .iter()
@@ -412,23 +413,16 @@ fn serve_compute_runs(
         .map(|n| n.id)
         .collect();
     members.push(id);
-    let relayed = Directory {
-        endpoints: Vec::new(),
-        regions: first
-            .regions
-            .iter()
-            .filter(|r| r.node_id != id && memory.contains(&r.node_id))
-            .cloned()
-            .collect(),
-    };
+    // Only memory nodes publish regions: ours, and the others' to relay.
+    let (own, others): (Vec<Region>, Vec<Region>) =
+        first.regions.iter().cloned().partition(|r| r.node_id == id);
     let mine = Directory {
         endpoints: Vec::new(),
-        regions: first
-            .regions
-            .iter()
-            .filter(|r| r.node_id == id)
-            .cloned()
-            .collect(),
+        regions: own,
+    };
+    let relayed = Directory {
+        endpoints: Vec::new(),
+        regions: others,
     };
     // Quiet while idle: a memory node may wait for hours between runs.
     let opts = channel_options(cfg, id)?;

@@ -461,29 +461,22 @@ async fn clear_index_memory<N: Nic>(
     index_bytes: u64,
 ) -> Result<(), String> {
     use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
-    // Within a loader slot's 64 KiB of scratch.
-    const PIECE: u64 = 16 << 10;
-    let zeros = vec![0u8; PIECE as usize];
-    let word = [0u8; 8];
     for &m in memory {
         let at = |off| GlobalAddr::host(m, off);
         let mut words = vec![CHUNK_CURSOR_OFF];
         if m == 0 {
             words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
         }
-        for w in words {
-            ctx.write(at(w), &word)
-                .await
-                .map_err(|e| format!("clearing memory node {m}: {e}"))?;
+        let chunks = index_bytes.saturating_sub(first_chunk_off());
+        async {
+            for w in words {
+                ctx.write(at(w), &[0u8; 8]).await?;
+            }
+            // In pieces within a loader slot's 64 KiB of scratch.
+            node_work::write_zeros(ctx, at(first_chunk_off()), chunks, 16 << 10).await
         }
-        let mut off = first_chunk_off();
-        while off < index_bytes {
-            let len = PIECE.min(index_bytes - off) as usize;
-            ctx.write(at(off), &zeros[..len])
-                .await
-                .map_err(|e| format!("clearing memory node {m}: {e}"))?;
-            off += len as u64;
-        }
+        .await
+        .map_err(|e| format!("clearing memory node {m}: {e}"))?;
     }
     Ok(())
 }

@@ -158,6 +158,24 @@ impl CoreState {
     }
 }
 
+/// Writes `len` zero bytes at `at`, one WRITE per `piece` bytes (each must
+/// fit the task's scratch); the first failed WRITE is the error.
+pub async fn write_zeros<N: Nic>(
+    ctx: &Ctx<N>,
+    at: GlobalAddr,
+    len: u64,
+    piece: u64,
+) -> Result<(), VerbError> {
+    let zeros = vec![0u8; piece.min(len) as usize];
+    let mut off = 0;
+    while off < len {
+        let n = piece.min(len - off);
+        ctx.write(at.add(off), &zeros[..n as usize]).await?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// One task: the self-checking verb mix [`Mix::NODE`] over `nodes` until
 /// `stop()` or `deadline_ns` (the NIC clock).
 pub async fn task<N: Nic>(
@@ -171,19 +189,12 @@ pub async fn task<N: Nic>(
 ) {
     let mut shadow = vec![vec![0u64; TASK_WORDS as usize]; nodes.len()];
     // Memory nodes outlive compute runs: a slot's words may hold an
-    // earlier run's values, so the task zeroes them before it checks any.
-    // In pieces within a slot's 4 KiB of scratch.
-    const PIECE: u64 = 2048;
-    let zeros = [0u8; PIECE as usize];
+    // earlier run's values, so the task zeroes them before it checks any
+    // (in pieces within a slot's 4 KiB of scratch).
     for (idx, &node) in nodes.iter().enumerate() {
-        for off in (0..AREA_BYTES).step_by(PIECE as usize) {
-            if let Err(e) = ctx
-                .write(GlobalAddr::host(node, area_offset + off), &zeros)
-                .await
-            {
-                st.failed(idx, &e);
-                break;
-            }
+        let area = GlobalAddr::host(node, area_offset);
+        if let Err(e) = write_zeros(&ctx, area, AREA_BYTES, 2048).await {
+            st.failed(idx, &e);
         }
     }
     while ctx.now_ns() < deadline_ns && !stop() {
