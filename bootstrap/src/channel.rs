@@ -583,6 +583,37 @@ pub struct Rendezvous {
 
 const EXCHANGE: &str = "exchange";
 
+/// What an [`Rendezvous::agree`] barrier carries in its wire name: a value
+/// held (`name=value`; `name?` for none), or, in a release only, the
+/// disagreement (`name!why`).
+enum Agreed {
+    Held(Option<String>),
+    Refused(String),
+}
+
+impl Agreed {
+    fn tag(&self, name: &str) -> String {
+        match self {
+            Agreed::Held(Some(v)) => format!("{name}={v}"),
+            Agreed::Held(None) => format!("{name}?"),
+            Agreed::Refused(why) => format!("{name}!{why}"),
+        }
+    }
+
+    /// `s` read as a tag of `name`; `None` if it is not one.
+    fn untag(name: &str, s: &str) -> Option<Agreed> {
+        let rest = s.strip_prefix(name)?;
+        if rest == "?" {
+            return Some(Agreed::Held(None));
+        }
+        if let Some(v) = rest.strip_prefix('=') {
+            return Some(Agreed::Held(Some(v.to_string())));
+        }
+        rest.strip_prefix('!')
+            .map(|why| Agreed::Refused(why.to_string()))
+    }
+}
+
 impl Rendezvous {
     /// As coordinator: accepts and authenticates until every node in
     /// `members` has joined, or `timeout` passes. Connections that fail the
@@ -866,13 +897,7 @@ impl Rendezvous {
         name: &str,
         mine: Option<&str>,
     ) -> Result<Option<String>, ChannelError> {
-        // On the wire: a barrier named `name=value` (`name?` for none), and
-        // a release named `name=agreed`, `name?`, or `name!why`.
-        let tag = |v: Option<&str>| match v {
-            Some(v) => format!("{name}={v}"),
-            None => format!("{name}?"),
-        };
-        let own = tag(mine);
+        let own = Agreed::Held(mine.map(str::to_string)).tag(name);
         assert!(
             own.len() <= NAME_BYTES_MAX && !name.contains(['=', '?', '!']),
             "agree: a plain name, and name and value within {NAME_BYTES_MAX} bytes"
@@ -904,11 +929,7 @@ impl Rendezvous {
                             )))
                         }
                     };
-                    let value = if got == format!("{name}?") {
-                        None
-                    } else if let Some(v) = got.strip_prefix(&format!("{name}=")) {
-                        Some(v.to_string())
-                    } else {
+                    let Some(Agreed::Held(value)) = Agreed::untag(name, &got) else {
                         return Err(ch.protocol(format!("expected barrier `{name}`, got `{got}`")));
                     };
                     held.push((ch.peer_id, value));
@@ -918,8 +939,8 @@ impl Rendezvous {
                 values.sort();
                 values.dedup();
                 let release = match values.as_slice() {
-                    [] => format!("{name}?"),
-                    [one] => format!("{name}={one}"),
+                    [] => Agreed::Held(None).tag(name),
+                    [one] => Agreed::Held(Some(one.to_string())).tag(name),
                     _ => {
                         let who: Vec<String> = held
                             .iter()
@@ -936,7 +957,7 @@ impl Rendezvous {
                             why.truncate(cut);
                             why.push_str("...");
                         }
-                        format!("{name}!{why}")
+                        Agreed::Refused(why).tag(name)
                     }
                 };
                 for ch in members.iter_mut() {
@@ -948,17 +969,15 @@ impl Rendezvous {
                 (release, me)
             }
         };
-        if release == format!("{name}?") {
-            Ok(None)
-        } else if let Some(v) = release.strip_prefix(&format!("{name}=")) {
-            Ok(Some(v.to_string()))
-        } else if let Some(why) = release.strip_prefix(&format!("{name}!")) {
-            Err(ChannelError::Disagreed(format!("at `{name}`: {why}")))
-        } else {
-            Err(ChannelError::Protocol {
+        match Agreed::untag(name, &release) {
+            Some(Agreed::Held(v)) => Ok(v),
+            Some(Agreed::Refused(why)) => {
+                Err(ChannelError::Disagreed(format!("at `{name}`: {why}")))
+            }
+            None => Err(ChannelError::Protocol {
                 peer: from,
                 why: format!("the release of `{name}` was `{release}`"),
-            })
+            }),
         }
     }
 
