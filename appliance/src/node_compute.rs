@@ -573,18 +573,14 @@ fn drive<N: Nic>(
 }
 
 /// Writes `hist` to `path` as JSON, `[[value_ns, count], …]` over its
-/// recorded buckets: written aside, then renamed, so a reader never sees
-/// half of it.
+/// recorded buckets, whole ([`cmdline::write_atomic`]).
 fn write_histogram(path: &std::path::Path, hist: &Histogram<u64>) -> Result<(), String> {
     let pairs: Vec<[u64; 2]> = hist
         .iter_recorded()
         .map(|v| [v.value_iterated_to(), v.count_at_value()])
         .collect();
     let text = serde_json::to_string(&pairs).map_err(|e| e.to_string())?;
-    let aside = path.with_extension("partial");
-    std::fs::write(&aside, text)
-        .and_then(|_| std::fs::rename(&aside, path))
-        .map_err(|e| format!("cannot write the histogram to {}: {e}", path.display()))
+    cmdline::write_atomic(path, text.as_bytes()).map_err(|e| format!("the latency histogram: {e}"))
 }
 
 /// Sums the cores' results, prints the JSON line and the summary; returns

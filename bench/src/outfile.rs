@@ -3,7 +3,6 @@
 //! temporary name first and then renamed, so a file either appears whole or
 //! not at all.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The folder a new file `path` would go in ("" means the current one).
@@ -69,25 +68,7 @@ pub fn tagged(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Writes `contents` to `path` whole: a temporary file beside it, synced,
-/// then renamed over `path`. On failure the temporary file is removed.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    r.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot write `{}`: {e}", path.display())
-    })
-}
+pub use cmdline::write_atomic;
 
 #[cfg(test)]
 mod tests {

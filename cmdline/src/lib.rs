@@ -4,7 +4,8 @@
 //! family of Unix tools: the same `--version` line ([`version`]), bad input
 //! reported in one line with clap's suggestion ([`one_line`]) and exit code
 //! [`EXIT_BAD_INPUT`], output that ends quietly when its reader goes away
-//! ([`mod@out`]), and SIGINT/SIGTERM as a flag their loops poll ([`signals`]).
+//! ([`mod@out`]), files written whole ([`write_atomic`]), and SIGINT/SIGTERM
+//! as a flag their loops poll ([`signals`]).
 
 pub mod out;
 pub mod signals;
@@ -43,6 +44,28 @@ pub fn version(backends: &[&str]) -> String {
         env!("LOCH_GIT_COMMIT"),
         backends.join(", ")
     )
+}
+
+/// Writes `contents` to `path` whole: a temporary file beside it, synced,
+/// then renamed over `path`, so a reader sees the old file or the new one,
+/// never half of it. On failure the temporary file is removed.
+pub fn write_atomic(path: &std::path::Path, contents: &[u8]) -> Result<(), String> {
+    use std::io::Write as _;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    r.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write `{}`: {e}", path.display())
+    })
 }
 
 /// CPUs online on this machine (at least 1).
@@ -230,6 +253,24 @@ mod tests {
         assert!(online >= 1);
         assert!(!warn_if_oversubscribed("t", "cores", online));
         assert!(warn_if_oversubscribed("t", "cores", online + 1));
+    }
+
+    #[test]
+    fn a_file_is_written_whole_and_no_temporary_is_left() {
+        let dir = std::env::temp_dir().join(format!("loch-cmdline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("out.json");
+        write_atomic(&f, b"old").unwrap();
+        write_atomic(&f, b"new").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"new");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+        let e = write_atomic(&dir.join("no/such/dir/x"), b"x").unwrap_err();
+        assert!(e.contains("cannot write"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
