@@ -1,7 +1,9 @@
-//! SVG line charts for `loch-bench run --plot`: the latency CDF of each
-//! system, and throughput against client threads. Hand-written SVG 1.1
-//! (a few hundred bytes of markup per chart; a plotting crate would bring
-//! fonts and dozens of dependencies for two charts). Output is a complete,
+//! Line charts for `loch-bench run --plot`: the latency CDF of each
+//! system, and throughput against client threads, as SVG and PNG. One
+//! layout (frame, ticks, thinned labels, legend) is drawn through a small
+//! `Canvas` for both: SVG 1.1 written here (a few hundred bytes of markup;
+//! exact, text selectable, no font needed), PNG by plotters' bitmap backend
+//! with a TrueType font found on the machine. The SVG is a complete,
 //! self-contained document whose text is XML-escaped; any finite input
 //! gives a well-formed chart, and empty input a chart that says "no data".
 
@@ -41,8 +43,15 @@ const RIGHT: f64 = 200.0;
 const TOP: f64 = 44.0;
 const BOTTOM: f64 = 58.0;
 /// Okabe–Ito: distinguishable with colour-blindness.
-const COLORS: [&str; 8] = [
-    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
+const COLORS: [Rgb; 8] = [
+    Rgb(0x00, 0x72, 0xB2),
+    Rgb(0xD5, 0x5E, 0x00),
+    Rgb(0x00, 0x9E, 0x73),
+    Rgb(0xCC, 0x79, 0xA7),
+    Rgb(0xE6, 0x9F, 0x00),
+    Rgb(0x56, 0xB4, 0xE9),
+    Rgb(0x00, 0x00, 0x00),
+    Rgb(0xF0, 0xE4, 0x42),
 ];
 
 /// Quantiles drawn for a latency CDF: every percent, then the tail.
@@ -63,8 +72,21 @@ pub fn cdf_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// A chart in both formats: the SVG always, the PNG where a font was found.
+pub struct Drawn {
+    pub svg: String,
+    pub png: Result<Vec<u8>, PngError>,
+}
+
+fn both(c: &Chart) -> Drawn {
+    Drawn {
+        svg: svg(c),
+        png: png(c),
+    }
+}
+
 /// A latency CDF, one line per named histogram.
-pub fn latency_cdf_svg(title: &str, systems: &[(String, &Histogram<u64>)]) -> String {
+pub fn latency_cdf(title: &str, systems: &[(String, &Histogram<u64>)]) -> Drawn {
     let series: Vec<Series> = systems
         .iter()
         .map(|(name, h)| Series {
@@ -72,7 +94,7 @@ pub fn latency_cdf_svg(title: &str, systems: &[(String, &Histogram<u64>)]) -> St
             points: cdf_points(h),
         })
         .collect();
-    svg(&Chart {
+    both(&Chart {
         title,
         x_label: "latency (µs, log scale)",
         y_label: "fraction of operations",
@@ -84,7 +106,7 @@ pub fn latency_cdf_svg(title: &str, systems: &[(String, &Histogram<u64>)]) -> St
 }
 
 /// Throughput (ops/s) against total client threads, one line per system.
-pub fn throughput_svg(title: &str, series: &[Series]) -> String {
+pub fn throughput(title: &str, series: &[Series]) -> Drawn {
     let mops: Vec<Series> = series
         .iter()
         .map(|s| Series {
@@ -92,7 +114,7 @@ pub fn throughput_svg(title: &str, series: &[Series]) -> String {
             points: s.points.iter().map(|&(x, y)| (x, y / 1e6)).collect(),
         })
         .collect();
-    svg(&Chart {
+    both(&Chart {
         title,
         x_label: "client threads in all",
         y_label: "throughput (Mops/s)",
@@ -289,142 +311,401 @@ fn placeable(c: &Chart, p: &(f64, f64)) -> bool {
     p.0.is_finite() && p.1.is_finite() && (c.x_scale == Scale::Linear || p.0 > 0.0)
 }
 
-/// The chart as an SVG document.
-pub fn svg(c: &Chart) -> String {
+/// An sRGB colour.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+struct Rgb(u8, u8, u8);
+
+const BLACK: Rgb = Rgb(0, 0, 0);
+const WHITE: Rgb = Rgb(255, 255, 255);
+const GRID: Rgb = Rgb(0xdd, 0xdd, 0xdd);
+const MUTED: Rgb = Rgb(0x88, 0x88, 0x88);
+
+/// Where a text's x coordinate is: its start, middle or end.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Anchor {
+    Start,
+    Middle,
+    End,
+}
+
+/// How a text is set: 12 px black unless changed; `vertical` text reads
+/// bottom to top.
+#[derive(Copy, Clone, Debug)]
+struct Font {
+    size: f64,
+    anchor: Anchor,
+    vertical: bool,
+    color: Rgb,
+}
+
+impl Font {
+    const fn at(anchor: Anchor) -> Font {
+        Font {
+            size: 12.0,
+            anchor,
+            vertical: false,
+            color: BLACK,
+        }
+    }
+}
+
+/// The few shapes a chart is drawn with, in chart pixels (y down). The SVG
+/// and PNG writers implement them; the chart's layout is drawn once,
+/// through this, for both.
+trait Canvas {
+    fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: Option<Rgb>, stroke: Option<Rgb>);
+    fn line(&mut self, a: (f64, f64), b: (f64, f64), color: Rgb, width: f64);
+    /// `at.1` is the text's baseline.
+    fn text(&mut self, at: (f64, f64), text: &str, font: Font);
+    /// A series' line; `name` labels it where the format can (a tooltip).
+    fn polyline(&mut self, pts: &[(f64, f64)], color: Rgb, width: f64, name: &str);
+    fn dot(&mut self, x: f64, y: f64, r: f64, color: Rgb);
+}
+
+/// The points a chart places, and its frame.
+fn layout(c: &Chart) -> (Frame, bool) {
     let pts: Vec<(f64, f64)> = c
         .series
         .iter()
         .flat_map(|s| s.points.iter().copied())
         .filter(|p| placeable(c, p))
         .collect();
-    let f = Frame::new(c, &pts);
-    let mut o = frame_svg(c, &f, pts.is_empty());
-    series_svg(&mut o, c, &f);
-    o.push_str("</svg>\n");
-    o
+    (Frame::new(c, &pts), pts.is_empty())
 }
 
-/// The document's head, title, grid, ticks, axes and labels.
-fn frame_svg(c: &Chart, f: &Frame, empty: bool) -> String {
-    let (pw, ph) = (f.pw, f.ph);
-    let (xt, yt) = (&f.xt, &f.yt);
-    let sx = |x: f64| f.sx(x);
-    let sy = |y: f64| f.sy(y);
-    let mut o = String::with_capacity(8 << 10);
-    let _ = writeln!(o, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
+/// The chart as an SVG document.
+pub fn svg(c: &Chart) -> String {
+    let (f, empty) = layout(c);
+    let mut o = Svg(String::with_capacity(8 << 10));
+    let _ = writeln!(o.0, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
     let _ = writeln!(
-        o,
+        o.0,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(o, "<title>{}</title>", escape(c.title));
-    let _ = writeln!(
-        o,
-        r#"<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>"#
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
-        LEFT + pw / 2.0,
-        escape(c.title)
-    );
-    // Grid and ticks; crowded x labels thinned.
-    let texts: Vec<String> = xt.iter().map(|&t| label(t)).collect();
-    let xs: Vec<f64> = xt.iter().map(|&t| sx(t)).collect();
-    let widths: Vec<f64> = texts.iter().map(|t| label_width(t)).collect();
-    let major: Vec<bool> = xt
-        .iter()
-        .map(|&t| f.scale != Scale::Log10 || t.log10().fract().abs() < 1e-9)
-        .collect();
-    let keep = labelled(&xs, &widths, &major, 6.0);
-    for ((&x, text), keep) in xs.iter().zip(&texts).zip(keep) {
-        let _ = writeln!(
-            o,
-            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/>"##,
-            TOP + ph,
-        );
-        if keep {
-            let _ = writeln!(
-                o,
-                r##"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{text}</text>"##,
-                TOP + ph + 16.0,
-            );
-        }
-    }
-    for &t in yt {
-        let y = sy(t);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y + 4.0,
-            label(t)
-        );
-    }
-    let _ = writeln!(
-        o,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-        LEFT + pw / 2.0,
-        H - 16.0,
-        escape(c.x_label)
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">{}</text>"#,
-        TOP + ph / 2.0,
-        TOP + ph / 2.0,
-        escape(c.y_label)
-    );
-    if empty {
-        let _ = writeln!(
-            o,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#888">no data</text>"##,
-            LEFT + pw / 2.0,
-            TOP + ph / 2.0
-        );
-    }
-    o
+    let _ = writeln!(o.0, "<title>{}</title>", escape(c.title));
+    draw(&mut o, c, &f, empty);
+    o.0.push_str("</svg>\n");
+    o.0
 }
 
-/// Each series' line (and markers) and its legend entry.
-fn series_svg(o: &mut String, c: &Chart, f: &Frame) {
-    let sx = |x: f64| f.sx(x);
-    let sy = |y: f64| f.sy(y);
-    // Lines and legend.
+/// Title, grid, ticks, axes, labels, then each series' line (and markers)
+/// and its legend entry.
+fn draw(o: &mut dyn Canvas, c: &Chart, f: &Frame, empty: bool) {
+    let (pw, ph) = (f.pw, f.ph);
+    o.rect(0.0, 0.0, W, H, Some(WHITE), None);
+    o.text(
+        (LEFT + pw / 2.0, 24.0),
+        c.title,
+        Font {
+            size: 15.0,
+            ..Font::at(Anchor::Middle)
+        },
+    );
+    // Grid and ticks; crowded x labels thinned.
+    let texts: Vec<String> = f.xt.iter().map(|&t| label(t)).collect();
+    let xs: Vec<f64> = f.xt.iter().map(|&t| f.sx(t)).collect();
+    let widths: Vec<f64> = texts.iter().map(|t| label_width(t)).collect();
+    let major: Vec<bool> =
+        f.xt.iter()
+            .map(|&t| f.scale != Scale::Log10 || t.log10().fract().abs() < 1e-9)
+            .collect();
+    let keep = labelled(&xs, &widths, &major, 6.0);
+    for ((&x, text), keep) in xs.iter().zip(&texts).zip(keep) {
+        o.line((x, TOP), (x, TOP + ph), GRID, 1.0);
+        if keep {
+            o.text((x, TOP + ph + 16.0), text, Font::at(Anchor::Middle));
+        }
+    }
+    for &t in &f.yt {
+        let y = f.sy(t);
+        o.line((LEFT, y), (LEFT + pw, y), GRID, 1.0);
+        o.text((LEFT - 6.0, y + 4.0), &label(t), Font::at(Anchor::End));
+    }
+    o.rect(LEFT, TOP, pw, ph, None, Some(BLACK));
+    o.text(
+        (LEFT + pw / 2.0, H - 16.0),
+        c.x_label,
+        Font::at(Anchor::Middle),
+    );
+    o.text(
+        (18.0, TOP + ph / 2.0),
+        c.y_label,
+        Font {
+            vertical: true,
+            ..Font::at(Anchor::Middle)
+        },
+    );
+    if empty {
+        o.text(
+            (LEFT + pw / 2.0, TOP + ph / 2.0),
+            "no data",
+            Font {
+                color: MUTED,
+                ..Font::at(Anchor::Middle)
+            },
+        );
+    }
     for (i, s) in c.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let line: Vec<String> = s
+        let line: Vec<(f64, f64)> = s
             .points
             .iter()
             .filter(|p| placeable(c, p))
-            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .map(|&(x, y)| (f.sx(x), f.sy(y)))
             .collect();
-        let _ = writeln!(
-            o,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
-            line.join(" "),
-            escape(&s.name)
-        );
+        o.polyline(&line, color, 2.0, &s.name);
         if c.markers {
-            for p in &line {
-                let (x, y) = p.split_once(',').unwrap_or(("0", "0"));
-                let _ = writeln!(o, r#"<circle cx="{x}" cy="{y}" r="3.5" fill="{color}"/>"#);
+            for &(x, y) in &line {
+                o.dot(x, y, 3.5, color);
             }
         }
         let ly = TOP + 10.0 + i as f64 * 20.0;
         let lx = W - RIGHT + 16.0;
+        o.line((lx, ly), (lx + 24.0, ly), color, 3.0);
+        o.text((lx + 30.0, ly + 4.0), &s.name, Font::at(Anchor::Start));
+    }
+}
+
+/// SVG 1.1 markup, one element a line.
+struct Svg(String);
+
+impl std::fmt::Display for Rgb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{:02x}{:02x}{:02x}", self.0, self.1, self.2)
+    }
+}
+
+impl Canvas for Svg {
+    fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: Option<Rgb>, stroke: Option<Rgb>) {
+        let fill = fill.map_or("none".to_string(), |c| c.to_string());
+        let stroke = stroke.map_or(String::new(), |c| format!(r#" stroke="{c}""#));
         let _ = writeln!(
-            o,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{:.1}">{}</text>"#,
-            lx + 24.0,
-            lx + 30.0,
-            ly + 4.0,
-            escape(&s.name)
+            self.0,
+            r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}"{stroke}/>"#
         );
+    }
+
+    fn line(&mut self, a: (f64, f64), b: (f64, f64), color: Rgb, width: f64) {
+        let _ = writeln!(
+            self.0,
+            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="{width}"/>"#,
+            a.0, a.1, b.0, b.1
+        );
+    }
+
+    fn text(&mut self, (x, y): (f64, f64), text: &str, font: Font) {
+        let Font {
+            size,
+            anchor,
+            vertical,
+            color,
+        } = font;
+        let anchor = match anchor {
+            Anchor::Start => "start",
+            Anchor::Middle => "middle",
+            Anchor::End => "end",
+        };
+        let turn = if vertical {
+            format!(r#" transform="rotate(-90 {x:.1} {y:.1})""#)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            self.0,
+            r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}" font-size="{size}" fill="{color}"{turn}>{}</text>"#,
+            escape(text)
+        );
+    }
+
+    fn polyline(&mut self, pts: &[(f64, f64)], color: Rgb, width: f64, name: &str) {
+        let pts: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        let _ = writeln!(
+            self.0,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="{width}" points="{}"><title>{}</title></polyline>"#,
+            pts.join(" "),
+            escape(name)
+        );
+    }
+
+    fn dot(&mut self, x: f64, y: f64, r: f64, color: Rgb) {
+        let _ = writeln!(
+            self.0,
+            r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{color}"/>"#
+        );
+    }
+}
+
+/// Why a PNG could not be drawn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PngError(pub String);
+
+/// The font family PNG text is drawn in, once registered.
+const PNG_FAMILY: &str = "loch-sans";
+
+/// Where PNG text comes from: `LOCH_PLOT_FONT` if set, else the first of
+/// the usual places of a sans-serif TrueType font (Debian and Ubuntu's
+/// fonts-dejavu-core, Fedora's, Liberation, macOS). Read and registered
+/// once per process; the file's bytes live as long as the process.
+fn png_font() -> Result<(), PngError> {
+    static FONT: std::sync::OnceLock<Result<(), PngError>> = std::sync::OnceLock::new();
+    FONT.get_or_init(|| {
+        const PLACES: &[&str] = &[
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+            "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
+            "/Library/Fonts/Arial.ttf",
+            "/System/Library/Fonts/Supplemental/Arial.ttf",
+        ];
+        let chosen = match std::env::var_os("LOCH_PLOT_FONT") {
+            Some(p) => std::path::PathBuf::from(p),
+            None => PLACES
+                .iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| p.is_file())
+                .ok_or_else(|| {
+                    PngError(
+                        "no TrueType font for PNG text: set LOCH_PLOT_FONT=FILE.ttf, or install \
+                         one (Debian and Ubuntu: fonts-dejavu-core)"
+                            .into(),
+                    )
+                })?,
+        };
+        let bytes = std::fs::read(&chosen)
+            .map_err(|e| PngError(format!("PNG font `{}`: {e}", chosen.display())))?;
+        // One font per process, kept for its life: plotters holds
+        // registered fonts by 'static reference.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font(PNG_FAMILY, plotters::style::FontStyle::Normal, bytes)
+            .map_err(|_| {
+                PngError(format!(
+                    "PNG font `{}` is not a TrueType or OpenType font",
+                    chosen.display()
+                ))
+            })
+    })
+    .clone()
+}
+
+/// The chart as a PNG image of the same layout as its SVG, drawn by
+/// plotters' bitmap backend.
+pub fn png(c: &Chart) -> Result<Vec<u8>, PngError> {
+    png_font()?;
+    let (f, empty) = layout(c);
+    let (w, h) = (W as u32, H as u32);
+    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    {
+        let mut o = Bitmap {
+            b: plotters::prelude::BitMapBackend::with_buffer(&mut rgb, (w, h)),
+            failed: None,
+        };
+        draw(&mut o, c, &f, empty);
+        if let Some(e) = o.failed {
+            return Err(PngError(format!("drawing the PNG: {e}")));
+        }
+    }
+    let mut out = Vec::with_capacity(64 << 10);
+    let mut enc = png::Encoder::new(&mut out, w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut wr = enc
+        .write_header()
+        .map_err(|e| PngError(format!("encoding the PNG: {e}")))?;
+    wr.write_image_data(&rgb)
+        .map_err(|e| PngError(format!("encoding the PNG: {e}")))?;
+    wr.finish()
+        .map_err(|e| PngError(format!("encoding the PNG: {e}")))?;
+    Ok(out)
+}
+
+/// plotters' RGB bitmap, keeping the first drawing error.
+struct Bitmap<'a> {
+    b: plotters::prelude::BitMapBackend<'a>,
+    failed: Option<String>,
+}
+
+impl Bitmap<'_> {
+    fn keep<E: std::fmt::Display>(&mut self, r: Result<(), E>) {
+        if let (Err(e), None) = (r, &self.failed) {
+            self.failed = Some(e.to_string());
+        }
+    }
+}
+
+fn px(p: (f64, f64)) -> (i32, i32) {
+    (p.0.round() as i32, p.1.round() as i32)
+}
+
+fn color(c: Rgb) -> plotters::style::RGBColor {
+    plotters::style::RGBColor(c.0, c.1, c.2)
+}
+
+impl Canvas for Bitmap<'_> {
+    fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: Option<Rgb>, stroke: Option<Rgb>) {
+        use plotters::prelude::*;
+        let (a, b) = (px((x, y)), px((x + w, y + h)));
+        if let Some(c) = fill {
+            let r = self.b.draw_rect(a, b, &color(c).filled(), true);
+            self.keep(r);
+        }
+        if let Some(c) = stroke {
+            let r = self.b.draw_rect(a, b, &color(c).stroke_width(1), false);
+            self.keep(r);
+        }
+    }
+
+    fn line(&mut self, a: (f64, f64), b: (f64, f64), c: Rgb, width: f64) {
+        use plotters::prelude::*;
+        let style = color(c).stroke_width(width.round() as u32);
+        let r = self.b.draw_line(px(a), px(b), &style);
+        self.keep(r);
+    }
+
+    fn text(&mut self, (x, y): (f64, f64), text: &str, font: Font) {
+        let Font {
+            size,
+            anchor,
+            vertical,
+            color: c,
+        } = font;
+        use plotters::prelude::*;
+        use plotters::style::text_anchor::{HPos, Pos, VPos};
+        let h = match anchor {
+            Anchor::Start => HPos::Left,
+            Anchor::Middle => HPos::Center,
+            Anchor::End => HPos::Right,
+        };
+        let mut style = (PNG_FAMILY, size)
+            .into_font()
+            .color(&color(c))
+            .pos(Pos::new(h, VPos::Top));
+        // The font backend puts the baseline half a size below the
+        // position, so the position is half a size above the baseline
+        // (left of it for vertical text, whose "down" is to the right).
+        let at = if vertical {
+            style = style.transform(FontTransform::Rotate270);
+            (x - size / 2.0, y)
+        } else {
+            (x, y - size / 2.0)
+        };
+        let r = self.b.draw_text(text, &style, px(at));
+        self.keep(r);
+    }
+
+    fn polyline(&mut self, pts: &[(f64, f64)], c: Rgb, width: f64, _name: &str) {
+        use plotters::prelude::*;
+        let style = color(c).stroke_width(width.round() as u32);
+        let r = self.b.draw_path(pts.iter().map(|&p| px(p)), &style);
+        self.keep(r);
+    }
+
+    fn dot(&mut self, x: f64, y: f64, r: f64, c: Rgb) {
+        use plotters::prelude::*;
+        let res = self
+            .b
+            .draw_circle(px((x, y)), r.round() as u32, &color(c).filled(), true);
+        self.keep(res);
     }
 }
 
@@ -496,26 +777,28 @@ mod tests {
             h.record(v).unwrap();
         }
         let empty = cluster::stats::latency_histogram();
-        let doc = latency_cdf_svg(
+        let doc = latency_cdf(
             "a <b> & \"c\"",
             &[("fg+comb".into(), &h), ("x<y&z".into(), &empty)],
-        );
+        )
+        .svg;
         let n = well_formed(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         assert!(n > 10);
         assert_eq!(doc.matches("<polyline").count(), 2);
         assert!(doc.contains("x&lt;y&amp;z"));
         // 1.5 µs .. 150 µs on a log axis: decades 1 .. 1000 µs.
         assert!(doc.contains(">1000</text>") && doc.contains(">1</text>"));
-        let t = throughput_svg(
+        let t = throughput(
             "sweep",
             &[Series {
                 name: "sherman".into(),
                 points: vec![(4.0, 1e6), (8.0, 1.9e6), (16.0, 3.5e6)],
             }],
-        );
+        )
+        .svg;
         well_formed(&t).unwrap_or_else(|e| panic!("{e}\n{t}"));
         assert_eq!(t.matches("<circle").count(), 3);
-        let none = throughput_svg("nothing", &[]);
+        let none = throughput("nothing", &[]).svg;
         well_formed(&none).unwrap();
         assert!(none.contains("no data"));
         assert!(well_formed("<?xml version=\"1.0\" encoding=\"UTF-8\"?><svg><g></svg>").is_err());
@@ -552,6 +835,55 @@ mod tests {
                 assert!(k, "decade {t} lost its label");
             }
         }
+    }
+
+    /// The PNG is a real image of the chart: a valid PNG of the chart's
+    /// size, each series' colour on it, and text drawn (dark pixels in the
+    /// title's band, which no line reaches). Needs a TrueType font, which
+    /// `.ci/run` installs (fonts-dejavu-core).
+    #[test]
+    fn png_charts_draw_lines_and_text() {
+        let mut h = cluster::stats::latency_histogram();
+        for v in [1500u64, 2000, 2100, 9000, 150_000] {
+            h.record(v).unwrap();
+        }
+        let drawn = latency_cdf("Latency CDF", &[("sherman".into(), &h), ("fg".into(), &h)]);
+        let bytes = drawn.png.unwrap_or_else(|e| panic!("{}", e.0));
+        let dec = png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut r = dec.read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size()];
+        let info = r.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (W as u32, H as u32));
+        assert_eq!(info.color_type, png::ColorType::Rgb);
+        let at = |x: u32, y: u32| {
+            let i = ((y * info.width + x) * 3) as usize;
+            Rgb(buf[i], buf[i + 1], buf[i + 2])
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut dark_in_title = 0;
+        for y in 0..info.height {
+            for x in 0..info.width {
+                let c = at(x, y);
+                seen.insert(c);
+                if y < 30 && c.0 < 100 && c.1 < 100 && c.2 < 100 {
+                    dark_in_title += 1;
+                }
+            }
+        }
+        // The second series is drawn over the first; the legend shows both.
+        assert!(seen.contains(&COLORS[0]) && seen.contains(&COLORS[1]));
+        assert!(
+            dark_in_title > 50,
+            "no title text: {dark_in_title} dark pixels"
+        );
+        // A font that is not one is a clear error, not a panic: checked
+        // on the loader's parse, as the process keeps its first font.
+        assert!(plotters::style::register_font(
+            "not-a-font",
+            plotters::style::FontStyle::Normal,
+            b"not a font"
+        )
+        .is_err());
     }
 
     #[test]

@@ -640,7 +640,7 @@ fn svg_elements(doc: &str) -> Vec<String> {
 }
 
 #[test]
-fn plot_writes_well_formed_svgs() {
+fn plot_writes_well_formed_svgs_and_pngs() {
     let dir = scratch("plot");
     let plots = dir.join("plots");
     run_ok(&tiny(&[
@@ -653,8 +653,19 @@ fn plot_writes_well_formed_svgs() {
     ]));
     assert_eq!(
         listing(&plots),
-        ["latency-cdf-t1.svg", "latency-cdf-t2.svg", "throughput.svg"]
+        [
+            "latency-cdf-t1.png",
+            "latency-cdf-t1.svg",
+            "latency-cdf-t2.png",
+            "latency-cdf-t2.svg",
+            "throughput.png",
+            "throughput.svg"
+        ]
     );
+    for f in ["latency-cdf-t1.png", "latency-cdf-t2.png", "throughput.png"] {
+        let png = std::fs::read(plots.join(f)).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{f} is not a PNG");
+    }
     for f in ["latency-cdf-t1.svg", "latency-cdf-t2.svg", "throughput.svg"] {
         let doc = std::fs::read_to_string(plots.join(f)).unwrap();
         let names = svg_elements(&doc);
@@ -675,7 +686,19 @@ fn plot_writes_well_formed_svgs() {
     // One thread count: one CDF, no throughput chart.
     let one = dir.join("one");
     run_ok(&tiny(&["--ops", "20", "--plot", one.to_str().unwrap()]));
-    assert_eq!(listing(&one), ["latency-cdf.svg"]);
+    assert_eq!(listing(&one), ["latency-cdf.png", "latency-cdf.svg"]);
+    // No font to be had: the SVGs, a warning naming the way out, exit 0.
+    let nofont = dir.join("nofont");
+    let out = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(tiny(&["--ops", "20", "--plot", nofont.to_str().unwrap()]))
+        .env("LOCH_PLOT_FONT", dir.join("no-such.ttf"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(listing(&nofont), ["latency-cdf.svg"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("SVG only").count(), 1, "{err}");
+    assert!(err.contains("no-such.ttf"), "{err}");
 }
 
 #[test]

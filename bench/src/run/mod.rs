@@ -161,9 +161,12 @@ pub struct RunArgs {
     /// virtual ms of the workload, or within --seconds (sim only)
     #[arg(long, value_name = "N")]
     fault_seed: Option<u64>,
-    /// Write SVG charts into DIR: latency-cdf.svg, one line per system
-    /// (latency-cdf-tN.svg per point of a --threads list), and for a list
-    /// throughput.svg, ops/s against client threads in all
+    /// Write charts into DIR, each as SVG and PNG: latency-cdf.svg/.png,
+    /// one line per system (latency-cdf-tN per point of a --threads list),
+    /// and for a list throughput.svg/.png, ops/s against client threads in
+    /// all. PNG text needs a TrueType font: LOCH_PLOT_FONT=FILE, else
+    /// DejaVu or Liberation Sans where the system keeps them (without one,
+    /// SVG only and a warning)
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
 }

@@ -39,14 +39,11 @@ pub(crate) fn write_plots(
             first.compute_nodes
         );
         let name = if points.len() == 1 {
-            "latency-cdf.svg".to_string()
+            "latency-cdf".to_string()
         } else {
-            format!("latency-cdf-t{t}.svg")
+            format!("latency-cdf-t{t}")
         };
-        outfile::write_atomic(
-            &dir.join(name),
-            plot::latency_cdf_svg(&title, &series).as_bytes(),
-        )?;
+        write_chart(dir, &name, plot::latency_cdf(&title, &series))?;
     }
     if points.len() > 1 {
         let mut series: Vec<plot::Series> = Vec::new();
@@ -67,12 +64,23 @@ pub(crate) fn write_plots(
             s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         let title = format!("Throughput: {what}");
-        outfile::write_atomic(
-            &dir.join("throughput.svg"),
-            plot::throughput_svg(&title, &series).as_bytes(),
-        )?;
+        write_chart(dir, "throughput", plot::throughput(&title, &series))?;
     }
     Ok(())
+}
+
+/// NAME.svg, and NAME.png unless no font could be had for it: then the
+/// reason is said once per process and the SVG stands alone.
+fn write_chart(dir: &Path, name: &str, drawn: plot::Drawn) -> Result<(), String> {
+    outfile::write_atomic(&dir.join(format!("{name}.svg")), drawn.svg.as_bytes())?;
+    match drawn.png {
+        Ok(png) => outfile::write_atomic(&dir.join(format!("{name}.png")), &png),
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("loch-bench run: warning: --plot: SVG only: {}", e.0));
+            Ok(())
+        }
+    }
 }
 
 /// What the table's columns mean, printed under it.
