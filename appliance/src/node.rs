@@ -12,9 +12,10 @@
 //! compute nodes, to which it relays every memory node's regions — while
 //! the other memory nodes sleep (a 50 ms loop). A run's loader clears the
 //! previous run's index from the memory nodes before loading its own, and
-//! each verb task zeroes its own words before checking them. (On mlx5 the
-//! memory nodes pair queue pairs with each run's cores, so there one run
-//! is served; see [`crate::node_mlx5`].) Compute role (emu): wait for the
+//! each verb task zeroes its own words before checking them. (On mlx5
+//! every memory node pairs queue pairs with each run's cores, so there
+//! each later run is a rendezvous of the whole cluster; see
+//! [`crate::node_mlx5`]. Both loop in [`serve_runs`].) Compute role (emu): wait for the
 //! memory nodes (the exchange and the "memory-ready" barrier), attach to
 //! every memory node
 //! by path, and run the `--workload` with [`crate::node_compute`], the
@@ -249,8 +250,9 @@ fn channel_failed(what: &str, e: ChannelError) -> NodeError {
 }
 
 /// The channel options of node `id`: the cluster secret, and waits that a
-/// signal ends within their 100 ms poll.
-fn channel_options(cfg: &ClusterConfig, id: u32) -> Result<ChannelOptions, NodeError> {
+/// signal ends within their 100 ms poll; quiet while waiting (a serving
+/// memory node may wait for hours between runs).
+pub fn channel_options(cfg: &ClusterConfig, id: u32) -> Result<ChannelOptions, NodeError> {
     let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
     let mut opts = ChannelOptions::new(id, secret);
     opts.cancel = Some(Cancel::new(signals::stop_requested));
@@ -266,7 +268,7 @@ pub fn join(cfg: &ClusterConfig, id: u32) -> Result<(Rendezvous, u64), NodeError
 
 /// [`join`], also returning the coordinator's listener (`None` for a
 /// member), for a memory node that goes on serving compute runs.
-fn join_keeping(
+pub fn join_keeping(
     cfg: &ClusterConfig,
     id: u32,
 ) -> Result<(Rendezvous, u64, Option<TcpListener>), NodeError> {
@@ -390,6 +392,95 @@ pub fn serve_memory(rv: Rendezvous) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// Where a memory node that goes on serving compute runs sits in each
+/// later run's rendezvous.
+pub enum Seat {
+    /// The coordinator: it listens, and a run is `members` joined.
+    Coordinator {
+        listener: TcpListener,
+        members: Vec<u32>,
+    },
+    /// Another memory node: it dials the coordinator for every run.
+    Member { addr: SocketAddr, coordinator: u32 },
+}
+
+/// Why a served run did not start. `started`: its first exchange had
+/// completed. Before that, a member's failure is most often the
+/// coordinator giving up a wait for compute nodes (every 30 s while the
+/// cluster is idle), and is not said.
+#[derive(Debug)]
+pub struct RunFailed {
+    pub started: bool,
+    pub why: String,
+}
+
+/// How long a served run's rendezvous waits for all its nodes before it
+/// starts over: a node that joined and died is then forgotten, so its
+/// restart can join the next try.
+const SERVED_RUN_WAIT: Duration = RENDEZVOUS_TIMEOUT;
+
+/// The memory role after the cluster's first run, on every backend: from
+/// `seat`, one rendezvous after another, each handed to `run` (the
+/// backend's part of one compute run, through its barriers), until `stop`
+/// (SIGINT/SIGTERM; `opts.cancel` ends any wait on the channel). A run
+/// that fails to start is said and the node waits for the next; it never
+/// ends the service. Returns the runs served.
+pub fn serve_runs(
+    opts: &ChannelOptions,
+    seat: &Seat,
+    me: &str,
+    stop: &dyn Fn() -> bool,
+    run: &mut dyn FnMut(&mut Rendezvous) -> Result<(), RunFailed>,
+) -> u64 {
+    let mut served = 0u64;
+    while !stop() {
+        let joined = match seat {
+            Seat::Coordinator { listener, members } => {
+                Rendezvous::coordinate(listener, members, opts, SERVED_RUN_WAIT)
+            }
+            Seat::Member { addr, coordinator } => {
+                Rendezvous::join(*addr, *coordinator, opts, SERVED_RUN_WAIT)
+            }
+        };
+        let mut rv = match joined {
+            Ok(rv) => rv,
+            Err(ChannelError::Cancelled) => break,
+            // No run yet (or the coordinator between tries): wait on.
+            Err(ChannelError::Timeout(_)) => continue,
+            Err(e) => {
+                if matches!(seat, Seat::Coordinator { .. }) {
+                    say(format_args!(
+                        "{me}: a compute run could not join: {}",
+                        channel_problem(e)
+                    ));
+                } else {
+                    log::debug!("{me}: joining a compute run: {}", channel_problem(e));
+                    // The coordinator is up but busy, or going down.
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                continue;
+            }
+        };
+        match run(&mut rv) {
+            Ok(()) => {
+                rv.close();
+                served += 1;
+                say(format_args!(
+                    "{me}: compute run {} joined and started",
+                    served + 1
+                ));
+            }
+            Err(_) if stop() => break,
+            Err(f) if f.started || matches!(seat, Seat::Coordinator { .. }) => say(format_args!(
+                "{me}: a compute run failed to start: {}",
+                f.why
+            )),
+            Err(f) => log::debug!("{me}: an idle rendezvous ended: {}", f.why),
+        }
+    }
+    served
+}
+
 /// The memory role of the coordinator on emu, once the cluster's first run
 /// has booted: it goes on serving compute runs until SIGINT/SIGTERM. Each
 /// later run is a rendezvous of the coordinator and the compute nodes (the
@@ -426,42 +517,50 @@ fn serve_compute_runs(
     };
     // Quiet while idle: a memory node may wait for hours between runs.
     let opts = channel_options(cfg, id)?;
-    let mut served = 0u64;
     say(format_args!(
         "{me}: serving compute runs until SIGINT/SIGTERM"
     ));
-    loop {
-        let mut rv = match Rendezvous::coordinate(&listener, &members, &opts, RENDEZVOUS_TIMEOUT) {
-            Ok(rv) => rv,
-            Err(ChannelError::Cancelled) => return Ok(served),
-            Err(ChannelError::Timeout(_)) => continue, // no run yet: wait on
-            Err(e) => {
-                say(format_args!(
-                    "{me}: a compute run could not join: {}",
-                    channel_problem(e)
-                ));
-                continue;
-            }
-        };
-        let run = rv
-            .exchange_relaying(&mine, &relayed)
-            .and_then(|_| rv.agree(MEMORY_READY, None).map(drop))
-            .and_then(|_| rv.barrier(INDEX_READY));
-        match run {
-            Ok(()) => {
-                rv.close();
-                served += 1;
-                say(format_args!(
-                    "{me}: compute run {} joined and started",
-                    served + 1
-                ));
-            }
-            Err(ChannelError::Cancelled) => return Ok(served),
-            Err(e) => say(format_args!(
-                "{me}: a compute run failed to start: {}",
-                channel_problem(e)
-            )),
-        }
+    let seat = Seat::Coordinator { listener, members };
+    Ok(serve_runs(
+        &opts,
+        &seat,
+        me,
+        &signals::stop_requested,
+        &mut |rv| {
+            rv.exchange_relaying(&mine, &relayed)
+                .map_err(|e| RunFailed {
+                    started: false,
+                    why: channel_problem(e),
+                })?;
+            rv.agree(MEMORY_READY, None)
+                .map(drop)
+                .and_then(|_| rv.barrier(INDEX_READY))
+                .map_err(|e| RunFailed {
+                    started: true,
+                    why: channel_problem(e),
+                })
+        },
+    ))
+}
+
+/// A memory node's seat in later runs, when the cluster's memory
+/// nodes outlive compute runs: the coordinator must be a memory-only node
+/// (a compute coordinator leaves with its run). `listener` is the
+/// coordinator's, kept from the first run. `None`: serve one run.
+pub fn memory_seat(cfg: &ClusterConfig, listener: Option<TcpListener>) -> Option<Seat> {
+    let coord = cfg.coordinator();
+    if coord.roles.compute {
+        return None;
+    }
+    match listener {
+        Some(listener) => Some(Seat::Coordinator {
+            listener,
+            members: cfg.nodes.iter().map(|n| n.id).collect(),
+        }),
+        None => Some(Seat::Member {
+            addr: resolve(&coord.address).ok()?,
+            coordinator: coord.id,
+        }),
     }
 }
 

@@ -649,6 +649,52 @@ fn per_core_links_connect_move_and_run() {
     });
 }
 
+/// What a memory node serving compute runs one after another does: each
+/// run's core pairs with a fresh responder, the node retires the run
+/// before's responders before pairing the next, and its memory (what the
+/// runs wrote) stays registered throughout.
+#[test]
+fn a_memory_node_serves_run_after_run() {
+    on_device(|h| {
+        let node = Arc::new(Mlx5MemoryNode::new(&h.nic, 3, HOST, DM).expect("memory node"));
+        let cfg = ExecutorConfig {
+            slots: 2,
+            ..Default::default()
+        };
+        for run in 0..3u64 {
+            assert_eq!(node.retire_responders(), usize::from(run > 0), "run {run}");
+            assert_eq!(node.responders(), 0);
+            let mut core = Mlx5CoreQps::prepare(&h.nic, &[3], cfg.qp_depth()).expect("prepare");
+            for (_, ep) in core.endpoints() {
+                core.connect(&node.accept(&ep).expect("accept"))
+                    .expect("connect");
+            }
+            assert_eq!(node.responders(), 1);
+            let (cq, qps) = core.into_parts().expect("connected");
+            let mr = h
+                .nic
+                .register(
+                    HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+                    Access::LOCAL_WRITE,
+                )
+                .unwrap();
+            let mut ex = Executor::new(h.nic.clone(), cq, qps, mr, cfg).expect("executor");
+            ex.spawn(move |ctx| async move {
+                for _ in 0..100 {
+                    ctx.faa(GlobalAddr::host(3, 128), 1).await.unwrap();
+                }
+            })
+            .unwrap();
+            ex.run();
+            // SAFETY: every request completed; 8-aligned word in the region.
+            let v = unsafe { std::ptr::read_volatile(node.host_ptr().add(128) as *const u64) };
+            assert_eq!(v, 100 * (run + 1), "run {run}");
+        }
+        node.shut_down();
+        assert_eq!((node.responders(), node.retire_responders()), (0, 0));
+    });
+}
+
 /// Remote addresses become region base plus offset into the region; device
 /// memory is zero-based; an offset outside every region still goes out (the
 /// responder refuses it).

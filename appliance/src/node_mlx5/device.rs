@@ -10,6 +10,7 @@ use bootstrap::config::{Backend, ClusterConfig};
 use bootstrap::config::{HugePages, NodeConfig};
 use bootstrap::wire::{QpInfo, Region, Space as WireSpace};
 use bootstrap::Rendezvous;
+use cmdline::signals;
 use nicdrv::mlx5::{
     DeviceConfig, Endpoint as NicEndpoint, Mlx5CoreQps, Mlx5Error, Mlx5MemoryNode, Mlx5Nic,
     QpEndpoint, RegionInfo,
@@ -166,7 +167,8 @@ impl Mlx5Local {
             lanes: self.lanes,
             cores: Vec::new(),
         };
-        let regions = connect_cluster(cp, &mut fabric, &self.top, self.id, self.regions())
+        let own = self.regions();
+        let regions = connect_cluster(cp, &mut fabric, &self.top, self.id, own.clone())
             .map_err(|e| NodeError::Failed(e.to_string()))?;
         if let Some(i) = fabric.cores.iter().position(|c| !c.is_connected()) {
             return Err(NodeError::Failed(format!(
@@ -179,6 +181,10 @@ impl Mlx5Local {
             memory: self.memory,
             cores: fabric.cores,
             regions,
+            listener: None,
+            top: self.top,
+            depth: self.depth,
+            own_regions: own,
         })
     }
 }
@@ -272,6 +278,10 @@ impl Fabric for DeviceFabric {
         core.connect(&ep)
             .map_err(|e| format!("{link}: connecting: {e}"))
     }
+
+    fn retire(&mut self) -> usize {
+        self.memory.as_ref().map_or(0, |m| m.retire_responders())
+    }
 }
 
 /// A booted node: its device, its memory node, and per core the
@@ -284,6 +294,12 @@ pub struct Mlx5Booted {
     pub cores: Vec<Mlx5CoreQps>,
     /// Every memory node's regions, by ascending id.
     pub regions: Vec<NodeRegions>,
+    /// The coordinator's listener, kept for later runs.
+    listener: Option<std::net::TcpListener>,
+    top: Topology,
+    depth: u32,
+    /// What this node published in exchange 1 (its memory's regions).
+    own_regions: Vec<Region>,
 }
 
 impl Mlx5Booted {
@@ -343,9 +359,10 @@ pub fn boot(
             }
         ));
     }
-    let (mut rv, join_ns) = node::join(cfg, node.id)?;
+    let (mut rv, join_ns, listener) = node::join_keeping(cfg, node.id)?;
     let t = Instant::now();
-    let booted = local.connect(&mut rv)?;
+    let mut booted = local.connect(&mut rv)?;
+    booted.listener = listener;
     node::memory_ready(&mut rv, workload)?;
     let exchange_ns = t.elapsed().as_nanos() as u64;
     say(format_args!(
@@ -407,12 +424,47 @@ pub fn run(
         };
         node_compute::run(&c, &cores, rv)?
     } else {
-        node::serve_memory(rv)?;
+        serve_later_runs(cfg, node.id, booted, rv, &me)?;
         0
     };
     say(format_args!("{me}: stopping"));
-    drop(booted.memory);
     Ok(code)
+}
+
+/// A memory-only node after the first run: where the coordinator is a
+/// memory-only node too, every memory node goes on serving compute runs
+/// until SIGINT/SIGTERM, each later run a rendezvous of the whole cluster
+/// in which this node retires the earlier runs' responders and pairs new
+/// ones with the run's cores ([`serve_memory_run`]); its memory stays
+/// registered throughout. Otherwise it serves the one run.
+fn serve_later_runs(
+    cfg: &ClusterConfig,
+    id: u32,
+    mut booted: Mlx5Booted,
+    rv: Rendezvous,
+    me: &str,
+) -> Result<(), NodeError> {
+    let Some(seat) = node::memory_seat(cfg, booted.listener.take()) else {
+        return node::serve_memory(rv);
+    };
+    node::index_ready(rv)?;
+    let opts = node::channel_options(cfg, id)?;
+    say(format_args!(
+        "{me}: serving compute runs until SIGINT/SIGTERM"
+    ));
+    let mut fabric = DeviceFabric {
+        nic: booted.nic.clone(),
+        memory: booted.memory.clone(),
+        depth: booted.depth,
+        lanes: 0,
+        cores: Vec::new(),
+    };
+    let (top, regions) = (&booted.top, &booted.own_regions);
+    let served = node::serve_runs(&opts, &seat, me, &signals::stop_requested, &mut |rv| {
+        serve_memory_run(rv, &mut fabric, top, id, regions)
+    });
+    log::debug!("{me}: served {served} compute runs after the first");
+    Ok(())
 }
 
 /// The compute cores' connected queue pairs, each taken once by its

@@ -34,7 +34,16 @@
 //!    "memory-ready"; for an index workload the lowest-id compute node
 //!    creates and loads the index (on its core 0's queue pairs); every node
 //!    meets at "index-ready" and closes the channel; compute nodes run, and
-//!    memory nodes serve until SIGINT/SIGTERM. The index's global locks use
+//!    memory nodes serve until SIGINT/SIGTERM.
+//! 5. Later runs, where the coordinator is a memory-only node: every
+//!    memory-only node stays up and meets each later run at a rendezvous of
+//!    the whole cluster (the coordinator keeps its listener; the others dial
+//!    it again after each run). There it destroys the responders of the
+//!    runs before — all compute nodes rejoined, so theirs have left — and
+//!    runs steps 1–4 with the new run's cores, its memory and lock table
+//!    registered as before ([`serve_memory_run`]). A run that fails to start
+//!    (mismatched workloads, a node that died while joining) is said and
+//!    the node waits for the next. The index's global locks use
 //!    the smallest lock table a memory node published
 //!    ([`lock_table_bytes`]), as a NIC may offer less device memory than
 //!    `lock_table_words` asks for.

@@ -3,7 +3,7 @@
 //! turn every malformed, duplicate, missing or foreign record into a
 //! [`PairError`]. No device here; tested without one.
 
-use crate::node::channel_problem;
+use crate::node::{channel_problem, RunFailed};
 use bootstrap::config::ClusterConfig;
 use bootstrap::wire::{Endpoint as WireEndpoint, QpInfo, Region, Space as WireSpace};
 use bootstrap::{Directory, Rendezvous};
@@ -513,6 +513,10 @@ pub trait Fabric {
     fn accept(&mut self, link: Link, peer: &QpInfo) -> Result<QpInfo, String>;
     /// Compute role: the queue pair of `link`, RTR/RTS towards `peer`.
     fn connect(&mut self, link: Link, peer: &QpInfo, regions: &NodeRegions) -> Result<(), String>;
+    /// Memory role, before a later run pairs: destroys the responders of
+    /// the runs before (their compute nodes have left: every compute node
+    /// rejoined for this run); returns how many.
+    fn retire(&mut self) -> usize;
 }
 
 /// Why connecting failed.
@@ -603,4 +607,53 @@ pub fn connect_cluster(
         error,
     })?;
     Ok(regions)
+}
+
+/// The control plane of a served run, counting the exchanges that
+/// completed (a run whose first exchange completed has started).
+struct Counted<'a> {
+    rv: &'a mut dyn ControlPlane,
+    exchanges: usize,
+}
+
+impl ControlPlane for Counted<'_> {
+    fn exchange(&mut self, mine: &Directory) -> Result<Directory, String> {
+        let d = self.rv.exchange(mine)?;
+        self.exchanges += 1;
+        Ok(d)
+    }
+    fn barrier(&mut self, name: &str) -> Result<(), String> {
+        self.rv.barrier(name)
+    }
+}
+
+/// A memory node's part in a later compute run, on a rendezvous of every
+/// node of the cluster ([`crate::node::serve_runs`]): retire the earlier
+/// runs' responders, pair with this run's compute cores
+/// ([`connect_cluster`], publishing `regions` again), then "memory-ready"
+/// and "index-ready" with the others. The memory and what it holds stay as
+/// they are; the run's loader clears the index it finds.
+pub fn serve_memory_run(
+    rv: &mut Rendezvous,
+    fabric: &mut dyn Fabric,
+    top: &Topology,
+    me: u32,
+    regions: &[Region],
+) -> Result<(), RunFailed> {
+    let retired = fabric.retire();
+    log::debug!("memory node {me}: {retired} responders of earlier runs retired");
+    let mut cp = Counted { rv, exchanges: 0 };
+    let paired = connect_cluster(&mut cp, fabric, top, me, regions.to_vec());
+    let started = cp.exchanges > 0;
+    paired.map_err(|e| RunFailed {
+        started,
+        why: e.to_string(),
+    })?;
+    rv.agree(crate::node::MEMORY_READY, None)
+        .map(drop)
+        .and_then(|_| rv.barrier(crate::node::INDEX_READY))
+        .map_err(|e| RunFailed {
+            started: true,
+            why: channel_problem(e),
+        })
 }

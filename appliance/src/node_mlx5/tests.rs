@@ -406,6 +406,7 @@ enum Event {
     Made { link: Link, qpn: u32 },
     Accepted { link: Link, peer: u32, qpn: u32 },
     Connected { link: Link, peer: u32, node: u16 },
+    Retired { node: u32, count: usize },
 }
 
 /// Queue pairs as numbers: node `id`'s n-th queue pair is id·1000 + n.
@@ -414,6 +415,8 @@ struct FakeFabric {
     lanes: u32,
     next: u32,
     log: Arc<Mutex<Vec<Event>>>,
+    /// Responders accepted and not yet retired.
+    live: usize,
 }
 
 impl FakeFabric {
@@ -452,6 +455,7 @@ impl Fabric for FakeFabric {
             peer: peer.qpn,
             qpn: n,
         });
+        self.live += 1;
         Ok(qp(n))
     }
     fn connect(&mut self, link: Link, peer: &QpInfo, regions: &NodeRegions) -> Result<(), String> {
@@ -462,6 +466,14 @@ impl Fabric for FakeFabric {
             node: regions.node,
         });
         Ok(())
+    }
+    fn retire(&mut self) -> usize {
+        let count = std::mem::take(&mut self.live);
+        self.log.lock().unwrap().push(Event::Retired {
+            node: self.id,
+            count,
+        });
+        count
     }
 }
 
@@ -494,6 +506,7 @@ fn the_protocol_connects_every_link_once() {
                         lanes: top.cores_of(id).unwrap_or(0),
                         next: 0,
                         log,
+                        live: 0,
                     };
                     let regions = if top.is_memory(id) {
                         vec![
@@ -574,6 +587,7 @@ fn fake(id: u32, lanes: u32) -> FakeFabric {
         lanes,
         next: 0,
         log: Arc::new(Mutex::new(Vec::new())),
+        live: 0,
     }
 }
 
@@ -628,6 +642,156 @@ fn a_bad_exchange_fails_the_node_with_the_reason() {
     }]);
     let e = connect_cluster(&mut cp, &mut fake(0, 0), &t, 0, Vec::new()).unwrap_err();
     assert!(e.to_string().contains("exchange 2"), "{e}");
+}
+
+/// Memory nodes that outlive compute runs, over the real control channel
+/// on loopback: memory nodes 0 (the coordinator) and 1 serve run after
+/// run ([`crate::node::serve_runs`] with [`serve_memory_run`]); compute
+/// nodes 2 (2 cores) and 3 (1 core) come for three runs, the second
+/// refused at "memory-ready" for mismatched workloads. Each run pairs
+/// every link afresh, each memory node retires the run before's
+/// responders first, the refused run ends no service, and a stop ends
+/// both memory nodes' waits.
+#[test]
+fn memory_nodes_pair_each_later_run_afresh() {
+    use crate::node::{serve_runs, Seat, INDEX_READY};
+    use bootstrap::channel::Cancel;
+    use bootstrap::{ChannelOptions, ClusterSecret, Rendezvous};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    // Relaxed: a flag polled until set; it publishes no other data.
+    let stop = || STOP.load(Ordering::Relaxed);
+    let opts = |id: u32| {
+        let mut o = ChannelOptions::new(id, ClusterSecret::new(vec![7; 32]));
+        o.cancel = Some(Cancel::new(stop));
+        o
+    };
+    let top = Topology::new(vec![0, 1], vec![(2, 2), (3, 1)]).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seats = [
+        Seat::Coordinator {
+            listener,
+            members: vec![0, 1, 2, 3],
+        },
+        Seat::Member {
+            addr,
+            coordinator: 0,
+        },
+    ];
+    let served: Vec<u64> = std::thread::scope(|s| {
+        let memory: Vec<_> = seats
+            .iter()
+            .enumerate()
+            .map(|(id, seat)| {
+                let (top, log, o) = (&top, log.clone(), opts(id as u32));
+                s.spawn(move || {
+                    let id = id as u32;
+                    let regions = vec![region(id, WireSpace::Host, 1 << 20)];
+                    let mut f = FakeFabric {
+                        id,
+                        lanes: 0,
+                        next: 0,
+                        log,
+                        live: 0,
+                    };
+                    serve_runs(&o, seat, "memory", &stop, &mut |rv| {
+                        serve_memory_run(rv, &mut f, top, id, &regions)
+                    })
+                })
+            })
+            .collect();
+        for (run, workloads) in [["verbs", "verbs"], ["tree", "verbs"], ["hash", "hash"]]
+            .iter()
+            .enumerate()
+        {
+            let outcomes: Vec<Result<(), String>> = [2u32, 3]
+                .iter()
+                .zip(workloads)
+                .map(|(&id, &w)| {
+                    let (top, log, o) = (&top, log.clone(), opts(id));
+                    s.spawn(move || {
+                        let mut rv = Rendezvous::join(addr, 0, &o, Duration::from_secs(30))
+                            .map_err(|e| e.to_string())?;
+                        let mut f = FakeFabric {
+                            id,
+                            lanes: top.cores_of(id).unwrap(),
+                            next: 100 * run as u32,
+                            log,
+                            live: 0,
+                        };
+                        let regions = connect_cluster(&mut rv, &mut f, top, id, Vec::new())
+                            .map_err(|e| e.to_string())?;
+                        assert_eq!(regions.len(), 2);
+                        crate::node::memory_ready(&mut rv, Some(format!("--workload {w}")))
+                            .map_err(|e| e.to_string())?;
+                        rv.barrier(INDEX_READY).map_err(|e| e.to_string())?;
+                        rv.close();
+                        Ok(())
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            if run == 1 {
+                for o in &outcomes {
+                    let e = o.as_ref().unwrap_err();
+                    assert!(e.contains("different workloads"), "{e}");
+                }
+            } else {
+                assert!(
+                    outcomes.iter().all(Result::is_ok),
+                    "run {run}: {outcomes:?}"
+                );
+            }
+        }
+        STOP.store(true, Ordering::Relaxed);
+        memory.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The refused run is not counted as served.
+    assert_eq!(served, [2, 2]);
+    let log = log.lock().unwrap();
+    // Per memory node: retire, then accept its 3 links (2 + 1 cores), per
+    // run; what a run retires is what the run before accepted.
+    for m in [0u32, 1] {
+        let mine: Vec<&Event> = log
+            .iter()
+            .filter(|e| match e {
+                Event::Retired { node, .. } => *node == m,
+                Event::Accepted { link, .. } => link.memory == m,
+                _ => false,
+            })
+            .collect();
+        let retired: Vec<usize> = mine
+            .iter()
+            .filter_map(|e| match e {
+                Event::Retired { count, .. } => Some(*count),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(retired, [0, 3, 3], "node {m}");
+        for run in mine.chunks(4) {
+            assert!(matches!(run[0], Event::Retired { .. }), "{run:?}");
+            let mut links: Vec<Link> = run[1..]
+                .iter()
+                .map(|e| match e {
+                    Event::Accepted { link, .. } => *link,
+                    e => panic!("{e:?}"),
+                })
+                .collect();
+            links.sort();
+            let want: Vec<Link> = top.links().filter(|l| l.memory == m).collect();
+            assert_eq!(links, want, "node {m}");
+        }
+    }
+    // Every compute queue pair of every run was connected to a responder.
+    let connected = log
+        .iter()
+        .filter(|e| matches!(e, Event::Connected { .. }))
+        .count();
+    assert_eq!(connected, 3 * top.links().count());
 }
 
 // ---- the cluster file and the no-device / no-feature paths ----

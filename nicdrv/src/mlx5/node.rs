@@ -284,6 +284,22 @@ impl Mlx5MemoryNode {
         }
     }
 
+    /// Destroys every responder made so far and goes on accepting: a node
+    /// that serves compute runs one after another drops the queue pairs of
+    /// runs whose compute nodes have left (a compute QP still using one
+    /// sees `RetryExceeded`). Returns how many were destroyed; 0 once shut
+    /// down.
+    pub fn retire_responders(&self) -> usize {
+        let mut guard = self.responders.lock().expect("responders lock");
+        guard.as_mut().map_or(0, |list| list.drain(..).count())
+    }
+
+    /// How many responders are live (0 once shut down).
+    pub fn responders(&self) -> usize {
+        let guard = self.responders.lock().expect("responders lock");
+        guard.as_ref().map_or(0, Vec::len)
+    }
+
     /// Stops answering, as a crashed node does: every responder QP is
     /// destroyed, so compute QPs see `RetryExceeded`.
     pub fn shut_down(&self) {
