@@ -609,6 +609,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         host_bytes: HOST_BYTES,
         dm_bytes: 256 << 10,
         compute_nodes: cfg.compute_nodes,
+        machines: 0,
         model,
         faults: cfg.faults.clone(),
     })

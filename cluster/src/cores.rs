@@ -112,7 +112,7 @@ pub fn run_threads<N: nicdrv::Nic, R: Send>(
 pub fn run_task_factory<N: nicdrv::Nic>(
     threads: usize,
     tasks: usize,
-    executor: impl Fn(nicdrv::ExecutorConfig) -> nicdrv::Executor<N> + Sync,
+    executor: impl Fn(usize, nicdrv::ExecutorConfig) -> nicdrv::Executor<N> + Sync,
     f: &nicdrv::conformance::TaskFactory<N>,
 ) {
     let cfg = nicdrv::ExecutorConfig {
@@ -122,7 +122,7 @@ pub fn run_task_factory<N: nicdrv::Nic>(
     run_threads(
         threads,
         Pinning::None,
-        |_| Ok(executor(cfg)),
+        |th| Ok(executor(th, cfg)),
         |th, ex| nicdrv::conformance::run_factory(ex, th, tasks, f),
     )
     .expect("conformance threads");

@@ -92,6 +92,7 @@ impl Cluster {
                     host_bytes: spec.host_bytes,
                     dm_bytes: spec.dm_bytes,
                     compute_nodes: *compute_nodes,
+                    machines: 0,
                     model,
                     faults: faults.clone(),
                 })

@@ -17,6 +17,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+mod machines;
+pub use machines::{local_view_matches_remote_verbs, timers, wait_for_write};
+
 /// Makes one task per (thread, task) pair, inside the thread that runs it.
 pub type TaskFactory<N> =
     Arc<dyn Fn(Ctx<N>, usize, usize) -> Pin<Box<dyn Future<Output = ()>>> + Send + Sync>;
@@ -52,6 +55,10 @@ pub trait Harness {
     /// Runs `threads` executors in parallel (OS threads, or simulated
     /// threads), each with `tasks` tasks made by `f`, to completion.
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<Self::N>);
+    /// As [`Harness::parallel`], one thread per entry of `machines`: thread
+    /// `i` on the machine that owns memory node `machines[i]` (its local
+    /// view is that node's host memory), or on a compute-only node (`None`).
+    fn parallel_on(&self, machines: &[Option<NodeId>], tasks: usize, f: TaskFactory<Self::N>);
     /// A raw queue pair to `node` with `local_bytes` of registered memory.
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<Self::N>;
     /// Polls `cq` until `want` completions are gathered into `out` or the
@@ -114,7 +121,7 @@ where
     v.expect("task finished")
 }
 
-fn two_nodes<H: Harness>(h: &H) -> (NodeId, NodeId) {
+pub(crate) fn two_nodes<H: Harness>(h: &H) -> (NodeId, NodeId) {
     let n = h.memory_nodes();
     assert!(
         n.len() >= 2,
@@ -911,6 +918,18 @@ pub fn dead_node<H: Harness>(h: &mut H) {
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:expr) => {
+        #[test]
+        fn conformance_local_view_matches_remote_verbs() {
+            $crate::conformance::local_view_matches_remote_verbs(&$make);
+        }
+        #[test]
+        fn conformance_timers() {
+            $crate::conformance::timers(&$make);
+        }
+        #[test]
+        fn conformance_wait_for_write() {
+            $crate::conformance::wait_for_write(&$make);
+        }
         #[test]
         fn conformance_ordering_within_qp() {
             $crate::conformance::ordering_within_qp(&$make);

@@ -21,6 +21,7 @@ pub mod conformance;
 pub mod counters;
 pub mod emu;
 pub mod exec;
+pub mod local;
 #[cfg(feature = "mlx5")]
 pub mod mlx5;
 pub mod nic;
@@ -32,6 +33,7 @@ pub mod verbs;
 pub use addr::{GlobalAddr, NodeId, Space};
 pub use counters::VerbCounters;
 pub use exec::{Batch, Buf, Ctx, Done, ExecError, Executor, ExecutorConfig, OpId, VerbError};
+pub use local::{LocalError, TimerError, WaitError, Woken};
 pub use nic::{
     CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair, RegisterableMemory, RemoteRegion,
 };

@@ -4,6 +4,7 @@
 //! execute their work requests in posting order, and memory registration.
 
 use crate::addr::{NodeId, Space};
+use crate::local::LocalError;
 use crate::verbs::{Access, Caps, Completion, LKey, PostError, RKey, WorkRequest};
 use std::fmt;
 
@@ -48,6 +49,63 @@ pub trait Nic: Clone + 'static {
     fn drain_on_drop(&self) -> bool {
         true
     }
+
+    // ---- machines: the local view (crate::local) ----
+
+    /// Bytes of host memory of the machine this device's thread runs on;
+    /// `None` where its node owns no memory.
+    fn local_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// Loads the aligned word at `off` of the machine's memory.
+    fn local_load(&self, _off: u64) -> Result<u64, LocalError> {
+        Err(LocalError::NotAMachine)
+    }
+
+    /// Stores the aligned word at `off`.
+    fn local_store(&self, _off: u64, _v: u64) -> Result<(), LocalError> {
+        Err(LocalError::NotAMachine)
+    }
+
+    /// CPU compare-and-swap of the aligned word at `off`; returns the old
+    /// word. Atomic with respect to other local CASes, not to NIC atomics.
+    fn local_cas(&self, _off: u64, _compare: u64, _swap: u64) -> Result<u64, LocalError> {
+        Err(LocalError::NotAMachine)
+    }
+
+    /// Copies `buf.len()` bytes at `off` into `buf` (may be torn by a
+    /// racing remote WRITE; aligned words never are).
+    fn local_read(&self, _off: u64, _buf: &mut [u8]) -> Result<(), LocalError> {
+        Err(LocalError::NotAMachine)
+    }
+
+    /// Copies `data` to `off`.
+    fn local_write(&self, _off: u64, _data: &[u8]) -> Result<(), LocalError> {
+        Err(LocalError::NotAMachine)
+    }
+
+    // ---- the executor's timers and write waits ----
+
+    /// Slot `slot` of this device's executor waits until a write lands in
+    /// `off..off+len` of the machine's memory. A backend that sees writes
+    /// land (the simulator) remembers it and wakes the thread when one
+    /// does; others ignore it and the waiter re-checks once per turn.
+    fn watch_writes(&self, _slot: usize, _off: u64, _len: u64) {}
+
+    /// Slot `slot` waits no more.
+    fn unwatch_writes(&self, _slot: usize) {}
+
+    /// Whether a write may have landed in slot `slot`'s watched range since
+    /// [`Nic::watch_writes`]. Backends that cannot tell say yes, every turn.
+    fn write_seen(&self, _slot: usize) -> bool {
+        true
+    }
+
+    /// After a turn: the earliest deadline of the executor's timers. A
+    /// backend whose threads sleep between events (the simulator) runs the
+    /// thread again at `at_ns`; real backends poll and ignore it.
+    fn timer_due(&self, _at_ns: u64) {}
 }
 
 /// State of a queue pair as the contract sees it.

@@ -137,7 +137,21 @@ impl Harness for EmuHarness {
         cluster::cores::run_task_factory(
             threads,
             tasks,
-            |cfg| build_executor(&self.nic, &self.endpoints, cfg),
+            |_, cfg| build_executor(&self.nic, &self.endpoints, cfg),
+            &f,
+        );
+    }
+    fn parallel_on(&self, machines: &[Option<NodeId>], tasks: usize, f: TaskFactory<EmuNic>) {
+        cluster::cores::run_task_factory(
+            machines.len(),
+            tasks,
+            |th, cfg| {
+                let nic = match machines[th] {
+                    Some(n) => self.nic.on_machine(&self.endpoints[n as usize]),
+                    None => self.nic.clone(),
+                };
+                build_executor(&nic, &self.endpoints, cfg)
+            },
             &f,
         );
     }

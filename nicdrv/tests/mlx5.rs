@@ -443,23 +443,19 @@ impl Mlx5Harness {
         qp
     }
 
-    fn executor(&self, cfg: ExecutorConfig) -> Executor<Mlx5Nic> {
+    fn executor(&self, nic: &Mlx5Nic, cfg: ExecutorConfig) -> Executor<Mlx5Nic> {
         let depth = cfg.qp_depth();
-        let cq = self
-            .nic
-            .create_cq(depth * self.nodes.len() as u32)
-            .expect("CQ");
+        let cq = nic.create_cq(depth * self.nodes.len() as u32).expect("CQ");
         let qps = (0..self.nodes.len())
             .map(|n| self.connect(&cq, n as NodeId, depth))
             .collect();
-        let mr = self
-            .nic
+        let mr = nic
             .register(
                 HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
                 Access::LOCAL_WRITE,
             )
             .expect("register scratch");
-        Executor::new(self.nic.clone(), cq, qps, mr, cfg).expect("executor")
+        Executor::new(nic.clone(), cq, qps, mr, cfg).expect("executor")
     }
 }
 
@@ -476,7 +472,23 @@ impl Harness for Mlx5Harness {
         self.nodes[node as usize].dm_bytes()
     }
     fn parallel(&self, threads: usize, tasks: usize, f: TaskFactory<Mlx5Nic>) {
-        cluster::cores::run_task_factory(threads, tasks, |cfg| self.executor(cfg), &f);
+        cluster::cores::run_task_factory(
+            threads,
+            tasks,
+            |_, cfg| self.executor(&self.nic, cfg),
+            &f,
+        );
+    }
+    fn parallel_on(&self, machines: &[Option<NodeId>], tasks: usize, f: TaskFactory<Mlx5Nic>) {
+        cluster::cores::run_task_factory(
+            machines.len(),
+            tasks,
+            |th, cfg| match machines[th] {
+                Some(n) => self.executor(&self.nic.on_machine(&self.nodes[n as usize]), cfg),
+                None => self.executor(&self.nic, cfg),
+            },
+            &f,
+        );
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<Mlx5Nic> {
         let cq = self.nic.create_cq(64).unwrap();
@@ -501,6 +513,18 @@ fn on_device(case: impl FnOnce(&mut Mlx5Harness)) {
     }
 }
 
+#[test]
+fn conformance_local_view_matches_remote_verbs() {
+    on_device(|h| conformance::local_view_matches_remote_verbs(h));
+}
+#[test]
+fn conformance_timers() {
+    on_device(|h| conformance::timers(h));
+}
+#[test]
+fn conformance_wait_for_write() {
+    on_device(|h| conformance::wait_for_write(h));
+}
 #[test]
 fn conformance_ordering_within_qp() {
     on_device(|h| conformance::ordering_within_qp(h));

@@ -32,7 +32,10 @@ impl SimHarness {
             memory_nodes: 2,
             host_bytes: HOST,
             dm_bytes: DM,
-            compute_nodes: 1,
+            // Compute nodes 0 and 1 are machines with memory nodes 0 and
+            // 1; compute node 2 is compute-only.
+            compute_nodes: 3,
+            machines: 2,
             ..Default::default()
         })
     }
@@ -64,6 +67,22 @@ impl Harness for SimHarness {
             Ok(())
         })
         .unwrap();
+        assert_eq!(w.run(), RunEnd::Done, "simulated tasks did not finish");
+    }
+    fn parallel_on(&self, machines: &[Option<NodeId>], tasks: usize, f: TaskFactory<SimNic>) {
+        let mut w = self.world.borrow_mut();
+        let cfg = ExecutorConfig {
+            slots: tasks,
+            ..Default::default()
+        };
+        let compute_only = w.machines() as u16;
+        for (th, m) in machines.iter().enumerate() {
+            let t = w.add_thread(m.unwrap_or(compute_only), cfg).unwrap();
+            for tk in 0..tasks {
+                let f = f.clone();
+                w.spawn(t, move |ctx| f(ctx, th, tk)).unwrap();
+            }
+        }
         assert_eq!(w.run(), RunEnd::Done, "simulated tasks did not finish");
     }
     fn raw(&self, node: NodeId, local_bytes: usize) -> RawRig<SimNic> {

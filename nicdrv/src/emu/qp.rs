@@ -3,6 +3,7 @@
 use super::node::EmuEndpoint;
 use super::EmuConfig;
 use crate::addr::NodeId;
+use crate::local::LocalError;
 use crate::nic::{
     CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
     Registration, RemoteRegion,
@@ -37,9 +38,20 @@ struct NicInner {
 }
 
 /// The emu device context: one per process is enough; clones share it.
+/// A clone made by [`EmuNic::on_machine`] also sees one memory node as its
+/// machine's own memory (the local view).
 #[derive(Clone)]
 pub struct EmuNic {
     inner: Arc<NicInner>,
+    local: Option<EmuLocal>,
+}
+
+/// The machine memory of an [`EmuNic`]: the node's host window, kept
+/// mapped by the endpoint held beside it.
+#[derive(Clone)]
+struct EmuLocal {
+    view: crate::local::SharedLocal,
+    _keep: EmuEndpoint,
 }
 
 impl EmuNic {
@@ -59,7 +71,29 @@ impl EmuNic {
                 next_qp_num: AtomicU32::new(1),
                 key_tag: AtomicU32::new(1),
             }),
+            local: None,
         }
+    }
+
+    /// This device as the cores of a machine that owns memory node `node`
+    /// (created here or attached) see it: the same device, plus the node's
+    /// host memory as the local view, through word atomics on the shared
+    /// mapping. The mapping stays up while the returned value lives.
+    pub fn on_machine(&self, node: &EmuEndpoint) -> EmuNic {
+        EmuNic {
+            inner: self.inner.clone(),
+            local: Some(EmuLocal {
+                view: crate::local::SharedLocal::new(node.map.host),
+                _keep: node.clone(),
+            }),
+        }
+    }
+
+    fn view(&self) -> Result<&crate::local::SharedLocal, LocalError> {
+        self.local
+            .as_ref()
+            .map(|l| &l.view)
+            .ok_or(LocalError::NotAMachine)
     }
 
     pub fn config(&self) -> &EmuConfig {
@@ -213,6 +247,8 @@ impl Nic for EmuNic {
         let reg = unsafe { self.register_raw(mem.as_ptr(), mem.len(), access)? };
         Ok(Mr::new(reg, mem))
     }
+
+    crate::local::shared_local_view!();
 }
 
 struct Pending {

@@ -58,6 +58,14 @@ impl<N: Nic> Ctx<N> {
         &self.core.slots[self.slot]
     }
 
+    pub(crate) fn slot_state(&self) -> &Slot {
+        self.s()
+    }
+
+    pub(crate) fn core_ref(&self) -> &Core<N> {
+        &self.core
+    }
+
     /// This task's slot number on its core.
     pub fn slot(&self) -> usize {
         self.slot

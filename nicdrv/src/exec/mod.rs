@@ -17,11 +17,13 @@ pub mod arena;
 mod ctx;
 mod error;
 pub(crate) mod storage;
+mod wait;
 mod waker;
 
 pub use arena::Buf;
 pub use ctx::{Batch, Ctx, Done, OpId, YieldNow, MAX_BATCH};
 pub use error::VerbError;
+pub use wait::{Local, Sleep, WaitWrite};
 
 use crate::addr::NodeId;
 use crate::counters::VerbCounters;
@@ -152,6 +154,13 @@ pub(crate) struct Slot {
     /// Generation of the slot's batch storage; a new batch bumps it.
     pub(crate) gen: Cell<u32>,
     pub(crate) storage: storage::BatchStorage,
+    /// The earliest deadline of the task's live waits ([`wait`]);
+    /// `wait::NO_TIMER` when none.
+    pub(crate) timer: Cell<u64>,
+    /// The task waits for a write to its watched range.
+    pub(crate) watching: Cell<bool>,
+    /// The task's live waits (sleeps and write waits).
+    pub(crate) waits: Cell<u32>,
 }
 
 /// State shared by the executor and its tasks' contexts (one core, one
@@ -169,6 +178,9 @@ pub(crate) struct Core<N: Nic> {
     /// Set when an error completion arrived; the executor then recovers
     /// queue pairs whose requests have all been polled.
     pub(crate) qp_errors: Cell<bool>,
+    /// Live waits (sleeps, write waits) over all slots: a turn looks at
+    /// the slots' deadlines and watches only when there are some.
+    pub(crate) waits: Cell<u32>,
 }
 
 impl Slot {
@@ -331,6 +343,9 @@ impl<N: Nic> Executor<N> {
                         busy: Cell::new(false),
                         gen: Cell::new(0),
                         storage: storage::BatchStorage::new(),
+                        timer: Cell::new(wait::NO_TIMER),
+                        watching: Cell::new(false),
+                        waits: Cell::new(0),
                     }
                 }
             })
@@ -360,6 +375,7 @@ impl<N: Nic> Executor<N> {
             slots,
             lkey,
             qp_errors: Cell::new(false),
+            waits: Cell::new(0),
         });
         Ok(Executor {
             core,
@@ -425,6 +441,15 @@ impl<N: Nic> Executor<N> {
         if core.qp_errors.get() {
             core.recover_qps();
         }
+        let waits = core.waits.get() > 0;
+        if waits {
+            let now = core.now_ns.get();
+            for (i, s) in core.slots.iter().enumerate() {
+                if s.wait_due(&core.nic, i, now) {
+                    s.wake.wake();
+                }
+            }
+        }
         let mut polls = 0;
         for i in 0..self.tasks.len() {
             if !core.slots[i].wake.take() {
@@ -441,6 +466,12 @@ impl<N: Nic> Executor<N> {
             }
         }
         core.nic.charge_turn(n, polls);
+        if core.waits.get() > 0 {
+            let due = core.slots.iter().map(|s| s.timer.get()).min();
+            if let Some(at) = due.filter(|&t| t != wait::NO_TIMER) {
+                core.nic.timer_due(at);
+            }
+        }
         n > 0 || polls > 0
     }
 

@@ -7,6 +7,7 @@
 
 use super::mr::{access_to_ibv, Mlx5Reg};
 use super::Mlx5Error;
+use crate::local::LocalError;
 use crate::nic::{HeapMem, Mr, Nic, RegError, RegisterableMemory};
 
 use crate::verbs::{Access, Caps, RKey};
@@ -176,11 +177,22 @@ fn zeroed<T>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
-/// The mlx5 device context. Cloning is cheap and shares the device.
+/// The mlx5 device context. Cloning is cheap and shares the device. A
+/// clone made by [`Mlx5Nic::on_machine`] also sees a memory node's
+/// registered host memory as its machine's own (the local view).
 #[derive(Clone)]
 pub struct Mlx5Nic {
     pub(crate) dev: Arc<Device>,
     caps: Caps,
+    local: Option<Mlx5Local>,
+}
+
+/// The machine memory of an [`Mlx5Nic`]: the registered region, kept
+/// registered and allocated by the node held beside it.
+#[derive(Clone)]
+struct Mlx5Local {
+    view: crate::local::SharedLocal,
+    _keep: Arc<super::Mlx5MemoryNode>,
 }
 
 impl Mlx5Nic {
@@ -246,7 +258,37 @@ impl Mlx5Nic {
         Ok(Mlx5Nic {
             dev: Arc::new(dev),
             caps,
+            local: None,
         })
+    }
+
+    /// This device as the cores of a machine that owns `node` see it: the
+    /// node's registered host memory is the local view, word atomics on the
+    /// region the NIC writes into (a CPU's atomics are not atomic with the
+    /// NIC's: the contract). The region stays registered while the returned
+    /// value lives.
+    pub fn on_machine(&self, node: &Arc<super::Mlx5MemoryNode>) -> Mlx5Nic {
+        // SAFETY: the region is `host_bytes` long at `host_ptr`, 4 KiB
+        // aligned (HeapMem or huge pages), and stays allocated while the
+        // node lives, which `_keep` ensures for every copy of the view; it
+        // is only accessed atomically through SharedMem.
+        let mem =
+            unsafe { crate::emu::shm::SharedMem::new(node.host_ptr(), node.host_bytes() as usize) };
+        Mlx5Nic {
+            dev: self.dev.clone(),
+            caps: self.caps,
+            local: Some(Mlx5Local {
+                view: crate::local::SharedLocal::new(mem),
+                _keep: node.clone(),
+            }),
+        }
+    }
+
+    fn view(&self) -> Result<&crate::local::SharedLocal, LocalError> {
+        self.local
+            .as_ref()
+            .map(|l| &l.view)
+            .ok_or(LocalError::NotAMachine)
     }
 
     /// The device's name (`mlx5_0`).
@@ -451,6 +493,8 @@ impl Nic for Mlx5Nic {
         let reg = unsafe { Mlx5Reg::register_raw(&self.dev, mem.as_ptr(), mem.len(), access)? };
         Ok(Mr::new(reg, mem))
     }
+
+    crate::local::shared_local_view!();
 }
 
 enum DmBacking {

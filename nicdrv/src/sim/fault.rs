@@ -23,6 +23,15 @@ pub enum FaultKind {
     /// A compute thread runs nothing for `duration_ns` (a page fault or a
     /// preemption).
     StallThread { thread: u32, duration_ns: u64 },
+    /// A whole machine fails at once: its memory node (memory gone, NIC
+    /// silent) and its compute node (threads stopped).
+    CrashMachine { machine: u16 },
+    /// Every link between a node numbered in `side` (bit i: compute node i
+    /// and memory node i, so machine i as a whole) and a node outside it is
+    /// cut, both ways. Nodes numbered 64 or more are outside.
+    Partition { side: u64 },
+    /// The links a `Partition` of `side` cut carry packets again.
+    HealPartition { side: u64 },
 }
 
 /// A fault at a virtual time.
@@ -45,6 +54,18 @@ pub const MAX_TIME_NS: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
 impl Fault {
     /// Checks the fault against the cluster's shape.
     pub fn check(&self, memory_nodes: usize, compute_nodes: usize) -> Result<(), String> {
+        self.check_machines(memory_nodes, compute_nodes, 0)
+    }
+
+    /// [`Fault::check`] (which knows no machines: a machine crash fails it)
+    /// in a cluster whose first `machines` nodes are
+    /// machines (memory node i and compute node i in one failure domain).
+    pub fn check_machines(
+        &self,
+        memory_nodes: usize,
+        compute_nodes: usize,
+        machines: usize,
+    ) -> Result<(), String> {
         let dur = match self.kind {
             FaultKind::LatencySpike { duration_ns, .. }
             | FaultKind::StallThread { duration_ns, .. } => duration_ns,
@@ -64,6 +85,8 @@ impl Fault {
             FaultKind::LatencySpike { extra_ns, .. } => extra_ns <= MAX_TIME_NS,
             // Threads are made after the world; checked when the fault fires.
             FaultKind::StallThread { .. } => true,
+            FaultKind::CrashMachine { machine } => (machine as usize) < machines,
+            FaultKind::Partition { side } | FaultKind::HealPartition { side } => side != 0,
         };
         if ok {
             Ok(())
@@ -195,7 +218,9 @@ fn draw_plan(
 pub const FAULT_SYNTAX: &str = "memory-crash@TIME:NODE, compute-crash@TIME:NODE, \
 link-cut@TIME:COMPUTE-MEMORY[/DURATION] (healed after DURATION if given), \
 link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION, \
-thread-stall@TIME:THREAD/DURATION; times and durations take ns, us, ms or s \
+thread-stall@TIME:THREAD/DURATION, machine-crash@TIME:MACHINE, \
+partition@TIME:NODE+NODE+...[/DURATION] (those nodes, machines as a whole, cut off from the \
+rest; healed after DURATION if given); times and durations take ns, us, ms or s \
 (a bare number is ns)";
 
 /// Parses a duration: a whole or decimal number with `ns`, `us`, `ms` or `s`
@@ -303,6 +328,31 @@ pub fn parse_fault(spec: &str) -> Result<Vec<Fault>, String> {
                 thread: number(&thread, "thread", u32::MAX as u64)? as u32,
                 duration_ns,
             })
+        }
+        "machine-crash" => one(FaultKind::CrashMachine {
+            machine: number(need("MACHINE")?, "machine", u16::MAX as u64)? as u16,
+        }),
+        "partition" => {
+            let t = need("NODE+NODE+...")?;
+            let (nodes, heal) = match t.split_once('/') {
+                Some((l, d)) => (l, Some(parse_duration_ns(d).map_err(bad)?)),
+                None => (t, None),
+            };
+            let mut side = 0u64;
+            for n in nodes.split('+') {
+                side |= 1 << number(n, "node", 63)?;
+            }
+            let mut v = vec![Fault {
+                at_ns,
+                kind: FaultKind::Partition { side },
+            }];
+            if let Some(d) = heal {
+                v.push(Fault {
+                    at_ns: at_ns.saturating_add(d),
+                    kind: FaultKind::HealPartition { side },
+                });
+            }
+            Ok(v)
         }
         other => Err(bad(format!("unknown fault kind `{other}`"))),
     }

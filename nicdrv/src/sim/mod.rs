@@ -55,6 +55,12 @@ pub struct SimConfig {
     /// Device memory per memory node (real NICs: 64–256 KiB).
     pub dm_bytes: u64,
     pub compute_nodes: usize,
+    /// Machines: the first `machines` node numbers are each a memory node
+    /// and a compute node in one failure domain (compute node i and memory
+    /// node i), whose threads reach their own memory through the local
+    /// view; the memory nodes above are memory-only, the compute nodes
+    /// above compute-only. 0 (the default): none.
+    pub machines: usize,
     pub model: SimModel,
     pub faults: Vec<Fault>,
 }
@@ -67,6 +73,7 @@ impl Default for SimConfig {
             host_bytes: 16 << 20,
             dm_bytes: 256 << 10,
             compute_nodes: 1,
+            machines: 0,
             model: SimModel::default(),
             faults: Vec::new(),
         }
@@ -131,9 +138,15 @@ impl SimConfig {
                 self.dm_bytes
             ));
         }
+        if self.machines > self.memory_nodes.min(self.compute_nodes) {
+            return bad(format!(
+                "machines ({}) must not exceed the memory nodes ({}) or the compute nodes ({})",
+                self.machines, self.memory_nodes, self.compute_nodes
+            ));
+        }
         self.model.check().map_err(SimError::Config)?;
         for f in &self.faults {
-            f.check(self.memory_nodes, self.compute_nodes)
+            f.check_machines(self.memory_nodes, self.compute_nodes, self.machines)
                 .map_err(SimError::Config)?;
         }
         Ok(())
@@ -170,6 +183,7 @@ impl World {
             cfg.seed,
             mems,
             cfg.compute_nodes,
+            cfg.machines,
             cfg.faults.clone(),
         ));
         {
@@ -214,6 +228,11 @@ impl World {
 
     pub fn compute_nodes(&self) -> usize {
         self.shared.cn.borrow().len()
+    }
+
+    /// Machines (node numbers below this are memory and compute node both).
+    pub fn machines(&self) -> usize {
+        self.shared.machines
     }
 
     pub fn model(&self) -> &SimModel {
@@ -298,6 +317,7 @@ impl World {
             scheduled: false,
             halted: false,
             cq,
+            timer_at: u64::MAX,
         });
         let nic = SimNic {
             shared: self.shared.clone(),
@@ -370,6 +390,7 @@ impl World {
             Ev::Deliver(r, g) => self.shared.on_deliver(r, g),
             Ev::Timeout(r, g) => self.shared.on_timeout(r, g),
             Ev::Fault(i) => self.shared.on_fault(i),
+            Ev::Timer(t) => self.shared.on_timer(t),
         }
         true
     }
@@ -449,6 +470,43 @@ impl World {
         }
     }
 
+    /// Crashes machine `m` now: its memory node and its compute node at
+    /// once.
+    pub fn crash_machine(&mut self, m: u16) -> Result<(), SimError> {
+        if m as usize >= self.machines() {
+            return Err(SimError::Config(format!("no machine {m}")));
+        }
+        self.shared.crash_machine(m);
+        Ok(())
+    }
+
+    /// Writes of the memory node's own CPU (for tests that set up state);
+    /// false when out of range or crashed. Watches see them.
+    pub fn write_memory(&self, node: NodeId, space: Space, off: u64, data: &[u8]) -> bool {
+        let ok = {
+            let mut mems = self.shared.mem.borrow_mut();
+            let Some(m) = mems.get_mut(node as usize) else {
+                return false;
+            };
+            let crashed = m.crashed;
+            let mem = match space {
+                Space::Host => &mut m.host,
+                Space::Device => &mut m.dm,
+            };
+            match (off as usize).checked_add(data.len()) {
+                Some(end) if !crashed && end <= mem.len() => {
+                    mem[off as usize..end].copy_from_slice(data);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if ok && space == Space::Host {
+            self.shared.note_write(node, off, off + data.len() as u64);
+        }
+        ok
+    }
+
     /// The memory node's own CPU reading its memory (for checks).
     pub fn read_memory(&self, node: NodeId, space: Space, off: u64, buf: &mut [u8]) -> bool {
         let mems = self.shared.mem.borrow();
@@ -477,7 +535,16 @@ impl World {
     pub fn add_faults(&mut self, faults: &[Fault]) -> Result<(), SimError> {
         let now = self.now_ns();
         for f in faults {
-            f.check_with_threads(self.memory_nodes(), self.compute_nodes(), self.threads())
+            f.check_machines(self.memory_nodes(), self.compute_nodes(), self.machines())
+                .and_then(|()| match f.kind {
+                    FaultKind::StallThread { thread, .. } if thread as usize >= self.threads() => {
+                        Err(format!(
+                            "fault {f} names thread {thread}; there are {} threads",
+                            self.threads()
+                        ))
+                    }
+                    _ => Ok(()),
+                })
                 .map_err(SimError::Config)?;
             if f.at_ns < now {
                 return Err(SimError::Config(format!(

@@ -4,6 +4,7 @@
 
 use super::state::{SimCluster, NO_THREAD};
 use crate::addr::NodeId;
+use crate::local::{check_range, LocalError};
 use crate::nic::{
     CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
     Registration, RemoteRegion,
@@ -114,6 +115,112 @@ impl Nic for SimNic {
 
     fn drain_on_drop(&self) -> bool {
         false
+    }
+
+    fn local_bytes(&self) -> Option<u64> {
+        let node = self.shared.machine_of(self.thread)?;
+        Some(self.shared.mem.borrow()[node as usize].host.len() as u64)
+    }
+
+    fn local_load(&self, off: u64) -> Result<u64, LocalError> {
+        let mut b = [0u8; 8];
+        self.local_access(off, 8, true, |m| b.copy_from_slice(&m[..8]))?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn local_store(&self, off: u64, v: u64) -> Result<(), LocalError> {
+        self.local_access(off, 8, true, |m| m[..8].copy_from_slice(&v.to_le_bytes()))?;
+        self.local_wrote(off, 8);
+        Ok(())
+    }
+
+    fn local_cas(&self, off: u64, compare: u64, swap: u64) -> Result<u64, LocalError> {
+        let mut old = 0;
+        self.local_access(off, 8, true, |m| {
+            old = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+            if old == compare {
+                m[..8].copy_from_slice(&swap.to_le_bytes());
+            }
+        })?;
+        if old == compare {
+            self.local_wrote(off, 8);
+        }
+        Ok(old)
+    }
+
+    fn local_read(&self, off: u64, buf: &mut [u8]) -> Result<(), LocalError> {
+        let n = buf.len();
+        self.local_access(off, n as u64, false, |m| buf.copy_from_slice(&m[..n]))
+    }
+
+    fn local_write(&self, off: u64, data: &[u8]) -> Result<(), LocalError> {
+        let n = data.len();
+        self.local_access(off, n as u64, false, |m| m[..n].copy_from_slice(data))?;
+        self.local_wrote(off, n as u64);
+        Ok(())
+    }
+
+    fn watch_writes(&self, slot: usize, off: u64, len: u64) {
+        if let Some(node) = self.shared.machine_of(self.thread) {
+            self.shared
+                .watch(self.thread, slot as u32, node, off, off.saturating_add(len));
+        }
+    }
+
+    fn unwatch_writes(&self, slot: usize) {
+        self.shared.unwatch(self.thread, slot as u32);
+    }
+
+    fn write_seen(&self, slot: usize) -> bool {
+        self.shared.write_seen(self.thread, slot as u32)
+    }
+
+    fn timer_due(&self, at_ns: u64) {
+        if self.thread != NO_THREAD {
+            self.shared.timer_due(self.thread, at_ns);
+        }
+    }
+}
+
+impl SimNic {
+    /// Runs `f` on `off..off+len` of the thread's machine memory, checked,
+    /// and charges the thread's CPU per line touched. The access happens at
+    /// the turn's event time: a turn is one event, so it interleaves with
+    /// remote line accesses in event order.
+    fn local_access(
+        &self,
+        off: u64,
+        len: u64,
+        word: bool,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<(), LocalError> {
+        let node = self
+            .shared
+            .machine_of(self.thread)
+            .ok_or(LocalError::NotAMachine)?;
+        {
+            let mut mems = self.shared.mem.borrow_mut();
+            let m = &mut mems[node as usize];
+            if m.crashed {
+                return Err(LocalError::Gone);
+            }
+            check_range(off, len, m.host.len() as u64, word)?;
+            f(&mut m.host[off as usize..(off + len) as usize]);
+        }
+        let lines = if len == 0 {
+            0
+        } else {
+            (off + len - 1) / 64 - off / 64 + 1
+        };
+        self.charge_cpu(lines * self.shared.model.cpu_local_line_ns);
+        Ok(())
+    }
+
+    /// A local write landed: watches of the machine's memory see it.
+    fn local_wrote(&self, off: u64, len: u64) {
+        if let Some(node) = self.shared.machine_of(self.thread) {
+            self.shared.note_write(node, off, off + len);
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub(crate) enum Ev {
     Timeout(u32, u32),
     /// A scheduled fault.
     Fault(u32),
+    /// A thread's earliest timer is due: it runs a turn.
+    Timer(u32),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,6 +87,19 @@ pub(crate) struct ThreadState {
     pub cq: u32,
     /// Runs no more (`World::halt_thread`), as if its node had crashed.
     pub halted: bool,
+    /// When the thread's pending `Ev::Timer` fires (`u64::MAX`: none).
+    pub timer_at: u64,
+}
+
+/// A task waiting for a write to its machine's memory.
+pub(crate) struct Watch {
+    pub thread: u32,
+    pub slot: u32,
+    pub node: NodeId,
+    pub lo: u64,
+    pub hi: u64,
+    /// A write landed in `lo..hi` since the watch began.
+    pub seen: bool,
 }
 
 pub(crate) struct QpSim {
@@ -189,6 +204,10 @@ pub(crate) struct SimCluster {
     pub faults: RefCell<Vec<Fault>>,
     pub stats: Cell<Stats>,
     pub memory_nodes: usize,
+    /// Node numbers below this are machines (memory and compute node).
+    pub machines: usize,
+    /// Live write watches, few (one per waiting task).
+    pub watches: RefCell<Vec<Watch>>,
 }
 
 /// Mixes one value into the trace hash (FNV-1a over 64-bit words).
@@ -203,6 +222,7 @@ impl SimCluster {
         seed: u64,
         mem: Vec<MemNode>,
         compute_nodes: usize,
+        machines: usize,
         faults: Vec<Fault>,
     ) -> SimCluster {
         let memory_nodes = mem.len();
@@ -235,6 +255,8 @@ impl SimCluster {
                 ..Default::default()
             }),
             memory_nodes,
+            machines,
+            watches: RefCell::new(Vec::new()),
         }
     }
 
@@ -267,6 +289,7 @@ impl SimCluster {
             Ev::Deliver(r, _) => (4 << 56) | r as u64,
             Ev::Timeout(r, _) => (5 << 56) | r as u64,
             Ev::Fault(i) => (6 << 56) | i as u64,
+            Ev::Timer(t) => (7 << 56) | t as u64,
         };
         s.trace = mix(mix(s.trace, e.time), tag);
         self.stats.set(s);
@@ -656,6 +679,10 @@ impl SimCluster {
         let remote = op.remote();
         let (space, off) = (remote.space(), remote.offset() as usize);
         let mem = node.mem_mut(space);
+        let mut written = None;
+        if op.opcode().is_atomic() {
+            written = Some((off as u64, off as u64 + 8));
+        }
         match op {
             WrOp::Read { local, .. } | WrOp::Write { local, .. } => {
                 let len = local.len as usize;
@@ -677,6 +704,7 @@ impl SimCluster {
                 } else {
                     let reqs = self.reqs.borrow();
                     mem[lo..hi].copy_from_slice(&reqs[r as usize].payload[lo - off..hi - off]);
+                    written = Some((lo as u64, hi as u64));
                 }
             }
             WrOp::Cas {
@@ -716,6 +744,114 @@ impl SimCluster {
         }
         drop(mems);
         self.reqs.borrow_mut()[r as usize].lines_left -= 1;
+        if let (Some((lo, hi)), Space::Host) = (written, space) {
+            self.note_write(mn, lo, hi);
+        }
+    }
+
+    // ---- machines: writes that waiting tasks watch, timers ----
+
+    /// A write landed in `lo..hi` of memory node `node`'s host memory:
+    /// every watch it overlaps has seen a write, and its thread runs.
+    pub(crate) fn note_write(&self, node: NodeId, lo: u64, hi: u64) {
+        let mut woken = Vec::new();
+        for w in self.watches.borrow_mut().iter_mut() {
+            if w.node == node && !w.seen && w.lo < hi && lo < w.hi {
+                w.seen = true;
+                woken.push(w.thread);
+            }
+        }
+        for t in woken {
+            self.wake(t);
+        }
+    }
+
+    /// Slot `slot` of `thread` watches `lo..hi` of `node` (replacing a
+    /// watch it had).
+    pub(crate) fn watch(&self, thread: u32, slot: u32, node: NodeId, lo: u64, hi: u64) {
+        let mut ws = self.watches.borrow_mut();
+        ws.retain(|w| !(w.thread == thread && w.slot == slot));
+        ws.push(Watch {
+            thread,
+            slot,
+            node,
+            lo,
+            hi,
+            seen: false,
+        });
+    }
+
+    pub(crate) fn unwatch(&self, thread: u32, slot: u32) {
+        self.watches
+            .borrow_mut()
+            .retain(|w| !(w.thread == thread && w.slot == slot));
+    }
+
+    pub(crate) fn write_seen(&self, thread: u32, slot: u32) -> bool {
+        self.watches
+            .borrow()
+            .iter()
+            .any(|w| w.thread == thread && w.slot == slot && w.seen)
+    }
+
+    /// `thread`'s earliest timer is due at `at`: one `Ev::Timer` then,
+    /// unless one at or before it is pending already.
+    pub(crate) fn timer_due(&self, thread: u32, at: u64) {
+        {
+            let mut th = self.threads.borrow_mut();
+            let t = &mut th[thread as usize];
+            if t.timer_at <= at {
+                return;
+            }
+            t.timer_at = at;
+        }
+        self.schedule(at, Ev::Timer(thread));
+    }
+
+    pub(crate) fn on_timer(&self, thread: u32) {
+        {
+            let mut th = self.threads.borrow_mut();
+            let t = &mut th[thread as usize];
+            if t.timer_at == self.now.get() {
+                t.timer_at = u64::MAX;
+            }
+        }
+        self.wake(thread);
+    }
+
+    /// The memory node of `thread`'s machine, if its compute node is one.
+    pub(crate) fn machine_of(&self, thread: u32) -> Option<NodeId> {
+        let th = self.threads.borrow();
+        let node = th.get(thread as usize)?.node as usize;
+        (node < self.machines).then_some(node as NodeId)
+    }
+
+    /// Machine `m` fails whole: memory gone, NIC silent, threads stopped.
+    pub(crate) fn crash_machine(&self, m: u16) {
+        {
+            let mut mems = self.mem.borrow_mut();
+            let n = &mut mems[m as usize];
+            n.crashed = true;
+            n.host = Vec::new();
+            n.dm = Vec::new();
+        }
+        self.cn.borrow_mut()[m as usize].crashed = true;
+        self.watches.borrow_mut().retain(|w| w.node != m);
+    }
+
+    /// Cuts (or heals) every link between a node numbered in `side` and
+    /// one outside it.
+    fn partition(&self, side: u64, cut: bool) {
+        let inside = |n: usize| n < 64 && side & (1 << n) != 0;
+        let mut links = self.cut.borrow_mut();
+        let compute_nodes = links.len() / self.memory_nodes.max(1);
+        for c in 0..compute_nodes {
+            for m in 0..self.memory_nodes {
+                if inside(c) != inside(m) {
+                    links[c * self.memory_nodes + m] = cut;
+                }
+            }
+        }
     }
 
     /// An answer reaches the requester.
@@ -887,6 +1023,9 @@ impl SimCluster {
                     None => log::warn!("sim fault {f}: no thread {thread}; ignored"),
                 }
             }
+            FaultKind::CrashMachine { machine } => self.crash_machine(machine),
+            FaultKind::Partition { side } => self.partition(side, true),
+            FaultKind::HealPartition { side } => self.partition(side, false),
         }
     }
 
