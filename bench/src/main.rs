@@ -12,6 +12,7 @@ mod args;
 mod outfile;
 mod plot;
 mod progress;
+mod ring;
 mod run;
 mod verbs;
 mod workload;
@@ -44,6 +45,9 @@ enum Command {
     /// Index workloads (Sherman's mixes, YCSB) on sim or emu, systems side
     /// by side
     Run(Box<run::RunArgs>),
+    /// Records through one message/log ring between two machines: records
+    /// per second and one-way latency
+    Ring(ring::RingArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
     let (name, result) = match cli.command {
         Command::Verbs(a) => ("loch-bench verbs", verbs::run(a)),
         Command::Run(a) => ("loch-bench run", run::run(*a)),
+        Command::Ring(a) => ("loch-bench ring", ring::run(a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),

@@ -189,6 +189,7 @@ fn help_and_version_exit_0_on_stdout() {
         vec!["-h"],
         vec!["verbs", "--help"],
         vec!["run", "--help"],
+        vec!["ring", "--help"],
         vec!["help", "run"],
     ] {
         let out = bench(&args);
@@ -398,4 +399,52 @@ fn more_threads_than_cpus_online_are_warned_about() {
         "--json",
     ]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("CPUs online"));
+}
+
+/// `loch-bench ring`: every record arrives, in order and whole (the
+/// receiver checks), on both backends; on sim the run is reproducible and
+/// its median one-way latency sits at what the model predicts for one
+/// WRITE and the poll; bad sizes are refused with exit 2.
+#[test]
+fn ring_moves_records_and_reports_their_latency() {
+    let run = |args: &[&str]| {
+        let out = bench(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        all[0].clone()
+    };
+    let sim = ["ring", "--backend", "sim", "-n", "5000", "--json"];
+    let a = run(&sim);
+    assert_eq!(a["records"].as_u64(), Some(5000));
+    assert_eq!(a["schema_version"].as_u64(), Some(1));
+    let p50 = a["latency_us"]["p50"].as_f64().unwrap();
+    let model = a["model_one_way_us"].as_f64().unwrap();
+    assert!(
+        (p50 - model).abs() < 0.1,
+        "sim p50 {p50} us, the model's one WRITE plus the poll {model} us"
+    );
+    assert_eq!(a, run(&sim), "a sim run is reproducible");
+    let e = run(&["ring", "-n", "20000", "--batch", "4", "--json", "--no-pin"]);
+    assert_eq!(e["backend"], "emu");
+    assert!(e["records_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(e["model_one_way_us"].is_null());
+    for bad in [
+        vec!["ring", "--size", "8"],
+        vec!["ring", "--size", "1m"],
+        vec!["ring", "--batch", "16"],
+        vec!["ring", "--capacity", "1000"],
+        vec!["ring", "-n", "0"],
+    ] {
+        let out = bench(&bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).lines().count(),
+            1,
+            "{bad:?}"
+        );
+    }
 }

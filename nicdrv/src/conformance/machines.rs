@@ -99,7 +99,8 @@ pub fn local_view_matches_remote_verbs<H: Harness>(h: &H) {
 }
 
 /// Timers: every sleeper wakes no earlier than its deadline, sleepers on
-/// one core wake in deadline order whatever order they slept in, a sleep
+/// one core wake in deadline order whatever order they slept in (none
+/// later than one with a later deadline), a sleep
 /// interleaves with another task's verbs, and deadlines in the past or
 /// beyond the horizon are refused.
 pub fn timers<H: Harness>(h: &H) {
@@ -143,9 +144,16 @@ pub fn timers<H: Harness>(h: &H) {
             })
         }),
     );
-    let woke = woke.lock().unwrap();
-    let order: Vec<usize> = woke.iter().map(|w| w.0).collect();
-    assert_eq!(order, [3, 2, 1, 0], "wake order {woke:?}");
+    // Deadline order: a later deadline never woke at an earlier time (on a
+    // loaded host two may come due in one turn and wake at one time).
+    let mut woke = woke.lock().unwrap().clone();
+    assert_eq!(woke.len(), 4);
+    woke.sort_by_key(|w| w.1);
+    assert_eq!(woke.iter().map(|w| w.0).collect::<Vec<_>>(), [3, 2, 1, 0]);
+    assert!(
+        woke.windows(2).all(|p| p[0].2 <= p[1].2),
+        "a later deadline woke first: {woke:?}"
+    );
 }
 
 /// Waiting for a write: a waiter on the machine wakes after another core's

@@ -88,12 +88,17 @@ impl Fault {
             FaultKind::CrashMachine { machine } => (machine as usize) < machines,
             FaultKind::Partition { side } | FaultKind::HealPartition { side } => side != 0,
         };
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
+        match (ok, self.kind) {
+            (true, _) => Ok(()),
+            (false, FaultKind::CrashMachine { machine }) => Err(format!(
+                "fault {self} names machine {machine}; this cluster has {machines} machines (memory and compute node in one)"
+            )),
+            (false, FaultKind::Partition { .. } | FaultKind::HealPartition { .. }) => {
+                Err(format!("fault {self} names no node"))
+            }
+            (false, _) => Err(format!(
                 "fault {self} names a node that does not exist ({memory_nodes} memory nodes, {compute_nodes} compute nodes)"
-            ))
+            )),
         }
     }
 

@@ -1,0 +1,720 @@
+//! The message and log ring: one per sender–receiver pair, in the
+//! receiver's memory, appended by the sender with one-sided RDMA WRITEs
+//! and polled by the receiver's own cores through the local view. FaRM's
+//! logs and message queues are such rings (§3, "Communication
+//! primitives"; §4 for the logs).
+//!
+//! # Layout
+//! The ring is `capacity` bytes (a multiple of 16) at `ring_off` of the
+//! receiver's host memory. A record sits at a 16-byte aligned position and
+//! never wraps:
+//!
+//! ```text
+//! word 0     pos: the record's absolute byte position (its offset from the
+//!            ring's first byte ever written, across laps)
+//! word 1     len (bits 0..31) | PAD flag (bit 31) | crc32c (bits 32..63)
+//! payload    len bytes, then zeros to a multiple of 16
+//! ```
+//!
+//! The crc32c covers `pos`, the `len | PAD` word and the payload (a PAD
+//! record's payload is not written and not covered). A record that does
+//! not fit before the ring's end is preceded by a PAD record filling the
+//! rest of the lap; both go in one batch, each its own WRITE.
+//!
+//! # Why a torn or truncated record is never accepted
+//! A WRITE lands in 64-byte lines in no guaranteed order, and a sender may
+//! crash after some of them. The receiver accepts the record at its head
+//! only when `pos` equals the head (a record left from an earlier lap has
+//! a smaller position) and the crc32c of what it read matches: a header of
+//! the new record over payload lines of an old one, or the reverse, or a
+//! record cut short, fails the check and is read again once more lines
+//! land. (A wrong record passes with probability 2^-32 per look.)
+//!
+//! # Flow control
+//! The sender never overwrites unread records: it knows the receiver's
+//! head from a word in its *own* memory (`sender_head_off`) that the
+//! receiver writes lazily — when a quarter of the ring was consumed since
+//! it last did, and always before it waits for more records, so a sender
+//! blocked on a full ring is always released. The receiver persists its
+//! head in its own memory (`receiver_head_off`) after every record; a
+//! receiver restarted from it resumes at the first unconsumed record. The
+//! sender persists its tail likewise (`sender_tail_off`).
+//!
+//! Reservation: a sender can reserve space for records it will append
+//! later (FaRM reserves log space for every record of a commit before the
+//! commit starts); reserved space is not given to other appends, and what
+//! a reservation did not use is released.
+
+use nicdrv::local::TimerError;
+use nicdrv::{Ctx, GlobalAddr, LocalError, Nic, NodeId, VerbError, WaitError, Woken};
+use std::fmt;
+
+/// How long a receiver with an empty ring waits before it reports a head
+/// it has not reported: 20 µs, a few round trips, so a sender blocked on a
+/// full ring waits at most that long after the receiver caught up.
+pub const IDLE_REPORT_NS: u64 = 20_000;
+
+/// Most records one doorbell carries ([`Sender::append_many`]): with the
+/// one PAD they may need, a batch's worth of WRITEs.
+pub const MAX_RECORDS_PER_DOORBELL: usize = nicdrv::exec::MAX_BATCH - 1;
+
+/// Bytes of a record's header.
+pub const HEADER_BYTES: u64 = 16;
+/// Records start at multiples of this.
+pub const ALIGN: u64 = 16;
+const PAD_FLAG: u64 = 1 << 31;
+const LEN_MASK: u64 = PAD_FLAG - 1;
+
+/// Where one ring lives: the ring and the receiver's persisted head in the
+/// receiver's memory, the head the receiver reports and the sender's
+/// persisted tail in the sender's memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    pub receiver: NodeId,
+    pub ring_off: u64,
+    pub capacity: u64,
+    pub receiver_head_off: u64,
+    pub sender: NodeId,
+    pub sender_head_off: u64,
+    pub sender_tail_off: u64,
+}
+
+impl RingLayout {
+    /// Rejects layouts a ring cannot run on (alignment, a capacity of at
+    /// least two headers).
+    pub fn check(&self) -> Result<(), RingError> {
+        let bad = |why: String| Err(RingError::Layout(why));
+        if self.capacity < 2 * ALIGN || !self.capacity.is_multiple_of(ALIGN) {
+            return bad(format!(
+                "capacity {} is not a multiple of {ALIGN} of at least {}",
+                self.capacity,
+                2 * ALIGN
+            ));
+        }
+        if !self.ring_off.is_multiple_of(ALIGN) {
+            return bad(format!("ring_off {} is not {ALIGN}-aligned", self.ring_off));
+        }
+        for (name, off) in [
+            ("receiver_head_off", self.receiver_head_off),
+            ("sender_head_off", self.sender_head_off),
+            ("sender_tail_off", self.sender_tail_off),
+        ] {
+            if !off.is_multiple_of(8) {
+                return bad(format!("{name} {off} is not 8-aligned"));
+            }
+        }
+        if self.receiver_head_off + 8 > self.ring_off
+            && self.receiver_head_off < self.ring_off + self.capacity
+        {
+            return bad("receiver_head_off lies inside the ring".into());
+        }
+        Ok(())
+    }
+
+    /// The largest payload one record may carry: a record and the PAD
+    /// before it always fit in an empty ring.
+    pub fn max_payload(&self) -> u64 {
+        self.capacity / 2 - HEADER_BYTES
+    }
+}
+
+/// Bytes a record of `len` payload bytes takes in the ring.
+pub fn record_bytes(len: u64) -> u64 {
+    HEADER_BYTES + len.div_ceil(ALIGN) * ALIGN
+}
+
+/// Why a ring operation failed. Nothing already in the ring is lost by any
+/// of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// The layout cannot hold a ring (the text says why).
+    Layout(String),
+    /// A record larger than the ring can carry.
+    TooLarge {
+        len: u64,
+        max: u64,
+    },
+    /// No room: `need` bytes, `free` free (after reservations).
+    Full {
+        need: u64,
+        free: u64,
+    },
+    /// More records for one doorbell than it carries (or none).
+    TooMany {
+        records: usize,
+        max: usize,
+    },
+    /// A reservation larger than the free space.
+    ReservationTooLarge {
+        want: u64,
+        free: u64,
+    },
+    /// An append from a reservation that has not that much left.
+    ReservationExhausted {
+        need: u64,
+        left: u64,
+    },
+    /// The wait for room or records ended at its deadline.
+    Deadline,
+    /// The persisted head or tail is impossible (ahead of the other end,
+    /// or more than a ring apart): the memory was not a ring's.
+    Corrupt(String),
+    Local(LocalError),
+    Timer(TimerError),
+    Verb(VerbError),
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RingError::Layout(why) => write!(f, "ring layout: {why}"),
+            RingError::TooLarge { len, max } => {
+                write!(
+                    f,
+                    "a record of {len} bytes; this ring carries at most {max}"
+                )
+            }
+            RingError::Full { need, free } => {
+                write!(f, "ring full: {need} bytes needed, {free} free")
+            }
+            RingError::TooMany { records, max } => {
+                write!(f, "{records} records for one doorbell; 1 ..= {max} go")
+            }
+            RingError::ReservationTooLarge { want, free } => {
+                write!(f, "cannot reserve {want} bytes of ring: {free} free")
+            }
+            RingError::ReservationExhausted { need, left } => write!(
+                f,
+                "the reservation has {left} bytes left, the record needs {need}"
+            ),
+            RingError::Deadline => write!(f, "the ring wait reached its deadline"),
+            RingError::Corrupt(why) => write!(f, "ring state is corrupt: {why}"),
+            RingError::Local(e) => write!(f, "ring: {e}"),
+            RingError::Timer(e) => write!(f, "ring: {e}"),
+            RingError::Verb(e) => write!(f, "ring: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+impl From<LocalError> for RingError {
+    fn from(e: LocalError) -> Self {
+        RingError::Local(e)
+    }
+}
+
+impl From<VerbError> for RingError {
+    fn from(e: VerbError) -> Self {
+        RingError::Verb(e)
+    }
+}
+
+impl From<WaitError> for RingError {
+    fn from(e: WaitError) -> Self {
+        match e {
+            WaitError::Local(e) => RingError::Local(e),
+            WaitError::Timer(e) => RingError::Timer(e),
+        }
+    }
+}
+
+/// The record's checksum: crc32c over its position, its `len | PAD` word
+/// and its payload, in that order.
+fn crc(pos: u64, lenword: u64, payload: &[u8]) -> u32 {
+    let mut head = [0u8; 12];
+    head[..8].copy_from_slice(&pos.to_le_bytes());
+    head[8..].copy_from_slice(&(lenword as u32).to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&head), payload)
+}
+
+/// Encodes a record at absolute position `pos` into `out` (exactly
+/// [`record_bytes`] long): a PAD of `len` unwritten bytes when `pad`.
+pub fn encode(pos: u64, payload: &[u8], pad_len: Option<u64>, out: &mut [u8]) {
+    let (lenword, body): (u64, &[u8]) = match pad_len {
+        Some(len) => (len | PAD_FLAG, &[]),
+        None => (payload.len() as u64, payload),
+    };
+    let c = crc(pos, lenword, body) as u64;
+    out[..8].copy_from_slice(&pos.to_le_bytes());
+    out[8..16].copy_from_slice(&(lenword | (c << 32)).to_le_bytes());
+    if pad_len.is_none() {
+        out[16..16 + body.len()].copy_from_slice(body);
+        out[16 + body.len()..].fill(0);
+    }
+}
+
+/// The receiving end, on the receiver's machine.
+pub struct Receiver {
+    layout: RingLayout,
+    /// Absolute position of the next record to consume.
+    head: u64,
+    /// The head the sender was last told.
+    reported: u64,
+    /// Looks at the head that found a record's position but not yet a
+    /// whole, valid record (torn by line order, or cut short).
+    torn_looks: u64,
+}
+
+/// A record taken from the ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Its absolute position (unique per ring: a message id).
+    pub pos: u64,
+    pub payload: Vec<u8>,
+}
+
+impl Receiver {
+    /// Opens the receiving end from the head persisted in this machine's
+    /// memory (0 for a fresh ring, whose memory is zero).
+    pub fn open<N: Nic>(ctx: &Ctx<N>, layout: RingLayout) -> Result<Receiver, RingError> {
+        layout.check()?;
+        let head = ctx.local().load(layout.receiver_head_off)?;
+        if !head.is_multiple_of(ALIGN) {
+            return Err(RingError::Corrupt(format!(
+                "persisted head {head} is not {ALIGN}-aligned"
+            )));
+        }
+        Ok(Receiver {
+            layout,
+            head,
+            reported: head,
+            torn_looks: 0,
+        })
+    }
+
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// How often the record at the head was there in part: its position
+    /// written, the rest not yet whole (each such look read it again).
+    pub fn torn_looks(&self) -> u64 {
+        self.torn_looks
+    }
+
+    /// Takes the record at the head if a whole, valid one is there.
+    pub fn try_recv<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Option<Record>, RingError> {
+        let mut payload = Vec::new();
+        Ok(self
+            .try_recv_into(ctx, &mut payload)?
+            .map(|pos| Record { pos, payload }))
+    }
+
+    /// As [`Receiver::try_recv`], the payload into `out` (its buffer
+    /// reused, no allocation once it is large enough); returns the
+    /// record's position.
+    pub fn try_recv_into<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<u64>, RingError> {
+        let l = ctx.local();
+        let cap = self.layout.capacity;
+        loop {
+            let at = self.layout.ring_off + self.head % cap;
+            // The position first: one word, and all an empty ring costs.
+            let pos = l.load(at)?;
+            if pos != self.head {
+                return Ok(None);
+            }
+            let word = l.load(at + 8)?;
+            let (lenword, want) = (word & 0xffff_ffff, (word >> 32) as u32);
+            let len = lenword & LEN_MASK;
+            let room = cap - self.head % cap;
+            if lenword & PAD_FLAG != 0 {
+                if HEADER_BYTES + len != room || crc(pos, lenword, &[]) != want {
+                    self.torn_looks += 1;
+                    return Ok(None); // not the PAD's whole header yet
+                }
+                self.advance(ctx, room)?;
+                continue;
+            }
+            if record_bytes(len) > room || len > self.layout.max_payload() {
+                self.torn_looks += 1;
+                return Ok(None); // a header torn or not ours: look again later
+            }
+            out.resize(len as usize, 0);
+            l.read(at + HEADER_BYTES, out)?;
+            if crc(pos, lenword, out) != want {
+                self.torn_looks += 1;
+                return Ok(None);
+            }
+            self.advance(ctx, record_bytes(len))?;
+            return Ok(Some(pos));
+        }
+    }
+
+    fn advance<N: Nic>(&mut self, ctx: &Ctx<N>, by: u64) -> Result<(), RingError> {
+        self.head += by;
+        ctx.local()
+            .store(self.layout.receiver_head_off, self.head)?;
+        Ok(())
+    }
+
+    /// Tells the sender the head when a quarter of the ring was consumed
+    /// since the last time, or whenever anything was when `force`. Returns
+    /// whether it wrote.
+    pub async fn report_head<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        force: bool,
+    ) -> Result<bool, RingError> {
+        let due = self.head - self.reported;
+        if due == 0 || (!force && due < self.layout.capacity / 4) {
+            return Ok(false);
+        }
+        let at = GlobalAddr::host(self.layout.sender, self.layout.sender_head_off);
+        let mut b = ctx.batch();
+        b.write_u64(at, self.head);
+        b.submit().await?;
+        self.reported = self.head;
+        Ok(true)
+    }
+
+    /// The head the receiver may piggyback on a message of its own to the
+    /// sender, marking it told (FaRM returns heads lazily this way).
+    pub fn piggyback_head(&mut self) -> u64 {
+        self.reported = self.head;
+        self.head
+    }
+
+    /// Waits for the next record (until `deadline_ns`, if given). The head
+    /// goes back to the sender lazily: after a quarter of the ring, or once
+    /// the ring has been empty for [`IDLE_REPORT_NS`] with something
+    /// consumed unreported — so a sender waiting for room always gets it,
+    /// and a busy stream costs one head WRITE per quarter ring.
+    pub async fn recv<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        deadline_ns: Option<u64>,
+    ) -> Result<Record, RingError> {
+        let mut payload = Vec::new();
+        let pos = self.recv_into(ctx, &mut payload, deadline_ns).await?;
+        Ok(Record { pos, payload })
+    }
+
+    /// As [`Receiver::recv`], the payload into `out`; returns the
+    /// record's position.
+    pub async fn recv_into<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        out: &mut Vec<u8>,
+        deadline_ns: Option<u64>,
+    ) -> Result<u64, RingError> {
+        let idle_at = ctx.now_ns().saturating_add(IDLE_REPORT_NS);
+        loop {
+            if let Some(pos) = self.try_recv_into(ctx, out)? {
+                self.report_head(ctx, false).await?;
+                return Ok(pos);
+            }
+            let unreported = self.head > self.reported;
+            if unreported && ctx.now_ns() >= idle_at {
+                self.report_head(ctx, true).await?;
+                continue;
+            }
+            let until = match (deadline_ns, unreported) {
+                (Some(d), true) => Some(d.min(idle_at)),
+                (Some(d), false) => Some(d),
+                (None, true) => Some(idle_at),
+                (None, false) => None,
+            };
+            let w = ctx
+                .wait_for_write(self.layout.ring_off, self.layout.capacity, until)?
+                .await;
+            if w == Woken::Deadline && deadline_ns.is_some_and(|d| ctx.now_ns() >= d) {
+                return Err(RingError::Deadline);
+            }
+        }
+    }
+}
+
+/// The sending end, on the sender's machine.
+pub struct Sender {
+    layout: RingLayout,
+    /// Absolute position of the next record.
+    tail: u64,
+    /// Bytes promised to live reservations.
+    reserved: u64,
+}
+
+/// Ring space set aside for later appends ([`Sender::reserve`]).
+#[must_use = "release what a reservation does not use"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    left: u64,
+}
+
+impl Reservation {
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+}
+
+impl Sender {
+    /// Opens the sending end from the tail persisted in this machine's
+    /// memory and the head the receiver reported there.
+    pub fn open<N: Nic>(ctx: &Ctx<N>, layout: RingLayout) -> Result<Sender, RingError> {
+        layout.check()?;
+        let l = ctx.local();
+        let tail = l.load(layout.sender_tail_off)?;
+        let head = l.load(layout.sender_head_off)?;
+        if head > tail || tail - head > layout.capacity || !tail.is_multiple_of(ALIGN) {
+            return Err(RingError::Corrupt(format!(
+                "sender tail {tail} and reported head {head} are not a ring's"
+            )));
+        }
+        Ok(Sender {
+            layout,
+            tail,
+            reserved: 0,
+        })
+    }
+
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Free bytes, after reservations, by the head the receiver reported.
+    pub fn free<N: Nic>(&self, ctx: &Ctx<N>) -> Result<u64, RingError> {
+        let head = ctx.local().load(self.layout.sender_head_off)?;
+        let used = self
+            .tail
+            .checked_sub(head)
+            .filter(|&u| u <= self.layout.capacity);
+        let used = used.ok_or_else(|| {
+            RingError::Corrupt(format!("reported head {head} is beyond tail {}", self.tail))
+        })?;
+        Ok((self.layout.capacity - used).saturating_sub(self.reserved))
+    }
+
+    /// Bytes appending records of payload lengths `lens` at the tail
+    /// takes, the PAD before any that would cross the ring's end included.
+    fn need(&self, lens: impl IntoIterator<Item = u64>) -> Result<u64, RingError> {
+        let (max, cap) = (self.layout.max_payload(), self.layout.capacity);
+        let mut pos = self.tail;
+        for len in lens {
+            if len > max {
+                return Err(RingError::TooLarge { len, max });
+            }
+            let size = record_bytes(len);
+            let room = cap - pos % cap;
+            pos += if size > room { room + size } else { size };
+        }
+        Ok(pos - self.tail)
+    }
+
+    /// Appends `payload` if there is room now; [`RingError::Full`] if not.
+    pub async fn try_append<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        payload: &[u8],
+    ) -> Result<u64, RingError> {
+        let need = self.need([payload.len() as u64])?;
+        let free = self.free(ctx)?;
+        if need > free {
+            return Err(RingError::Full { need, free });
+        }
+        self.write(ctx, &[payload]).await
+    }
+
+    /// Appends `payload`, waiting for room (until `deadline_ns`, if given).
+    /// Returns the record's position.
+    pub async fn append<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        payload: &[u8],
+        deadline_ns: Option<u64>,
+    ) -> Result<u64, RingError> {
+        self.append_many(ctx, &[payload], deadline_ns).await
+    }
+
+    /// Appends up to [`MAX_RECORDS_PER_DOORBELL`] records with one doorbell
+    /// (each still its own WRITE), waiting for room for all of them (until
+    /// `deadline_ns`, if given). Returns the first record's position.
+    pub async fn append_many<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        payloads: &[&[u8]],
+        deadline_ns: Option<u64>,
+    ) -> Result<u64, RingError> {
+        if payloads.is_empty() || payloads.len() > MAX_RECORDS_PER_DOORBELL {
+            return Err(RingError::TooMany {
+                records: payloads.len(),
+                max: MAX_RECORDS_PER_DOORBELL,
+            });
+        }
+        let need = self.need(payloads.iter().map(|p| p.len() as u64))?;
+        let most = self.layout.capacity - self.reserved;
+        if need > most {
+            return Err(RingError::Full { need, free: most });
+        }
+        while self.free(ctx)? < need {
+            let w = ctx
+                .wait_for_write(self.layout.sender_head_off, 8, deadline_ns)?
+                .await;
+            if w == Woken::Deadline && self.free(ctx)? < need {
+                return Err(RingError::Deadline);
+            }
+        }
+        self.write(ctx, payloads).await
+    }
+
+    /// Sets aside room for records of the given payload lengths, wherever
+    /// the ring's end falls among them (one PAD's worth of slack).
+    pub fn reserve<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        lens: &[u64],
+    ) -> Result<Reservation, RingError> {
+        let max = self.layout.max_payload();
+        if let Some(&len) = lens.iter().find(|&&l| l > max) {
+            return Err(RingError::TooLarge { len, max });
+        }
+        let sizes = lens.iter().map(|&l| record_bytes(l));
+        let want = sizes.clone().sum::<u64>() + sizes.max().unwrap_or(0);
+        let free = self.free(ctx)?;
+        if want > free {
+            return Err(RingError::ReservationTooLarge { want, free });
+        }
+        self.reserved += want;
+        Ok(Reservation { left: want })
+    }
+
+    /// Appends `payload` in space `r` holds; never waits. A PAD the ring's
+    /// end calls for comes from the reservation's slack, or else from free
+    /// space.
+    pub async fn append_reserved<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        r: &mut Reservation,
+        payload: &[u8],
+    ) -> Result<u64, RingError> {
+        let need = self.need([payload.len() as u64])?;
+        let size = record_bytes(payload.len() as u64);
+        if size > r.left {
+            return Err(RingError::ReservationExhausted { need, left: r.left });
+        }
+        let pad = need - size;
+        let (from_r, from_free) = if need <= r.left {
+            (need, 0)
+        } else {
+            (size, pad)
+        };
+        if from_free > 0 && self.free(ctx)? < from_free {
+            return Err(RingError::ReservationExhausted { need, left: r.left });
+        }
+        let pos = self.write(ctx, &[payload]).await?;
+        r.left -= from_r;
+        self.reserved -= from_r;
+        Ok(pos)
+    }
+
+    /// Gives back what `r` did not use.
+    pub fn release(&mut self, r: Reservation) {
+        self.reserved -= r.left;
+    }
+
+    /// Writes the records (each preceded by a PAD where it would not fit
+    /// before the ring's end) with one doorbell, then persists the tail.
+    /// Returns the first record's position.
+    async fn write<N: Nic>(&mut self, ctx: &Ctx<N>, payloads: &[&[u8]]) -> Result<u64, RingError> {
+        let cap = self.layout.capacity;
+        let node = self.layout.receiver;
+        let at = |pos: u64| GlobalAddr::host(node, self.layout.ring_off + pos % cap);
+        let mut b = ctx.batch();
+        let mut pos = self.tail;
+        let mut first = None;
+        for payload in payloads {
+            let size = record_bytes(payload.len() as u64);
+            let room = cap - pos % cap;
+            if size > room {
+                let mut pad = ctx.alloc(HEADER_BYTES as usize)?;
+                encode(pos, &[], Some(room - HEADER_BYTES), pad.as_mut_slice());
+                b.write(at(pos), pad);
+                pos += room;
+            }
+            let mut rec = ctx.alloc(size as usize)?;
+            encode(pos, payload, None, rec.as_mut_slice());
+            b.write(at(pos), rec);
+            first.get_or_insert(pos);
+            pos += size;
+        }
+        b.submit().await?;
+        self.tail = pos;
+        ctx.local().store(self.layout.sender_tail_off, self.tail)?;
+        Ok(first.unwrap_or(pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_encode_with_a_checksum_over_everything() {
+        let mut out = vec![0u8; record_bytes(5) as usize];
+        encode(32, b"hello", None, &mut out);
+        assert_eq!(out.len(), 32);
+        assert_eq!(u64::from_le_bytes(out[..8].try_into().unwrap()), 32);
+        let word = u64::from_le_bytes(out[8..16].try_into().unwrap());
+        assert_eq!(word & LEN_MASK, 5);
+        assert_eq!((word >> 32) as u32, crc(32, 5, b"hello"));
+        assert_ne!(
+            crc(32, 5, b"hello"),
+            crc(48, 5, b"hello"),
+            "position is covered"
+        );
+        assert_ne!(
+            crc(32, 5, b"hello"),
+            crc(32, 5, b"hellp"),
+            "payload is covered"
+        );
+        assert_eq!(&out[16..21], b"hello");
+        assert!(out[21..].iter().all(|&b| b == 0));
+        // Zeroed memory never reads as a record at position 0.
+        assert_ne!(crc(0, 0, &[]), 0);
+        assert_eq!(record_bytes(0), 16);
+        assert_eq!(record_bytes(16), 32);
+        assert_eq!(record_bytes(17), 48);
+    }
+
+    #[test]
+    fn bad_layouts_are_refused() {
+        let good = RingLayout {
+            receiver: 0,
+            ring_off: 4096,
+            capacity: 1024,
+            receiver_head_off: 0,
+            sender: 1,
+            sender_head_off: 0,
+            sender_tail_off: 8,
+        };
+        good.check().unwrap();
+        assert_eq!(good.max_payload(), 496);
+        for bad in [
+            RingLayout {
+                capacity: 1000,
+                ..good
+            },
+            RingLayout {
+                capacity: 16,
+                ..good
+            },
+            RingLayout {
+                ring_off: 4100,
+                ..good
+            },
+            RingLayout {
+                receiver_head_off: 4096 + 64,
+                ..good
+            },
+            RingLayout {
+                sender_tail_off: 3,
+                ..good
+            },
+        ] {
+            assert!(matches!(bad.check(), Err(RingError::Layout(_))), "{bad:?}");
+        }
+    }
+}

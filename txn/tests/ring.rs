@@ -1,0 +1,443 @@
+//! The ring, written once and run on the simulator (over seeds: random
+//! line order) and on emu: order, wrap-around, back-pressure,
+//! reservation, torn and truncated records never accepted, and a
+//! receiver's restart from its persisted head.
+
+mod common;
+
+use common::{task, Emu, Machines, Sim};
+use nicdrv::sim::for_each_seed;
+use nicdrv::{GlobalAddr, Nic};
+use std::sync::{Arc, Mutex};
+use txn::ring::{encode, record_bytes, Receiver, RingError, RingLayout, Sender};
+
+/// Sender machine 0, receiver machine 1, a ring of `capacity` bytes.
+fn layout(capacity: u64) -> RingLayout {
+    RingLayout {
+        receiver: 1,
+        ring_off: 64 << 10,
+        capacity,
+        receiver_head_off: 0,
+        sender: 0,
+        sender_head_off: 0,
+        sender_tail_off: 8,
+    }
+}
+
+/// A word of the receiver's memory, outside the ring, that a test's sender
+/// sets to let its receiver start.
+const GO: u64 = 32;
+
+/// A word of the sender's memory its receiver sets when the sender of a
+/// test may restart.
+const RESTART: u64 = 40;
+
+/// How long a test's receiver waits for a record before it fails (so a
+/// broken sender fails the test instead of hanging it).
+fn patience<N: Nic>(ctx: &nicdrv::Ctx<N>) -> u64 {
+    ctx.now_ns() + 5_000_000_000
+}
+
+/// Record `i`'s payload: its length varies (0 to 200 bytes) and every byte
+/// names the record.
+fn payload(i: u64) -> Vec<u8> {
+    let len = (i * 37 % 201) as usize;
+    (0..len)
+        .map(|k| (i as u8).wrapping_add(k as u8 * 3))
+        .collect()
+}
+
+/// `n` records through a 1 KiB ring: the receiver gets each once, in
+/// order, whole; the ring wraps many times and the sender waits for room.
+fn order_wraparound_backpressure<M: Machines>(m: &M, n: u64) {
+    let l = layout(1024);
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    let waited = Arc::new(Mutex::new(0u64));
+    let w = waited.clone();
+    m.run(vec![
+        (
+            0,
+            task(move |ctx| async move {
+                let mut s = Sender::open(&ctx, l).unwrap();
+                let mut last = 0;
+                for i in 0..n {
+                    let p = payload(i);
+                    match s.try_append(&ctx, &p).await {
+                        Ok(pos) => last = pos,
+                        Err(RingError::Full { .. }) => {
+                            *w.lock().unwrap() += 1;
+                            last = s.append(&ctx, &p, None).await.unwrap();
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                assert!(last > 10 * l.capacity, "the ring wrapped ({last})");
+            }),
+        ),
+        (
+            1,
+            task(move |ctx| async move {
+                let mut r = Receiver::open(&ctx, l).unwrap();
+                let mut prev = None;
+                for i in 0..n {
+                    // A slow receiver now and then: the sender fills the ring.
+                    if i % 50 == 49 {
+                        ctx.sleep(20_000).unwrap().await;
+                    }
+                    let rec = r.recv(&ctx, Some(patience(&ctx))).await.unwrap();
+                    assert!(prev.is_none_or(|p| rec.pos > p), "positions increase");
+                    prev = Some(rec.pos);
+                    g.lock().unwrap().push(rec.payload);
+                }
+                // Nothing more is there.
+                assert_eq!(r.try_recv(&ctx).unwrap(), None);
+            }),
+        ),
+    ]);
+    let got = got.lock().unwrap();
+    let want: Vec<Vec<u8>> = (0..n).map(payload).collect();
+    assert!(
+        *got == want,
+        "records lost, duplicated, reordered or altered"
+    );
+    assert!(
+        *waited.lock().unwrap() > 0,
+        "the sender never met a full ring"
+    );
+}
+
+/// Reservations: reserved room is kept from other appends, used by the
+/// reservation's own, and released; oversized records and reservations
+/// are errors that lose nothing.
+fn reservation<M: Machines>(m: &M) {
+    let l = layout(1024);
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+    let st = sent.clone();
+    m.run(vec![
+        (
+            0,
+            task(move |ctx| async move {
+                let mut s = Sender::open(&ctx, l).unwrap();
+                let mut sent = Vec::new();
+                // Too large for the ring, and a reservation beyond it.
+                let big = vec![1u8; 600];
+                assert_eq!(
+                    s.try_append(&ctx, &big).await,
+                    Err(RingError::TooLarge { len: 600, max: 496 })
+                );
+                assert!(matches!(
+                    s.reserve(&ctx, &[400, 400]),
+                    Err(RingError::ReservationTooLarge { .. })
+                ));
+                // 3 records of 128 bytes + 128 of slack: 512 of 1024.
+                let mut r = s.reserve(&ctx, &[100, 100, 100]).unwrap();
+                assert_eq!(r.left(), 512);
+                assert_eq!(s.free(&ctx).unwrap(), 1024 - 512);
+                // Others' appends fill the rest, not the reservation.
+                let other = vec![9u8; 200];
+                let mut fits = 0;
+                loop {
+                    match s.try_append(&ctx, &other).await {
+                        Ok(_) => {
+                            sent.push(other.clone());
+                            fits += 1;
+                        }
+                        Err(RingError::Full { .. }) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                assert_eq!(fits, 2, "two 224-byte records fit beside 512 reserved");
+                for k in 0..3u8 {
+                    let p = vec![k; 100];
+                    s.append_reserved(&ctx, &mut r, &p).await.unwrap();
+                    sent.push(p);
+                }
+                assert!(matches!(
+                    s.append_reserved(&ctx, &mut r, &[0; 200]).await,
+                    Err(RingError::ReservationExhausted { .. })
+                ));
+                s.release(r);
+                // Only now may the receiver start (a word in its memory).
+                ctx.write(GlobalAddr::host(l.receiver, GO), &1u64.to_le_bytes())
+                    .await
+                    .unwrap();
+                // After the receiver drains, the whole ring is free again.
+                let last = vec![7u8; 496];
+                s.append(&ctx, &last, None).await.unwrap();
+                sent.push(last);
+                *st.lock().unwrap() = sent;
+            }),
+        ),
+        (
+            1,
+            task(move |ctx| async move {
+                let mut r = Receiver::open(&ctx, l).unwrap();
+                while ctx.local().load(GO).unwrap() == 0 {
+                    let d = Some(patience(&ctx));
+                    ctx.wait_for_write(GO, 8, d).unwrap().await;
+                }
+                for _ in 0..6 {
+                    let p = r.recv(&ctx, Some(patience(&ctx))).await.unwrap().payload;
+                    g.lock().unwrap().push(p);
+                }
+            }),
+        ),
+    ]);
+    assert!(*got.lock().unwrap() == *sent.lock().unwrap());
+}
+
+/// A record whose lines land one at a time, and one cut short for good by
+/// a sender that "crashed" mid-WRITE: the receiver never accepts either
+/// until it is whole; the restarted sender (from its persisted tail)
+/// writes a new record over the truncated one, and that is what arrives.
+/// Then the receiver restarts from its persisted head and goes on where
+/// it stopped.
+fn torn_truncated_and_restart<M: Machines>(m: &M) {
+    let l = layout(4096);
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    m.run(vec![
+        (
+            0,
+            task(move |ctx| async move {
+                let ring = |pos: u64| GlobalAddr::host(l.receiver, l.ring_off + pos % l.capacity);
+                // Record 0 by hand, 200 bytes of payload (4 lines), landing
+                // line by line, last line first, slowly.
+                let first = vec![0xa5u8; 200];
+                let mut rec = vec![0u8; record_bytes(200) as usize];
+                encode(0, &first, None, &mut rec);
+                for line in (0..rec.len().div_ceil(64)).rev() {
+                    let end = (64 * line + 64).min(rec.len());
+                    ctx.write(ring(64 * line as u64), &rec[64 * line..end])
+                        .await
+                        .unwrap();
+                    ctx.sleep(200_000).unwrap().await;
+                }
+                // The sender's own tail after it (as Sender would persist).
+                ctx.local()
+                    .store(l.sender_tail_off, rec.len() as u64)
+                    .unwrap();
+                // Record 1, cut short: header and first line only, then the
+                // "crash" (this sender's state is dropped unpersisted).
+                let doomed = vec![0x5au8; 300];
+                let mut rec2 = vec![0u8; record_bytes(300) as usize];
+                let pos = rec.len() as u64;
+                encode(pos, &doomed, None, &mut rec2);
+                ctx.write(ring(pos), &rec2[..64]).await.unwrap();
+                // Down until the receiver has waited in vain for it.
+                while ctx.local().load(RESTART).unwrap() == 0 {
+                    let d = Some(patience(&ctx));
+                    ctx.wait_for_write(RESTART, 8, d).unwrap().await;
+                }
+                // Restart: the sender opens from its persisted tail and
+                // appends anew at the same position.
+                let mut s = Sender::open(&ctx, l).unwrap();
+                assert_eq!(s.tail(), pos);
+                for i in 0..6u64 {
+                    s.append(&ctx, &payload(i), None).await.unwrap();
+                }
+            }),
+        ),
+        (
+            1,
+            task(move |ctx| async move {
+                let mut r = Receiver::open(&ctx, l).unwrap();
+                // While record 0 lands line by line nothing is accepted;
+                // the first record taken is the whole one.
+                let rec = r.recv(&ctx, Some(patience(&ctx))).await.unwrap();
+                assert_eq!(rec.pos, 0);
+                g.lock().unwrap().push(rec.payload);
+                // The truncated record is never accepted: 1 ms of waiting
+                // and nothing comes; then the sender may restart.
+                let d = ctx.now_ns() + 1_000_000;
+                assert_eq!(r.recv(&ctx, Some(d)).await, Err(RingError::Deadline));
+                ctx.write(GlobalAddr::host(l.sender, RESTART), &1u64.to_le_bytes())
+                    .await
+                    .unwrap();
+                // Two records, then a restart of the receiver.
+                for _ in 0..2 {
+                    let p = r.recv(&ctx, Some(patience(&ctx))).await.unwrap().payload;
+                    g.lock().unwrap().push(p);
+                }
+                let head = r.head();
+                // The receiver restarts: a new one from the persisted head.
+                let mut r = Receiver::open(&ctx, l).unwrap();
+                assert_eq!(r.head(), head, "the head was persisted");
+                for _ in 0..4 {
+                    let p = r.recv(&ctx, Some(patience(&ctx))).await.unwrap().payload;
+                    g.lock().unwrap().push(p);
+                }
+            }),
+        ),
+    ]);
+    let got = got.lock().unwrap();
+    let mut want = vec![vec![0xa5u8; 200]];
+    want.extend((0..6).map(payload));
+    assert!(
+        *got == want,
+        "got {} records, not the 7 sent whole",
+        got.len()
+    );
+}
+
+/// In the simulator a WRITE's lines land at random instants: a receiver
+/// that looks at every step sees records in part, and accepts each only
+/// whole. Over the seeds, parts are seen (the check is exercised) and no
+/// record is ever wrong.
+#[test]
+fn sim_ring_torn_records_are_seen_and_never_accepted() {
+    let torn = Arc::new(Mutex::new(0u64));
+    for_each_seed(
+        "sim_ring_torn_records_are_seen_and_never_accepted",
+        20,
+        |seed| {
+            let l = layout(8192);
+            let t = torn.clone();
+            let n = 200u64;
+            let big = |i: u64| vec![i as u8; 480 + (i % 3) as usize * 8];
+            Sim { seed }.run(vec![
+                (
+                    0,
+                    task(move |ctx| async move {
+                        let mut s = Sender::open(&ctx, l).unwrap();
+                        for i in 0..n {
+                            s.append(&ctx, &big(i), None).await.unwrap();
+                        }
+                    }),
+                ),
+                (
+                    1,
+                    task(move |ctx| async move {
+                        let mut r = Receiver::open(&ctx, l).unwrap();
+                        let mut i = 0;
+                        while i < n {
+                            match r.try_recv(&ctx).unwrap() {
+                                Some(rec) => {
+                                    assert_eq!(rec.payload, big(i), "seed {seed}: record {i}");
+                                    i += 1;
+                                    r.report_head(&ctx, false).await.unwrap();
+                                }
+                                None => {
+                                    r.report_head(&ctx, true).await.unwrap();
+                                    ctx.yield_now().await;
+                                }
+                            }
+                        }
+                        *t.lock().unwrap() += r.torn_looks();
+                    }),
+                ),
+            ]);
+        },
+    );
+    assert!(*torn.lock().unwrap() > 0, "no record was ever seen in part");
+}
+
+/// Corrupt persisted state and bad input are errors, never panics.
+fn bad_state<M: Machines>(m: &M) {
+    let l = layout(1024);
+    m.run(vec![(
+        0,
+        task(move |ctx: nicdrv::Ctx<M::N>| async move {
+            // The sender's view: a head beyond the tail.
+            ctx.local().store(l.sender_head_off, 64).unwrap();
+            assert!(matches!(Sender::open(&ctx, l), Err(RingError::Corrupt(_))));
+            ctx.local().store(l.sender_head_off, 0).unwrap();
+            assert!(Sender::open(&ctx, RingLayout { capacity: 100, ..l }).is_err());
+            // A receiver on a machine whose head word is out of memory.
+            let far = RingLayout {
+                receiver_head_off: ctx.nic().local_bytes().unwrap(),
+                ..l
+            };
+            assert!(matches!(
+                Receiver::open(&ctx, far),
+                Err(RingError::Local(_))
+            ));
+            let odd = RingLayout {
+                receiver_head_off: 24,
+                ..l
+            };
+            ctx.local().store(24, 3).unwrap();
+            assert!(matches!(
+                Receiver::open(&ctx, odd),
+                Err(RingError::Corrupt(_))
+            ));
+        }),
+    )]);
+}
+
+#[test]
+fn sim_ring_order_wraparound_backpressure() {
+    for_each_seed("sim_ring_order_wraparound_backpressure", 20, |seed| {
+        order_wraparound_backpressure(&Sim { seed }, 400)
+    });
+}
+
+#[test]
+fn emu_ring_order_wraparound_backpressure() {
+    order_wraparound_backpressure(&Emu::new(), 20_000);
+}
+
+#[test]
+fn sim_ring_reservation() {
+    reservation(&Sim { seed: 1 });
+}
+
+#[test]
+fn emu_ring_reservation() {
+    reservation(&Emu::new());
+}
+
+#[test]
+fn sim_ring_torn_truncated_and_restart() {
+    for_each_seed("sim_ring_torn_truncated_and_restart", 20, |seed| {
+        torn_truncated_and_restart(&Sim { seed })
+    });
+}
+
+#[test]
+fn emu_ring_torn_truncated_and_restart() {
+    torn_truncated_and_restart(&Emu::new());
+}
+
+#[test]
+fn ring_bad_state_is_an_error() {
+    bad_state(&Sim { seed: 1 });
+    bad_state(&Emu::new());
+}
+
+#[cfg(feature = "mlx5")]
+mod on_mlx5 {
+    use super::*;
+    use common::Mlx5;
+
+    #[test]
+    fn mlx5_ring_order_wraparound_backpressure() {
+        if let Some(m) = Mlx5::new() {
+            order_wraparound_backpressure(&m, 20_000);
+        }
+    }
+
+    #[test]
+    fn mlx5_ring_reservation() {
+        if let Some(m) = Mlx5::new() {
+            reservation(&m);
+        }
+    }
+
+    #[test]
+    fn mlx5_ring_torn_truncated_and_restart() {
+        if let Some(m) = Mlx5::new() {
+            torn_truncated_and_restart(&m);
+        }
+    }
+
+    #[test]
+    fn mlx5_ring_bad_state_is_an_error() {
+        if let Some(m) = Mlx5::new() {
+            bad_state(&m);
+        }
+    }
+}
