@@ -8,9 +8,9 @@
 use crate::args::{size_value, ArgError, Backend};
 use cluster::stats::latency_histogram;
 use hdrhistogram::Histogram;
-use nicdrv::emu::{Backing, EmuConfig, EmuNic, EmuNode, EmuNodeConfig};
+use nicdrv::emu::EmuNic;
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
-use nicdrv::{Access, Ctx, Executor, ExecutorConfig, HeapMem, Nic};
+use nicdrv::{Ctx, Executor, ExecutorConfig, Nic};
 use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -197,43 +197,19 @@ fn run_emu(
     batch: usize,
     pin: bool,
 ) -> Result<Measured, String> {
-    let nodes: Vec<EmuNode> = (0..2)
-        .map(|id| {
-            let node = EmuNode::create(&EmuNodeConfig {
-                id,
-                host_bytes: HOST,
-                dm_bytes: 4096,
-                backing: Backing::Memfd,
-            })
-            .map_err(|e| e.to_string())?;
-            node.register_all().map_err(|e| e.to_string())?;
-            Ok(node)
-        })
-        .collect::<Result<_, String>>()?;
-    let endpoints: Vec<_> = nodes.iter().map(EmuNode::endpoint).collect();
-    let nic = EmuNic::new(EmuConfig::default());
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: 2,
+        host_bytes: HOST,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .map_err(|e| e.to_string())?;
     let cfg = ExecutorConfig {
         slots: 1,
         ..Default::default()
     };
     let executor = |m: usize| -> Result<Executor<EmuNic>, String> {
-        let nic = nic.on_machine(&endpoints[m]);
-        let cq = nic
-            .create_cq(cfg.qp_depth() * 2)
-            .map_err(|e| e.to_string())?;
-        let mut qps = Vec::new();
-        for e in &endpoints {
-            qps.push(
-                nic.create_qp(&cq, cfg.qp_depth())
-                    .map_err(|e| e.to_string())?
-                    .connect(e),
-            );
-        }
-        let scratch = HeapMem::zeroed(cfg.scratch_bytes()).ok_or("cannot allocate scratch")?;
-        let mr = nic
-            .register(scratch, Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        Executor::new(nic, cq, qps, mr, cfg).map_err(|e| e.to_string())
+        cluster.machine_executor(m, cfg).map_err(|e| e.to_string())
     };
     let waits = Arc::new(Mutex::new(Err("the sender did not finish".to_string())));
     let got = Arc::new(Mutex::new(Err("the receiver did not finish".to_string())));

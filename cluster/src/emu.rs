@@ -134,24 +134,44 @@ impl EmuCluster {
     /// An executor on the calling thread with a queue pair to every node and
     /// registered scratch from mempool.
     pub fn executor(&self, cfg: ExecutorConfig) -> Result<Executor<EmuNic>, ClusterError> {
+        self.executor_on(&self.nic, cfg)
+    }
+
+    /// As [`EmuCluster::executor`], for a core of the machine that owns
+    /// memory node `machine`: its tasks' local view is that node's host
+    /// memory ([`EmuNic::on_machine`]). Every node of a booted or attached
+    /// cluster can be a machine's.
+    pub fn machine_executor(
+        &self,
+        machine: usize,
+        cfg: ExecutorConfig,
+    ) -> Result<Executor<EmuNic>, ClusterError> {
+        let ep = self.endpoints.get(machine).ok_or_else(|| {
+            ClusterError::Config(format!(
+                "no machine {machine}: the cluster has {} memory nodes",
+                self.endpoints.len()
+            ))
+        })?;
+        self.executor_on(&self.nic.on_machine(ep), cfg)
+    }
+
+    fn executor_on(
+        &self,
+        nic: &EmuNic,
+        cfg: ExecutorConfig,
+    ) -> Result<Executor<EmuNic>, ClusterError> {
         let dev = |e: nicdrv::nic::RegError| ClusterError::Device(e.to_string());
-        let cq = self
-            .nic
+        let cq = nic
             .create_cq(cfg.qp_depth() * self.endpoints.len() as u32)
             .map_err(dev)?;
         let mut qps = Vec::with_capacity(self.endpoints.len());
         for ep in &self.endpoints {
-            qps.push(
-                self.nic
-                    .create_qp(&cq, cfg.qp_depth())
-                    .map_err(dev)?
-                    .connect(ep),
-            );
+            qps.push(nic.create_qp(&cq, cfg.qp_depth()).map_err(dev)?.connect(ep));
         }
-        let scratch = CorePool::new(&self.nic, &cfg)
+        let scratch = CorePool::new(nic, &cfg)
             .map_err(ClusterError::Memory)?
             .into_scratch();
-        Executor::new(self.nic.clone(), cq, qps, scratch, cfg).map_err(ClusterError::Executor)
+        Executor::new(nic.clone(), cq, qps, scratch, cfg).map_err(ClusterError::Executor)
     }
 
     /// Runs `cores` compute cores, each a thread (pinned to CPU `i mod

@@ -124,20 +124,42 @@ impl SharedLocal {
     }
 }
 
-/// The local-view methods of a [`crate::Nic`] whose machine memory is a
-/// [`SharedLocal`] that `self.view()` returns (emu, mlx5): one body for both.
+/// A machine's memory as a device clone holds it (emu, mlx5): the view,
+/// and whatever keeps that memory mapped and registered for as long as
+/// any clone lives.
+#[derive(Clone)]
+pub struct MachineMemory {
+    view: SharedLocal,
+    _keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl MachineMemory {
+    /// `keep` must keep `view`'s memory valid while it lives.
+    pub fn new(view: SharedLocal, keep: std::sync::Arc<dyn std::any::Any + Send + Sync>) -> Self {
+        MachineMemory { view, _keep: keep }
+    }
+}
+
+/// The view of a device's machine memory, or `NotAMachine`.
+pub fn view_of(m: &Option<MachineMemory>) -> Result<&SharedLocal, LocalError> {
+    m.as_ref().map(|m| &m.view).ok_or(LocalError::NotAMachine)
+}
+
+/// The local-view methods of a [`crate::Nic`] whose machine memory is the
+/// `Option<MachineMemory>` in its field `local` (emu, mlx5): one body for
+/// both.
 macro_rules! shared_local_view {
     () => {
         fn local_bytes(&self) -> Option<u64> {
-            self.view().ok().map(|v| v.len())
+            $crate::local::view_of(&self.local).ok().map(|v| v.len())
         }
 
         fn local_load(&self, off: u64) -> Result<u64, $crate::local::LocalError> {
-            self.view()?.load(off)
+            $crate::local::view_of(&self.local)?.load(off)
         }
 
         fn local_store(&self, off: u64, v: u64) -> Result<(), $crate::local::LocalError> {
-            self.view()?.store(off, v)
+            $crate::local::view_of(&self.local)?.store(off, v)
         }
 
         fn local_cas(
@@ -146,15 +168,15 @@ macro_rules! shared_local_view {
             compare: u64,
             swap: u64,
         ) -> Result<u64, $crate::local::LocalError> {
-            self.view()?.cas(off, compare, swap)
+            $crate::local::view_of(&self.local)?.cas(off, compare, swap)
         }
 
         fn local_read(&self, off: u64, buf: &mut [u8]) -> Result<(), $crate::local::LocalError> {
-            self.view()?.read(off, buf)
+            $crate::local::view_of(&self.local)?.read(off, buf)
         }
 
         fn local_write(&self, off: u64, data: &[u8]) -> Result<(), $crate::local::LocalError> {
-            self.view()?.write(off, data)
+            $crate::local::view_of(&self.local)?.write(off, data)
         }
     };
 }

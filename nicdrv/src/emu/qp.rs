@@ -3,7 +3,6 @@
 use super::node::EmuEndpoint;
 use super::EmuConfig;
 use crate::addr::NodeId;
-use crate::local::LocalError;
 use crate::nic::{
     CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
     Registration, RemoteRegion,
@@ -43,15 +42,7 @@ struct NicInner {
 #[derive(Clone)]
 pub struct EmuNic {
     inner: Arc<NicInner>,
-    local: Option<EmuLocal>,
-}
-
-/// The machine memory of an [`EmuNic`]: the node's host window, kept
-/// mapped by the endpoint held beside it.
-#[derive(Clone)]
-struct EmuLocal {
-    view: crate::local::SharedLocal,
-    _keep: EmuEndpoint,
+    local: Option<crate::local::MachineMemory>,
 }
 
 impl EmuNic {
@@ -82,18 +73,11 @@ impl EmuNic {
     pub fn on_machine(&self, node: &EmuEndpoint) -> EmuNic {
         EmuNic {
             inner: self.inner.clone(),
-            local: Some(EmuLocal {
-                view: crate::local::SharedLocal::new(node.map.host),
-                _keep: node.clone(),
-            }),
+            local: Some(crate::local::MachineMemory::new(
+                crate::local::SharedLocal::new(node.map.host),
+                Arc::new(node.clone()),
+            )),
         }
-    }
-
-    fn view(&self) -> Result<&crate::local::SharedLocal, LocalError> {
-        self.local
-            .as_ref()
-            .map(|l| &l.view)
-            .ok_or(LocalError::NotAMachine)
     }
 
     pub fn config(&self) -> &EmuConfig {

@@ -7,7 +7,6 @@
 
 use super::mr::{access_to_ibv, Mlx5Reg};
 use super::Mlx5Error;
-use crate::local::LocalError;
 use crate::nic::{HeapMem, Mr, Nic, RegError, RegisterableMemory};
 
 use crate::verbs::{Access, Caps, RKey};
@@ -184,15 +183,7 @@ fn zeroed<T>() -> T {
 pub struct Mlx5Nic {
     pub(crate) dev: Arc<Device>,
     caps: Caps,
-    local: Option<Mlx5Local>,
-}
-
-/// The machine memory of an [`Mlx5Nic`]: the registered region, kept
-/// registered and allocated by the node held beside it.
-#[derive(Clone)]
-struct Mlx5Local {
-    view: crate::local::SharedLocal,
-    _keep: Arc<super::Mlx5MemoryNode>,
+    local: Option<crate::local::MachineMemory>,
 }
 
 impl Mlx5Nic {
@@ -277,18 +268,11 @@ impl Mlx5Nic {
         Mlx5Nic {
             dev: self.dev.clone(),
             caps: self.caps,
-            local: Some(Mlx5Local {
-                view: crate::local::SharedLocal::new(mem),
-                _keep: node.clone(),
-            }),
+            local: Some(crate::local::MachineMemory::new(
+                crate::local::SharedLocal::new(mem),
+                node.clone(),
+            )),
         }
-    }
-
-    fn view(&self) -> Result<&crate::local::SharedLocal, LocalError> {
-        self.local
-            .as_ref()
-            .map(|l| &l.view)
-            .ok_or(LocalError::NotAMachine)
     }
 
     /// The device's name (`mlx5_0`).

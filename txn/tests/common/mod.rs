@@ -3,9 +3,8 @@
 
 #![allow(dead_code)]
 
-use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
 use nicdrv::sim::{RunEnd, SimConfig, SimNic, World};
-use nicdrv::{Access, Ctx, Executor, ExecutorConfig, HeapMem, Nic};
+use nicdrv::{Ctx, Executor, ExecutorConfig, Nic};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -46,15 +45,7 @@ impl Machines for Sim {
         })
         .unwrap();
         for (m, t) in tasks {
-            let th = w
-                .add_thread(
-                    m,
-                    ExecutorConfig {
-                        slots: 1,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
+            let th = w.add_thread(m, one_slot()).unwrap();
             w.spawn(th, t).unwrap();
         }
         assert_eq!(
@@ -67,74 +58,57 @@ impl Machines for Sim {
 }
 
 pub struct Emu {
-    /// The machines' memory, owned here for the harness's life.
-    _nodes: Vec<EmuNode>,
-    endpoints: Vec<EmuEndpoint>,
-    nic: EmuNic,
+    cluster: cluster::EmuCluster,
 }
 
 impl Emu {
     pub fn new() -> Emu {
-        let nodes: Vec<EmuNode> = (0..2)
-            .map(|id| {
-                let n = EmuNode::create(&EmuNodeConfig {
-                    id,
-                    host_bytes: HOST,
-                    dm_bytes: 4096,
-                    backing: Backing::Memfd,
+        let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+            memory_nodes: 2,
+            host_bytes: HOST,
+            dm_bytes: 4096,
+            emu: Default::default(),
+        })
+        .unwrap();
+        Emu { cluster }
+    }
+}
+
+/// One OS thread per task, each with the executor `executor` makes for
+/// its machine, to the end of every task.
+fn on_threads<N: Nic>(tasks: Vec<(u16, Task<N>)>, executor: impl Fn(u16) -> Executor<N> + Sync) {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = tasks
+            .into_iter()
+            .map(|(m, t)| {
+                let executor = &executor;
+                s.spawn(move || {
+                    let mut ex = executor(m);
+                    ex.spawn(t).unwrap();
+                    ex.run();
                 })
-                .unwrap();
-                n.register_all().unwrap();
-                n
             })
             .collect();
-        let endpoints = nodes.iter().map(EmuNode::endpoint).collect();
-        Emu {
-            _nodes: nodes,
-            endpoints,
-            nic: EmuNic::new(EmuConfig::default()),
+        for h in hs {
+            h.join().expect("a machine's core panicked");
         }
-    }
+    });
+}
 
-    fn executor(&self, machine: u16) -> Executor<EmuNic> {
-        let cfg = ExecutorConfig {
-            slots: 1,
-            ..Default::default()
-        };
-        let nic = self.nic.on_machine(&self.endpoints[machine as usize]);
-        let cq = nic.create_cq(cfg.qp_depth() * 2).unwrap();
-        let qps = self
-            .endpoints
-            .iter()
-            .map(|e| nic.create_qp(&cq, cfg.qp_depth()).unwrap().connect(e))
-            .collect();
-        let mr = nic
-            .register(
-                HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
-                Access::LOCAL_WRITE,
-            )
-            .unwrap();
-        Executor::new(nic, cq, qps, mr, cfg).unwrap()
+fn one_slot() -> ExecutorConfig {
+    ExecutorConfig {
+        slots: 1,
+        ..Default::default()
     }
 }
 
 impl Machines for Emu {
-    type N = EmuNic;
-    fn run(&self, tasks: Vec<(u16, Task<EmuNic>)>) {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = tasks
-                .into_iter()
-                .map(|(m, t)| {
-                    s.spawn(move || {
-                        let mut ex = self.executor(m);
-                        ex.spawn(t).unwrap();
-                        ex.run();
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().expect("a machine's core panicked");
-            }
+    type N = nicdrv::emu::EmuNic;
+    fn run(&self, tasks: Vec<(u16, Task<Self::N>)>) {
+        on_threads(tasks, |m| {
+            self.cluster
+                .machine_executor(m as usize, one_slot())
+                .unwrap()
         });
     }
 }
@@ -172,10 +146,7 @@ impl Mlx5 {
     }
 
     fn executor(&self, machine: u16) -> Executor<nicdrv::mlx5::Mlx5Nic> {
-        let cfg = ExecutorConfig {
-            slots: 1,
-            ..Default::default()
-        };
+        let cfg = one_slot();
         let nic = self.nic.on_machine(&self.nodes[machine as usize]);
         let cq = nic.create_cq(cfg.qp_depth() * 2).unwrap();
         let qps = self
@@ -189,8 +160,8 @@ impl Mlx5 {
             .collect();
         let mr = nic
             .register(
-                HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
-                Access::LOCAL_WRITE,
+                nicdrv::HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+                nicdrv::Access::LOCAL_WRITE,
             )
             .unwrap();
         Executor::new(nic, cq, qps, mr, cfg).unwrap()
@@ -201,20 +172,6 @@ impl Mlx5 {
 impl Machines for Mlx5 {
     type N = nicdrv::mlx5::Mlx5Nic;
     fn run(&self, tasks: Vec<(u16, Task<Self::N>)>) {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = tasks
-                .into_iter()
-                .map(|(m, t)| {
-                    s.spawn(move || {
-                        let mut ex = self.executor(m);
-                        ex.spawn(t).unwrap();
-                        ex.run();
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().expect("a machine's core panicked");
-            }
-        });
+        on_threads(tasks, |m| self.executor(m));
     }
 }
