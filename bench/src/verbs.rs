@@ -311,6 +311,7 @@ pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
         },
     };
     let mut c = Cluster::boot(&ClusterSpec {
+        machines: 0,
         memory_nodes: spec.memory_nodes,
         host_bytes: host_bytes(spec),
         dm_bytes: 64 << 10,

@@ -65,6 +65,8 @@ impl std::error::Error for ClusterError {}
 pub struct EmuCluster {
     nic: EmuNic,
     endpoints: Vec<EmuEndpoint>,
+    /// Cores run on machines 0..machines in turn (0: on none).
+    machines: usize,
     // Owners last: endpoints keep the mappings, owners keep the nodes alive.
     nodes: Vec<EmuNode>,
 }
@@ -95,8 +97,28 @@ impl EmuCluster {
         Ok(EmuCluster {
             nic: EmuNic::new(cfg.emu),
             endpoints,
+            machines: 0,
             nodes,
         })
+    }
+
+    /// The cluster with its first `machines` memory nodes each a machine's:
+    /// core c of [`EmuCluster::run`] and [`EmuCluster::run_cores`] runs on
+    /// machine c mod `machines`, its local view that node's memory.
+    pub fn with_machines(mut self, machines: usize) -> Result<EmuCluster, ClusterError> {
+        if machines > self.endpoints.len() {
+            return Err(ClusterError::Config(format!(
+                "machines ({machines}) must not exceed the memory nodes ({})",
+                self.endpoints.len()
+            )));
+        }
+        self.machines = machines;
+        Ok(self)
+    }
+
+    /// The machine core `core` runs on, if the cluster has machines.
+    pub fn machine_of(&self, core: usize) -> Option<usize> {
+        (self.machines > 0).then(|| core % self.machines)
     }
 
     /// A cluster of memory nodes other processes own, attached by path
@@ -109,6 +131,7 @@ impl EmuCluster {
         EmuCluster {
             nic: EmuNic::new(emu),
             endpoints,
+            machines: 0,
             nodes: Vec::new(),
         }
     }
@@ -192,7 +215,13 @@ impl EmuCluster {
         crate::cores::run_threads(
             cores,
             pin,
-            |_| self.executor(cfg).map_err(|e| e.to_string()),
+            |core| {
+                match self.machine_of(core) {
+                    Some(m) => self.machine_executor(m, cfg),
+                    None => self.executor(cfg),
+                }
+                .map_err(|e| e.to_string())
+            },
             per_core,
         )
         .map_err(ClusterError::Core)
@@ -213,7 +242,7 @@ impl EmuCluster {
             let group = work.group(core, cores);
             let place = Place {
                 core,
-                compute_node: 0,
+                compute_node: self.machine_of(core).unwrap_or(0),
             };
             work.spawn(place, &group, ex)
                 .map_err(|e| ClusterError::Core(format!("core {core}: {e}")))?;

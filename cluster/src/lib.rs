@@ -50,6 +50,11 @@ pub struct ClusterSpec {
     /// One-way link latency in ns that replaces the backend's own (emu
     /// adds none, sim models one); 0 keeps the backend's.
     pub latency_ns: u64,
+    /// Machines (nicdrv::local): memory nodes 0..machines are each one
+    /// machine's. On sim compute node i < machines is machine i's; on emu
+    /// core c runs on machine c mod machines (its `Place::compute_node`),
+    /// its local view that node's memory. 0: none.
+    pub machines: usize,
     pub backend: Backend,
 }
 
@@ -73,6 +78,8 @@ impl Cluster {
                         ..Default::default()
                     },
                 })
+                .map_err(|e| e.to_string())?
+                .with_machines(spec.machines)
                 .map_err(|e| e.to_string())?;
                 Ok(Cluster::Emu { cluster, pin: *pin })
             }
@@ -92,7 +99,7 @@ impl Cluster {
                     host_bytes: spec.host_bytes,
                     dm_bytes: spec.dm_bytes,
                     compute_nodes: *compute_nodes,
-                    machines: 0,
+                    machines: spec.machines,
                     model,
                     faults: faults.clone(),
                 })

@@ -67,6 +67,7 @@ fn spec(backend: Backend) -> ClusterSpec {
         host_bytes: 4 << 20,
         dm_bytes: 64 << 10,
         latency_ns: 0,
+        machines: 0,
         backend,
     }
 }
@@ -169,4 +170,84 @@ fn slices_stop_when_told_and_the_limit_moves_on() {
         (faa..=faa + 2).contains(&memory),
         "memory {memory}, counted {faa}"
     );
+}
+
+/// Each core leaves a mark in its machine's memory through the local view
+/// and reads it back with a remote READ; a core on no machine is told so.
+struct Marks;
+
+impl Workload for Marks {
+    type Group = Rc<RefCell<Vec<(usize, usize, Result<u64, nicdrv::LocalError>)>>>;
+    type Out = Vec<(usize, usize, Result<u64, nicdrv::LocalError>)>;
+
+    fn group(&self, _: usize, _: usize) -> Self::Group {
+        Rc::new(RefCell::new(Vec::new()))
+    }
+
+    fn spawn<N: Nic, S: Spawn<N>>(
+        &self,
+        place: Place,
+        g: &Self::Group,
+        on: &mut S,
+    ) -> Result<(), String> {
+        let g = g.clone();
+        on.spawn_task(move |ctx| async move {
+            let off = 64 * 1024 + 8 * place.core as u64;
+            let mark = 1000 + place.core as u64;
+            let r = match ctx.local().store(off, mark) {
+                Ok(()) => {
+                    let node = place.compute_node as u16;
+                    let back = ctx.read(GlobalAddr::host(node, off), 8).await.unwrap();
+                    Ok(back.u64_at(0))
+                }
+                Err(e) => Err(e),
+            };
+            g.borrow_mut().push((place.core, place.compute_node, r));
+        })
+    }
+
+    fn finish(&self, g: Self::Group, _: VerbCounters) -> Self::Out {
+        g.borrow().clone()
+    }
+}
+
+/// Machines through the one harness: on emu core c runs on machine c mod 2,
+/// on sim compute nodes 0 and 1 are machines and node 2 is compute-only;
+/// every mark is in its machine's memory afterwards.
+#[test]
+fn cores_on_machines_reach_their_own_memory_on_both_backends() {
+    for backend in [
+        Backend::Emu { pin: false },
+        Backend::Sim {
+            seed: 3,
+            compute_nodes: 3,
+            model: SimModel::default(),
+            faults: Vec::new(),
+        },
+    ] {
+        let sim = matches!(backend, Backend::Sim { .. });
+        let mut c = Cluster::boot(&ClusterSpec {
+            machines: 2,
+            ..spec(backend)
+        })
+        .unwrap();
+        let outs: Vec<_> = c.run(&Marks, 4, cfg(1)).unwrap().concat();
+        assert_eq!(outs.len(), 4);
+        for (core, node, r) in outs {
+            let mark = 1000 + core as u64;
+            if sim && node == 2 {
+                assert_eq!(r, Err(nicdrv::LocalError::NotAMachine), "core {core}");
+                continue;
+            }
+            assert_eq!(node, core % if sim { 3 } else { 2 }, "core {core}'s place");
+            assert_eq!(r, Ok(mark), "core {core} read its mark back");
+            let off = 64 * 1024 + 8 * core as u64;
+            assert_eq!(c.read_u64(node as u16, Space::Host, off), Some(mark));
+        }
+    }
+    assert!(Cluster::boot(&ClusterSpec {
+        machines: 3,
+        ..spec(Backend::Emu { pin: false })
+    })
+    .is_err());
 }
