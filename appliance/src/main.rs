@@ -38,8 +38,9 @@ enum Command {
     /// simulated in virtual time (sim)
     Demo(DemoArgs),
     /// Boot one node of a cluster file: a memory node serves compute runs
-    /// (on emu any number, one after another) until SIGINT/SIGTERM, a
-    /// compute node runs its workload
+    /// (any number, one after another, when the coordinator is a
+    /// memory-only node) until SIGINT/SIGTERM, a compute node runs its
+    /// workload
     Node(NodeArgs),
     /// Run node N's preflight checks and print each, then whether the
     /// memory nodes can hold the workload `loch node` would run with the

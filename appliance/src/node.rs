@@ -454,10 +454,12 @@ pub fn serve_runs(
                         channel_problem(e)
                     ));
                 } else {
-                    log::debug!("{me}: joining a compute run: {}", channel_problem(e));
                     // The coordinator is up but busy, or going down.
-                    std::thread::sleep(Duration::from_millis(100));
+                    log::debug!("{me}: joining a compute run: {}", channel_problem(e));
                 }
+                // Either way not at once again (an error that persists,
+                // such as a full descriptor table, would flood the log).
+                std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
         };
@@ -546,22 +548,25 @@ fn serve_compute_runs(
 /// A memory node's seat in later runs, when the cluster's memory
 /// nodes outlive compute runs: the coordinator must be a memory-only node
 /// (a compute coordinator leaves with its run). `listener` is the
-/// coordinator's, kept from the first run. `None`: serve one run.
-pub fn memory_seat(cfg: &ClusterConfig, listener: Option<TcpListener>) -> Option<Seat> {
+/// coordinator's, kept from the first run. `Ok(None)`: serve one run.
+pub fn memory_seat(
+    cfg: &ClusterConfig,
+    listener: Option<TcpListener>,
+) -> Result<Option<Seat>, NodeError> {
     let coord = cfg.coordinator();
     if coord.roles.compute {
-        return None;
+        return Ok(None);
     }
-    match listener {
-        Some(listener) => Some(Seat::Coordinator {
+    Ok(Some(match listener {
+        Some(listener) => Seat::Coordinator {
             listener,
             members: cfg.nodes.iter().map(|n| n.id).collect(),
-        }),
-        None => Some(Seat::Member {
-            addr: resolve(&coord.address).ok()?,
+        },
+        None => Seat::Member {
+            addr: resolve(&coord.address)?,
             coordinator: coord.id,
-        }),
-    }
+        },
+    }))
 }
 
 /// Runs `loch node`; returns the exit code (0: clean, 1: a failure seen).

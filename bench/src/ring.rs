@@ -59,6 +59,10 @@ input (one line naming it; nothing run).";
 
 const HOST: u64 = 4 << 20;
 
+/// How long either end waits for the other before the run fails (10 s,
+/// virtual on sim).
+const PATIENCE_NS: u64 = 10_000_000_000;
+
 fn layout(capacity: u64) -> RingLayout {
     RingLayout {
         receiver: 1,
@@ -103,7 +107,9 @@ async fn send<N: Nic>(
             p[8..16].copy_from_slice(&(i + j as u64).to_le_bytes());
         }
         let refs: Vec<&[u8]> = bufs[..k].iter().map(Vec::as_slice).collect();
-        s.append_many(ctx, &refs, None).await?;
+        // A receiver that stopped taking records ends the run, not hangs it.
+        s.append_many(ctx, &refs, Some(ctx.now_ns() + PATIENCE_NS))
+            .await?;
         i += k as u64;
     }
     Ok(waits)
@@ -122,9 +128,9 @@ async fn receive<N: Nic>(
     let (mut first, mut last) = (0, 0);
     let mut p = Vec::with_capacity(size);
     for i in 0..n {
-        r.recv_into(ctx, &mut p, None)
+        r.recv_into(ctx, &mut p, Some(ctx.now_ns() + PATIENCE_NS))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("record {i}: {e}"))?;
         let now = ctx.nic().now_ns();
         if p.len() != size {
             return Err(format!("record {i}: {} bytes, not {size}", p.len()));
@@ -223,7 +229,12 @@ fn run_emu(
                 let mut ex = match executor(m) {
                     Ok(ex) => ex,
                     Err(e) => {
-                        *waits.lock().expect("not poisoned") = Err(e);
+                        let e = format!("machine {m}: {e}");
+                        if m == 0 {
+                            *waits.lock().expect("not poisoned") = Err(e);
+                        } else {
+                            *got.lock().expect("not poisoned") = Err(e);
+                        }
                         return;
                     }
                 };
@@ -262,6 +273,13 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     let l = layout(a.capacity as u64);
     l.check()
         .map_err(|e| ArgError(format!("--capacity: {e}")))?;
+    if l.ring_off + l.capacity > HOST {
+        return Err(ArgError(format!(
+            "--capacity {} is more than the {} KiB a machine here holds for it",
+            a.capacity,
+            (HOST - l.ring_off) >> 10
+        )));
+    }
     if a.size < 16 || a.size as u64 > l.max_payload() {
         return Err(ArgError(format!(
             "--size {} must be 16 ..= {} bytes for a ring of {} (a record carries at most half)",

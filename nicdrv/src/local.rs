@@ -220,6 +220,8 @@ pub enum WaitError {
     Local(LocalError),
     /// The deadline is in the past or beyond the horizon.
     Timer(TimerError),
+    /// The task waits for a write already (one range at a time).
+    Busy,
 }
 
 impl fmt::Display for WaitError {
@@ -227,6 +229,10 @@ impl fmt::Display for WaitError {
         match self {
             WaitError::Local(e) => write!(f, "waiting for a write: {e}"),
             WaitError::Timer(e) => write!(f, "waiting for a write: {e}"),
+            WaitError::Busy => write!(
+                f,
+                "waiting for a write: this task waits for one already (one range at a time)"
+            ),
         }
     }
 }

@@ -319,3 +319,98 @@ fn machine_faults_parse_and_are_checked() {
     })
     .is_err());
 }
+
+/// Polls two futures to the end, as a join does: the task's one slot
+/// wakes both.
+async fn join2<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    use std::task::Poll;
+    let (mut a, mut b) = (Box::pin(a), Box::pin(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(move |cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready((ra.take().unwrap(), rb.take().unwrap()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// A task that sleeps and waits for a write at once: the sleep's deadline
+/// does not outlive it (no spinning, no lost timers afterwards); a second
+/// write wait while one is live is refused.
+#[test]
+fn a_sleep_beside_a_write_wait_leaves_no_deadline_behind() {
+    let mut w = world(11);
+    let t = thread(&mut w, 0, 1);
+    let out = Rc::new(RefCell::new(Vec::new()));
+    let o = out.clone();
+    w.spawn(t, move |ctx| async move {
+        let (_, woke) = join2(ctx.sleep(1_000_000).unwrap(), async {
+            let r = ctx.wait_for_write(512, 8, None).unwrap().await;
+            o.borrow_mut().push(("written", ctx.now_ns()));
+            r
+        })
+        .await;
+        assert_eq!(woke, Woken::Written);
+        // The timers still work: a later sleep wakes on time.
+        let at = ctx.now_ns() + 2_000_000;
+        ctx.sleep_until(at).unwrap().await;
+        o.borrow_mut().push(("slept", ctx.now_ns()));
+        // One write wait at a time.
+        let first = ctx.wait_for_write(512, 8, Some(ctx.now_ns() + 10)).unwrap();
+        let second = ctx.wait_for_write(600, 8, None);
+        drop(first);
+        assert!(second.is_ok(), "the first was never polled, so not live");
+        let _live = {
+            let mut f = Box::pin(
+                ctx.wait_for_write(512, 8, Some(ctx.now_ns() + 1_000))
+                    .unwrap(),
+            );
+            let waker = std::task::Waker::noop();
+            let _ =
+                std::future::Future::poll(f.as_mut(), &mut std::task::Context::from_waker(waker));
+            assert!(matches!(
+                ctx.wait_for_write(600, 8, None),
+                Err(nicdrv::WaitError::Busy)
+            ));
+            f.await
+        };
+    })
+    .unwrap();
+    let writer = thread(&mut w, 2, 1);
+    w.spawn(writer, |ctx| async move {
+        ctx.sleep_until(3_000_000).unwrap().await;
+        ctx.write(GlobalAddr::host(0, 512), &9u64.to_le_bytes())
+            .await
+            .unwrap();
+    })
+    .unwrap();
+    let before = w.events();
+    assert_eq!(w.run(), RunEnd::Done);
+    let events = w.events() - before;
+    let out = out.borrow();
+    assert_eq!(out.len(), 2);
+    assert!(out[0].1 >= 3_000_000 && out[0].1 < 3_010_000, "{out:?}");
+    assert!(
+        out[1].1 >= out[0].1 + 2_000_000 && out[1].1 < out[0].1 + 2_010_000,
+        "{out:?}"
+    );
+    assert!(
+        events < 60,
+        "{events} events: a stale deadline made the task spin"
+    );
+}

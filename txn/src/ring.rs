@@ -40,6 +40,16 @@
 //! receiver restarted from it resumes at the first unconsumed record. The
 //! sender persists its tail likewise (`sender_tail_off`).
 //!
+//! Delivery is at most once: the receiver persists its head as it takes a
+//! record, so a receiver that crashes after taking one and before acting
+//! on it has lost it (FaRM's log processing makes its effects idempotent
+//! and truncates only after they are applied). A sender whose append
+//! failed mid-way (some WRITEs may have landed) is poisoned and appends no
+//! more: the ring needs recovery. A receiver that polls with `try_recv`
+//! instead of `recv` returns its head itself (`report_head`), at the
+//! latest before it stops polling, or its sender may wait for room for
+//! good.
+//!
 //! Reservation: a sender can reserve space for records it will append
 //! later (FaRM reserves log space for every record of a commit before the
 //! commit starts); reserved space is not given to other appends, and what
@@ -57,6 +67,10 @@ pub const IDLE_REPORT_NS: u64 = 20_000;
 /// Most records one doorbell carries ([`Sender::append_many`]): with the
 /// one PAD they may need, a batch's worth of WRITEs.
 pub const MAX_RECORDS_PER_DOORBELL: usize = nicdrv::exec::MAX_BATCH - 1;
+
+/// Largest ring: 2 GiB, so that a record's length (at most half the ring)
+/// fits the header's 31 bits.
+pub const MAX_CAPACITY: u64 = 1 << 31;
 
 /// Bytes of a record's header.
 pub const HEADER_BYTES: u64 = 16;
@@ -84,13 +98,20 @@ impl RingLayout {
     /// least two headers).
     pub fn check(&self) -> Result<(), RingError> {
         let bad = |why: String| Err(RingError::Layout(why));
-        if self.capacity < 2 * ALIGN || !self.capacity.is_multiple_of(ALIGN) {
+        if self.capacity < 2 * ALIGN
+            || !self.capacity.is_multiple_of(ALIGN)
+            || self.capacity > MAX_CAPACITY
+        {
             return bad(format!(
-                "capacity {} is not a multiple of {ALIGN} of at least {}",
+                "capacity {} is not a multiple of {ALIGN} in {} ..= {MAX_CAPACITY}",
                 self.capacity,
                 2 * ALIGN
             ));
         }
+        let ring_end = self.ring_off.checked_add(self.capacity);
+        let Some(ring_end) = ring_end else {
+            return bad(format!("ring_off {} + capacity overflows", self.ring_off));
+        };
         if !self.ring_off.is_multiple_of(ALIGN) {
             return bad(format!("ring_off {} is not {ALIGN}-aligned", self.ring_off));
         }
@@ -103,10 +124,13 @@ impl RingLayout {
                 return bad(format!("{name} {off} is not 8-aligned"));
             }
         }
-        if self.receiver_head_off + 8 > self.ring_off
-            && self.receiver_head_off < self.ring_off + self.capacity
+        if self.receiver_head_off.saturating_add(8) > self.ring_off
+            && self.receiver_head_off < ring_end
         {
             return bad("receiver_head_off lies inside the ring".into());
+        }
+        if self.sender_head_off.abs_diff(self.sender_tail_off) < 8 {
+            return bad("sender_head_off and sender_tail_off overlap".into());
         }
         Ok(())
     }
@@ -156,6 +180,14 @@ pub enum RingError {
     },
     /// The wait for room or records ended at its deadline.
     Deadline,
+    /// An earlier append failed or was abandoned mid-way: which of its
+    /// WRITEs landed is unknown, so this sender appends no more (the ring
+    /// needs recovery; FaRM reconfigures).
+    Poisoned,
+    /// A reservation of another sender.
+    NotOurs,
+    /// A wait could not start (the text says why).
+    Wait(WaitError),
     /// The persisted head or tail is impossible (ahead of the other end,
     /// or more than a ring apart): the memory was not a ring's.
     Corrupt(String),
@@ -188,6 +220,12 @@ impl fmt::Display for RingError {
                 "the reservation has {left} bytes left, the record needs {need}"
             ),
             RingError::Deadline => write!(f, "the ring wait reached its deadline"),
+            RingError::Poisoned => write!(
+                f,
+                "an earlier append failed mid-way: this sender appends no more until the ring is recovered"
+            ),
+            RingError::NotOurs => write!(f, "the reservation belongs to another sender"),
+            RingError::Wait(e) => write!(f, "ring: {e}"),
             RingError::Corrupt(why) => write!(f, "ring state is corrupt: {why}"),
             RingError::Local(e) => write!(f, "ring: {e}"),
             RingError::Timer(e) => write!(f, "ring: {e}"),
@@ -215,6 +253,7 @@ impl From<WaitError> for RingError {
         match e {
             WaitError::Local(e) => RingError::Local(e),
             WaitError::Timer(e) => RingError::Timer(e),
+            e => RingError::Wait(e),
         }
     }
 }
@@ -319,25 +358,28 @@ impl Receiver {
                 return Ok(None);
             }
             let word = l.load(at + 8)?;
+            // A torn look is one that found something written there (fresh
+            // memory at position 0 reads as position 0 with a zero word).
+            let partial = u64::from(word != 0);
             let (lenword, want) = (word & 0xffff_ffff, (word >> 32) as u32);
             let len = lenword & LEN_MASK;
             let room = cap - self.head % cap;
             if lenword & PAD_FLAG != 0 {
                 if HEADER_BYTES + len != room || crc(pos, lenword, &[]) != want {
-                    self.torn_looks += 1;
+                    self.torn_looks += partial;
                     return Ok(None); // not the PAD's whole header yet
                 }
                 self.advance(ctx, room)?;
                 continue;
             }
             if record_bytes(len) > room || len > self.layout.max_payload() {
-                self.torn_looks += 1;
+                self.torn_looks += partial;
                 return Ok(None); // a header torn or not ours: look again later
             }
             out.resize(len as usize, 0);
             l.read(at + HEADER_BYTES, out)?;
             if crc(pos, lenword, out) != want {
-                self.torn_looks += 1;
+                self.torn_looks += partial;
                 return Ok(None);
             }
             self.advance(ctx, record_bytes(len))?;
@@ -408,6 +450,9 @@ impl Receiver {
                 self.report_head(ctx, false).await?;
                 return Ok(pos);
             }
+            if deadline_ns.is_some_and(|d| ctx.now_ns() >= d) {
+                return Err(RingError::Deadline);
+            }
             let unreported = self.head > self.reported;
             if unreported && ctx.now_ns() >= idle_at {
                 self.report_head(ctx, true).await?;
@@ -436,13 +481,22 @@ pub struct Sender {
     tail: u64,
     /// Bytes promised to live reservations.
     reserved: u64,
+    /// Names this sender's reservations.
+    id: u64,
+    /// An append failed or was dropped mid-way: some of its WRITEs may
+    /// have landed and been taken, so the ring's state past `tail` is not
+    /// known and this sender appends no more.
+    poisoned: bool,
 }
 
-/// Ring space set aside for later appends ([`Sender::reserve`]).
+/// Ring space set aside for later appends ([`Sender::reserve`]). Give what
+/// it does not use back with [`Sender::release`]; a reservation dropped
+/// instead keeps its room from other appends for the sender's life.
 #[must_use = "release what a reservation does not use"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
     left: u64,
+    sender: u64,
 }
 
 impl Reservation {
@@ -464,10 +518,14 @@ impl Sender {
                 "sender tail {tail} and reported head {head} are not a ring's"
             )));
         }
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Sender {
             layout,
             tail,
             reserved: 0,
+            // Relaxed: a unique number, ordering nothing else.
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            poisoned: false,
         })
     }
 
@@ -550,6 +608,9 @@ impl Sender {
             return Err(RingError::Full { need, free: most });
         }
         while self.free(ctx)? < need {
+            if deadline_ns.is_some_and(|d| ctx.now_ns() >= d) {
+                return Err(RingError::Deadline);
+            }
             let w = ctx
                 .wait_for_write(self.layout.sender_head_off, 8, deadline_ns)?
                 .await;
@@ -578,7 +639,10 @@ impl Sender {
             return Err(RingError::ReservationTooLarge { want, free });
         }
         self.reserved += want;
-        Ok(Reservation { left: want })
+        Ok(Reservation {
+            left: want,
+            sender: self.id,
+        })
     }
 
     /// Appends `payload` in space `r` holds; never waits. A PAD the ring's
@@ -590,6 +654,9 @@ impl Sender {
         r: &mut Reservation,
         payload: &[u8],
     ) -> Result<u64, RingError> {
+        if r.sender != self.id {
+            return Err(RingError::NotOurs);
+        }
         let need = self.need([payload.len() as u64])?;
         let size = record_bytes(payload.len() as u64);
         if size > r.left {
@@ -611,14 +678,21 @@ impl Sender {
     }
 
     /// Gives back what `r` did not use.
-    pub fn release(&mut self, r: Reservation) {
+    pub fn release(&mut self, r: Reservation) -> Result<(), RingError> {
+        if r.sender != self.id {
+            return Err(RingError::NotOurs);
+        }
         self.reserved -= r.left;
+        Ok(())
     }
 
     /// Writes the records (each preceded by a PAD where it would not fit
     /// before the ring's end) with one doorbell, then persists the tail.
     /// Returns the first record's position.
     async fn write<N: Nic>(&mut self, ctx: &Ctx<N>, payloads: &[&[u8]]) -> Result<u64, RingError> {
+        if self.poisoned {
+            return Err(RingError::Poisoned);
+        }
         let cap = self.layout.capacity;
         let node = self.layout.receiver;
         let at = |pos: u64| GlobalAddr::host(node, self.layout.ring_off + pos % cap);
@@ -640,7 +714,11 @@ impl Sender {
             first.get_or_insert(pos);
             pos += size;
         }
+        // Poisoned until the WRITEs are known to have landed: a failure, or
+        // this future dropped at the await, leaves it so.
+        self.poisoned = true;
         b.submit().await?;
+        self.poisoned = false;
         self.tail = pos;
         ctx.local().store(self.layout.sender_tail_off, self.tail)?;
         Ok(first.unwrap_or(pos))

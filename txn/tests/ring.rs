@@ -159,7 +159,7 @@ fn reservation<M: Machines>(m: &M) {
                     s.append_reserved(&ctx, &mut r, &[0; 200]).await,
                     Err(RingError::ReservationExhausted { .. })
                 ));
-                s.release(r);
+                s.release(r).unwrap();
                 // Only now may the receiver start (a word in its memory).
                 ctx.write(GlobalAddr::host(l.receiver, GO), &1u64.to_le_bytes())
                     .await
@@ -333,6 +333,103 @@ fn sim_ring_torn_records_are_seen_and_never_accepted() {
         },
     );
     assert!(*torn.lock().unwrap() > 0, "no record was ever seen in part");
+}
+
+/// A failed append poisons its sender (which of its WRITEs landed is not
+/// known); reservations are their sender's; deadlines already past end a
+/// wait at once; impossible layouts are refused.
+#[test]
+fn sim_ring_failures_and_misuse_are_errors() {
+    let l = layout(1024);
+    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        memory_nodes: 2,
+        compute_nodes: 2,
+        machines: 2,
+        host_bytes: common::HOST,
+        // Machine 0 (the sender) cut off from machine 1 at 1 ms.
+        faults: nicdrv::sim::parse_fault("partition@1ms:0").unwrap(),
+        ..Default::default()
+    })
+    .unwrap();
+    let t = w
+        .add_thread(
+            0,
+            nicdrv::ExecutorConfig {
+                slots: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let done = Arc::new(Mutex::new(false));
+    let d = done.clone();
+    w.spawn(t, move |ctx| async move {
+        let mut s = Sender::open(&ctx, l).unwrap();
+        let mut other = Sender::open(
+            &ctx,
+            RingLayout {
+                sender_tail_off: 16,
+                ..l
+            },
+        )
+        .unwrap();
+        let mut r = other.reserve(&ctx, &[10]).unwrap();
+        assert_eq!(
+            s.append_reserved(&ctx, &mut r, b"x").await,
+            Err(RingError::NotOurs)
+        );
+        assert_eq!(
+            s.release(other.reserve(&ctx, &[10]).unwrap()),
+            Err(RingError::NotOurs)
+        );
+        other.release(r).unwrap();
+        s.append(&ctx, b"before", None).await.unwrap();
+        // A deadline already past: an at-once Deadline, not a timer error.
+        let past = ctx.now_ns();
+        ctx.sleep(10).unwrap().await;
+        let mut full = Sender::open(
+            &ctx,
+            RingLayout {
+                sender_tail_off: 24,
+                ..l
+            },
+        )
+        .unwrap();
+        while full.try_append(&ctx, &[0; 400]).await.is_ok() {}
+        assert_eq!(
+            full.append(&ctx, &[0; 400], Some(past)).await,
+            Err(RingError::Deadline)
+        );
+        ctx.sleep_until(2_000_000).unwrap().await;
+        // Cut off: the WRITE fails, and the sender is poisoned.
+        assert!(matches!(
+            s.append(&ctx, b"during", None).await,
+            Err(RingError::Verb(_))
+        ));
+        assert_eq!(
+            s.append(&ctx, b"after", None).await,
+            Err(RingError::Poisoned)
+        );
+        *d.lock().unwrap() = true;
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    assert!(*done.lock().unwrap());
+    for bad in [
+        RingLayout {
+            capacity: 1 << 32,
+            ..l
+        },
+        RingLayout {
+            ring_off: u64::MAX - 15,
+            ..l
+        },
+        RingLayout {
+            sender_tail_off: l.sender_head_off,
+            ..l
+        },
+    ] {
+        assert!(matches!(bad.check(), Err(RingError::Layout(_))), "{bad:?}");
+    }
 }
 
 /// Corrupt persisted state and bad input are errors, never panics.

@@ -444,7 +444,7 @@ fn serve_later_runs(
     rv: Rendezvous,
     me: &str,
 ) -> Result<(), NodeError> {
-    let Some(seat) = node::memory_seat(cfg, booted.listener.take()) else {
+    let Some(seat) = node::memory_seat(cfg, booted.listener.take())? else {
         return node::serve_memory(rv);
     };
     node::index_ready(rv)?;

@@ -150,7 +150,9 @@ pub struct RunArgs {
     /// link-cut@TIME:COMPUTE-MEMORY[/DURATION],
     /// link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION,
     /// thread-stall@TIME:THREAD/DURATION (client threads numbered from 0
-    /// across compute nodes); times take ns, us, ms or s. With faults the
+    /// across compute nodes), partition@TIME:NODE+NODE+...[/DURATION]
+    /// (those node numbers cut off from the rest); times take ns, us, ms
+    /// or s. With faults the
     /// run goes on with the clients that can: failed operations are counted
     /// (failed_ops, by kind) instead of failing the run, and it ends 20
     /// virtual ms after the last operation ended once no fault is left to

@@ -459,6 +459,9 @@ impl<N: Nic> Executor<N> {
                 continue;
             };
             polls += 1;
+            // The task's live waits arm its deadline again as they are
+            // polled (exec/wait.rs): none is left by a wait that ended.
+            core.slots[i].timer.set(wait::NO_TIMER);
             let mut cx = Context::from_waker(&self.wakers[i]);
             if task.as_mut().poll(&mut cx).is_ready() {
                 self.tasks[i] = None;

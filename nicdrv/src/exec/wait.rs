@@ -1,13 +1,17 @@
 //! Timers, waiting for a write, and the local view, as tasks see them.
 //!
-//! Each slot holds at most one deadline and one watched range, in cells
-//! made with the executor (no allocation, a bounded structure): a turn
-//! wakes the slots whose deadline has come or whose range a backend says
-//! was written ([`crate::Nic::write_seen`]), and tells the backend its
-//! earliest deadline ([`crate::Nic::timer_due`]) so a simulated thread
-//! sleeps until then instead of spinning. A deadline left by a wait that
-//! has ended (in the past) is replaced by the next wait's, so two waits of
-//! one task never leave a stale deadline waking it every turn.
+//! Each slot holds one deadline and one watched range, in cells made with
+//! the executor (no allocation, a bounded structure): a turn wakes the
+//! slots whose deadline has come or whose range a backend says was written
+//! ([`crate::Nic::write_seen`]), and tells the backend its earliest
+//! deadline ([`crate::Nic::timer_due`]) so a simulated thread sleeps until
+//! then instead of spinning. The deadline is the earliest of the task's
+//! live waits: it is cleared before each poll of the task and every live
+//! wait arms it again as it is polled, so a wait that has ended never
+//! leaves its deadline behind. A task waits for one range at a time: a
+//! second write wait while one is live is refused ([`WaitError::Busy`]).
+//! The waits wake the task through its slot, not `cx.waker()`: they are
+//! for tasks of this executor, polled by it (as its batches are).
 
 use super::ctx::Ctx;
 use super::Slot;
@@ -22,13 +26,8 @@ pub(crate) const NO_TIMER: u64 = u64::MAX;
 
 impl Slot {
     /// Arms the slot's deadline at `at` (the earlier of two live ones).
-    fn arm(&self, at: u64, now: u64) {
-        let t = self.timer.get();
-        self.timer.set(if t == NO_TIMER || t < now {
-            at
-        } else {
-            t.min(at)
-        });
+    fn arm(&self, at: u64) {
+        self.timer.set(self.timer.get().min(at));
     }
 }
 
@@ -67,6 +66,9 @@ impl<N: Nic> Ctx<N> {
     ) -> Result<WaitWrite<'_, N>, WaitError> {
         let size = self.nic().local_bytes().ok_or(LocalError::NotAMachine)?;
         check_range(off, len, size, false)?;
+        if self.slot_ref().watching.get() {
+            return Err(WaitError::Busy);
+        }
         if let Some(d) = deadline_ns {
             check_deadline(d, self.now_ns())?;
         }
@@ -76,6 +78,7 @@ impl<N: Nic> Ctx<N> {
             len,
             deadline: deadline_ns.unwrap_or(NO_TIMER),
             started: false,
+            ended: None,
         })
     }
 
@@ -108,7 +111,7 @@ impl<N: Nic> Future for Sleep<'_, N> {
             self.armed = true;
             self.ctx.begin_wait();
         }
-        self.ctx.slot_ref().arm(self.at, now);
+        self.ctx.slot_ref().arm(self.at);
         Poll::Pending
     }
 }
@@ -134,30 +137,46 @@ pub struct WaitWrite<'a, N: Nic> {
     len: u64,
     deadline: u64,
     started: bool,
+    /// How it ended (a poll after the end gives the same answer).
+    ended: Option<Woken>,
 }
 
 impl<N: Nic> Future for WaitWrite<'_, N> {
     type Output = Woken;
     fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Woken> {
+        if let Some(w) = self.ended {
+            return Poll::Ready(w);
+        }
         let (ctx, now) = (self.ctx, self.ctx.now_ns());
         let s = ctx.slot_ref();
         // The deadline first: a wait past it ends so, whatever was written
         // (a backend that cannot tell says "written" every turn).
-        if now >= self.deadline {
-            self.finish();
-            return Poll::Ready(Woken::Deadline);
-        }
-        if !self.started {
-            self.started = true;
-            ctx.begin_wait();
-            s.watching.set(true);
-            ctx.nic().watch_writes(ctx.slot(), self.off, self.len);
+        let woke = if now >= self.deadline {
+            Some(Woken::Deadline)
+        } else if !self.started {
+            if s.watching.get() {
+                // Another wait of this task watches already (made before
+                // that one first ran): end at once, the caller looks again.
+                Some(Woken::Written)
+            } else {
+                self.started = true;
+                ctx.begin_wait();
+                s.watching.set(true);
+                ctx.nic().watch_writes(ctx.slot(), self.off, self.len);
+                None
+            }
         } else if ctx.nic().write_seen(ctx.slot()) {
+            Some(Woken::Written)
+        } else {
+            None
+        };
+        if let Some(w) = woke {
             self.finish();
-            return Poll::Ready(Woken::Written);
+            self.ended = Some(w);
+            return Poll::Ready(w);
         }
         if self.deadline != NO_TIMER {
-            s.arm(self.deadline, now);
+            s.arm(self.deadline);
         }
         Poll::Pending
     }
@@ -188,7 +207,8 @@ impl<N: Nic> Ctx<N> {
         c.set(c.get() + 1);
     }
 
-    /// A wait of this task ended; its last one clears its deadline.
+    /// A wait of this task ended (the next poll's live waits re-arm the
+    /// deadline; the last one clears it now).
     fn end_wait(&self) {
         let s = self.slot_ref();
         let w = s.waits.get();

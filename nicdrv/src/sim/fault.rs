@@ -30,7 +30,8 @@ pub enum FaultKind {
     /// and memory node i, so machine i as a whole) and a node outside it is
     /// cut, both ways. Nodes numbered 64 or more are outside.
     Partition { side: u64 },
-    /// The links a `Partition` of `side` cut carry packets again.
+    /// The links a `Partition` of `side` cut carry packets again (a link
+    /// across it that a `CutLink` cut too is healed as well).
     HealPartition { side: u64 },
 }
 
@@ -86,16 +87,20 @@ impl Fault {
             // Threads are made after the world; checked when the fault fires.
             FaultKind::StallThread { .. } => true,
             FaultKind::CrashMachine { machine } => (machine as usize) < machines,
-            FaultKind::Partition { side } | FaultKind::HealPartition { side } => side != 0,
+            // Every node it names exists (bits above both counts name none).
+            FaultKind::Partition { side } | FaultKind::HealPartition { side } => {
+                let nodes = memory_nodes.max(compute_nodes).min(64);
+                side != 0 && (nodes == 64 || side >> nodes == 0)
+            }
         };
         match (ok, self.kind) {
             (true, _) => Ok(()),
             (false, FaultKind::CrashMachine { machine }) => Err(format!(
                 "fault {self} names machine {machine}; this cluster has {machines} machines (memory and compute node in one)"
             )),
-            (false, FaultKind::Partition { .. } | FaultKind::HealPartition { .. }) => {
-                Err(format!("fault {self} names no node"))
-            }
+            (false, FaultKind::Partition { .. } | FaultKind::HealPartition { .. }) => Err(format!(
+                "fault {self} names no node, or one that does not exist ({memory_nodes} memory nodes, {compute_nodes} compute nodes)"
+            )),
             (false, _) => Err(format!(
                 "fault {self} names a node that does not exist ({memory_nodes} memory nodes, {compute_nodes} compute nodes)"
             )),

@@ -797,6 +797,8 @@ impl SimCluster {
     /// `thread`'s earliest timer is due at `at`: one `Ev::Timer` then,
     /// unless one at or before it is pending already.
     pub(crate) fn timer_due(&self, thread: u32, at: u64) {
+        // A deadline already past is due now (never an event in the past).
+        let at = at.max(self.now.get());
         {
             let mut th = self.threads.borrow_mut();
             let t = &mut th[thread as usize];
@@ -812,7 +814,7 @@ impl SimCluster {
         {
             let mut th = self.threads.borrow_mut();
             let t = &mut th[thread as usize];
-            if t.timer_at == self.now.get() {
+            if t.timer_at <= self.now.get() {
                 t.timer_at = u64::MAX;
             }
         }
