@@ -513,9 +513,9 @@ pub trait Fabric {
     fn accept(&mut self, link: Link, peer: &QpInfo) -> Result<QpInfo, String>;
     /// Compute role: the queue pair of `link`, RTR/RTS towards `peer`.
     fn connect(&mut self, link: Link, peer: &QpInfo, regions: &NodeRegions) -> Result<(), String>;
-    /// Memory role, before a later run pairs: destroys the responders of
-    /// the runs before (their compute nodes have left: every compute node
-    /// rejoined for this run); returns how many.
+    /// Memory role, once exchange 1 of a run came back (every node of the
+    /// run has joined, so the compute nodes of the runs before have left):
+    /// destroys the responders of the runs before; returns how many.
     fn retire(&mut self) -> usize;
 }
 
@@ -573,6 +573,15 @@ pub fn connect_cluster(
     let regions = regions_by_node(top, &round1.regions)?;
     let mut replies = Vec::new();
     if top.is_memory(me) {
+        // Exchange 1 came back: every node of this run has joined, so the
+        // compute nodes of the runs before (the same ids) have left, and
+        // their responders go. Not sooner: a memory node rejoins the
+        // coordinator as soon as a run has started, while that run's
+        // compute nodes still use their responders.
+        let retired = fabric.retire();
+        if retired > 0 {
+            log::debug!("memory node {me}: {retired} responders of earlier runs retired");
+        }
         for (link, qp) in requests_for(top, &round1.endpoints, me)? {
             let ours = fabric.accept(link, &qp).map_err(BootError::Fabric)?;
             replies.push((link, ours));
@@ -628,10 +637,10 @@ impl ControlPlane for Counted<'_> {
 }
 
 /// A memory node's part in a later compute run, on a rendezvous of every
-/// node of the cluster ([`crate::node::serve_runs`]): retire the earlier
-/// runs' responders, pair with this run's compute cores
-/// ([`connect_cluster`], publishing `regions` again), then "memory-ready"
-/// and "index-ready" with the others. The memory and what it holds stay as
+/// node of the cluster ([`crate::node::serve_runs`]): pair with this run's
+/// compute cores ([`connect_cluster`], publishing `regions` again, and
+/// retiring the earlier runs' responders once everyone has joined), then
+/// "memory-ready" and "index-ready" with the others. The memory and what it holds stay as
 /// they are; the run's loader clears the index it finds.
 pub fn serve_memory_run(
     rv: &mut Rendezvous,
@@ -640,8 +649,6 @@ pub fn serve_memory_run(
     me: u32,
     regions: &[Region],
 ) -> Result<(), RunFailed> {
-    let retired = fabric.retire();
-    log::debug!("memory node {me}: {retired} responders of earlier runs retired");
     let mut cp = Counted { rv, exchanges: 0 };
     let paired = connect_cluster(&mut cp, fabric, top, me, regions.to_vec());
     let started = cp.exchanges > 0;

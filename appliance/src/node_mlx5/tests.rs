@@ -403,10 +403,29 @@ impl ControlPlane for HubMember {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Event {
-    Made { link: Link, qpn: u32 },
-    Accepted { link: Link, peer: u32, qpn: u32 },
-    Connected { link: Link, peer: u32, node: u16 },
-    Retired { node: u32, count: usize },
+    Made {
+        link: Link,
+        qpn: u32,
+    },
+    Accepted {
+        link: Link,
+        peer: u32,
+        qpn: u32,
+    },
+    Connected {
+        link: Link,
+        peer: u32,
+        node: u16,
+    },
+    Retired {
+        node: u32,
+        count: usize,
+    },
+    /// A compute node joined the rendezvous of run `run`.
+    Joined {
+        compute: u32,
+        run: usize,
+    },
 }
 
 /// Queue pairs as numbers: node `id`'s n-th queue pair is id·1000 + n.
@@ -535,6 +554,20 @@ fn the_protocol_connects_every_link_once() {
     let log = log.lock().unwrap();
     let links: Vec<Link> = top.links().collect();
     assert_eq!(links.len(), 15);
+    // Each memory node retired once, after exchange 1, before accepting:
+    // nothing (a first run).
+    let retired: Vec<&Event> = log
+        .iter()
+        .filter(|e| matches!(e, Event::Retired { .. }))
+        .collect();
+    assert_eq!(retired.len(), 3);
+    assert!(retired
+        .iter()
+        .all(|e| matches!(e, Event::Retired { count: 0, .. })));
+    let log: Vec<&Event> = log
+        .iter()
+        .filter(|e| !matches!(e, Event::Retired { .. }))
+        .collect();
     assert_eq!(log.len(), 3 * links.len());
     for l in links {
         let made = log
@@ -714,6 +747,7 @@ fn memory_nodes_pair_each_later_run_afresh() {
                     s.spawn(move || {
                         let mut rv = Rendezvous::join(addr, 0, &o, Duration::from_secs(30))
                             .map_err(|e| e.to_string())?;
+                        log.lock().unwrap().push(Event::Joined { compute: id, run });
                         let mut f = FakeFabric {
                             id,
                             lanes: top.cores_of(id).unwrap(),
@@ -784,6 +818,25 @@ fn memory_nodes_pair_each_later_run_afresh() {
             links.sort();
             let want: Vec<Link> = top.links().filter(|l| l.memory == m).collect();
             assert_eq!(links, want, "node {m}");
+        }
+    }
+    // A run's responders are retired only once the next run's compute
+    // nodes have joined: never while the run they serve may still go on.
+    for m in [0u32, 1] {
+        let retires: Vec<usize> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Event::Retired { node, .. } if *node == m))
+            .map(|(i, _)| i)
+            .collect();
+        for (run, &at) in retires.iter().enumerate() {
+            let joined = log
+                .iter()
+                .position(|e| matches!(e, Event::Joined { run: r, .. } if *r == run));
+            assert!(
+                joined.is_some_and(|j| j < at),
+                "node {m} retired for run {run} before its compute nodes joined"
+            );
         }
     }
     // Every compute queue pair of every run was connected to a responder.
