@@ -1,1 +1,2 @@
+pub mod object;
 pub mod ring;
