@@ -1,3 +1,4 @@
 pub mod history;
 pub mod object;
+pub mod records;
 pub mod ring;

@@ -1,0 +1,439 @@
+//! What FaRM's commit puts in the rings (FaRM §4, Figure 4): transaction
+//! ids, and the records of the commit phases as bytes — the payloads of
+//! [`crate::ring`] records, whose crc already guards them whole; decoding
+//! checks every length against the bytes there are, so a record that is
+//! not one of ours is an error, never a panic or an allocation it names.
+//!
+//! ```text
+//! record     kind u8 | txid (16 bytes, all but TRUNCATE) | body
+//! LOCK, COMMIT-BACKUP
+//!            regions u16, then each region u32;
+//!            objects u16, then each: region u32, offset u64, version u64,
+//!                                    len u32, len bytes of new value
+//! COMMIT-PRIMARY, ABORT
+//!            (no body)
+//! TRUNCATE   count u16, then each txid (16 bytes)
+//! LOCK-REPLY ok u8
+//! ```
+
+use std::fmt;
+
+/// FaRM's transaction id: ⟨configuration, machine, thread, local⟩, unique
+/// across the cluster's life as long as each thread numbers its own.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TxId {
+    pub config: u32,
+    pub machine: u16,
+    pub thread: u16,
+    pub local: u64,
+}
+
+impl TxId {
+    pub const BYTES: usize = 16;
+
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.config.to_le_bytes());
+        out.extend_from_slice(&self.machine.to_le_bytes());
+        out.extend_from_slice(&self.thread.to_le_bytes());
+        out.extend_from_slice(&self.local.to_le_bytes());
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<TxId, RecordError> {
+        Ok(TxId {
+            config: r.u32()?,
+            machine: r.u16()?,
+            thread: r.u16()?,
+            local: r.u64()?,
+        })
+    }
+}
+
+/// Where an object lies: a region and an offset in it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjAddr {
+    pub region: u32,
+    pub offset: u64,
+}
+
+/// One written object of a LOCK or COMMIT-BACKUP record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    pub at: ObjAddr,
+    /// The version the transaction read (LOCK locks at it).
+    pub version: u64,
+    pub value: Vec<u8>,
+}
+
+/// A record of the commit protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// To each written object's primary: lock them at the versions read.
+    Lock {
+        tx: TxId,
+        regions: Vec<u32>,
+        writes: Vec<Write>,
+    },
+    /// To every backup of the written regions: the new values.
+    CommitBackup {
+        tx: TxId,
+        regions: Vec<u32>,
+        writes: Vec<Write>,
+    },
+    /// To each primary: install, bump versions, unlock.
+    CommitPrimary { tx: TxId },
+    /// To each primary that locked: unlock, nothing installed.
+    Abort { tx: TxId },
+    /// Transactions whose records may go (lazy, piggybacked).
+    Truncate { txs: Vec<TxId> },
+    /// The primary's answer to LOCK, through the message ring.
+    LockReply { tx: TxId, ok: bool },
+}
+
+const LOCK: u8 = 1;
+const COMMIT_BACKUP: u8 = 2;
+const COMMIT_PRIMARY: u8 = 3;
+const ABORT: u8 = 4;
+const TRUNCATE: u8 = 5;
+const LOCK_REPLY: u8 = 6;
+
+/// Why bytes are not a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordError {
+    /// The bytes end before the record does.
+    Truncated { need: usize, have: usize },
+    /// A kind byte no record has.
+    UnknownKind(u8),
+    /// Bytes left after the record.
+    Trailing(usize),
+    /// A count or length beyond what a record may hold.
+    TooMany { what: &'static str, n: usize },
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Truncated { need, have } => {
+                write!(f, "record cut short: {need} bytes needed, {have} there")
+            }
+            RecordError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
+            RecordError::Trailing(n) => write!(f, "{n} bytes after the record"),
+            RecordError::TooMany { what, n } => write!(f, "{n} {what} in one record"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// Most regions or objects one record names, and most bytes of a value.
+pub const MAX_ITEMS: usize = u16::MAX as usize;
+pub const MAX_VALUE: usize = crate::object::MAX_PAYLOAD;
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len());
+        let end = end.ok_or(RecordError::Truncated {
+            need: self.at.saturating_add(n),
+            have: self.b.len(),
+        })?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, RecordError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, RecordError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, RecordError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+fn count(what: &'static str, n: usize) -> Result<u16, RecordError> {
+    u16::try_from(n).map_err(|_| RecordError::TooMany { what, n })
+}
+
+fn put_body(out: &mut Vec<u8>, regions: &[u32], writes: &[Write]) -> Result<(), RecordError> {
+    out.extend_from_slice(&count("regions", regions.len())?.to_le_bytes());
+    for r in regions {
+        out.extend_from_slice(&r.to_le_bytes());
+    }
+    out.extend_from_slice(&count("objects", writes.len())?.to_le_bytes());
+    for w in writes {
+        if w.value.len() > MAX_VALUE {
+            return Err(RecordError::TooMany {
+                what: "value bytes",
+                n: w.value.len(),
+            });
+        }
+        out.extend_from_slice(&w.at.region.to_le_bytes());
+        out.extend_from_slice(&w.at.offset.to_le_bytes());
+        out.extend_from_slice(&w.version.to_le_bytes());
+        out.extend_from_slice(&(w.value.len() as u32).to_le_bytes());
+        out.extend_from_slice(&w.value);
+    }
+    Ok(())
+}
+
+fn get_body(r: &mut Reader<'_>) -> Result<(Vec<u32>, Vec<Write>), RecordError> {
+    // Capacities are bounded by the bytes there are, not by the counts the
+    // bytes claim.
+    let n = r.u16()? as usize;
+    let mut regions = Vec::with_capacity(n.min(r.b.len() / 4));
+    for _ in 0..n {
+        regions.push(r.u32()?);
+    }
+    let n = r.u16()? as usize;
+    let mut writes = Vec::with_capacity(n.min(r.b.len() / 24));
+    for _ in 0..n {
+        let at = ObjAddr {
+            region: r.u32()?,
+            offset: r.u64()?,
+        };
+        let version = r.u64()?;
+        let len = r.u32()? as usize;
+        if len > MAX_VALUE {
+            return Err(RecordError::TooMany {
+                what: "value bytes",
+                n: len,
+            });
+        }
+        let value = r.take(len)?.to_vec();
+        writes.push(Write { at, version, value });
+    }
+    Ok((regions, writes))
+}
+
+impl Record {
+    /// The record as bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, RecordError> {
+        let mut out = Vec::with_capacity(64);
+        match self {
+            Record::Lock {
+                tx,
+                regions,
+                writes,
+            }
+            | Record::CommitBackup {
+                tx,
+                regions,
+                writes,
+            } => {
+                out.push(if matches!(self, Record::Lock { .. }) {
+                    LOCK
+                } else {
+                    COMMIT_BACKUP
+                });
+                tx.put(&mut out);
+                put_body(&mut out, regions, writes)?;
+            }
+            Record::CommitPrimary { tx } | Record::Abort { tx } => {
+                out.push(if matches!(self, Record::Abort { .. }) {
+                    ABORT
+                } else {
+                    COMMIT_PRIMARY
+                });
+                tx.put(&mut out);
+            }
+            Record::Truncate { txs } => {
+                out.push(TRUNCATE);
+                out.extend_from_slice(&count("transactions", txs.len())?.to_le_bytes());
+                for t in txs {
+                    t.put(&mut out);
+                }
+            }
+            Record::LockReply { tx, ok } => {
+                out.push(LOCK_REPLY);
+                tx.put(&mut out);
+                out.push(u8::from(*ok));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes as a record: every length checked, nothing left over.
+    pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
+        let mut r = Reader { b: bytes, at: 0 };
+        let kind = r.u8()?;
+        if kind == TRUNCATE {
+            let n = r.u16()? as usize;
+            let mut txs = Vec::with_capacity(n.min(bytes.len() / TxId::BYTES));
+            for _ in 0..n {
+                txs.push(TxId::get(&mut r)?);
+            }
+            return match bytes.len() - r.at {
+                0 => Ok(Record::Truncate { txs }),
+                n => Err(RecordError::Trailing(n)),
+            };
+        }
+        if !(LOCK..=LOCK_REPLY).contains(&kind) {
+            return Err(RecordError::UnknownKind(kind));
+        }
+        let tx = TxId::get(&mut r)?;
+        let rec = match kind {
+            LOCK | COMMIT_BACKUP => {
+                let (regions, writes) = get_body(&mut r)?;
+                if kind == LOCK {
+                    Record::Lock {
+                        tx,
+                        regions,
+                        writes,
+                    }
+                } else {
+                    Record::CommitBackup {
+                        tx,
+                        regions,
+                        writes,
+                    }
+                }
+            }
+            COMMIT_PRIMARY => Record::CommitPrimary { tx },
+            ABORT => Record::Abort { tx },
+            LOCK_REPLY => Record::LockReply {
+                tx,
+                ok: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    k => return Err(RecordError::UnknownKind(k)),
+                },
+            },
+            k => return Err(RecordError::UnknownKind(k)),
+        };
+        match bytes.len() - r.at {
+            0 => Ok(rec),
+            n => Err(RecordError::Trailing(n)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tx() -> impl Strategy<Value = TxId> {
+        (any::<u32>(), any::<u16>(), any::<u16>(), any::<u64>()).prop_map(
+            |(config, machine, thread, local)| TxId {
+                config,
+                machine,
+                thread,
+                local,
+            },
+        )
+    }
+
+    fn writes() -> impl Strategy<Value = Vec<Write>> {
+        proptest::collection::vec(
+            (
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..100),
+            )
+                .prop_map(|(region, offset, version, value)| Write {
+                    at: ObjAddr { region, offset },
+                    version,
+                    value,
+                }),
+            0..6,
+        )
+    }
+
+    fn record() -> impl Strategy<Value = Record> {
+        let regions = proptest::collection::vec(any::<u32>(), 0..5);
+        prop_oneof![
+            (tx(), regions.clone(), writes()).prop_map(|(tx, regions, writes)| Record::Lock {
+                tx,
+                regions,
+                writes
+            }),
+            (tx(), regions, writes()).prop_map(|(tx, regions, writes)| Record::CommitBackup {
+                tx,
+                regions,
+                writes
+            }),
+            tx().prop_map(|tx| Record::CommitPrimary { tx }),
+            tx().prop_map(|tx| Record::Abort { tx }),
+            proptest::collection::vec(tx(), 0..8).prop_map(|txs| Record::Truncate { txs }),
+            (tx(), any::<bool>()).prop_map(|(tx, ok)| Record::LockReply { tx, ok }),
+        ]
+    }
+
+    proptest! {
+        /// Every record decodes to itself; every shorter prefix, and any
+        /// extra byte, is an error.
+        #[test]
+        fn records_round_trip_and_prefixes_are_errors(rec in record(), cut in any::<usize>()) {
+            let b = rec.encode().unwrap();
+            prop_assert_eq!(Record::decode(&b).unwrap(), rec);
+            let cut = cut % b.len();
+            prop_assert!(Record::decode(&b[..cut]).is_err());
+            let mut longer = b.clone();
+            longer.push(0);
+            prop_assert_eq!(Record::decode(&longer), Err(RecordError::Trailing(1)));
+        }
+
+        /// Arbitrary bytes are a record or an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Record::decode(&b);
+        }
+    }
+
+    #[test]
+    fn oversized_parts_are_errors() {
+        let t = TxId {
+            config: 1,
+            machine: 2,
+            thread: 3,
+            local: 4,
+        };
+        let big = Record::Lock {
+            tx: t,
+            regions: vec![],
+            writes: vec![Write {
+                at: ObjAddr {
+                    region: 0,
+                    offset: 0,
+                },
+                version: 0,
+                value: vec![0; MAX_VALUE + 1],
+            }],
+        };
+        assert!(matches!(big.encode(), Err(RecordError::TooMany { .. })));
+        let many = Record::Truncate {
+            txs: vec![t; MAX_ITEMS + 1],
+        };
+        assert!(matches!(many.encode(), Err(RecordError::TooMany { .. })));
+        // A count that names more objects than the bytes hold.
+        let mut b = Record::Lock {
+            tx: t,
+            regions: vec![],
+            writes: vec![],
+        }
+        .encode()
+        .unwrap();
+        let n = b.len();
+        b[n - 2..].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(matches!(
+            Record::decode(&b),
+            Err(RecordError::Truncated { .. })
+        ));
+        assert_eq!(Record::decode(&[9; 17]), Err(RecordError::UnknownKind(9)));
+    }
+}
