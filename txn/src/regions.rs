@@ -1,0 +1,274 @@
+//! FaRM's regions as every machine caches them (FaRM §3): a region is a
+//! span of memory replicated on one primary and `f` backups on distinct
+//! machines, and an object is addressed by (region, offset). The map says
+//! where each replica of a region lies, so an object's address becomes a
+//! one-sided verb's [`GlobalAddr`] on its primary (for reads, LOCK's
+//! target) or on each backup (COMMIT-BACKUP's). Creating a region (the
+//! two-phase exchange with its replicas) is not built yet; the map is what
+//! that exchange will fill.
+
+use crate::records::ObjAddr;
+use nicdrv::{GlobalAddr, NodeId};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Where one replica of a region lies: its machine (memory node) and the
+/// region's first byte there.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    pub machine: NodeId,
+    pub base: u64,
+}
+
+/// One region: its size and replicas, the primary first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub id: u32,
+    pub bytes: u64,
+    pub primary: Replica,
+    pub backups: Vec<Replica>,
+}
+
+/// Why a region or an address was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegionError {
+    /// No region of this id is in the map.
+    NoSuchRegion(u32),
+    /// The id is in the map already.
+    Duplicate(u32),
+    /// Fewer backups than the map's replication asks for, or more.
+    Replication {
+        id: u32,
+        backups: usize,
+        want: usize,
+    },
+    /// Two replicas of one region on one machine (one failure would take
+    /// both).
+    SameMachine { id: u32, machine: NodeId },
+    /// An empty region, or one whose end overflows.
+    Size { id: u32, bytes: u64 },
+    /// An object beyond its region's end.
+    OutOfRegion { at: ObjAddr, len: u64, bytes: u64 },
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionError::NoSuchRegion(id) => write!(f, "region {id} does not exist"),
+            RegionError::Duplicate(id) => write!(f, "region {id} exists already"),
+            RegionError::Replication { id, backups, want } => write!(
+                f,
+                "region {id} has {backups} backups; this cluster replicates to {want}"
+            ),
+            RegionError::SameMachine { id, machine } => {
+                write!(f, "region {id} has two replicas on machine {machine}")
+            }
+            RegionError::Size { id, bytes } => write!(f, "region {id} of {bytes} bytes"),
+            RegionError::OutOfRegion { at, len, bytes } => write!(
+                f,
+                "{len} bytes at offset {} of region {} pass its end ({bytes} bytes)",
+                at.offset, at.region
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegionError {}
+
+/// The region map: every region's replicas, with `f` backups each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionMap {
+    f: usize,
+    regions: BTreeMap<u32, Region>,
+}
+
+impl RegionMap {
+    /// An empty map for regions with `f` backups each (FaRM uses f ≥ 1:
+    /// 3-way replication is f = 2).
+    pub fn new(f: usize) -> RegionMap {
+        RegionMap {
+            f,
+            regions: BTreeMap::new(),
+        }
+    }
+
+    pub fn backups_per_region(&self) -> usize {
+        self.f
+    }
+
+    /// Adds a region, checked: a new id, exactly `f` backups, every
+    /// replica on its own machine, a size whose end fits every replica's
+    /// addresses.
+    pub fn add(&mut self, r: Region) -> Result<(), RegionError> {
+        if self.regions.contains_key(&r.id) {
+            return Err(RegionError::Duplicate(r.id));
+        }
+        if r.backups.len() != self.f {
+            return Err(RegionError::Replication {
+                id: r.id,
+                backups: r.backups.len(),
+                want: self.f,
+            });
+        }
+        let all: Vec<&Replica> = std::iter::once(&r.primary).chain(&r.backups).collect();
+        for (i, a) in all.iter().enumerate() {
+            if all[..i].iter().any(|b| b.machine == a.machine) {
+                return Err(RegionError::SameMachine {
+                    id: r.id,
+                    machine: a.machine,
+                });
+            }
+            // A global address holds 48 bits of offset.
+            let end = a.base.checked_add(r.bytes);
+            if r.bytes == 0 || end.is_none_or(|e| e > 1 << 48) {
+                return Err(RegionError::Size {
+                    id: r.id,
+                    bytes: r.bytes,
+                });
+            }
+        }
+        self.regions.insert(r.id, r);
+        Ok(())
+    }
+
+    pub fn get(&self, id: u32) -> Result<&Region, RegionError> {
+        self.regions.get(&id).ok_or(RegionError::NoSuchRegion(id))
+    }
+
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    /// The regions whose primary is `machine` (what its cores lock and
+    /// install).
+    pub fn primary_of(&self, machine: NodeId) -> impl Iterator<Item = &Region> {
+        self.regions
+            .values()
+            .filter(move |r| r.primary.machine == machine)
+    }
+
+    fn check(&self, at: ObjAddr, len: u64) -> Result<&Region, RegionError> {
+        let r = self.get(at.region)?;
+        if at.offset.checked_add(len).is_none_or(|e| e > r.bytes) {
+            return Err(RegionError::OutOfRegion {
+                at,
+                len,
+                bytes: r.bytes,
+            });
+        }
+        Ok(r)
+    }
+
+    /// The object of `len` bytes at `at` on its primary.
+    pub fn on_primary(&self, at: ObjAddr, len: u64) -> Result<GlobalAddr, RegionError> {
+        let r = self.check(at, len)?;
+        Ok(GlobalAddr::host(
+            r.primary.machine,
+            r.primary.base + at.offset,
+        ))
+    }
+
+    /// The object of `len` bytes at `at` on each backup, in the map's
+    /// order.
+    pub fn on_backups(&self, at: ObjAddr, len: u64) -> Result<Vec<GlobalAddr>, RegionError> {
+        let r = self.check(at, len)?;
+        Ok(r.backups
+            .iter()
+            .map(|b| GlobalAddr::host(b.machine, b.base + at.offset))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rep(machine: NodeId, base: u64) -> Replica {
+        Replica { machine, base }
+    }
+
+    fn region(id: u32, primary: NodeId, backups: &[NodeId]) -> Region {
+        Region {
+            id,
+            bytes: 1 << 20,
+            primary: rep(primary, 4 << 20),
+            backups: backups.iter().map(|&m| rep(m, 8 << 20)).collect(),
+        }
+    }
+
+    #[test]
+    fn objects_map_to_their_primary_and_backups() {
+        let mut m = RegionMap::new(2);
+        m.add(region(7, 0, &[1, 2])).unwrap();
+        m.add(region(8, 1, &[2, 0])).unwrap();
+        let at = ObjAddr {
+            region: 7,
+            offset: 4096,
+        };
+        assert_eq!(
+            m.on_primary(at, 64).unwrap(),
+            GlobalAddr::host(0, (4 << 20) + 4096)
+        );
+        assert_eq!(
+            m.on_backups(at, 64).unwrap(),
+            [
+                GlobalAddr::host(1, (8 << 20) + 4096),
+                GlobalAddr::host(2, (8 << 20) + 4096)
+            ]
+        );
+        assert_eq!(m.primary_of(1).map(|r| r.id).collect::<Vec<_>>(), [8]);
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn bad_regions_and_addresses_are_errors() {
+        let mut m = RegionMap::new(1);
+        m.add(region(1, 0, &[1])).unwrap();
+        assert_eq!(m.add(region(1, 2, &[3])), Err(RegionError::Duplicate(1)));
+        assert_eq!(
+            m.add(region(2, 0, &[1, 2])),
+            Err(RegionError::Replication {
+                id: 2,
+                backups: 2,
+                want: 1
+            })
+        );
+        assert_eq!(
+            m.add(region(3, 4, &[4])),
+            Err(RegionError::SameMachine { id: 3, machine: 4 })
+        );
+        let mut empty = region(4, 0, &[1]);
+        empty.bytes = 0;
+        assert!(matches!(m.add(empty), Err(RegionError::Size { .. })));
+        let mut huge = region(5, 0, &[1]);
+        huge.bytes = u64::MAX;
+        assert!(matches!(m.add(huge), Err(RegionError::Size { .. })));
+        let nowhere = ObjAddr {
+            region: 9,
+            offset: 0,
+        };
+        assert_eq!(m.on_primary(nowhere, 8), Err(RegionError::NoSuchRegion(9)));
+        let past = ObjAddr {
+            region: 1,
+            offset: (1 << 20) - 8,
+        };
+        assert!(m.on_primary(past, 8).is_ok());
+        assert!(matches!(
+            m.on_backups(past, 16),
+            Err(RegionError::OutOfRegion { .. })
+        ));
+        let wrap = ObjAddr {
+            region: 1,
+            offset: u64::MAX,
+        };
+        assert!(matches!(
+            m.on_primary(wrap, 8),
+            Err(RegionError::OutOfRegion { .. })
+        ));
+        assert_eq!(m.len(), 1, "refused regions left no trace");
+    }
+}
