@@ -66,7 +66,7 @@ impl<N: Nic> Ctx<N> {
     ) -> Result<WaitWrite<'_, N>, WaitError> {
         let size = self.nic().local_bytes().ok_or(LocalError::NotAMachine)?;
         check_range(off, len, size, false)?;
-        if self.slot_ref().watching.get() {
+        if self.slot_state().watching.get() {
             return Err(WaitError::Busy);
         }
         if let Some(d) = deadline_ns {
@@ -85,10 +85,6 @@ impl<N: Nic> Ctx<N> {
     /// This machine's own memory as its CPU sees it ([`crate::local`]).
     pub fn local(&self) -> Local<'_, N> {
         Local { nic: self.nic() }
-    }
-
-    fn slot_ref(&self) -> &Slot {
-        self.slot_state()
     }
 }
 
@@ -111,7 +107,7 @@ impl<N: Nic> Future for Sleep<'_, N> {
             self.armed = true;
             self.ctx.begin_wait();
         }
-        self.ctx.slot_ref().arm(self.at);
+        self.ctx.slot_state().arm(self.at);
         Poll::Pending
     }
 }
@@ -148,7 +144,7 @@ impl<N: Nic> Future for WaitWrite<'_, N> {
             return Poll::Ready(w);
         }
         let (ctx, now) = (self.ctx, self.ctx.now_ns());
-        let s = ctx.slot_ref();
+        let s = ctx.slot_state();
         // The deadline first: a wait past it ends so, whatever was written
         // (a backend that cannot tell says "written" every turn).
         let woke = if now >= self.deadline {
@@ -185,7 +181,7 @@ impl<N: Nic> Future for WaitWrite<'_, N> {
 impl<N: Nic> WaitWrite<'_, N> {
     fn finish(&mut self) {
         if std::mem::take(&mut self.started) {
-            self.ctx.slot_ref().watching.set(false);
+            self.ctx.slot_state().watching.set(false);
             self.ctx.nic().unwatch_writes(self.ctx.slot());
             self.ctx.end_wait();
         }
@@ -201,7 +197,7 @@ impl<N: Nic> Drop for WaitWrite<'_, N> {
 impl<N: Nic> Ctx<N> {
     /// A wait of this task began.
     fn begin_wait(&self) {
-        let s = self.slot_ref();
+        let s = self.slot_state();
         s.waits.set(s.waits.get() + 1);
         let c = &self.core_ref().waits;
         c.set(c.get() + 1);
@@ -210,7 +206,7 @@ impl<N: Nic> Ctx<N> {
     /// A wait of this task ended (the next poll's live waits re-arm the
     /// deadline; the last one clears it now).
     fn end_wait(&self) {
-        let s = self.slot_ref();
+        let s = self.slot_state();
         let w = s.waits.get();
         debug_assert!(w > 0, "a wait ended that never began");
         s.waits.set(w.saturating_sub(1));

@@ -480,33 +480,6 @@ impl World {
         Ok(())
     }
 
-    /// Writes of the memory node's own CPU (for tests that set up state);
-    /// false when out of range or crashed. Watches see them.
-    pub fn write_memory(&self, node: NodeId, space: Space, off: u64, data: &[u8]) -> bool {
-        let ok = {
-            let mut mems = self.shared.mem.borrow_mut();
-            let Some(m) = mems.get_mut(node as usize) else {
-                return false;
-            };
-            let crashed = m.crashed;
-            let mem = match space {
-                Space::Host => &mut m.host,
-                Space::Device => &mut m.dm,
-            };
-            match (off as usize).checked_add(data.len()) {
-                Some(end) if !crashed && end <= mem.len() => {
-                    mem[off as usize..end].copy_from_slice(data);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if ok && space == Space::Host {
-            self.shared.note_write(node, off, off + data.len() as u64);
-        }
-        ok
-    }
-
     /// The memory node's own CPU reading its memory (for checks).
     pub fn read_memory(&self, node: NodeId, space: Space, off: u64, buf: &mut [u8]) -> bool {
         let mems = self.shared.mem.borrow();
@@ -578,11 +551,7 @@ impl World {
         if node as usize >= self.memory_nodes() {
             return Err(SimError::Config(format!("no memory node {node}")));
         }
-        let mut m = self.shared.mem.borrow_mut();
-        let n = &mut m[node as usize];
-        n.crashed = true;
-        n.host = Vec::new();
-        n.dm = Vec::new();
+        self.shared.crash_memory(node);
         Ok(())
     }
 

@@ -828,15 +828,18 @@ impl SimCluster {
         (node < self.machines).then_some(node as NodeId)
     }
 
+    /// Memory node `node` stops answering, and its memory is gone.
+    pub(crate) fn crash_memory(&self, node: NodeId) {
+        let mut mems = self.mem.borrow_mut();
+        let n = &mut mems[node as usize];
+        n.crashed = true;
+        n.host = Vec::new();
+        n.dm = Vec::new();
+    }
+
     /// Machine `m` fails whole: memory gone, NIC silent, threads stopped.
     pub(crate) fn crash_machine(&self, m: u16) {
-        {
-            let mut mems = self.mem.borrow_mut();
-            let n = &mut mems[m as usize];
-            n.crashed = true;
-            n.host = Vec::new();
-            n.dm = Vec::new();
-        }
+        self.crash_memory(m);
         self.cn.borrow_mut()[m as usize].crashed = true;
         self.watches.borrow_mut().retain(|w| w.node != m);
     }
@@ -990,14 +993,7 @@ impl SimCluster {
         let now = self.now.get();
         log::debug!("sim fault at {now} ns: {f}");
         match f.kind {
-            FaultKind::CrashMemoryNode { node } => {
-                let mut mems = self.mem.borrow_mut();
-                let n = &mut mems[node as usize];
-                n.crashed = true;
-                // Its memory is gone.
-                n.host = Vec::new();
-                n.dm = Vec::new();
-            }
+            FaultKind::CrashMemoryNode { node } => self.crash_memory(node),
             FaultKind::CrashComputeNode { node } => {
                 self.cn.borrow_mut()[node as usize].crashed = true
             }
