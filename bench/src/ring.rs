@@ -316,12 +316,15 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     let model = SimModel::default();
     // One record, as the model has it: the doorbell, one way on the link,
     // the transfer, then the receiver's turn (a step and its local reads).
-    let wire = record_bytes(a.size as u64) + model.header_bytes;
+    let record = record_bytes(a.size as u64);
+    let transfer_ns = model.xfer_ns(record + model.header_bytes);
+    // The receiver loads the header's two words, then reads the record's lines.
+    let local_ns = model.cpu_local_line_ns * (2 + record.div_ceil(64));
     let predicted_ns = model.cpu_post_ns
         + model.link_latency_ns_one_way
-        + model.xfer_ns(wire)
+        + transfer_ns
         + model.cpu_step_ns
-        + model.cpu_local_line_ns * (2 + record_bytes(a.size as u64).div_ceil(64));
+        + local_ns;
     if a.json {
         let doc = json!([{
             "schema_version": 1,
@@ -375,9 +378,9 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
                 "model: one record one way = doorbell {} + link {} + transfer {} + receiver step {} + local reads {} = {:.2} us",
                 model.cpu_post_ns,
                 model.link_latency_ns_one_way,
-                model.xfer_ns(wire),
+                transfer_ns,
                 model.cpu_step_ns,
-                model.cpu_local_line_ns * (2 + record_bytes(a.size as u64).div_ceil(64)),
+                local_ns,
                 predicted_ns as f64 / 1e3
             );
         }

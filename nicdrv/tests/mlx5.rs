@@ -393,28 +393,11 @@ struct Mlx5Harness {
     nodes: Vec<Arc<Mlx5MemoryNode>>,
 }
 
-/// The device the loopback fixture uses: the first one, or
-/// `LOCH_MLX5_DEVICE`, `LOCH_MLX5_PORT` and `LOCH_MLX5_GID_INDEX` (RoCE v2
-/// usually wants GID index 1 or 3: see `show_gids`).
-fn device_config() -> DeviceConfig {
-    let env = |k: &str| std::env::var(k).ok();
-    let mut cfg = DeviceConfig {
-        name: env("LOCH_MLX5_DEVICE"),
-        ..DeviceConfig::default()
-    };
-    if let Some(p) = env("LOCH_MLX5_PORT") {
-        cfg.port = p.parse().expect("LOCH_MLX5_PORT is a port number");
-    }
-    if let Some(g) = env("LOCH_MLX5_GID_INDEX") {
-        cfg.gid_index = g.parse().expect("LOCH_MLX5_GID_INDEX is a GID index");
-    }
-    cfg
-}
-
 /// A loopback fixture (two memory nodes and their compute QPs on one
 /// device), or `None` (printing why) when this machine has no RDMA device.
 fn harness() -> Option<Mlx5Harness> {
-    let nic = match Mlx5Nic::open(&device_config()) {
+    let cfg = DeviceConfig::from_env().expect("the LOCH_MLX5_* variables");
+    let nic = match Mlx5Nic::open(&cfg) {
         Ok(nic) => nic,
         Err(Mlx5Error::NoDevice) => {
             eprintln!("skipped: no RDMA device");

@@ -26,6 +26,32 @@ pub struct DeviceConfig {
     pub gid_index: u8,
 }
 
+impl DeviceConfig {
+    /// The first device and the defaults, or what `LOCH_MLX5_DEVICE`,
+    /// `LOCH_MLX5_PORT` and `LOCH_MLX5_GID_INDEX` name (RoCE v2 usually
+    /// wants GID index 1 or 3: see `show_gids`): the loopback fixtures of
+    /// the tests that run on a device. A value that is not a number is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<DeviceConfig, String> {
+        let env = |k: &str| std::env::var(k).ok();
+        let mut cfg = DeviceConfig {
+            name: env("LOCH_MLX5_DEVICE"),
+            ..DeviceConfig::default()
+        };
+        if let Some(p) = env("LOCH_MLX5_PORT") {
+            cfg.port = p
+                .parse()
+                .map_err(|_| format!("LOCH_MLX5_PORT=`{p}` is not a port number"))?;
+        }
+        if let Some(g) = env("LOCH_MLX5_GID_INDEX") {
+            cfg.gid_index = g
+                .parse()
+                .map_err(|_| format!("LOCH_MLX5_GID_INDEX=`{g}` is not a GID index"))?;
+        }
+        Ok(cfg)
+    }
+}
+
 impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {

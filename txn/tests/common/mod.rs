@@ -125,10 +125,7 @@ pub struct Mlx5 {
 impl Mlx5 {
     pub fn new() -> Option<Mlx5> {
         use nicdrv::mlx5::{DeviceConfig, Mlx5Error, Mlx5MemoryNode, Mlx5Nic};
-        let cfg = DeviceConfig {
-            name: std::env::var("LOCH_MLX5_DEVICE").ok(),
-            ..DeviceConfig::default()
-        };
+        let cfg = DeviceConfig::from_env().expect("the LOCH_MLX5_* variables");
         let nic = match Mlx5Nic::open(&cfg) {
             Ok(nic) => nic,
             Err(Mlx5Error::NoDevice) => {
