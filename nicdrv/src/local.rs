@@ -8,12 +8,19 @@
 //! a range read racing a remote WRITE may return any mix of old and new
 //! (it is not even line-atomic: the CPU is not the NIC); a local CAS is
 //! atomic with respect to other local CASes, not with respect to NIC
-//! atomics on the same word. Every access is bounds-checked and a bad one
-//! is a [`LocalError`], never a panic.
+//! atomics on the same word. A range *write* lands line by line, each
+//! 64-byte line it covers whole to a concurrent remote READ, as a CPU's
+//! store of a whole cache line is to the NIC's DMA of that line — what
+//! FaRM's primaries rely on when they install an object under its
+//! per-line versions. Every access is bounds-checked and a bad one is a
+//! [`LocalError`], never a panic.
 //!
 //! Backends: emu — atomics on the shared mapping of the node the process
-//! (or thread) owns; sim — the simulated node's memory, charged to the
-//! thread's CPU; mlx5 — the registered region itself.
+//! (or thread) owns, range writes through the same line seqlock as WRITE
+//! verbs; sim — the simulated node's memory, charged to the thread's CPU,
+//! a write applied at one instant; mlx5 — the registered region itself,
+//! a plain copy (line-whole on x86 only as far as the processor writes
+//! each line in one piece; a real deployment keeps to full-line stores).
 //!
 //! The same module holds the timer errors: timers and waiting for a write
 //! are executor features ([`crate::Ctx::sleep`],
@@ -76,11 +83,22 @@ pub fn check_range(off: u64, len: u64, size: u64, word: bool) -> Result<(), Loca
 #[derive(Copy, Clone, Debug)]
 pub struct SharedLocal {
     mem: SharedMem,
+    /// Emu's line words, through which range writes go so that each line
+    /// is whole to concurrent READ verbs (None: a plain atomic copy).
+    lines: Option<crate::emu::lines::LineMem>,
 }
 
 impl SharedLocal {
     pub fn new(mem: SharedMem) -> SharedLocal {
-        SharedLocal { mem }
+        SharedLocal { mem, lines: None }
+    }
+
+    /// The view over an emu window with its line seqlock.
+    pub fn with_lines(lines: crate::emu::lines::LineMem) -> SharedLocal {
+        SharedLocal {
+            mem: *lines.data(),
+            lines: Some(lines),
+        }
     }
 
     pub fn len(&self) -> u64 {
@@ -119,7 +137,10 @@ impl SharedLocal {
 
     pub fn write(&self, off: u64, data: &[u8]) -> Result<(), LocalError> {
         self.check(off, data.len() as u64, false)?;
-        self.mem.write(off, data);
+        match &self.lines {
+            Some(l) => l.write(off, data),
+            None => self.mem.write(off, data),
+        }
         Ok(())
     }
 }

@@ -7,6 +7,8 @@ use nicdrv::sim::{for_each_seed, RunEnd, SimConfig, World};
 use nicdrv::{ExecutorConfig, GlobalAddr};
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use txn::object::{self, decode, encode, object_bytes, Header, Inconsistent};
 
 /// Version `v`'s payload: every byte names the version and its place.
@@ -96,4 +98,86 @@ fn lock_free_reads_accept_whole_versions_only() {
         "no torn copy was ever read: the check went untested"
     );
     assert!(locked.get() > 0, "no locked copy was ever read");
+}
+
+/// On emu, the primary's own CPU installs versions through the local view
+/// as COMMIT-PRIMARY does (lock by CAS, every line but the first, then the
+/// first unlocking) while another machine READs the object: every copy
+/// the reader accepts is exactly one version, never a mix of the lines
+/// the CPU was writing.
+#[test]
+fn emu_reads_never_accept_a_half_installed_object() {
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: 2,
+        host_bytes: 1 << 20,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .unwrap()
+    .with_machines(2)
+    .unwrap();
+    let len = 400; // 8 lines
+    let off = 8192;
+    let cfg = ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut ex = cluster.machine_executor(0, cfg).unwrap();
+            let stop = stop.clone();
+            ex.spawn(|ctx| async move {
+                // Stops the reader however this task ends (a panic too).
+                struct Stop(Arc<AtomicBool>);
+                impl Drop for Stop {
+                    fn drop(&mut self) {
+                        // Release: pairs with the reader's Acquire; only a flag.
+                        self.0.store(true, Ordering::Release);
+                    }
+                }
+                let _stop = Stop(stop);
+                let l = ctx.local();
+                let mut h = Header(0); // zeroed memory
+                let mut buf = vec![0u8; object_bytes(len)];
+                for v in 1..20_000u64 {
+                    let next = Header::new(v, 3);
+                    encode(next, &value(v, len), &mut buf).unwrap();
+                    assert_eq!(l.cas(off, h.0, h.with_lock().0).unwrap(), h.0);
+                    l.write(off + 64, &buf[64..]).unwrap();
+                    l.write(off, &buf[..64]).unwrap();
+                    h = next;
+                    if v % 64 == 0 {
+                        ctx.yield_now().await;
+                    }
+                }
+            })
+            .unwrap();
+            ex.run();
+        });
+        s.spawn(|| {
+            let mut ex = cluster.machine_executor(1, cfg).unwrap();
+            let (stop, accepted) = (stop.clone(), accepted.clone());
+            ex.spawn(|ctx| async move {
+                let at = GlobalAddr::host(0, off);
+                let mut out = vec![0u8; len];
+                while !stop.load(Ordering::Acquire) {
+                    let copy = ctx.read(at, object_bytes(len)).await.unwrap();
+                    if let Ok(h) = decode(copy.as_slice(), &mut out).unwrap() {
+                        if h.0 != 0 {
+                            assert_eq!(out, value(h.version(), len), "a mixed value");
+                            accepted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+            .unwrap();
+            ex.run();
+        });
+    });
+    assert!(
+        accepted.load(Ordering::Relaxed) > 0,
+        "the reader never accepted a copy"
+    );
 }

@@ -69,12 +69,13 @@ impl EmuNic {
     /// This device as the cores of a machine that owns memory node `node`
     /// (created here or attached) see it: the same device, plus the node's
     /// host memory as the local view, through word atomics on the shared
-    /// mapping. The mapping stays up while the returned value lives.
+    /// mapping (range writes through its line words). The mapping stays up
+    /// while the returned value lives.
     pub fn on_machine(&self, node: &EmuEndpoint) -> EmuNic {
         EmuNic {
             inner: self.inner.clone(),
             local: Some(crate::local::MachineMemory::new(
-                crate::local::SharedLocal::new(node.map.host),
+                crate::local::SharedLocal::with_lines(*node.map.lines(crate::Space::Host)),
                 Arc::new(node.clone()),
             )),
         }
