@@ -14,6 +14,15 @@
 //!            (no body)
 //! TRUNCATE   count u16, then each txid (16 bytes)
 //! LOCK-REPLY ok u8
+//! VALIDATE   objects u16, then each: region u32, offset u64, version u64
+//! ```
+//!
+//! A ring record's payload is an [`Envelope`]: the head of the ring the
+//! other way (piggybacked flow control), the transactions whose records
+//! may now be truncated (piggybacked truncation), then one record:
+//!
+//! ```text
+//! envelope   head u64 | truncate count u16 | each txid | record
 //! ```
 
 use std::fmt;
@@ -85,8 +94,14 @@ pub enum Record {
     Abort { tx: TxId },
     /// Transactions whose records may go (lazy, piggybacked).
     Truncate { txs: Vec<TxId> },
-    /// The primary's answer to LOCK, through the message ring.
+    /// The primary's answer to LOCK or VALIDATE, through the message ring.
     LockReply { tx: TxId, ok: bool },
+    /// To a primary with more objects read (and not written) than are
+    /// worth a READ each: check their versions (header words) there.
+    Validate {
+        tx: TxId,
+        objects: Vec<(ObjAddr, u64)>,
+    },
 }
 
 const LOCK: u8 = 1;
@@ -95,6 +110,7 @@ const COMMIT_PRIMARY: u8 = 3;
 const ABORT: u8 = 4;
 const TRUNCATE: u8 = 5;
 const LOCK_REPLY: u8 = 6;
+const VALIDATE: u8 = 7;
 
 /// Why bytes are not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,6 +278,16 @@ impl Record {
                 tx.put(&mut out);
                 out.push(u8::from(*ok));
             }
+            Record::Validate { tx, objects } => {
+                out.push(VALIDATE);
+                tx.put(&mut out);
+                out.extend_from_slice(&count("objects", objects.len())?.to_le_bytes());
+                for (at, version) in objects {
+                    out.extend_from_slice(&at.region.to_le_bytes());
+                    out.extend_from_slice(&at.offset.to_le_bytes());
+                    out.extend_from_slice(&version.to_le_bytes());
+                }
+            }
         }
         Ok(out)
     }
@@ -281,7 +307,7 @@ impl Record {
                 n => Err(RecordError::Trailing(n)),
             };
         }
-        if !(LOCK..=LOCK_REPLY).contains(&kind) {
+        if !(LOCK..=VALIDATE).contains(&kind) {
             return Err(RecordError::UnknownKind(kind));
         }
         let tx = TxId::get(&mut r)?;
@@ -312,12 +338,72 @@ impl Record {
                     k => return Err(RecordError::UnknownKind(k)),
                 },
             },
+            VALIDATE => {
+                let n = r.u16()? as usize;
+                let mut objects = Vec::with_capacity(n.min(bytes.len() / 20));
+                for _ in 0..n {
+                    let at = ObjAddr {
+                        region: r.u32()?,
+                        offset: r.u64()?,
+                    };
+                    objects.push((at, r.u64()?));
+                }
+                Record::Validate { tx, objects }
+            }
             k => return Err(RecordError::UnknownKind(k)),
         };
         match bytes.len() - r.at {
             0 => Ok(rec),
             n => Err(RecordError::Trailing(n)),
         }
+    }
+}
+
+/// What every ring record carries: the piggybacked head of the reverse
+/// ring, the piggybacked truncations, and the record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// How far the sender has consumed the ring the other way (0: no news).
+    pub head: u64,
+    pub truncate: Vec<TxId>,
+    pub record: Record,
+}
+
+/// Bytes of an envelope's head word (patched in at send time).
+pub const HEAD_BYTES: usize = 8;
+
+impl Envelope {
+    pub fn encode(&self) -> Result<Vec<u8>, RecordError> {
+        let rec = self.record.encode()?;
+        let mut out = Vec::with_capacity(HEAD_BYTES + 2 + 16 * self.truncate.len() + rec.len());
+        out.extend_from_slice(&self.head.to_le_bytes());
+        out.extend_from_slice(&count("truncations", self.truncate.len())?.to_le_bytes());
+        for t in &self.truncate {
+            t.put(&mut out);
+        }
+        out.extend_from_slice(&rec);
+        Ok(out)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Envelope, RecordError> {
+        let mut r = Reader { b: bytes, at: 0 };
+        let head = r.u64()?;
+        let n = r.u16()? as usize;
+        let mut truncate = Vec::with_capacity(n.min(bytes.len() / TxId::BYTES));
+        for _ in 0..n {
+            truncate.push(TxId::get(&mut r)?);
+        }
+        let record = Record::decode(&bytes[r.at..])?;
+        Ok(Envelope {
+            head,
+            truncate,
+            record,
+        })
+    }
+
+    /// Sets the head word of an encoded envelope.
+    pub fn patch_head(bytes: &mut [u8], head: u64) {
+        bytes[..HEAD_BYTES].copy_from_slice(&head.to_le_bytes());
     }
 }
 
@@ -371,6 +457,17 @@ mod tests {
             tx().prop_map(|tx| Record::Abort { tx }),
             proptest::collection::vec(tx(), 0..8).prop_map(|txs| Record::Truncate { txs }),
             (tx(), any::<bool>()).prop_map(|(tx, ok)| Record::LockReply { tx, ok }),
+            (
+                tx(),
+                proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u64>()), 0..6)
+            )
+                .prop_map(|(tx, o)| Record::Validate {
+                    tx,
+                    objects: o
+                        .into_iter()
+                        .map(|(region, offset, v)| (ObjAddr { region, offset }, v))
+                        .collect()
+                }),
         ]
     }
 
@@ -388,10 +485,25 @@ mod tests {
             prop_assert_eq!(Record::decode(&longer), Err(RecordError::Trailing(1)));
         }
 
+        /// Envelopes round-trip with their head and truncations, a patched
+        /// head reads back, and every prefix is an error.
+        #[test]
+        fn envelopes_round_trip(
+            rec in record(), head in any::<u64>(),
+            truncate in proptest::collection::vec(tx(), 0..5), cut in any::<usize>(),
+        ) {
+            let e = Envelope { head: 0, truncate, record: rec };
+            let mut b = e.encode().unwrap();
+            Envelope::patch_head(&mut b, head);
+            prop_assert_eq!(Envelope::decode(&b).unwrap(), Envelope { head, ..e });
+            prop_assert!(Envelope::decode(&b[..cut % b.len()]).is_err());
+        }
+
         /// Arbitrary bytes are a record or an error, never a panic.
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Record::decode(&b);
+            let _ = Envelope::decode(&b);
         }
     }
 

@@ -3,9 +3,9 @@
 //! machines, and an object is addressed by (region, offset). The map says
 //! where each replica of a region lies, so an object's address becomes a
 //! one-sided verb's [`GlobalAddr`] on its primary (for reads, LOCK's
-//! target) or on each backup (COMMIT-BACKUP's). Creating a region (the
-//! two-phase exchange with its replicas) is not built yet; the map is what
-//! that exchange will fill.
+//! target) or on each backup (COMMIT-BACKUP's). The map is placed whole
+//! from a [`crate::layout::Geometry`] today; creating a region at run time
+//! (the two-phase exchange with its replicas) is not built yet.
 
 use crate::records::ObjAddr;
 use nicdrv::{GlobalAddr, NodeId};
@@ -170,6 +170,21 @@ impl RegionMap {
             r.primary.machine,
             r.primary.base + at.offset,
         ))
+    }
+
+    /// The object of `len` bytes at `at` in the backup replica on
+    /// `machine`, if that machine backs its region up.
+    pub fn on_backup(
+        &self,
+        at: ObjAddr,
+        len: u64,
+        machine: NodeId,
+    ) -> Result<Option<GlobalAddr>, RegionError> {
+        let r = self.check(at, len)?;
+        Ok(r.backups
+            .iter()
+            .find(|b| b.machine == machine)
+            .map(|b| GlobalAddr::host(b.machine, b.base + at.offset)))
     }
 
     /// The object of `len` bytes at `at` on each backup, in the map's

@@ -56,7 +56,7 @@
 //! a reservation did not use is released.
 
 use nicdrv::local::TimerError;
-use nicdrv::{Ctx, GlobalAddr, LocalError, Nic, NodeId, VerbError, WaitError, Woken};
+use nicdrv::{Batch, Ctx, GlobalAddr, LocalError, Nic, NodeId, VerbError, WaitError, Woken};
 use std::fmt;
 
 /// How long a receiver with an empty ring waits before it reports a head
@@ -483,10 +483,12 @@ pub struct Sender {
     reserved: u64,
     /// Names this sender's reservations.
     id: u64,
-    /// An append failed or was dropped mid-way: some of its WRITEs may
-    /// have landed and been taken, so the ring's state past `tail` is not
-    /// known and this sender appends no more.
-    poisoned: bool,
+    /// The tail once the records staged in a batch have landed; while it
+    /// is set nothing more is staged. An append that failed or was dropped
+    /// mid-way leaves it set for good: some of its WRITEs may have landed
+    /// and been taken, so the ring's state past `tail` is not known and
+    /// this sender appends no more (poisoned).
+    in_flight: Option<u64>,
 }
 
 /// Ring space set aside for later appends ([`Sender::reserve`]). Give what
@@ -525,7 +527,7 @@ impl Sender {
             reserved: 0,
             // Relaxed: a unique number, ordering nothing else.
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            poisoned: false,
+            in_flight: None,
         })
     }
 
@@ -537,7 +539,8 @@ impl Sender {
     pub fn free<N: Nic>(&self, ctx: &Ctx<N>) -> Result<u64, RingError> {
         let head = ctx.local().load(self.layout.sender_head_off)?;
         let used = self
-            .tail
+            .in_flight
+            .unwrap_or(self.tail)
             .checked_sub(head)
             .filter(|&u| u <= self.layout.capacity);
         let used = used.ok_or_else(|| {
@@ -560,6 +563,26 @@ impl Sender {
             pos += if size > room { room + size } else { size };
         }
         Ok(pos - self.tail)
+    }
+
+    /// Takes a head the receiver piggybacked on a message of its own (FaRM's
+    /// lazy head return): stored in the word the receiver would otherwise
+    /// WRITE, if it is news. A head beyond the tail, or misaligned, is a
+    /// corrupt message, refused.
+    pub fn note_head<N: Nic>(&self, ctx: &Ctx<N>, head: u64) -> Result<(), RingError> {
+        let l = ctx.local();
+        let known = l.load(self.layout.sender_head_off)?;
+        if head <= known {
+            return Ok(());
+        }
+        if head > self.in_flight.unwrap_or(self.tail) || !head.is_multiple_of(ALIGN) {
+            return Err(RingError::Corrupt(format!(
+                "piggybacked head {head} is not a position up to tail {}",
+                self.tail
+            )));
+        }
+        l.store(self.layout.sender_head_off, head)?;
+        Ok(())
     }
 
     /// Appends `payload` if there is room now; [`RingError::Full`] if not.
@@ -654,8 +677,30 @@ impl Sender {
         r: &mut Reservation,
         payload: &[u8],
     ) -> Result<u64, RingError> {
+        let mut b = ctx.batch();
+        let pos = self.stage_reserved(ctx, &mut b, r, payload)?;
+        b.submit().await?;
+        self.landed(ctx)?;
+        Ok(pos)
+    }
+
+    /// As [`Sender::append_reserved`], but the record's WRITEs go into the
+    /// caller's batch `b`, beside other rings' records (one doorbell per
+    /// destination for a whole commit phase). Call [`Sender::landed`] once
+    /// `b` completed; until then this sender stages nothing more, and if
+    /// the batch failed, never again (poisoned).
+    pub fn stage_reserved<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        b: &mut Batch<'_, N>,
+        r: &mut Reservation,
+        payload: &[u8],
+    ) -> Result<u64, RingError> {
         if r.sender != self.id {
             return Err(RingError::NotOurs);
+        }
+        if self.in_flight.is_some() {
+            return Err(RingError::Poisoned);
         }
         let need = self.need([payload.len() as u64])?;
         let size = record_bytes(payload.len() as u64);
@@ -671,10 +716,20 @@ impl Sender {
         if from_free > 0 && self.free(ctx)? < from_free {
             return Err(RingError::ReservationExhausted { need, left: r.left });
         }
-        let pos = self.write(ctx, &[payload]).await?;
+        let pos = self.stage(ctx, b, &[payload])?;
         r.left -= from_r;
         self.reserved -= from_r;
         Ok(pos)
+    }
+
+    /// The staged records' batch completed: they are in the receiver's
+    /// memory; the tail moves past them and is persisted.
+    pub fn landed<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), RingError> {
+        if let Some(t) = self.in_flight.take() {
+            self.tail = t;
+            ctx.local().store(self.layout.sender_tail_off, self.tail)?;
+        }
+        Ok(())
     }
 
     /// Gives back what `r` did not use.
@@ -690,13 +745,28 @@ impl Sender {
     /// before the ring's end) with one doorbell, then persists the tail.
     /// Returns the first record's position.
     async fn write<N: Nic>(&mut self, ctx: &Ctx<N>, payloads: &[&[u8]]) -> Result<u64, RingError> {
-        if self.poisoned {
+        let mut b = ctx.batch();
+        let first = self.stage(ctx, &mut b, payloads)?;
+        b.submit().await?;
+        self.landed(ctx)?;
+        Ok(first)
+    }
+
+    /// Puts the records' WRITEs into `b` and marks them in flight: the
+    /// sender is poisoned until [`Sender::landed`] (a failure, or the
+    /// caller's future dropped at the await, leaves it so).
+    fn stage<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        b: &mut Batch<'_, N>,
+        payloads: &[&[u8]],
+    ) -> Result<u64, RingError> {
+        if self.in_flight.is_some() {
             return Err(RingError::Poisoned);
         }
         let cap = self.layout.capacity;
         let node = self.layout.receiver;
         let at = |pos: u64| GlobalAddr::host(node, self.layout.ring_off + pos % cap);
-        let mut b = ctx.batch();
         let mut pos = self.tail;
         let mut first = None;
         for payload in payloads {
@@ -714,13 +784,7 @@ impl Sender {
             first.get_or_insert(pos);
             pos += size;
         }
-        // Poisoned until the WRITEs are known to have landed: a failure, or
-        // this future dropped at the await, leaves it so.
-        self.poisoned = true;
-        b.submit().await?;
-        self.poisoned = false;
-        self.tail = pos;
-        ctx.local().store(self.layout.sender_tail_off, self.tail)?;
+        self.in_flight = Some(pos);
         Ok(first.unwrap_or(pos))
     }
 }

@@ -43,7 +43,7 @@ fn patience<N: Nic>(ctx: &nicdrv::Ctx<N>) -> u64 {
 fn payload(i: u64) -> Vec<u8> {
     let len = (i * 37 % 201) as usize;
     (0..len)
-        .map(|k| (i as u8).wrapping_add(k as u8 * 3))
+        .map(|k| (i as u8).wrapping_add((k as u8).wrapping_mul(3)))
         .collect()
 }
 
