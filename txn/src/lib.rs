@@ -1,5 +1,20 @@
+//! Loch transactions (FaRM, SOSP 2015): objects in replicated regions,
+//! read lock-free with one-sided READs and committed by FaRM's optimistic
+//! protocol through message and log rings in the machines' memory.
+
+pub mod coord;
+pub mod error;
+pub mod harness;
 pub mod history;
+pub mod layout;
 pub mod object;
 pub mod records;
 pub mod regions;
 pub mod ring;
+pub mod server;
+
+pub use coord::{CoordStats, Coordinator, Outcome, Tx};
+pub use error::{Abort, TxError};
+pub use layout::Geometry;
+pub use records::ObjAddr;
+pub use server::{Server, ServerStats};

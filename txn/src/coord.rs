@@ -1,0 +1,734 @@
+//! The coordinator: FaRM's transaction API and the coordinator's side of
+//! its commit (§4), for one core's task. Any core of any machine
+//! coordinates: coordinator thread t of machine m owns the log rings
+//! (t, m) into every machine and polls the reply rings back.
+//!
+//! A transaction reads objects with one-sided READs (lock-free: a copy is
+//! taken only when consistent), buffers its writes, and commits in
+//! phases, each one batch — one doorbell per machine it reaches:
+//!
+//! 1. reserve log space, on every ring the commit uses, for every record
+//!    it may append there (truncations it carries included); no room
+//!    before the deadline aborts (`LogFull`);
+//! 2. LOCK to each written object's primary; wait for every answer; a
+//!    refusal aborts (`Locked`), ABORT going to the primaries that locked;
+//! 3. VALIDATE the objects read and not written: a READ of each header,
+//!    or a VALIDATE message to a primary holding more than
+//!    [`VALIDATE_READS_MAX`] of them; a changed or locked one aborts
+//!    (`Changed`);
+//! 4. COMMIT-BACKUP to every backup of a written region; the batch's
+//!    completion is the NIC's acknowledgement of all of them;
+//! 5. COMMIT-PRIMARY to every primary; committed once they land.
+//!
+//! The transaction's id then waits, per machine it touched, to ride on
+//! the next record this coordinator sends there (truncation piggybacked;
+//! [`Coordinator::flush`] sends what is left as TRUNCATE records). A
+//! read-only transaction commits by validation alone, and one of a single
+//! read without it (its one read was a consistent copy at one instant).
+//!
+//! So a committed read-write transaction costs Pw LOCK records, Pw
+//! replies, one COMMIT-BACKUP per backup machine (f·Pw when the written
+//! primaries' backups are distinct) and Pw COMMIT-PRIMARY records — each
+//! one WRITE — and one READ per object validated by READ.
+
+use crate::error::{Abort, TxError};
+use crate::layout::Geometry;
+use crate::object::{self, object_bytes, Header, ObjectError};
+use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
+use crate::regions::RegionMap;
+use crate::ring::{Receiver, Reservation, RingError, Sender};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Most objects read at one primary that are validated by a READ each;
+/// more go in one VALIDATE message (FaRM §4: "more than four").
+pub const VALIDATE_READS_MAX: usize = 4;
+
+/// Most truncations one record carries.
+pub const CARRY_MAX: usize = 64;
+
+/// Truncations waiting for one machine beyond which they go at once in a
+/// TRUNCATE record of their own.
+pub const PENDING_MAX: usize = 4 * CARRY_MAX;
+
+/// How long a commit waits for log space before it aborts.
+pub const LOG_WAIT_NS: u64 = 1_000_000;
+
+/// How long a coordinator waits for a primary's answer before it calls
+/// the protocol broken (failures are the next issue's: no machine fails
+/// here).
+pub const REPLY_WAIT_NS: u64 = 1_000_000_000;
+
+/// READs of a locked or torn object in a row, before the reader lets the
+/// core's other tasks run.
+pub const READ_TRIES: u32 = 8;
+
+/// How long a read retries a locked or torn object before it aborts
+/// (`Busy`): a commit holds its locks for a few round trips, but a machine
+/// whose server thread is descheduled (emu on fewer cores than threads)
+/// may take milliseconds to install.
+pub const READ_WAIT_NS: u64 = 50_000_000;
+
+/// Records per batch: with a PAD each, a batch's worth of WRITEs.
+const RECORDS_PER_BATCH: usize = nicdrv::exec::MAX_BATCH / 2;
+
+/// A transaction's outcome.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Aborted(Abort),
+}
+
+/// What a coordinator did, by record kind: the one-sided WRITEs and READs
+/// of its commits, to check against the task counters.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoordStats {
+    pub committed: u64,
+    pub committed_read_only: u64,
+    pub aborted: [u64; 4],
+    pub lock_records: u64,
+    pub validate_records: u64,
+    pub backup_records: u64,
+    pub commit_records: u64,
+    pub abort_records: u64,
+    /// TRUNCATE records of their own (truncations not piggybacked).
+    pub truncate_records: u64,
+    /// Header READs of VALIDATE.
+    pub validate_reads: u64,
+    /// READs of objects by transactions (retries of torn copies included).
+    pub object_reads: u64,
+    /// Bytes of every record appended.
+    pub log_bytes: u64,
+}
+
+impl CoordStats {
+    /// One-sided WRITEs this coordinator's records took.
+    pub fn record_writes(&self) -> u64 {
+        self.lock_records
+            + self.validate_records
+            + self.backup_records
+            + self.commit_records
+            + self.abort_records
+            + self.truncate_records
+    }
+
+    pub fn aborts(&self) -> u64 {
+        self.aborted.iter().sum()
+    }
+}
+
+impl std::ops::AddAssign for CoordStats {
+    fn add_assign(&mut self, o: Self) {
+        self.committed += o.committed;
+        self.committed_read_only += o.committed_read_only;
+        for (a, b) in self.aborted.iter_mut().zip(o.aborted) {
+            *a += b;
+        }
+        self.lock_records += o.lock_records;
+        self.validate_records += o.validate_records;
+        self.backup_records += o.backup_records;
+        self.commit_records += o.commit_records;
+        self.abort_records += o.abort_records;
+        self.truncate_records += o.truncate_records;
+        self.validate_reads += o.validate_reads;
+        self.object_reads += o.object_reads;
+        self.log_bytes += o.log_bytes;
+    }
+}
+
+/// An object as a transaction read it.
+#[derive(Clone, Debug)]
+struct Seen {
+    header: Header,
+    value: Vec<u8>,
+}
+
+/// A transaction: what it read, at which versions, and what it will
+/// write. [`Coordinator::commit`] takes it, so a transaction cannot be
+/// used after its commit.
+#[derive(Debug)]
+pub struct Tx {
+    id: TxId,
+    reads: BTreeMap<ObjAddr, Seen>,
+    writes: BTreeMap<ObjAddr, Vec<u8>>,
+}
+
+impl Tx {
+    pub fn id(&self) -> TxId {
+        self.id
+    }
+
+    /// Buffers a new value for an object this transaction read (FaRM
+    /// writes what it read: LOCK checks the version read). The value has
+    /// the object's size.
+    pub fn write(&mut self, at: ObjAddr, value: &[u8]) -> Result<(), TxError> {
+        let Some(seen) = self.reads.get(&at) else {
+            return Err(TxError::Usage(format!(
+                "write of object {at:?}, which this transaction did not read"
+            )));
+        };
+        if value.len() != seen.value.len() {
+            return Err(TxError::Usage(format!(
+                "a {}-byte value for object {at:?} of {} bytes",
+                value.len(),
+                seen.value.len()
+            )));
+        }
+        self.writes.insert(at, value.to_vec());
+        Ok(())
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.writes.is_empty()
+    }
+}
+
+/// What one commit sends to one machine, encoded (heads patched in at
+/// send time).
+#[derive(Default)]
+struct Dest {
+    lock: Option<Vec<u8>>,
+    validate: Option<Vec<u8>>,
+    /// Objects validated by READ: where, and the header read.
+    validate_reads: Vec<(GlobalAddr, Header)>,
+    backup: Option<Vec<u8>>,
+    /// COMMIT-PRIMARY and ABORT (same size: one is sent).
+    finish: Option<(Vec<u8>, Vec<u8>)>,
+    /// Truncations the first record here carries.
+    carried: usize,
+    reservation: Option<Reservation>,
+}
+
+impl Dest {
+    fn lens(&self) -> Vec<u64> {
+        [&self.lock, &self.validate, &self.backup]
+            .into_iter()
+            .flatten()
+            .chain(self.finish.as_ref().map(|f| &f.0))
+            .map(|p| p.len() as u64)
+            .collect()
+    }
+}
+
+/// Coordinator thread `thread` of machine `machine`.
+pub struct Coordinator {
+    geo: Geometry,
+    map: Arc<RegionMap>,
+    machine: NodeId,
+    thread: u16,
+    config: u32,
+    next: u64,
+    logs: Vec<Sender>,
+    replies: Vec<Receiver>,
+    /// Per machine: committed transactions whose truncation is to go there.
+    pending: Vec<Vec<TxId>>,
+    stats: CoordStats,
+    buf: Vec<u8>,
+}
+
+impl Coordinator {
+    /// Opens the thread's rings on machine `machine` (the machine `ctx`'s
+    /// core runs on); `config` is the configuration's number (part of
+    /// every transaction id).
+    pub fn open<N: Nic>(
+        ctx: &Ctx<N>,
+        geo: Geometry,
+        map: Arc<RegionMap>,
+        machine: NodeId,
+        thread: u16,
+        config: u32,
+    ) -> Result<Coordinator, TxError> {
+        geo.check()?;
+        if machine >= geo.machines || thread >= geo.threads {
+            return Err(TxError::Usage(format!(
+                "coordinator {thread} of machine {machine} in a cluster of {} × {}",
+                geo.machines, geo.threads
+            )));
+        }
+        let ms = 0..geo.machines;
+        let logs = ms
+            .clone()
+            .map(|d| Sender::open(ctx, geo.log_ring(thread, machine, d)))
+            .collect::<Result<_, _>>()?;
+        let replies = ms
+            .map(|d| Receiver::open(ctx, geo.reply_ring(thread, d, machine)))
+            .collect::<Result<_, _>>()?;
+        Ok(Coordinator {
+            geo,
+            map,
+            machine,
+            thread,
+            config,
+            next: 0,
+            logs,
+            replies,
+            pending: vec![Vec::new(); geo.machines as usize],
+            stats: CoordStats::default(),
+            buf: Vec::new(),
+        })
+    }
+
+    pub fn stats(&self) -> CoordStats {
+        self.stats
+    }
+
+    pub fn map(&self) -> &RegionMap {
+        &self.map
+    }
+
+    /// A new transaction.
+    pub fn begin(&mut self) -> Tx {
+        self.next += 1;
+        Tx {
+            id: TxId {
+                config: self.config,
+                machine: self.machine,
+                thread: self.thread,
+                local: self.next,
+            },
+            reads: BTreeMap::new(),
+            writes: BTreeMap::new(),
+        }
+    }
+
+    /// Reads the object of `len` payload bytes at `at` in `tx`: its
+    /// buffered write if `tx` wrote it, the copy `tx` read if it read it,
+    /// else a consistent copy by one-sided READs.
+    pub async fn read<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: &mut Tx,
+        at: ObjAddr,
+        len: usize,
+    ) -> Result<Vec<u8>, TxError> {
+        if let Some(s) = tx.reads.get(&at) {
+            if s.value.len() != len {
+                return Err(TxError::Usage(format!(
+                    "object {at:?} read as {len} bytes, before as {}",
+                    s.value.len()
+                )));
+            }
+            return Ok(tx.writes.get(&at).unwrap_or(&s.value).clone());
+        }
+        let r = self.read_object(ctx, at, len).await?;
+        tx.reads.insert(
+            at,
+            Seen {
+                header: r.header,
+                value: r.payload.clone(),
+            },
+        );
+        Ok(r.payload)
+    }
+
+    /// FaRM's lock-free read of one object outside a transaction.
+    pub async fn read_object<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        at: ObjAddr,
+        len: usize,
+    ) -> Result<object::Read, TxError> {
+        if len > object::MAX_PAYLOAD {
+            return Err(TxError::Usage(format!(
+                "an object of {len} bytes (at most {})",
+                object::MAX_PAYLOAD
+            )));
+        }
+        let addr = self.map.on_primary(at, object_bytes(len) as u64)?;
+        let deadline = ctx.now_ns() + READ_WAIT_NS;
+        loop {
+            match object::read(ctx, addr, len, READ_TRIES).await {
+                Ok(r) => {
+                    self.stats.object_reads += r.reads as u64;
+                    return Ok(r);
+                }
+                Err(ObjectError::Busy { tries, .. }) => {
+                    self.stats.object_reads += tries as u64;
+                    if ctx.now_ns() >= deadline {
+                        return Err(TxError::Aborted(Abort::Busy));
+                    }
+                    ctx.yield_now().await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Commits `tx`: committed, or aborted with the reason (nothing it
+    /// wrote visible). An error is a broken cluster or protocol, not a
+    /// conflict.
+    pub async fn commit<N: Nic>(&mut self, ctx: &Ctx<N>, tx: Tx) -> Result<Outcome, TxError> {
+        match self.try_commit(ctx, &tx).await {
+            Ok(()) => {
+                self.stats.committed += 1;
+                self.stats.committed_read_only += u64::from(tx.is_read_only());
+                Ok(Outcome::Committed)
+            }
+            Err(TxError::Aborted(a)) => {
+                self.stats.aborted[a.index()] += 1;
+                Ok(Outcome::Aborted(a))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn try_commit<N: Nic>(&mut self, ctx: &Ctx<N>, tx: &Tx) -> Result<(), TxError> {
+        if tx.writes.is_empty() && tx.reads.len() <= 1 {
+            return Ok(());
+        }
+        let mut plan = self.plan(tx)?;
+        self.reserve(ctx, &mut plan).await?;
+        let r = self.phases(ctx, tx, &mut plan).await;
+        for (d, dest) in plan.iter_mut() {
+            if let Some(res) = dest.reservation.take() {
+                self.logs[*d as usize].release(res)?;
+            }
+        }
+        r?;
+        for (&d, dest) in &plan {
+            if dest.lock.is_some() || dest.backup.is_some() {
+                self.pending[d as usize].push(tx.id);
+            }
+        }
+        for d in 0..self.geo.machines {
+            if self.pending[d as usize].len() > PENDING_MAX {
+                self.flush_one(ctx, d).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every record the commit may send, by machine.
+    fn plan(&self, tx: &Tx) -> Result<BTreeMap<NodeId, Dest>, TxError> {
+        let mut locks: BTreeMap<NodeId, (BTreeSet<u32>, Vec<Write>)> = BTreeMap::new();
+        let mut backups: BTreeMap<NodeId, (BTreeSet<u32>, Vec<Write>)> = BTreeMap::new();
+        for (at, value) in &tx.writes {
+            let region = self.map.get(at.region)?;
+            let w = Write {
+                at: *at,
+                version: tx.reads[at].header.0,
+                value: value.clone(),
+            };
+            let l = locks.entry(region.primary.machine).or_default();
+            l.0.insert(at.region);
+            l.1.push(w.clone());
+            for b in &region.backups {
+                let e = backups.entry(b.machine).or_default();
+                e.0.insert(at.region);
+                e.1.push(w.clone());
+            }
+        }
+        let mut reads: BTreeMap<NodeId, Vec<(ObjAddr, Header)>> = BTreeMap::new();
+        for (at, seen) in &tx.reads {
+            if !tx.writes.contains_key(at) {
+                let p = self.map.get(at.region)?.primary.machine;
+                reads.entry(p).or_default().push((*at, seen.header));
+            }
+        }
+        let mut plan: BTreeMap<NodeId, Dest> = BTreeMap::new();
+        // The first record to a machine (records go in the order they are
+        // made here) carries its pending truncations.
+        let m = self.geo.machines as usize;
+        let (mut first, mut carried) = (vec![true; m], vec![0usize; m]);
+        let pending = &self.pending;
+        let mut env = |d: NodeId, record: Record| -> Result<Vec<u8>, TxError> {
+            let d = d as usize;
+            let n = if std::mem::take(&mut first[d]) {
+                carried[d] = pending[d].len().min(CARRY_MAX);
+                carried[d]
+            } else {
+                0
+            };
+            Ok(Envelope {
+                head: 0,
+                truncate: pending[d][..n].to_vec(),
+                record,
+            }
+            .encode()?)
+        };
+        for (d, (regions, writes)) in locks {
+            let regions: Vec<u32> = regions.into_iter().collect();
+            let dest = plan.entry(d).or_default();
+            dest.lock = Some(env(
+                d,
+                Record::Lock {
+                    tx: tx.id,
+                    regions,
+                    writes,
+                },
+            )?);
+        }
+        for (d, objs) in reads {
+            let dest = plan.entry(d).or_default();
+            if objs.len() > VALIDATE_READS_MAX {
+                let objects = objs.iter().map(|(a, h)| (*a, h.0)).collect();
+                dest.validate = Some(env(d, Record::Validate { tx: tx.id, objects })?);
+            } else {
+                for (at, h) in objs {
+                    dest.validate_reads.push((self.map.on_primary(at, 8)?, h));
+                }
+            }
+        }
+        for (d, (regions, writes)) in backups {
+            let regions: Vec<u32> = regions.into_iter().collect();
+            let dest = plan.entry(d).or_default();
+            dest.backup = Some(env(
+                d,
+                Record::CommitBackup {
+                    tx: tx.id,
+                    regions,
+                    writes,
+                },
+            )?);
+        }
+        for (&d, dest) in plan.iter_mut() {
+            if dest.lock.is_some() {
+                let commit = env(d, Record::CommitPrimary { tx: tx.id })?;
+                let abort = env(d, Record::Abort { tx: tx.id })?;
+                dest.finish = Some((commit, abort));
+            }
+        }
+        for (&d, dest) in plan.iter_mut() {
+            dest.carried = carried[d as usize];
+        }
+        Ok(plan)
+    }
+
+    /// Reserves every ring's room for the commit, waiting for room until
+    /// [`LOG_WAIT_NS`]; `LogFull` after that.
+    async fn reserve<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        plan: &mut BTreeMap<NodeId, Dest>,
+    ) -> Result<(), TxError> {
+        let deadline = ctx.now_ns() + LOG_WAIT_NS;
+        'again: loop {
+            for (&d, dest) in plan.iter_mut() {
+                let lens = dest.lens();
+                if lens.is_empty() || dest.reservation.is_some() {
+                    continue;
+                }
+                match self.logs[d as usize].reserve(ctx, &lens) {
+                    Ok(r) => dest.reservation = Some(r),
+                    Err(RingError::ReservationTooLarge { .. }) => {
+                        for (&e, dest) in plan.iter_mut() {
+                            if let Some(r) = dest.reservation.take() {
+                                self.logs[e as usize].release(r)?;
+                            }
+                        }
+                        if ctx.now_ns() >= deadline {
+                            return Err(TxError::Aborted(Abort::LogFull));
+                        }
+                        let head = self
+                            .geo
+                            .log_ring(self.thread, self.machine, d)
+                            .sender_head_off;
+                        ctx.wait_for_write(head, 8, Some(deadline))?.await;
+                        continue 'again;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    async fn phases<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: &Tx,
+        plan: &mut BTreeMap<NodeId, Dest>,
+    ) -> Result<(), TxError> {
+        // LOCK.
+        let locks: Vec<(NodeId, Vec<u8>)> = plan
+            .iter()
+            .filter_map(|(&d, p)| p.lock.clone().map(|l| (d, l)))
+            .collect();
+        let primaries: Vec<NodeId> = locks.iter().map(|l| l.0).collect();
+        self.send(ctx, plan, locks).await?;
+        self.stats.lock_records += primaries.len() as u64;
+        let answers = self.answers(ctx, tx.id, &primaries).await?;
+        let locked: Vec<NodeId> = answers.iter().filter(|a| a.1).map(|a| a.0).collect();
+        if locked.len() < primaries.len() {
+            self.abort(ctx, plan, &locked).await?;
+            return Err(TxError::Aborted(Abort::Locked));
+        }
+        // VALIDATE.
+        if !self.validate(ctx, tx, plan).await? {
+            self.abort(ctx, plan, &locked).await?;
+            return Err(TxError::Aborted(Abort::Changed));
+        }
+        if tx.writes.is_empty() {
+            return Ok(());
+        }
+        // COMMIT-BACKUP: its batch completes when the NIC acknowledged
+        // every record.
+        let backups: Vec<(NodeId, Vec<u8>)> = plan
+            .iter()
+            .filter_map(|(&d, p)| p.backup.clone().map(|b| (d, b)))
+            .collect();
+        let n = backups.len() as u64;
+        self.send(ctx, plan, backups).await?;
+        self.stats.backup_records += n;
+        // COMMIT-PRIMARY.
+        let commits: Vec<(NodeId, Vec<u8>)> = plan
+            .iter()
+            .filter_map(|(&d, p)| p.finish.as_ref().map(|f| (d, f.0.clone())))
+            .collect();
+        let n = commits.len() as u64;
+        self.send(ctx, plan, commits).await?;
+        self.stats.commit_records += n;
+        Ok(())
+    }
+
+    async fn abort<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        plan: &mut BTreeMap<NodeId, Dest>,
+        locked: &[NodeId],
+    ) -> Result<(), TxError> {
+        let aborts: Vec<(NodeId, Vec<u8>)> = locked
+            .iter()
+            .map(|&d| (d, plan[&d].finish.as_ref().expect("a primary").1.clone()))
+            .collect();
+        self.send(ctx, plan, aborts).await?;
+        self.stats.abort_records += locked.len() as u64;
+        Ok(())
+    }
+
+    /// VALIDATE: whether every object read and not written is as read.
+    async fn validate<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: &Tx,
+        plan: &mut BTreeMap<NodeId, Dest>,
+    ) -> Result<bool, TxError> {
+        let msgs: Vec<(NodeId, Vec<u8>)> = plan
+            .iter()
+            .filter_map(|(&d, p)| p.validate.clone().map(|v| (d, v)))
+            .collect();
+        let asked: Vec<NodeId> = msgs.iter().map(|m| m.0).collect();
+        self.send(ctx, plan, msgs).await?;
+        self.stats.validate_records += asked.len() as u64;
+        let reads: Vec<(GlobalAddr, Header)> = plan
+            .values()
+            .flat_map(|p| p.validate_reads.iter().copied())
+            .collect();
+        let mut ok = true;
+        for chunk in reads.chunks(nicdrv::exec::MAX_BATCH) {
+            let mut b = ctx.batch();
+            let ops: Vec<(OpId, Header)> =
+                chunk.iter().map(|&(a, h)| (b.read_new(a, 8), h)).collect();
+            let done = b.submit().await?;
+            self.stats.validate_reads += ops.len() as u64;
+            ok &= ops.iter().all(|&(op, h)| done.word(op) == h.0);
+        }
+        let answers = self.answers(ctx, tx.id, &asked).await?;
+        Ok(ok && answers.iter().all(|a| a.1))
+    }
+
+    /// Appends each machine's record in its reservation, in as few batches
+    /// as a batch holds (one doorbell per machine each).
+    async fn send<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        plan: &mut BTreeMap<NodeId, Dest>,
+        msgs: Vec<(NodeId, Vec<u8>)>,
+    ) -> Result<(), TxError> {
+        for chunk in msgs.chunks(RECORDS_PER_BATCH) {
+            let mut b = ctx.batch();
+            for (d, p) in chunk {
+                let mut p = p.clone();
+                Envelope::patch_head(&mut p, self.replies[*d as usize].piggyback_head());
+                let dest = plan.get_mut(d).expect("planned");
+                let r = dest.reservation.as_mut().expect("reserved");
+                self.logs[*d as usize].stage_reserved(ctx, &mut b, r, &p)?;
+                self.stats.log_bytes += p.len() as u64;
+            }
+            b.submit().await?;
+            for (d, _) in chunk {
+                self.logs[*d as usize].landed(ctx)?;
+                // The truncations the first record carried are delivered.
+                let dest = plan.get_mut(d).expect("planned");
+                let n = std::mem::take(&mut dest.carried);
+                self.pending[*d as usize].drain(..n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the answer of each machine in `from` to `tx`'s LOCK or
+    /// VALIDATE; answers to earlier transactions are passed over.
+    async fn answers<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        from: &[NodeId],
+    ) -> Result<Vec<(NodeId, bool)>, TxError> {
+        let mut out = Vec::with_capacity(from.len());
+        for &d in from {
+            let deadline = ctx.now_ns() + REPLY_WAIT_NS;
+            let ring = self.geo.reply_ring(self.thread, d, self.machine);
+            loop {
+                let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
+                if got.is_none() {
+                    if ctx.now_ns() >= deadline {
+                        return Err(TxError::Protocol(format!(
+                            "machine {d} did not answer transaction {tx:?}"
+                        )));
+                    }
+                    ctx.wait_for_write(ring.ring_off, ring.capacity, Some(deadline))?
+                        .await;
+                    continue;
+                }
+                let env = Envelope::decode(&self.buf)?;
+                self.logs[d as usize].note_head(ctx, env.head)?;
+                match env.record {
+                    Record::LockReply { tx: t, ok } if t == tx => {
+                        out.push((d, ok));
+                        break;
+                    }
+                    Record::LockReply { .. } => continue,
+                    r => {
+                        return Err(TxError::Protocol(format!(
+                            "machine {d} answered with {r:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sends every truncation still waiting, as TRUNCATE records: before a
+    /// coordinator stops, so that backups apply every commit.
+    pub async fn flush<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        for d in 0..self.geo.machines {
+            self.flush_one(ctx, d).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush_one<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId) -> Result<(), TxError> {
+        while !self.pending[d as usize].is_empty() {
+            let n = self.pending[d as usize].len().min(4 * CARRY_MAX);
+            let env = Envelope {
+                head: self.replies[d as usize].piggyback_head(),
+                truncate: Vec::new(),
+                record: Record::Truncate {
+                    txs: self.pending[d as usize][..n].to_vec(),
+                },
+            };
+            let p = env.encode()?;
+            let deadline = ctx.now_ns() + LOG_WAIT_NS;
+            self.logs[d as usize]
+                .append(ctx, &p, Some(deadline))
+                .await?;
+            self.stats.truncate_records += 1;
+            self.stats.log_bytes += p.len() as u64;
+            self.pending[d as usize].drain(..n);
+        }
+        Ok(())
+    }
+}

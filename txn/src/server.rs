@@ -1,0 +1,390 @@
+//! A machine's server threads: the receiving side of FaRM's commit (§4).
+//! Server thread t polls the log rings of coordinator thread t of every
+//! machine through its machine's local view and acts on each record:
+//!
+//! - LOCK (as the written objects' primary): lock each object by a local
+//!   CAS of its header from the version the coordinator read to the same
+//!   word locked; any failure unlocks what this record locked and refuses.
+//!   The answer goes back through the reply ring, with this log ring's
+//!   head piggybacked.
+//! - VALIDATE: compare the headers of objects read with the versions read.
+//! - COMMIT-BACKUP (as a backup): keep the new values until truncation.
+//! - COMMIT-PRIMARY: install the new values under the lock — every line
+//!   but the first, then the first, whose header word unlocks at the next
+//!   version (each line lands whole, so a lock-free READ sees the object
+//!   locked, old, torn or new, never a mix it could accept).
+//! - ABORT: unlock, nothing installed.
+//! - Truncations (piggybacked on any record, or a TRUNCATE record): the
+//!   primary forgets the transaction; a backup applies its values to its
+//!   copy, by version, so a later version applied first is never
+//!   overwritten by an older one.
+//!
+//! A record that is not one of ours, or names an object this machine does
+//! not hold, is counted and refused (a LOCK so named is answered no),
+//! never a panic.
+
+use crate::error::TxError;
+use crate::layout::Geometry;
+use crate::object::{self, object_bytes, Header, LINE};
+use crate::records::{Envelope, Record, TxId, Write};
+use crate::regions::RegionMap;
+use crate::ring::{Receiver, Sender};
+use nicdrv::{Ctx, Nic, NodeId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// How long an idle server waits for a record before it looks at its stop
+/// condition again.
+pub const IDLE_POLL_NS: u64 = 50_000;
+
+/// How long a server waits for room in a reply ring before it gives up
+/// (a coordinator that stopped reading its replies).
+pub const REPLY_WAIT_NS: u64 = 1_000_000_000;
+
+/// What a server thread did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub records: u64,
+    pub locks_granted: u64,
+    pub locks_refused: u64,
+    pub validations: u64,
+    pub installs: u64,
+    pub aborts: u64,
+    pub backups_kept: u64,
+    pub truncations: u64,
+    /// Backup copies updated at truncation.
+    pub applied: u64,
+    /// Backup updates skipped: the copy already held a later version.
+    pub stale: u64,
+    /// Replies sent (one-sided WRITEs).
+    pub replies: u64,
+    /// Log heads returned by a WRITE of their own (flow control not
+    /// piggybacked).
+    pub head_reports: u64,
+    /// Records refused as not ours or naming what they may not.
+    pub bad_records: u64,
+}
+
+impl std::ops::AddAssign for ServerStats {
+    fn add_assign(&mut self, o: Self) {
+        self.records += o.records;
+        self.locks_granted += o.locks_granted;
+        self.locks_refused += o.locks_refused;
+        self.validations += o.validations;
+        self.installs += o.installs;
+        self.aborts += o.aborts;
+        self.backups_kept += o.backups_kept;
+        self.truncations += o.truncations;
+        self.applied += o.applied;
+        self.stale += o.stale;
+        self.replies += o.replies;
+        self.head_reports += o.head_reports;
+        self.bad_records += o.bad_records;
+    }
+}
+
+/// Server thread `thread` of machine `machine`.
+pub struct Server {
+    geo: Geometry,
+    map: Arc<RegionMap>,
+    machine: NodeId,
+    thread: u16,
+    logs: Vec<Receiver>,
+    replies: Vec<Sender>,
+    /// Objects this primary locked for a transaction, until COMMIT-PRIMARY
+    /// or ABORT.
+    locked: HashMap<TxId, Vec<Write>>,
+    /// Transactions installed here, until truncated.
+    installed: HashSet<TxId>,
+    /// COMMIT-BACKUP values held until truncation.
+    backup: HashMap<TxId, Vec<Write>>,
+    stats: ServerStats,
+    buf: Vec<u8>,
+}
+
+impl Server {
+    /// Opens the thread's rings on machine `machine` (the machine `ctx`'s
+    /// core runs on).
+    pub fn open<N: Nic>(
+        ctx: &Ctx<N>,
+        geo: Geometry,
+        map: Arc<RegionMap>,
+        machine: NodeId,
+        thread: u16,
+    ) -> Result<Server, TxError> {
+        geo.check()?;
+        let ms = 0..geo.machines;
+        let logs = ms
+            .clone()
+            .map(|m| Receiver::open(ctx, geo.log_ring(thread, m, machine)))
+            .collect::<Result<_, _>>()?;
+        let replies = ms
+            .map(|m| Sender::open(ctx, geo.reply_ring(thread, machine, m)))
+            .collect::<Result<_, _>>()?;
+        Ok(Server {
+            geo,
+            map,
+            machine,
+            thread,
+            logs,
+            replies,
+            locked: HashMap::new(),
+            installed: HashSet::new(),
+            backup: HashMap::new(),
+            stats: ServerStats::default(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Serves until `stop()` says every coordinator is done and a last
+    /// sweep found nothing more.
+    pub async fn run<N: Nic>(
+        mut self,
+        ctx: &Ctx<N>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ServerStats, TxError> {
+        let (area, len) = self.geo.log_area(self.thread);
+        loop {
+            if self.sweep(ctx).await? {
+                continue;
+            }
+            if stop() {
+                if self.sweep(ctx).await? {
+                    continue;
+                }
+                return Ok(self.stats);
+            }
+            let until = ctx.now_ns() + IDLE_POLL_NS;
+            ctx.wait_for_write(area, len, Some(until))?.await;
+        }
+    }
+
+    /// One look at every log ring, taking what is there; whether anything
+    /// was.
+    async fn sweep<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<bool, TxError> {
+        let mut any = false;
+        for m in 0..self.geo.machines {
+            let mut buf = std::mem::take(&mut self.buf);
+            while self.logs[m as usize]
+                .try_recv_into(ctx, &mut buf)?
+                .is_some()
+            {
+                any = true;
+                self.stats.records += 1;
+                let r = self.handle(ctx, m, &buf).await;
+                if let Err(e) = r {
+                    self.buf = buf;
+                    return Err(e);
+                }
+            }
+            self.buf = buf;
+            // Heads go back piggybacked on replies; a ring whose sender
+            // gets no replies from here (a backup's) hears every quarter.
+            if self.logs[m as usize].report_head(ctx, false).await? {
+                self.stats.head_reports += 1;
+            }
+        }
+        Ok(any)
+    }
+
+    async fn handle<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        from: NodeId,
+        b: &[u8],
+    ) -> Result<(), TxError> {
+        let env = match Envelope::decode(b) {
+            Ok(e) => e,
+            Err(e) => {
+                log::warn!(
+                    "machine {}: a log record from {from} is not ours: {e}",
+                    self.machine
+                );
+                self.stats.bad_records += 1;
+                return Ok(());
+            }
+        };
+        if env.head > 0
+            && self.replies[from as usize]
+                .note_head(ctx, env.head)
+                .is_err()
+        {
+            self.stats.bad_records += 1;
+        }
+        for t in &env.truncate {
+            self.truncate(ctx, *t)?;
+        }
+        match env.record {
+            Record::Lock { tx, writes, .. } => {
+                let ok = self.lock(ctx, &writes)?;
+                if ok {
+                    self.stats.locks_granted += 1;
+                    self.locked.insert(tx, writes);
+                } else {
+                    self.stats.locks_refused += 1;
+                }
+                self.reply(ctx, from, tx, ok).await?;
+            }
+            Record::Validate { tx, objects } => {
+                self.stats.validations += 1;
+                let mut ok = true;
+                for (at, version) in objects {
+                    match self.primary_off(at, 8) {
+                        Some(off) => ok &= ctx.local().load(off)? == version,
+                        None => {
+                            self.stats.bad_records += 1;
+                            ok = false;
+                        }
+                    }
+                }
+                self.reply(ctx, from, tx, ok).await?;
+            }
+            Record::CommitBackup { tx, writes, .. } => {
+                let ours = writes.iter().all(|w| {
+                    let len = object_bytes(w.value.len()) as u64;
+                    matches!(self.map.on_backup(w.at, len, self.machine), Ok(Some(_)))
+                });
+                if ours {
+                    self.stats.backups_kept += 1;
+                    self.backup.insert(tx, writes);
+                } else {
+                    self.stats.bad_records += 1;
+                }
+            }
+            Record::CommitPrimary { tx } => match self.locked.remove(&tx) {
+                Some(writes) => {
+                    for w in &writes {
+                        let off = self.primary_off(w.at, object_bytes(w.value.len()));
+                        let off = off.expect("LOCK checked every object is ours");
+                        put_object(ctx, off, Header(w.version).next(), &w.value)?;
+                    }
+                    self.stats.installs += 1;
+                    self.installed.insert(tx);
+                }
+                None => self.stats.bad_records += 1,
+            },
+            Record::Abort { tx } => {
+                if let Some(writes) = self.locked.remove(&tx) {
+                    self.unlock(ctx, &writes)?;
+                    self.stats.aborts += 1;
+                }
+            }
+            Record::Truncate { txs } => {
+                for t in txs {
+                    self.truncate(ctx, t)?;
+                }
+            }
+            Record::LockReply { .. } => self.stats.bad_records += 1,
+        }
+        Ok(())
+    }
+
+    /// The object's offset in this machine's memory if it is a primary
+    /// copy here.
+    fn primary_off(&self, at: crate::records::ObjAddr, len: usize) -> Option<u64> {
+        let g = self.map.on_primary(at, len as u64).ok()?;
+        (g.node() == self.machine).then(|| g.offset())
+    }
+
+    /// Locks every object at the version read, or none.
+    fn lock<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<bool, TxError> {
+        for (i, w) in writes.iter().enumerate() {
+            let h = Header(w.version);
+            let off = self.primary_off(w.at, object_bytes(w.value.len()));
+            let won = match off {
+                Some(off) if !h.locked() => ctx.local().cas(off, h.0, h.with_lock().0)? == h.0,
+                _ => false,
+            };
+            if !won {
+                self.unlock(ctx, &writes[..i])?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn unlock<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {
+        for w in writes {
+            let h = Header(w.version);
+            let off = self.primary_off(w.at, 8).expect("locked objects are ours");
+            let old = ctx.local().cas(off, h.with_lock().0, h.0)?;
+            assert_eq!(
+                old,
+                h.with_lock().0,
+                "an object this record locked was unlocked by another"
+            );
+        }
+        Ok(())
+    }
+
+    async fn reply<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        to: NodeId,
+        tx: TxId,
+        ok: bool,
+    ) -> Result<(), TxError> {
+        let env = Envelope {
+            head: self.logs[to as usize].piggyback_head(),
+            truncate: Vec::new(),
+            record: Record::LockReply { tx, ok },
+        };
+        let deadline = ctx.now_ns() + REPLY_WAIT_NS;
+        self.replies[to as usize]
+            .append(ctx, &env.encode()?, Some(deadline))
+            .await?;
+        self.stats.replies += 1;
+        Ok(())
+    }
+
+    fn truncate<N: Nic>(&mut self, ctx: &Ctx<N>, t: TxId) -> Result<(), TxError> {
+        self.stats.truncations += 1;
+        self.installed.remove(&t);
+        let Some(writes) = self.backup.remove(&t) else {
+            return Ok(());
+        };
+        for w in writes {
+            let bytes = object_bytes(w.value.len()) as u64;
+            let at = self.map.on_backup(w.at, bytes, self.machine)?;
+            let off = at
+                .expect("COMMIT-BACKUP checked the replica is here")
+                .offset();
+            let new = Header(w.version).next();
+            // Other server threads of this machine apply to the same copy:
+            // the header's lock bit keeps them apart (a local CAS, atomic
+            // against theirs; nothing else touches a backup copy).
+            let l = ctx.local();
+            loop {
+                let cur = Header(l.load(off)?);
+                if cur.locked() {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if cur.version() >= new.version() {
+                    self.stats.stale += 1;
+                    break;
+                }
+                if l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
+                    put_object(ctx, off, new, &w.value)?;
+                    self.stats.applied += 1;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes an object whose header word is locked by the caller: every line
+/// but the first, then the first with header `h` (unlocked), so the
+/// header unlocks only once the rest is in place.
+fn put_object<N: Nic>(ctx: &Ctx<N>, off: u64, h: Header, value: &[u8]) -> Result<(), TxError> {
+    let mut obj = vec![0u8; object_bytes(value.len())];
+    object::encode(h, value, &mut obj)?;
+    let l = ctx.local();
+    if obj.len() > LINE {
+        l.write(off + LINE as u64, &obj[LINE..])?;
+    }
+    l.write(off, &obj[..LINE])?;
+    Ok(())
+}

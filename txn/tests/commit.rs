@@ -1,0 +1,549 @@
+//! FaRM's commit, end to end, on the simulator (over seeds) and on emu
+//! (threads over real shared memory): its exact cost in one-sided verbs,
+//! a bank whose invariant must hold under contention, list-append
+//! histories checked for strict serializability by `adya`, and backup
+//! copies equal to their primaries once truncated.
+
+use adya::{check, History as AdyaHistory, Opts, Valid, Workload};
+use nicdrv::rng::Rng;
+use nicdrv::sim::{for_each_seed, SimModel};
+use nicdrv::{Ctx, Nic};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use txn::harness::{run_sim, run_threads, Client, Report};
+use txn::history::{History, Kind, Mop};
+use txn::object::{decode, object_bytes};
+use txn::{Abort, Coordinator, Geometry, ObjAddr, Outcome, TxError};
+
+fn geo(machines: u16, threads: u16, f: usize) -> Geometry {
+    Geometry {
+        machines,
+        threads,
+        f,
+        regions_per_machine: 1,
+        region_bytes: 64 << 10,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    }
+}
+
+/// Runs on emu: one memory node per machine, one OS thread per core.
+fn run_emu<C: Client<nicdrv::emu::EmuNic>>(
+    g: Geometry,
+    client: impl FnMut(u16, u16) -> C,
+) -> Report<C::Out> {
+    let host = g.host_bytes().unwrap();
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: g.machines as usize,
+        host_bytes: host,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .unwrap()
+    .with_machines(g.machines as usize)
+    .unwrap();
+    run_threads(
+        g,
+        |m| {
+            cluster
+                .machine_executor(m as usize, txn::harness::core_config())
+                .map_err(|e| e.to_string())
+        },
+        |m| {
+            let mut b = vec![0u8; host as usize];
+            cluster.node(m as usize).unwrap().host().read(0, &mut b);
+            b
+        },
+        client,
+    )
+    .unwrap()
+}
+
+fn sim<C: Client<nicdrv::sim::SimNic>>(
+    g: Geometry,
+    seed: u64,
+    client: impl FnMut(u16, u16) -> C,
+) -> Report<C::Out> {
+    run_sim(g, seed, SimModel::default(), client).unwrap().0
+}
+
+/// The primary's copy of every object equals each backup's, byte for
+/// byte, once every truncation is applied.
+fn backups_equal_primaries<O>(g: Geometry, r: &Report<O>, objects: &[(ObjAddr, usize)]) {
+    let map = g.region_map().unwrap();
+    for &(at, len) in objects {
+        let n = object_bytes(len);
+        let p = map.on_primary(at, n as u64).unwrap();
+        let want = &r.memory[p.node() as usize][p.offset() as usize..][..n];
+        for b in map.on_backups(at, n as u64).unwrap() {
+            let got = &r.memory[b.node() as usize][b.offset() as usize..][..n];
+            assert_eq!(got, want, "object {at:?}: backup on {} differs", b.node());
+        }
+    }
+}
+
+/// An object's value in the run's final memory (its primary's copy).
+fn final_value<O>(g: Geometry, r: &Report<O>, at: ObjAddr, len: usize) -> Vec<u8> {
+    let map = g.region_map().unwrap();
+    let n = object_bytes(len);
+    let p = map.on_primary(at, n as u64).unwrap();
+    let bytes = &r.memory[p.node() as usize][p.offset() as usize..][..n];
+    let mut out = vec![0u8; len];
+    decode(bytes, &mut out)
+        .unwrap()
+        .expect("a consistent, unlocked copy");
+    out
+}
+
+fn no_errors<O>(r: &Report<O>) {
+    if let Some(e) = r.first_error() {
+        panic!("a task failed: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------
+// The cost of a commit.
+
+/// Commits that each read four objects on four primaries and write two of
+/// them (Pw = 2 written primaries whose backups are distinct machines, Pr
+/// = 2 primaries read only), one at a time.
+struct Costs {
+    n: u64,
+    active: bool,
+}
+
+const X: ObjAddr = ObjAddr {
+    region: 0,
+    offset: 0,
+};
+const Y: ObjAddr = ObjAddr {
+    region: 3,
+    offset: 0,
+};
+const Z: ObjAddr = ObjAddr {
+    region: 1,
+    offset: 0,
+};
+const W: ObjAddr = ObjAddr {
+    region: 4,
+    offset: 64,
+};
+
+/// Per commit: (WRITEs, READs) the coordinator's task posted.
+type Deltas = Vec<(u64, u64)>;
+
+impl<N: Nic> Client<N> for Costs {
+    type Out = Deltas;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Deltas, TxError> {
+        let mut out = Vec::new();
+        if !self.active {
+            return Ok(out);
+        }
+        for i in 1..=self.n {
+            let mut tx = c.begin();
+            for at in [X, Y, Z, W] {
+                let v = u64::from_le_bytes(c.read(ctx, &mut tx, at, 8).await?.try_into().unwrap());
+                if at == X || at == Y {
+                    assert_eq!(v, i - 1, "the last commit's value");
+                    tx.write(at, &i.to_le_bytes())?;
+                }
+            }
+            let before = ctx.counters();
+            assert_eq!(c.commit(ctx, tx).await?, Outcome::Committed);
+            let d = ctx.counters() - before;
+            out.push((d.writes, d.reads));
+        }
+        Ok(out)
+    }
+}
+
+fn commit_costs(g: Geometry, r: &Report<Deltas>, n: u64, exact_reads: bool) {
+    no_errors(r);
+    let (pw, pr, f) = (2u64, 2u64, g.f as u64);
+    let deltas = r.clients[0].out.as_ref().unwrap();
+    assert_eq!(deltas.len() as u64, n);
+    for d in deltas {
+        // The coordinator's share: LOCK, COMMIT-BACKUP, COMMIT-PRIMARY.
+        assert_eq!(*d, (pw * (f + 2), pr), "WRITEs and READs of one commit");
+    }
+    let s = r.server_stats().unwrap();
+    let cs = r.coord_stats();
+    assert_eq!(s.head_reports, 0, "heads all went back piggybacked");
+    assert_eq!(s.replies, pw * n);
+    assert_eq!(cs.committed, n);
+    // Summed over every task of every machine: exactly Pw(f+3) WRITEs per
+    // commit, plus the TRUNCATE records of the final flush.
+    let total = r.counters();
+    assert_eq!(total.writes, n * pw * (f + 3) + cs.truncate_records);
+    assert_eq!(cs.validate_reads, n * pr, "Pr header READs a commit");
+    assert_eq!(total.reads, cs.object_reads + cs.validate_reads);
+    if exact_reads {
+        // Nothing else runs: no object is ever found locked.
+        assert_eq!(cs.object_reads, 4 * n);
+    }
+    assert_eq!(cs.record_writes() + s.replies, total.writes);
+    assert!(cs.truncate_records > 0 && cs.truncate_records <= g.machines as u64);
+    let objects: Vec<(ObjAddr, usize)> = [X, Y, Z, W].iter().map(|&a| (a, 8)).collect();
+    backups_equal_primaries(g, r, &objects);
+    assert_eq!(final_value(g, r, X, 8), n.to_le_bytes());
+    assert_eq!(final_value(g, r, Y, 8), n.to_le_bytes());
+    assert_eq!(s.applied, 2 * f * n, "every backup applied every commit");
+}
+
+#[test]
+fn a_commit_costs_pw_f_plus_3_writes_and_pr_reads() {
+    let g = geo(6, 1, 2);
+    let n = 40;
+    for_each_seed(
+        "a_commit_costs_pw_f_plus_3_writes_and_pr_reads",
+        5,
+        |seed| {
+            let r = sim(g, seed, |m, _| Costs { n, active: m == 0 });
+            commit_costs(g, &r, n, true);
+        },
+    );
+    // On emu a primary's server thread may be descheduled past the next
+    // read of what it is installing: that read is retried, and counted.
+    let r = run_emu(g, |m, _| Costs { n, active: m == 0 });
+    commit_costs(g, &r, n, false);
+}
+
+// ---------------------------------------------------------------------
+// A bank.
+
+const ACCOUNTS: u64 = 18;
+const START: i64 = 1000;
+
+fn account(g: Geometry, i: u64) -> ObjAddr {
+    let regions = g.regions() as u64;
+    ObjAddr {
+        region: (i % regions) as u32,
+        offset: (i / regions) * 64,
+    }
+}
+
+/// A balance as stored: the change from [`START`] (memory starts zeroed).
+fn balance(b: &[u8]) -> i64 {
+    START + i64::from_le_bytes(b.try_into().unwrap())
+}
+
+fn stored(balance: i64) -> [u8; 8] {
+    (balance - START).to_le_bytes()
+}
+
+struct Bank {
+    g: Geometry,
+    seed: u64,
+    transfers: u32,
+}
+
+#[derive(Debug, Default)]
+struct BankOut {
+    committed: u64,
+    aborted: BTreeMap<Abort, u64>,
+    /// The total every committed audit saw.
+    audits: Vec<i64>,
+}
+
+impl<N: Nic> Client<N> for Bank {
+    type Out = BankOut;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<BankOut, TxError> {
+        let mut rng = Rng::new(self.seed);
+        let mut out = BankOut::default();
+        for i in 0..self.transfers {
+            let mut tx = c.begin();
+            let r = if i % 4 == 3 {
+                // An audit: every account, read only.
+                let mut total = 0;
+                let mut res = Ok(());
+                for a in 0..ACCOUNTS {
+                    match c.read(ctx, &mut tx, account(self.g, a), 8).await {
+                        Ok(b) => total += balance(&b),
+                        Err(e) => {
+                            res = Err(e);
+                            break;
+                        }
+                    }
+                }
+                match res {
+                    Ok(()) => {
+                        let o = c.commit(ctx, tx).await?;
+                        if o == Outcome::Committed {
+                            out.audits.push(total);
+                        }
+                        Ok(o)
+                    }
+                    Err(e) => Err(e),
+                }
+            } else {
+                // A transfer between two of a few hot accounts.
+                let from = rng.below(6);
+                let to = (from + 1 + rng.below(ACCOUNTS - 1)) % ACCOUNTS;
+                let amount = 1 + rng.below(300) as i64;
+                async {
+                    let (fa, ta) = (account(self.g, from), account(self.g, to));
+                    let fb = balance(&c.read(ctx, &mut tx, fa, 8).await?);
+                    let tb = balance(&c.read(ctx, &mut tx, ta, 8).await?);
+                    if fb >= amount {
+                        tx.write(fa, &stored(fb - amount))?;
+                        tx.write(ta, &stored(tb + amount))?;
+                    }
+                    c.commit(ctx, tx).await
+                }
+                .await
+            };
+            match r {
+                Ok(Outcome::Committed) => out.committed += 1,
+                Ok(Outcome::Aborted(a)) | Err(TxError::Aborted(a)) => {
+                    *out.aborted.entry(a).or_default() += 1
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn bank_holds(g: Geometry, r: &Report<BankOut>) -> (u64, u64) {
+    no_errors(r);
+    let total = ACCOUNTS as i64 * START;
+    let (mut committed, mut aborted) = (0, 0);
+    for c in &r.clients {
+        let o = c.out.as_ref().unwrap();
+        for &a in &o.audits {
+            assert_eq!(a, total, "an audit saw money made or lost");
+        }
+        committed += o.committed;
+        aborted += o.aborted.values().sum::<u64>();
+    }
+    let mut sum = 0;
+    for a in 0..ACCOUNTS {
+        let b = balance(&final_value(g, r, account(g, a), 8));
+        assert!(b >= 0, "account {a} went negative: {b}");
+        sum += b;
+    }
+    assert_eq!(sum, total, "the bank's total changed");
+    let objects: Vec<(ObjAddr, usize)> = (0..ACCOUNTS).map(|a| (account(g, a), 8)).collect();
+    backups_equal_primaries(g, r, &objects);
+    (committed, aborted)
+}
+
+#[test]
+fn the_bank_keeps_its_total_under_contention() {
+    let g = geo(3, 2, 2);
+    let (committed, aborted) = (Cell::new(0), Cell::new(0));
+    for_each_seed("the_bank_keeps_its_total_under_contention", 40, |seed| {
+        let r = sim(g, seed, |m, t| Bank {
+            g,
+            seed: seed * 100 + (m * 10 + t) as u64,
+            transfers: 24,
+        });
+        let (c, a) = bank_holds(g, &r);
+        committed.set(committed.get() + c);
+        aborted.set(aborted.get() + a);
+        let s = r.server_stats().unwrap();
+        assert!(
+            s.validations > 0,
+            "audits validated by message (6 accounts a primary)"
+        );
+    });
+    let (committed, aborted) = (committed.get(), aborted.get());
+    assert!(aborted > 0, "contention never aborted a transfer");
+    assert!(
+        committed > aborted,
+        "{committed} committed, {aborted} aborted"
+    );
+    let r = run_emu(g, |m, t| Bank {
+        g,
+        seed: (m * 10 + t) as u64,
+        transfers: 400,
+    });
+    bank_holds(g, &r);
+}
+
+// ---------------------------------------------------------------------
+// List-append histories.
+
+const KEYS: u64 = 6;
+/// Values a key's list holds; a full list ends the transaction (fail).
+const CAP: usize = 40;
+const LIST_BYTES: usize = 8 + 8 * CAP;
+
+fn key_at(g: Geometry, k: u64) -> ObjAddr {
+    let regions = g.regions() as u64;
+    ObjAddr {
+        region: (k % regions) as u32,
+        offset: (k / regions) * object_bytes(LIST_BYTES) as u64,
+    }
+}
+
+fn list_of(b: &[u8]) -> Vec<u64> {
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    assert!(n <= CAP, "a list longer than it can be");
+    (0..n)
+        .map(|i| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap()))
+        .collect()
+}
+
+fn list_bytes(l: &[u64]) -> Vec<u8> {
+    let mut b = vec![0u8; LIST_BYTES];
+    b[..8].copy_from_slice(&(l.len() as u64).to_le_bytes());
+    for (i, v) in l.iter().enumerate() {
+        b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+struct Appender {
+    g: Geometry,
+    seed: u64,
+    process: u64,
+    txs: u32,
+}
+
+/// The time of an event: the backend's clock read now (the executor's
+/// turn time could be earlier than a completion just seen).
+fn now<N: Nic>(ctx: &Ctx<N>) -> u64 {
+    ctx.nic().now_ns()
+}
+
+impl<N: Nic> Client<N> for Appender {
+    type Out = Vec<(Kind, u64, Vec<Mop>)>;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Self::Out, TxError> {
+        let mut rng = Rng::new(self.seed);
+        let mut events = Vec::new();
+        let mut next = 0u64;
+        for _ in 0..self.txs {
+            let mops: Vec<Mop> = (0..1 + rng.below(4))
+                .map(|_| {
+                    let key = rng.below(KEYS);
+                    if rng.below(2) == 0 {
+                        Mop::Read { key, seen: None }
+                    } else {
+                        next += 1;
+                        Mop::Append {
+                            key,
+                            value: self.process << 32 | next,
+                        }
+                    }
+                })
+                .collect();
+            events.push((Kind::Invoke, now(ctx), mops.clone()));
+            let mut tx = c.begin();
+            let mut done = Vec::new();
+            let mut full = false;
+            let mut r = Ok(());
+            for m in &mops {
+                let (key, append) = match m {
+                    Mop::Read { key, .. } => (*key, None),
+                    Mop::Append { key, value } => (*key, Some(*value)),
+                };
+                let at = key_at(self.g, key);
+                let mut l = match c.read(ctx, &mut tx, at, LIST_BYTES).await {
+                    Ok(b) => list_of(&b),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                };
+                match append {
+                    None => done.push(Mop::Read { key, seen: Some(l) }),
+                    Some(_) if l.len() == CAP => {
+                        full = true;
+                        break;
+                    }
+                    Some(v) => {
+                        l.push(v);
+                        tx.write(at, &list_bytes(&l))?;
+                        done.push(m.clone());
+                    }
+                }
+            }
+            let outcome = match r {
+                Ok(()) if !full => c.commit(ctx, tx).await?,
+                Ok(()) => Outcome::Aborted(Abort::Busy),
+                Err(TxError::Aborted(a)) => Outcome::Aborted(a),
+                Err(e) => return Err(e),
+            };
+            match outcome {
+                Outcome::Committed => events.push((Kind::Ok, now(ctx), done)),
+                Outcome::Aborted(_) => events.push((Kind::Fail, now(ctx), mops)),
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// The run's history, all processes merged in time order (a completion
+/// before an invoke of the same instant: it really was first).
+fn history(r: &Report<Vec<(Kind, u64, Vec<Mop>)>>) -> History {
+    no_errors(r);
+    let mut all = Vec::new();
+    for (p, c) in r.clients.iter().enumerate() {
+        for (k, t, mops) in c.out.as_ref().unwrap() {
+            all.push((*t, u8::from(*k == Kind::Invoke), p as u64, *k, mops.clone()));
+        }
+    }
+    all.sort_by_key(|e| (e.0, e.1));
+    let mut h = History::default();
+    for (t, _, p, k, mops) in all {
+        h.push(k, p, t, mops);
+    }
+    h
+}
+
+fn strict_serializable(h: &History, what: &str) {
+    let parsed = AdyaHistory::from_json(&h.to_json_lines()).expect("our lines parse");
+    let r = check(&parsed, Workload::ListAppend, &Opts::default());
+    assert_eq!(
+        r.valid,
+        Valid::True,
+        "{what}: not strict serializable: {:?}\n{}",
+        r.anomaly_types,
+        h.to_json_lines()
+    );
+}
+
+fn appenders(g: Geometry, seed: u64, txs: u32) -> impl FnMut(u16, u16) -> Appender {
+    move |m, t| Appender {
+        g,
+        seed: seed * 1000 + (m as u64) * 10 + t as u64,
+        process: (m * g.threads + t) as u64,
+        txs,
+    }
+}
+
+#[test]
+fn list_append_histories_are_strict_serializable_on_sim() {
+    let g = geo(3, 2, 1);
+    let (ok, failed) = (Cell::new(0), Cell::new(0));
+    for_each_seed(
+        "list_append_histories_are_strict_serializable_on_sim",
+        200,
+        |seed| {
+            let r = sim(g, seed, appenders(g, seed, 12));
+            let h = history(&r);
+            ok.set(ok.get() + h.events.iter().filter(|e| e.kind == Kind::Ok).count());
+            failed.set(failed.get() + h.events.iter().filter(|e| e.kind == Kind::Fail).count());
+            strict_serializable(&h, &format!("seed {seed}"));
+            let objects: Vec<(ObjAddr, usize)> =
+                (0..KEYS).map(|k| (key_at(g, k), LIST_BYTES)).collect();
+            backups_equal_primaries(g, &r, &objects);
+        },
+    );
+    let (ok, failed) = (ok.get(), failed.get());
+    assert!(
+        ok > 0 && failed > 0,
+        "{ok} committed, {failed} aborted: no contention"
+    );
+}
+
+#[test]
+fn list_append_histories_are_strict_serializable_on_emu() {
+    let g = geo(3, 1, 2);
+    let r = run_emu(g, appenders(g, 7, 60));
+    let h = history(&r);
+    strict_serializable(&h, "emu");
+    let objects: Vec<(ObjAddr, usize)> = (0..KEYS).map(|k| (key_at(g, k), LIST_BYTES)).collect();
+    backups_equal_primaries(g, &r, &objects);
+}
