@@ -14,6 +14,7 @@ mod plot;
 mod progress;
 mod ring;
 mod run;
+mod txn;
 mod verbs;
 mod workload;
 mod ycsb;
@@ -48,6 +49,10 @@ enum Command {
     /// Records through one message/log ring between two machines: records
     /// per second and one-way latency
     Ring(ring::RingArgs),
+    /// FaRM transactions (TATP, SmallBank, YCSB-T, list appends, a bank)
+    /// on a cluster of machines: throughput, latency, aborts, verbs per
+    /// commit
+    Txn(Box<txn::TxnArgs>),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +67,7 @@ fn main() -> ExitCode {
         Command::Verbs(a) => ("loch-bench verbs", verbs::run(a)),
         Command::Run(a) => ("loch-bench run", run::run(*a)),
         Command::Ring(a) => ("loch-bench ring", ring::run(a)),
+        Command::Txn(a) => ("loch-bench txn", txn::run(*a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),

@@ -448,3 +448,114 @@ fn ring_moves_records_and_reports_their_latency() {
         );
     }
 }
+
+#[test]
+fn txn_runs_each_workload_and_counts_its_verbs() {
+    let run = |args: &[&str]| {
+        let out = bench(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        all[0].clone()
+    };
+    for w in ["tatp", "smallbank", "ycsb-t", "append", "bank"] {
+        let args = [
+            "txn",
+            "--workload",
+            w,
+            "--machines",
+            "4",
+            "--threads",
+            "2",
+            "--txs",
+            "60",
+            "--json",
+        ];
+        let a = run(&args);
+        assert_eq!(a["schema_version"].as_u64(), Some(1));
+        assert_eq!(a["workload"], w);
+        assert_eq!(a["replicas"].as_u64(), Some(3));
+        let committed = a["committed"].as_u64().unwrap();
+        assert!(committed > 0, "{w}: nothing committed");
+        assert!(a["committed_per_sec"].as_f64().unwrap() > 0.0);
+        let by_type: u64 = a["by_type"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v["committed"].as_u64().unwrap())
+            .sum();
+        assert_eq!(by_type, committed, "{w}: types add up");
+        // Every commit writes its records; none of them is free.
+        let per = &a["per_committed"];
+        assert!(per["writes"].as_f64().unwrap() > 0.0);
+        assert_eq!(
+            per["writes"], per["messages"],
+            "{w}: every WRITE is a ring message"
+        );
+        assert_eq!(a, run(&args), "{w}: a sim run is reproducible");
+    }
+    let e = run(&[
+        "txn",
+        "--backend",
+        "emu",
+        "--machines",
+        "2",
+        "--replicas",
+        "2",
+        "--txs",
+        "300",
+        "--json",
+    ]);
+    assert_eq!(e["backend"], "emu");
+    assert!(e["committed"].as_u64().unwrap() > 0);
+    let dir = std::env::temp_dir().join(format!("loch-txn-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("h.jsonl");
+    let f = file.to_str().unwrap();
+    run(&[
+        "txn",
+        "--workload",
+        "append",
+        "--machines",
+        "3",
+        "--txs",
+        "20",
+        "--history",
+        f,
+        "--json",
+    ]);
+    let lines = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        lines.lines().count(),
+        3 * 20 * 2,
+        "an invoke and a completion a transaction"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    for bad in [
+        vec!["txn", "--replicas", "1"],
+        vec!["txn", "--machines", "2", "--replicas", "3"],
+        vec!["txn", "--workload", "tatp", "--history", "/tmp/x"],
+        vec!["txn", "--workload", "ycsb-t", "--ops", "3", "--writes", "4"],
+        vec!["txn", "--keys", "1"],
+        vec!["txn", "--log-bytes", "1000"],
+        vec![
+            "txn",
+            "--workload",
+            "append",
+            "--history",
+            "/nonexistent/dir/h",
+        ],
+    ] {
+        let out = bench(&bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).lines().count(),
+            1,
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

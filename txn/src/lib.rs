@@ -12,6 +12,7 @@ pub mod records;
 pub mod regions;
 pub mod ring;
 pub mod server;
+pub mod workload;
 
 pub use coord::{CoordStats, Coordinator, Outcome, Tx};
 pub use error::{Abort, TxError};

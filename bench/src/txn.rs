@@ -1,0 +1,356 @@
+//! `loch-bench txn`: FaRM transactions (txn) on a cluster of machines,
+//! each core a coordinator thread and a server thread: committed
+//! transactions per second, begin-to-commit latency, aborts by reason,
+//! and per committed transaction the one-sided WRITEs and READs, ring
+//! messages and log bytes, from the task counters.
+
+use crate::args::{ArgError, Backend};
+use crate::outfile::check_file_target;
+use cluster::stats::latency_histogram;
+use nicdrv::sim::SimModel;
+use serde_json::json;
+use std::path::PathBuf;
+use txn::harness::{run_sim, run_threads, Report};
+use txn::workload::{merged_history, Mix, WorkClient, WorkOut};
+use txn::{Abort, Geometry};
+
+#[derive(clap::ValueEnum, Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TxnWorkload {
+    /// TATP's seven transactions in their standard mix
+    Tatp,
+    /// SmallBank's six transactions
+    Smallbank,
+    /// A YCSB-style mix: --ops keys a transaction, --writes of them
+    /// read-modify-written
+    #[value(name = "ycsb-t")]
+    YcsbT,
+    /// 1–4 reads or appends of unique values over --keys lists (the
+    /// workload --history records)
+    Append,
+    /// Transfers and audits over --keys accounts; the total is checked
+    Bank,
+}
+
+/// `loch-bench txn`: transactions on sim or emu.
+#[derive(clap::Args, Debug)]
+#[command(after_help = TXN_AFTER_HELP)]
+pub struct TxnArgs {
+    /// sim: a simulated cluster, virtual time; emu: machines on this host,
+    /// one OS thread per core, wall clock
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
+    backend: Backend,
+    #[arg(long, value_enum, default_value_t = TxnWorkload::Tatp)]
+    workload: TxnWorkload,
+    /// Machines (default sim 16, emu 3)
+    #[arg(long)]
+    machines: Option<u16>,
+    /// Cores per machine, each a coordinator and a server thread
+    #[arg(long, default_value_t = 1)]
+    threads: u16,
+    /// Replicas of every region (f + 1; FaRM's 3-way is 3)
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Transactions each coordinator runs (default sim 400, emu 4000)
+    #[arg(long)]
+    txs: Option<u64>,
+    /// Subscribers (tatp), customers (smallbank), keys (ycsb-t, append) or
+    /// accounts (bank); default tatp 20000, smallbank 10000, ycsb-t 100000,
+    /// append 8, bank 16
+    #[arg(long)]
+    keys: Option<u64>,
+    /// ycsb-t: keys a transaction touches
+    #[arg(long, default_value_t = 4)]
+    ops: u32,
+    /// ycsb-t: of those, how many it read-modify-writes
+    #[arg(long, default_value_t = 2)]
+    writes: u32,
+    /// Bytes of each log ring (coordinator to machine)
+    #[arg(long, value_parser = crate::args::size_value, default_value = "64k")]
+    log_bytes: usize,
+    /// The simulation's seed (and the workload's)
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the run's history (Elle list-append JSON lines) to FILE
+    /// (--workload append)
+    #[arg(long, value_name = "FILE")]
+    history: Option<PathBuf>,
+    /// One JSON document on stdout
+    #[arg(long)]
+    json: bool,
+}
+
+const TXN_AFTER_HELP: &str = "\
+Columns: committed transactions per second (all machines, and per machine), begin-to-commit
+latency p50/p99 in microseconds (committed ones), abort rate (aborted / attempted), then per
+committed transaction: one-sided WRITEs, READs, ring messages (records and replies) and log
+bytes, summed over every core's task counters. A committed read-write transaction costs
+Pw(f+3) WRITEs and one READ per object validated (FaRM §4).
+Exit codes: 0 done; 1 the benchmark failed (a task's error, a bank total changed); 2 bad
+input (one line naming it; nothing run).";
+
+fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
+    let keys = |d: u64| a.keys.unwrap_or(d);
+    let m = match a.workload {
+        TxnWorkload::Tatp => Mix::Tatp {
+            subscribers: keys(20_000),
+        },
+        TxnWorkload::Smallbank => Mix::SmallBank {
+            accounts: keys(10_000),
+        },
+        TxnWorkload::YcsbT => Mix::YcsbT {
+            keys: keys(100_000),
+            ops: a.ops,
+            writes: a.writes,
+        },
+        TxnWorkload::Append => Mix::Append { keys: keys(8) },
+        TxnWorkload::Bank => Mix::Bank { accounts: keys(16) },
+    };
+    let n = keys(2);
+    if n < 2 {
+        return Err(ArgError(format!("--keys {n}: at least 2")));
+    }
+    if let Mix::YcsbT { keys, ops, writes } = m {
+        if ops == 0 || ops as u64 > keys || writes > ops {
+            return Err(ArgError(format!(
+                "--ops {ops} and --writes {writes} need 1 ≤ ops ≤ keys ({keys}) and writes ≤ ops"
+            )));
+        }
+    }
+    Ok(m)
+}
+
+pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
+    let sim = a.backend == Backend::Sim;
+    let machines = a.machines.unwrap_or(if sim { 16 } else { 3 });
+    let m = mix(&a)?;
+    if a.replicas < 2 || a.replicas > machines as usize {
+        return Err(ArgError(format!(
+            "--replicas {} must be 2 ..= machines ({machines})",
+            a.replicas
+        )));
+    }
+    if a.history.is_some() && a.workload != TxnWorkload::Append {
+        return Err(ArgError(
+            "--history records list appends: use it with --workload append".into(),
+        ));
+    }
+    if let Some(p) = &a.history {
+        check_file_target("--history", p).map_err(ArgError)?;
+    }
+    let txs = a.txs.unwrap_or(if sim { 400 } else { 4000 });
+    let regions_per_machine = 1;
+    let geo = Geometry {
+        machines,
+        threads: a.threads,
+        f: a.replicas - 1,
+        regions_per_machine,
+        region_bytes: m.region_bytes(regions_per_machine * machines as u32),
+        log_bytes: a.log_bytes as u64,
+        reply_bytes: 4096,
+    };
+    geo.check().map_err(|e| ArgError(e.to_string()))?;
+    if geo.host_bytes().is_none_or(|b| b > 8 << 30) {
+        return Err(ArgError(format!(
+            "{} machines × {} threads with {} keys need more than 8 GiB a machine",
+            machines,
+            a.threads,
+            a.keys.unwrap_or(0)
+        )));
+    }
+    if !sim {
+        cmdline::warn_if_oversubscribed(
+            "loch-bench txn",
+            "cores (machines × threads)",
+            machines as usize * a.threads as usize,
+        );
+    }
+    let seed = a.seed;
+    let clients = |mc: u16, t: u16| WorkClient {
+        geo,
+        mix: m,
+        seed: seed.wrapping_mul(1_000_003) ^ ((mc as u64) << 16 | t as u64),
+        txs,
+        process: (mc as u64) * a.threads as u64 + t as u64,
+    };
+    let (report, sim_info) = if sim {
+        match run_sim(geo, seed, SimModel::default(), clients) {
+            Ok((r, w)) => (r, Some((w.events(), w.now_ns()))),
+            Err(e) => return Ok(crate::run::Outcome::Failed(e.to_string())),
+        }
+    } else {
+        match run_emu(geo, clients) {
+            Ok(r) => (r, None),
+            Err(e) => return Ok(crate::run::Outcome::Failed(e)),
+        }
+    };
+    if let Some(e) = report.first_error() {
+        return Ok(crate::run::Outcome::Failed(format!("a task failed: {e}")));
+    }
+    let mut out = WorkOut::default();
+    for c in &report.clients {
+        out.merge(c.out.as_ref().expect("no errors"));
+    }
+    if let Mix::Bank { accounts } = m {
+        let total = accounts as i64 * txn::workload::BANK_START;
+        if let Some(bad) = out.audits.iter().find(|&&t| t != total) {
+            return Ok(crate::run::Outcome::Failed(format!(
+                "an audit saw a total of {bad}, not {total}"
+            )));
+        }
+    }
+    if let Some(p) = &a.history {
+        let outs = report.clients.iter().map(|c| {
+            let o = c.out.as_ref().expect("no errors");
+            ((c.machine as u64) * a.threads as u64 + c.thread as u64, o)
+        });
+        let h = merged_history(outs);
+        if let Err(e) = std::fs::write(p, h.to_json_lines()) {
+            return Ok(crate::run::Outcome::Failed(format!(
+                "--history {}: {e}",
+                p.display()
+            )));
+        }
+    }
+    print(&a, geo, &report, &out, sim_info);
+    Ok(crate::run::Outcome::Done)
+}
+
+fn run_emu(
+    geo: Geometry,
+    clients: impl FnMut(u16, u16) -> WorkClient,
+) -> Result<Report<WorkOut>, String> {
+    let host = geo.host_bytes().expect("checked");
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: geo.machines as usize,
+        host_bytes: host,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .and_then(|c| c.with_machines(geo.machines as usize))
+    .map_err(|e| e.to_string())?;
+    run_threads(
+        geo,
+        |m| {
+            cluster
+                .machine_executor(m as usize, txn::harness::core_config())
+                .map_err(|e| e.to_string())
+        },
+        // The bench checks no memory afterwards.
+        |_| Vec::new(),
+        clients,
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Option<(u64, u64)>) {
+    let elapsed_ns = r
+        .clients
+        .iter()
+        .map(|c| c.elapsed_ns)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let rate = out.committed as f64 * 1e9 / elapsed_ns as f64;
+    let per_machine = rate / geo.machines as f64;
+    let mut h = latency_histogram();
+    for &l in &out.latencies_ns {
+        let _ = h.record(l.max(1));
+    }
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1e3;
+    let aborted: u64 = out.aborted.iter().sum();
+    let attempted = out.committed + aborted;
+    let abort_rate = aborted as f64 / attempted.max(1) as f64;
+    let c = r.counters();
+    let cs = r.coord_stats();
+    let ss = r.server_stats().unwrap_or_default();
+    let messages = cs.record_writes() + ss.replies;
+    let per = |x: u64| x as f64 / out.committed.max(1) as f64;
+    let backend = if a.backend == Backend::Sim {
+        "sim"
+    } else {
+        "emu"
+    };
+    let workload = txn::workload::Mix::name(&mix(a).expect("checked"));
+    if a.json {
+        let aborts: serde_json::Map<String, serde_json::Value> = Abort::ALL
+            .iter()
+            .map(|x| (x.name().to_string(), json!(out.aborted[x.index()])))
+            .collect();
+        let by_type: serde_json::Map<String, serde_json::Value> = out
+            .by_type
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!({"committed": v.0, "aborted": v.1})))
+            .collect();
+        let doc = json!([{
+            "schema_version": 1,
+            "bench": "txn",
+            "backend": backend,
+            "workload": workload,
+            "machines": geo.machines,
+            "threads_per_machine": geo.threads,
+            "replicas": geo.f + 1,
+            "seed": a.seed,
+            "attempted": attempted,
+            "committed": out.committed,
+            "given_up": out.given_up,
+            "elapsed_ns": elapsed_ns,
+            "committed_per_sec": rate,
+            "committed_per_sec_per_machine": per_machine,
+            "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": h.max() as f64 / 1e3},
+            "abort_rate": abort_rate,
+            "aborts": aborts,
+            "by_type": by_type,
+            "per_committed": {
+                "writes": per(c.writes), "reads": per(c.reads),
+                "messages": per(messages), "log_bytes": per(cs.log_bytes),
+            },
+            "head_reports": ss.head_reports,
+            "truncate_records": cs.truncate_records,
+            "sim": sim.map(|(events, virtual_ns)| json!({"events": events, "virtual_ns": virtual_ns})),
+        }]);
+        cmdline::outln!("{doc}");
+        return;
+    }
+    cmdline::outln!(
+        "{:<7} {:<10} {:>4} {:>3} {:>10} {:>11} {:>9} {:>9} {:>7} {:>8} {:>7} {:>7} {:>8}",
+        "backend",
+        "workload",
+        "mach",
+        "thr",
+        "committed",
+        "tx/s",
+        "tx/s/mach",
+        "p50 us",
+        "p99 us",
+        "abort%",
+        "WR/tx",
+        "RD/tx",
+        "logB/tx"
+    );
+    cmdline::outln!(
+        "{:<7} {:<10} {:>4} {:>3} {:>10} {:>11.0} {:>9.0} {:>9.2} {:>7.2} {:>8.2} {:>7.2} {:>7.2} {:>8.1}",
+        backend,
+        workload,
+        geo.machines,
+        geo.threads,
+        out.committed,
+        rate,
+        per_machine,
+        q(0.5),
+        q(0.99),
+        abort_rate * 100.0,
+        per(c.writes),
+        per(c.reads),
+        per(cs.log_bytes)
+    );
+    let reasons: Vec<String> = Abort::ALL
+        .iter()
+        .map(|x| format!("{} {}", x.name(), out.aborted[x.index()]))
+        .collect();
+    cmdline::outln!(
+        "aborts: {}; given up by the workload: {}; messages/tx {:.2}",
+        reasons.join(", "),
+        out.given_up,
+        per(messages)
+    );
+}
