@@ -50,6 +50,9 @@ pub struct DemoConfig {
     pub pin: bool,
     /// Records bulk-loaded into the tree phase's B+tree (0 skips the phase).
     pub tree_records: u64,
+    /// Transactions each coordinator of the transactions phase runs (0
+    /// skips the phase).
+    pub txn_txs: u64,
     /// Faults to inject (sim only), `at_ns` counted from the start of the
     /// simulation; the phases follow one another in virtual time. With any,
     /// a task stops at its first failed operation while the others go on,
@@ -70,6 +73,7 @@ impl Default for DemoConfig {
             latency_ns: 0,
             pin: true,
             tree_records: 100_000,
+            txn_txs: 2000,
             faults: Vec::new(),
         }
     }
@@ -101,6 +105,7 @@ pub struct DemoReport {
     pub mismatches: u64,
     pub failures: u64,
     pub tree: Option<Vec<crate::demo_index::IndexPhase>>,
+    pub txn: Option<crate::demo_txn::TxnPhase>,
     pub text: String,
 }
 
@@ -116,6 +121,7 @@ impl DemoReport {
                 .iter()
                 .flatten()
                 .all(|t| t.mismatches == 0 && (t.faulty || t.failures == 0))
+            && self.txn.as_ref().is_none_or(|t| t.ok())
     }
 }
 
@@ -415,6 +421,15 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
             text.push_str(&crate::demo_index::summary(p));
         }
     }
+    // Transactions run on machines of their own (no faults: failure
+    // handling is not built yet); a stop request skips them.
+    let txn = if cfg.txn_txs > 0 && !faulty && !cmdline::signals::stop_requested() {
+        let t = crate::demo_txn::run(cfg, cfg.txn_txs)?;
+        text.push_str(&t.text);
+        Some(t)
+    } else {
+        None
+    };
     Ok(DemoReport {
         stats,
         faa_issued: faa,
@@ -422,6 +437,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
         mismatches: mism,
         failures,
         tree,
+        txn,
         text,
     })
 }

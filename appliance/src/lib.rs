@@ -1,7 +1,8 @@
 //! # appliance — the `loch` binary's library
 //!
 //! Owns `loch demo` ([`demo`]: its verb phase; [`demo_index`]: its index
-//! phases, on clusters the `cluster` crate boots), the index workload the
+//! phases, on clusters the `cluster` crate boots; [`demo_txn`]: its
+//! transactions phase, on machines of its own), the index workload the
 //! demo and `loch node` share ([`index_work`]), `loch node` and `loch
 //! check` ([`node`], one process per node over bootstrap's control channel;
 //! [`node_mlx5`] on real NICs), the compute role on any backend
@@ -11,6 +12,7 @@
 
 pub mod demo;
 pub mod demo_index;
+pub mod demo_txn;
 pub mod index_work;
 pub mod node;
 pub mod node_compute;

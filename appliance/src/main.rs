@@ -151,6 +151,11 @@ struct DemoArgs {
     /// Records bulk-loaded into each index phase (0 skips them)
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     tree_records: u64,
+    /// Transactions each coordinator of the transactions phase runs (a
+    /// replicated bank of transfers and audits; 0 skips it; not with
+    /// faults)
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    txn_txs: u64,
     /// Do not pin the compute cores
     #[arg(long)]
     no_pin: bool,
@@ -181,7 +186,7 @@ struct DemoArgs {
 const DEMO_AFTER_HELP: &str = concat!(
     "The summary ends with its checks: every FAA and CAS accounted for, every READ of a task's own \
 words returning its last write, every index lookup agreeing with the loaded data and the task's \
-own writes.\n\n",
+own writes, every bank audit seeing the bank's total and every backup equal to its primary.\n\n",
     cmdline::exit_codes_help!()
 );
 
@@ -199,6 +204,7 @@ impl DemoArgs {
             tasks_per_core: self.tasks,
             pin: !self.no_pin,
             tree_records: self.tree_records,
+            txn_txs: self.txn_txs,
             ..DemoConfig::default()
         };
         if let Some(n) = self.memory_nodes {

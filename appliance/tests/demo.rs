@@ -24,8 +24,9 @@ fn demo_runs_and_passes_its_checks() {
     ] {
         assert!(stdout.contains(line), "summary lacks {line}: {stdout}");
     }
-    assert_eq!(stdout.matches(": ok").count(), 8, "{stdout}");
+    assert_eq!(stdout.matches(": ok").count(), 11, "{stdout}");
     assert!(stdout.contains("hash table (Nessie"), "{stdout}");
+    assert!(stdout.contains("transactions: a bank of"), "{stdout}");
     assert!(stdout.contains("B+tree"), "{stdout}");
     // Memory nodes and scratch both fall back without huge pages: one
     // warning for the process, not one per allocator.
@@ -67,8 +68,9 @@ fn seeded_lines(s: &str) -> Vec<String> {
 fn demo_on_sim_is_deterministic_and_passes_its_checks() {
     let run = || {
         let s = demo_sim(&["--seed", "9", "--seconds", "0.002"]);
-        assert_eq!(s.matches(": ok").count(), 8, "{s}");
+        assert_eq!(s.matches(": ok").count(), 11, "{s}");
         assert!(s.contains("SIMULATED"), "{s}");
+        assert!(s.contains("committed audits saw the total"), "{s}");
         seeded_lines(&s)
     };
     assert_eq!(run(), run());

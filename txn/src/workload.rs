@@ -37,8 +37,8 @@ pub enum Mix {
     YcsbT { keys: u64, ops: u32, writes: u32 },
     /// 1–4 reads or appends a transaction over `keys` lists.
     Append { keys: u64 },
-    /// Transfers among `accounts` accounts, every fourth transaction an
-    /// audit of all of them.
+    /// Transfers among `accounts` accounts (each end one of a few hot
+    /// ones half the time), a quarter of the transactions audits of all of them.
     Bank { accounts: u64 },
 }
 
@@ -471,9 +471,22 @@ impl WorkClient {
             }
             return (r, "audit");
         }
-        let from = rng.below(accounts.min(6));
-        let to = (from + 1 + rng.below(accounts - 1)) % accounts;
-        let amount = 1 + rng.below(300) as i64;
+        // Either end is one of a few hot accounts half the time
+        // (contention); both ends alike, so balances wander rather than
+        // drain.
+        let mut pick = || {
+            if rng.below(2) == 0 {
+                rng.below(accounts.min(6))
+            } else {
+                rng.below(accounts)
+            }
+        };
+        let from = pick();
+        let mut to = pick();
+        if to == from {
+            to = (from + 1) % accounts;
+        }
+        let amount = 1 + rng.below(100) as i64;
         let r = async {
             let (fa, ta) = (m.at(&self.geo, from, 0), m.at(&self.geo, to, 0));
             let fb = self.read8(ctx, c, &mut tx, fa).await?;
