@@ -63,6 +63,8 @@ fn geometry(cfg: &DemoConfig) -> Geometry {
         f: replicas - 1,
         regions_per_machine: 1,
         region_bytes: mix.region_bytes(machines as u32),
+        static_bytes: mix.region_bytes(machines as u32),
+        block_bytes: txn::alloc::BLOCK_BYTES,
         log_bytes: 64 << 10,
         reply_bytes: 4096,
     }

@@ -145,6 +145,8 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         f: a.replicas - 1,
         regions_per_machine,
         region_bytes: m.region_bytes(regions_per_machine * machines as u32),
+        static_bytes: m.region_bytes(regions_per_machine * machines as u32),
+        block_bytes: txn::alloc::BLOCK_BYTES,
         log_bytes: a.log_bytes as u64,
         reply_bytes: 4096,
     };

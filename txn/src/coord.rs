@@ -33,12 +33,12 @@
 
 use crate::error::{Abort, TxError};
 use crate::layout::Geometry;
-use crate::object::{self, object_bytes, Header, ObjectError};
+use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
 use crate::regions::RegionMap;
 use crate::ring::{Receiver, Reservation, RingError, Sender};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Most objects read at one primary that are validated by a READ each;
@@ -100,6 +100,11 @@ pub struct CoordStats {
     pub object_reads: u64,
     /// Bytes of every record appended.
     pub log_bytes: u64,
+    /// ALLOC and ABORT records outside commits (allocation; giving up a
+    /// transaction that allocated).
+    pub alloc_records: u64,
+    /// READs of allocator block headers (once a block).
+    pub block_reads: u64,
 }
 
 impl CoordStats {
@@ -111,6 +116,7 @@ impl CoordStats {
             + self.commit_records
             + self.abort_records
             + self.truncate_records
+            + self.alloc_records
     }
 
     pub fn aborts(&self) -> u64 {
@@ -134,6 +140,8 @@ impl std::ops::AddAssign for CoordStats {
         self.validate_reads += o.validate_reads;
         self.object_reads += o.object_reads;
         self.log_bytes += o.log_bytes;
+        self.alloc_records += o.alloc_records;
+        self.block_reads += o.block_reads;
     }
 }
 
@@ -152,6 +160,12 @@ pub struct Tx {
     id: TxId,
     reads: BTreeMap<ObjAddr, Seen>,
     writes: BTreeMap<ObjAddr, Vec<u8>>,
+    /// Writes that allocate or free their object (the rest update).
+    ops: BTreeMap<ObjAddr, WriteOp>,
+    /// Primaries holding slots this transaction reserved.
+    allocs: BTreeSet<NodeId>,
+    /// Objects read that lie in an allocator block (they may be freed).
+    slab: BTreeSet<ObjAddr>,
 }
 
 impl Tx {
@@ -175,7 +189,31 @@ impl Tx {
                 seen.value.len()
             )));
         }
+        if self.ops.get(&at) == Some(&WriteOp::Free) {
+            return Err(TxError::Usage(format!(
+                "write of object {at:?}, which this transaction freed"
+            )));
+        }
         self.writes.insert(at, value.to_vec());
+        Ok(())
+    }
+
+    /// Frees an object this transaction read (or allocated): at commit its
+    /// header turns free at the next incarnation and its slot goes back
+    /// to the allocator. Objects of the fixed tables cannot be freed.
+    pub fn free(&mut self, at: ObjAddr) -> Result<(), TxError> {
+        let Some(seen) = self.reads.get(&at) else {
+            return Err(TxError::Usage(format!(
+                "free of object {at:?}, which this transaction did not read"
+            )));
+        };
+        if !self.slab.contains(&at) {
+            return Err(TxError::Usage(format!(
+                "free of object {at:?} of a region's fixed tables (only allocated objects are freed)"
+            )));
+        }
+        self.writes.insert(at, vec![0; seen.value.len()]);
+        self.ops.insert(at, WriteOp::Free);
         Ok(())
     }
 
@@ -223,6 +261,9 @@ pub struct Coordinator {
     replies: Vec<Receiver>,
     /// Per machine: committed transactions whose truncation is to go there.
     pending: Vec<Vec<TxId>>,
+    /// Object sizes of the allocator blocks seen (a block's size never
+    /// changes once formatted).
+    blocks: HashMap<(u32, u64), usize>,
     stats: CoordStats,
     buf: Vec<u8>,
 }
@@ -264,6 +305,7 @@ impl Coordinator {
             logs,
             replies,
             pending: vec![Vec::new(); geo.machines as usize],
+            blocks: HashMap::new(),
             stats: CoordStats::default(),
             buf: Vec::new(),
         })
@@ -289,6 +331,9 @@ impl Coordinator {
             },
             reads: BTreeMap::new(),
             writes: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            allocs: BTreeSet::new(),
+            slab: BTreeSet::new(),
         }
     }
 
@@ -312,6 +357,9 @@ impl Coordinator {
             return Ok(tx.writes.get(&at).unwrap_or(&s.value).clone());
         }
         let r = self.read_object(ctx, at, len).await?;
+        if at.offset >= self.geo.static_bytes {
+            tx.slab.insert(at);
+        }
         tx.reads.insert(
             at,
             Seen {
@@ -336,9 +384,16 @@ impl Coordinator {
             )));
         }
         let addr = self.map.on_primary(at, object_bytes(len) as u64)?;
+        if at.offset >= self.geo.static_bytes {
+            self.check_slot(ctx, at, len).await?;
+        }
         let deadline = ctx.now_ns() + READ_WAIT_NS;
         loop {
             match object::read(ctx, addr, len, READ_TRIES).await {
+                Ok(r) if r.header.is_free() => {
+                    self.stats.object_reads += r.reads as u64;
+                    return Err(TxError::Freed(at));
+                }
                 Ok(r) => {
                     self.stats.object_reads += r.reads as u64;
                     return Ok(r);
@@ -353,6 +408,135 @@ impl Coordinator {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Whether `at` is a slot of a formatted allocator block for objects
+    /// of `len` bytes (the block's header READ once, then cached).
+    async fn check_slot<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        at: ObjAddr,
+        len: usize,
+    ) -> Result<(), TxError> {
+        let g = self.geo;
+        let (block, _) =
+            crate::alloc::slot_of(g.static_bytes, g.block_bytes, at.offset, len.max(1))
+                .expect("offset past the fixed tables");
+        let class = match self.blocks.get(&(at.region, block)) {
+            Some(&c) => c,
+            None => {
+                let head = ObjAddr {
+                    region: at.region,
+                    offset: block,
+                };
+                let a = self.map.on_primary(head, 8)?;
+                let w = ctx.read(a, 8).await?.u64_at(0);
+                self.stats.block_reads += 1;
+                let Some(c) = crate::alloc::block_class(w) else {
+                    return Err(TxError::NotAnObject(format!(
+                        "offset {} of region {} is in an allocator block never formatted",
+                        at.offset, at.region
+                    )));
+                };
+                self.blocks.insert((at.region, block), c);
+                c
+            }
+        };
+        let slot = crate::alloc::slot_of(g.static_bytes, g.block_bytes, at.offset, class);
+        if class != len || !slot.is_some_and(|s| s.1) {
+            return Err(TxError::NotAnObject(format!(
+                "offset {} of region {} is not a slot of its block's {class}-byte objects (read as {len} bytes)",
+                at.offset, at.region
+            )));
+        }
+        Ok(())
+    }
+
+    /// Allocates an object of `len` payload bytes in region `region` for
+    /// `tx`: a slot reserved at the region's primary (one message and its
+    /// answer), written with `len` zero bytes at commit unless `tx` writes
+    /// it. Aborting `tx` gives the slot back.
+    pub async fn alloc<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: &mut Tx,
+        region: u32,
+        len: usize,
+    ) -> Result<ObjAddr, TxError> {
+        if len == 0 || len > object::MAX_PAYLOAD {
+            return Err(TxError::Usage(format!(
+                "an object of {len} bytes (1 ..= {})",
+                object::MAX_PAYLOAD
+            )));
+        }
+        let p = self.map.get(region)?.primary.machine;
+        let env = Envelope {
+            head: self.replies[p as usize].piggyback_head(),
+            truncate: Vec::new(),
+            record: Record::Alloc {
+                tx: tx.id,
+                region,
+                len: len as u32,
+            },
+        };
+        let bytes = env.encode()?;
+        let deadline = ctx.now_ns() + LOG_WAIT_NS;
+        self.logs[p as usize]
+            .append(ctx, &bytes, Some(deadline))
+            .await?;
+        self.stats.alloc_records += 1;
+        self.stats.log_bytes += bytes.len() as u64;
+        tx.allocs.insert(p);
+        let slot = match self.answer(ctx, tx.id, p).await? {
+            Record::AllocReply { slot, .. } => slot,
+            r => {
+                return Err(TxError::Protocol(format!(
+                    "machine {p} answered ALLOC with {r:?}"
+                )))
+            }
+        };
+        let Some((offset, header)) = slot else {
+            return Err(TxError::NoSpace { region, len });
+        };
+        let at = ObjAddr { region, offset };
+        let header = Header(header);
+        if !header.is_free() || header.locked() {
+            return Err(TxError::Protocol(format!(
+                "machine {p} reserved a slot that is not free"
+            )));
+        }
+        tx.reads.insert(
+            at,
+            Seen {
+                header,
+                value: vec![0; len],
+            },
+        );
+        tx.slab.insert(at);
+        tx.writes.insert(at, vec![0; len]);
+        tx.ops.insert(at, WriteOp::Alloc);
+        Ok(at)
+    }
+
+    /// Gives `tx` up without committing: nothing it wrote was ever
+    /// visible; the slots it allocated go back (an ABORT to each primary
+    /// holding one).
+    pub async fn abort<N: Nic>(&mut self, ctx: &Ctx<N>, tx: Tx) -> Result<(), TxError> {
+        for &p in &tx.allocs {
+            let env = Envelope {
+                head: self.replies[p as usize].piggyback_head(),
+                truncate: Vec::new(),
+                record: Record::Abort { tx: tx.id },
+            };
+            let bytes = env.encode()?;
+            let deadline = ctx.now_ns() + LOG_WAIT_NS;
+            self.logs[p as usize]
+                .append(ctx, &bytes, Some(deadline))
+                .await?;
+            self.stats.alloc_records += 1;
+            self.stats.log_bytes += bytes.len() as u64;
+        }
+        Ok(())
     }
 
     /// Commits `tx`: committed, or aborted with the reason (nothing it
@@ -408,6 +592,7 @@ impl Coordinator {
             let w = Write {
                 at: *at,
                 version: tx.reads[at].header.0,
+                op: tx.ops.get(at).copied().unwrap_or(WriteOp::Update),
                 value: value.clone(),
             };
             let l = locks.entry(region.primary.machine).or_default();
@@ -549,14 +734,20 @@ impl Coordinator {
         self.send(ctx, plan, locks).await?;
         self.stats.lock_records += primaries.len() as u64;
         let answers = self.answers(ctx, tx.id, &primaries).await?;
-        let locked: Vec<NodeId> = answers.iter().filter(|a| a.1).map(|a| a.0).collect();
-        if locked.len() < primaries.len() {
-            self.abort(ctx, plan, &locked).await?;
+        let ok = answers.iter().filter(|a| a.1).count();
+        // ABORT goes where locks are held or slots reserved.
+        let locked: Vec<NodeId> = answers
+            .iter()
+            .filter(|a| a.1 || tx.allocs.contains(&a.0))
+            .map(|a| a.0)
+            .collect();
+        if ok < primaries.len() {
+            self.abort_locked(ctx, plan, &locked).await?;
             return Err(TxError::Aborted(Abort::Locked));
         }
         // VALIDATE.
         if !self.validate(ctx, tx, plan).await? {
-            self.abort(ctx, plan, &locked).await?;
+            self.abort_locked(ctx, plan, &locked).await?;
             return Err(TxError::Aborted(Abort::Changed));
         }
         if tx.writes.is_empty() {
@@ -582,7 +773,7 @@ impl Coordinator {
         Ok(())
     }
 
-    async fn abort<N: Nic>(
+    async fn abort_locked<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         plan: &mut BTreeMap<NodeId, Dest>,
@@ -668,37 +859,54 @@ impl Coordinator {
     ) -> Result<Vec<(NodeId, bool)>, TxError> {
         let mut out = Vec::with_capacity(from.len());
         for &d in from {
-            let deadline = ctx.now_ns() + REPLY_WAIT_NS;
-            let ring = self.geo.reply_ring(self.thread, d, self.machine);
-            loop {
-                let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
-                if got.is_none() {
-                    if ctx.now_ns() >= deadline {
-                        return Err(TxError::Protocol(format!(
-                            "machine {d} did not answer transaction {tx:?}"
-                        )));
-                    }
-                    ctx.wait_for_write(ring.ring_off, ring.capacity, Some(deadline))?
-                        .await;
-                    continue;
-                }
-                let env = Envelope::decode(&self.buf)?;
-                self.logs[d as usize].note_head(ctx, env.head)?;
-                match env.record {
-                    Record::LockReply { tx: t, ok } if t == tx => {
-                        out.push((d, ok));
-                        break;
-                    }
-                    Record::LockReply { .. } => continue,
-                    r => {
-                        return Err(TxError::Protocol(format!(
-                            "machine {d} answered with {r:?}"
-                        )))
-                    }
+            match self.answer(ctx, tx, d).await? {
+                Record::LockReply { ok, .. } => out.push((d, ok)),
+                r => {
+                    return Err(TxError::Protocol(format!(
+                        "machine {d} answered LOCK or VALIDATE with {r:?}"
+                    )))
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Waits for machine `d`'s answer to `tx` (a LOCK-REPLY or an
+    /// ALLOC-REPLY); answers to earlier transactions are passed over.
+    async fn answer<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        d: NodeId,
+    ) -> Result<Record, TxError> {
+        let deadline = ctx.now_ns() + REPLY_WAIT_NS;
+        let ring = self.geo.reply_ring(self.thread, d, self.machine);
+        loop {
+            let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
+            if got.is_none() {
+                if ctx.now_ns() >= deadline {
+                    return Err(TxError::Protocol(format!(
+                        "machine {d} did not answer transaction {tx:?}"
+                    )));
+                }
+                ctx.wait_for_write(ring.ring_off, ring.capacity, Some(deadline))?
+                    .await;
+                continue;
+            }
+            let env = Envelope::decode(&self.buf)?;
+            self.logs[d as usize].note_head(ctx, env.head)?;
+            match env.record {
+                Record::LockReply { tx: t, .. } | Record::AllocReply { tx: t, .. } if t != tx => {
+                    continue
+                }
+                r @ (Record::LockReply { .. } | Record::AllocReply { .. }) => return Ok(r),
+                r => {
+                    return Err(TxError::Protocol(format!(
+                        "machine {d} answered with {r:?}"
+                    )))
+                }
+            }
+        }
     }
 
     /// Sends every truncation still waiting, as TRUNCATE records: before a

@@ -67,6 +67,16 @@ pub enum TxError {
     Verb(VerbError),
     Local(LocalError),
     Geometry(GeometryError),
+    /// The object was freed (or its slot never held one).
+    Freed(crate::records::ObjAddr),
+    /// No object lies there: an allocator block never formatted, or an
+    /// address that is not one of its slots.
+    NotAnObject(String),
+    /// The region has no room for another object of that size.
+    NoSpace {
+        region: u32,
+        len: usize,
+    },
     /// A peer broke the protocol (a reply that never came, a record that
     /// names what it may not).
     Protocol(String),
@@ -84,6 +94,16 @@ impl fmt::Display for TxError {
             TxError::Verb(e) => write!(f, "{e}"),
             TxError::Local(e) => write!(f, "local memory: {e}"),
             TxError::Geometry(e) => write!(f, "{e}"),
+            TxError::Freed(at) => write!(
+                f,
+                "object at offset {} of region {} is free (freed, or never allocated)",
+                at.offset, at.region
+            ),
+            TxError::NotAnObject(s) => write!(f, "no object there: {s}"),
+            TxError::NoSpace { region, len } => write!(
+                f,
+                "region {region} has no room for another object of {len} bytes"
+            ),
             TxError::Protocol(s) => write!(f, "commit protocol: {s}"),
         }
     }

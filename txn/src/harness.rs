@@ -132,12 +132,14 @@ fn tasks<N: Nic, C: Client<N>>(
     });
     let mut cores = Vec::new();
     for m in 0..geo.machines {
+        // One allocator a machine, shared by its server threads.
+        let alloc = crate::alloc::SharedAllocator::default();
         for t in 0..geo.threads {
-            let (map2, sink2) = (map.clone(), sink.clone());
+            let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
             let server: Task<N> = Box::new(move |ctx| {
                 Box::pin(async move {
                     let stop = || sink2.live.load(Ordering::Acquire) == 0;
-                    let stats = match Server::open(&ctx, geo, map2, m, t) {
+                    let stats = match Server::open(&ctx, geo, map2, m, t, alloc2) {
                         Ok(s) => s.run(&ctx, &stop).await,
                         Err(e) => Err(e),
                     };

@@ -40,6 +40,12 @@ pub struct Geometry {
     pub f: usize,
     pub regions_per_machine: u32,
     pub region_bytes: u64,
+    /// Bytes at the start of every region that hold the workload's fixed
+    /// tables (objects there are live from the start); the rest of the
+    /// region is the allocator's, in blocks of `block_bytes`.
+    pub static_bytes: u64,
+    /// The allocator's block (slab) size (FaRM's is 1 MiB).
+    pub block_bytes: u64,
     /// Capacity of each log ring (coordinator to machine).
     pub log_bytes: u64,
     /// Capacity of each reply ring (machine to coordinator).
@@ -86,6 +92,17 @@ impl Geometry {
             return bad(format!(
                 "region_bytes {} is not a multiple of 64",
                 self.region_bytes
+            ));
+        }
+        if self.static_bytes > self.region_bytes
+            || !self.static_bytes.is_multiple_of(64)
+            || self.block_bytes < 4096
+            || !self.block_bytes.is_multiple_of(64)
+            || !(self.region_bytes - self.static_bytes).is_multiple_of(self.block_bytes)
+        {
+            return bad(format!(
+                "static_bytes {} and block_bytes {} must split region_bytes {} into 64-byte aligned tables and whole blocks of at least 4 KiB",
+                self.static_bytes, self.block_bytes, self.region_bytes
             ));
         }
         for (name, cap) in [
@@ -178,6 +195,37 @@ impl Geometry {
         self.regions_per_machine * self.machines as u32
     }
 
+    /// Allocator blocks per region.
+    pub fn blocks(&self) -> u64 {
+        (self.region_bytes - self.static_bytes) / self.block_bytes
+    }
+
+    /// A shape with `region_bytes` of fixed tables and `blocks` allocator
+    /// blocks of [`crate::alloc::BLOCK_BYTES`] in every region, 64 KiB log
+    /// rings and 4 KiB reply rings.
+    pub fn with_tables(
+        machines: u16,
+        threads: u16,
+        replicas: usize,
+        regions_per_machine: u32,
+        table_bytes: u64,
+        blocks: u64,
+    ) -> Geometry {
+        let static_bytes = table_bytes.next_multiple_of(4096);
+        let block_bytes = crate::alloc::BLOCK_BYTES;
+        Geometry {
+            machines,
+            threads,
+            f: replicas.saturating_sub(1),
+            regions_per_machine,
+            region_bytes: static_bytes + blocks * block_bytes,
+            static_bytes,
+            block_bytes,
+            log_bytes: 64 << 10,
+            reply_bytes: 4 << 10,
+        }
+    }
+
     /// The region map this geometry places.
     pub fn region_map(&self) -> Result<RegionMap, GeometryError> {
         self.check()?;
@@ -211,6 +259,8 @@ mod tests {
             f: 2,
             regions_per_machine: 3,
             region_bytes: 1 << 16,
+            static_bytes: 1 << 15,
+            block_bytes: 1 << 12,
             log_bytes: 1 << 12,
             reply_bytes: 1 << 10,
         }
@@ -277,6 +327,14 @@ mod tests {
             },
             Geometry {
                 region_bytes: u64::MAX / 2,
+                ..g()
+            },
+            Geometry {
+                static_bytes: 1 << 17,
+                ..g()
+            },
+            Geometry {
+                block_bytes: 3000,
                 ..g()
             },
         ] {

@@ -2,6 +2,7 @@
 //! read lock-free with one-sided READs and committed by FaRM's optimistic
 //! protocol through message and log rings in the machines' memory.
 
+pub mod alloc;
 pub mod coord;
 pub mod error;
 pub mod harness;

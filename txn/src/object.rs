@@ -6,14 +6,18 @@
 //! locked.
 //!
 //! ```text
-//! line 0     header: lock (bit 63) | incarnation (bits 40..63) | version (bits 0..40)
+//! line 0     header: lock (bit 63) | free (bit 62) | incarnation (bits 40..62)
+//!            | version (bits 0..40)
 //!            payload bytes 0..56
 //! line k≥1   the header without its lock bit
 //!            payload bytes 56k..56k+56
 //! ```
 //!
-//! A copy is consistent when its header is unlocked and every line's word
-//! equals it. An update that writes a new version into every line (the
+//! The free bit marks a slot of an allocator block that holds no object
+//! (never allocated, or freed: freeing also bumps the incarnation, so a
+//! transaction that read the object before it was freed and reallocated
+//! fails validation). A copy is consistent when its header is unlocked and
+//! every line's word equals it. An update that writes a new version into every line (the
 //! primary at COMMIT-PRIMARY, or a whole-object WRITE) can therefore never
 //! be read half-applied: a line of the old version beside a header of the
 //! new one, or the reverse, fails the check.
@@ -29,8 +33,9 @@ pub const LINE_PAYLOAD: usize = LINE - 8;
 pub const MAX_PAYLOAD: usize = 64 * LINE_PAYLOAD;
 
 const LOCK: u64 = 1 << 63;
+const FREE: u64 = 1 << 62;
 const INC_SHIFT: u32 = 40;
-const INC_MASK: u64 = (1 << 23) - 1;
+const INC_MASK: u64 = (1 << 22) - 1;
 const VERSION_MASK: u64 = (1 << 40) - 1;
 
 /// An object's header word.
@@ -38,8 +43,8 @@ const VERSION_MASK: u64 = (1 << 40) - 1;
 pub struct Header(pub u64);
 
 impl Header {
-    /// An unlocked header; `version` keeps its low 40 bits, `incarnation`
-    /// its low 23.
+    /// An unlocked, allocated header; `version` keeps its low 40 bits,
+    /// `incarnation` its low 22.
     pub fn new(version: u64, incarnation: u64) -> Header {
         Header(((incarnation & INC_MASK) << INC_SHIFT) | (version & VERSION_MASK))
     }
@@ -58,10 +63,39 @@ impl Header {
     pub fn unlocked(self) -> Header {
         Header(self.0 & !LOCK)
     }
-    /// The next version, same incarnation, unlocked (wraps after 2^40).
-    pub fn next(self) -> Header {
-        Header::new(self.version().wrapping_add(1), self.incarnation())
+    /// Whether the slot holds no object.
+    pub fn is_free(self) -> bool {
+        self.0 & FREE != 0
     }
+    /// The header of a slot that holds no object.
+    pub fn free(version: u64, incarnation: u64) -> Header {
+        Header(Header::new(version, incarnation).0 | FREE)
+    }
+    /// The next version, same incarnation and free bit, unlocked (wraps
+    /// after 2^40).
+    pub fn next(self) -> Header {
+        Header(Header::new(self.version().wrapping_add(1), self.incarnation()).0 | (self.0 & FREE))
+    }
+    /// The header a commit leaves: the next version, allocated (`Update`
+    /// and `Alloc`), or free at the next incarnation (`Free`).
+    pub fn after(self, op: WriteOp) -> Header {
+        let v = self.version().wrapping_add(1);
+        match op {
+            WriteOp::Update | WriteOp::Alloc => Header::new(v, self.incarnation()),
+            WriteOp::Free => Header::free(v, self.incarnation().wrapping_add(1)),
+        }
+    }
+}
+
+/// What a committed write does to its object.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WriteOp {
+    /// A new value of a live object.
+    Update,
+    /// The first value of an object allocated by the transaction.
+    Alloc,
+    /// The object is freed (its slot goes back to the allocator).
+    Free,
 }
 
 /// Lines an object of `payload` bytes takes.
@@ -218,6 +252,16 @@ mod tests {
         assert_eq!(h.with_lock().unlocked(), h);
         assert_eq!(h.next().version(), 0, "versions wrap");
         assert_eq!(h.next().incarnation(), INC_MASK);
+        let f = Header::free(7, 2);
+        assert!(f.is_free() && !f.locked());
+        assert!(f.next().is_free(), "next keeps the free bit");
+        assert_eq!(f.after(WriteOp::Alloc), Header::new(8, 2));
+        assert_eq!(
+            f.after(WriteOp::Alloc).after(WriteOp::Free),
+            Header::free(9, 3)
+        );
+        assert_eq!(Header::new(1, 0).after(WriteOp::Update), Header::new(2, 0));
+        assert_eq!(f.with_lock().unlocked(), f);
         assert_eq!(lines(0), 1);
         assert_eq!(lines(56), 1);
         assert_eq!(lines(57), 2);

@@ -9,12 +9,15 @@
 //! LOCK, COMMIT-BACKUP
 //!            regions u16, then each region u32;
 //!            objects u16, then each: region u32, offset u64, version u64,
+//!                                    op u8 (update, alloc, free),
 //!                                    len u32, len bytes of new value
 //! COMMIT-PRIMARY, ABORT
 //!            (no body)
 //! TRUNCATE   count u16, then each txid (16 bytes)
 //! LOCK-REPLY ok u8
 //! VALIDATE   objects u16, then each: region u32, offset u64, version u64
+//! ALLOC      region u32, payload bytes u32
+//! ALLOC-REPLY found u8, then (if found) offset u64, header u64
 //! ```
 //!
 //! A ring record's payload is an [`Envelope`]: the head of the ring the
@@ -25,6 +28,7 @@
 //! envelope   head u64 | truncate count u16 | each txid | record
 //! ```
 
+use crate::object::{Header, WriteOp};
 use std::fmt;
 
 /// FaRM's transaction id: ⟨configuration, machine, thread, local⟩, unique
@@ -68,9 +72,18 @@ pub struct ObjAddr {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Write {
     pub at: ObjAddr,
-    /// The version the transaction read (LOCK locks at it).
+    /// The header word the transaction read (LOCK locks at it).
     pub version: u64,
+    /// What the commit does to the object.
+    pub op: WriteOp,
     pub value: Vec<u8>,
+}
+
+impl Write {
+    /// The header the commit leaves on the object.
+    pub fn new_header(&self) -> Header {
+        Header(self.version).after(self.op)
+    }
 }
 
 /// A record of the commit protocol.
@@ -102,6 +115,11 @@ pub enum Record {
         tx: TxId,
         objects: Vec<(ObjAddr, u64)>,
     },
+    /// To a region's primary: reserve a slot for an object of `len` bytes.
+    Alloc { tx: TxId, region: u32, len: u32 },
+    /// The primary's answer: the slot's offset and free header, or none
+    /// (the region is full).
+    AllocReply { tx: TxId, slot: Option<(u64, u64)> },
 }
 
 const LOCK: u8 = 1;
@@ -111,6 +129,8 @@ const ABORT: u8 = 4;
 const TRUNCATE: u8 = 5;
 const LOCK_REPLY: u8 = 6;
 const VALIDATE: u8 = 7;
+const ALLOC: u8 = 8;
+const ALLOC_REPLY: u8 = 9;
 
 /// Why bytes are not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,6 +220,11 @@ fn put_body(out: &mut Vec<u8>, regions: &[u32], writes: &[Write]) -> Result<(), 
         out.extend_from_slice(&w.at.region.to_le_bytes());
         out.extend_from_slice(&w.at.offset.to_le_bytes());
         out.extend_from_slice(&w.version.to_le_bytes());
+        out.push(match w.op {
+            WriteOp::Update => 0,
+            WriteOp::Alloc => 1,
+            WriteOp::Free => 2,
+        });
         out.extend_from_slice(&(w.value.len() as u32).to_le_bytes());
         out.extend_from_slice(&w.value);
     }
@@ -222,6 +247,12 @@ fn get_body(r: &mut Reader<'_>) -> Result<(Vec<u32>, Vec<Write>), RecordError> {
             offset: r.u64()?,
         };
         let version = r.u64()?;
+        let op = match r.u8()? {
+            0 => WriteOp::Update,
+            1 => WriteOp::Alloc,
+            2 => WriteOp::Free,
+            k => return Err(RecordError::UnknownKind(k)),
+        };
         let len = r.u32()? as usize;
         if len > MAX_VALUE {
             return Err(RecordError::TooMany {
@@ -230,7 +261,12 @@ fn get_body(r: &mut Reader<'_>) -> Result<(Vec<u32>, Vec<Write>), RecordError> {
             });
         }
         let value = r.take(len)?.to_vec();
-        writes.push(Write { at, version, value });
+        writes.push(Write {
+            at,
+            version,
+            op,
+            value,
+        });
     }
     Ok((regions, writes))
 }
@@ -288,6 +324,21 @@ impl Record {
                     out.extend_from_slice(&version.to_le_bytes());
                 }
             }
+            Record::Alloc { tx, region, len } => {
+                out.push(ALLOC);
+                tx.put(&mut out);
+                out.extend_from_slice(&region.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+            Record::AllocReply { tx, slot } => {
+                out.push(ALLOC_REPLY);
+                tx.put(&mut out);
+                out.push(u8::from(slot.is_some()));
+                if let Some((offset, header)) = slot {
+                    out.extend_from_slice(&offset.to_le_bytes());
+                    out.extend_from_slice(&header.to_le_bytes());
+                }
+            }
         }
         Ok(out)
     }
@@ -307,7 +358,7 @@ impl Record {
                 n => Err(RecordError::Trailing(n)),
             };
         }
-        if !(LOCK..=VALIDATE).contains(&kind) {
+        if !(LOCK..=ALLOC_REPLY).contains(&kind) {
             return Err(RecordError::UnknownKind(kind));
         }
         let tx = TxId::get(&mut r)?;
@@ -350,6 +401,19 @@ impl Record {
                 }
                 Record::Validate { tx, objects }
             }
+            ALLOC => Record::Alloc {
+                tx,
+                region: r.u32()?,
+                len: r.u32()?,
+            },
+            ALLOC_REPLY => Record::AllocReply {
+                tx,
+                slot: match r.u8()? {
+                    0 => None,
+                    1 => Some((r.u64()?, r.u64()?)),
+                    k => return Err(RecordError::UnknownKind(k)),
+                },
+            },
             k => return Err(RecordError::UnknownKind(k)),
         };
         match bytes.len() - r.at {
@@ -429,11 +493,13 @@ mod tests {
                 any::<u32>(),
                 any::<u64>(),
                 any::<u64>(),
+                0u8..3,
                 proptest::collection::vec(any::<u8>(), 0..100),
             )
-                .prop_map(|(region, offset, version, value)| Write {
+                .prop_map(|(region, offset, version, op, value)| Write {
                     at: ObjAddr { region, offset },
                     version,
+                    op: [WriteOp::Update, WriteOp::Alloc, WriteOp::Free][op as usize],
                     value,
                 }),
             0..6,
@@ -468,6 +534,13 @@ mod tests {
                         .map(|(region, offset, v)| (ObjAddr { region, offset }, v))
                         .collect()
                 }),
+            (tx(), any::<u32>(), any::<u32>()).prop_map(|(tx, region, len)| Record::Alloc {
+                tx,
+                region,
+                len
+            }),
+            (tx(), proptest::option::of((any::<u64>(), any::<u64>())))
+                .prop_map(|(tx, slot)| Record::AllocReply { tx, slot }),
         ]
     }
 
@@ -524,6 +597,7 @@ mod tests {
                     offset: 0,
                 },
                 version: 0,
+                op: WriteOp::Update,
                 value: vec![0; MAX_VALUE + 1],
             }],
         };
@@ -546,6 +620,6 @@ mod tests {
             Record::decode(&b),
             Err(RecordError::Truncated { .. })
         ));
-        assert_eq!(Record::decode(&[9; 17]), Err(RecordError::UnknownKind(9)));
+        assert_eq!(Record::decode(&[42; 17]), Err(RecordError::UnknownKind(42)));
     }
 }

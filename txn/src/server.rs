@@ -23,9 +23,10 @@
 //! not hold, is counted and refused (a LOCK so named is answered no),
 //! never a panic.
 
+use crate::alloc::{Reserved, SharedAllocator};
 use crate::error::TxError;
 use crate::layout::Geometry;
-use crate::object::{self, object_bytes, Header, LINE};
+use crate::object::{self, object_bytes, Header, WriteOp, LINE};
 use crate::records::{Envelope, Record, TxId, Write};
 use crate::regions::RegionMap;
 use crate::ring::{Receiver, Sender};
@@ -63,6 +64,11 @@ pub struct ServerStats {
     pub head_reports: u64,
     /// Records refused as not ours or naming what they may not.
     pub bad_records: u64,
+    /// Slots reserved by ALLOC, and ALLOCs refused (region full).
+    pub allocs: u64,
+    pub allocs_refused: u64,
+    /// Block header WRITEs to backups (one per backup a formatted block).
+    pub block_writes: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -80,6 +86,9 @@ impl std::ops::AddAssign for ServerStats {
         self.replies += o.replies;
         self.head_reports += o.head_reports;
         self.bad_records += o.bad_records;
+        self.allocs += o.allocs;
+        self.allocs_refused += o.allocs_refused;
+        self.block_writes += o.block_writes;
     }
 }
 
@@ -98,6 +107,8 @@ pub struct Server {
     installed: HashSet<TxId>,
     /// COMMIT-BACKUP values held until truncation.
     backup: HashMap<TxId, Vec<Write>>,
+    /// The machine's allocator, shared with its other server threads.
+    alloc: SharedAllocator,
     stats: ServerStats,
     buf: Vec<u8>,
 }
@@ -111,6 +122,7 @@ impl Server {
         map: Arc<RegionMap>,
         machine: NodeId,
         thread: u16,
+        alloc: SharedAllocator,
     ) -> Result<Server, TxError> {
         geo.check()?;
         let ms = 0..geo.machines;
@@ -131,6 +143,7 @@ impl Server {
             locked: HashMap::new(),
             installed: HashSet::new(),
             backup: HashMap::new(),
+            alloc,
             stats: ServerStats::default(),
             buf: Vec::new(),
         })
@@ -223,7 +236,7 @@ impl Server {
                 } else {
                     self.stats.locks_refused += 1;
                 }
-                self.reply(ctx, from, tx, ok).await?;
+                self.answer(ctx, from, Record::LockReply { tx, ok }).await?;
             }
             Record::Validate { tx, objects } => {
                 self.stats.validations += 1;
@@ -237,7 +250,12 @@ impl Server {
                         }
                     }
                 }
-                self.reply(ctx, from, tx, ok).await?;
+                self.answer(ctx, from, Record::LockReply { tx, ok }).await?;
+            }
+            Record::Alloc { tx, region, len } => {
+                let slot = self.reserve(ctx, tx, region, len as usize).await?;
+                self.answer(ctx, from, Record::AllocReply { tx, slot })
+                    .await?;
             }
             Record::CommitBackup { tx, writes, .. } => {
                 let ours = writes.iter().all(|w| {
@@ -253,11 +271,16 @@ impl Server {
             }
             Record::CommitPrimary { tx } => match self.locked.remove(&tx) {
                 Some(writes) => {
+                    let mut alloc = self.alloc.lock().expect("no panics hold it");
                     for w in &writes {
                         let off = self.primary_off(w.at, object_bytes(w.value.len()));
                         let off = off.expect("LOCK checked every object is ours");
-                        put_object(ctx, off, Header(w.version).next(), &w.value)?;
+                        put_object(ctx, off, w.new_header(), &w.value)?;
+                        if w.op == WriteOp::Free {
+                            alloc.put_back(w.at, w.value.len());
+                        }
                     }
+                    alloc.settle(tx, false);
                     self.stats.installs += 1;
                     self.installed.insert(tx);
                 }
@@ -268,13 +291,18 @@ impl Server {
                     self.unlock(ctx, &writes)?;
                     self.stats.aborts += 1;
                 }
+                // What it allocated here goes back to the free lists.
+                self.alloc
+                    .lock()
+                    .expect("no panics hold it")
+                    .settle(tx, true);
             }
             Record::Truncate { txs } => {
                 for t in txs {
                     self.truncate(ctx, t)?;
                 }
             }
-            Record::LockReply { .. } => self.stats.bad_records += 1,
+            Record::LockReply { .. } | Record::AllocReply { .. } => self.stats.bad_records += 1,
         }
         Ok(())
     }
@@ -317,17 +345,16 @@ impl Server {
         Ok(())
     }
 
-    async fn reply<N: Nic>(
+    async fn answer<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         to: NodeId,
-        tx: TxId,
-        ok: bool,
+        record: Record,
     ) -> Result<(), TxError> {
         let env = Envelope {
             head: self.logs[to as usize].piggyback_head(),
             truncate: Vec::new(),
-            record: Record::LockReply { tx, ok },
+            record,
         };
         let deadline = ctx.now_ns() + REPLY_WAIT_NS;
         self.replies[to as usize]
@@ -335,6 +362,59 @@ impl Server {
             .await?;
         self.stats.replies += 1;
         Ok(())
+    }
+
+    /// ALLOC: a slot of `region` reserved for `tx`, or none; a block
+    /// formatted for it has its header line replicated to the backups.
+    async fn reserve<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        region: u32,
+        len: usize,
+    ) -> Result<Option<(u64, u64)>, TxError> {
+        let r = match self.map.get(region) {
+            Ok(r) if r.primary.machine == self.machine => r.clone(),
+            _ => {
+                self.stats.bad_records += 1;
+                return Ok(None);
+            }
+        };
+        if len == 0 || len > object::MAX_PAYLOAD || self.geo.blocks() == 0 {
+            self.stats.allocs_refused += 1;
+            return Ok(None);
+        }
+        let (got, formatted) = self.alloc.lock().expect("no panics hold it").reserve(
+            ctx,
+            tx,
+            region,
+            r.primary.base,
+            self.geo.static_bytes,
+            self.geo.block_bytes,
+            self.geo.blocks(),
+            len,
+        )?;
+        if let Some(block) = formatted {
+            let mut head = [0u8; LINE];
+            ctx.local().read(r.primary.base + block, &mut head)?;
+            let mut b = ctx.batch();
+            let backups = crate::alloc::backup_block_headers(&self.map, region, block)?;
+            for at in &backups {
+                b.write_bytes(*at, &head);
+            }
+            b.submit().await?;
+            self.stats.block_writes += backups.len() as u64;
+        }
+        Ok(match got {
+            Reserved::Slot(at, h) => {
+                self.stats.allocs += 1;
+                Some((at.offset, h.0))
+            }
+            Reserved::Full => {
+                self.stats.allocs_refused += 1;
+                None
+            }
+        })
     }
 
     fn truncate<N: Nic>(&mut self, ctx: &Ctx<N>, t: TxId) -> Result<(), TxError> {
@@ -349,7 +429,7 @@ impl Server {
             let off = at
                 .expect("COMMIT-BACKUP checked the replica is here")
                 .offset();
-            let new = Header(w.version).next();
+            let new = w.new_header();
             // Other server threads of this machine apply to the same copy:
             // the header's lock bit keeps them apart (a local CAS, atomic
             // against theirs; nothing else touches a backup copy).

@@ -22,6 +22,8 @@ fn geo(machines: u16, threads: u16, f: usize) -> Geometry {
         f,
         regions_per_machine: 1,
         region_bytes: 64 << 10,
+        static_bytes: 64 << 10,
+        block_bytes: 1 << 20,
         log_bytes: 64 << 10,
         reply_bytes: 4 << 10,
     }

@@ -1,0 +1,186 @@
+//! FaRM's slab allocator (§3, §5.5): the part of every region past its
+//! fixed tables is cut into blocks (1 MiB), each serving objects of one
+//! size; a block's first line is its header (the object size), written at
+//! the primary and replicated to the backups when the block is formatted;
+//! the free lists live at the primary only, with its server threads.
+//!
+//! Allocation is part of a transaction: ALLOC reserves a free slot for the
+//! transaction at the region's primary; its commit writes the object (a
+//! write whose LOCK takes the slot's free header), and ABORT gives the
+//! slot back. Freeing is a write too: the committed header is free at the
+//! next incarnation, and the slot goes back to its free list once
+//! installed. A slot's header carries the free bit from the block's
+//! formatting on, so a read of a freed or never-allocated object is an
+//! error, never a value.
+//!
+//! ```text
+//! block      line 0: BLOCK_MAGIC << 32 | object payload bytes
+//!            then slots of object_bytes(payload) each
+//! ```
+
+use crate::object::{self, object_bytes, Header, LINE};
+use crate::records::{ObjAddr, TxId};
+use crate::regions::RegionMap;
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// FaRM's block size.
+pub const BLOCK_BYTES: u64 = 1 << 20;
+
+/// Marks a formatted block header (the high word).
+pub const BLOCK_MAGIC: u64 = 0x5a1b;
+
+/// The block header word for objects of `payload` bytes.
+pub fn block_word(payload: usize) -> u64 {
+    (BLOCK_MAGIC << 32) | payload as u64
+}
+
+/// The object size a block header word names, if it is one.
+pub fn block_class(word: u64) -> Option<usize> {
+    (word >> 32 == BLOCK_MAGIC && (1..=object::MAX_PAYLOAD as u64).contains(&(word & 0xffff_ffff)))
+        .then_some((word & 0xffff_ffff) as usize)
+}
+
+/// Where an allocator's address lies: its block's offset in the region,
+/// and whether the address is a slot of that block (given the block's
+/// object size).
+pub fn slot_of(
+    static_bytes: u64,
+    block_bytes: u64,
+    offset: u64,
+    payload: usize,
+) -> Option<(u64, bool)> {
+    let rel = offset.checked_sub(static_bytes)?;
+    let block = static_bytes + rel / block_bytes * block_bytes;
+    let within = offset - block;
+    let size = object_bytes(payload) as u64;
+    let slots = (block_bytes - LINE as u64) / size;
+    let ok = within >= LINE as u64
+        && (within - LINE as u64).is_multiple_of(size)
+        && (within - LINE as u64) / size < slots;
+    Some((block, ok))
+}
+
+/// One region's slabs at its primary.
+#[derive(Default)]
+struct Slabs {
+    /// Blocks formatted so far (they are used in order).
+    formatted: u64,
+    /// Free slots (region offsets) by object payload size.
+    free: BTreeMap<usize, Vec<u64>>,
+}
+
+/// A machine's allocator state, shared by its server threads.
+#[derive(Default)]
+pub struct Allocator {
+    regions: BTreeMap<u32, Slabs>,
+    /// Slots reserved for transactions not yet committed or aborted.
+    reserved: HashMap<TxId, Vec<(ObjAddr, usize)>>,
+}
+
+/// The allocator of one machine, for its server threads.
+pub type SharedAllocator = Arc<Mutex<Allocator>>;
+
+/// What ALLOC found.
+pub enum Reserved {
+    /// A slot: its address and its (free) header.
+    Slot(ObjAddr, Header),
+    /// The region has no room for another object of that size.
+    Full,
+}
+
+impl Allocator {
+    /// Reserves a slot of region `region` (whose primary is this machine,
+    /// at local offset `base`) for an object of `payload` bytes, formatting
+    /// a new block if none has one free. Returns the block's header line
+    /// to replicate when a block was formatted.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reserve<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        region: u32,
+        base: u64,
+        static_bytes: u64,
+        block_bytes: u64,
+        blocks: u64,
+        payload: usize,
+    ) -> Result<(Reserved, Option<u64>), crate::TxError> {
+        let slabs = self.regions.entry(region).or_default();
+        let mut formatted = None;
+        if slabs.free.get(&payload).is_none_or(|f| f.is_empty()) {
+            if slabs.formatted == blocks {
+                return Ok((Reserved::Full, None));
+            }
+            let block = static_bytes + slabs.formatted * block_bytes;
+            slabs.formatted += 1;
+            let size = object_bytes(payload) as u64;
+            let slots = (block_bytes - LINE as u64) / size;
+            let l = ctx.local();
+            let mut obj = vec![0u8; size as usize];
+            object::encode(Header::free(0, 0), &vec![0u8; payload], &mut obj)?;
+            for k in 0..slots {
+                l.write(base + block + LINE as u64 + k * size, &obj)?;
+            }
+            let mut head = [0u8; LINE];
+            head[..8].copy_from_slice(&block_word(payload).to_le_bytes());
+            l.write(base + block, &head)?;
+            // Popped from the end: the block's slots in address order.
+            let free = slabs.free.entry(payload).or_default();
+            free.extend((0..slots).rev().map(|k| block + LINE as u64 + k * size));
+            formatted = Some(block);
+        }
+        let offset = slabs
+            .free
+            .get_mut(&payload)
+            .and_then(Vec::pop)
+            .expect("a slot, or a fresh block of them");
+        let at = ObjAddr { region, offset };
+        let h = Header(ctx.local().load(base + offset)?);
+        debug_assert!(h.is_free() && !h.locked(), "a free-listed slot is free");
+        self.reserved.entry(tx).or_default().push((at, payload));
+        Ok((Reserved::Slot(at, h), formatted))
+    }
+
+    /// The transaction committed (its slots hold objects now) or aborted
+    /// (`release`: its slots go back to their free lists).
+    pub fn settle(&mut self, tx: TxId, release: bool) {
+        for (at, payload) in self.reserved.remove(&tx).unwrap_or_default() {
+            if release {
+                self.put_back(at, payload);
+            }
+        }
+    }
+
+    /// A freed object's slot is free again.
+    pub fn put_back(&mut self, at: ObjAddr, payload: usize) {
+        let slabs = self.regions.entry(at.region).or_default();
+        slabs.free.entry(payload).or_default().push(at.offset);
+    }
+
+    /// Slots reserved and not yet settled (tests).
+    pub fn reserved(&self) -> usize {
+        self.reserved.values().map(Vec::len).sum()
+    }
+}
+
+/// The block header line's copy on every backup of `region`.
+pub fn backup_block_headers(
+    map: &RegionMap,
+    region: u32,
+    block: u64,
+) -> Result<Vec<GlobalAddr>, crate::TxError> {
+    Ok(map.on_backups(
+        ObjAddr {
+            region,
+            offset: block,
+        },
+        LINE as u64,
+    )?)
+}
+
+/// The machine a region's primary is on.
+pub fn primary_machine(map: &RegionMap, region: u32) -> Result<NodeId, crate::TxError> {
+    Ok(map.get(region)?.primary.machine)
+}

@@ -1,0 +1,323 @@
+//! Allocation as part of transactions, on the simulator and on emu:
+//! allocated objects read back, freed and never-allocated ones are
+//! errors, aborts give slots back, a freed and reallocated object fails a
+//! reader's validation, a full region says so, and concurrent clients
+//! never share a slot.
+
+use nicdrv::rng::Rng;
+use nicdrv::sim::{for_each_seed, SimModel};
+use nicdrv::{Ctx, Nic};
+use txn::harness::{run_sim, run_threads, Client, Report};
+use txn::object::{decode, object_bytes};
+use txn::{Abort, Coordinator, Geometry, ObjAddr, Outcome, TxError};
+
+/// Small blocks (63 slots of one line) so that blocks fill and regions
+/// run out.
+fn geo(threads: u16) -> Geometry {
+    Geometry {
+        machines: 3,
+        threads,
+        f: 1,
+        regions_per_machine: 1,
+        region_bytes: 4096 + 2 * 4096,
+        static_bytes: 4096,
+        block_bytes: 4096,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    }
+}
+
+fn emu<C: Client<nicdrv::emu::EmuNic>>(
+    g: Geometry,
+    client: impl FnMut(u16, u16) -> C,
+) -> Report<C::Out> {
+    let host = g.host_bytes().unwrap();
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: g.machines as usize,
+        host_bytes: host,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .unwrap()
+    .with_machines(g.machines as usize)
+    .unwrap();
+    run_threads(
+        g,
+        |m| {
+            cluster
+                .machine_executor(m as usize, txn::harness::core_config())
+                .map_err(|e| e.to_string())
+        },
+        |m| {
+            let mut b = vec![0u8; host as usize];
+            cluster.node(m as usize).unwrap().host().read(0, &mut b);
+            b
+        },
+        client,
+    )
+    .unwrap()
+}
+
+fn value(i: u64) -> Vec<u8> {
+    let mut v = vec![0u8; 24];
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v[8..16].copy_from_slice(&(!i).to_le_bytes());
+    v
+}
+
+/// One client walks through every case, one transaction at a time.
+struct Cases {
+    active: bool,
+}
+
+async fn commit<N: Nic>(ctx: &Ctx<N>, c: &mut Coordinator, tx: txn::Tx) -> Result<(), TxError> {
+    match c.commit(ctx, tx).await? {
+        Outcome::Committed => Ok(()),
+        Outcome::Aborted(a) => panic!("aborted alone: {a}"),
+    }
+}
+
+impl<N: Nic> Client<N> for Cases {
+    type Out = ();
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<(), TxError> {
+        if !self.active {
+            return Ok(());
+        }
+        // Three objects allocated, written, committed, read back.
+        let mut tx = c.begin();
+        let mut objs = Vec::new();
+        for i in 0..3 {
+            let at = c.alloc(ctx, &mut tx, 0, 24).await?;
+            tx.write(at, &value(i))?;
+            objs.push(at);
+        }
+        assert!(
+            objs.iter().all(|a| a.offset >= 4096),
+            "in the allocator's blocks"
+        );
+        commit(ctx, c, tx).await?;
+        let mut tx = c.begin();
+        for (i, &at) in objs.iter().enumerate() {
+            assert_eq!(c.read(ctx, &mut tx, at, 24).await?, value(i as u64));
+        }
+        commit(ctx, c, tx).await?;
+        // Bad input: a larger value, a wrong size, a region that does not
+        // exist, a block never formatted, an address between slots.
+        let mut tx = c.begin();
+        c.read(ctx, &mut tx, objs[0], 24).await?;
+        assert!(matches!(
+            tx.write(objs[0], &[0; 25]),
+            Err(TxError::Usage(_))
+        ));
+        let r = c.read(ctx, &mut tx, objs[1], 30).await;
+        assert!(matches!(r, Err(TxError::NotAnObject(_))), "{r:?}");
+        let r = c
+            .read(
+                ctx,
+                &mut tx,
+                ObjAddr {
+                    region: 99,
+                    offset: 0,
+                },
+                8,
+            )
+            .await;
+        assert!(matches!(r, Err(TxError::Region(_))), "{r:?}");
+        let unformatted = ObjAddr {
+            region: 1,
+            offset: 4096 + 64,
+        };
+        let r = c.read(ctx, &mut tx, unformatted, 24).await;
+        assert!(matches!(r, Err(TxError::NotAnObject(_))), "{r:?}");
+        let between = ObjAddr {
+            region: 0,
+            offset: objs[0].offset + 8,
+        };
+        let r = c.read(ctx, &mut tx, between, 24).await;
+        assert!(matches!(r, Err(TxError::NotAnObject(_))), "{r:?}");
+        let fixed = ObjAddr {
+            region: 0,
+            offset: 0,
+        };
+        c.read(ctx, &mut tx, fixed, 8).await?;
+        assert!(
+            matches!(tx.free(fixed), Err(TxError::Usage(_))),
+            "fixed tables are not freed"
+        );
+        commit(ctx, c, tx).await?;
+        // Free one: reading it is an error after.
+        let mut tx = c.begin();
+        c.read(ctx, &mut tx, objs[2], 24).await?;
+        tx.free(objs[2])?;
+        assert!(matches!(
+            tx.write(objs[2], &value(9)),
+            Err(TxError::Usage(_))
+        ));
+        commit(ctx, c, tx).await?;
+        let mut tx = c.begin();
+        let r = c.read(ctx, &mut tx, objs[2], 24).await;
+        assert_eq!(r, Err(TxError::Freed(objs[2])));
+        // An allocation given up returns its slot: the freed one (the
+        // free list is last in, first out), then again after the abort.
+        let at = c.alloc(ctx, &mut tx, 0, 24).await?;
+        assert_eq!(at, objs[2], "the freed slot is reused");
+        c.abort(ctx, tx).await?;
+        let mut tx = c.begin();
+        assert_eq!(
+            c.alloc(ctx, &mut tx, 0, 24).await?,
+            objs[2],
+            "the abort gave it back"
+        );
+        tx.write(objs[2], &value(20))?;
+        commit(ctx, c, tx).await?;
+        // A reader of an object freed and reallocated meanwhile (same
+        // slot, next incarnation) fails validation.
+        let mut reader = c.begin();
+        c.read(ctx, &mut reader, objs[1], 24).await?;
+        c.read(ctx, &mut reader, objs[0], 24).await?;
+        let mut tx = c.begin();
+        c.read(ctx, &mut tx, objs[1], 24).await?;
+        tx.free(objs[1])?;
+        commit(ctx, c, tx).await?;
+        let mut tx = c.begin();
+        assert_eq!(c.alloc(ctx, &mut tx, 0, 24).await?, objs[1]);
+        tx.write(objs[1], &value(1))?;
+        commit(ctx, c, tx).await?;
+        reader.write(objs[0], &value(5))?;
+        assert_eq!(
+            c.commit(ctx, reader).await?,
+            Outcome::Aborted(Abort::Changed)
+        );
+        // A region fills: two blocks of 63 one-line slots.
+        let mut n = 0;
+        loop {
+            let mut tx = c.begin();
+            match c.alloc(ctx, &mut tx, 2, 8).await {
+                Ok(_) => {
+                    commit(ctx, c, tx).await?;
+                    n += 1;
+                }
+                Err(TxError::NoSpace { region: 2, len: 8 }) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        assert_eq!(n, 2 * 63);
+        Ok(())
+    }
+}
+
+#[test]
+fn allocation_cases_on_sim_and_emu() {
+    let g = geo(1);
+    for_each_seed("allocation_cases_on_sim_and_emu", 5, |seed| {
+        let (r, _) = run_sim(g, seed, SimModel::default(), |m, _| Cases {
+            active: m == 0,
+        })
+        .unwrap();
+        if let Some(e) = r.first_error() {
+            panic!("seed {seed}: {e}");
+        }
+    });
+    let r = emu(g, |m, _| Cases { active: m == 0 });
+    if let Some(e) = r.first_error() {
+        panic!("emu: {e}");
+    }
+}
+
+/// Each client allocates objects with values of its own, and frees some
+/// of its live ones, each in a transaction.
+struct Churn {
+    seed: u64,
+    client: u64,
+    steps: u32,
+}
+
+/// The client's live objects at the end, with their values.
+type Live = Vec<(ObjAddr, Vec<u8>)>;
+
+impl<N: Nic> Client<N> for Churn {
+    type Out = Live;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Live, TxError> {
+        let mut rng = Rng::new(self.seed);
+        let mut live: Live = Vec::new();
+        for i in 0..self.steps as u64 {
+            let mut tx = c.begin();
+            if !live.is_empty() && rng.below(3) == 0 {
+                let k = rng.below(live.len() as u64) as usize;
+                let at = live[k].0;
+                assert_eq!(
+                    c.read(ctx, &mut tx, at, 24).await?,
+                    live[k].1,
+                    "an object of mine changed"
+                );
+                tx.free(at)?;
+                if c.commit(ctx, tx).await? == Outcome::Committed {
+                    live.swap_remove(k);
+                }
+            } else {
+                let region = rng.below(3) as u32;
+                let v = value(self.client << 32 | i);
+                match c.alloc(ctx, &mut tx, region, 24).await {
+                    Ok(at) => {
+                        tx.write(at, &v)?;
+                        if c.commit(ctx, tx).await? == Outcome::Committed {
+                            live.push((at, v));
+                        }
+                    }
+                    Err(TxError::NoSpace { .. }) => c.abort(ctx, tx).await?,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(live)
+    }
+}
+
+fn no_shared_slots(g: Geometry, r: &Report<Live>) {
+    if let Some(e) = r.first_error() {
+        panic!("{e}");
+    }
+    let map = g.region_map().unwrap();
+    let mut all: Vec<ObjAddr> = Vec::new();
+    for c in &r.clients {
+        for (at, v) in c.out.as_ref().unwrap() {
+            all.push(*at);
+            let n = object_bytes(24);
+            let p = map.on_primary(*at, n as u64).unwrap();
+            let mut out = vec![0u8; 24];
+            let h = decode(
+                &r.memory[p.node() as usize][p.offset() as usize..][..n],
+                &mut out,
+            )
+            .unwrap()
+            .expect("a consistent copy");
+            assert!(!h.is_free(), "a live object's slot is free");
+            assert_eq!(&out, v, "a live object lost its value");
+        }
+    }
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "two live objects share a slot");
+    assert!(n > 0);
+}
+
+#[test]
+fn concurrent_clients_never_share_a_slot() {
+    let g = geo(2);
+    for_each_seed("concurrent_clients_never_share_a_slot", 40, |seed| {
+        let (r, _) = run_sim(g, seed, SimModel::default(), |m, t| Churn {
+            seed: seed * 100 + (m * 2 + t) as u64,
+            client: (m * 2 + t) as u64,
+            steps: 40,
+        })
+        .unwrap();
+        no_shared_slots(g, &r);
+    });
+    let r = emu(geo(1), |m, t| Churn {
+        seed: (m * 2 + t) as u64,
+        client: (m * 2 + t) as u64,
+        steps: 300,
+    });
+    no_shared_slots(geo(1), &r);
+}
