@@ -62,6 +62,7 @@ fn geometry(cfg: &DemoConfig) -> Geometry {
         threads,
         f: replicas - 1,
         regions_per_machine: 1,
+        spare_regions_per_machine: 0,
         region_bytes: mix.region_bytes(machines as u32),
         static_bytes: mix.region_bytes(machines as u32),
         block_bytes: txn::alloc::BLOCK_BYTES,

@@ -144,6 +144,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         threads: a.threads,
         f: a.replicas - 1,
         regions_per_machine,
+        spare_regions_per_machine: 0,
         region_bytes: m.region_bytes(regions_per_machine * machines as u32),
         static_bytes: m.region_bytes(regions_per_machine * machines as u32),
         block_bytes: txn::alloc::BLOCK_BYTES,

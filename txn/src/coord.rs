@@ -35,11 +35,10 @@ use crate::error::{Abort, TxError};
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
-use crate::regions::RegionMap;
+use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Reservation, RingError, Sender};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 /// Most objects read at one primary that are validated by a READ each;
 /// more go in one VALIDATE message (FaRM §4: "more than four").
@@ -100,8 +99,8 @@ pub struct CoordStats {
     pub object_reads: u64,
     /// Bytes of every record appended.
     pub log_bytes: u64,
-    /// ALLOC and ABORT records outside commits (allocation; giving up a
-    /// transaction that allocated).
+    /// Records outside commits: ALLOC, ABORT of a transaction given up
+    /// after allocating, NEW-REGION.
     pub alloc_records: u64,
     /// READs of allocator block headers (once a block).
     pub block_reads: u64,
@@ -252,7 +251,7 @@ impl Dest {
 /// Coordinator thread `thread` of machine `machine`.
 pub struct Coordinator {
     geo: Geometry,
-    map: Arc<RegionMap>,
+    map: SharedMap,
     machine: NodeId,
     thread: u16,
     config: u32,
@@ -264,6 +263,10 @@ pub struct Coordinator {
     /// Object sizes of the allocator blocks seen (a block's size never
     /// changes once formatted).
     blocks: HashMap<(u32, u64), usize>,
+    /// As the configuration manager (machine 0, thread 0): regions
+    /// created, and spare slots used on each machine.
+    created: u32,
+    spare_used: Vec<u64>,
     stats: CoordStats,
     buf: Vec<u8>,
 }
@@ -275,7 +278,7 @@ impl Coordinator {
     pub fn open<N: Nic>(
         ctx: &Ctx<N>,
         geo: Geometry,
-        map: Arc<RegionMap>,
+        map: SharedMap,
         machine: NodeId,
         thread: u16,
         config: u32,
@@ -306,6 +309,8 @@ impl Coordinator {
             replies,
             pending: vec![Vec::new(); geo.machines as usize],
             blocks: HashMap::new(),
+            created: 0,
+            spare_used: vec![0; geo.machines as usize],
             stats: CoordStats::default(),
             buf: Vec::new(),
         })
@@ -315,8 +320,9 @@ impl Coordinator {
         self.stats
     }
 
-    pub fn map(&self) -> &RegionMap {
-        &self.map
+    /// This machine's region map (a read lock: drop it before awaiting).
+    pub fn map(&self) -> std::sync::RwLockReadGuard<'_, RegionMap> {
+        self.map.read().expect("no panics hold the map")
     }
 
     /// A new transaction.
@@ -383,7 +389,8 @@ impl Coordinator {
                 object::MAX_PAYLOAD
             )));
         }
-        let addr = self.map.on_primary(at, object_bytes(len) as u64)?;
+        self.map().visible(at.region)?;
+        let addr = self.map().on_primary(at, object_bytes(len) as u64)?;
         if at.offset >= self.geo.static_bytes {
             self.check_slot(ctx, at, len).await?;
         }
@@ -429,7 +436,7 @@ impl Coordinator {
                     region: at.region,
                     offset: block,
                 };
-                let a = self.map.on_primary(head, 8)?;
+                let a = self.map().on_primary(head, 8)?;
                 let w = ctx.read(a, 8).await?.u64_at(0);
                 self.stats.block_reads += 1;
                 let Some(c) = crate::alloc::block_class(w) else {
@@ -469,7 +476,8 @@ impl Coordinator {
                 object::MAX_PAYLOAD
             )));
         }
-        let p = self.map.get(region)?.primary.machine;
+        self.map().visible(region)?;
+        let p = self.map().get(region)?.primary.machine;
         let env = Envelope {
             head: self.replies[p as usize].piggyback_head(),
             truncate: Vec::new(),
@@ -516,6 +524,84 @@ impl Coordinator {
         tx.writes.insert(at, vec![0; len]);
         tx.ops.insert(at, WriteOp::Alloc);
         Ok(at)
+    }
+
+    /// Creates a region (as FaRM's configuration manager does; here the
+    /// coordinator of machine 0, thread 0): its primary and f backups on
+    /// consecutive machines, each in a spare slot of its memory. Two
+    /// phases: PREPARE to the replicas (each checks the slot is free,
+    /// zeroes it and serves the region, hidden from coordinators), then
+    /// COMMIT to every machine (the region joins its map for
+    /// coordinators); the region exists once every machine answered.
+    /// Returns its id.
+    pub async fn create_region<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<u32, TxError> {
+        if (self.machine, self.thread) != (0, 0) {
+            return Err(TxError::Usage(
+                "regions are created by the configuration manager (machine 0, thread 0)".into(),
+            ));
+        }
+        let g = self.geo;
+        let id = g.regions() + self.created;
+        let m = g.machines as u32;
+        let machines: Vec<NodeId> = (0..=g.f as u32)
+            .map(|j| ((id % m + j) % m) as NodeId)
+            .collect();
+        if machines
+            .iter()
+            .any(|&mc| self.spare_used[mc as usize] >= g.spare_slots())
+        {
+            return Err(TxError::Usage(format!(
+                "no spare memory for region {id}: {} spare regions a machine are in use",
+                g.spare_regions_per_machine
+            )));
+        }
+        let replicas: Vec<(u16, u64)> = machines
+            .iter()
+            .map(|&mc| (mc, g.spare_base(self.spare_used[mc as usize])))
+            .collect();
+        let tx = self.begin().id;
+        // Replicas serve the region from PREPARE on, but no coordinator
+        // uses it before COMMIT, which goes out once every replica
+        // prepared: a coordinator that finds it in its map finds it served.
+        for commit in [false, true] {
+            let to: Vec<NodeId> = if commit {
+                (0..g.machines).collect()
+            } else {
+                machines.clone()
+            };
+            for &d in &to {
+                let env = Envelope {
+                    head: self.replies[d as usize].piggyback_head(),
+                    truncate: Vec::new(),
+                    record: Record::NewRegion {
+                        tx,
+                        region: id,
+                        bytes: g.region_bytes,
+                        replicas: replicas.clone(),
+                        commit,
+                    },
+                };
+                let bytes = env.encode()?;
+                let deadline = ctx.now_ns() + LOG_WAIT_NS;
+                self.logs[d as usize]
+                    .append(ctx, &bytes, Some(deadline))
+                    .await?;
+                self.stats.alloc_records += 1;
+                self.stats.log_bytes += bytes.len() as u64;
+            }
+            let answers = self.answers(ctx, tx, &to).await?;
+            if let Some((d, _)) = answers.iter().find(|a| !a.1) {
+                let phase = if commit { "commit" } else { "prepare" };
+                return Err(TxError::Protocol(format!(
+                    "machine {d} refused to {phase} region {id}"
+                )));
+            }
+        }
+        for &mc in &machines {
+            self.spare_used[mc as usize] += 1;
+        }
+        self.created += 1;
+        Ok(id)
     }
 
     /// Gives `tx` up without committing: nothing it wrote was ever
@@ -585,10 +671,11 @@ impl Coordinator {
 
     /// Every record the commit may send, by machine.
     fn plan(&self, tx: &Tx) -> Result<BTreeMap<NodeId, Dest>, TxError> {
+        let map = self.map();
         let mut locks: BTreeMap<NodeId, (BTreeSet<u32>, Vec<Write>)> = BTreeMap::new();
         let mut backups: BTreeMap<NodeId, (BTreeSet<u32>, Vec<Write>)> = BTreeMap::new();
         for (at, value) in &tx.writes {
-            let region = self.map.get(at.region)?;
+            let region = map.get(at.region)?;
             let w = Write {
                 at: *at,
                 version: tx.reads[at].header.0,
@@ -607,7 +694,7 @@ impl Coordinator {
         let mut reads: BTreeMap<NodeId, Vec<(ObjAddr, Header)>> = BTreeMap::new();
         for (at, seen) in &tx.reads {
             if !tx.writes.contains_key(at) {
-                let p = self.map.get(at.region)?.primary.machine;
+                let p = map.get(at.region)?.primary.machine;
                 reads.entry(p).or_default().push((*at, seen.header));
             }
         }
@@ -651,7 +738,7 @@ impl Coordinator {
                 dest.validate = Some(env(d, Record::Validate { tx: tx.id, objects })?);
             } else {
                 for (at, h) in objs {
-                    dest.validate_reads.push((self.map.on_primary(at, 8)?, h));
+                    dest.validate_reads.push((map.on_primary(at, 8)?, h));
                 }
             }
         }

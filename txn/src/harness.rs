@@ -124,7 +124,7 @@ fn tasks<N: Nic, C: Client<N>>(
     geo: Geometry,
     mut client: impl FnMut(u16, u16) -> C,
 ) -> Result<Planned<N, C::Out>, TxError> {
-    let map = Arc::new(geo.region_map()?);
+    let map0 = geo.region_map()?;
     let sink = Arc::new(Sink {
         clients: Mutex::new(Vec::new()),
         servers: Mutex::new(Vec::new()),
@@ -132,8 +132,10 @@ fn tasks<N: Nic, C: Client<N>>(
     });
     let mut cores = Vec::new();
     for m in 0..geo.machines {
-        // One allocator a machine, shared by its server threads.
+        // One allocator and one region map a machine, shared by its
+        // threads.
         let alloc = crate::alloc::SharedAllocator::default();
+        let map: crate::regions::SharedMap = Arc::new(std::sync::RwLock::new(map0.clone()));
         for t in 0..geo.threads {
             let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
             let server: Task<N> = Box::new(move |ctx| {

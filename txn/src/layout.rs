@@ -39,6 +39,10 @@ pub struct Geometry {
     /// Backups per region (f ≥ 1; f + 1 replicas).
     pub f: usize,
     pub regions_per_machine: u32,
+    /// Regions each machine can be the primary of beyond those placed at
+    /// the start: memory set aside on every machine for regions created
+    /// at run time.
+    pub spare_regions_per_machine: u32,
     pub region_bytes: u64,
     /// Bytes at the start of every region that hold the workload's fixed
     /// tables (objects there are live from the start); the rest of the
@@ -144,10 +148,27 @@ impl Geometry {
 
     /// Host bytes every machine needs.
     pub fn host_bytes(&self) -> Option<u64> {
+        let slots = self.regions_per_machine as u64 + self.spare_regions_per_machine as u64;
         let replicas = (self.f as u64 + 1)
-            .checked_mul(self.regions_per_machine as u64)?
+            .checked_mul(slots)?
             .checked_mul(self.region_bytes)?;
         self.replicas_off().checked_add(replicas)
+    }
+
+    /// Replica slots on every machine for regions created at run time.
+    pub fn spare_slots(&self) -> u64 {
+        (self.f as u64 + 1) * self.spare_regions_per_machine as u64
+    }
+
+    /// The base of spare slot `k` (0..spare_slots) in a machine's memory.
+    pub fn spare_base(&self, k: u64) -> u64 {
+        self.replicas_off()
+            + ((self.f as u64 + 1) * self.regions_per_machine as u64 + k) * self.region_bytes
+    }
+
+    /// Regions that can be created at run time (ids from [`Geometry::regions`] on).
+    pub fn creatable(&self) -> u32 {
+        self.spare_regions_per_machine * self.machines as u32
     }
 
     /// Word `k` (0..6) of the pair (thread, machine) in a machine's words.
@@ -218,6 +239,7 @@ impl Geometry {
             threads,
             f: replicas.saturating_sub(1),
             regions_per_machine,
+            spare_regions_per_machine: 0,
             region_bytes: static_bytes + blocks * block_bytes,
             static_bytes,
             block_bytes,
@@ -258,6 +280,7 @@ mod tests {
             threads: 2,
             f: 2,
             regions_per_machine: 3,
+            spare_regions_per_machine: 1,
             region_bytes: 1 << 16,
             static_bytes: 1 << 15,
             block_bytes: 1 << 12,
@@ -285,6 +308,11 @@ mod tests {
                     }
                 }
             }
+        }
+        for k in 0..g.spare_slots() {
+            spans
+                .iter_mut()
+                .for_each(|s| s.push((g.spare_base(k), g.region_bytes)));
         }
         let map = g.region_map().unwrap();
         assert_eq!(map.len(), 12);

@@ -17,6 +17,8 @@
 //! LOCK-REPLY ok u8
 //! VALIDATE   objects u16, then each: region u32, offset u64, version u64
 //! ALLOC      region u32, payload bytes u32
+//! NEW-REGION region u32, bytes u64, commit u8, replicas u16, then each:
+//!            machine u16, base u64
 //! ALLOC-REPLY found u8, then (if found) offset u64, header u64
 //! ```
 //!
@@ -120,6 +122,17 @@ pub enum Record {
     /// The primary's answer: the slot's offset and free header, or none
     /// (the region is full).
     AllocReply { tx: TxId, slot: Option<(u64, u64)> },
+    /// From the configuration manager: prepare (to the replicas: check the
+    /// memory is free and zero it) or commit (to every machine: add the
+    /// region to the map) a new region; answered with a LOCK-REPLY.
+    NewRegion {
+        tx: TxId,
+        region: u32,
+        bytes: u64,
+        /// The primary first, then the backups: (machine, base).
+        replicas: Vec<(u16, u64)>,
+        commit: bool,
+    },
 }
 
 const LOCK: u8 = 1;
@@ -131,6 +144,7 @@ const LOCK_REPLY: u8 = 6;
 const VALIDATE: u8 = 7;
 const ALLOC: u8 = 8;
 const ALLOC_REPLY: u8 = 9;
+const NEW_REGION: u8 = 10;
 
 /// Why bytes are not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -330,6 +344,24 @@ impl Record {
                 out.extend_from_slice(&region.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
             }
+            Record::NewRegion {
+                tx,
+                region,
+                bytes,
+                replicas,
+                commit,
+            } => {
+                out.push(NEW_REGION);
+                tx.put(&mut out);
+                out.extend_from_slice(&region.to_le_bytes());
+                out.extend_from_slice(&bytes.to_le_bytes());
+                out.push(u8::from(*commit));
+                out.extend_from_slice(&count("replicas", replicas.len())?.to_le_bytes());
+                for (m, base) in replicas {
+                    out.extend_from_slice(&m.to_le_bytes());
+                    out.extend_from_slice(&base.to_le_bytes());
+                }
+            }
             Record::AllocReply { tx, slot } => {
                 out.push(ALLOC_REPLY);
                 tx.put(&mut out);
@@ -358,7 +390,7 @@ impl Record {
                 n => Err(RecordError::Trailing(n)),
             };
         }
-        if !(LOCK..=ALLOC_REPLY).contains(&kind) {
+        if !(LOCK..=NEW_REGION).contains(&kind) {
             return Err(RecordError::UnknownKind(kind));
         }
         let tx = TxId::get(&mut r)?;
@@ -406,6 +438,27 @@ impl Record {
                 region: r.u32()?,
                 len: r.u32()?,
             },
+            NEW_REGION => {
+                let region = r.u32()?;
+                let bytes_ = r.u64()?;
+                let commit = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    k => return Err(RecordError::UnknownKind(k)),
+                };
+                let n = r.u16()? as usize;
+                let mut replicas = Vec::with_capacity(n.min(bytes.len() / 10));
+                for _ in 0..n {
+                    replicas.push((r.u16()?, r.u64()?));
+                }
+                Record::NewRegion {
+                    tx,
+                    region,
+                    bytes: bytes_,
+                    replicas,
+                    commit,
+                }
+            }
             ALLOC_REPLY => Record::AllocReply {
                 tx,
                 slot: match r.u8()? {
@@ -541,6 +594,20 @@ mod tests {
             }),
             (tx(), proptest::option::of((any::<u64>(), any::<u64>())))
                 .prop_map(|(tx, slot)| Record::AllocReply { tx, slot }),
+            (
+                tx(),
+                any::<u32>(),
+                any::<u64>(),
+                proptest::collection::vec((any::<u16>(), any::<u64>()), 0..4),
+                any::<bool>()
+            )
+                .prop_map(|(tx, region, bytes, replicas, commit)| Record::NewRegion {
+                    tx,
+                    region,
+                    bytes,
+                    replicas,
+                    commit
+                }),
         ]
     }
 

@@ -3,9 +3,11 @@
 //! machines, and an object is addressed by (region, offset). The map says
 //! where each replica of a region lies, so an object's address becomes a
 //! one-sided verb's [`GlobalAddr`] on its primary (for reads, LOCK's
-//! target) or on each backup (COMMIT-BACKUP's). The map is placed whole
-//! from a [`crate::layout::Geometry`] today; creating a region at run time
-//! (the two-phase exchange with its replicas) is not built yet.
+//! target) or on each backup (COMMIT-BACKUP's). The map starts as a
+//! [`crate::layout::Geometry`] places it; regions created at run time
+//! (the configuration manager's two-phase exchange with their replicas,
+//! [`crate::coord::Coordinator::create_region`]) join every machine's map
+//! at the exchange's commit.
 
 use crate::records::ObjAddr;
 use nicdrv::{GlobalAddr, NodeId};
@@ -75,11 +77,18 @@ impl fmt::Display for RegionError {
 
 impl std::error::Error for RegionError {}
 
+/// A machine's cached region map, shared by its threads: read on every
+/// operation, written when a region is created.
+pub type SharedMap = std::sync::Arc<std::sync::RwLock<RegionMap>>;
+
 /// The region map: every region's replicas, with `f` backups each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionMap {
     f: usize,
     regions: BTreeMap<u32, Region>,
+    /// Regions this machine serves as a replica but coordinators may not
+    /// use yet (a region being created: prepared, not yet committed).
+    hidden: std::collections::BTreeSet<u32>,
 }
 
 impl RegionMap {
@@ -89,6 +98,7 @@ impl RegionMap {
         RegionMap {
             f,
             regions: BTreeMap::new(),
+            hidden: Default::default(),
         }
     }
 
@@ -131,6 +141,27 @@ impl RegionMap {
         Ok(())
     }
 
+    /// Adds a region its replicas serve before coordinators may use it.
+    pub fn add_hidden(&mut self, r: Region) -> Result<(), RegionError> {
+        let id = r.id;
+        self.add(r)?;
+        self.hidden.insert(id);
+        Ok(())
+    }
+
+    /// Lets coordinators use a hidden region; whether it was hidden.
+    pub fn reveal(&mut self, id: u32) -> bool {
+        self.hidden.remove(&id)
+    }
+
+    /// Whether coordinators may use region `id` (it exists, not hidden).
+    pub fn visible(&self, id: u32) -> Result<(), RegionError> {
+        if self.hidden.contains(&id) {
+            return Err(RegionError::NoSuchRegion(id));
+        }
+        self.get(id).map(|_| ())
+    }
+
     pub fn get(&self, id: u32) -> Result<&Region, RegionError> {
         self.regions.get(&id).ok_or(RegionError::NoSuchRegion(id))
     }
@@ -141,6 +172,11 @@ impl RegionMap {
 
     pub fn is_empty(&self) -> bool {
         self.regions.is_empty()
+    }
+
+    /// Every region, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &Region> {
+        self.regions.values()
     }
 
     /// The regions whose primary is `machine` (what its cores lock and
@@ -285,5 +321,17 @@ mod tests {
             Err(RegionError::OutOfRegion { .. })
         ));
         assert_eq!(m.len(), 1, "refused regions left no trace");
+    }
+
+    #[test]
+    fn hidden_regions_are_served_but_not_visible_until_revealed() {
+        let mut m = RegionMap::new(1);
+        m.add_hidden(region(3, 0, &[1])).unwrap();
+        assert!(m.get(3).is_ok(), "replicas serve it");
+        assert_eq!(m.visible(3), Err(RegionError::NoSuchRegion(3)));
+        assert!(m.reveal(3));
+        assert_eq!(m.visible(3), Ok(()));
+        assert!(!m.reveal(3));
+        assert_eq!(m.visible(4), Err(RegionError::NoSuchRegion(4)));
     }
 }

@@ -28,11 +28,10 @@ use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, WriteOp, LINE};
 use crate::records::{Envelope, Record, TxId, Write};
-use crate::regions::RegionMap;
+use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Sender};
 use nicdrv::{Ctx, Nic, NodeId};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 /// How long an idle server waits for a record before it looks at its stop
 /// condition again.
@@ -69,6 +68,10 @@ pub struct ServerStats {
     pub allocs_refused: u64,
     /// Block header WRITEs to backups (one per backup a formatted block).
     pub block_writes: u64,
+    /// NEW-REGION prepares granted (as a replica) and regions added to
+    /// this machine's map.
+    pub regions_prepared: u64,
+    pub regions_added: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -89,13 +92,15 @@ impl std::ops::AddAssign for ServerStats {
         self.allocs += o.allocs;
         self.allocs_refused += o.allocs_refused;
         self.block_writes += o.block_writes;
+        self.regions_prepared += o.regions_prepared;
+        self.regions_added += o.regions_added;
     }
 }
 
 /// Server thread `thread` of machine `machine`.
 pub struct Server {
     geo: Geometry,
-    map: Arc<RegionMap>,
+    map: SharedMap,
     machine: NodeId,
     thread: u16,
     logs: Vec<Receiver>,
@@ -119,7 +124,7 @@ impl Server {
     pub fn open<N: Nic>(
         ctx: &Ctx<N>,
         geo: Geometry,
-        map: Arc<RegionMap>,
+        map: SharedMap,
         machine: NodeId,
         thread: u16,
         alloc: SharedAllocator,
@@ -260,7 +265,7 @@ impl Server {
             Record::CommitBackup { tx, writes, .. } => {
                 let ours = writes.iter().all(|w| {
                     let len = object_bytes(w.value.len()) as u64;
-                    matches!(self.map.on_backup(w.at, len, self.machine), Ok(Some(_)))
+                    matches!(self.map().on_backup(w.at, len, self.machine), Ok(Some(_)))
                 });
                 if ours {
                     self.stats.backups_kept += 1;
@@ -302,15 +307,125 @@ impl Server {
                     self.truncate(ctx, t)?;
                 }
             }
+            Record::NewRegion {
+                tx,
+                region,
+                bytes,
+                replicas,
+                commit,
+            } => {
+                let ok = if commit {
+                    self.add_region(region, bytes, &replicas)
+                } else {
+                    self.prepare_region(ctx, region, bytes, &replicas)?
+                };
+                self.answer(ctx, from, Record::LockReply { tx, ok }).await?;
+            }
             Record::LockReply { .. } | Record::AllocReply { .. } => self.stats.bad_records += 1,
         }
         Ok(())
     }
 
+    /// NEW-REGION's first phase at a replica: the region is new, its
+    /// replicas are on distinct machines, this machine's copy would sit in
+    /// a spare slot no region uses; the slot is zeroed. Whether all held.
+    fn prepare_region<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        region: u32,
+        bytes: u64,
+        replicas: &[(u16, u64)],
+    ) -> Result<bool, TxError> {
+        let g = self.geo;
+        let mine: Vec<u64> = replicas
+            .iter()
+            .filter(|r| r.0 == self.machine)
+            .map(|r| r.1)
+            .collect();
+        let mut machines: Vec<u16> = replicas.iter().map(|r| r.0).collect();
+        machines.sort_unstable();
+        machines.dedup();
+        let spare = |b: u64| (0..g.spare_slots()).any(|k| g.spare_base(k) == b);
+        let ok = {
+            let map = self.map();
+            bytes == g.region_bytes
+                && replicas.len() == g.f + 1
+                && machines.len() == replicas.len()
+                && machines.iter().all(|&m| m < g.machines)
+                && map.get(region).is_err()
+                && mine.len() == 1
+                && spare(mine[0])
+                && !map.iter().any(|r| {
+                    std::iter::once(&r.primary)
+                        .chain(&r.backups)
+                        .any(|p| p.machine == self.machine && p.base == mine[0])
+                })
+        };
+        if !ok {
+            self.stats.bad_records += 1;
+            return Ok(false);
+        }
+        let zeros = vec![0u8; 64 << 10];
+        let l = ctx.local();
+        let mut off = 0;
+        while off < bytes {
+            let n = (bytes - off).min(zeros.len() as u64);
+            l.write(mine[0] + off, &zeros[..n as usize])?;
+            off += n;
+        }
+        // Served from now on, used by coordinators only once committed.
+        let r = region_of(region, bytes, replicas).expect("checked: replicas");
+        let added = self
+            .map
+            .write()
+            .expect("no panics hold the map")
+            .add_hidden(r);
+        if let Err(e) = added {
+            log::warn!("machine {}: NEW-REGION {region} refused: {e}", self.machine);
+            self.stats.bad_records += 1;
+            return Ok(false);
+        }
+        self.stats.regions_prepared += 1;
+        Ok(true)
+    }
+
+    /// NEW-REGION's commit at every machine: the region joins the map
+    /// (a replica's hidden copy is revealed).
+    fn add_region(&mut self, region: u32, bytes: u64, replicas: &[(u16, u64)]) -> bool {
+        let Some(r) = region_of(region, bytes, replicas) else {
+            self.stats.bad_records += 1;
+            return false;
+        };
+        let mut map = self.map.write().expect("no panics hold the map");
+        let added = match map.get(region) {
+            Ok(known) if *known == r => {
+                map.reveal(region);
+                Ok(())
+            }
+            _ => map.add(r),
+        };
+        drop(map);
+        match added {
+            Ok(()) => {
+                self.stats.regions_added += 1;
+                true
+            }
+            Err(e) => {
+                log::warn!("machine {}: NEW-REGION {region} refused: {e}", self.machine);
+                self.stats.bad_records += 1;
+                false
+            }
+        }
+    }
+
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, RegionMap> {
+        self.map.read().expect("no panics hold the map")
+    }
+
     /// The object's offset in this machine's memory if it is a primary
     /// copy here.
     fn primary_off(&self, at: crate::records::ObjAddr, len: usize) -> Option<u64> {
-        let g = self.map.on_primary(at, len as u64).ok()?;
+        let g = self.map().on_primary(at, len as u64).ok()?;
         (g.node() == self.machine).then(|| g.offset())
     }
 
@@ -373,12 +488,10 @@ impl Server {
         region: u32,
         len: usize,
     ) -> Result<Option<(u64, u64)>, TxError> {
-        let r = match self.map.get(region) {
-            Ok(r) if r.primary.machine == self.machine => r.clone(),
-            _ => {
-                self.stats.bad_records += 1;
-                return Ok(None);
-            }
+        let r = self.map().get(region).ok().cloned();
+        let Some(r) = r.filter(|r| r.primary.machine == self.machine) else {
+            self.stats.bad_records += 1;
+            return Ok(None);
         };
         if len == 0 || len > object::MAX_PAYLOAD || self.geo.blocks() == 0 {
             self.stats.allocs_refused += 1;
@@ -398,7 +511,7 @@ impl Server {
             let mut head = [0u8; LINE];
             ctx.local().read(r.primary.base + block, &mut head)?;
             let mut b = ctx.batch();
-            let backups = crate::alloc::backup_block_headers(&self.map, region, block)?;
+            let backups = crate::alloc::backup_block_headers(&self.map(), region, block)?;
             for at in &backups {
                 b.write_bytes(*at, &head);
             }
@@ -425,7 +538,7 @@ impl Server {
         };
         for w in writes {
             let bytes = object_bytes(w.value.len()) as u64;
-            let at = self.map.on_backup(w.at, bytes, self.machine)?;
+            let at = self.map().on_backup(w.at, bytes, self.machine)?;
             let off = at
                 .expect("COMMIT-BACKUP checked the replica is here")
                 .offset();
@@ -453,6 +566,21 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// The region a NEW-REGION record describes (the primary first).
+fn region_of(id: u32, bytes: u64, replicas: &[(u16, u64)]) -> Option<crate::regions::Region> {
+    let rep = |r: &(u16, u64)| crate::regions::Replica {
+        machine: r.0,
+        base: r.1,
+    };
+    let (first, rest) = replicas.split_first()?;
+    Some(crate::regions::Region {
+        id,
+        bytes,
+        primary: rep(first),
+        backups: rest.iter().map(rep).collect(),
+    })
 }
 
 /// Writes an object whose header word is locked by the caller: every line

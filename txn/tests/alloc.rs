@@ -19,6 +19,7 @@ fn geo(threads: u16) -> Geometry {
         threads,
         f: 1,
         regions_per_machine: 1,
+        spare_regions_per_machine: 0,
         region_bytes: 4096 + 2 * 4096,
         static_bytes: 4096,
         block_bytes: 4096,
@@ -320,4 +321,136 @@ fn concurrent_clients_never_share_a_slot() {
         steps: 300,
     });
     no_shared_slots(geo(1), &r);
+}
+
+/// The configuration manager creates regions at run time; every machine
+/// learns each one, and its objects are allocated, committed and
+/// replicated like any other's.
+struct Creator;
+
+/// (region allocated in, its objects with their values)
+type Made = Vec<(ObjAddr, Vec<u8>)>;
+
+impl<N: Nic> Client<N> for Creator {
+    type Out = Made;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Made, TxError> {
+        let g = geo(1);
+        let mut made = Vec::new();
+        let me = c.begin().id().machine as u64;
+        let region = if me == 0 {
+            let a = c.create_region(ctx).await?;
+            let b = c.create_region(ctx).await?;
+            assert_eq!((a, b), (g.regions(), g.regions() + 1));
+            assert_ne!(
+                c.map().get(a).unwrap().primary.machine,
+                c.map().get(b).unwrap().primary.machine
+            );
+            // Three machines with one spare region each: a fourth is one
+            // too many once the third is made.
+            c.create_region(ctx).await?;
+            assert!(matches!(c.create_region(ctx).await, Err(TxError::Usage(_))));
+            b
+        } else {
+            // Another machine learns the region from its own map.
+            assert!(matches!(c.create_region(ctx).await, Err(TxError::Usage(_))));
+            let want = g.regions() + 1;
+            while c.map().visible(want).is_err() {
+                ctx.sleep(10_000).unwrap().await;
+            }
+            want
+        };
+        for i in 0..5 {
+            let mut tx = c.begin();
+            let at = c.alloc(ctx, &mut tx, region, 24).await?;
+            let v = value(me << 32 | i);
+            tx.write(at, &v)?;
+            if c.commit(ctx, tx).await? == Outcome::Committed {
+                made.push((at, v));
+            }
+        }
+        Ok(made)
+    }
+}
+
+fn created_regions_hold_objects(r: &Report<Made>) {
+    if let Some(e) = r.first_error() {
+        panic!("{e}");
+    }
+    let g = Geometry {
+        spare_regions_per_machine: 1,
+        ..geo(1)
+    };
+    let mut map = g.region_map().unwrap();
+    // The map every machine ended with, rebuilt: the created regions'
+    // replicas, read from where their objects lie.
+    let ss = r.server_stats().unwrap();
+    assert_eq!(
+        ss.regions_added,
+        3 * 3,
+        "three regions, on every machine's map"
+    );
+    assert_eq!(
+        ss.regions_prepared,
+        3 * 2,
+        "each prepared on its two replicas"
+    );
+    // Region 3 took the first spare slots of machines 0 and 1; region 4
+    // (primary 1, backup 2) the second of machine 1 and the first of 2.
+    let region = g.regions() + 1;
+    let primary = (region % 3) as u16;
+    map.add(txn::regions::Region {
+        id: region,
+        bytes: g.region_bytes,
+        primary: txn::regions::Replica {
+            machine: primary,
+            base: g.spare_base(1),
+        },
+        backups: vec![txn::regions::Replica {
+            machine: (primary + 1) % 3,
+            base: g.spare_base(0),
+        }],
+    })
+    .unwrap();
+    let mut n = 0;
+    for c in &r.clients {
+        for (at, v) in c.out.as_ref().unwrap() {
+            n += 1;
+            assert_eq!(at.region, region);
+            let len = object_bytes(24);
+            let p = map.on_primary(*at, len as u64).unwrap();
+            let mut out = vec![0u8; 24];
+            decode(
+                &r.memory[p.node() as usize][p.offset() as usize..][..len],
+                &mut out,
+            )
+            .unwrap()
+            .expect("consistent");
+            assert_eq!(&out, v);
+            for b in map.on_backups(*at, len as u64).unwrap() {
+                let got = &r.memory[b.node() as usize][b.offset() as usize..][..len];
+                assert_eq!(
+                    got,
+                    &r.memory[p.node() as usize][p.offset() as usize..][..len]
+                );
+            }
+        }
+    }
+    assert_eq!(n, 15, "five objects from each machine");
+}
+
+#[test]
+fn regions_are_created_in_two_phases_and_used_everywhere() {
+    let g = Geometry {
+        spare_regions_per_machine: 1,
+        ..geo(1)
+    };
+    for_each_seed(
+        "regions_are_created_in_two_phases_and_used_everywhere",
+        5,
+        |seed| {
+            let (r, _) = run_sim(g, seed, SimModel::default(), |_, _| Creator).unwrap();
+            created_regions_hold_objects(&r);
+        },
+    );
+    created_regions_hold_objects(&emu(g, |_, _| Creator));
 }

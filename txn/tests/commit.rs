@@ -21,6 +21,7 @@ fn geo(machines: u16, threads: u16, f: usize) -> Geometry {
         threads,
         f,
         regions_per_machine: 1,
+        spare_regions_per_machine: 0,
         region_bytes: 64 << 10,
         static_bytes: 64 << 10,
         block_bytes: 1 << 20,
