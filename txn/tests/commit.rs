@@ -335,7 +335,7 @@ fn bank_holds(g: Geometry, r: &Report<BankOut>) -> (u64, u64) {
 fn the_bank_keeps_its_total_under_contention() {
     let g = geo(3, 2, 2);
     let (committed, aborted) = (Cell::new(0), Cell::new(0));
-    for_each_seed("the_bank_keeps_its_total_under_contention", 40, |seed| {
+    for_each_seed("the_bank_keeps_its_total_under_contention", 200, |seed| {
         let r = sim(g, seed, |m, t| Bank {
             g,
             seed: seed * 100 + (m * 10 + t) as u64,
