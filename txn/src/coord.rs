@@ -104,6 +104,8 @@ pub struct CoordStats {
     pub alloc_records: u64,
     /// READs of allocator block headers (once a block).
     pub block_reads: u64,
+    /// DONE records (one to every machine when the coordinator closes).
+    pub done_records: u64,
 }
 
 impl CoordStats {
@@ -116,6 +118,7 @@ impl CoordStats {
             + self.abort_records
             + self.truncate_records
             + self.alloc_records
+            + self.done_records
     }
 
     pub fn aborts(&self) -> u64 {
@@ -141,6 +144,7 @@ impl std::ops::AddAssign for CoordStats {
         self.log_bytes += o.log_bytes;
         self.alloc_records += o.alloc_records;
         self.block_reads += o.block_reads;
+        self.done_records += o.done_records;
     }
 }
 
@@ -994,6 +998,29 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// Ends this coordinator's work: every truncation still waiting goes
+    /// out, then DONE to every machine, whose server thread stops once
+    /// every coordinator said so.
+    pub async fn close<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        self.flush(ctx).await?;
+        let tx = self.begin().id;
+        for d in 0..self.geo.machines {
+            let env = Envelope {
+                head: self.replies[d as usize].piggyback_head(),
+                truncate: Vec::new(),
+                record: Record::Done { tx },
+            };
+            let bytes = env.encode()?;
+            let deadline = ctx.now_ns() + LOG_WAIT_NS;
+            self.logs[d as usize]
+                .append(ctx, &bytes, Some(deadline))
+                .await?;
+            self.stats.done_records += 1;
+            self.stats.log_bytes += bytes.len() as u64;
+        }
+        Ok(())
     }
 
     /// Sends every truncation still waiting, as TRUNCATE records: before a

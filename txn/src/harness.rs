@@ -119,19 +119,26 @@ struct Sink<O> {
     live: AtomicUsize,
 }
 
-/// Each core's (machine, [server task, client task]).
+/// Each core's (machine, [server task, client task]), for the machines
+/// `machines`. With every machine here, servers also stop when every
+/// client ended (one that failed sends no DONE); with some, only once
+/// every coordinator of the cluster said DONE.
 fn tasks<N: Nic, C: Client<N>>(
     geo: Geometry,
+    machines: std::ops::Range<u16>,
     mut client: impl FnMut(u16, u16) -> C,
 ) -> Result<Planned<N, C::Out>, TxError> {
     let map0 = geo.region_map()?;
+    let all = machines == (0..geo.machines);
+    let local = machines.len() * geo.threads as usize;
     let sink = Arc::new(Sink {
         clients: Mutex::new(Vec::new()),
         servers: Mutex::new(Vec::new()),
-        live: AtomicUsize::new(geo.machines as usize * geo.threads as usize),
+        // Never 0 while remote clients may run.
+        live: AtomicUsize::new(if all { local } else { usize::MAX }),
     });
     let mut cores = Vec::new();
-    for m in 0..geo.machines {
+    for m in machines {
         // One allocator and one region map a machine, shared by its
         // threads.
         let alloc = crate::alloc::SharedAllocator::default();
@@ -166,7 +173,7 @@ fn tasks<N: Nic, C: Client<N>>(
                         Ok(mut co) => {
                             let out = c.run(&ctx, &mut co).await;
                             let elapsed = ctx.now_ns() - start;
-                            let out = match (out, co.flush(&ctx).await) {
+                            let out = match (out, co.close(&ctx).await) {
                                 (Ok(o), Ok(())) => Ok(o),
                                 (Err(e), _) | (_, Err(e)) => Err(e),
                             };
@@ -236,7 +243,7 @@ pub fn run_sim<C: Client<nicdrv::sim::SimNic>>(
         ..Default::default()
     })
     .map_err(sim)?;
-    let Planned { cores, sink } = tasks(geo, client)?;
+    let Planned { cores, sink } = tasks(geo, 0..geo.machines, client)?;
     for (machine, [server, client]) in cores {
         let th = w.add_thread(machine, core_config()).map_err(sim)?;
         w.spawn(th, server).map_err(sim)?;
@@ -270,12 +277,44 @@ pub fn run_threads<N: Nic, C: Client<N>>(
     memory: impl Fn(u16) -> Vec<u8>,
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<Report<C::Out>, TxError> {
-    let Planned { cores, sink } = tasks(geo, client)?;
+    let planned = tasks(geo, 0..geo.machines, client)?;
+    let sink = on_threads(planned, &executor)?;
+    let memory = (0..geo.machines).map(memory).collect();
+    Ok(report(sink, memory))
+}
+
+/// One machine of a cluster whose other machines run elsewhere (other
+/// processes): its `geo.threads` cores on OS threads, each with the
+/// executor `executor(machine)` makes. Its servers serve until every
+/// coordinator of the cluster said DONE. The report holds this machine's
+/// tasks only, and no memory.
+pub fn run_machine<N: Nic, C: Client<N>>(
+    geo: Geometry,
+    machine: u16,
+    executor: impl Fn(u16) -> Result<Executor<N>, String> + Sync,
+    client: impl FnMut(u16, u16) -> C,
+) -> Result<Report<C::Out>, TxError> {
+    if machine >= geo.machines {
+        return Err(TxError::Usage(format!(
+            "machine {machine} of a cluster of {}",
+            geo.machines
+        )));
+    }
+    let planned = tasks(geo, machine..machine + 1, client)?;
+    let sink = on_threads(planned, &executor)?;
+    Ok(report(sink, Vec::new()))
+}
+
+fn on_threads<N: Nic, O: Send>(
+    planned: Planned<N, O>,
+    executor: &(impl Fn(u16) -> Result<Executor<N>, String> + Sync),
+) -> Result<Arc<Sink<O>>, TxError> {
+    let Planned { cores, sink } = planned;
     let failed = std::thread::scope(|s| {
         let hs: Vec<_> = cores
             .into_iter()
             .map(|(m, [server, client])| {
-                let (executor, sink) = (&executor, &sink);
+                let sink = &sink;
                 s.spawn(move || -> Result<(), String> {
                     let mut ex = executor(m).inspect_err(|_| {
                         // Its client never runs: the servers must not wait
@@ -302,6 +341,5 @@ pub fn run_threads<N: Nic, C: Client<N>>(
     if let Some(e) = failed {
         return Err(TxError::Usage(format!("starting a core: {e}")));
     }
-    let memory = (0..geo.machines).map(memory).collect();
-    Ok(report(sink, memory))
+    Ok(sink)
 }

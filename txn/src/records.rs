@@ -19,6 +19,7 @@
 //! ALLOC      region u32, payload bytes u32
 //! NEW-REGION region u32, bytes u64, commit u8, replicas u16, then each:
 //!            machine u16, base u64
+//! DONE       (no body)
 //! ALLOC-REPLY found u8, then (if found) offset u64, header u64
 //! ```
 //!
@@ -133,6 +134,9 @@ pub enum Record {
         replicas: Vec<(u16, u64)>,
         commit: bool,
     },
+    /// The coordinator is done: nothing more comes on this ring (servers
+    /// stop once every coordinator said so).
+    Done { tx: TxId },
 }
 
 const LOCK: u8 = 1;
@@ -145,6 +149,7 @@ const VALIDATE: u8 = 7;
 const ALLOC: u8 = 8;
 const ALLOC_REPLY: u8 = 9;
 const NEW_REGION: u8 = 10;
+const DONE: u8 = 11;
 
 /// Why bytes are not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -308,11 +313,11 @@ impl Record {
                 tx.put(&mut out);
                 put_body(&mut out, regions, writes)?;
             }
-            Record::CommitPrimary { tx } | Record::Abort { tx } => {
-                out.push(if matches!(self, Record::Abort { .. }) {
-                    ABORT
-                } else {
-                    COMMIT_PRIMARY
+            Record::CommitPrimary { tx } | Record::Abort { tx } | Record::Done { tx } => {
+                out.push(match self {
+                    Record::Abort { .. } => ABORT,
+                    Record::Done { .. } => DONE,
+                    _ => COMMIT_PRIMARY,
                 });
                 tx.put(&mut out);
             }
@@ -390,7 +395,7 @@ impl Record {
                 n => Err(RecordError::Trailing(n)),
             };
         }
-        if !(LOCK..=NEW_REGION).contains(&kind) {
+        if !(LOCK..=DONE).contains(&kind) {
             return Err(RecordError::UnknownKind(kind));
         }
         let tx = TxId::get(&mut r)?;
@@ -413,6 +418,7 @@ impl Record {
             }
             COMMIT_PRIMARY => Record::CommitPrimary { tx },
             ABORT => Record::Abort { tx },
+            DONE => Record::Done { tx },
             LOCK_REPLY => Record::LockReply {
                 tx,
                 ok: match r.u8()? {
@@ -574,6 +580,7 @@ mod tests {
             }),
             tx().prop_map(|tx| Record::CommitPrimary { tx }),
             tx().prop_map(|tx| Record::Abort { tx }),
+            tx().prop_map(|tx| Record::Done { tx }),
             proptest::collection::vec(tx(), 0..8).prop_map(|txs| Record::Truncate { txs }),
             (tx(), any::<bool>()).prop_map(|(tx, ok)| Record::LockReply { tx, ok }),
             (

@@ -114,6 +114,8 @@ pub struct Server {
     backup: HashMap<TxId, Vec<Write>>,
     /// The machine's allocator, shared with its other server threads.
     alloc: SharedAllocator,
+    /// Senders (machines) whose coordinator said DONE.
+    done: Vec<bool>,
     stats: ServerStats,
     buf: Vec<u8>,
 }
@@ -149,13 +151,16 @@ impl Server {
             installed: HashSet::new(),
             backup: HashMap::new(),
             alloc,
+            done: vec![false; geo.machines as usize],
             stats: ServerStats::default(),
             buf: Vec::new(),
         })
     }
 
-    /// Serves until `stop()` says every coordinator is done and a last
-    /// sweep found nothing more.
+    /// Serves until every coordinator sending here said DONE (nothing
+    /// more comes), or `stop()` says every coordinator has ended (in one
+    /// process: a client that failed sends no DONE), and a last sweep
+    /// found nothing more.
     pub async fn run<N: Nic>(
         mut self,
         ctx: &Ctx<N>,
@@ -166,7 +171,7 @@ impl Server {
             if self.sweep(ctx).await? {
                 continue;
             }
-            if stop() {
+            if self.done.iter().all(|&d| d) || stop() {
                 if self.sweep(ctx).await? {
                     continue;
                 }
@@ -321,6 +326,7 @@ impl Server {
                 };
                 self.answer(ctx, from, Record::LockReply { tx, ok }).await?;
             }
+            Record::Done { .. } => self.done[from as usize] = true,
             Record::LockReply { .. } | Record::AllocReply { .. } => self.stats.bad_records += 1,
         }
         Ok(())

@@ -175,9 +175,15 @@ fn commit_costs(g: Geometry, r: &Report<Deltas>, n: u64, exact_reads: bool) {
     assert_eq!(s.replies, pw * n);
     assert_eq!(cs.committed, n);
     // Summed over every task of every machine: exactly Pw(f+3) WRITEs per
-    // commit, plus the TRUNCATE records of the final flush.
+    // commit, plus the TRUNCATE records of the final flush and every
+    // coordinator's DONE to every machine.
     let total = r.counters();
-    assert_eq!(total.writes, n * pw * (f + 3) + cs.truncate_records);
+    let m = g.machines as u64;
+    assert_eq!(cs.done_records, m * m);
+    assert_eq!(
+        total.writes,
+        n * pw * (f + 3) + cs.truncate_records + cs.done_records
+    );
     assert_eq!(cs.validate_reads, n * pr, "Pr header READs a commit");
     assert_eq!(total.reads, cs.object_reads + cs.validate_reads);
     if exact_reads {
@@ -549,4 +555,65 @@ fn list_append_histories_are_strict_serializable_on_emu() {
     strict_serializable(&h, "emu");
     let objects: Vec<(ObjAddr, usize)> = (0..KEYS).map(|k| (key_at(g, k), LIST_BYTES)).collect();
     backups_equal_primaries(g, &r, &objects);
+}
+
+/// Each machine run on its own, as a process of its own would
+/// (`run_machine`): the servers stop on the coordinators' DONE alone, and
+/// the bank holds.
+#[test]
+fn machines_run_apart_stop_on_every_coordinators_done() {
+    let g = geo(3, 1, 1);
+    let host = g.host_bytes().unwrap();
+    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
+        memory_nodes: 3,
+        host_bytes: host,
+        dm_bytes: 4096,
+        emu: Default::default(),
+    })
+    .unwrap()
+    .with_machines(3)
+    .unwrap();
+    let reports: Vec<Report<BankOut>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3u16)
+            .map(|m| {
+                let cluster = &cluster;
+                s.spawn(move || {
+                    txn::harness::run_machine(
+                        g,
+                        m,
+                        |m| {
+                            cluster
+                                .machine_executor(m as usize, txn::harness::core_config())
+                                .map_err(|e| e.to_string())
+                        },
+                        |m, t| Bank {
+                            g,
+                            seed: (m * 10 + t) as u64,
+                            transfers: 200,
+                        },
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let memory: Vec<Vec<u8>> = (0..3)
+        .map(|m| {
+            let mut b = vec![0u8; host as usize];
+            cluster.node(m).unwrap().host().read(0, &mut b);
+            b
+        })
+        .collect();
+    let mut all = Report {
+        clients: Vec::new(),
+        servers: Vec::new(),
+        memory,
+    };
+    for r in reports {
+        assert_eq!(r.clients.len(), 1, "a machine's own clients only");
+        all.clients.extend(r.clients);
+        all.servers.extend(r.servers);
+    }
+    bank_holds(g, &all);
 }
