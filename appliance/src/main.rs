@@ -77,10 +77,14 @@ struct NodeArgs {
     /// Do not pin the compute cores
     #[arg(long)]
     no_pin: bool,
-    /// Compute role: what to run: verbs, tree or hash; every compute node
-    /// of a cluster must get the same
+    /// Compute role: what to run: verbs, tree, hash, or txn (every node a
+    /// machine with both roles, running a replicated bank of FaRM
+    /// transactions); every compute node of a cluster must get the same
     #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
     workload: Workload,
+    /// --workload txn: transactions each core coordinates
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    txs: u64,
     /// Compute role: records loaded into the index; every compute node of
     /// a cluster must get the same
     #[arg(long, value_name = "N", default_value_t = 100_000)]
@@ -103,11 +107,14 @@ struct CheckArgs {
     /// The records to check room for, as `loch node --records`
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     records: u64,
+    /// As `loch node --txs`
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    txs: u64,
 }
 
 fn workload_value(s: &str) -> Result<Workload, String> {
     Workload::parse(&s.to_ascii_lowercase())
-        .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash"))
+        .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash, txn"))
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -367,6 +374,7 @@ fn main() -> ExitCode {
                 workload: a.workload,
                 records: a.records,
                 histogram: a.histogram,
+                txs: a.txs,
             };
             node_main("node", &o, false)
         }
@@ -381,6 +389,7 @@ fn main() -> ExitCode {
                 workload: a.workload,
                 records: a.records,
                 histogram: None,
+                txs: a.txs,
             };
             node_main("check", &o, true)
         }

@@ -73,6 +73,8 @@ pub enum Workload {
     Tree,
     /// The Nessie hash table ([`crate::node_index`]).
     Hash,
+    /// FaRM transactions: every node a machine ([`crate::node_txn`]).
+    Txn,
 }
 
 impl Workload {
@@ -81,6 +83,7 @@ impl Workload {
             "verbs" => Some(Workload::Verbs),
             "tree" => Some(Workload::Tree),
             "hash" => Some(Workload::Hash),
+            "txn" => Some(Workload::Txn),
             _ => None,
         }
     }
@@ -90,12 +93,13 @@ impl Workload {
             Workload::Verbs => "verbs",
             Workload::Tree => "tree",
             Workload::Hash => "hash",
+            Workload::Txn => "txn",
         }
     }
 
     pub(crate) fn index(self) -> Option<IndexKind> {
         match self {
-            Workload::Verbs => None,
+            Workload::Verbs | Workload::Txn => None,
             Workload::Tree => Some(IndexKind::Tree),
             Workload::Hash => Some(IndexKind::Hash),
         }
@@ -136,7 +140,7 @@ pub fn say(line: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().write_all(s.as_bytes());
 }
 
-fn failed(e: impl std::fmt::Display) -> NodeError {
+pub(crate) fn failed(e: impl std::fmt::Display) -> NodeError {
     NodeError::Failed(e.to_string())
 }
 
@@ -159,6 +163,8 @@ pub struct NodeOptions {
     /// Compute role: write the raw latency histogram here (JSON) besides
     /// the summary line.
     pub histogram: Option<PathBuf>,
+    /// `--workload txn`: transactions each core coordinates.
+    pub txs: u64,
 }
 
 /// `loch check`: prints the preflight report of node `o.id`, then whether
@@ -169,7 +175,11 @@ pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let node = node_in(&cfg, &o.config, o.id)?;
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
-    let fits = workload_fits(o, &cfg, node);
+    let fits = if o.workload == Workload::Txn {
+        crate::node_txn::geometry(o, &cfg).map(|_| ())
+    } else {
+        workload_fits(o, &cfg, node).map(|_| ())
+    };
     let what = workload_flags(o);
     match &fits {
         Ok(_) => cmdline::outln!(
@@ -228,10 +238,10 @@ fn memory_id(n: &NodeConfig) -> Result<NodeId, NodeError> {
 }
 
 /// Figures of the control channel, for the final report.
-struct Boot {
-    join_ns: u64,
-    exchange_ns: u64,
-    directory: Directory,
+pub(crate) struct Boot {
+    pub(crate) join_ns: u64,
+    pub(crate) exchange_ns: u64,
+    pub(crate) directory: Directory,
 }
 
 /// What went wrong on the control channel; a cancelled wait says why.
@@ -322,6 +332,9 @@ pub fn workload_agreement(o: &NodeOptions, node: &NodeConfig) -> Option<String> 
 /// The flags that say what a compute node runs: the workload and, for an
 /// index, the records loaded.
 fn workload_flags(o: &NodeOptions) -> String {
+    if o.workload == Workload::Txn {
+        return format!("--workload txn --txs {}", o.txs);
+    }
     match o.workload.index() {
         Some(_) => format!("--workload {} --records {}", o.workload.name(), o.records),
         None => format!("--workload {}", o.workload.name()),
@@ -345,7 +358,7 @@ pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(),
 
 /// Joins the cluster, exchanges regions and passes "memory-ready"; the
 /// rendezvous stays open for the "index-ready" barrier.
-fn rendezvous(
+pub(crate) fn rendezvous(
     cfg: &ClusterConfig,
     id: u32,
     regions: Vec<Region>,
@@ -574,6 +587,9 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?.clone();
     crate::node_mlx5::supported(&cfg)?;
+    if o.workload == Workload::Txn {
+        return crate::node_txn::run(o, &cfg, &node);
+    }
     let layout = check_run(o, &cfg, &node)?;
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
     signals::install();
@@ -619,6 +635,16 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     Ok(code)
 }
 
+/// Node `id`'s preflight, said in full when it fails.
+pub(crate) fn preflight_passes(cfg: &ClusterConfig, id: u32) -> Result<(), NodeError> {
+    let report = preflight::run(cfg, id, &Host::current(), PreflightOptions::default());
+    if !report.passed() {
+        say(format_args!("{}", report.to_string().trim_end()));
+        return Err(failed(format!("node {id} failed its preflight")));
+    }
+    Ok(())
+}
+
 /// The checks before anything starts: the flags, the preflight, and
 /// whether the memory nodes can hold the workload; the layout of their
 /// memory.
@@ -635,11 +661,7 @@ fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<
             )));
         }
     }
-    let report = preflight::run(cfg, o.id, &Host::current(), PreflightOptions::default());
-    if !report.passed() {
-        say(format_args!("{}", report.to_string().trim_end()));
-        return Err(failed(format!("node {} failed its preflight", o.id)));
-    }
+    preflight_passes(cfg, o.id)?;
     if o.records == 0 || o.records > RECORDS_MAX {
         return Err(NodeError::Usage(format!(
             "--records must be 1..={RECORDS_MAX}"
@@ -697,7 +719,7 @@ fn workload_fits(
 /// The emu memory role, when the node has it: its memory node created and
 /// registered before the rendezvous (so the exchange's release means every
 /// memory node is attachable), and the regions it publishes.
-fn memory_role(
+pub(crate) fn memory_role(
     o: &NodeOptions,
     cfg: &ClusterConfig,
     node: &NodeConfig,
@@ -741,7 +763,7 @@ fn memory_role(
     Ok((own, regions))
 }
 
-fn attach_all(
+pub(crate) fn attach_all(
     cfg: &ClusterConfig,
     memory: &[&NodeConfig],
     own: Option<&EmuNode>,

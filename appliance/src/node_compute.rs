@@ -797,6 +797,7 @@ mod tests {
             workload: crate::node::Workload::Verbs,
             records: 10,
             histogram: None,
+            txs: 2000,
         };
         let verbs = exec_config(&o);
         assert_eq!((verbs.slots, verbs.scratch_bytes_per_slot), (5, 4096));

@@ -836,3 +836,110 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
         );
     }
 }
+
+/// A cluster file of `n` machines (both roles; the k-th on CPU k mod 2).
+fn machines(dir: &PrivateDir, n: usize) -> PathBuf {
+    write(dir, "secret", "0123456789abcdef0123456789abcdef-test");
+    let ports = free_ports(n).unwrap();
+    let mut t = String::from(
+        "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n",
+    );
+    for (id, port) in ports.iter().enumerate() {
+        t += &format!(
+            "[[nodes]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\nroles = [\"memory\", \"compute\"]\nmemory = \"16MiB\"\ncores = [{}]\n",
+            id % 2
+        );
+    }
+    write(dir, "cluster.toml", &t)
+}
+
+#[test]
+fn machines_in_processes_run_the_bank_and_node_0_checks_it() {
+    let dir = PrivateDir::new("txn").unwrap();
+    let file = machines(&dir, 3);
+    let flags = ["--workload", "txn", "--txs", "200"];
+    let mut r = Reaper((0..3).map(|i| spawn_node(&file, i, &flags)).collect());
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let logs: Vec<_> = (0..3)
+        .map(|i| collect(&mut r.0[i], "", tx.clone()))
+        .collect();
+    let outs: Vec<_> = (0..3).map(|i| read_all(&mut r.0[i])).collect();
+    let by = Instant::now() + Duration::from_secs(60);
+    let status: Vec<_> = (0..3)
+        .map(|i| wait_until(&mut r.0[i], by).expect("a machine hung"))
+        .collect();
+    let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+    let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut committed = 0;
+    for (id, ((s, log), out)) in status.iter().zip(&logs).zip(&outs).enumerate() {
+        assert!(s.success(), "machine {id}: {s}\n{log}");
+        assert!(log.contains("machine role: a bank of"), "{log}");
+        let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("machine {id}: no result line ({e}): {out}\n{log}"));
+        assert_eq!(json["workload"], "txn");
+        assert_eq!(json["machine"], id);
+        assert_eq!(json["replicas"], 3);
+        assert_eq!(json["ok"], true, "{json}");
+        assert_eq!(json["bad_audits"], 0, "{json}");
+        committed += json["committed"].as_u64().unwrap();
+        if id == 0 {
+            let bank = &json["bank"];
+            assert_eq!(bank["total"], bank["want"], "{json}");
+            assert_eq!(bank["negative"], 0);
+            assert_eq!(bank["backups_differ"], 0);
+        } else {
+            assert!(json["bank"].is_null());
+        }
+    }
+    assert!(committed > 0);
+    // Every node removed its memory node file.
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .contains(&format!("-p{}-node", ports_of(&file)[0]))
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// The ports of a cluster file's nodes, in order.
+fn ports_of(file: &Path) -> Vec<u16> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("address = \"127.0.0.1:"))
+        .map(|p| p.trim_end_matches('"').parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_txn_workload_refuses_clusters_it_cannot_run_with_exit_2() {
+    let dir = PrivateDir::new("txn-bad").unwrap();
+    // Memory-only and compute-only nodes: not machines.
+    let (file, _) = cluster(&dir, 2);
+    let out = Command::new(LOCH)
+        .args(["node", "--config"])
+        .arg(&file)
+        .args(["--id", "0", "--workload", "txn"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("both roles"), "{err}");
+    let file = machines(&dir, 2);
+    let out = Command::new(LOCH)
+        .args(["node", "--config"])
+        .arg(&file)
+        .args(["--id", "0", "--workload", "txn", "--txs", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

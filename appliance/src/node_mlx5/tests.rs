@@ -882,6 +882,7 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
         workload: crate::node::Workload::Verbs,
         records: 1000,
         histogram: None,
+        txs: 2000,
     };
     (cfg, o)
 }

@@ -1,0 +1,263 @@
+//! `loch node --workload txn`: every node of the cluster a machine (a
+//! memory node and cores in one process), running FaRM transactions
+//! across processes — the demo's replicated bank. Each node creates its
+//! memory node, meets the others at "memory-ready", attaches to their
+//! memory, and runs its cores' server and coordinator threads until every
+//! coordinator of the cluster said DONE; then, at "txn-done", node 0
+//! checks the bank as memory holds it (the total, no negative balance,
+//! every backup equal to its primary) while the others keep their memory
+//! up until "txn-checked".
+
+use crate::demo_txn::ACCOUNTS;
+use crate::node::{
+    attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
+};
+use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
+use cluster::emu::EmuCluster;
+use cluster::stats::latency_histogram;
+use nicdrv::emu::EmuConfig;
+use serde_json::json;
+use std::cell::RefCell;
+use std::rc::Rc;
+use txn::harness::{core_config, run_machine};
+use txn::object::{self, object_bytes};
+use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
+use txn::Geometry;
+
+const MIX: Mix = Mix::Bank { accounts: ACCOUNTS };
+
+/// The cluster's geometry for the bank, or why the cluster file cannot
+/// run it: every node a machine (memory and compute), ids 0..n, the same
+/// number of cores each, memory enough for the layout, emu.
+pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeError> {
+    let usage = |s: String| Err(NodeError::Usage(format!("--workload txn: {s}")));
+    if !matches!(cfg.backend, Backend::Emu) {
+        return usage("transactions across processes run on the emu backend only so far".into());
+    }
+    let n = cfg.nodes.len();
+    if n < 2 {
+        return usage("a cluster of at least 2 machines".into());
+    }
+    let mut ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();
+    ids.sort_unstable();
+    if ids != (0..n as u32).collect::<Vec<_>>() {
+        return usage(format!("node ids must be 0..{n}, one each"));
+    }
+    if let Some(x) = cfg
+        .nodes
+        .iter()
+        .find(|x| !(x.roles.memory && x.roles.compute))
+    {
+        return usage(format!(
+            "node {} must have both roles: every node is a machine (memory and compute)",
+            x.id
+        ));
+    }
+    let threads = cfg.nodes[0].cores.len();
+    if let Some(x) = cfg.nodes.iter().find(|x| x.cores.len() != threads) {
+        return usage(format!(
+            "node {} has {} cores, node {} {threads}: every machine needs the same",
+            x.id,
+            x.cores.len(),
+            cfg.nodes[0].id
+        ));
+    }
+    if threads == 0 || threads > 64 {
+        return usage("1 ..= 64 cores a machine".into());
+    }
+    if o.txs == 0 {
+        return usage("--txs must be at least 1".into());
+    }
+    let replicas = n.min(3);
+    let region = MIX.region_bytes(n as u32);
+    let g = Geometry {
+        machines: n as u16,
+        threads: threads as u16,
+        f: replicas - 1,
+        regions_per_machine: 1,
+        spare_regions_per_machine: 0,
+        region_bytes: region,
+        static_bytes: region,
+        block_bytes: txn::alloc::BLOCK_BYTES,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    };
+    g.check().map_err(|e| NodeError::Usage(e.to_string()))?;
+    let need = g.host_bytes().unwrap_or(u64::MAX);
+    if let Some(x) = cfg.nodes.iter().find(|x| x.memory_bytes < need) {
+        return usage(format!(
+            "node {} exports {} bytes; {n} machines × {threads} cores need {need}",
+            x.id, x.memory_bytes
+        ));
+    }
+    Ok(g)
+}
+
+/// What the bank holds at the end, as node 0 reads it.
+struct BankState {
+    sum: i64,
+    negative: u64,
+    unreadable: u64,
+    backups_differ: u64,
+}
+
+pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+    let geo = geometry(o, cfg)?;
+    preflight_passes(cfg, o.id)?;
+    cmdline::signals::install();
+    let me = format!("loch node {}", o.id);
+    let (own, regions) = memory_role(o, cfg, node, &me)?;
+    let agreement = Some(format!("--workload txn --txs {}", o.txs));
+    let (boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    say(format_args!(
+        "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
+        boot.join_ns as f64 / 1e6,
+        boot.exchange_ns as f64 / 1e6
+    ));
+    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
+    machines.sort_by_key(|x| x.id);
+    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
+    let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    say(format_args!(
+        "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {} transactions a core",
+        geo.machines,
+        geo.threads,
+        geo.f + 1,
+        o.txs
+    ));
+    let m = o.id as u16;
+    let seed = o.seed;
+    let txs = o.txs;
+    let report = run_machine(
+        geo,
+        m,
+        |m| {
+            cluster
+                .machine_executor(m as usize, core_config())
+                .map_err(|e| e.to_string())
+        },
+        |mc, t| WorkClient {
+            geo,
+            mix: MIX,
+            seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
+            txs,
+            process: (mc * geo.threads + t) as u64,
+        },
+    )
+    .map_err(failed)?;
+    if let Some(e) = report.first_error() {
+        return Err(failed(format!("a core failed: {e}")));
+    }
+    let mut out = WorkOut::default();
+    for c in &report.clients {
+        out.merge(c.out.as_ref().expect("no errors"));
+    }
+    rv.barrier("txn-done")
+        .map_err(|e| failed(crate::node::channel_problem(e)))?;
+    let bank = if o.id == 0 {
+        Some(read_bank(&cluster, geo)?)
+    } else {
+        None
+    };
+    rv.barrier("txn-checked")
+        .map_err(|e| failed(crate::node::channel_problem(e)))?;
+    rv.close();
+    let total = ACCOUNTS as i64 * BANK_START;
+    let bad_audits = out.audits.iter().filter(|&&a| a != total).count();
+    let mut h = latency_histogram();
+    for &l in &out.latencies_ns {
+        let _ = h.record(l.max(1));
+    }
+    let c = report.counters();
+    let aborted: u64 = out.aborted.iter().sum();
+    let bank_ok = bank.as_ref().is_none_or(|b| {
+        b.sum == total && b.negative == 0 && b.unreadable == 0 && b.backups_differ == 0
+    });
+    let ok = bad_audits == 0 && bank_ok && out.committed > 0;
+    let line = json!({
+        "workload": "txn",
+        "machine": o.id,
+        "machines": geo.machines,
+        "cores": geo.threads,
+        "replicas": geo.f + 1,
+        "committed": out.committed,
+        "aborted": aborted,
+        "given_up": out.given_up,
+        "audits": out.audits.len(),
+        "bad_audits": bad_audits,
+        "latency_us": {
+            "p50": h.value_at_quantile(0.5) as f64 / 1e3,
+            "p99": h.value_at_quantile(0.99) as f64 / 1e3,
+        },
+        // This machine's tasks' WRITEs and READs per commit of its own.
+        "writes_per_commit": c.writes as f64 / out.committed.max(1) as f64,
+        "reads_per_commit": c.reads as f64 / out.committed.max(1) as f64,
+        "bank": bank.as_ref().map(|b| json!({
+            "total": b.sum, "want": total, "negative": b.negative,
+            "unreadable": b.unreadable, "backups_differ": b.backups_differ,
+        })),
+        "ok": ok,
+    });
+    say(format_args!(
+        "{me}: {} committed, {aborted} aborted, {} audits ({bad_audits} saw another total){}",
+        out.committed,
+        out.audits.len(),
+        match (&bank, bank_ok) {
+            (Some(b), true) => format!("; the bank holds {} in all: ok", b.sum),
+            (Some(b), false) => format!(
+                "; the bank: total {} (want {total}), {} negative, {} backups differ: FAILED",
+                b.sum, b.negative, b.backups_differ
+            ),
+            (None, _) => String::new(),
+        }
+    ));
+    cmdline::outln!("{line}");
+    drop(own);
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// Every account's primary copy, lock-free, and every backup copy beside
+/// it, read with one-sided READs from a core of machine 0.
+fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError> {
+    let map = geo.region_map().map_err(failed)?;
+    let objects = MIX.objects(&geo);
+    let mut ex = cluster.machine_executor(0, core_config()).map_err(failed)?;
+    let result: Rc<RefCell<Option<Result<BankState, String>>>> = Rc::new(RefCell::new(None));
+    let r2 = result.clone();
+    ex.spawn(move |ctx| async move {
+        let got = async {
+            let mut st = BankState {
+                sum: 0,
+                negative: 0,
+                unreadable: 0,
+                backups_differ: 0,
+            };
+            for (at, len) in objects {
+                let n = object_bytes(len);
+                let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
+                match object::read(&ctx, p, len, 64).await {
+                    Ok(r) => {
+                        let b = BANK_START
+                            + i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
+                        st.negative += u64::from(b < 0);
+                        st.sum += b;
+                    }
+                    Err(_) => st.unreadable += 1,
+                }
+                let primary = ctx.read(p, n).await.map_err(|e| e.to_string())?;
+                for b in map.on_backups(at, n as u64).map_err(|e| e.to_string())? {
+                    let copy = ctx.read(b, n).await.map_err(|e| e.to_string())?;
+                    st.backups_differ += u64::from(copy.as_slice() != primary.as_slice());
+                }
+            }
+            Ok::<_, String>(st)
+        }
+        .await;
+        *r2.borrow_mut() = Some(got);
+    })
+    .map_err(failed)?;
+    ex.run();
+    let got = result.borrow_mut().take();
+    got.unwrap_or_else(|| Err("the check did not finish".into()))
+        .map_err(failed)
+}
