@@ -124,6 +124,11 @@ pub struct Mlx5 {
 #[cfg(feature = "mlx5")]
 impl Mlx5 {
     pub fn new() -> Option<Mlx5> {
+        Mlx5::with(2, HOST as usize)
+    }
+
+    /// `machines` memory nodes of `host_bytes` each on the device.
+    pub fn with(machines: u16, host_bytes: usize) -> Option<Mlx5> {
         use nicdrv::mlx5::{DeviceConfig, Mlx5Error, Mlx5MemoryNode, Mlx5Nic};
         let cfg = DeviceConfig::from_env().expect("the LOCH_MLX5_* variables");
         let nic = match Mlx5Nic::open(&cfg) {
@@ -134,18 +139,27 @@ impl Mlx5 {
             }
             Err(e) => panic!("an RDMA device exists but cannot be used: {e}"),
         };
-        let nodes = (0..2)
-            .map(|id| {
-                std::sync::Arc::new(Mlx5MemoryNode::new(&nic, id, HOST as usize, 4096).unwrap())
-            })
+        let nodes = (0..machines)
+            .map(|id| std::sync::Arc::new(Mlx5MemoryNode::new(&nic, id, host_bytes, 4096).unwrap()))
             .collect();
         Some(Mlx5 { nic, nodes })
     }
 
     fn executor(&self, machine: u16) -> Executor<nicdrv::mlx5::Mlx5Nic> {
-        let cfg = one_slot();
+        self.executor_with(machine, one_slot())
+    }
+
+    /// An executor of `cfg` on machine `machine`, a queue pair to every
+    /// node.
+    pub fn executor_with(
+        &self,
+        machine: u16,
+        cfg: ExecutorConfig,
+    ) -> Executor<nicdrv::mlx5::Mlx5Nic> {
         let nic = self.nic.on_machine(&self.nodes[machine as usize]);
-        let cq = nic.create_cq(cfg.qp_depth() * 2).unwrap();
+        let cq = nic
+            .create_cq(cfg.qp_depth() * self.nodes.len() as u32)
+            .unwrap();
         let qps = self
             .nodes
             .iter()
