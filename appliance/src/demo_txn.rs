@@ -90,14 +90,8 @@ pub fn run(cfg: &DemoConfig, txs: u64) -> Result<TxnPhase, String> {
         }
         DemoBackend::Emu => {
             let host = geo.host_bytes().ok_or("the phase's layout overflows")?;
-            let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
-                memory_nodes: geo.machines as usize,
-                host_bytes: host,
-                dm_bytes: 4096,
-                emu: Default::default(),
-            })
-            .and_then(|c| c.with_machines(geo.machines as usize))
-            .map_err(|e| e.to_string())?;
+            let cluster = cluster::EmuCluster::machines(geo.machines as usize, host)
+                .map_err(|e| e.to_string())?;
             run_threads(
                 geo,
                 |m| {
@@ -105,13 +99,7 @@ pub fn run(cfg: &DemoConfig, txs: u64) -> Result<TxnPhase, String> {
                         .machine_executor(m as usize, txn::harness::core_config())
                         .map_err(|e| e.to_string())
                 },
-                |m| {
-                    let mut b = vec![0u8; host as usize];
-                    if let Some(n) = cluster.node(m as usize) {
-                        n.host().read(0, &mut b);
-                    }
-                    b
-                },
+                |m| cluster.host_copy(m as usize),
                 clients,
             )
             .map_err(|e| e.to_string())?

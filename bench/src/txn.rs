@@ -223,14 +223,8 @@ fn run_emu(
     clients: impl FnMut(u16, u16) -> WorkClient,
 ) -> Result<Report<WorkOut>, String> {
     let host = geo.host_bytes().expect("checked");
-    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
-        memory_nodes: geo.machines as usize,
-        host_bytes: host,
-        dm_bytes: 4096,
-        emu: Default::default(),
-    })
-    .and_then(|c| c.with_machines(geo.machines as usize))
-    .map_err(|e| e.to_string())?;
+    let cluster =
+        cluster::EmuCluster::machines(geo.machines as usize, host).map_err(|e| e.to_string())?;
     run_threads(
         geo,
         |m| {

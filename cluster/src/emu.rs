@@ -116,6 +116,29 @@ impl EmuCluster {
         Ok(self)
     }
 
+    /// `machines` memory nodes of `host_bytes` each (4 KiB of device
+    /// memory), every one a machine: what a transaction cluster runs on.
+    pub fn machines(machines: usize, host_bytes: u64) -> Result<EmuCluster, ClusterError> {
+        EmuCluster::boot(&EmuClusterConfig {
+            memory_nodes: machines,
+            host_bytes,
+            dm_bytes: 4096,
+            emu: EmuConfig::default(),
+        })?
+        .with_machines(machines)
+    }
+
+    /// A copy of memory node `id`'s host memory as its owner sees it
+    /// (empty for a node this cluster does not own).
+    pub fn host_copy(&self, id: usize) -> Vec<u8> {
+        self.node(id).map_or_else(Vec::new, |n| {
+            let h = n.host();
+            let mut b = vec![0u8; h.len()];
+            h.read(0, &mut b);
+            b
+        })
+    }
+
     /// The machine core `core` runs on, if the cluster has machines.
     pub fn machine_of(&self, core: usize) -> Option<usize> {
         (self.machines > 0).then(|| core % self.machines)

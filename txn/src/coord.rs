@@ -482,22 +482,17 @@ impl Coordinator {
         }
         self.map().visible(region)?;
         let p = self.map().get(region)?.primary.machine;
-        let env = Envelope {
-            head: self.replies[p as usize].piggyback_head(),
-            truncate: Vec::new(),
-            record: Record::Alloc {
+        self.send_one(
+            ctx,
+            p,
+            Record::Alloc {
                 tx: tx.id,
                 region,
                 len: len as u32,
             },
-        };
-        let bytes = env.encode()?;
-        let deadline = ctx.now_ns() + LOG_WAIT_NS;
-        self.logs[p as usize]
-            .append(ctx, &bytes, Some(deadline))
-            .await?;
+        )
+        .await?;
         self.stats.alloc_records += 1;
-        self.stats.log_bytes += bytes.len() as u64;
         tx.allocs.insert(p);
         let slot = match self.answer(ctx, tx.id, p).await? {
             Record::AllocReply { slot, .. } => slot,
@@ -574,24 +569,19 @@ impl Coordinator {
                 machines.clone()
             };
             for &d in &to {
-                let env = Envelope {
-                    head: self.replies[d as usize].piggyback_head(),
-                    truncate: Vec::new(),
-                    record: Record::NewRegion {
+                self.send_one(
+                    ctx,
+                    d,
+                    Record::NewRegion {
                         tx,
                         region: id,
                         bytes: g.region_bytes,
                         replicas: replicas.clone(),
                         commit,
                     },
-                };
-                let bytes = env.encode()?;
-                let deadline = ctx.now_ns() + LOG_WAIT_NS;
-                self.logs[d as usize]
-                    .append(ctx, &bytes, Some(deadline))
-                    .await?;
+                )
+                .await?;
                 self.stats.alloc_records += 1;
-                self.stats.log_bytes += bytes.len() as u64;
             }
             let answers = self.answers(ctx, tx, &to).await?;
             if let Some((d, _)) = answers.iter().find(|a| !a.1) {
@@ -613,18 +603,8 @@ impl Coordinator {
     /// holding one).
     pub async fn abort<N: Nic>(&mut self, ctx: &Ctx<N>, tx: Tx) -> Result<(), TxError> {
         for &p in &tx.allocs {
-            let env = Envelope {
-                head: self.replies[p as usize].piggyback_head(),
-                truncate: Vec::new(),
-                record: Record::Abort { tx: tx.id },
-            };
-            let bytes = env.encode()?;
-            let deadline = ctx.now_ns() + LOG_WAIT_NS;
-            self.logs[p as usize]
-                .append(ctx, &bytes, Some(deadline))
-                .await?;
+            self.send_one(ctx, p, Record::Abort { tx: tx.id }).await?;
             self.stats.alloc_records += 1;
-            self.stats.log_bytes += bytes.len() as u64;
         }
         Ok(())
     }
@@ -1007,19 +987,32 @@ impl Coordinator {
         self.flush(ctx).await?;
         let tx = self.begin().id;
         for d in 0..self.geo.machines {
-            let env = Envelope {
-                head: self.replies[d as usize].piggyback_head(),
-                truncate: Vec::new(),
-                record: Record::Done { tx },
-            };
-            let bytes = env.encode()?;
-            let deadline = ctx.now_ns() + LOG_WAIT_NS;
-            self.logs[d as usize]
-                .append(ctx, &bytes, Some(deadline))
-                .await?;
+            self.send_one(ctx, d, Record::Done { tx }).await?;
             self.stats.done_records += 1;
-            self.stats.log_bytes += bytes.len() as u64;
         }
+        Ok(())
+    }
+
+    /// Appends one record outside a commit to machine `d`'s log, with the
+    /// reply ring's head piggybacked, waiting for room up to
+    /// [`LOG_WAIT_NS`].
+    async fn send_one<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        d: NodeId,
+        record: Record,
+    ) -> Result<(), TxError> {
+        let env = Envelope {
+            head: self.replies[d as usize].piggyback_head(),
+            truncate: Vec::new(),
+            record,
+        };
+        let bytes = env.encode()?;
+        let deadline = ctx.now_ns() + LOG_WAIT_NS;
+        self.logs[d as usize]
+            .append(ctx, &bytes, Some(deadline))
+            .await?;
+        self.stats.log_bytes += bytes.len() as u64;
         Ok(())
     }
 
@@ -1035,20 +1028,15 @@ impl Coordinator {
     async fn flush_one<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId) -> Result<(), TxError> {
         while !self.pending[d as usize].is_empty() {
             let n = self.pending[d as usize].len().min(4 * CARRY_MAX);
-            let env = Envelope {
-                head: self.replies[d as usize].piggyback_head(),
-                truncate: Vec::new(),
-                record: Record::Truncate {
+            self.send_one(
+                ctx,
+                d,
+                Record::Truncate {
                     txs: self.pending[d as usize][..n].to_vec(),
                 },
-            };
-            let p = env.encode()?;
-            let deadline = ctx.now_ns() + LOG_WAIT_NS;
-            self.logs[d as usize]
-                .append(ctx, &p, Some(deadline))
-                .await?;
+            )
+            .await?;
             self.stats.truncate_records += 1;
-            self.stats.log_bytes += p.len() as u64;
             self.pending[d as usize].drain(..n);
         }
         Ok(())

@@ -4,10 +4,13 @@
 //! reader's validation, a full region says so, and concurrent clients
 //! never share a slot.
 
+mod common;
+
+use common::run_emu as emu;
 use nicdrv::rng::Rng;
 use nicdrv::sim::{for_each_seed, SimModel};
 use nicdrv::{Ctx, Nic};
-use txn::harness::{run_sim, run_threads, Client, Report};
+use txn::harness::{run_sim, Client, Report};
 use txn::object::{decode, object_bytes};
 use txn::{Abort, Coordinator, Geometry, ObjAddr, Outcome, TxError};
 
@@ -26,37 +29,6 @@ fn geo(threads: u16) -> Geometry {
         log_bytes: 64 << 10,
         reply_bytes: 4 << 10,
     }
-}
-
-fn emu<C: Client<nicdrv::emu::EmuNic>>(
-    g: Geometry,
-    client: impl FnMut(u16, u16) -> C,
-) -> Report<C::Out> {
-    let host = g.host_bytes().unwrap();
-    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
-        memory_nodes: g.machines as usize,
-        host_bytes: host,
-        dm_bytes: 4096,
-        emu: Default::default(),
-    })
-    .unwrap()
-    .with_machines(g.machines as usize)
-    .unwrap();
-    run_threads(
-        g,
-        |m| {
-            cluster
-                .machine_executor(m as usize, txn::harness::core_config())
-                .map_err(|e| e.to_string())
-        },
-        |m| {
-            let mut b = vec![0u8; host as usize];
-            cluster.node(m as usize).unwrap().host().read(0, &mut b);
-            b
-        },
-        client,
-    )
-    .unwrap()
 }
 
 fn value(i: u64) -> Vec<u8> {

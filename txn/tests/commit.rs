@@ -12,7 +12,7 @@ use nicdrv::sim::{for_each_seed, SimModel};
 use nicdrv::{Ctx, Nic};
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use txn::harness::{run_sim, run_threads, Client, Report};
+use txn::harness::{run_sim, Client, Report};
 use txn::history::{History, Kind, Mop};
 use txn::object::{decode, object_bytes};
 use txn::{Abort, Coordinator, Geometry, ObjAddr, Outcome, TxError};
@@ -32,37 +32,7 @@ fn geo(machines: u16, threads: u16, f: usize) -> Geometry {
     }
 }
 
-/// Runs on emu: one memory node per machine, one OS thread per core.
-fn run_emu<C: Client<nicdrv::emu::EmuNic>>(
-    g: Geometry,
-    client: impl FnMut(u16, u16) -> C,
-) -> Report<C::Out> {
-    let host = g.host_bytes().unwrap();
-    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
-        memory_nodes: g.machines as usize,
-        host_bytes: host,
-        dm_bytes: 4096,
-        emu: Default::default(),
-    })
-    .unwrap()
-    .with_machines(g.machines as usize)
-    .unwrap();
-    run_threads(
-        g,
-        |m| {
-            cluster
-                .machine_executor(m as usize, txn::harness::core_config())
-                .map_err(|e| e.to_string())
-        },
-        |m| {
-            let mut b = vec![0u8; host as usize];
-            cluster.node(m as usize).unwrap().host().read(0, &mut b);
-            b
-        },
-        client,
-    )
-    .unwrap()
-}
+use common::run_emu;
 
 fn sim<C: Client<nicdrv::sim::SimNic>>(
     g: Geometry,
@@ -565,16 +535,7 @@ fn list_append_histories_are_strict_serializable_on_emu() {
 #[test]
 fn machines_run_apart_stop_on_every_coordinators_done() {
     let g = geo(3, 1, 1);
-    let host = g.host_bytes().unwrap();
-    let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
-        memory_nodes: 3,
-        host_bytes: host,
-        dm_bytes: 4096,
-        emu: Default::default(),
-    })
-    .unwrap()
-    .with_machines(3)
-    .unwrap();
+    let cluster = cluster::EmuCluster::machines(3, g.host_bytes().unwrap()).unwrap();
     let reports: Vec<Report<BankOut>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..3u16)
             .map(|m| {
@@ -600,13 +561,7 @@ fn machines_run_apart_stop_on_every_coordinators_done() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let memory: Vec<Vec<u8>> = (0..3)
-        .map(|m| {
-            let mut b = vec![0u8; host as usize];
-            cluster.node(m).unwrap().host().read(0, &mut b);
-            b
-        })
-        .collect();
+    let memory: Vec<Vec<u8>> = (0..3).map(|m| cluster.host_copy(m)).collect();
     let mut all = Report {
         clients: Vec::new(),
         servers: Vec::new(),
@@ -630,7 +585,7 @@ fn mlx5_the_bank_keeps_its_total() {
     let Some(fix) = common::Mlx5::with(3, g.host_bytes().unwrap() as usize) else {
         return;
     };
-    let r = run_threads(
+    let r = txn::harness::run_threads(
         g,
         |m| Ok(fix.executor_with(m, txn::harness::core_config())),
         |_| Vec::new(),

@@ -127,7 +127,7 @@ fn emu_reads_never_accept_a_half_installed_object() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut ex = cluster.machine_executor(0, cfg).unwrap();
-            let stop = stop.clone();
+            let (stop, accepted) = (stop.clone(), accepted.clone());
             ex.spawn(|ctx| async move {
                 // Stops the reader however this task ends (a panic too).
                 struct Stop(Arc<AtomicBool>);
@@ -141,7 +141,11 @@ fn emu_reads_never_accept_a_half_installed_object() {
                 let l = ctx.local();
                 let mut h = Header(0); // zeroed memory
                 let mut buf = vec![0u8; object_bytes(len)];
-                for v in 1..20_000u64 {
+                // Until the reader has taken many copies (it may start
+                // late), at least 20 000 versions.
+                let mut v = 0u64;
+                while v < 20_000 || (accepted.load(Ordering::Relaxed) < 1000 && v < 50_000_000) {
+                    v += 1;
                     let next = Header::new(v, 3);
                     encode(next, &value(v, len), &mut buf).unwrap();
                     assert_eq!(l.cas(off, h.0, h.with_lock().0).unwrap(), h.0);

@@ -113,6 +113,27 @@ impl Machines for Emu {
     }
 }
 
+/// A transaction cluster of `g.machines` machines on emu: one memory node
+/// each, one OS thread per core; the report with every machine's memory.
+pub fn run_emu<C: txn::harness::Client<nicdrv::emu::EmuNic>>(
+    g: txn::Geometry,
+    client: impl FnMut(u16, u16) -> C,
+) -> txn::harness::Report<C::Out> {
+    let cluster =
+        cluster::EmuCluster::machines(g.machines as usize, g.host_bytes().unwrap()).unwrap();
+    txn::harness::run_threads(
+        g,
+        |m| {
+            cluster
+                .machine_executor(m as usize, txn::harness::core_config())
+                .map_err(|e| e.to_string())
+        },
+        |m| cluster.host_copy(m as usize),
+        client,
+    )
+    .unwrap()
+}
+
 /// Two memory nodes on one RDMA device in loopback, each a machine; `None`
 /// (the test skips, saying so) where this host has no RDMA device.
 #[cfg(feature = "mlx5")]
