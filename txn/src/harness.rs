@@ -228,6 +228,18 @@ pub fn run_sim<C: Client<nicdrv::sim::SimNic>>(
     model: SimModel,
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<(Report<C::Out>, World), TxError> {
+    run_sim_with_faults(geo, seed, model, &[], client)
+}
+
+/// As [`run_sim`], with simulator faults (times from the start; core t
+/// of machine m is thread m × threads + t).
+pub fn run_sim_with_faults<C: Client<nicdrv::sim::SimNic>>(
+    geo: Geometry,
+    seed: u64,
+    model: SimModel,
+    faults: &[nicdrv::sim::Fault],
+    client: impl FnMut(u16, u16) -> C,
+) -> Result<(Report<C::Out>, World), TxError> {
     let host = geo
         .host_bytes()
         .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
@@ -249,6 +261,7 @@ pub fn run_sim<C: Client<nicdrv::sim::SimNic>>(
         w.spawn(th, server).map_err(sim)?;
         w.spawn(th, client).map_err(sim)?;
     }
+    w.add_faults(faults).map_err(sim)?;
     match w.run_until(SIM_LIMIT_NS) {
         RunEnd::Done => {}
         end => {

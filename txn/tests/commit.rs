@@ -609,3 +609,71 @@ fn mlx5_the_bank_keeps_its_total() {
     }
     assert!(committed > 0);
 }
+
+/// Increments of one object, one at a time: how many committed, and how
+/// many aborted for want of log space.
+struct Incrementer {
+    active: bool,
+    n: u32,
+}
+
+impl<N: Nic> Client<N> for Incrementer {
+    type Out = (u64, u64);
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<(u64, u64), TxError> {
+        let (mut committed, mut log_full) = (0, 0);
+        if !self.active {
+            return Ok((0, 0));
+        }
+        for _ in 0..self.n {
+            let mut tx = c.begin();
+            let v = u64::from_le_bytes(c.read(ctx, &mut tx, X, 8).await?.try_into().unwrap());
+            assert_eq!(v, committed, "every committed increment, no other");
+            tx.write(X, &(v + 1).to_le_bytes())?;
+            match c.commit(ctx, tx).await? {
+                Outcome::Committed => committed += 1,
+                Outcome::Aborted(Abort::LogFull) => log_full += 1,
+                Outcome::Aborted(a) => panic!("aborted alone: {a}"),
+            }
+        }
+        Ok((committed, log_full))
+    }
+}
+
+/// A backup that stops taking its log (its core stalled) fills the ring
+/// from the coordinator: commits find no log space at reservation and
+/// abort cleanly (nothing of theirs applied), then go on once the backup
+/// catches up, and nothing committed is lost.
+#[test]
+fn a_full_log_at_reservation_aborts_cleanly() {
+    let g = Geometry {
+        log_bytes: 4096,
+        ..geo(3, 1, 2)
+    };
+    let stall = nicdrv::sim::parse_fault("thread-stall@100us:1/6ms").unwrap();
+    for_each_seed("a_full_log_at_reservation_aborts_cleanly", 5, |seed| {
+        let (r, _) =
+            txn::harness::run_sim_with_faults(g, seed, SimModel::default(), &stall, |m, _| {
+                Incrementer {
+                    active: m == 0,
+                    n: 400,
+                }
+            })
+            .unwrap();
+        no_errors(&r);
+        let (committed, log_full) = *r.clients[0].out.as_ref().unwrap();
+        assert!(
+            log_full > 0,
+            "seed {seed}: the stalled backup's log never filled"
+        );
+        assert!(
+            committed > 300,
+            "seed {seed}: commits did not go on ({committed})"
+        );
+        assert_eq!(final_value(g, &r, X, 8), committed.to_le_bytes());
+        backups_equal_primaries(g, &r, &[(X, 8)]);
+        assert!(
+            r.server_stats().unwrap().head_reports > 0,
+            "the backup returned its head by WRITE"
+        );
+    });
+}

@@ -152,7 +152,7 @@ fn emu_reads_never_accept_a_half_installed_object() {
                     l.write(off + 64, &buf[64..]).unwrap();
                     l.write(off, &buf[..64]).unwrap();
                     h = next;
-                    if v % 64 == 0 {
+                    if v.is_multiple_of(64) {
                         ctx.yield_now().await;
                     }
                 }
