@@ -21,7 +21,7 @@
 use crate::object::{self, object_bytes, Header, LINE};
 use crate::records::{ObjAddr, TxId};
 use crate::regions::RegionMap;
-use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
+use nicdrv::{Ctx, GlobalAddr, Nic};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -92,21 +92,19 @@ pub enum Reserved {
 
 impl Allocator {
     /// Reserves a slot of region `region` (whose primary is this machine,
-    /// at local offset `base`) for an object of `payload` bytes, formatting
-    /// a new block if none has one free. Returns the block's header line
-    /// to replicate when a block was formatted.
-    #[allow(clippy::too_many_arguments)]
+    /// at local offset `base`; blocks as `geo` lays them out) for an
+    /// object of `payload` bytes, formatting a new block if none has one
+    /// free. Returns the block formatted, if one was, whose header line
+    /// the caller replicates.
     pub fn reserve<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         tx: TxId,
-        region: u32,
-        base: u64,
-        static_bytes: u64,
-        block_bytes: u64,
-        blocks: u64,
+        geo: &crate::layout::Geometry,
+        (region, base): (u32, u64),
         payload: usize,
     ) -> Result<(Reserved, Option<u64>), crate::TxError> {
+        let (static_bytes, block_bytes, blocks) = (geo.static_bytes, geo.block_bytes, geo.blocks());
         let slabs = self.regions.entry(region).or_default();
         let mut formatted = None;
         if slabs.free.get(&payload).is_none_or(|f| f.is_empty()) {
@@ -158,11 +156,6 @@ impl Allocator {
         let slabs = self.regions.entry(at.region).or_default();
         slabs.free.entry(payload).or_default().push(at.offset);
     }
-
-    /// Slots reserved and not yet settled (tests).
-    pub fn reserved(&self) -> usize {
-        self.reserved.values().map(Vec::len).sum()
-    }
 }
 
 /// The block header line's copy on every backup of `region`.
@@ -178,9 +171,4 @@ pub fn backup_block_headers(
         },
         LINE as u64,
     )?)
-}
-
-/// The machine a region's primary is on.
-pub fn primary_machine(map: &RegionMap, region: u32) -> Result<NodeId, crate::TxError> {
-    Ok(map.get(region)?.primary.machine)
 }

@@ -221,33 +221,6 @@ impl Geometry {
         (self.region_bytes - self.static_bytes) / self.block_bytes
     }
 
-    /// A shape with `region_bytes` of fixed tables and `blocks` allocator
-    /// blocks of [`crate::alloc::BLOCK_BYTES`] in every region, 64 KiB log
-    /// rings and 4 KiB reply rings.
-    pub fn with_tables(
-        machines: u16,
-        threads: u16,
-        replicas: usize,
-        regions_per_machine: u32,
-        table_bytes: u64,
-        blocks: u64,
-    ) -> Geometry {
-        let static_bytes = table_bytes.next_multiple_of(4096);
-        let block_bytes = crate::alloc::BLOCK_BYTES;
-        Geometry {
-            machines,
-            threads,
-            f: replicas.saturating_sub(1),
-            regions_per_machine,
-            spare_regions_per_machine: 0,
-            region_bytes: static_bytes + blocks * block_bytes,
-            static_bytes,
-            block_bytes,
-            log_bytes: 64 << 10,
-            reply_bytes: 4 << 10,
-        }
-    }
-
     /// The region map this geometry places.
     pub fn region_map(&self) -> Result<RegionMap, GeometryError> {
         self.check()?;

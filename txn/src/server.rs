@@ -506,11 +506,8 @@ impl Server {
         let (got, formatted) = self.alloc.lock().expect("no panics hold it").reserve(
             ctx,
             tx,
-            region,
-            r.primary.base,
-            self.geo.static_bytes,
-            self.geo.block_bytes,
-            self.geo.blocks(),
+            &self.geo,
+            (region, r.primary.base),
             len,
         )?;
         if let Some(block) = formatted {

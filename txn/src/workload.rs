@@ -15,7 +15,7 @@
 //! in one region, so most transactions write at one primary (Pw = 1).
 
 use crate::coord::{Coordinator, Outcome};
-use crate::error::{Abort, TxError};
+use crate::error::TxError;
 use crate::harness::Client;
 use crate::history::{Kind, Mop};
 use crate::layout::Geometry;
@@ -543,14 +543,6 @@ pub fn list_bytes(l: &[u64]) -> Vec<u8> {
 }
 
 const _: () = assert!(LINE_PAYLOAD >= 8, "a row fits a line");
-
-/// The aborts of `out`, by reason name.
-pub fn aborts_by_reason(out: &WorkOut) -> Vec<(&'static str, u64)> {
-    Abort::ALL
-        .iter()
-        .map(|a| (a.name(), out.aborted[a.index()]))
-        .collect()
-}
 
 impl WorkOut {
     pub fn merge(&mut self, o: &WorkOut) {
