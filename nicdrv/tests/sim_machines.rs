@@ -414,3 +414,61 @@ fn a_sleep_beside_a_write_wait_leaves_no_deadline_behind() {
         "{events} events: a stale deadline made the task spin"
     );
 }
+
+/// `submit_first` returns once the first doorbell completed: a small
+/// WRITE to node 0 beside a large one to node 1 returns before the large
+/// one lands; `settle` waits for the rest and reports its failure; the
+/// next batch waits for the background doorbell before it posts.
+#[test]
+fn submit_first_returns_at_the_first_doorbell_and_settle_reports_the_rest() {
+    let mut w = world(3);
+    let t = thread(&mut w, 2, 1);
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let s = seen.clone();
+    w.spawn(t, move |ctx| async move {
+        let t0 = ctx.now_ns();
+        let mut b = ctx.batch();
+        b.write_bytes(GlobalAddr::host(0, 0), &[1u8; 64]);
+        b.write_bytes(GlobalAddr::host(1, 0), &[2u8; 32 << 10]);
+        b.submit_first().await.unwrap();
+        let first = ctx.now_ns() - t0;
+        ctx.settle().await.unwrap();
+        let all = ctx.now_ns() - t0;
+        // The large WRITE is in place once settled.
+        let r = ctx
+            .read(GlobalAddr::host(1, (32 << 10) - 8), 8)
+            .await
+            .unwrap();
+        assert_eq!(r.u64_at(0), u64::from_le_bytes([2; 8]));
+        // A failure in a background doorbell: a WRITE past node 1's memory.
+        let mut b = ctx.batch();
+        b.write_bytes(GlobalAddr::host(0, 64), &[3u8; 64]);
+        b.write_bytes(GlobalAddr::host(1, (1 << 20) - 8), &[4u8; 4096]);
+        let first_ok = b.submit_first().await;
+        let settled = ctx.settle().await;
+        // The next batch posts after the background one, and works.
+        let r = ctx.read(GlobalAddr::host(0, 64), 8).await.unwrap();
+        assert_eq!(r.u64_at(0), u64::from_le_bytes([3; 8]));
+        s.borrow_mut().push((
+            first,
+            all,
+            first_ok.is_ok(),
+            settled.map_err(|e| e.is_node_dead()),
+        ));
+        assert_eq!(ctx.counters().writes, 4);
+    })
+    .unwrap();
+    assert_eq!(w.run(), RunEnd::Done);
+    let got = seen.borrow();
+    let (first, all, first_ok, settled) = got[0];
+    assert!(
+        first < all,
+        "the first doorbell came back first ({first} vs {all} ns)"
+    );
+    assert!(first_ok, "the small WRITE's doorbell succeeded");
+    assert_eq!(
+        settled,
+        Err(false),
+        "settle reports the failed WRITE (not a dead node)"
+    );
+}

@@ -18,7 +18,9 @@
 //!    (`Changed`);
 //! 4. COMMIT-BACKUP to every backup of a written region; the batch's
 //!    completion is the NIC's acknowledgement of all of them;
-//! 5. COMMIT-PRIMARY to every primary; committed once they land.
+//! 5. COMMIT-PRIMARY to every primary; committed at the first
+//!    acknowledgement (the rest settle before the coordinator's next
+//!    batch).
 //!
 //! The transaction's id then waits, per machine it touched, to ride on
 //! the next record this coordinator sends there (truncation piggybacked;
@@ -271,6 +273,10 @@ pub struct Coordinator {
     /// created, and spare slots used on each machine.
     created: u32,
     spare_used: Vec<u64>,
+    /// Machines whose COMMIT-PRIMARY record may still be in flight (the
+    /// commit was reported at the first acknowledgement); their senders
+    /// land once the batch settles.
+    unsettled: Vec<NodeId>,
     stats: CoordStats,
     buf: Vec<u8>,
 }
@@ -315,6 +321,7 @@ impl Coordinator {
             blocks: HashMap::new(),
             created: 0,
             spare_used: vec![0; geo.machines as usize],
+            unsettled: Vec::new(),
             stats: CoordStats::default(),
             buf: Vec::new(),
         })
@@ -395,6 +402,8 @@ impl Coordinator {
         }
         self.map().visible(at.region)?;
         let addr = self.map().on_primary(at, object_bytes(len) as u64)?;
+        // The next batch would forget a failure of the last commit's.
+        self.settle(ctx).await?;
         if at.offset >= self.geo.static_bytes {
             self.check_slot(ctx, at, len).await?;
         }
@@ -628,6 +637,7 @@ impl Coordinator {
     }
 
     async fn try_commit<N: Nic>(&mut self, ctx: &Ctx<N>, tx: &Tx) -> Result<(), TxError> {
+        self.settle(ctx).await?;
         if tx.writes.is_empty() && tx.reads.len() <= 1 {
             return Ok(());
         }
@@ -839,8 +849,49 @@ impl Coordinator {
             .filter_map(|(&d, p)| p.finish.as_ref().map(|f| (d, f.0.clone())))
             .collect();
         let n = commits.len() as u64;
-        self.send(ctx, plan, commits).await?;
+        self.send_commits(ctx, plan, commits).await?;
         self.stats.commit_records += n;
+        Ok(())
+    }
+
+    /// COMMIT-PRIMARY: the records in one batch (a batch's worth at a time
+    /// when there are more), the commit reported at the first
+    /// acknowledgement of the last batch (FaRM §4); the rest of it settles
+    /// before this coordinator's next batch.
+    async fn send_commits<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        plan: &mut BTreeMap<NodeId, Dest>,
+        mut msgs: Vec<(NodeId, Vec<u8>)>,
+    ) -> Result<(), TxError> {
+        let last = msgs.split_off(msgs.len().saturating_sub(RECORDS_PER_BATCH));
+        self.send(ctx, plan, msgs).await?;
+        let mut b = ctx.batch();
+        for (d, p) in &last {
+            let mut p = p.clone();
+            Envelope::patch_head(&mut p, self.replies[*d as usize].piggyback_head());
+            let dest = plan.get_mut(d).expect("planned");
+            debug_assert_eq!(dest.carried, 0, "a primary's LOCK carried its truncations");
+            let r = dest.reservation.as_mut().expect("reserved");
+            self.logs[*d as usize].stage_reserved(ctx, &mut b, r, &p)?;
+            self.stats.log_bytes += p.len() as u64;
+        }
+        b.submit_first().await?;
+        self.unsettled.extend(last.iter().map(|m| m.0));
+        Ok(())
+    }
+
+    /// Waits for the COMMIT-PRIMARY records still in flight, then moves
+    /// their senders' tails past them; a failure among them leaves those
+    /// senders poisoned.
+    async fn settle<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        if self.unsettled.is_empty() {
+            return Ok(());
+        }
+        ctx.settle().await?;
+        for d in std::mem::take(&mut self.unsettled) {
+            self.logs[d as usize].landed(ctx)?;
+        }
         Ok(())
     }
 
@@ -898,6 +949,7 @@ impl Coordinator {
         plan: &mut BTreeMap<NodeId, Dest>,
         msgs: Vec<(NodeId, Vec<u8>)>,
     ) -> Result<(), TxError> {
+        self.settle(ctx).await?;
         for chunk in msgs.chunks(RECORDS_PER_BATCH) {
             let mut b = ctx.batch();
             for (d, p) in chunk {
@@ -1002,6 +1054,7 @@ impl Coordinator {
         d: NodeId,
         record: Record,
     ) -> Result<(), TxError> {
+        self.settle(ctx).await?;
         let env = Envelope {
             head: self.replies[d as usize].piggyback_head(),
             truncate: Vec::new(),

@@ -152,6 +152,25 @@ impl<N: Nic> Ctx<N> {
         Batch::new(self)
     }
 
+    /// Waits until this task's last batch has wholly completed (one sent
+    /// with [`Batch::submit_first`] may still have doorbells in flight)
+    /// and returns its first failure, if any; `Ok` at once when nothing is
+    /// in flight. Call it before another batch, which would forget the
+    /// failure.
+    pub async fn settle(&self) -> Result<(), VerbError> {
+        let slot = self.s();
+        SlotIdle { slot }.await;
+        match slot.failure.take() {
+            None => Ok(()),
+            Some((op, status, node)) => Err(VerbError::Failed {
+                node,
+                op,
+                opcode: slot.opcode_of(op as usize),
+                status,
+            }),
+        }
+    }
+
     /// Gives the other tasks on this core a turn.
     pub fn yield_now(&self) -> YieldNow {
         YieldNow { yielded: false }
@@ -532,6 +551,91 @@ impl<'a, N: Nic> Batch<'a, N> {
             gen: self.gen,
             len: self.len,
         })
+    }
+}
+
+impl<'a, N: Nic> Batch<'a, N> {
+    /// Posts the batch and waits until the first of its doorbells (one per
+    /// node it reaches) completed, every request of that doorbell
+    /// acknowledged: FaRM's coordinator reports a commit after the first
+    /// COMMIT-PRIMARY acknowledgement. The other doorbells complete in the
+    /// background; the task's next batch waits for them before it posts,
+    /// and [`Ctx::settle`] waits for them and says whether they succeeded.
+    /// `Ok` if every request completed so far succeeded. No results come
+    /// back: use it for WRITEs.
+    pub async fn submit_first(mut self) -> Result<(), VerbError> {
+        self.unsubmitted = false;
+        let ctx = self.ctx;
+        let slot = ctx.s();
+        if slot.gen.get() != self.gen {
+            return Err(self.error.take().unwrap_or(VerbError::BatchSuperseded));
+        }
+        if let Some(e) = self.error.take() {
+            slot.clear_storage();
+            return Err(e);
+        }
+        let len = self.len as usize;
+        if len == 0 {
+            return Ok(());
+        }
+        SlotIdle { slot }.await;
+        let busy = BusyGuard::take(slot);
+        let seq = slot.seq.get().wrapping_add(1);
+        slot.seq.set(seq);
+        slot.failure.set(None);
+        let (groups, post_err) = slot.post_groups(len, seq, |node, wrs| {
+            // SAFETY: as in `submit`: every local SGE is a Buf held in the
+            // slot's storage until every group of the batch completed (the
+            // storage is cleared only by a later batch, after it waited in
+            // SlotIdle for them), or a word of the slot's atomics area.
+            unsafe { ctx.post(node, wrs) }
+        });
+        slot.pending.set(groups);
+        if groups > 0 {
+            slot.bump(|c| c.round_trips += 1);
+            slot.wake_each.set(true);
+            FirstDone { slot, seq, groups }.await;
+            slot.wake_each.set(false);
+        }
+        if post_err.is_some() || slot.failure.get().is_some() {
+            // A failure: wait for the whole batch, as `submit` does, so
+            // that what failed is known and the buffers can go.
+            BatchDone { slot, seq }.await;
+            slot.clear_storage();
+            if let Some(e) = post_err {
+                return Err(e);
+            }
+            let (op, status, node) = slot.failure.take().expect("checked");
+            return Err(VerbError::Failed {
+                node,
+                op,
+                opcode: slot.opcode_of(op as usize),
+                status,
+            });
+        }
+        // The rest completes in the background: this batch's storage stays
+        // the NIC's until then (the next batch waits in SlotIdle).
+        drop(busy);
+        Ok(())
+    }
+}
+
+/// Until one group of the slot's current batch completed.
+struct FirstDone<'a> {
+    slot: &'a Slot,
+    seq: u16,
+    groups: u32,
+}
+
+impl Future for FirstDone<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        debug_assert_eq!(self.slot.seq.get(), self.seq);
+        if self.slot.pending.get() < self.groups {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 }
 

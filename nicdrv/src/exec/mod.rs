@@ -151,6 +151,9 @@ pub(crate) struct Slot {
     pub(crate) counters: Cell<VerbCounters>,
     /// A batch of this slot is between post and result.
     pub(crate) busy: Cell<bool>,
+    /// Wake the task at every group's completion, not only the last's
+    /// ([`ctx::Batch::submit_first`]).
+    pub(crate) wake_each: Cell<bool>,
     /// Generation of the slot's batch storage; a new batch bumps it.
     pub(crate) gen: Cell<u32>,
     pub(crate) storage: storage::BatchStorage,
@@ -216,7 +219,7 @@ impl<N: Nic> Core<N> {
                 let p = slot.pending.get();
                 debug_assert!(p > 0);
                 slot.pending.set(p.saturating_sub(1));
-                if p == 1 {
+                if p == 1 || slot.wake_each.get() {
                     slot.wake.wake();
                 }
             } else if slot.arena.inflight() == 0 {
@@ -341,6 +344,7 @@ impl<N: Nic> Executor<N> {
                         atomics,
                         counters: Cell::new(VerbCounters::default()),
                         busy: Cell::new(false),
+                        wake_each: Cell::new(false),
                         gen: Cell::new(0),
                         storage: storage::BatchStorage::new(),
                         timer: Cell::new(wait::NO_TIMER),
