@@ -147,6 +147,9 @@ fn tasks<N: Nic, C: Client<N>>(
             let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
             let server: Task<N> = Box::new(move |ctx| {
                 Box::pin(async move {
+                    // Acquire: pairs with each client's Release decrement,
+                    // so the records its close appended are seen by the
+                    // last sweep.
                     let stop = || sink2.live.load(Ordering::Acquire) == 0;
                     let stats = match Server::open(&ctx, geo, map2, m, t, alloc2) {
                         Ok(s) => s.run(&ctx, &stop).await,
@@ -331,7 +334,7 @@ fn on_threads<N: Nic, O: Send>(
                 s.spawn(move || -> Result<(), String> {
                     let mut ex = executor(m).inspect_err(|_| {
                         // Its client never runs: the servers must not wait
-                        // for it.
+                        // for it (Release, as a client's own decrement).
                         sink.live.fetch_sub(1, Ordering::Release);
                     })?;
                     ex.spawn(server).map_err(|e| e.to_string())?;

@@ -144,6 +144,8 @@ fn emu_reads_never_accept_a_half_installed_object() {
                 // Until the reader has taken many copies (it may start
                 // late), at least 20 000 versions.
                 let mut v = 0u64;
+                // Relaxed: a count that only paces the writer, ordering
+                // nothing.
                 while v < 20_000 || (accepted.load(Ordering::Relaxed) < 1000 && v < 50_000_000) {
                     v += 1;
                     let next = Header::new(v, 3);
@@ -166,11 +168,13 @@ fn emu_reads_never_accept_a_half_installed_object() {
             ex.spawn(|ctx| async move {
                 let at = GlobalAddr::host(0, off);
                 let mut out = vec![0u8; len];
+                // Acquire: pairs with the writer's Release; only a flag.
                 while !stop.load(Ordering::Acquire) {
                     let copy = ctx.read(at, object_bytes(len)).await.unwrap();
                     if let Ok(h) = decode(copy.as_slice(), &mut out).unwrap() {
                         if h.0 != 0 {
                             assert_eq!(out, value(h.version(), len), "a mixed value");
+                            // Relaxed: a count, ordering nothing.
                             accepted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
