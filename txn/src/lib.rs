@@ -3,6 +3,7 @@
 //! protocol through message and log rings in the machines' memory.
 
 pub mod alloc;
+pub mod config;
 pub mod coord;
 pub mod error;
 pub mod harness;
