@@ -160,15 +160,7 @@ impl<N: Nic> Ctx<N> {
     pub async fn settle(&self) -> Result<(), VerbError> {
         let slot = self.s();
         SlotIdle { slot }.await;
-        match slot.failure.take() {
-            None => Ok(()),
-            Some((op, status, node)) => Err(VerbError::Failed {
-                node,
-                op,
-                opcode: slot.opcode_of(op as usize),
-                status,
-            }),
-        }
+        failure_of(slot).map_or(Ok(()), Err)
     }
 
     /// Gives the other tasks on this core a turn.
@@ -485,7 +477,28 @@ impl<'a, N: Nic> Batch<'a, N> {
 
     /// Posts the batch and waits for it: one round trip. Succeeds only if
     /// every request succeeded; otherwise returns the first failure.
-    pub async fn submit(mut self) -> Result<Done<'a>, VerbError> {
+    pub async fn submit(self) -> Result<Done<'a>, VerbError> {
+        match self.post(false).await? {
+            Posted::Done(d) => Ok(d),
+            Posted::InFlight => unreachable!("a whole submit waits for every group"),
+        }
+    }
+
+    /// Posts the batch and waits until the first of its doorbells (one per
+    /// node it reaches) completed, every request of that doorbell
+    /// acknowledged: FaRM's coordinator reports a commit after the first
+    /// COMMIT-PRIMARY acknowledgement. The other doorbells complete in the
+    /// background; the task's next batch waits for them before it posts,
+    /// and [`Ctx::settle`] waits for them and says whether they succeeded.
+    /// `Ok` if every request completed so far succeeded. No results come
+    /// back: use it for WRITEs.
+    pub async fn submit_first(self) -> Result<(), VerbError> {
+        self.post(true).await.map(|_| ())
+    }
+
+    /// Posts the batch, then waits for every group, or (`first`) for the
+    /// first one only unless something failed.
+    async fn post(mut self, first: bool) -> Result<Posted<'a>, VerbError> {
         self.unsubmitted = false;
         let ctx = self.ctx;
         let slot = ctx.s();
@@ -499,33 +512,48 @@ impl<'a, N: Nic> Batch<'a, N> {
         }
         let len = self.len as usize;
         if len == 0 {
-            return Ok(Done {
+            return Ok(Posted::Done(Done {
                 slot,
                 gen: self.gen,
                 len: 0,
-            });
+            }));
         }
-        // Wait out a batch posted by a future that was dropped: its buffers
-        // are still the NIC's.
+        // Wait out a batch posted by a future that was dropped, or the
+        // background groups of a `submit_first`: their buffers are still
+        // the NIC's.
         SlotIdle { slot }.await;
-        let _busy = BusyGuard::take(slot);
+        let busy = BusyGuard::take(slot);
         let seq = slot.seq.get().wrapping_add(1);
         slot.seq.set(seq);
         slot.failure.set(None);
         let (groups, post_err) = slot.post_groups(len, seq, |node, wrs| {
             // SAFETY: each local SGE is a Buf held in the slot's storage
-            // until the batch completes (if this future is dropped first, the
-            // storage is cleared only by a later batch, and the arena keeps
-            // the bytes reserved until the slot has nothing in flight), or a
-            // word of the slot's atomics area, which only the next batch
-            // reuses after waiting in SlotIdle. All of it lies in the
-            // executor's registered scratch under the core's lkey, kept alive
-            // by the arena's reference count.
+            // until every group of the batch completed (if this future is
+            // dropped first, or returns at the first group, the storage is
+            // cleared only by a later batch, after it waited in SlotIdle,
+            // and the arena keeps the bytes reserved until the slot has
+            // nothing in flight), or a word of the slot's atomics area,
+            // which only the next batch reuses after waiting in SlotIdle.
+            // All of it lies in the executor's registered scratch under the
+            // core's lkey, kept alive by the arena's reference count.
             unsafe { ctx.post(node, wrs) }
         });
         slot.pending.set(groups);
         if groups > 0 {
             slot.bump(|c| c.round_trips += 1);
+            if first {
+                slot.wake_each.set(true);
+                FirstDone { slot, seq, groups }.await;
+                slot.wake_each.set(false);
+                if post_err.is_none() && slot.failure.get().is_none() {
+                    // The rest completes in the background: this batch's
+                    // storage stays the NIC's until then.
+                    drop(busy);
+                    return Ok(Posted::InFlight);
+                }
+            }
+            // All of it, or (after a failure) the rest: what failed is
+            // known only once every group is in.
             BatchDone { slot, seq }.await;
         }
         // A failed batch's buffers are freed at once: every posted group has
@@ -536,88 +564,36 @@ impl<'a, N: Nic> Batch<'a, N> {
             slot.clear_storage();
             return Err(e);
         }
-        if let Some((op, status, node)) = slot.failure.take() {
-            let opcode = slot.opcode_of(op as usize);
-            slot.clear_storage();
-            return Err(VerbError::Failed {
-                node,
-                op,
-                opcode,
-                status,
-            });
-        }
-        Ok(Done {
-            slot,
-            gen: self.gen,
-            len: self.len,
-        })
-    }
-}
-
-impl<'a, N: Nic> Batch<'a, N> {
-    /// Posts the batch and waits until the first of its doorbells (one per
-    /// node it reaches) completed, every request of that doorbell
-    /// acknowledged: FaRM's coordinator reports a commit after the first
-    /// COMMIT-PRIMARY acknowledgement. The other doorbells complete in the
-    /// background; the task's next batch waits for them before it posts,
-    /// and [`Ctx::settle`] waits for them and says whether they succeeded.
-    /// `Ok` if every request completed so far succeeded. No results come
-    /// back: use it for WRITEs.
-    pub async fn submit_first(mut self) -> Result<(), VerbError> {
-        self.unsubmitted = false;
-        let ctx = self.ctx;
-        let slot = ctx.s();
-        if slot.gen.get() != self.gen {
-            return Err(self.error.take().unwrap_or(VerbError::BatchSuperseded));
-        }
-        if let Some(e) = self.error.take() {
+        if let Some(e) = failure_of(slot) {
             slot.clear_storage();
             return Err(e);
         }
-        let len = self.len as usize;
-        if len == 0 {
-            return Ok(());
-        }
-        SlotIdle { slot }.await;
-        let busy = BusyGuard::take(slot);
-        let seq = slot.seq.get().wrapping_add(1);
-        slot.seq.set(seq);
-        slot.failure.set(None);
-        let (groups, post_err) = slot.post_groups(len, seq, |node, wrs| {
-            // SAFETY: as in `submit`: every local SGE is a Buf held in the
-            // slot's storage until every group of the batch completed (the
-            // storage is cleared only by a later batch, after it waited in
-            // SlotIdle for them), or a word of the slot's atomics area.
-            unsafe { ctx.post(node, wrs) }
-        });
-        slot.pending.set(groups);
-        if groups > 0 {
-            slot.bump(|c| c.round_trips += 1);
-            slot.wake_each.set(true);
-            FirstDone { slot, seq, groups }.await;
-            slot.wake_each.set(false);
-        }
-        if post_err.is_some() || slot.failure.get().is_some() {
-            // A failure: wait for the whole batch, as `submit` does, so
-            // that what failed is known and the buffers can go.
-            BatchDone { slot, seq }.await;
-            slot.clear_storage();
-            if let Some(e) = post_err {
-                return Err(e);
-            }
-            let (op, status, node) = slot.failure.take().expect("checked");
-            return Err(VerbError::Failed {
-                node,
-                op,
-                opcode: slot.opcode_of(op as usize),
-                status,
-            });
-        }
-        // The rest completes in the background: this batch's storage stays
-        // the NIC's until then (the next batch waits in SlotIdle).
-        drop(busy);
-        Ok(())
+        Ok(Posted::Done(Done {
+            slot,
+            gen: self.gen,
+            len: self.len,
+        }))
     }
+}
+
+/// How a posted batch came back.
+enum Posted<'a> {
+    /// Every group completed.
+    Done(Done<'a>),
+    /// The first group completed; the others are in flight.
+    InFlight,
+}
+
+/// The slot's first failure of its current batch as an error, taken.
+fn failure_of(slot: &Slot) -> Option<VerbError> {
+    slot.failure
+        .take()
+        .map(|(op, status, node)| VerbError::Failed {
+            node,
+            op,
+            opcode: slot.opcode_of(op as usize),
+            status,
+        })
 }
 
 /// Until one group of the slot's current batch completed.
