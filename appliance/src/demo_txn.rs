@@ -94,11 +94,7 @@ pub fn run(cfg: &DemoConfig, txs: u64) -> Result<TxnPhase, String> {
                 .map_err(|e| e.to_string())?;
             run_threads(
                 geo,
-                |m| {
-                    cluster
-                        .machine_executor(m as usize, txn::harness::core_config())
-                        .map_err(|e| e.to_string())
-                },
+                cluster.machine_executors(txn::harness::core_config()),
                 |m| cluster.host_copy(m as usize),
                 clients,
             )

@@ -227,11 +227,7 @@ fn run_emu(
         cluster::EmuCluster::machines(geo.machines as usize, host).map_err(|e| e.to_string())?;
     run_threads(
         geo,
-        |m| {
-            cluster
-                .machine_executor(m as usize, txn::harness::core_config())
-                .map_err(|e| e.to_string())
-        },
+        cluster.machine_executors(txn::harness::core_config()),
         // The bench checks no memory afterwards.
         |_| Vec::new(),
         clients,

@@ -128,6 +128,19 @@ impl EmuCluster {
         .with_machines(machines)
     }
 
+    /// `machine_executor` as a function of the machine's number with `cfg`
+    /// for every core, errors as text: what a transaction harness asks
+    /// for each core.
+    pub fn machine_executors(
+        &self,
+        cfg: ExecutorConfig,
+    ) -> impl Fn(u16) -> Result<Executor<EmuNic>, String> + Sync + '_ {
+        move |m| {
+            self.machine_executor(m as usize, cfg)
+                .map_err(|e| e.to_string())
+        }
+    }
+
     /// A copy of memory node `id`'s host memory as its owner sees it
     /// (empty for a node this cluster does not own).
     pub fn host_copy(&self, id: usize) -> Vec<u8> {

@@ -868,16 +868,33 @@ impl Coordinator {
         self.send(ctx, plan, msgs).await?;
         let mut b = ctx.batch();
         for (d, p) in &last {
-            let mut p = p.clone();
-            Envelope::patch_head(&mut p, self.replies[*d as usize].piggyback_head());
-            let dest = plan.get_mut(d).expect("planned");
-            debug_assert_eq!(dest.carried, 0, "a primary's LOCK carried its truncations");
-            let r = dest.reservation.as_mut().expect("reserved");
-            self.logs[*d as usize].stage_reserved(ctx, &mut b, r, &p)?;
-            self.stats.log_bytes += p.len() as u64;
+            debug_assert_eq!(
+                plan[d].carried, 0,
+                "a primary's LOCK carried its truncations"
+            );
+            self.stage(ctx, &mut b, plan, *d, p)?;
         }
         b.submit_first().await?;
         self.unsettled.extend(last.iter().map(|m| m.0));
+        Ok(())
+    }
+
+    /// Puts machine `d`'s planned record `p` into `b`, in its reservation,
+    /// the reply ring's head patched in.
+    fn stage<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        b: &mut nicdrv::Batch<'_, N>,
+        plan: &mut BTreeMap<NodeId, Dest>,
+        d: NodeId,
+        p: &[u8],
+    ) -> Result<(), TxError> {
+        let mut p = p.to_vec();
+        Envelope::patch_head(&mut p, self.replies[d as usize].piggyback_head());
+        let r = plan.get_mut(&d).and_then(|x| x.reservation.as_mut());
+        let r = r.expect("every planned machine reserved");
+        self.logs[d as usize].stage_reserved(ctx, b, r, &p)?;
+        self.stats.log_bytes += p.len() as u64;
         Ok(())
     }
 
@@ -953,12 +970,7 @@ impl Coordinator {
         for chunk in msgs.chunks(RECORDS_PER_BATCH) {
             let mut b = ctx.batch();
             for (d, p) in chunk {
-                let mut p = p.clone();
-                Envelope::patch_head(&mut p, self.replies[*d as usize].piggyback_head());
-                let dest = plan.get_mut(d).expect("planned");
-                let r = dest.reservation.as_mut().expect("reserved");
-                self.logs[*d as usize].stage_reserved(ctx, &mut b, r, &p)?;
-                self.stats.log_bytes += p.len() as u64;
+                self.stage(ctx, &mut b, plan, *d, p)?;
             }
             b.submit().await?;
             for (d, _) in chunk {
@@ -1055,17 +1067,8 @@ impl Coordinator {
         record: Record,
     ) -> Result<(), TxError> {
         self.settle(ctx).await?;
-        let env = Envelope {
-            head: self.replies[d as usize].piggyback_head(),
-            truncate: Vec::new(),
-            record,
-        };
-        let bytes = env.encode()?;
-        let deadline = ctx.now_ns() + LOG_WAIT_NS;
-        self.logs[d as usize]
-            .append(ctx, &bytes, Some(deadline))
-            .await?;
-        self.stats.log_bytes += bytes.len() as u64;
+        let (to, back) = (&mut self.logs[d as usize], &mut self.replies[d as usize]);
+        self.stats.log_bytes += Envelope::send(ctx, to, back, record, LOG_WAIT_NS).await?;
         Ok(())
     }
 

@@ -524,6 +524,26 @@ impl Envelope {
         })
     }
 
+    /// Appends `record` to `to`, with the head of `back` (the ring the
+    /// other way) piggybacked and no truncations, waiting for room up to
+    /// `wait_ns`; returns the bytes appended.
+    pub async fn send<N: nicdrv::Nic>(
+        ctx: &nicdrv::Ctx<N>,
+        to: &mut crate::ring::Sender,
+        back: &mut crate::ring::Receiver,
+        record: Record,
+        wait_ns: u64,
+    ) -> Result<u64, crate::TxError> {
+        let env = Envelope {
+            head: back.piggyback_head(),
+            truncate: Vec::new(),
+            record,
+        };
+        let bytes = env.encode()?;
+        to.append(ctx, &bytes, Some(ctx.now_ns() + wait_ns)).await?;
+        Ok(bytes.len() as u64)
+    }
+
     /// Sets the head word of an encoded envelope.
     pub fn patch_head(bytes: &mut [u8], head: u64) {
         bytes[..HEAD_BYTES].copy_from_slice(&head.to_le_bytes());

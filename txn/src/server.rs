@@ -472,15 +472,8 @@ impl Server {
         to: NodeId,
         record: Record,
     ) -> Result<(), TxError> {
-        let env = Envelope {
-            head: self.logs[to as usize].piggyback_head(),
-            truncate: Vec::new(),
-            record,
-        };
-        let deadline = ctx.now_ns() + REPLY_WAIT_NS;
-        self.replies[to as usize]
-            .append(ctx, &env.encode()?, Some(deadline))
-            .await?;
+        let (ring, back) = (&mut self.replies[to as usize], &mut self.logs[to as usize]);
+        Envelope::send(ctx, ring, back, record, REPLY_WAIT_NS).await?;
         self.stats.replies += 1;
         Ok(())
     }

@@ -544,11 +544,7 @@ fn machines_run_apart_stop_on_every_coordinators_done() {
                     txn::harness::run_machine(
                         g,
                         m,
-                        |m| {
-                            cluster
-                                .machine_executor(m as usize, txn::harness::core_config())
-                                .map_err(|e| e.to_string())
-                        },
+                        cluster.machine_executors(txn::harness::core_config()),
                         |m, t| Bank {
                             g,
                             seed: (m * 10 + t) as u64,

@@ -123,11 +123,7 @@ pub fn run_emu<C: txn::harness::Client<nicdrv::emu::EmuNic>>(
         cluster::EmuCluster::machines(g.machines as usize, g.host_bytes().unwrap()).unwrap();
     txn::harness::run_threads(
         g,
-        |m| {
-            cluster
-                .machine_executor(m as usize, txn::harness::core_config())
-                .map_err(|e| e.to_string())
-        },
+        cluster.machine_executors(txn::harness::core_config()),
         |m| cluster.host_copy(m as usize),
         client,
     )
