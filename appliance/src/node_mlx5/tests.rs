@@ -690,8 +690,10 @@ fn memory_nodes_pair_each_later_run_afresh() {
     use crate::node::{serve_runs, Seat, INDEX_READY};
     use bootstrap::channel::Cancel;
     use bootstrap::{ChannelOptions, ClusterSecret, Rendezvous};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     static STOP: AtomicBool = AtomicBool::new(false);
+    // Runs the memory nodes finished serving, in all.
+    static DONE_RUNS: AtomicU64 = AtomicU64::new(0);
     // Relaxed: a flag polled until set; it publishes no other data.
     let stop = || STOP.load(Ordering::Relaxed);
     let opts = |id: u32| {
@@ -730,7 +732,13 @@ fn memory_nodes_pair_each_later_run_afresh() {
                         live: 0,
                     };
                     serve_runs(&o, seat, "memory", &stop, &mut |rv| {
-                        serve_memory_run(rv, &mut f, top, id, &regions)
+                        let r = serve_memory_run(rv, &mut f, top, id, &regions);
+                        if r.is_ok() {
+                            // Relaxed: a count the test waits on; it
+                            // publishes no other data.
+                            DONE_RUNS.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r
                     })
                 })
             })
@@ -780,6 +788,17 @@ fn memory_nodes_pair_each_later_run_afresh() {
                     "run {run}: {outcomes:?}"
                 );
             }
+        }
+        // A stop cancels the channel's waits: set it only once both memory
+        // nodes are through the last run's final barrier, or a node still
+        // waiting for its release would end the run unserved.
+        let by = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while DONE_RUNS.load(Ordering::Relaxed) < 4 {
+            assert!(
+                std::time::Instant::now() < by,
+                "the memory nodes never finished their runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         STOP.store(true, Ordering::Relaxed);
         memory.into_iter().map(|h| h.join().unwrap()).collect()
