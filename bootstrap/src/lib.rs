@@ -8,6 +8,8 @@
 //! - [`wire`]: control messages and their bounded frames.
 //! - [`auth`]: HMAC-SHA256 challenge–response over the cluster secret.
 //! - [`channel`]: authenticated TCP connections and the cluster rendezvous.
+//! - [`etcd`]: FaRM's configuration store on a real etcd (v3 JSON gateway),
+//!   and a local etcd server for tests and the demo.
 //!
 //! Fuzz targets live in `bootstrap/fuzz` (cargo-fuzz layout, its own
 //! workspace); run them with a nightly toolchain and cargo-fuzz:
@@ -23,6 +25,7 @@
 pub mod auth;
 pub mod channel;
 pub mod config;
+pub mod etcd;
 pub mod preflight;
 pub mod wire;
 

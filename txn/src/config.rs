@@ -225,12 +225,13 @@ impl ConfigStore for EmbeddedStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// Checks any [`ConfigStore`] must pass, for each store's tests to run
+/// on a fresh, empty store (they panic on the first failure).
+pub mod conformance {
     use super::*;
-    use proptest::prelude::*;
 
-    fn conf(id: u64, machines: &[u16], cm: u16) -> Configuration {
+    /// A configuration of `machines`, domains `m mod 3`.
+    pub fn conf(id: u64, machines: &[u16], cm: u16) -> Configuration {
         Configuration {
             id,
             machines: machines.iter().map(|&m| (m, m as u32 % 3)).collect(),
@@ -238,42 +239,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn swaps_follow_revisions_and_numbers() {
-        let s = EmbeddedStore::new();
-        assert_eq!(s.read().unwrap(), None);
+    /// Swaps win only at the stored revision and with the next number.
+    pub fn swaps_follow_revisions_and_numbers(s: &dyn ConfigStore) {
+        assert_eq!(s.read().unwrap(), None, "a fresh store is empty");
         let c1 = conf(1, &[0, 1, 2], 0);
-        assert_eq!(s.cas(None, &c1).unwrap(), Swap::Done(1));
+        let Swap::Done(r1) = s.cas(None, &c1).unwrap() else {
+            panic!("the first configuration was not stored")
+        };
         // A second first configuration loses to the stored one.
         let lost = s.cas(None, &conf(1, &[0, 1], 1)).unwrap();
         assert_eq!(
             lost,
             Swap::Lost(Some(Stored {
-                revision: 1,
+                revision: r1,
                 config: c1.clone()
             }))
         );
         // A stale number is refused, even at the right revision.
         assert_eq!(
-            s.cas(Some(1), &conf(5, &[0, 1], 0)),
+            s.cas(Some(r1), &conf(5, &[0, 1], 0)),
             Err(ConfigError::Stale {
                 stored: 1,
                 offered: 5
             })
         );
+        assert_eq!(
+            s.cas(Some(r1), &conf(1, &[0, 1], 0)),
+            Err(ConfigError::Stale {
+                stored: 1,
+                offered: 1
+            }),
+            "a replayed configuration is refused"
+        );
         let c2 = conf(2, &[0, 2], 2);
-        assert_eq!(s.cas(Some(1), &c2).unwrap(), Swap::Done(2));
-        assert_eq!(s.read().unwrap().unwrap().config, c2);
+        let Swap::Done(r2) = s.cas(Some(r1), &c2).unwrap() else {
+            panic!("the successor was not stored")
+        };
+        assert!(r2 > r1, "revisions grow");
+        assert_eq!(
+            s.read().unwrap(),
+            Some(Stored {
+                revision: r2,
+                config: c2
+            })
+        );
         // An old revision loses, whatever it offers.
         assert!(matches!(
-            s.cas(Some(1), &conf(3, &[0], 0)).unwrap(),
-            Swap::Lost(_)
+            s.cas(Some(r1), &conf(3, &[0], 0)).unwrap(),
+            Swap::Lost(Some(Stored { revision, .. })) if revision == r2
         ));
     }
 
-    #[test]
-    fn invalid_and_corrupt_configurations_are_refused() {
-        let s = EmbeddedStore::new();
+    /// Invalid configurations are refused and nothing refused is stored.
+    pub fn invalid_configurations_are_refused(s: &dyn ConfigStore) {
         for bad in [
             conf(1, &[], 0),
             conf(1, &[0, 1], 7),
@@ -286,6 +304,46 @@ mod tests {
             );
         }
         assert_eq!(s.read().unwrap(), None, "nothing refused was stored");
+    }
+
+    /// Of many concurrent swaps of one revision, exactly one wins.
+    pub fn one_of_many_concurrent_swaps_of_a_revision_wins(s: &dyn ConfigStore) {
+        let Swap::Done(r1) = s.cas(None, &conf(1, &[0, 1, 2, 3], 0)).unwrap() else {
+            panic!("the first configuration was not stored")
+        };
+        let wins: usize = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4u16)
+                .map(|m| {
+                    sc.spawn(move || {
+                        matches!(
+                            s.cas(Some(r1), &conf(2, &[0, 1, 2, 3], m)).unwrap(),
+                            Swap::Done(_)
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
+        });
+        assert_eq!(wins, 1, "exactly one new CM");
+        assert_eq!(s.read().unwrap().unwrap().config.id, 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conformance::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn swaps_follow_revisions_and_numbers() {
+        conformance::swaps_follow_revisions_and_numbers(&EmbeddedStore::new());
+    }
+
+    #[test]
+    fn invalid_and_corrupt_configurations_are_refused() {
+        let s = EmbeddedStore::new();
+        invalid_configurations_are_refused(&s);
         s.put_raw(b"not a configuration".to_vec());
         assert!(matches!(s.read(), Err(ConfigError::Corrupt(_))));
         assert!(matches!(
@@ -296,24 +354,7 @@ mod tests {
 
     #[test]
     fn one_of_many_concurrent_swaps_of_a_revision_wins() {
-        let s = std::sync::Arc::new(EmbeddedStore::new());
-        s.cas(None, &conf(1, &[0, 1, 2, 3], 0)).unwrap();
-        let wins: usize = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..4u16)
-                .map(|m| {
-                    let s = s.clone();
-                    sc.spawn(move || {
-                        matches!(
-                            s.cas(Some(1), &conf(2, &[0, 1, 2, 3], m)).unwrap(),
-                            Swap::Done(_)
-                        )
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
-        });
-        assert_eq!(wins, 1, "exactly one new CM");
-        assert_eq!(s.read().unwrap().unwrap().config.id, 2);
+        conformance::one_of_many_concurrent_swaps_of_a_revision_wins(&EmbeddedStore::new());
     }
 
     proptest! {
