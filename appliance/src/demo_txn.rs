@@ -94,7 +94,8 @@ pub fn run(cfg: &DemoConfig, txs: u64) -> Result<TxnPhase, String> {
                 .map_err(|e| e.to_string())?;
             run_threads(
                 geo,
-                cluster.machine_executors(txn::harness::core_config()),
+                &Default::default(),
+                cluster.machine_executors(),
                 |m| cluster.host_copy(m as usize),
                 clients,
             )

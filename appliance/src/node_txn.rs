@@ -128,15 +128,19 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     let m = o.id as u16;
     let seed = o.seed;
     let txs = o.txs;
-    let report = run_machine(geo, m, cluster.machine_executors(core_config()), |mc, t| {
-        WorkClient {
+    let report = run_machine(
+        geo,
+        m,
+        &Default::default(),
+        cluster.machine_executors(),
+        |mc, t| WorkClient {
             geo,
             mix: MIX,
             seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
             txs,
             process: (mc * geo.threads + t) as u64,
-        }
-    })
+        },
+    )
     .map_err(failed)?;
     if let Some(e) = report.first_error() {
         return Err(failed(format!("a core failed: {e}")));

@@ -10,7 +10,8 @@ use cluster::stats::latency_histogram;
 use nicdrv::sim::SimModel;
 use serde_json::json;
 use std::path::PathBuf;
-use txn::harness::{run_sim, run_threads, Report};
+use txn::harness::{run_sim_with, run_threads, Report, RunOptions};
+use txn::lease::LeaseConfig;
 use txn::workload::{merged_history, Mix, WorkClient, WorkOut};
 use txn::{Abort, Geometry};
 
@@ -74,6 +75,12 @@ pub struct TxnArgs {
     /// (--workload append)
     #[arg(long, value_name = "FILE")]
     history: Option<PathBuf>,
+    /// Failure detection by leases of MS milliseconds (renewed every
+    /// fifth), on a core of their own on every machine: the run reports
+    /// grants, suspicions and the longest gap between two renewals the CM
+    /// saw (FaRM: 10 ms leases, no false suspicion under load)
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<f64>,
     /// One JSON document on stdout
     #[arg(long)]
     json: bool,
@@ -138,6 +145,24 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         check_file_target("--history", p).map_err(ArgError)?;
     }
     let txs = a.txs.unwrap_or(if sim { 400 } else { 4000 });
+    let leases = match a.lease_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && ms > 0.0 && ms <= 10_000.0 => {
+            let l = LeaseConfig::of((ms * 1e6) as u64);
+            l.check()
+                .map_err(|e| ArgError(format!("--lease-ms {ms}: {e}")))?;
+            Some(l)
+        }
+        Some(ms) => {
+            return Err(ArgError(format!(
+                "--lease-ms {ms}: a lease in (0, 10000] ms"
+            )))
+        }
+    };
+    let opts = RunOptions {
+        leases,
+        ..Default::default()
+    };
     let regions_per_machine = 1;
     let geo = Geometry {
         machines,
@@ -176,12 +201,12 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         process: (mc as u64) * a.threads as u64 + t as u64,
     };
     let (report, sim_info) = if sim {
-        match run_sim(geo, seed, SimModel::default(), clients) {
+        match run_sim_with(geo, seed, SimModel::default(), &opts, clients) {
             Ok((r, w)) => (r, Some((w.events(), w.now_ns()))),
             Err(e) => return Ok(crate::run::Outcome::Failed(e.to_string())),
         }
     } else {
-        match run_emu(geo, clients) {
+        match run_emu(geo, &opts, clients) {
             Ok(r) => (r, None),
             Err(e) => return Ok(crate::run::Outcome::Failed(e)),
         }
@@ -220,6 +245,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
 
 fn run_emu(
     geo: Geometry,
+    opts: &RunOptions,
     clients: impl FnMut(u16, u16) -> WorkClient,
 ) -> Result<Report<WorkOut>, String> {
     let host = geo.host_bytes().expect("checked");
@@ -227,7 +253,8 @@ fn run_emu(
         cluster::EmuCluster::machines(geo.machines as usize, host).map_err(|e| e.to_string())?;
     run_threads(
         geo,
-        cluster.machine_executors(txn::harness::core_config()),
+        opts,
+        cluster.machine_executors(),
         // The bench checks no memory afterwards.
         |_| Vec::new(),
         clients,
@@ -264,6 +291,14 @@ fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Op
         "emu"
     };
     let workload = txn::workload::Mix::name(&mix(a).expect("checked"));
+    let leases = r.leases.first().map(|_| {
+        (
+            a.lease_ms
+                .map(|ms| LeaseConfig::of((ms * 1e6) as u64))
+                .expect("leases ran"),
+            r.lease_stats().unwrap_or_default(),
+        )
+    });
     if a.json {
         let aborts: serde_json::Map<String, serde_json::Value> = Abort::ALL
             .iter()
@@ -300,6 +335,12 @@ fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Op
             "head_reports": ss.head_reports,
             "truncate_records": cs.truncate_records,
             "sim": sim.map(|(events, virtual_ns)| json!({"events": events, "virtual_ns": virtual_ns})),
+            "leases": leases.map(|(l, st)| json!({
+                "lease_ns": l.lease_ns, "renew_ns": l.renew_ns,
+                "grants": st.grants, "suspicions": st.suspicions,
+                "suspected": r.suspicions.iter().map(|s| json!({"by": s.by, "machine": s.machine, "at_ns": s.at_ns})).collect::<Vec<_>>(),
+                "refused": st.refused, "max_renew_gap_ns": st.max_renew_gap_ns,
+            })),
         }]);
         cmdline::outln!("{doc}");
         return;
@@ -346,4 +387,15 @@ fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Op
         out.given_up,
         per(messages)
     );
+    if let Some((l, st)) = leases {
+        cmdline::outln!(
+            "leases: {} ms renewed every {} ms over {:.1} ms: {} grants, {} suspicions, longest renewal gap at the CM {:.1} us",
+            l.lease_ns as f64 / 1e6,
+            l.renew_ns as f64 / 1e6,
+            elapsed_ns as f64 / 1e6,
+            st.grants,
+            st.suspicions,
+            st.max_renew_gap_ns as f64 / 1e3
+        );
+    }
 }

@@ -128,14 +128,13 @@ impl EmuCluster {
         .with_machines(machines)
     }
 
-    /// `machine_executor` as a function of the machine's number with `cfg`
-    /// for every core, errors as text: what a transaction harness asks
-    /// for each core.
+    /// `machine_executor` as a function of the machine's number and the
+    /// core's config, errors as text: what a transaction harness asks for
+    /// each core.
     pub fn machine_executors(
         &self,
-        cfg: ExecutorConfig,
-    ) -> impl Fn(u16) -> Result<Executor<EmuNic>, String> + Sync + '_ {
-        move |m| {
+    ) -> impl Fn(u16, ExecutorConfig) -> Result<Executor<EmuNic>, String> + Sync + '_ {
+        move |m, cfg| {
             self.machine_executor(m as usize, cfg)
                 .map_err(|e| e.to_string())
         }

@@ -9,6 +9,7 @@
 use crate::coord::{CoordStats, Coordinator};
 use crate::error::TxError;
 use crate::layout::Geometry;
+use crate::lease::{LeaseConfig, LeaseStats, Suspicion, Suspicions};
 use crate::server::{Server, ServerStats};
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig, Nic, Space, VerbCounters};
@@ -48,11 +49,23 @@ pub struct ServerReport {
     pub counters: VerbCounters,
 }
 
+/// What one lease task did.
+#[derive(Debug)]
+pub struct LeaseReport {
+    pub machine: u16,
+    pub peer: u16,
+    pub stats: Result<LeaseStats, TxError>,
+}
+
 /// A whole run.
 #[derive(Debug)]
 pub struct Report<O> {
     pub clients: Vec<ClientReport<O>>,
     pub servers: Vec<ServerReport>,
+    /// Every lease task's report (none without leases).
+    pub leases: Vec<LeaseReport>,
+    /// Every machine's suspicions, in the order raised per machine.
+    pub suspicions: Vec<Suspicion>,
     /// Every machine's host memory at the end.
     pub memory: Vec<Vec<u8>>,
 }
@@ -91,7 +104,37 @@ impl<O> Report<O> {
     pub fn first_error(&self) -> Option<&TxError> {
         let c = self.clients.iter().filter_map(|c| c.out.as_ref().err());
         let s = self.servers.iter().filter_map(|s| s.stats.as_ref().err());
-        c.chain(s).next()
+        let l = self.leases.iter().filter_map(|l| l.stats.as_ref().err());
+        c.chain(s).chain(l).next()
+    }
+
+    /// Lease tasks' stats summed, or the first one's error.
+    pub fn lease_stats(&self) -> Result<LeaseStats, TxError> {
+        let mut s = LeaseStats::default();
+        for l in &self.leases {
+            s += l.stats.clone()?;
+        }
+        Ok(s)
+    }
+}
+
+/// How a run goes beyond its workload.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Simulator faults (times from the start; core t of machine m is
+    /// thread m × threads + t, and machine m's lease core, with leases,
+    /// thread machines × threads + m). Ignored off the simulator.
+    pub faults: Vec<nicdrv::sim::Fault>,
+    /// Failure detection by leases, on a core of its own on every machine
+    /// (configuration 1, CM machine 0).
+    pub leases: Option<LeaseConfig>,
+}
+
+/// Executor config of a lease core with `tasks` lease tasks.
+pub fn lease_core_config(tasks: usize) -> ExecutorConfig {
+    ExecutorConfig {
+        slots: tasks.max(1),
+        ..Default::default()
     }
 }
 
@@ -103,18 +146,32 @@ pub fn core_config() -> ExecutorConfig {
     }
 }
 
+/// A machine's count of servers still serving, decremented when dropped.
+struct Serving(Arc<AtomicUsize>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // Release: whatever the server did is before a lease task's stop
+        // (Acquire) sees the count drop.
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 type Task<N> = Box<dyn FnOnce(Ctx<N>) -> std::pin::Pin<Box<dyn Future<Output = ()>>> + Send>;
 
-/// Each core's machine and its two tasks (server, client), and where
-/// they report.
+/// Each core's machine and its two tasks (server, client), each lease
+/// core's machine and tasks, and where they report.
 struct Planned<N: Nic, O> {
     cores: Vec<(u16, [Task<N>; 2])>,
+    lease_cores: Vec<(u16, Vec<Task<N>>)>,
     sink: Arc<Sink<O>>,
 }
 
 struct Sink<O> {
     clients: Mutex<Vec<ClientReport<O>>>,
     servers: Mutex<Vec<ServerReport>>,
+    leases: Mutex<Vec<LeaseReport>>,
+    suspicions: Vec<Suspicions>,
     /// Clients still running: servers stop when it reaches 0.
     live: AtomicUsize,
 }
@@ -126,27 +183,72 @@ struct Sink<O> {
 fn tasks<N: Nic, C: Client<N>>(
     geo: Geometry,
     machines: std::ops::Range<u16>,
+    leases: Option<LeaseConfig>,
     mut client: impl FnMut(u16, u16) -> C,
 ) -> Result<Planned<N, C::Out>, TxError> {
     let map0 = geo.region_map()?;
+    if let Some(l) = leases {
+        l.check()?;
+    }
     let all = machines == (0..geo.machines);
     let local = machines.len() * geo.threads as usize;
     let sink = Arc::new(Sink {
         clients: Mutex::new(Vec::new()),
         servers: Mutex::new(Vec::new()),
+        leases: Mutex::new(Vec::new()),
+        suspicions: machines.clone().map(|_| Suspicions::default()).collect(),
         // Never 0 while remote clients may run.
         live: AtomicUsize::new(if all { local } else { usize::MAX }),
     });
+    let first = machines.start;
     let mut cores = Vec::new();
+    let mut lease_cores = Vec::new();
     for m in machines {
         // One allocator and one region map a machine, shared by its
         // threads.
         let alloc = crate::alloc::SharedAllocator::default();
         let map: crate::regions::SharedMap = Arc::new(std::sync::RwLock::new(map0.clone()));
+        // The machine's servers still serving: its lease tasks end (with a
+        // LEAVE) once they all stopped.
+        let serving = Arc::new(AtomicUsize::new(geo.threads as usize));
+        if let Some(timing) = leases {
+            let suspicions = &sink.suspicions[(m - first) as usize];
+            let mut ts: Vec<Task<N>> = Vec::new();
+            for lease in crate::lease::leases_of(geo, m, 0, 1, timing, suspicions) {
+                let (sink2, serving2) = (sink.clone(), serving.clone());
+                ts.push(Box::new(move |ctx| {
+                    Box::pin(async move {
+                        // Acquire: pairs with each server's Release
+                        // decrement (nothing is read after it, but the
+                        // ordering costs nothing here).
+                        let stop = || serving2.load(Ordering::Acquire) == 0;
+                        let stats = if lease.me == lease.cm {
+                            lease.grant(&ctx, &stop).await
+                        } else {
+                            lease.hold(&ctx, &stop).await
+                        };
+                        sink2
+                            .leases
+                            .lock()
+                            .expect("no panics hold it")
+                            .push(LeaseReport {
+                                machine: lease.me,
+                                peer: lease.peer,
+                                stats,
+                            });
+                    })
+                }));
+            }
+            lease_cores.push((m, ts));
+        }
         for t in 0..geo.threads {
             let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
+            // Counts the server out when its task ends, or when it is
+            // dropped unrun (its core did not start).
+            let serving2 = Serving(serving.clone());
             let server: Task<N> = Box::new(move |ctx| {
                 Box::pin(async move {
+                    let _serving = serving2;
                     // Acquire: pairs with each client's Release decrement,
                     // so the records its close appended are seen by the
                     // last sweep.
@@ -204,18 +306,31 @@ fn tasks<N: Nic, C: Client<N>>(
             cores.push((m, [server, client]));
         }
     }
-    Ok(Planned { cores, sink })
+    Ok(Planned {
+        cores,
+        lease_cores,
+        sink,
+    })
 }
 
 fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
     let sink = Arc::try_unwrap(sink).ok().expect("every task is done");
     let mut clients = sink.clients.into_inner().expect("no panics hold it");
     let mut servers = sink.servers.into_inner().expect("no panics hold it");
+    let mut leases = sink.leases.into_inner().expect("no panics hold it");
     clients.sort_by_key(|c| (c.machine, c.thread));
     servers.sort_by_key(|s| (s.machine, s.thread));
+    leases.sort_by_key(|l| (l.machine, l.peer));
+    let suspicions = sink
+        .suspicions
+        .iter()
+        .flat_map(|s| s.lock().expect("no panics hold it").clone())
+        .collect();
     Report {
         clients,
         servers,
+        leases,
+        suspicions,
         memory,
     }
 }
@@ -243,6 +358,21 @@ pub fn run_sim_with_faults<C: Client<nicdrv::sim::SimNic>>(
     faults: &[nicdrv::sim::Fault],
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<(Report<C::Out>, World), TxError> {
+    let opts = RunOptions {
+        faults: faults.to_vec(),
+        ..Default::default()
+    };
+    run_sim_with(geo, seed, model, &opts, client)
+}
+
+/// As [`run_sim`], with [`RunOptions`].
+pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
+    geo: Geometry,
+    seed: u64,
+    model: SimModel,
+    opts: &RunOptions,
+    client: impl FnMut(u16, u16) -> C,
+) -> Result<(Report<C::Out>, World), TxError> {
     let host = geo
         .host_bytes()
         .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
@@ -258,13 +388,25 @@ pub fn run_sim_with_faults<C: Client<nicdrv::sim::SimNic>>(
         ..Default::default()
     })
     .map_err(sim)?;
-    let Planned { cores, sink } = tasks(geo, 0..geo.machines, client)?;
+    let Planned {
+        cores,
+        lease_cores,
+        sink,
+    } = tasks(geo, 0..geo.machines, opts.leases, client)?;
     for (machine, [server, client]) in cores {
         let th = w.add_thread(machine, core_config()).map_err(sim)?;
         w.spawn(th, server).map_err(sim)?;
         w.spawn(th, client).map_err(sim)?;
     }
-    w.add_faults(faults).map_err(sim)?;
+    for (machine, ts) in lease_cores {
+        let th = w
+            .add_thread(machine, lease_core_config(ts.len()))
+            .map_err(sim)?;
+        for t in ts {
+            w.spawn(th, t).map_err(sim)?;
+        }
+    }
+    w.add_faults(&opts.faults).map_err(sim)?;
     match w.run_until(SIM_LIMIT_NS) {
         RunEnd::Done => {}
         end => {
@@ -284,30 +426,44 @@ pub fn run_sim_with_faults<C: Client<nicdrv::sim::SimNic>>(
     Ok((report(sink, memory), w))
 }
 
-/// The run on one OS thread per core, each with the executor
-/// `executor(machine)` makes (its config from [`core_config`]);
-/// `memory(machine)` reads a machine's host memory at the end.
+/// A machine's executor of a config (from [`core_config`] or
+/// [`lease_core_config`]).
+pub trait ExecutorFactory<N: Nic>:
+    Fn(u16, ExecutorConfig) -> Result<Executor<N>, String> + Sync
+{
+}
+impl<N: Nic, F: Fn(u16, ExecutorConfig) -> Result<Executor<N>, String> + Sync> ExecutorFactory<N>
+    for F
+{
+}
+
+/// The run on one OS thread per core (and per lease core), each with the
+/// executor `executor(machine, config)` makes; `memory(machine)` reads a
+/// machine's host memory at the end. `opts.faults` are the simulator's
+/// and ignored.
 pub fn run_threads<N: Nic, C: Client<N>>(
     geo: Geometry,
-    executor: impl Fn(u16) -> Result<Executor<N>, String> + Sync,
+    opts: &RunOptions,
+    executor: impl ExecutorFactory<N>,
     memory: impl Fn(u16) -> Vec<u8>,
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<Report<C::Out>, TxError> {
-    let planned = tasks(geo, 0..geo.machines, client)?;
+    let planned = tasks(geo, 0..geo.machines, opts.leases, client)?;
     let sink = on_threads(planned, &executor)?;
     let memory = (0..geo.machines).map(memory).collect();
     Ok(report(sink, memory))
 }
 
 /// One machine of a cluster whose other machines run elsewhere (other
-/// processes): its `geo.threads` cores on OS threads, each with the
-/// executor `executor(machine)` makes. Its servers serve until every
-/// coordinator of the cluster said DONE. The report holds this machine's
-/// tasks only, and no memory.
+/// processes): its `geo.threads` cores (and its lease core) on OS
+/// threads, each with the executor `executor(machine, config)` makes. Its
+/// servers serve until every coordinator of the cluster said DONE. The
+/// report holds this machine's tasks only, and no memory.
 pub fn run_machine<N: Nic, C: Client<N>>(
     geo: Geometry,
     machine: u16,
-    executor: impl Fn(u16) -> Result<Executor<N>, String> + Sync,
+    opts: &RunOptions,
+    executor: impl ExecutorFactory<N>,
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<Report<C::Out>, TxError> {
     if machine >= geo.machines {
@@ -316,23 +472,27 @@ pub fn run_machine<N: Nic, C: Client<N>>(
             geo.machines
         )));
     }
-    let planned = tasks(geo, machine..machine + 1, client)?;
+    let planned = tasks(geo, machine..machine + 1, opts.leases, client)?;
     let sink = on_threads(planned, &executor)?;
     Ok(report(sink, Vec::new()))
 }
 
 fn on_threads<N: Nic, O: Send>(
     planned: Planned<N, O>,
-    executor: &(impl Fn(u16) -> Result<Executor<N>, String> + Sync),
+    executor: &impl ExecutorFactory<N>,
 ) -> Result<Arc<Sink<O>>, TxError> {
-    let Planned { cores, sink } = planned;
+    let Planned {
+        cores,
+        lease_cores,
+        sink,
+    } = planned;
     let failed = std::thread::scope(|s| {
-        let hs: Vec<_> = cores
+        let mut hs: Vec<_> = cores
             .into_iter()
             .map(|(m, [server, client])| {
                 let sink = &sink;
                 s.spawn(move || -> Result<(), String> {
-                    let mut ex = executor(m).inspect_err(|_| {
+                    let mut ex = executor(m, core_config()).inspect_err(|_| {
                         // Its client never runs: the servers must not wait
                         // for it (Release, as a client's own decrement).
                         sink.live.fetch_sub(1, Ordering::Release);
@@ -344,6 +504,16 @@ fn on_threads<N: Nic, O: Send>(
                 })
             })
             .collect();
+        hs.extend(lease_cores.into_iter().map(|(m, ts)| {
+            s.spawn(move || -> Result<(), String> {
+                let mut ex = executor(m, lease_core_config(ts.len()))?;
+                for t in ts {
+                    ex.spawn(t).map_err(|e| e.to_string())?;
+                }
+                ex.run();
+                Ok(())
+            })
+        }));
         let mut failed = None;
         for h in hs {
             match h.join() {
@@ -358,4 +528,119 @@ fn on_threads<N: Nic, O: Send>(
         return Err(TxError::Usage(format!("starting a core: {e}")));
     }
     Ok(sink)
+}
+
+/// What a run of lease tasks alone saw ([`run_leases_sim`]).
+#[derive(Debug)]
+pub struct LeaseRun {
+    /// Lease tasks that ended (those of crashed machines never do).
+    pub leases: Vec<LeaseReport>,
+    pub suspicions: Vec<Suspicion>,
+}
+
+/// A word a rogue writer puts into a machine's memory by RDMA WRITE at a
+/// time: bad input for the lease tasks to refuse.
+#[derive(Copy, Clone, Debug)]
+pub struct RogueWrite {
+    pub at_ns: u64,
+    pub machine: u16,
+    pub off: u64,
+    pub word: u64,
+}
+
+/// The lease tasks of every machine on the simulator, nothing else, from
+/// time 0 until `until_ns` (then every task leaves), with `faults` and
+/// `rogue` writes (from a thread of the last machine): how long detection
+/// takes, apart from any workload, and what bad lease words do.
+pub fn run_leases_sim(
+    geo: Geometry,
+    seed: u64,
+    model: SimModel,
+    timing: LeaseConfig,
+    faults: &[nicdrv::sim::Fault],
+    rogue: &[RogueWrite],
+    until_ns: u64,
+) -> Result<LeaseRun, TxError> {
+    timing.check()?;
+    geo.check()?;
+    let host = geo
+        .host_bytes()
+        .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
+    let transport_timeout_ns = model.transport_timeout_ns;
+    let m = geo.machines as usize;
+    let sim = |e: nicdrv::sim::SimError| TxError::Usage(format!("simulator: {e}"));
+    let mut w = World::new(SimConfig {
+        seed,
+        memory_nodes: m,
+        compute_nodes: m,
+        machines: m,
+        host_bytes: host,
+        model,
+        ..Default::default()
+    })
+    .map_err(sim)?;
+    let reports: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
+    let suspicions: Vec<Suspicions> = (0..m).map(|_| Suspicions::default()).collect();
+    for me in 0..geo.machines {
+        let ls = crate::lease::leases_of(geo, me, 0, 1, timing, &suspicions[me as usize]);
+        let th = w.add_thread(me, lease_core_config(ls.len())).map_err(sim)?;
+        for lease in ls {
+            let reports = reports.clone();
+            w.spawn(th, move |ctx| async move {
+                let stop = || ctx.now_ns() >= until_ns;
+                let stats = if lease.me == lease.cm {
+                    lease.grant(&ctx, &stop).await
+                } else {
+                    lease.hold(&ctx, &stop).await
+                };
+                reports
+                    .lock()
+                    .expect("no panics hold it")
+                    .push(LeaseReport {
+                        machine: lease.me,
+                        peer: lease.peer,
+                        stats,
+                    });
+            })
+            .map_err(sim)?;
+        }
+    }
+    if !rogue.is_empty() {
+        let th = w
+            .add_thread(geo.machines - 1, lease_core_config(1))
+            .map_err(sim)?;
+        let rogue = rogue.to_vec();
+        w.spawn(th, move |ctx| async move {
+            for r in rogue {
+                if let Ok(s) = ctx.sleep_until(r.at_ns.max(ctx.now_ns())) {
+                    s.await;
+                }
+                let at = nicdrv::GlobalAddr::new(r.machine, Space::Host, r.off);
+                let mut b = ctx.batch();
+                b.write_u64(at, r.word);
+                // A rogue's failure is nobody's business.
+                let _ = b.submit().await;
+            }
+        })
+        .map_err(sim)?;
+    }
+    w.add_faults(faults).map_err(sim)?;
+    // Crashed machines' tasks never end: run past the stop by a lease and
+    // the transport timeout, then take what ended.
+    let end = until_ns + timing.lease_ns + 2 * transport_timeout_ns;
+    if let RunEnd::Limit = w.run_until(end) {
+        return Err(TxError::Protocol(format!(
+            "seed {seed}: lease tasks still running at {} ns",
+            w.now_ns()
+        )));
+    }
+    let mut leases = std::mem::take(&mut *reports.lock().expect("no panics hold it"));
+    leases.sort_by_key(|l| (l.machine, l.peer));
+    Ok(LeaseRun {
+        leases,
+        suspicions: suspicions
+            .iter()
+            .flat_map(|s| s.lock().expect("no panics hold it").clone())
+            .collect(),
+    })
 }

@@ -8,6 +8,7 @@
 //! logs       thread t's log rings, one from each machine m: index t·M + m
 //! replies    thread t's reply rings, one from each machine d: index t·M + d
 //! replicas   this machine's region replicas, region_bytes each
+//! leases     one 64-byte line per machine: the lease word it writes here
 //! ```
 //!
 //! Coordinator thread t of machine m appends to the log ring (t, m) of
@@ -75,6 +76,7 @@ impl From<RegionError> for GeometryError {
 }
 
 const WORDS_PER_PAIR: u64 = 6;
+const LEASE_LINE: u64 = 64;
 
 impl Geometry {
     /// Rejects shapes the layout cannot hold.
@@ -146,13 +148,24 @@ impl Geometry {
         (self.replies_off() + self.pairs() * self.reply_bytes).next_multiple_of(4096)
     }
 
-    /// Host bytes every machine needs.
-    pub fn host_bytes(&self) -> Option<u64> {
+    fn replicas_end(&self) -> Option<u64> {
         let slots = self.regions_per_machine as u64 + self.spare_regions_per_machine as u64;
         let replicas = (self.f as u64 + 1)
             .checked_mul(slots)?
             .checked_mul(self.region_bytes)?;
         self.replicas_off().checked_add(replicas)
+    }
+
+    /// Host bytes every machine needs.
+    pub fn host_bytes(&self) -> Option<u64> {
+        self.replicas_end()?
+            .checked_add(self.machines as u64 * LEASE_LINE)
+    }
+
+    /// Where machine `from` writes its lease messages in every other
+    /// machine's memory: a word alone in its line (one writer a line).
+    pub fn lease_word(&self, from: NodeId) -> u64 {
+        self.replicas_end().expect("checked geometry") + from as u64 * LEASE_LINE
     }
 
     /// Replica slots on every machine for regions created at run time.
@@ -281,6 +294,9 @@ mod tests {
                     }
                 }
             }
+        }
+        for m in 0..4 {
+            spans.iter_mut().for_each(|s| s.push((g.lease_word(m), 64)));
         }
         for k in 0..g.spare_slots() {
             spans

@@ -9,6 +9,7 @@ pub mod error;
 pub mod harness;
 pub mod history;
 pub mod layout;
+pub mod lease;
 pub mod object;
 pub mod records;
 pub mod regions;

@@ -544,7 +544,8 @@ fn machines_run_apart_stop_on_every_coordinators_done() {
                     txn::harness::run_machine(
                         g,
                         m,
-                        cluster.machine_executors(txn::harness::core_config()),
+                        &Default::default(),
+                        cluster.machine_executors(),
                         |m, t| Bank {
                             g,
                             seed: (m * 10 + t) as u64,
@@ -561,6 +562,8 @@ fn machines_run_apart_stop_on_every_coordinators_done() {
     let mut all = Report {
         clients: Vec::new(),
         servers: Vec::new(),
+        leases: Vec::new(),
+        suspicions: Vec::new(),
         memory,
     };
     for r in reports {
@@ -583,7 +586,8 @@ fn mlx5_the_bank_keeps_its_total() {
     };
     let r = txn::harness::run_threads(
         g,
-        |m| Ok(fix.executor_with(m, txn::harness::core_config())),
+        &Default::default(),
+        |m, cfg| Ok(fix.executor_with(m, cfg)),
         |_| Vec::new(),
         |m, t| Bank {
             g,

@@ -119,11 +119,21 @@ pub fn run_emu<C: txn::harness::Client<nicdrv::emu::EmuNic>>(
     g: txn::Geometry,
     client: impl FnMut(u16, u16) -> C,
 ) -> txn::harness::Report<C::Out> {
+    run_emu_with(g, &Default::default(), client)
+}
+
+/// As [`run_emu`], with run options (leases).
+pub fn run_emu_with<C: txn::harness::Client<nicdrv::emu::EmuNic>>(
+    g: txn::Geometry,
+    opts: &txn::harness::RunOptions,
+    client: impl FnMut(u16, u16) -> C,
+) -> txn::harness::Report<C::Out> {
     let cluster =
         cluster::EmuCluster::machines(g.machines as usize, g.host_bytes().unwrap()).unwrap();
     txn::harness::run_threads(
         g,
-        cluster.machine_executors(txn::harness::core_config()),
+        opts,
+        cluster.machine_executors(),
         |m| cluster.host_copy(m as usize),
         client,
     )
