@@ -99,3 +99,61 @@ fn corrupt_values_and_unreachable_stores_are_clear_errors() {
     ));
     assert!(EtcdStore::new("https://x", DEFAULT_KEY, Duration::from_secs(1)).is_err());
 }
+
+/// FaRM's reconfiguration with etcd as the store: the CM of a simulated
+/// cluster crashes, its first backup commits the next configuration to
+/// etcd by compare-and-swap, and the other backups learn it from etcd.
+#[test]
+fn a_new_cm_commits_its_configuration_to_etcd() {
+    use nicdrv::sim::{Fault, FaultKind, SimModel};
+    use std::sync::Arc;
+    use txn::harness::{run_leases_sim, LeaseSim};
+    use txn::reconfig::Event;
+    let Some(e) = etcd() else { return };
+    let store = Arc::new(e.store(DEFAULT_KEY).unwrap());
+    let g = txn::Geometry {
+        machines: 5,
+        threads: 1,
+        f: 2,
+        regions_per_machine: 1,
+        spare_regions_per_machine: 0,
+        region_bytes: 64 << 10,
+        static_bytes: 64 << 10,
+        block_bytes: 1 << 20,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    };
+    let r = run_leases_sim(
+        g,
+        7,
+        SimModel::default(),
+        &LeaseSim {
+            faults: vec![Fault {
+                at_ns: 15_000_000,
+                kind: FaultKind::CrashMachine { machine: 0 },
+            }],
+            store: Some(store.clone()),
+            ..LeaseSim::of(10_000_000, 50_000_000)
+        },
+    )
+    .unwrap();
+    let stored = store.read().unwrap().unwrap();
+    assert_eq!(stored.config.id, 2);
+    assert_eq!(stored.config.cm, 1);
+    assert_eq!(
+        stored.config.machines,
+        (1..5).map(|m| (m, m as u32)).collect::<Vec<_>>()
+    );
+    let commits: usize = r
+        .reconfig
+        .iter()
+        .map(|(_, ev)| {
+            ev.as_ref()
+                .unwrap()
+                .iter()
+                .filter(|x| matches!(x, Event::Committed { .. }))
+                .count()
+        })
+        .sum();
+    assert_eq!(commits, 1, "{:?}", r.reconfig);
+}

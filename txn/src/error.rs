@@ -130,3 +130,9 @@ impl From<WaitError> for TxError {
         TxError::Ring(e.into())
     }
 }
+
+impl From<nicdrv::local::TimerError> for TxError {
+    fn from(e: nicdrv::local::TimerError) -> Self {
+        TxError::Ring(crate::ring::RingError::Timer(e))
+    }
+}

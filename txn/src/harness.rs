@@ -536,6 +536,39 @@ pub struct LeaseRun {
     /// Lease tasks that ended (those of crashed machines never do).
     pub leases: Vec<LeaseReport>,
     pub suspicions: Vec<Suspicion>,
+    /// Each machine's reconfiguration events (with a store; none for a
+    /// crashed machine's task, which never ends).
+    pub reconfig: Vec<MachineEvents>,
+}
+
+/// One machine's reconfiguration events, or its task's error.
+pub type MachineEvents = (u16, Result<Vec<crate::reconfig::Event>, TxError>);
+
+/// A run of lease tasks alone.
+#[derive(Clone)]
+pub struct LeaseSim {
+    pub timing: LeaseConfig,
+    pub faults: Vec<nicdrv::sim::Fault>,
+    pub rogue: Vec<RogueWrite>,
+    /// Every task leaves at this time.
+    pub until_ns: u64,
+    /// With a store, a reconfiguration task on a core of its own on every
+    /// machine; the store gets configuration 1 (every machine in a domain
+    /// of its own, CM machine 0) unless it holds one.
+    pub store: Option<Arc<dyn crate::config::ConfigStore>>,
+}
+
+impl LeaseSim {
+    /// Leases of `lease_ns` until `until_ns`, nothing else.
+    pub fn of(lease_ns: u64, until_ns: u64) -> LeaseSim {
+        LeaseSim {
+            timing: LeaseConfig::of(lease_ns),
+            faults: Vec::new(),
+            rogue: Vec::new(),
+            until_ns,
+            store: None,
+        }
+    }
 }
 
 /// A word a rogue writer puts into a machine's memory by RDMA WRITE at a
@@ -549,18 +582,23 @@ pub struct RogueWrite {
 }
 
 /// The lease tasks of every machine on the simulator, nothing else, from
-/// time 0 until `until_ns` (then every task leaves), with `faults` and
-/// `rogue` writes (from a thread of the last machine): how long detection
-/// takes, apart from any workload, and what bad lease words do.
+/// time 0 until `until_ns` (then every task leaves), with faults and
+/// rogue writes (from a thread of the last machine), and with a store the
+/// reconfiguration tasks: how long detection and a new configuration
+/// take, apart from any workload, and what bad lease words do.
 pub fn run_leases_sim(
     geo: Geometry,
     seed: u64,
     model: SimModel,
-    timing: LeaseConfig,
-    faults: &[nicdrv::sim::Fault],
-    rogue: &[RogueWrite],
-    until_ns: u64,
+    run: &LeaseSim,
 ) -> Result<LeaseRun, TxError> {
+    let LeaseSim {
+        timing,
+        ref faults,
+        ref rogue,
+        until_ns,
+        ref store,
+    } = *run;
     timing.check()?;
     geo.check()?;
     let host = geo
@@ -609,7 +647,7 @@ pub fn run_leases_sim(
         let th = w
             .add_thread(geo.machines - 1, lease_core_config(1))
             .map_err(sim)?;
-        let rogue = rogue.to_vec();
+        let rogue = rogue.clone();
         w.spawn(th, move |ctx| async move {
             for r in rogue {
                 if let Ok(s) = ctx.sleep_until(r.at_ns.max(ctx.now_ns())) {
@@ -624,6 +662,43 @@ pub fn run_leases_sim(
         })
         .map_err(sim)?;
     }
+    let events: Arc<Mutex<Vec<MachineEvents>>> = Arc::default();
+    if let Some(store) = store {
+        let current = match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
+            Some(s) => s,
+            None => {
+                let c = crate::config::Configuration {
+                    id: 1,
+                    machines: (0..geo.machines).map(|m| (m, m as u32)).collect(),
+                    cm: 0,
+                };
+                store
+                    .cas(None, &c)
+                    .map_err(|e| TxError::Usage(e.to_string()))?;
+                store
+                    .read()
+                    .map_err(|e| TxError::Usage(e.to_string()))?
+                    .ok_or_else(|| TxError::Usage("the store kept nothing".into()))?
+            }
+        };
+        for me in 0..geo.machines {
+            let r = crate::reconfig::Reconfig {
+                geo,
+                me,
+                current: current.clone(),
+                store: store.clone(),
+                suspicions: suspicions[me as usize].clone(),
+            };
+            let th = w.add_thread(me, lease_core_config(1)).map_err(sim)?;
+            let events = events.clone();
+            w.spawn(th, move |ctx| async move {
+                let stop = || ctx.now_ns() >= until_ns;
+                let out = r.run(&ctx, &stop).await;
+                events.lock().expect("no panics hold it").push((me, out));
+            })
+            .map_err(sim)?;
+        }
+    }
     w.add_faults(faults).map_err(sim)?;
     // Crashed machines' tasks never end: run past the stop by a lease and
     // the transport timeout, then take what ended.
@@ -636,11 +711,14 @@ pub fn run_leases_sim(
     }
     let mut leases = std::mem::take(&mut *reports.lock().expect("no panics hold it"));
     leases.sort_by_key(|l| (l.machine, l.peer));
+    let mut reconfig = std::mem::take(&mut *events.lock().expect("no panics hold it"));
+    reconfig.sort_by_key(|e| e.0);
     Ok(LeaseRun {
         leases,
         suspicions: suspicions
             .iter()
             .flat_map(|s| s.lock().expect("no panics hold it").clone())
             .collect(),
+        reconfig,
     })
 }

@@ -11,6 +11,7 @@ pub mod history;
 pub mod layout;
 pub mod lease;
 pub mod object;
+pub mod reconfig;
 pub mod records;
 pub mod regions;
 pub mod ring;

@@ -7,7 +7,7 @@
 mod common;
 
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimModel};
-use txn::harness::{run_leases_sim, run_sim_with, RogueWrite, RunOptions};
+use txn::harness::{run_leases_sim, run_sim_with, LeaseSim, RogueWrite, RunOptions};
 use txn::lease::{Kind, LeaseConfig, Msg};
 use txn::workload::{Mix, WorkClient};
 use txn::Geometry;
@@ -79,10 +79,10 @@ fn a_crashed_machine_is_suspected_by_the_cm_within_a_lease() {
             g,
             seed,
             SimModel::default(),
-            LeaseConfig::of(L),
-            &[at(crash, FaultKind::CrashMachine { machine: victim })],
-            &[],
-            60_000_000,
+            &LeaseSim {
+                faults: vec![at(crash, FaultKind::CrashMachine { machine: victim })],
+                ..LeaseSim::of(L, 60_000_000)
+            },
         )
         .unwrap();
         suspected_within(&run, crash, &[(0, victim)], seed);
@@ -109,10 +109,10 @@ fn a_crashed_cm_is_suspected_by_every_machine() {
             g,
             seed,
             SimModel::default(),
-            LeaseConfig::of(L),
-            &[at(crash, FaultKind::CrashMachine { machine: 0 })],
-            &[],
-            50_000_000,
+            &LeaseSim {
+                faults: vec![at(crash, FaultKind::CrashMachine { machine: 0 })],
+                ..LeaseSim::of(L, 50_000_000)
+            },
         )
         .unwrap();
         let want: Vec<(u16, u16)> = (1..5).map(|m| (m, 0)).collect();
@@ -130,13 +130,13 @@ fn a_partition_is_suspected_on_both_sides() {
             g,
             seed,
             SimModel::default(),
-            LeaseConfig::of(L),
-            &[
-                at(cut, FaultKind::Partition { side }),
-                at(cut + 30_000_000, FaultKind::HealPartition { side }),
-            ],
-            &[],
-            60_000_000,
+            &LeaseSim {
+                faults: vec![
+                    at(cut, FaultKind::Partition { side }),
+                    at(cut + 30_000_000, FaultKind::HealPartition { side }),
+                ],
+                ..LeaseSim::of(L, 60_000_000)
+            },
         )
         .unwrap();
         // The CM suspects machine 3 and machine 3 the CM; after the heal
@@ -170,10 +170,10 @@ fn stale_and_malformed_lease_words_are_refused() {
             g,
             seed,
             SimModel::default(),
-            LeaseConfig::of(L),
-            &[],
-            &[rogue(5_000_000, stale), rogue(9_000_000, u64::MAX)],
-            30_000_000,
+            &LeaseSim {
+                rogue: vec![rogue(5_000_000, stale), rogue(9_000_000, u64::MAX)],
+                ..LeaseSim::of(L, 30_000_000)
+            },
         )
         .unwrap();
         assert!(r.suspicions.is_empty(), "seed {seed}: {:?}", r.suspicions);
