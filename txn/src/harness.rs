@@ -6,10 +6,11 @@
 //! and flushed its truncations, so that a run ends with every backup
 //! copy up to date.
 
+use crate::config::{Configuration, Stored};
 use crate::coord::{CoordStats, Coordinator};
 use crate::error::TxError;
 use crate::layout::Geometry;
-use crate::lease::{LeaseConfig, LeaseStats, Suspicion, Suspicions};
+use crate::lease::{LeaseConfig, LeaseStats, Membership, Suspicion};
 use crate::server::{Server, ServerStats};
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig, Nic, Space, VerbCounters};
@@ -171,7 +172,7 @@ struct Sink<O> {
     clients: Mutex<Vec<ClientReport<O>>>,
     servers: Mutex<Vec<ServerReport>>,
     leases: Mutex<Vec<LeaseReport>>,
-    suspicions: Vec<Suspicions>,
+    memberships: Vec<Arc<Membership>>,
     /// Clients still running: servers stop when it reaches 0.
     live: AtomicUsize,
 }
@@ -196,7 +197,10 @@ fn tasks<N: Nic, C: Client<N>>(
         clients: Mutex::new(Vec::new()),
         servers: Mutex::new(Vec::new()),
         leases: Mutex::new(Vec::new()),
-        suspicions: machines.clone().map(|_| Suspicions::default()).collect(),
+        memberships: machines
+            .clone()
+            .map(|m| Membership::new(m, first_stored(geo)))
+            .collect(),
         // Never 0 while remote clients may run.
         live: AtomicUsize::new(if all { local } else { usize::MAX }),
     });
@@ -212,9 +216,9 @@ fn tasks<N: Nic, C: Client<N>>(
         // LEAVE) once they all stopped.
         let serving = Arc::new(AtomicUsize::new(geo.threads as usize));
         if let Some(timing) = leases {
-            let suspicions = &sink.suspicions[(m - first) as usize];
+            let membership = &sink.memberships[(m - first) as usize];
             let mut ts: Vec<Task<N>> = Vec::new();
-            for lease in crate::lease::leases_of(geo, m, 0, 1, timing, suspicions) {
+            for lease in crate::lease::leases_of(geo, m, timing, membership) {
                 let (sink2, serving2) = (sink.clone(), serving.clone());
                 ts.push(Box::new(move |ctx| {
                     Box::pin(async move {
@@ -222,11 +226,7 @@ fn tasks<N: Nic, C: Client<N>>(
                         // decrement (nothing is read after it, but the
                         // ordering costs nothing here).
                         let stop = || serving2.load(Ordering::Acquire) == 0;
-                        let stats = if lease.me == lease.cm {
-                            lease.grant(&ctx, &stop).await
-                        } else {
-                            lease.hold(&ctx, &stop).await
-                        };
+                        let stats = lease.run(&ctx, &stop).await;
                         sink2
                             .leases
                             .lock()
@@ -322,9 +322,9 @@ fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
     servers.sort_by_key(|s| (s.machine, s.thread));
     leases.sort_by_key(|l| (l.machine, l.peer));
     let suspicions = sink
-        .suspicions
+        .memberships
         .iter()
-        .flat_map(|s| s.lock().expect("no panics hold it").clone())
+        .flat_map(|m| m.suspicions())
         .collect();
     Report {
         clients,
@@ -539,6 +539,23 @@ pub struct LeaseRun {
     /// Each machine's reconfiguration events (with a store; none for a
     /// crashed machine's task, which never ends).
     pub reconfig: Vec<MachineEvents>,
+    /// Each machine's configuration number at the end, and whether it
+    /// learnt it was removed.
+    pub configs: Vec<(u16, u64, bool)>,
+}
+
+/// Configuration 1 of a cluster of `geo`: every machine, each in a
+/// failure domain of its own, machine 0 the CM (revision 0 until a store
+/// says otherwise).
+pub fn first_stored(geo: Geometry) -> Stored {
+    Stored {
+        revision: 0,
+        config: Configuration {
+            id: 1,
+            machines: (0..geo.machines).map(|m| (m, m as u32)).collect(),
+            cm: 0,
+        },
+    }
 }
 
 /// One machine's reconfiguration events, or its task's error.
@@ -618,19 +635,33 @@ pub fn run_leases_sim(
     })
     .map_err(sim)?;
     let reports: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
-    let suspicions: Vec<Suspicions> = (0..m).map(|_| Suspicions::default()).collect();
+    let current = match store {
+        Some(store) => match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
+            Some(s) => s,
+            None => {
+                let c = first_stored(geo).config;
+                store
+                    .cas(None, &c)
+                    .map_err(|e| TxError::Usage(e.to_string()))?;
+                store
+                    .read()
+                    .map_err(|e| TxError::Usage(e.to_string()))?
+                    .ok_or_else(|| TxError::Usage("the store kept nothing".into()))?
+            }
+        },
+        None => first_stored(geo),
+    };
+    let memberships: Vec<Arc<Membership>> = (0..geo.machines)
+        .map(|me| Membership::new(me, current.clone()))
+        .collect();
     for me in 0..geo.machines {
-        let ls = crate::lease::leases_of(geo, me, 0, 1, timing, &suspicions[me as usize]);
+        let ls = crate::lease::leases_of(geo, me, timing, &memberships[me as usize]);
         let th = w.add_thread(me, lease_core_config(ls.len())).map_err(sim)?;
         for lease in ls {
             let reports = reports.clone();
             w.spawn(th, move |ctx| async move {
                 let stop = || ctx.now_ns() >= until_ns;
-                let stats = if lease.me == lease.cm {
-                    lease.grant(&ctx, &stop).await
-                } else {
-                    lease.hold(&ctx, &stop).await
-                };
+                let stats = lease.run(&ctx, &stop).await;
                 reports
                     .lock()
                     .expect("no panics hold it")
@@ -664,30 +695,12 @@ pub fn run_leases_sim(
     }
     let events: Arc<Mutex<Vec<MachineEvents>>> = Arc::default();
     if let Some(store) = store {
-        let current = match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
-            Some(s) => s,
-            None => {
-                let c = crate::config::Configuration {
-                    id: 1,
-                    machines: (0..geo.machines).map(|m| (m, m as u32)).collect(),
-                    cm: 0,
-                };
-                store
-                    .cas(None, &c)
-                    .map_err(|e| TxError::Usage(e.to_string()))?;
-                store
-                    .read()
-                    .map_err(|e| TxError::Usage(e.to_string()))?
-                    .ok_or_else(|| TxError::Usage("the store kept nothing".into()))?
-            }
-        };
         for me in 0..geo.machines {
             let r = crate::reconfig::Reconfig {
                 geo,
-                me,
-                current: current.clone(),
+                timing,
                 store: store.clone(),
-                suspicions: suspicions[me as usize].clone(),
+                membership: memberships[me as usize].clone(),
             };
             let th = w.add_thread(me, lease_core_config(1)).map_err(sim)?;
             let events = events.clone();
@@ -715,9 +728,10 @@ pub fn run_leases_sim(
     reconfig.sort_by_key(|e| e.0);
     Ok(LeaseRun {
         leases,
-        suspicions: suspicions
+        suspicions: memberships.iter().flat_map(|m| m.suspicions()).collect(),
+        configs: memberships
             .iter()
-            .flat_map(|s| s.lock().expect("no panics hold it").clone())
+            .map(|m| (m.me, m.epoch(), m.is_removed()))
             .collect(),
         reconfig,
     })

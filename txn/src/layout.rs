@@ -8,7 +8,8 @@
 //! logs       thread t's log rings, one from each machine m: index t·M + m
 //! replies    thread t's reply rings, one from each machine d: index t·M + d
 //! replicas   this machine's region replicas, region_bytes each
-//! leases     one 64-byte line per machine: the lease word it writes here
+//! leases     one 64-byte line per machine, written by it alone: word 0 its
+//!            lease messages, word 1 its configuration messages
 //! ```
 //!
 //! Coordinator thread t of machine m appends to the log ring (t, m) of

@@ -5,33 +5,37 @@
 //! also how a lease is renewed: the machine sends REQUEST(s); the CM, on
 //! reading it, extends the machine's lease to now + L and answers
 //! GRANT(s), which also asks for its own lease at the machine; the
-//! machine, on reading the grant, holds its lease until the time it sent
-//! REQUEST(s) plus L (the CM granted later than that, so the machine never
-//! thinks it holds a lease the CM thinks expired), grants the CM's lease
-//! until now + L, and answers ACK(s). A machine renews every `renew_ns`
-//! (FaRM: a fifth of the lease).
+//! machine, on reading the grant, grants the CM's lease until now + L and
+//! answers ACK(s). A machine renews every `renew_ns` (FaRM: a fifth of
+//! the lease).
 //!
 //! The CM suspects a machine whose lease expired: no REQUEST in L. A
 //! machine suspects the CM when the CM's lease at it expired: no GRANT in
-//! L. Suspicions go to the machine's [`Suspicions`], for reconfiguration.
+//! L. Suspicions go to the machine's [`Membership`], for reconfiguration
+//! (`reconfig`), which also moves the membership to new configurations.
 //!
 //! Messages are one word, written by one RDMA WRITE into the receiver's
-//! lease line for the sender ([`Geometry::lease_word`]), so a receiver
-//! polls its own memory and a sender owns its line: `kind:4 | config:20 |
-//! seq:40`. An aligned word never tears. A word whose kind is unknown is
-//! malformed; one of another configuration is stale (a machine of an old
-//! configuration, or a replay): both are refused and counted, never acted
-//! on.
+//! lease line for the sender ([`Geometry::lease_word`]: word 0 lease
+//! messages, word 1 configuration messages), so a receiver polls its own
+//! memory and a sender owns its line: `kind:4 | config:20 | seq:40`. An
+//! aligned word never tears. A word whose kind is unknown is malformed;
+//! one of another configuration is stale (a machine of an old
+//! configuration, or a replay); one from a machine outside the
+//! configuration is precise membership's to refuse: all are refused and
+//! counted, never acted on.
 //!
 //! Load cannot starve these tasks: they run on a core of their own on
 //! every machine (FaRM used a dedicated high-priority thread), one task
-//! for the CM's lease at a machine, and at the CM one task per machine,
-//! so a peer that stops answering (its WRITEs wait out the transport
+//! for every other machine, whose role the configuration decides (grant
+//! at the CM, hold at a machine whose CM is that peer, else nothing), so
+//! a peer that stops answering (its WRITEs wait out the transport
 //! timeout) delays no other peer's grants.
 
+use crate::config::Stored;
 use crate::error::TxError;
 use crate::layout::Geometry;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Lease timing.
@@ -81,6 +85,12 @@ pub enum Kind {
     /// The sender stops (the run is over): no suspicion when it goes
     /// silent.
     Leave = 4,
+    /// Configuration messages (word 1 of the line; `seq` is the new
+    /// configuration's number): the CM's NEW-CONFIG, a machine's
+    /// NEW-CONFIG-ACK, the CM's NEW-CONFIG-COMMIT.
+    NewConfig = 5,
+    NewConfigAck = 6,
+    NewConfigCommit = 7,
 }
 
 /// One lease message.
@@ -121,6 +131,9 @@ impl Msg {
             2 => Kind::Grant,
             3 => Kind::Ack,
             4 => Kind::Leave,
+            5 => Kind::NewConfig,
+            6 => Kind::NewConfigAck,
+            7 => Kind::NewConfigCommit,
             k => return Err(TxError::Protocol(format!("lease word {w:#x}: kind {k}"))),
         };
         let seq = w & SEQ_MASK;
@@ -141,15 +154,84 @@ pub struct Suspicion {
     /// The suspecting machine.
     pub by: NodeId,
     pub machine: NodeId,
+    /// The configuration it was raised in.
+    pub config: u64,
     /// When it suspected (executor time).
     pub at_ns: u64,
     /// When its lease was last renewed (or the watch began).
     pub renewed_ns: u64,
 }
 
-/// A machine's suspicions, shared by its lease tasks and whoever acts on
-/// them.
-pub type Suspicions = Arc<Mutex<Vec<Suspicion>>>;
+/// What one machine knows of the configuration it is in, shared by its
+/// lease tasks, its reconfiguration task and (later) its servers and
+/// coordinators: the configuration with its store revision, the
+/// suspicions raised, and whether it learnt it was removed.
+pub struct Membership {
+    pub me: NodeId,
+    current: Mutex<Stored>,
+    /// The current configuration's number, for a cheap look.
+    epoch: AtomicU64,
+    removed: AtomicBool,
+    suspicions: Mutex<Vec<Suspicion>>,
+}
+
+impl Membership {
+    pub fn new(me: NodeId, current: Stored) -> Arc<Membership> {
+        Arc::new(Membership {
+            me,
+            epoch: AtomicU64::new(current.config.id),
+            current: Mutex::new(current),
+            removed: AtomicBool::new(false),
+            suspicions: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn current(&self) -> Stored {
+        self.current.lock().expect("no panics hold it").clone()
+    }
+
+    /// The current configuration's number.
+    pub fn epoch(&self) -> u64 {
+        // Acquire: pairs with install's Release, so a task that sees the
+        // new number and then reads `current` gets that configuration.
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Moves to a newer configuration; false (nothing changes) for one
+    /// that is not newer.
+    pub fn install(&self, s: Stored) -> bool {
+        let mut cur = self.current.lock().expect("no panics hold it");
+        if s.config.id <= cur.config.id {
+            return false;
+        }
+        let id = s.config.id;
+        *cur = s;
+        // Release: see epoch().
+        self.epoch.store(id, Ordering::Release);
+        true
+    }
+
+    /// This machine learnt it is not in the stored configuration: it
+    /// holds and grants no more leases.
+    pub fn remove(&self) {
+        // Release/Acquire: a plain flag; what it guards is re-read under
+        // the lock.
+        self.removed.store(true, Ordering::Release);
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    pub fn suspect(&self, s: Suspicion) {
+        self.suspicions.lock().expect("no panics hold it").push(s);
+    }
+
+    /// Every suspicion raised, oldest first.
+    pub fn suspicions(&self) -> Vec<Suspicion> {
+        self.suspicions.lock().expect("no panics hold it").clone()
+    }
+}
 
 /// What a lease task did.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -157,8 +239,8 @@ pub struct LeaseStats {
     pub requests: u64,
     pub grants: u64,
     pub acks: u64,
-    /// Messages refused: malformed, of another configuration, or out of
-    /// turn.
+    /// Messages refused: malformed, of another configuration, from a
+    /// machine outside the configuration, or out of turn.
     pub refused: u64,
     /// At the CM: the longest time between two renewals of one machine's
     /// lease (the margin a lease of L leaves is L minus this).
@@ -167,6 +249,8 @@ pub struct LeaseStats {
     pub suspicions: u64,
     /// WRITEs that failed (the peer unreachable).
     pub failed_writes: u64,
+    /// Configurations it moved through after the first.
+    pub switches: u64,
 }
 
 impl std::ops::AddAssign for LeaseStats {
@@ -178,45 +262,45 @@ impl std::ops::AddAssign for LeaseStats {
         self.max_renew_gap_ns = self.max_renew_gap_ns.max(o.max_renew_gap_ns);
         self.suspicions += o.suspicions;
         self.failed_writes += o.failed_writes;
+        self.switches += o.switches;
     }
 }
 
-/// One side of one lease: this machine `me` and its peer, in configuration
-/// `config` whose CM is `cm`.
+/// How one role of a lease task ended.
+enum End {
+    Stopped,
+    /// The configuration changed: take the new one's role.
+    NewConfig,
+    /// The peer left (its run is over).
+    Left,
+}
+
+/// The lease between machine `me` and `peer`, whatever the configuration
+/// makes of it: at the CM the grant of the peer's lease, at a machine
+/// whose CM is the peer the hold of its own, otherwise nothing (and any
+/// word from the peer refused: precise membership).
 pub struct Lease {
     pub geo: Geometry,
     pub me: NodeId,
     pub peer: NodeId,
-    pub cm: NodeId,
-    pub config: u64,
     pub timing: LeaseConfig,
-    pub suspicions: Suspicions,
+    pub membership: Arc<Membership>,
 }
 
 impl Lease {
-    fn tag(&self) -> u32 {
-        config_tag(self.config)
+    /// Sends `kind(seq)` of configuration `epoch` to the peer; false if
+    /// the WRITE failed (the peer is unreachable; its lease will expire).
+    async fn send<N: Nic>(&self, ctx: &Ctx<N>, epoch: u64, kind: Kind, seq: u64) -> bool {
+        send_word(ctx, self.geo, self.me, self.peer, 0, epoch, kind, seq).await
     }
 
-    /// Sends `kind(seq)` to the peer; false if the WRITE failed (the peer
-    /// is unreachable; its lease will expire).
-    async fn send<N: Nic>(&self, ctx: &Ctx<N>, kind: Kind, seq: u64) -> bool {
-        let w = Msg {
-            kind,
-            config: self.tag(),
-            seq,
-        }
-        .encode();
-        let at = GlobalAddr::new(self.peer, Space::Host, self.geo.lease_word(self.me));
-        let mut b = ctx.batch();
-        b.write_u64(at, w);
-        b.submit().await.is_ok()
-    }
-
-    /// The peer's newest message here, if it changed since `last`.
+    /// The peer's newest lease word here, if it changed since `last` and
+    /// is a message of configuration `epoch`; anything else changed is
+    /// refused and counted.
     fn incoming<N: Nic>(
         &self,
         ctx: &Ctx<N>,
+        epoch: u64,
         last: &mut u64,
         st: &mut LeaseStats,
     ) -> Result<Option<Msg>, TxError> {
@@ -226,37 +310,34 @@ impl Lease {
         }
         *last = w;
         match Msg::decode(w) {
-            Ok(Some(m)) if m.config == self.tag() => Ok(Some(m)),
+            Ok(Some(m)) if m.config == config_tag(epoch) => Ok(Some(m)),
             Ok(_) | Err(_) => {
                 st.refused += 1;
                 log::warn!(
-                    "machine {}: refused lease word {w:#x} from machine {} (configuration {})",
+                    "machine {}: refused lease word {w:#x} from machine {} (configuration {epoch})",
                     self.me,
                     self.peer,
-                    self.config
                 );
                 Ok(None)
             }
         }
     }
 
-    fn suspect(&self, at_ns: u64, renewed_ns: u64, st: &mut LeaseStats) {
+    fn suspect(&self, epoch: u64, at_ns: u64, renewed_ns: u64, st: &mut LeaseStats) {
         st.suspicions += 1;
         log::warn!(
-            "machine {} suspects machine {}: its lease ran out at {} ns (renewed at {renewed_ns} ns)",
+            "machine {} suspects machine {} in configuration {epoch}: its lease ran out at {} ns (renewed at {renewed_ns} ns)",
             self.me,
             self.peer,
             renewed_ns + self.timing.lease_ns
         );
-        self.suspicions
-            .lock()
-            .expect("no panics hold it")
-            .push(Suspicion {
-                by: self.me,
-                machine: self.peer,
-                at_ns,
-                renewed_ns,
-            });
+        self.membership.suspect(Suspicion {
+            by: self.me,
+            machine: self.peer,
+            config: epoch,
+            at_ns,
+            renewed_ns,
+        });
     }
 
     /// Waits for the peer's next word or `until`, whichever is first.
@@ -267,18 +348,92 @@ impl Lease {
         Ok(())
     }
 
-    /// A machine's side of its lease at the CM (`peer` is the CM): renews
-    /// every `renew_ns`, answers grants, suspects the CM when it stops
-    /// granting. Ends when `stop()` says so, with a LEAVE, or when the CM
-    /// leaves.
-    pub async fn hold<N: Nic>(
+    /// Runs the lease through every configuration until `stop()` says so.
+    pub async fn run<N: Nic>(
         &self,
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
     ) -> Result<LeaseStats, TxError> {
-        let l = self.timing.lease_ns;
         let mut st = LeaseStats::default();
         let mut seq = 0u64;
+        let mut first = true;
+        loop {
+            let cur = self.membership.current();
+            let c = &cur.config;
+            if !std::mem::take(&mut first) {
+                st.switches += 1;
+            }
+            let removed = self.membership.is_removed();
+            let both = c.contains(self.me) && c.contains(self.peer) && !removed;
+            let end = if both && c.cm == self.me {
+                self.grant(ctx, stop, c.id, &mut st).await?
+            } else if both && c.cm == self.peer {
+                self.hold(ctx, stop, c.id, &mut seq, &mut st).await?
+            } else {
+                self.idle(ctx, stop, c.id, &mut st).await?
+            };
+            match end {
+                End::Stopped => return Ok(st),
+                End::NewConfig => {}
+                // Nothing more to do with this peer until the
+                // configuration changes.
+                End::Left => {
+                    if let End::Stopped = self.idle(ctx, stop, c.id, &mut st).await? {
+                        return Ok(st);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Neither side is the other's CM (or one is outside the
+    /// configuration): words from the peer are refused.
+    async fn idle<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        stop: &dyn Fn() -> bool,
+        epoch: u64,
+        st: &mut LeaseStats,
+    ) -> Result<End, TxError> {
+        let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
+        loop {
+            if stop() {
+                return Ok(End::Stopped);
+            }
+            if self.membership.epoch() != epoch {
+                return Ok(End::NewConfig);
+            }
+            let w = ctx.local().load(self.geo.lease_word(self.peer))?;
+            if w != last {
+                last = w;
+                // A machine outside the configuration, or one that is
+                // nobody's CM here, has nothing to say to this machine.
+                if !matches!(
+                    Msg::decode(w),
+                    Ok(Some(Msg {
+                        kind: Kind::Leave,
+                        ..
+                    }))
+                ) {
+                    st.refused += 1;
+                }
+            }
+            self.wait(ctx, ctx.now_ns() + self.timing.renew_ns).await?;
+        }
+    }
+
+    /// A machine's side of its lease at the CM (`peer` is the CM): renews
+    /// every `renew_ns`, answers grants, suspects the CM when it stops
+    /// granting.
+    async fn hold<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        stop: &dyn Fn() -> bool,
+        epoch: u64,
+        seq: &mut u64,
+        st: &mut LeaseStats,
+    ) -> Result<End, TxError> {
+        let l = self.timing.lease_ns;
         let mut next_renew = ctx.now_ns();
         // The CM's lease here, granted at the start for one period.
         let mut cm_until = ctx.now_ns() + l;
@@ -287,40 +442,46 @@ impl Lease {
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
         loop {
             if stop() {
-                self.send(ctx, Kind::Leave, seq + 1).await;
-                return Ok(st);
+                self.send(ctx, epoch, Kind::Leave, *seq + 1).await;
+                return Ok(End::Stopped);
             }
-            if ctx.now_ns() >= next_renew && !suspected {
-                seq += 1;
+            if self.membership.epoch() != epoch {
+                return Ok(End::NewConfig);
+            }
+            // Renewals go on after a suspicion: reconfiguration decides
+            // what becomes of this machine, and a CM that suspected it
+            // refuses them.
+            if ctx.now_ns() >= next_renew {
+                *seq += 1;
                 next_renew = ctx.now_ns() + self.timing.renew_ns;
                 st.requests += 1;
-                if !self.send(ctx, Kind::Request, seq).await {
+                if !self.send(ctx, epoch, Kind::Request, *seq).await {
                     st.failed_writes += 1;
                 }
             }
-            if let Some(m) = self.incoming(ctx, &mut last, &mut st)? {
+            if let Some(m) = self.incoming(ctx, epoch, &mut last, st)? {
                 match m.kind {
                     // A grant of the request just sent: the CM's lease here
                     // runs from now.
-                    Kind::Grant if m.seq == seq => {
+                    Kind::Grant if m.seq == *seq => {
                         granted_at = ctx.now_ns();
                         cm_until = granted_at + l;
                         st.acks += 1;
-                        if !self.send(ctx, Kind::Ack, seq).await {
+                        if !self.send(ctx, epoch, Kind::Ack, *seq).await {
                             st.failed_writes += 1;
                         }
                     }
-                    Kind::Leave => return Ok(st),
+                    Kind::Leave => return Ok(End::Left),
                     _ => st.refused += 1,
                 }
             }
             let now = ctx.now_ns();
             if !suspected && now > cm_until {
                 suspected = true;
-                self.suspect(now, granted_at, &mut st);
+                self.suspect(epoch, now, granted_at, st);
             }
             let until = if suspected {
-                now + self.timing.renew_ns
+                next_renew
             } else {
                 next_renew.min(cm_until + 1)
             };
@@ -330,15 +491,14 @@ impl Lease {
 
     /// The CM's side of one machine's lease (`peer` is the machine):
     /// grants each request, suspects the machine when its lease runs out.
-    /// Ends when `stop()` says so (with a LEAVE) or when the machine
-    /// leaves.
-    pub async fn grant<N: Nic>(
+    async fn grant<N: Nic>(
         &self,
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
-    ) -> Result<LeaseStats, TxError> {
+        epoch: u64,
+        st: &mut LeaseStats,
+    ) -> Result<End, TxError> {
         let l = self.timing.lease_ns;
-        let mut st = LeaseStats::default();
         let mut renewed = ctx.now_ns();
         let mut first = true;
         let mut suspected = false;
@@ -346,10 +506,13 @@ impl Lease {
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
         loop {
             if stop() {
-                self.send(ctx, Kind::Leave, granted + 1).await;
-                return Ok(st);
+                self.send(ctx, epoch, Kind::Leave, granted + 1).await;
+                return Ok(End::Stopped);
             }
-            if let Some(m) = self.incoming(ctx, &mut last, &mut st)? {
+            if self.membership.epoch() != epoch {
+                return Ok(End::NewConfig);
+            }
+            if let Some(m) = self.incoming(ctx, epoch, &mut last, st)? {
                 match m.kind {
                     // A machine suspected is out until reconfiguration says
                     // otherwise: its requests are not granted.
@@ -362,19 +525,19 @@ impl Lease {
                         renewed = now;
                         granted = m.seq;
                         st.grants += 1;
-                        if !self.send(ctx, Kind::Grant, m.seq).await {
+                        if !self.send(ctx, epoch, Kind::Grant, m.seq).await {
                             st.failed_writes += 1;
                         }
                     }
                     Kind::Ack if m.seq == granted => {}
-                    Kind::Leave => return Ok(st),
+                    Kind::Leave => return Ok(End::Left),
                     _ => st.refused += 1,
                 }
             }
             let now = ctx.now_ns();
             if !suspected && now > renewed + l {
                 suspected = true;
-                self.suspect(now, renewed, &mut st);
+                self.suspect(epoch, now, renewed, st);
             }
             let until = if suspected {
                 now + self.timing.renew_ns
@@ -386,31 +549,49 @@ impl Lease {
     }
 }
 
-/// The lease tasks of machine `me` in a configuration with CM `cm`: at
-/// the CM one [`Lease::grant`] per other machine, elsewhere one
-/// [`Lease::hold`].
+/// Writes `kind(seq)` of configuration `epoch` into word `word` (0: lease
+/// messages, 1: configuration messages) of `from`'s lease line at machine
+/// `to`; false if the WRITE failed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn send_word<N: Nic>(
+    ctx: &Ctx<N>,
+    geo: Geometry,
+    from: NodeId,
+    to: NodeId,
+    word: u64,
+    epoch: u64,
+    kind: Kind,
+    seq: u64,
+) -> bool {
+    let w = Msg {
+        kind,
+        config: config_tag(epoch),
+        seq,
+    }
+    .encode();
+    let at = GlobalAddr::new(to, Space::Host, geo.lease_word(from) + 8 * word);
+    let mut b = ctx.batch();
+    b.write_u64(at, w);
+    b.submit().await.is_ok()
+}
+
+/// Machine `me`'s lease tasks: one for every other machine.
 pub fn leases_of(
     geo: Geometry,
     me: NodeId,
-    cm: NodeId,
-    config: u64,
     timing: LeaseConfig,
-    suspicions: &Suspicions,
+    membership: &Arc<Membership>,
 ) -> Vec<Lease> {
-    let lease = |peer| Lease {
-        geo,
-        me,
-        peer,
-        cm,
-        config,
-        timing,
-        suspicions: suspicions.clone(),
-    };
-    if me == cm {
-        (0..geo.machines).filter(|&p| p != cm).map(lease).collect()
-    } else {
-        vec![lease(cm)]
-    }
+    (0..geo.machines)
+        .filter(|&p| p != me)
+        .map(|peer| Lease {
+            geo,
+            me,
+            peer,
+            timing,
+            membership: membership.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -419,14 +600,22 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_junk_is_refused() {
-        for kind in [Kind::Request, Kind::Grant, Kind::Ack, Kind::Leave] {
+        for kind in [
+            Kind::Request,
+            Kind::Grant,
+            Kind::Ack,
+            Kind::Leave,
+            Kind::NewConfig,
+            Kind::NewConfigAck,
+            Kind::NewConfigCommit,
+        ] {
             for (config, seq) in [(0, 1), (CONFIG_MASK as u32, SEQ_MASK), (7, 12345)] {
                 let m = Msg { kind, config, seq };
                 assert_eq!(Msg::decode(m.encode()).unwrap(), Some(m));
             }
         }
         assert_eq!(Msg::decode(0).unwrap(), None);
-        assert!(Msg::decode(5 << 60 | 1).is_err(), "unknown kind");
+        assert!(Msg::decode(8 << 60 | 1).is_err(), "unknown kind");
         assert!(Msg::decode(1 << 60).is_err(), "seq 0");
         assert!(Msg::decode(u64::MAX).is_err());
         assert_eq!(config_tag(1 << 20 | 3), 3);

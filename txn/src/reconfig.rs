@@ -1,32 +1,49 @@
-//! Reconfiguration (FaRM §5.2), its first three steps: suspect, probe,
-//! and commit the new configuration to the store by compare-and-swap; and
-//! the region remap of step four as a pure function ([`remap`]).
+//! Reconfiguration (FaRM §5.2): a machine's reconfiguration task, on a
+//! core of its own, watches its [`Membership`]'s suspicions and the
+//! configuration messages other machines write into its lease lines.
 //!
-//! A machine's reconfiguration task watches its [`Suspicions`]. At the CM
-//! a suspicion of a machine, elsewhere a suspicion of the CM, starts it:
-//!
-//! 1. **Suspect.** A machine other than the CM waits its turn first: the
-//!    machines after the CM, in order, are its backups, and the k-th
-//!    waits k − 1 steps of [`TAKEOVER_STEP_NS`] so that one candidate
-//!    usually goes alone; it gives up if the store moved meanwhile.
+//! 1. **Suspect.** At the CM a suspicion of a machine, elsewhere one of
+//!    the CM, starts a reconfiguration. A machine other than the CM waits
+//!    its turn first: the machines after the CM, in order, are its
+//!    backups, and the k-th waits k − 1 steps of [`TAKEOVER_STEP_NS`] so
+//!    that one candidate usually goes alone; it gives up if the store
+//!    moved meanwhile.
 //! 2. **Probe.** One-sided READs of every other machine of the
 //!    configuration; a machine whose READ fails, or that is suspected, is
 //!    out. The candidate goes on only if a majority of the configuration
 //!    (itself included) answered, so the minority side of a partition
-//!    never makes a configuration (no split brain).
+//!    never makes a configuration (no split brain); it tries again a
+//!    lease later, and learns from the store if it was removed.
 //! 3. **Update.** ⟨i + 1, S without the failed, their domains, CM = the
 //!    candidate⟩ is compare-and-swapped against the revision of
 //!    configuration i in the store. Of concurrent candidates exactly one
 //!    wins; the others learn its configuration.
+//! 4. **Remap.** [`remap`] computes the new region map from the old one
+//!    and the new configuration alike on every machine (the map is not
+//!    applied to servers yet: that is transaction-state recovery's).
+//! 5. **NEW-CONFIG.** The new CM installs the configuration and writes
+//!    NEW-CONFIG(i + 1) to every machine of it. A machine takes the
+//!    configuration from the store, not from the message: it installs it
+//!    only if the store holds exactly configuration i + 1 with the sender
+//!    as its CM, so a forged, stale or replayed message changes nothing.
+//! 6. **Apply.** Installing the configuration moves the machine's lease
+//!    tasks to it: they take leases from the new CM only, and refuse
+//!    every word from machines outside it (precise membership). A machine
+//!    that finds itself outside the stored configuration is removed: it
+//!    holds and grants no more leases. It answers NEW-CONFIG-ACK.
+//! 7. **NEW-CONFIG-COMMIT.** Once every machine acknowledged (one that
+//!    does not within a lease is suspected in the new configuration,
+//!    which starts the next one), and once the leases a machine removed
+//!    without suspicion may still hold have run out, the CM sends
+//!    NEW-CONFIG-COMMIT.
 //!
-//! Steps 4–7 (remap and NEW-CONFIG to every machine, apply with precise
-//! membership, NEW-CONFIG-ACK, NEW-CONFIG-COMMIT) and transaction-state
-//! recovery are not built yet; [`remap`] computes step 4's region map.
+//! Transaction-state recovery (§5.3), which would run between steps 6 and
+//! 7 for the regions the failed machines held, is not built yet.
 
 use crate::config::{ConfigError, ConfigStore, Configuration, Stored, Swap};
 use crate::error::TxError;
 use crate::layout::Geometry;
-use crate::lease::Suspicions;
+use crate::lease::{config_tag, send_word, Kind, LeaseConfig, Membership, Msg, Suspicion};
 use crate::regions::{Region, RegionMap, Replica};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
 use std::collections::BTreeSet;
@@ -34,14 +51,18 @@ use std::sync::Arc;
 
 /// How long each backup CM waits after the one before it.
 pub const TAKEOVER_STEP_NS: u64 = 1_000_000;
-/// How often the task looks at the suspicions.
+/// How often the task looks at the suspicions without being woken.
 pub const WATCH_NS: u64 = 50_000;
 
 /// What a reconfiguration task did, with the times (executor clock).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// It started on a suspicion of `machine`.
-    Suspected { at_ns: u64, machine: NodeId },
+    /// It started on a suspicion of `machine` in configuration `config`.
+    Suspected {
+        at_ns: u64,
+        machine: NodeId,
+        config: u64,
+    },
     /// Its probe found `failed` out of the configuration, `answered` of
     /// its machines (itself included) answering.
     Probed {
@@ -51,14 +72,35 @@ pub enum Event {
     },
     /// Too few machines answered: it made no configuration.
     NoMajority { at_ns: u64, answered: usize },
-    /// Its configuration is the store's, at this revision.
-    Committed {
+    /// Its configuration is the store's, at this revision (step 3).
+    Stored {
         at_ns: u64,
         config: Configuration,
         revision: u64,
     },
     /// Another configuration was stored first (or meanwhile): this one.
     Superseded { at_ns: u64, config: Configuration },
+    /// As the new CM it sent NEW-CONFIG of configuration `id`.
+    NewConfigSent { at_ns: u64, id: u64 },
+    /// Every machine acknowledged configuration `id`.
+    Acked { at_ns: u64, id: u64 },
+    /// These machines did not acknowledge within a lease: suspected.
+    AckMissing {
+        at_ns: u64,
+        id: u64,
+        machines: Vec<NodeId>,
+    },
+    /// As the CM it sent NEW-CONFIG-COMMIT of configuration `id`.
+    Committed { at_ns: u64, id: u64 },
+    /// It installed configuration `id` on NEW-CONFIG from `from`.
+    Applied { at_ns: u64, id: u64, from: NodeId },
+    /// It saw NEW-CONFIG-COMMIT of its configuration.
+    CommitSeen { at_ns: u64, id: u64 },
+    /// A configuration message it refused (malformed, stale, replayed, or
+    /// one the store does not back).
+    Refused { at_ns: u64, from: NodeId, word: u64 },
+    /// It is not in the stored configuration `config`: it stopped.
+    Removed { at_ns: u64, config: u64 },
     /// The store refused or could not be reached.
     StoreError { at_ns: u64, error: ConfigError },
 }
@@ -66,123 +108,384 @@ pub enum Event {
 /// One machine's reconfiguration task.
 pub struct Reconfig {
     pub geo: Geometry,
-    pub me: NodeId,
-    /// The configuration this machine is in, with its store revision.
-    pub current: Stored,
+    pub timing: LeaseConfig,
     pub store: Arc<dyn ConfigStore>,
-    pub suspicions: Suspicions,
+    pub membership: Arc<Membership>,
+}
+
+/// Where configuration messages from `from` land in a machine's memory.
+fn config_word(geo: Geometry, from: NodeId) -> u64 {
+    geo.lease_word(from) + 8
 }
 
 impl Reconfig {
-    /// Watches the suspicions until `stop()`; reconfigures at most once
-    /// (the configuration it then leads, or learns of, is the next
-    /// configuration's business: steps 4–7).
+    fn me(&self) -> NodeId {
+        self.membership.me
+    }
+
+    /// Runs until `stop()` says so or the machine is removed.
     pub async fn run<N: Nic>(
         &self,
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
     ) -> Result<Vec<Event>, TxError> {
-        let mut events = Vec::new();
-        let cm = self.current.config.cm;
-        let trigger = loop {
-            if stop() {
-                return Ok(events);
+        let mut ev = Vec::new();
+        let me = self.me();
+        let mut last: Vec<u64> = Vec::with_capacity(self.geo.machines as usize);
+        for k in 0..self.geo.machines {
+            last.push(ctx.local().load(config_word(self.geo, k))?);
+        }
+        // No second attempt in a configuration before this time.
+        let mut retry_at: Option<(u64, u64)> = None;
+        let area = (self.geo.lease_word(0), self.geo.machines as u64 * 64);
+        loop {
+            if stop() || self.membership.is_removed() {
+                return Ok(ev);
             }
-            let s = self.suspicions.lock().expect("no panics hold it").clone();
-            let relevant = s
-                .iter()
-                .find(|s| if self.me == cm { true } else { s.machine == cm });
-            if let Some(s) = relevant {
-                break s.machine;
+            for k in (0..self.geo.machines).filter(|&k| k != me) {
+                let w = ctx.local().load(config_word(self.geo, k))?;
+                if w != last[k as usize] {
+                    last[k as usize] = w;
+                    self.on_message(ctx, k, w, &mut ev).await;
+                }
             }
-            ctx.sleep(WATCH_NS)?.await;
+            let cur = self.membership.current();
+            let due =
+                retry_at.is_none_or(|(epoch, at)| epoch != cur.config.id || ctx.now_ns() >= at);
+            if due && !self.membership.is_removed() {
+                if let Some(s) = self.trigger(&cur) {
+                    retry_at = Some((cur.config.id, ctx.now_ns() + self.timing.lease_ns));
+                    self.reconfigure(ctx, &cur, s, &mut ev).await?;
+                    continue;
+                }
+            }
+            ctx.wait_for_write(area.0, area.1, Some(ctx.now_ns() + WATCH_NS))?
+                .await;
+        }
+    }
+
+    /// The suspicion, raised in configuration `cur`, that asks this
+    /// machine to reconfigure, if any.
+    fn trigger(&self, cur: &Stored) -> Option<Suspicion> {
+        let c = &cur.config;
+        self.membership.suspicions().into_iter().find(|s| {
+            s.config == c.id && c.contains(s.machine) && (self.me() == c.cm || s.machine == c.cm)
+        })
+    }
+
+    /// A configuration message from `from`.
+    async fn on_message<N: Nic>(&self, ctx: &Ctx<N>, from: NodeId, w: u64, ev: &mut Vec<Event>) {
+        let cur = self.membership.current();
+        let refuse = |ev: &mut Vec<Event>| {
+            log::warn!(
+                "machine {}: refused configuration word {w:#x} from machine {from}",
+                self.me()
+            );
+            ev.push(Event::Refused {
+                at_ns: ctx.now_ns(),
+                from,
+                word: w,
+            })
         };
-        events.push(Event::Suspected {
+        let m = match Msg::decode(w) {
+            Ok(Some(m)) if m.config == config_tag(m.seq) => m,
+            _ => return refuse(ev),
+        };
+        match m.kind {
+            Kind::NewConfig if m.seq > cur.config.id => match self.store.read() {
+                Ok(Some(s)) if s.config.id == m.seq && s.config.cm == from => {
+                    let id = s.config.id;
+                    if !s.config.contains(self.me()) {
+                        self.membership.remove();
+                        ev.push(Event::Removed {
+                            at_ns: ctx.now_ns(),
+                            config: id,
+                        });
+                        return;
+                    }
+                    self.membership.install(s);
+                    ev.push(Event::Applied {
+                        at_ns: ctx.now_ns(),
+                        id,
+                        from,
+                    });
+                    send_word(
+                        ctx,
+                        self.geo,
+                        self.me(),
+                        from,
+                        1,
+                        id,
+                        Kind::NewConfigAck,
+                        id,
+                    )
+                    .await;
+                }
+                Ok(_) => refuse(ev),
+                Err(error) => ev.push(Event::StoreError {
+                    at_ns: ctx.now_ns(),
+                    error,
+                }),
+            },
+            // The CM may have missed the acknowledgement: say it again.
+            Kind::NewConfig if m.seq == cur.config.id && cur.config.cm == from => {
+                send_word(
+                    ctx,
+                    self.geo,
+                    self.me(),
+                    from,
+                    1,
+                    m.seq,
+                    Kind::NewConfigAck,
+                    m.seq,
+                )
+                .await;
+            }
+            Kind::NewConfigCommit if m.seq == cur.config.id && cur.config.cm == from => {
+                ev.push(Event::CommitSeen {
+                    at_ns: ctx.now_ns(),
+                    id: m.seq,
+                });
+            }
+            // Acknowledgements are the leading CM's to read.
+            Kind::NewConfigAck if m.seq <= cur.config.id => {}
+            _ => refuse(ev),
+        }
+    }
+
+    /// The store holds `s`, newer than this machine's configuration:
+    /// removed if it is not in it (its CM's NEW-CONFIG installs it
+    /// otherwise).
+    fn store_moved<N: Nic>(&self, ctx: &Ctx<N>, s: Stored, ev: &mut Vec<Event>) {
+        let id = s.config.id;
+        let out = !s.config.contains(self.me());
+        ev.push(Event::Superseded {
             at_ns: ctx.now_ns(),
-            machine: trigger,
+            config: s.config,
         });
-        if self.me != cm {
+        if out {
+            self.membership.remove();
+            ev.push(Event::Removed {
+                at_ns: ctx.now_ns(),
+                config: id,
+            });
+        }
+    }
+
+    /// Steps 1–3, then, if this machine's configuration won, 5–7.
+    async fn reconfigure<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        cur: &Stored,
+        trigger: Suspicion,
+        ev: &mut Vec<Event>,
+    ) -> Result<(), TxError> {
+        let me = self.me();
+        ev.push(Event::Suspected {
+            at_ns: ctx.now_ns(),
+            machine: trigger.machine,
+            config: cur.config.id,
+        });
+        if me != cur.config.cm {
             // Wait for the backup CMs before this one.
-            let rank = self.rank();
+            let rank = self.rank(cur);
             if rank > 1 {
                 ctx.sleep((rank - 1) * TAKEOVER_STEP_NS)?.await;
             }
-            match self.store.read() {
-                Ok(Some(s)) if s.revision != self.current.revision => {
-                    events.push(Event::Superseded {
-                        at_ns: ctx.now_ns(),
-                        config: s.config,
-                    });
-                    return Ok(events);
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    events.push(Event::StoreError {
-                        at_ns: ctx.now_ns(),
-                        error,
-                    });
-                    return Ok(events);
-                }
+        }
+        match self.store.read() {
+            Ok(Some(s)) if s.revision != cur.revision => {
+                self.store_moved(ctx, s, ev);
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(error) => {
+                ev.push(Event::StoreError {
+                    at_ns: ctx.now_ns(),
+                    error,
+                });
+                return Ok(());
             }
         }
         let suspected: BTreeSet<NodeId> = self
-            .suspicions
-            .lock()
-            .expect("no panics hold it")
+            .membership
+            .suspicions()
             .iter()
+            .filter(|s| s.config == cur.config.id)
             .map(|s| s.machine)
             .collect();
-        let (answered, failed) = self.probe(ctx, &suspected).await?;
-        let n = self.current.config.machines.len();
-        events.push(Event::Probed {
+        let probe_at = ctx.now_ns();
+        let (answered, failed) = self.probe(ctx, cur, &suspected).await?;
+        let n = cur.config.machines.len();
+        ev.push(Event::Probed {
             at_ns: ctx.now_ns(),
             answered,
             failed: failed.iter().copied().collect(),
         });
         if answered * 2 <= n {
-            events.push(Event::NoMajority {
+            ev.push(Event::NoMajority {
                 at_ns: ctx.now_ns(),
                 answered,
             });
-            return Ok(events);
+            return Ok(());
         }
-        let old = &self.current.config;
         let new = Configuration {
-            id: old.id + 1,
-            machines: old
+            id: cur.config.id + 1,
+            machines: cur
+                .config
                 .machines
                 .iter()
                 .copied()
                 .filter(|(m, _)| !failed.contains(m))
                 .collect(),
-            cm: self.me,
+            cm: me,
         };
         let at_ns = ctx.now_ns();
-        match self.store.cas(Some(self.current.revision), &new) {
-            Ok(Swap::Done(revision)) => events.push(Event::Committed {
-                at_ns,
-                config: new,
-                revision,
-            }),
-            Ok(Swap::Lost(Some(s))) => events.push(Event::Superseded {
-                at_ns,
-                config: s.config,
-            }),
-            Ok(Swap::Lost(None)) => events.push(Event::StoreError {
+        match self.store.cas(Some(cur.revision), &new) {
+            Ok(Swap::Done(revision)) => {
+                ev.push(Event::Stored {
+                    at_ns,
+                    config: new.clone(),
+                    revision,
+                });
+                // Leases a machine that was not suspected may still hold
+                // (granted before the probe) run out a lease after it.
+                let unsuspected = failed.iter().any(|m| !suspected.contains(m));
+                let leases_out = if unsuspected {
+                    probe_at + self.timing.lease_ns
+                } else {
+                    0
+                };
+                self.lead(
+                    ctx,
+                    Stored {
+                        revision,
+                        config: new,
+                    },
+                    leases_out,
+                    ev,
+                )
+                .await?;
+            }
+            Ok(Swap::Lost(Some(s))) => self.store_moved(ctx, s, ev),
+            Ok(Swap::Lost(None)) => ev.push(Event::StoreError {
                 at_ns,
                 error: ConfigError::Store("the store lost its configuration".into()),
             }),
-            Err(error) => events.push(Event::StoreError { at_ns, error }),
+            Err(error) => ev.push(Event::StoreError { at_ns, error }),
         }
-        Ok(events)
+        Ok(())
+    }
+
+    /// Steps 5–7 as the new CM of `new`.
+    async fn lead<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        new: Stored,
+        leases_out_ns: u64,
+        ev: &mut Vec<Event>,
+    ) -> Result<(), TxError> {
+        let me = self.me();
+        let id = new.config.id;
+        let others: Vec<NodeId> = new
+            .config
+            .machines
+            .iter()
+            .map(|m| m.0)
+            .filter(|&m| m != me)
+            .collect();
+        self.membership.install(new);
+        self.broadcast(ctx, &others, id, Kind::NewConfig).await;
+        ev.push(Event::NewConfigSent {
+            at_ns: ctx.now_ns(),
+            id,
+        });
+        let ack = Msg {
+            kind: Kind::NewConfigAck,
+            config: config_tag(id),
+            seq: id,
+        }
+        .encode();
+        let deadline = ctx.now_ns() + self.timing.lease_ns;
+        let mut pending: Vec<NodeId> = others.clone();
+        loop {
+            let mut still = Vec::new();
+            for &k in &pending {
+                if ctx.local().load(config_word(self.geo, k))? != ack {
+                    still.push(k);
+                }
+            }
+            pending = still;
+            if pending.is_empty() || ctx.now_ns() >= deadline {
+                break;
+            }
+            let area = (self.geo.lease_word(0), self.geo.machines as u64 * 64);
+            ctx.wait_for_write(area.0, area.1, Some(deadline.min(ctx.now_ns() + WATCH_NS)))?
+                .await;
+        }
+        if !pending.is_empty() {
+            for &k in &pending {
+                self.membership.suspect(Suspicion {
+                    by: me,
+                    machine: k,
+                    config: id,
+                    at_ns: ctx.now_ns(),
+                    renewed_ns: deadline - self.timing.lease_ns,
+                });
+            }
+            ev.push(Event::AckMissing {
+                at_ns: ctx.now_ns(),
+                id,
+                machines: pending,
+            });
+            return Ok(());
+        }
+        ev.push(Event::Acked {
+            at_ns: ctx.now_ns(),
+            id,
+        });
+        if leases_out_ns > ctx.now_ns() {
+            ctx.sleep_until(leases_out_ns)?.await;
+        }
+        self.broadcast(ctx, &others, id, Kind::NewConfigCommit)
+            .await;
+        ev.push(Event::Committed {
+            at_ns: ctx.now_ns(),
+            id,
+        });
+        Ok(())
+    }
+
+    /// `kind(id)` to every machine of `to`, in one batch (a machine that
+    /// cannot be reached is found out by its missing acknowledgement).
+    async fn broadcast<N: Nic>(&self, ctx: &Ctx<N>, to: &[NodeId], id: u64, kind: Kind) {
+        let w = Msg {
+            kind,
+            config: config_tag(id),
+            seq: id,
+        }
+        .encode();
+        let mut b = ctx.batch();
+        for &k in to {
+            b.write_u64(
+                GlobalAddr::new(k, Space::Host, config_word(self.geo, self.me())),
+                w,
+            );
+        }
+        if let Err(e) = b.submit().await {
+            log::warn!(
+                "machine {}: {kind:?}({id}) not delivered everywhere: {e}",
+                self.me()
+            );
+        }
     }
 
     /// This machine's place among the CM's backups: 1 for the machine
     /// after the CM in the configuration (cyclically), and so on.
-    fn rank(&self) -> u64 {
-        let ms = &self.current.config.machines;
+    fn rank(&self, cur: &Stored) -> u64 {
+        let ms = &cur.config.machines;
         let at = |x: NodeId| ms.iter().position(|m| m.0 == x).unwrap_or(0);
-        let (c, me) = (at(self.current.config.cm), at(self.me));
+        let (c, me) = (at(cur.config.cm), at(self.me()));
         ((me + ms.len() - c) % ms.len()) as u64
     }
 
@@ -192,28 +495,26 @@ impl Reconfig {
     async fn probe<N: Nic>(
         &self,
         ctx: &Ctx<N>,
+        cur: &Stored,
         suspected: &BTreeSet<NodeId>,
     ) -> Result<(usize, BTreeSet<NodeId>), TxError> {
+        let me = self.me();
         let mut failed: BTreeSet<NodeId> = suspected.clone();
-        failed.remove(&self.me);
+        failed.remove(&me);
         loop {
-            let targets: Vec<NodeId> = self
-                .current
+            let targets: Vec<NodeId> = cur
                 .config
                 .machines
                 .iter()
                 .map(|m| m.0)
-                .filter(|&m| m != self.me && !failed.contains(&m))
+                .filter(|&m| m != me && !failed.contains(&m))
                 .collect();
             if targets.is_empty() {
                 break;
             }
             let mut b = ctx.batch();
             for &m in &targets {
-                b.read_new(
-                    GlobalAddr::new(m, Space::Host, self.geo.lease_word(self.me)),
-                    8,
-                );
+                b.read_new(GlobalAddr::new(m, Space::Host, self.geo.lease_word(me)), 8);
             }
             match b.submit().await {
                 Ok(_) => break,
@@ -227,11 +528,8 @@ impl Reconfig {
                 },
             }
         }
-        let n = self.current.config.machines.len();
-        let out = failed
-            .iter()
-            .filter(|m| self.current.config.contains(**m))
-            .count();
+        let n = cur.config.machines.len();
+        let out = failed.iter().filter(|m| cur.config.contains(**m)).count();
         Ok((n - out, failed))
     }
 }

@@ -57,17 +57,69 @@ fn run(machines: u16, seed: u64, faults: Vec<Fault>) -> (LeaseRun, Configuration
     (r, store.read().unwrap().unwrap().config)
 }
 
-/// Every `Committed` event: (machine, configuration, when).
+/// Every configuration stored by compare-and-swap: (machine,
+/// configuration, when).
 fn committed(r: &LeaseRun) -> Vec<(u16, Configuration, u64)> {
     r.reconfig
         .iter()
         .flat_map(|(m, e)| {
             e.as_ref().unwrap().iter().filter_map(move |ev| match ev {
-                Event::Committed { at_ns, config, .. } => Some((*m, config.clone(), *at_ns)),
+                Event::Stored { at_ns, config, .. } => Some((*m, config.clone(), *at_ns)),
                 _ => None,
             })
         })
         .collect()
+}
+
+fn events_of(r: &LeaseRun, m: u16) -> &[Event] {
+    r.reconfig
+        .iter()
+        .find(|e| e.0 == m)
+        .unwrap()
+        .1
+        .as_ref()
+        .unwrap()
+}
+
+/// Steps 5–7 ran to the end: the new CM sent NEW-CONFIG, had every
+/// machine's acknowledgement and sent NEW-CONFIG-COMMIT; every machine of
+/// the configuration installed it and saw the commit; every machine
+/// outside it that is alive learnt it was removed; and under the new
+/// configuration no lease ran out.
+fn installed_everywhere(r: &LeaseRun, c: &Configuration, dead: &[u16], seed: u64) {
+    let lead = events_of(r, c.cm);
+    let id = c.id;
+    assert!(
+        lead.iter()
+            .any(|e| matches!(e, Event::Committed { id: i, .. } if *i == id)),
+        "seed {seed}: the CM did not commit: {lead:?}"
+    );
+    for &(m, epoch, removed) in &r.configs {
+        if dead.contains(&m) {
+            continue;
+        }
+        if c.contains(m) {
+            assert_eq!((epoch, removed), (id, false), "seed {seed}: machine {m}");
+            if m != c.cm {
+                let e = events_of(r, m);
+                assert!(
+                    e.iter().any(|e| matches!(e, Event::Applied { id: i, from, .. } if *i == id && *from == c.cm))
+                        && e.iter().any(|e| matches!(e, Event::CommitSeen { id: i, .. } if *i == id)),
+                    "seed {seed}: machine {m}: {e:?}"
+                );
+            }
+        } else {
+            assert!(
+                removed,
+                "seed {seed}: machine {m} outside {c:?} was not removed"
+            );
+        }
+    }
+    let late: Vec<_> = r.suspicions.iter().filter(|s| s.config == id).collect();
+    assert!(
+        late.is_empty(),
+        "seed {seed}: suspicions under the new configuration: {late:?}"
+    );
 }
 
 fn without(n: u16, out: &[u16]) -> Vec<(u16, u32)> {
@@ -99,6 +151,7 @@ fn the_cm_removes_a_crashed_machine() {
         assert_eq!(done.len(), 1, "seed {seed}: {done:?}");
         assert_eq!(done[0].0, 0);
         assert!(done[0].2 - t <= bound(1, 0), "seed {seed}: {done:?}");
+        installed_everywhere(&r, &c, &[victim], seed);
     });
 }
 
@@ -119,16 +172,7 @@ fn the_first_backup_cm_takes_over_from_a_crashed_cm() {
         let done = committed(&r);
         assert_eq!(done.len(), 1, "seed {seed}: {done:?}");
         assert!(done[0].2 - t <= bound(0, 0), "seed {seed}: {done:?}");
-        // The other backups learnt of it instead of making their own.
-        for (m, e) in &r.reconfig {
-            if *m > 1 {
-                let e = e.as_ref().unwrap();
-                assert!(
-                    matches!(e.last(), Some(Event::Superseded { config, .. }) if *config == c),
-                    "seed {seed}: machine {m}: {e:?}"
-                );
-            }
-        }
+        installed_everywhere(&r, &c, &[0], seed);
     });
 }
 
@@ -150,6 +194,7 @@ fn two_machines_crashing_at_once_cm_included() {
         let done = committed(&r);
         assert_eq!(done.len(), 1, "seed {seed}: {done:?}");
         assert!(done[0].2 - t <= bound(1, 1), "seed {seed}: {done:?}");
+        installed_everywhere(&r, &c, &[0, 1], seed);
     });
 }
 
@@ -171,14 +216,18 @@ fn the_minority_side_of_a_partition_makes_no_configuration() {
         );
         let done = committed(&r);
         assert_eq!(done.len(), 1, "seed {seed}: {done:?}");
-        let cm = r.reconfig.iter().find(|e| e.0 == 0).unwrap();
+        let cm = events_of(&r, 0);
         assert!(
-            cm.1.as_ref()
-                .unwrap()
-                .iter()
+            cm.iter()
                 .any(|e| matches!(e, Event::NoMajority { answered: 2, .. })),
             "seed {seed}: {cm:?}"
         );
+        // The minority side is still cut off: its machines keep the old
+        // configuration (they cannot reach the new CM) but made none.
+        for &(m, epoch, _) in &r.configs {
+            let want = if m < 2 { 1 } else { 2 };
+            assert_eq!(epoch, want, "seed {seed}: machine {m}");
+        }
     });
 }
 
@@ -229,4 +278,104 @@ proptest! {
             }
         }
     }
+}
+
+/// A machine cut off, removed, and back when the partition heals: its
+/// lease words are refused (it is outside the configuration), it
+/// suspects its old CM, and the store tells it that it is out.
+#[test]
+fn a_machine_that_returns_after_removal_is_refused_and_learns_it_is_out() {
+    for_each_seed("a_machine_that_returns_after_removal", 200, |seed| {
+        let t = 15_000_000 + seed * 7_919 % 3_000_000;
+        let side = 1 << 3;
+        let (r, c) = run(
+            5,
+            seed,
+            vec![
+                at(t, FaultKind::Partition { side }),
+                at(t + 20_000_000, FaultKind::HealPartition { side }),
+            ],
+        );
+        let want = Configuration {
+            id: 2,
+            machines: without(5, &[3]),
+            cm: 0,
+        };
+        assert_eq!(c, want, "seed {seed}");
+        installed_everywhere(&r, &c, &[], seed);
+        let back = events_of(&r, 3);
+        assert!(
+            back.iter()
+                .any(|e| matches!(e, Event::Removed { config: 2, .. })),
+            "seed {seed}: {back:?}"
+        );
+        assert!(
+            !back.iter().any(|e| matches!(e, Event::Stored { .. })),
+            "seed {seed}: {back:?}"
+        );
+        // Precise membership: the CM refused its renewals after the heal.
+        let at_cm = r
+            .leases
+            .iter()
+            .find(|l| (l.machine, l.peer) == (0, 3))
+            .unwrap();
+        assert!(
+            at_cm.stats.as_ref().unwrap().refused >= 1,
+            "seed {seed}: {at_cm:?}"
+        );
+    });
+}
+
+/// NEW-CONFIG words that the store does not back — a forged one for a
+/// configuration never stored, a replay of the current one from a machine
+/// that is not its CM, junk — change nothing and are refused.
+#[test]
+fn forged_and_replayed_configuration_messages_are_refused() {
+    use txn::harness::RogueWrite;
+    use txn::lease::{Kind, Msg};
+    let g = geo(4);
+    let word = |kind, id: u64| {
+        Msg {
+            kind,
+            config: txn::lease::config_tag(id),
+            seq: id,
+        }
+        .encode()
+    };
+    // Into machine 2's memory, in the lines of machines 1 and 3.
+    let rogue = |at_ns, from: u16, w| RogueWrite {
+        at_ns,
+        machine: 2,
+        off: g.lease_word(from) + 8,
+        word: w,
+    };
+    for_each_seed("forged_and_replayed_configuration_messages", 50, |seed| {
+        let store = Arc::new(EmbeddedStore::new());
+        let r = run_leases_sim(
+            g,
+            seed,
+            SimModel::default(),
+            &LeaseSim {
+                rogue: vec![
+                    rogue(5_000_000, 1, word(Kind::NewConfig, 2)),
+                    rogue(6_000_000, 3, word(Kind::NewConfig, 1)),
+                    rogue(7_000_000, 3, word(Kind::NewConfigCommit, 1)),
+                    rogue(8_000_000, 1, 0xdead_beef_dead_beef),
+                ],
+                store: Some(store.clone()),
+                ..LeaseSim::of(L, 30_000_000)
+            },
+        )
+        .unwrap();
+        assert_eq!(store.read().unwrap().unwrap().config.id, 1);
+        let refused = events_of(&r, 2)
+            .iter()
+            .filter(|e| matches!(e, Event::Refused { .. }))
+            .count();
+        assert_eq!(refused, 4, "seed {seed}: {:?}", events_of(&r, 2));
+        for &(m, epoch, removed) in &r.configs {
+            assert_eq!((epoch, removed), (1, false), "seed {seed}: machine {m}");
+        }
+        assert!(r.suspicions.is_empty(), "seed {seed}: {:?}", r.suspicions);
+    });
 }
