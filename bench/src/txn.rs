@@ -81,6 +81,18 @@ pub struct TxnArgs {
     /// saw (FaRM: 10 ms leases, no false suspicion under load)
     #[arg(long, value_name = "MS")]
     lease_ms: Option<f64>,
+    /// A simulator fault (repeatable; see `loch-bench run --help` for the
+    /// syntax, e.g. machine-crash@20ms:3 or partition@20ms:0+1): the run
+    /// is then FaRM's failure detection and reconfiguration alone — leases
+    /// and reconfiguration tasks on every machine, no workload (recovering
+    /// transactions is not built yet) — over --seeds seeds, reporting the
+    /// time from the first fault to the first suspicion, to the new
+    /// configuration stored by compare-and-swap, and to NEW-CONFIG-COMMIT
+    #[arg(long, value_name = "SPEC")]
+    fault: Vec<String>,
+    /// With --fault: runs (seeds from --seed on)
+    #[arg(long, default_value_t = 40)]
+    seeds: u64,
     /// One JSON document on stdout
     #[arg(long)]
     json: bool,
@@ -127,6 +139,9 @@ fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
 }
 
 pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
+    if !a.fault.is_empty() {
+        return run_faults(&a);
+    }
     let sim = a.backend == Backend::Sim;
     let machines = a.machines.unwrap_or(if sim { 16 } else { 3 });
     let m = mix(&a)?;
@@ -398,4 +413,214 @@ fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Op
             st.max_renew_gap_ns as f64 / 1e3
         );
     }
+}
+
+/// One fault run's times from the first fault (ns), where they happened.
+#[derive(Default)]
+struct FaultTimes {
+    suspected: Option<u64>,
+    stored: Option<u64>,
+    committed: Option<u64>,
+    config: Option<txn::config::Configuration>,
+}
+
+/// One of a run's times.
+type TimeOf = dyn Fn(&FaultTimes) -> Option<u64>;
+
+/// `--fault`: detection and reconfiguration over seeds.
+fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
+    use txn::harness::{run_leases_sim, LeaseSim};
+    use txn::reconfig::Event;
+    if a.backend != Backend::Sim {
+        return Err(ArgError("--fault runs on --backend sim".into()));
+    }
+    let machines = a.machines.unwrap_or(16);
+    if a.replicas < 2 || a.replicas > machines as usize {
+        return Err(ArgError(format!(
+            "--replicas {} must be 2 ..= machines ({machines})",
+            a.replicas
+        )));
+    }
+    if a.seeds == 0 || a.seeds > 100_000 {
+        return Err(ArgError(format!("--seeds {}: 1 ..= 100000", a.seeds)));
+    }
+    let mut faults = Vec::new();
+    for f in &a.fault {
+        faults.extend(nicdrv::sim::parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?);
+    }
+    let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
+    let ms = a.lease_ms.unwrap_or(10.0);
+    if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
+        return Err(ArgError(format!(
+            "--lease-ms {ms}: a lease in (0, 10000] ms"
+        )));
+    }
+    let timing = LeaseConfig::of((ms * 1e6) as u64);
+    timing
+        .check()
+        .map_err(|e| ArgError(format!("--lease-ms {ms}: {e}")))?;
+    let geo = Geometry {
+        machines,
+        threads: 1,
+        f: a.replicas - 1,
+        regions_per_machine: 1,
+        spare_regions_per_machine: 0,
+        region_bytes: 4096,
+        static_bytes: 4096,
+        block_bytes: 4096,
+        log_bytes: 4096,
+        reply_bytes: 4096,
+    };
+    geo.check().map_err(|e| ArgError(e.to_string()))?;
+    // Long enough for a lease, the takeover turns of every backup CM, the
+    // probes' timeouts and the acknowledgements' lease, twice over.
+    let until = first + timing.renew_ns + 10 * timing.lease_ns + machines as u64 * 2_000_000;
+    let mut runs = Vec::new();
+    for seed in a.seed..a.seed + a.seeds {
+        // Each run's faults come at a point of the renewal cycle of its
+        // seed's choosing, as a crash would (times are from there).
+        let shift = nicdrv::rng::Rng::new(seed).below(timing.renew_ns);
+        let first = first + shift;
+        let faults: Vec<nicdrv::sim::Fault> = faults
+            .iter()
+            .map(|f| nicdrv::sim::Fault {
+                at_ns: f.at_ns + shift,
+                ..*f
+            })
+            .collect();
+        let store = std::sync::Arc::new(txn::config::EmbeddedStore::new());
+        let r = match run_leases_sim(
+            geo,
+            seed,
+            SimModel::default(),
+            &LeaseSim {
+                faults,
+                store: Some(store.clone()),
+                ..LeaseSim {
+                    timing,
+                    ..LeaseSim::of(timing.lease_ns, until)
+                }
+            },
+        ) {
+            Ok(r) => r,
+            Err(e) => return Ok(crate::run::Outcome::Failed(format!("seed {seed}: {e}"))),
+        };
+        let mut t = FaultTimes {
+            suspected: r
+                .suspicions
+                .iter()
+                .map(|s| s.at_ns)
+                .min()
+                .map(|x| x.saturating_sub(first)),
+            ..Default::default()
+        };
+        for (_, ev) in &r.reconfig {
+            let ev = match ev {
+                Ok(ev) => ev,
+                Err(e) => return Ok(crate::run::Outcome::Failed(format!("seed {seed}: {e}"))),
+            };
+            for e in ev {
+                match e {
+                    Event::Stored { at_ns, config, .. } if t.stored.is_none() => {
+                        t.stored = Some(at_ns.saturating_sub(first));
+                        t.config = Some(config.clone());
+                    }
+                    Event::Committed { at_ns, .. } if t.committed.is_none() => {
+                        t.committed = Some(at_ns.saturating_sub(first))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        runs.push((seed, t));
+    }
+    let ms_of = |x: Option<u64>| x.map(|v| v as f64 / 1e6);
+    let summary = |f: &TimeOf| {
+        let mut v: Vec<u64> = runs.iter().filter_map(|(_, t)| f(t)).collect();
+        v.sort_unstable();
+        let n = v.len();
+        (n, v.get(n / 2).copied(), v.last().copied())
+    };
+    let rows: [(&str, &TimeOf); 3] = [
+        ("suspected", &|t| t.suspected),
+        ("configuration stored", &|t| t.stored),
+        ("NEW-CONFIG-COMMIT", &|t| t.committed),
+    ];
+    if a.json {
+        let per: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(seed, t)| {
+                json!({
+                    "seed": seed,
+                    "suspected_ms": ms_of(t.suspected),
+                    "stored_ms": ms_of(t.stored),
+                    "committed_ms": ms_of(t.committed),
+                    "configuration": t.config.as_ref().map(|c| json!({
+                        "id": c.id, "cm": c.cm,
+                        "machines": c.machines.iter().map(|m| m.0).collect::<Vec<_>>(),
+                    })),
+                })
+            })
+            .collect();
+        let sum: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(name, f)| {
+                let (n, med, max) = summary(f);
+                (
+                    name.to_string(),
+                    json!({"runs": n, "median_ms": ms_of(med), "max_ms": ms_of(max)}),
+                )
+            })
+            .collect();
+        let doc = json!([{
+            "schema_version": 1,
+            "bench": "txn-fault",
+            "backend": "sim",
+            "machines": machines,
+            "replicas": a.replicas,
+            "lease_ns": timing.lease_ns,
+            "renew_ns": timing.renew_ns,
+            "faults": a.fault,
+            "workload": null,
+            "runs": per,
+            "summary": sum,
+        }]);
+        cmdline::outln!("{doc}");
+        return Ok(crate::run::Outcome::Done);
+    }
+    cmdline::outln!(
+        "sim, {machines} machines, {}-way replication, {ms} ms leases renewed every {} ms; faults {}, each run's shifted by up to a renewal; no workload (leases and reconfiguration only)",
+        a.replicas,
+        timing.renew_ns as f64 / 1e6,
+        a.fault.join(" ")
+    );
+    cmdline::outln!(
+        "{:>6} {:>14} {:>14} {:>14}  configuration",
+        "seed",
+        "suspected ms",
+        "stored ms",
+        "commit ms"
+    );
+    let cell = |x: Option<u64>| x.map_or("-".to_string(), |v| format!("{:.3}", v as f64 / 1e6));
+    for (seed, t) in &runs {
+        let c = t.config.as_ref().map_or("none".to_string(), |c| {
+            format!("{} cm {} of {}", c.id, c.cm, c.machines.len())
+        });
+        cmdline::outln!(
+            "{seed:>6} {:>14} {:>14} {:>14}  {c}",
+            cell(t.suspected),
+            cell(t.stored),
+            cell(t.committed)
+        );
+    }
+    for (name, f) in rows {
+        let (n, med, max) = summary(f);
+        cmdline::outln!(
+            "{name}: {n} of {} runs, median {} ms, max {} ms",
+            runs.len(),
+            cell(med),
+            cell(max)
+        );
+    }
+    Ok(crate::run::Outcome::Done)
 }

@@ -541,6 +541,10 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
         vec!["txn", "--workload", "ycsb-t", "--ops", "3", "--writes", "4"],
         vec!["txn", "--keys", "1"],
         vec!["txn", "--log-bytes", "1000"],
+        vec!["txn", "--lease-ms", "0"],
+        vec!["txn", "--fault", "nonsense"],
+        vec!["txn", "--fault", "machine-crash@1ms:0", "--backend", "emu"],
+        vec!["txn", "--fault", "machine-crash@1ms:0", "--seeds", "0"],
         vec![
             "txn",
             "--workload",
@@ -558,4 +562,60 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `txn --lease-ms` reports the leases of a run under load; `txn --fault`
+/// the detection and reconfiguration times over seeds, each run's new
+/// configuration without the crashed machine.
+#[test]
+fn txn_reports_leases_and_fault_timelines() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = bench(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")[0].clone()
+    };
+    let a = json(&[
+        "txn",
+        "--machines",
+        "4",
+        "--txs",
+        "300",
+        "--lease-ms",
+        "1",
+        "--json",
+    ]);
+    let l = &a["leases"];
+    assert_eq!(l["lease_ns"].as_u64(), Some(1_000_000));
+    assert_eq!(l["suspicions"].as_u64(), Some(0));
+    assert!(l["grants"].as_u64().unwrap() > 0);
+    let f = json(&[
+        "txn",
+        "--machines",
+        "6",
+        "--fault",
+        "machine-crash@20ms:0",
+        "--seeds",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(f["bench"], "txn-fault");
+    let runs = f["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 5);
+    for r in runs {
+        let c = &r["configuration"];
+        assert_eq!(c["id"].as_u64(), Some(2), "{r}");
+        assert_eq!(c["cm"].as_u64(), Some(1), "{r}");
+        assert_eq!(c["machines"], serde_json::json!([1, 2, 3, 4, 5]));
+        let (s, st, cm) = (
+            r["suspected_ms"].as_f64().unwrap(),
+            r["stored_ms"].as_f64().unwrap(),
+            r["committed_ms"].as_f64().unwrap(),
+        );
+        assert!(s > 0.0 && s <= st && st <= cm && cm < 30.0, "{r}");
+    }
+    assert_eq!(f["summary"]["NEW-CONFIG-COMMIT"]["runs"].as_u64(), Some(5));
 }

@@ -135,8 +135,10 @@ impl Reconfig {
         for k in 0..self.geo.machines {
             last.push(ctx.local().load(config_word(self.geo, k))?);
         }
-        // No second attempt in a configuration before this time.
-        let mut retry_at: Option<(u64, u64)> = None;
+        // No attempt in a configuration before this time: a backup CM's
+        // turn, or a lease after a failed attempt. Messages are handled
+        // meanwhile, so a NEW-CONFIG ends the wait.
+        let mut not_before: Option<(u64, u64)> = None;
         let area = (self.geo.lease_word(0), self.geo.machines as u64 * 64);
         loop {
             if stop() || self.membership.is_removed() {
@@ -150,13 +152,32 @@ impl Reconfig {
                 }
             }
             let cur = self.membership.current();
-            let due =
-                retry_at.is_none_or(|(epoch, at)| epoch != cur.config.id || ctx.now_ns() >= at);
-            if due && !self.membership.is_removed() {
-                if let Some(s) = self.trigger(&cur) {
-                    retry_at = Some((cur.config.id, ctx.now_ns() + self.timing.lease_ns));
-                    self.reconfigure(ctx, &cur, s, &mut ev).await?;
-                    continue;
+            let waiting = not_before.filter(|&(epoch, _)| epoch == cur.config.id);
+            if let Some(sus) = self.trigger(&cur) {
+                let now = ctx.now_ns();
+                match waiting {
+                    None => {
+                        ev.push(Event::Suspected {
+                            at_ns: now,
+                            machine: sus.machine,
+                            config: cur.config.id,
+                        });
+                        // The CM goes at once; a backup CM after the
+                        // backups before it.
+                        let turn = if me == cur.config.cm {
+                            0
+                        } else {
+                            (self.rank(&cur) - 1) * TAKEOVER_STEP_NS
+                        };
+                        not_before = Some((cur.config.id, now + turn));
+                        continue;
+                    }
+                    Some((_, at)) if now >= at => {
+                        not_before = Some((cur.config.id, now + self.timing.lease_ns));
+                        self.reconfigure(ctx, &cur, &mut ev).await?;
+                        continue;
+                    }
+                    Some(_) => {}
                 }
             }
             ctx.wait_for_write(area.0, area.1, Some(ctx.now_ns() + WATCH_NS))?
@@ -272,27 +293,15 @@ impl Reconfig {
         }
     }
 
-    /// Steps 1–3, then, if this machine's configuration won, 5–7.
+    /// Steps 2–3 once this machine's turn came, then, if its
+    /// configuration won, 5–7.
     async fn reconfigure<N: Nic>(
         &self,
         ctx: &Ctx<N>,
         cur: &Stored,
-        trigger: Suspicion,
         ev: &mut Vec<Event>,
     ) -> Result<(), TxError> {
         let me = self.me();
-        ev.push(Event::Suspected {
-            at_ns: ctx.now_ns(),
-            machine: trigger.machine,
-            config: cur.config.id,
-        });
-        if me != cur.config.cm {
-            // Wait for the backup CMs before this one.
-            let rank = self.rank(cur);
-            if rank > 1 {
-                ctx.sleep((rank - 1) * TAKEOVER_STEP_NS)?.await;
-            }
-        }
         match self.store.read() {
             Ok(Some(s)) if s.revision != cur.revision => {
                 self.store_moved(ctx, s, ev);
