@@ -8,7 +8,8 @@
 //! [`node_mlx5`] on real NICs), the compute role on any backend
 //! ([`node_compute`]) and its workloads ([`node_work`]: verbs;
 //! [`node_index`]: the B+tree and the hash table; [`node_txn`]: every
-//! node a machine running transactions), and `loch demo
+//! node a machine running transactions; [`node_leases`]: every node a
+//! machine holding leases, reconfigured through etcd), and `loch demo
 //! --processes` ([`processes`]). SIGINT and SIGTERM come from `cmdline`.
 
 pub mod demo;
@@ -18,6 +19,7 @@ pub mod index_work;
 pub mod node;
 pub mod node_compute;
 pub mod node_index;
+pub mod node_leases;
 pub mod node_mlx5;
 pub mod node_txn;
 pub mod node_work;

@@ -77,14 +77,24 @@ struct NodeArgs {
     /// Do not pin the compute cores
     #[arg(long)]
     no_pin: bool,
-    /// Compute role: what to run: verbs, tree, hash, or txn (every node a
+    /// Compute role: what to run: verbs, tree, hash, txn (every node a
     /// machine with both roles, running a replicated bank of FaRM
-    /// transactions); every compute node of a cluster must get the same
+    /// transactions), or leases (every node a machine, FaRM's failure
+    /// detection and reconfiguration alone, the configuration in etcd:
+    /// --etcd, --lease-ms, --seconds); every compute node of a cluster
+    /// must get the same
     #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
     workload: Workload,
     /// --workload txn: transactions each core coordinates
     #[arg(long, value_name = "N", default_value_t = 2000)]
     txs: u64,
+    /// --workload leases: the etcd endpoint (http://HOST:PORT) that holds
+    /// the cluster's configuration
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
+    /// --workload leases: the lease in milliseconds (renewed every fifth)
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    lease_ms: f64,
     /// Compute role: records loaded into the index; every compute node of
     /// a cluster must get the same
     #[arg(long, value_name = "N", default_value_t = 100_000)]
@@ -114,7 +124,7 @@ struct CheckArgs {
 
 fn workload_value(s: &str) -> Result<Workload, String> {
     Workload::parse(&s.to_ascii_lowercase())
-        .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash, txn"))
+        .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash, txn, leases"))
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -375,6 +385,8 @@ fn main() -> ExitCode {
                 records: a.records,
                 histogram: a.histogram,
                 txs: a.txs,
+                etcd: a.etcd,
+                lease_ms: a.lease_ms,
             };
             node_main("node", &o, false)
         }
@@ -390,6 +402,8 @@ fn main() -> ExitCode {
                 records: a.records,
                 histogram: None,
                 txs: a.txs,
+                etcd: None,
+                lease_ms: 10.0,
             };
             node_main("check", &o, true)
         }

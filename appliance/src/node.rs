@@ -75,6 +75,10 @@ pub enum Workload {
     Hash,
     /// FaRM transactions: every node a machine ([`crate::node_txn`]).
     Txn,
+    /// FaRM's failure detection and reconfiguration alone: every node a
+    /// machine holding leases, the configuration in etcd
+    /// ([`crate::node_leases`]).
+    Leases,
 }
 
 impl Workload {
@@ -84,6 +88,7 @@ impl Workload {
             "tree" => Some(Workload::Tree),
             "hash" => Some(Workload::Hash),
             "txn" => Some(Workload::Txn),
+            "leases" => Some(Workload::Leases),
             _ => None,
         }
     }
@@ -94,12 +99,13 @@ impl Workload {
             Workload::Tree => "tree",
             Workload::Hash => "hash",
             Workload::Txn => "txn",
+            Workload::Leases => "leases",
         }
     }
 
     pub(crate) fn index(self) -> Option<IndexKind> {
         match self {
-            Workload::Verbs | Workload::Txn => None,
+            Workload::Verbs | Workload::Txn | Workload::Leases => None,
             Workload::Tree => Some(IndexKind::Tree),
             Workload::Hash => Some(IndexKind::Hash),
         }
@@ -165,6 +171,10 @@ pub struct NodeOptions {
     pub histogram: Option<PathBuf>,
     /// `--workload txn`: transactions each core coordinates.
     pub txs: u64,
+    /// `--workload leases`: the etcd endpoint holding the configuration.
+    pub etcd: Option<String>,
+    /// `--workload leases`: the lease, in milliseconds.
+    pub lease_ms: f64,
 }
 
 /// `loch check`: prints the preflight report of node `o.id`, then whether
@@ -175,7 +185,7 @@ pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let node = node_in(&cfg, &o.config, o.id)?;
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
-    let fits = if o.workload == Workload::Txn {
+    let fits = if matches!(o.workload, Workload::Txn | Workload::Leases) {
         crate::node_txn::geometry(o, &cfg).map(|_| ())
     } else {
         workload_fits(o, &cfg, node).map(|_| ())
@@ -334,6 +344,9 @@ pub fn workload_agreement(o: &NodeOptions, node: &NodeConfig) -> Option<String> 
 fn workload_flags(o: &NodeOptions) -> String {
     if o.workload == Workload::Txn {
         return format!("--workload txn --txs {}", o.txs);
+    }
+    if o.workload == Workload::Leases {
+        return format!("--workload leases --lease-ms {}", o.lease_ms);
     }
     match o.workload.index() {
         Some(_) => format!("--workload {} --records {}", o.workload.name(), o.records),
@@ -589,6 +602,9 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     crate::node_mlx5::supported(&cfg)?;
     if o.workload == Workload::Txn {
         return crate::node_txn::run(o, &cfg, &node);
+    }
+    if o.workload == Workload::Leases {
+        return crate::node_leases::run(o, &cfg, &node);
     }
     let layout = check_run(o, &cfg, &node)?;
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();

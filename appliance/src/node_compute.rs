@@ -798,6 +798,8 @@ mod tests {
             records: 10,
             histogram: None,
             txs: 2000,
+            etcd: None,
+            lease_ms: 10.0,
         };
         let verbs = exec_config(&o);
         assert_eq!((verbs.slots, verbs.scratch_bytes_per_slot), (5, 4096));

@@ -943,3 +943,111 @@ fn the_txn_workload_refuses_clusters_it_cannot_run_with_exit_2() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `loch node --workload leases` on four machine processes with a real
+/// etcd (started here on 127.0.0.1, stopped by its pid): SIGKILL one
+/// machine, then (in a second cluster) the CM; the others suspect it,
+/// store the next configuration in etcd and install it, and the new CM's
+/// leases hold to the end. Skips without an etcd binary unless
+/// LOCH_REQUIRE_ETCD is set.
+#[test]
+fn machines_in_processes_reconfigure_through_etcd_when_one_is_killed() {
+    use bootstrap::etcd::{etcd_binary, LocalEtcd};
+    if etcd_binary().is_none() {
+        assert!(
+            std::env::var_os("LOCH_REQUIRE_ETCD").is_none(),
+            "LOCH_REQUIRE_ETCD is set and no etcd binary was found"
+        );
+        eprintln!("skipped: no etcd binary");
+        return;
+    }
+    for victim in [3u32, 0] {
+        let etcd = LocalEtcd::start(Duration::from_secs(20)).expect("etcd starts");
+        let dir = PrivateDir::new(&format!("leases{victim}")).unwrap();
+        let file = machines(&dir, 4);
+        // Long leases: four processes of two spinning cores each share two
+        // CPUs here.
+        let flags = [
+            "--workload",
+            "leases",
+            "--etcd",
+            etcd.endpoint(),
+            "--lease-ms",
+            "300",
+            "--seconds",
+            "6",
+        ];
+        let mut r = Reaper((0..4).map(|i| spawn_node(&file, i, &flags)).collect());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let logs: Vec<_> = (0..4)
+            .map(|i| collect(&mut r.0[i], "machine role: leases", tx.clone()))
+            .collect();
+        let outs: Vec<_> = (0..4).map(|i| read_all(&mut r.0[i])).collect();
+        for _ in 0..4 {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("every machine starts");
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        r.0[victim as usize].kill().unwrap();
+        let by = Instant::now() + Duration::from_secs(60);
+        let status: Vec<_> = (0..4)
+            .map(|i| wait_until(&mut r.0[i], by).expect("a machine hung"))
+            .collect();
+        let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+        let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
+        let want: Vec<u32> = (0..4).filter(|&m| m != victim).collect();
+        // Machine 0 stays CM; without it a backup takes over — the first
+        // one as a rule (the simulator checks that), another if this
+        // oversubscribed host kept the first from its turn.
+        let in_etcd = etcd.store(bootstrap::etcd::DEFAULT_KEY).unwrap();
+        let c = txn::config::ConfigStore::read(&in_etcd)
+            .unwrap()
+            .unwrap()
+            .config;
+        let cm = c.cm as usize;
+        assert_eq!(c.id, 2, "{c:?}");
+        if victim != 0 {
+            assert_eq!(cm, 0);
+        }
+        assert_ne!(cm, victim as usize);
+        let mut stored = 0;
+        for id in want.iter().map(|&m| m as usize) {
+            assert!(
+                status[id].success(),
+                "machine {id}: {}\n{}",
+                status[id],
+                logs[id]
+            );
+            let json: serde_json::Value =
+                serde_json::from_str(outs[id].lines().last().unwrap_or("")).unwrap_or_else(|e| {
+                    panic!(
+                        "machine {id}: no result line ({e}): {}\n{}",
+                        outs[id], logs[id]
+                    )
+                });
+            assert_eq!(json["workload"], "leases");
+            assert_eq!(json["ok"], true, "{json}");
+            assert_eq!(json["config"], 2, "machine {id}: {json}\n{}", logs[id]);
+            assert_eq!(json["cm"], cm, "{json}");
+            assert_eq!(json["machines"], serde_json::json!(want), "{json}");
+            assert_eq!(json["removed"], false);
+            let events = json["events"].as_array().unwrap();
+            let has = |name: &str| events.iter().any(|e| e["event"] == name);
+            if id == cm {
+                assert!(has("stored") && has("committed"), "{json}");
+                stored += 1;
+            } else {
+                assert!(has("applied") && has("commit-seen"), "{json}");
+            }
+            // No lease ran out under the new configuration.
+            let late: Vec<_> = json["suspicions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["config"] == 2)
+                .collect();
+            assert!(late.is_empty(), "machine {id}: {json}");
+        }
+        assert_eq!(stored, 1);
+    }
+}

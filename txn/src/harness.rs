@@ -736,3 +736,114 @@ pub fn run_leases_sim(
         reconfig,
     })
 }
+
+type MachineEventsOf = Result<Vec<crate::reconfig::Event>, TxError>;
+
+/// What one machine's failure handling did in [`run_machine_leases`].
+#[derive(Debug)]
+pub struct MachineLeases {
+    pub leases: Vec<LeaseReport>,
+    pub events: Result<Vec<crate::reconfig::Event>, TxError>,
+    /// The configuration it ended in, and whether it learnt it was removed.
+    pub config: Stored,
+    pub removed: bool,
+    pub suspicions: Vec<Suspicion>,
+    /// The executor clock when the run began (events' times are on it).
+    pub start_ns: u64,
+}
+
+/// One machine of a cluster whose other machines run elsewhere: its lease
+/// core and its reconfiguration core on OS threads, for `run_ns` of the
+/// executor clock, in configuration `current` of `store`. Failure
+/// detection and reconfiguration alone: no workload (recovering
+/// transactions is not built yet).
+pub fn run_machine_leases<N: Nic>(
+    geo: Geometry,
+    machine: u16,
+    timing: LeaseConfig,
+    store: Arc<dyn crate::config::ConfigStore>,
+    current: Stored,
+    executor: impl ExecutorFactory<N>,
+    run_ns: u64,
+) -> Result<MachineLeases, TxError> {
+    timing.check()?;
+    geo.check()?;
+    if !current.config.contains(machine) {
+        return Err(TxError::Usage(format!(
+            "machine {machine} is not in configuration {}",
+            current.config.id
+        )));
+    }
+    let membership = Membership::new(machine, current);
+    let start_ns = nicdrv::clock::now_ns();
+    let until = start_ns + run_ns;
+    let leases: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
+    let events: Arc<Mutex<Option<MachineEventsOf>>> = Arc::default();
+    let executor = &executor;
+    let failed = std::thread::scope(|s| {
+        let ls = crate::lease::leases_of(geo, machine, timing, &membership);
+        let n = ls.len();
+        let leases = leases.clone();
+        let lease_core = s.spawn(move || -> Result<(), String> {
+            let mut ex = executor(machine, lease_core_config(n))?;
+            for lease in ls {
+                let leases = leases.clone();
+                ex.spawn(move |ctx| async move {
+                    let stop = || ctx.now_ns() >= until;
+                    let stats = lease.run(&ctx, &stop).await;
+                    leases.lock().expect("no panics hold it").push(LeaseReport {
+                        machine: lease.me,
+                        peer: lease.peer,
+                        stats,
+                    });
+                })
+                .map_err(|e| e.to_string())?;
+            }
+            ex.run();
+            Ok(())
+        });
+        let r = crate::reconfig::Reconfig {
+            geo,
+            timing,
+            store,
+            membership: membership.clone(),
+        };
+        let events = events.clone();
+        let reconfig_core = s.spawn(move || -> Result<(), String> {
+            let mut ex = executor(machine, lease_core_config(1))?;
+            ex.spawn(move |ctx| async move {
+                let stop = || ctx.now_ns() >= until;
+                let out = r.run(&ctx, &stop).await;
+                *events.lock().expect("no panics hold it") = Some(out);
+            })
+            .map_err(|e| e.to_string())?;
+            ex.run();
+            Ok(())
+        });
+        [lease_core.join(), reconfig_core.join()]
+            .into_iter()
+            .find_map(|j| match j {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("a core panicked".to_string()),
+            })
+    });
+    if let Some(e) = failed {
+        return Err(TxError::Usage(format!("starting a core: {e}")));
+    }
+    let mut leases = std::mem::take(&mut *leases.lock().expect("no panics hold it"));
+    leases.sort_by_key(|l| l.peer);
+    let events = events.lock().expect("no panics hold it").take();
+    Ok(MachineLeases {
+        leases,
+        events: events.unwrap_or_else(|| {
+            Err(TxError::Protocol(
+                "the reconfiguration task did not end".into(),
+            ))
+        }),
+        config: membership.current(),
+        removed: membership.is_removed(),
+        suspicions: membership.suspicions(),
+        start_ns,
+    })
+}

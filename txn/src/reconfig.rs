@@ -5,9 +5,11 @@
 //! 1. **Suspect.** At the CM a suspicion of a machine, elsewhere one of
 //!    the CM, starts a reconfiguration. A machine other than the CM waits
 //!    its turn first: the machines after the CM, in order, are its
-//!    backups, and the k-th waits k − 1 steps of [`TAKEOVER_STEP_NS`] so
-//!    that one candidate usually goes alone; it gives up if the store
-//!    moved meanwhile.
+//!    backups, and the k-th waits k − 1 renewal periods after its
+//!    suspicion. Every machine's suspicion of a dead CM falls within one
+//!    renewal period (a lease after its last grant), so the first live
+//!    backup usually goes alone; a later one gives up if the store moved
+//!    meanwhile.
 //! 2. **Probe.** One-sided READs of every other machine of the
 //!    configuration; a machine whose READ fails, or that is suspected, is
 //!    out. The candidate goes on only if a majority of the configuration
@@ -49,8 +51,6 @@ use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// How long each backup CM waits after the one before it.
-pub const TAKEOVER_STEP_NS: u64 = 1_000_000;
 /// How often the task looks at the suspicions without being woken.
 pub const WATCH_NS: u64 = 50_000;
 
@@ -103,6 +103,48 @@ pub enum Event {
     Removed { at_ns: u64, config: u64 },
     /// The store refused or could not be reached.
     StoreError { at_ns: u64, error: ConfigError },
+}
+
+impl Event {
+    /// When it happened (executor clock).
+    pub fn at_ns(&self) -> u64 {
+        match self {
+            Event::Suspected { at_ns, .. }
+            | Event::Probed { at_ns, .. }
+            | Event::NoMajority { at_ns, .. }
+            | Event::Stored { at_ns, .. }
+            | Event::Superseded { at_ns, .. }
+            | Event::NewConfigSent { at_ns, .. }
+            | Event::Acked { at_ns, .. }
+            | Event::AckMissing { at_ns, .. }
+            | Event::Committed { at_ns, .. }
+            | Event::Applied { at_ns, .. }
+            | Event::CommitSeen { at_ns, .. }
+            | Event::Refused { at_ns, .. }
+            | Event::Removed { at_ns, .. }
+            | Event::StoreError { at_ns, .. } => *at_ns,
+        }
+    }
+
+    /// Its name, as reports print it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Suspected { .. } => "suspected",
+            Event::Probed { .. } => "probed",
+            Event::NoMajority { .. } => "no-majority",
+            Event::Stored { .. } => "stored",
+            Event::Superseded { .. } => "superseded",
+            Event::NewConfigSent { .. } => "new-config-sent",
+            Event::Acked { .. } => "acked",
+            Event::AckMissing { .. } => "ack-missing",
+            Event::Committed { .. } => "committed",
+            Event::Applied { .. } => "applied",
+            Event::CommitSeen { .. } => "commit-seen",
+            Event::Refused { .. } => "refused",
+            Event::Removed { .. } => "removed",
+            Event::StoreError { .. } => "store-error",
+        }
+    }
 }
 
 /// One machine's reconfiguration task.
@@ -167,7 +209,7 @@ impl Reconfig {
                         let turn = if me == cur.config.cm {
                             0
                         } else {
-                            (self.rank(&cur) - 1) * TAKEOVER_STEP_NS
+                            (self.rank(&cur) - 1) * self.timing.renew_ns
                         };
                         not_before = Some((cur.config.id, now + turn));
                         continue;

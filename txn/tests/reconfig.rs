@@ -132,7 +132,7 @@ fn without(n: u16, out: &[u16]) -> Vec<(u16, u32)> {
 /// The bound on crash-to-configuration: a lease, a renewal, a probe's
 /// transport timeout per failed machine, and backup CMs' turns.
 fn bound(failed: u64, turns: u64) -> u64 {
-    L + L / 5 + failed * 1_100_000 + turns * txn::reconfig::TAKEOVER_STEP_NS + 200_000
+    L + L / 5 + failed * 1_100_000 + turns * L / 5 + 200_000
 }
 
 #[test]

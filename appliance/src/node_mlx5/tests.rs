@@ -902,6 +902,8 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
         records: 1000,
         histogram: None,
         txs: 2000,
+        etcd: None,
+        lease_ms: 10.0,
     };
     (cfg, o)
 }

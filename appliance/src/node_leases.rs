@@ -1,0 +1,132 @@
+//! `loch node --workload leases`: every node of the cluster a machine
+//! running FaRM's failure detection and reconfiguration alone — a lease
+//! core and a reconfiguration core each, the configuration in etcd — for
+//! `--seconds`. Kill a machine (SIGKILL) meanwhile and the others suspect
+//! it, the CM (or, when the CM died, its first live backup) stores the
+//! next configuration in etcd by compare-and-swap and installs it on
+//! every machine. Each node prints one JSON line: the configuration it
+//! ended in, its suspicions and its reconfiguration events with their
+//! wall-clock times. Recovering transactions is not built yet, so no
+//! workload runs beside it.
+
+use crate::node::{
+    attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
+};
+use bootstrap::config::{ClusterConfig, NodeConfig};
+use bootstrap::etcd::{EtcdStore, DEFAULT_KEY};
+use cluster::emu::EmuCluster;
+use nicdrv::emu::EmuConfig;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use txn::config::{ConfigStore, Swap};
+use txn::harness::{first_stored, run_machine_leases};
+use txn::lease::LeaseConfig;
+
+pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+    let usage = |s: String| NodeError::Usage(format!("--workload leases: {s}"));
+    let geo = crate::node_txn::geometry(o, cfg)?;
+    let url = o
+        .etcd
+        .as_deref()
+        .ok_or_else(|| usage("needs --etcd http://HOST:PORT (the configuration store)".into()))?;
+    let ms = o.lease_ms;
+    if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
+        return Err(usage(format!("--lease-ms {ms}: a lease in (0, 10000] ms")));
+    }
+    let timing = LeaseConfig::of((ms * 1e6) as u64);
+    timing.check().map_err(|e| usage(e.to_string()))?;
+    let seconds = o.seconds.unwrap_or(5.0);
+    let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
+        .map_err(|e| usage(e.to_string()))?;
+    preflight_passes(cfg, o.id)?;
+    cmdline::signals::install();
+    let me = format!("loch node {}", o.id);
+    let (own, regions) = memory_role(o, cfg, node, &me)?;
+    let agreement = Some(format!(
+        "--workload leases --lease-ms {ms} --seconds {seconds} --etcd {url}"
+    ));
+    let (_boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
+    machines.sort_by_key(|x| x.id);
+    let eps = attach_all(cfg, &machines, own.as_ref(), &_boot.directory)?;
+    let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    // Configuration 1: every machine stores it, one of them first.
+    let first = first_stored(geo).config;
+    match store.cas(None, &first) {
+        Ok(Swap::Done(_)) => {}
+        Ok(Swap::Lost(Some(s))) if s.config == first => {}
+        Ok(Swap::Lost(Some(s))) => {
+            return Err(usage(format!(
+                "etcd at {url} holds configuration {} (CM {}, {} machines) of another run under {DEFAULT_KEY}: delete the key to start a new cluster",
+                s.config.id,
+                s.config.cm,
+                s.config.machines.len()
+            )))
+        }
+        Ok(Swap::Lost(None)) => return Err(failed("etcd lost the configuration it refused")),
+        Err(e) => return Err(failed(e)),
+    }
+    rv.barrier("leases-configured").map_err(failed)?;
+    let current = store
+        .read()
+        .map_err(failed)?
+        .ok_or_else(|| failed("etcd holds no configuration"))?;
+    say(format_args!(
+        "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s",
+        geo.machines, current.config.id
+    ));
+    let unix0 = nicdrv::clock::unix_ns();
+    let m = o.id as u16;
+    let r = run_machine_leases(
+        geo,
+        m,
+        timing,
+        Arc::new(store),
+        current,
+        cluster.machine_executors(),
+        (seconds * 1e9) as u64,
+    )
+    .map_err(failed)?;
+    let rel = |at: u64| (at.saturating_sub(r.start_ns)) as f64 / 1e6;
+    let unix = |at: u64| (unix0 + at.saturating_sub(r.start_ns)) as f64 / 1e6;
+    let mut ok = true;
+    let events: Vec<serde_json::Value> = match &r.events {
+        Ok(ev) => ev
+            .iter()
+            .map(|e| json!({"event": e.name(), "at_ms": rel(e.at_ns()), "unix_ms": unix(e.at_ns()), "detail": format!("{e:?}")}))
+            .collect(),
+        Err(e) => {
+            ok = false;
+            vec![json!({"event": "error", "detail": e.to_string()})]
+        }
+    };
+    let mut grants = 0;
+    let mut refused = 0;
+    for l in &r.leases {
+        match &l.stats {
+            Ok(s) => {
+                grants += s.grants;
+                refused += s.refused;
+            }
+            Err(_) => ok = false,
+        }
+    }
+    let line = json!({
+        "workload": "leases",
+        "machine": m,
+        "lease_ns": timing.lease_ns,
+        "config": r.config.config.id,
+        "cm": r.config.config.cm,
+        "machines": r.config.config.machines.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "removed": r.removed,
+        "suspicions": r.suspicions.iter().map(|s| json!({"machine": s.machine, "config": s.config, "at_ms": rel(s.at_ns), "unix_ms": unix(s.at_ns)})).collect::<Vec<_>>(),
+        "events": events,
+        "grants": grants,
+        "refused": refused,
+        "ok": ok,
+    });
+    cmdline::outln!("{line}");
+    drop(own);
+    Ok(if ok { 0 } else { 1 })
+}
