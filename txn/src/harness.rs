@@ -226,16 +226,7 @@ fn tasks<N: Nic, C: Client<N>>(
                         // decrement (nothing is read after it, but the
                         // ordering costs nothing here).
                         let stop = || serving2.load(Ordering::Acquire) == 0;
-                        let stats = lease.run(&ctx, &stop).await;
-                        sink2
-                            .leases
-                            .lock()
-                            .expect("no panics hold it")
-                            .push(LeaseReport {
-                                machine: lease.me,
-                                peer: lease.peer,
-                                stats,
-                            });
+                        run_lease(&ctx, lease, &stop, &sink2.leases).await;
                     })
                 }));
             }
@@ -335,6 +326,40 @@ fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
     }
 }
 
+/// A lease task run to its end, its report in `sink`.
+async fn run_lease<N: Nic>(
+    ctx: &Ctx<N>,
+    lease: crate::lease::Lease,
+    stop: &dyn Fn() -> bool,
+    sink: &Mutex<Vec<LeaseReport>>,
+) {
+    let stats = lease.run(ctx, stop).await;
+    sink.lock().expect("no panics hold it").push(LeaseReport {
+        machine: lease.me,
+        peer: lease.peer,
+        stats,
+    });
+}
+
+fn sim(e: nicdrv::sim::SimError) -> TxError {
+    TxError::Usage(format!("simulator: {e}"))
+}
+
+/// A simulated cluster of `geo.machines` machines of `host` bytes each.
+fn sim_world(geo: Geometry, seed: u64, model: SimModel, host: u64) -> Result<World, TxError> {
+    let m = geo.machines as usize;
+    World::new(SimConfig {
+        seed,
+        memory_nodes: m,
+        compute_nodes: m,
+        machines: m,
+        host_bytes: host,
+        model,
+        ..Default::default()
+    })
+    .map_err(sim)
+}
+
 /// Virtual time after which a simulated run is called stuck.
 pub const SIM_LIMIT_NS: u64 = 60_000_000_000;
 
@@ -376,18 +401,7 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
     let host = geo
         .host_bytes()
         .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
-    let m = geo.machines as usize;
-    let sim = |e: nicdrv::sim::SimError| TxError::Usage(format!("simulator: {e}"));
-    let mut w = World::new(SimConfig {
-        seed,
-        memory_nodes: m,
-        compute_nodes: m,
-        machines: m,
-        host_bytes: host,
-        model,
-        ..Default::default()
-    })
-    .map_err(sim)?;
+    let mut w = sim_world(geo, seed, model, host)?;
     let Planned {
         cores,
         lease_cores,
@@ -622,18 +636,7 @@ pub fn run_leases_sim(
         .host_bytes()
         .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
     let transport_timeout_ns = model.transport_timeout_ns;
-    let m = geo.machines as usize;
-    let sim = |e: nicdrv::sim::SimError| TxError::Usage(format!("simulator: {e}"));
-    let mut w = World::new(SimConfig {
-        seed,
-        memory_nodes: m,
-        compute_nodes: m,
-        machines: m,
-        host_bytes: host,
-        model,
-        ..Default::default()
-    })
-    .map_err(sim)?;
+    let mut w = sim_world(geo, seed, model, host)?;
     let reports: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
     let current = match store {
         Some(store) => match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
@@ -661,15 +664,7 @@ pub fn run_leases_sim(
             let reports = reports.clone();
             w.spawn(th, move |ctx| async move {
                 let stop = || ctx.now_ns() >= until_ns;
-                let stats = lease.run(&ctx, &stop).await;
-                reports
-                    .lock()
-                    .expect("no panics hold it")
-                    .push(LeaseReport {
-                        machine: lease.me,
-                        peer: lease.peer,
-                        stats,
-                    });
+                run_lease(&ctx, lease, &stop, &reports).await;
             })
             .map_err(sim)?;
         }
@@ -790,12 +785,7 @@ pub fn run_machine_leases<N: Nic>(
                 let leases = leases.clone();
                 ex.spawn(move |ctx| async move {
                     let stop = || ctx.now_ns() >= until;
-                    let stats = lease.run(&ctx, &stop).await;
-                    leases.lock().expect("no panics hold it").push(LeaseReport {
-                        machine: lease.me,
-                        peer: lease.peer,
-                        stats,
-                    });
+                    run_lease(&ctx, lease, &stop, &leases).await;
                 })
                 .map_err(|e| e.to_string())?;
             }
