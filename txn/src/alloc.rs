@@ -13,6 +13,10 @@
 //! formatting on, so a read of a freed or never-allocated object is an
 //! error, never a value.
 //!
+//! Allocator recovery (§5.5, [`recover_region`]): a backup promoted to
+//! primary has no free lists, so it rebuilds them by scanning the region,
+//! paced.
+//!
 //! ```text
 //! block      line 0: BLOCK_MAGIC << 32 | object payload bytes
 //!            then slots of object_bytes(payload) each
@@ -155,6 +159,115 @@ impl Allocator {
     pub fn put_back(&mut self, at: ObjAddr, payload: usize) {
         let slabs = self.regions.entry(at.region).or_default();
         slabs.free.entry(payload).or_default().push(at.offset);
+    }
+}
+
+/// How fast allocator recovery scans (FaRM §5.5: 100 objects every
+/// 100 µs), so that it takes little from the foreground.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Pace {
+    pub objects: u64,
+    pub pause_ns: u64,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            objects: 100,
+            pause_ns: 100_000,
+        }
+    }
+}
+
+/// What allocator recovery found in a region.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Blocks formatted (their header lines are replicated).
+    pub blocks: u64,
+    /// Slots scanned.
+    pub slots: u64,
+    /// Slots holding an object.
+    pub allocated: u64,
+    /// Free slots by object payload size (region offsets).
+    pub free: BTreeMap<usize, Vec<u64>>,
+    /// Slots that had never held an object on this replica (an all-zero
+    /// header: a backup copies only committed objects, never the
+    /// formatting) and were formatted free here.
+    pub formatted_here: u64,
+}
+
+/// Allocator recovery (FaRM §5.5) of region `region` at this machine,
+/// its new primary, whose replica starts at local offset `base`: the free
+/// lists lived at the old primary only, so they are rebuilt from the
+/// region itself — the replicated block headers say which blocks are
+/// formatted and for which size, and each slot's header says whether it
+/// holds an object. A slot whose header is all zero never held a
+/// committed object (a committed one has a version of at least 1); it is
+/// formatted free here, as the old primary had formatted it. The scan
+/// pauses `pace.pause_ns` after every `pace.objects` slots. Run it once
+/// transactions on the region are settled (recovered ones included): a
+/// slot reserved by a transaction still in flight would look free.
+pub async fn recover_region<N: Nic>(
+    ctx: &Ctx<N>,
+    geo: &crate::layout::Geometry,
+    base: u64,
+    pace: Pace,
+) -> Result<Recovered, crate::TxError> {
+    let l = ctx.local();
+    let mut out = Recovered::default();
+    let mut since_pause = 0u64;
+    for b in 0..geo.blocks() {
+        let block = geo.static_bytes + b * geo.block_bytes;
+        // Blocks are formatted in order: the first one without a header
+        // ends the formatted ones.
+        let Some(payload) = block_class(l.load(base + block)?) else {
+            break;
+        };
+        out.blocks += 1;
+        let size = object_bytes(payload) as u64;
+        let slots = (geo.block_bytes - LINE as u64) / size;
+        let mut obj = vec![0u8; size as usize];
+        object::encode(Header::free(0, 0), &vec![0u8; payload], &mut obj)?;
+        let mut free = Vec::new();
+        for k in 0..slots {
+            let off = block + LINE as u64 + k * size;
+            let h = l.load(base + off)?;
+            out.slots += 1;
+            if h == 0 {
+                l.write(base + off, &obj)?;
+                out.formatted_here += 1;
+                free.push(off);
+            } else if Header(h).is_free() {
+                free.push(off);
+            } else {
+                out.allocated += 1;
+            }
+            since_pause += 1;
+            if since_pause == pace.objects {
+                since_pause = 0;
+                ctx.sleep(pace.pause_ns)?.await;
+            }
+        }
+        // Popped from the end: each block's lowest addresses first, as
+        // formatting leaves them.
+        out.free
+            .entry(payload)
+            .or_default()
+            .extend(free.into_iter().rev());
+    }
+    Ok(out)
+}
+
+impl Allocator {
+    /// Installs a region's recovered free lists (it is this machine's now).
+    pub fn install(&mut self, region: u32, r: &Recovered) {
+        self.regions.insert(
+            region,
+            Slabs {
+                formatted: r.blocks,
+                free: r.free.clone(),
+            },
+        );
     }
 }
 

@@ -480,6 +480,25 @@ impl World {
         Ok(())
     }
 
+    /// Sets a memory node's memory before a run (a test's starting image,
+    /// such as another run's final memory). False, and nothing written,
+    /// for a node or range that does not exist.
+    pub fn write_memory(&mut self, node: NodeId, space: Space, off: u64, data: &[u8]) -> bool {
+        let mut mems = self.shared.mem.borrow_mut();
+        let Some(m) = mems.get_mut(node as usize) else {
+            return false;
+        };
+        let mem = m.mem_mut(space);
+        let Some(end) = (off as usize)
+            .checked_add(data.len())
+            .filter(|&e| e <= mem.len())
+        else {
+            return false;
+        };
+        mem[off as usize..end].copy_from_slice(data);
+        true
+    }
+
     /// The memory node's own CPU reading its memory (for checks).
     pub fn read_memory(&self, node: NodeId, space: Space, off: u64, buf: &mut [u8]) -> bool {
         let mems = self.shared.mem.borrow();

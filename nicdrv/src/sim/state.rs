@@ -65,7 +65,7 @@ impl MemNode {
             Space::Device => &self.dm,
         }
     }
-    fn mem_mut(&mut self, space: Space) -> &mut Vec<u8> {
+    pub(crate) fn mem_mut(&mut self, space: Space) -> &mut Vec<u8> {
         match space {
             Space::Host => &mut self.host,
             Space::Device => &mut self.dm,
