@@ -623,22 +623,7 @@ pub fn run_leases_sim(
     model: SimModel,
     run: &LeaseSim,
 ) -> Result<LeaseRun, TxError> {
-    let LeaseSim {
-        timing,
-        ref faults,
-        ref rogue,
-        until_ns,
-        ref store,
-    } = *run;
-    timing.check()?;
-    geo.check()?;
-    let host = geo
-        .host_bytes()
-        .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
-    let transport_timeout_ns = model.transport_timeout_ns;
-    let mut w = sim_world(geo, seed, model, host)?;
-    let reports: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
-    let current = match store {
+    let current = match &run.store {
         Some(store) => match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
             Some(s) => s,
             None => {
@@ -654,6 +639,33 @@ pub fn run_leases_sim(
         },
         None => first_stored(geo),
     };
+    run_leases_sim_from(geo, seed, model, run, current)
+}
+
+/// As [`run_leases_sim`], every machine starting in `current` whatever
+/// the store holds (tests of a store that fails).
+pub fn run_leases_sim_from(
+    geo: Geometry,
+    seed: u64,
+    model: SimModel,
+    run: &LeaseSim,
+    current: Stored,
+) -> Result<LeaseRun, TxError> {
+    let LeaseSim {
+        timing,
+        ref faults,
+        ref rogue,
+        until_ns,
+        ref store,
+    } = *run;
+    timing.check()?;
+    geo.check()?;
+    let host = geo
+        .host_bytes()
+        .ok_or_else(|| TxError::Usage("layout overflows".into()))?;
+    let transport_timeout_ns = model.transport_timeout_ns;
+    let mut w = sim_world(geo, seed, model, host)?;
+    let reports: Arc<Mutex<Vec<LeaseReport>>> = Arc::default();
     let memberships: Vec<Arc<Membership>> = (0..geo.machines)
         .map(|me| Membership::new(me, current.clone()))
         .collect();

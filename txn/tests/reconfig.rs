@@ -379,3 +379,60 @@ fn forged_and_replayed_configuration_messages_are_refused() {
         assert!(r.suspicions.is_empty(), "seed {seed}: {:?}", r.suspicions);
     });
 }
+
+/// A store that cannot be reached, or that lost the configuration: the
+/// reconfiguration says so (an event, not a panic), changes nothing, and
+/// tries again a lease later.
+#[test]
+fn an_unreachable_or_empty_store_is_a_clear_error_and_changes_nothing() {
+    use txn::config::{ConfigError, Stored, Swap};
+    struct Down(Option<Stored>);
+    impl ConfigStore for Down {
+        fn read(&self) -> Result<Option<Stored>, ConfigError> {
+            match &self.0 {
+                // The empty store: it answers, with nothing.
+                Some(_) => Ok(None),
+                None => Err(ConfigError::Store("connection refused".into())),
+            }
+        }
+        fn cas(&self, _: Option<u64>, _: &Configuration) -> Result<Swap, ConfigError> {
+            match &self.0 {
+                Some(_) => Ok(Swap::Lost(None)),
+                None => Err(ConfigError::Store("connection refused".into())),
+            }
+        }
+    }
+    let g = geo(4);
+    for empty in [false, true] {
+        // The run starts from configuration 1 as if the store had held it.
+        let first = txn::harness::first_stored(g);
+        let store = Arc::new(Down(empty.then(|| first.clone())));
+        let r = txn::harness::run_leases_sim_from(
+            g,
+            3,
+            SimModel::default(),
+            &LeaseSim {
+                faults: vec![crash(15_000_000, 2)],
+                store: Some(store),
+                ..LeaseSim::of(L, 60_000_000)
+            },
+            first,
+        )
+        .unwrap();
+        let cm = events_of(&r, 0);
+        let errors = cm
+            .iter()
+            .filter(|e| matches!(e, Event::StoreError { .. }))
+            .count();
+        assert!(errors >= 2, "empty {empty}: tried again: {cm:?}");
+        assert!(
+            !cm.iter().any(|e| matches!(e, Event::Stored { .. })),
+            "{cm:?}"
+        );
+        for &(m, epoch, removed) in &r.configs {
+            if m != 2 {
+                assert_eq!((epoch, removed), (1, false), "machine {m}");
+            }
+        }
+    }
+}
