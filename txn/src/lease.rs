@@ -93,6 +93,11 @@ pub enum Kind {
     NewConfigCommit = 7,
 }
 
+/// How long the first lease of a run may take to be set up (requested
+/// and granted): the machines start their lease cores once the
+/// bootstrap's barrier saw all of them, but not at one instant.
+pub const JOIN_NS: u64 = 1_000_000_000;
+
 /// One lease message.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Msg {
@@ -360,15 +365,23 @@ impl Lease {
         loop {
             let cur = self.membership.current();
             let c = &cur.config;
-            if !std::mem::take(&mut first) {
+            // The first lease of a run is set up at the start, when the
+            // machines' processes start their lease cores at slightly
+            // different times: it may take JOIN_NS to be granted. Later
+            // ones follow an installed configuration, every machine
+            // already running.
+            let grace = if std::mem::take(&mut first) {
+                self.timing.lease_ns.max(JOIN_NS)
+            } else {
                 st.switches += 1;
-            }
+                self.timing.lease_ns
+            };
             let removed = self.membership.is_removed();
             let both = c.contains(self.me) && c.contains(self.peer) && !removed;
             let end = if both && c.cm == self.me {
-                self.grant(ctx, stop, c.id, &mut st).await?
+                self.grant(ctx, stop, c.id, grace, &mut st).await?
             } else if both && c.cm == self.peer {
-                self.hold(ctx, stop, c.id, &mut seq, &mut st).await?
+                self.hold(ctx, stop, c.id, grace, &mut seq, &mut st).await?
             } else {
                 self.idle(ctx, stop, c.id, &mut st).await?
             };
@@ -430,13 +443,14 @@ impl Lease {
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
         epoch: u64,
+        grace: u64,
         seq: &mut u64,
         st: &mut LeaseStats,
     ) -> Result<End, TxError> {
         let l = self.timing.lease_ns;
         let mut next_renew = ctx.now_ns();
-        // The CM's lease here, granted at the start for one period.
-        let mut cm_until = ctx.now_ns() + l;
+        // Until the first grant, the CM has `grace` to answer.
+        let mut cm_until = ctx.now_ns() + grace;
         let mut granted_at = ctx.now_ns();
         let mut suspected = false;
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
@@ -496,11 +510,14 @@ impl Lease {
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
         epoch: u64,
+        grace: u64,
         st: &mut LeaseStats,
     ) -> Result<End, TxError> {
         let l = self.timing.lease_ns;
         let mut renewed = ctx.now_ns();
         let mut first = true;
+        // Until the first request, the machine has `grace` to send it.
+        let start_grace = grace.saturating_sub(l);
         let mut suspected = false;
         let mut granted = 0u64;
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
@@ -535,14 +552,15 @@ impl Lease {
                 }
             }
             let now = ctx.now_ns();
-            if !suspected && now > renewed + l {
+            let expiry = renewed + l + if first { start_grace } else { 0 };
+            if !suspected && now > expiry {
                 suspected = true;
                 self.suspect(epoch, now, renewed, st);
             }
             let until = if suspected {
                 now + self.timing.renew_ns
             } else {
-                (renewed + l + 1).min(now + self.timing.renew_ns)
+                (expiry + 1).min(now + self.timing.renew_ns)
             };
             self.wait(ctx, until).await?;
         }

@@ -244,3 +244,32 @@ fn leases_hold_on_emu_threads() {
     let st = r.lease_stats().unwrap();
     assert!(st.grants >= 2 && st.acks >= 2, "{st:?}");
 }
+
+/// A machine cut off as the run began: its first request got out, so the
+/// CM suspects it a lease later; no grant ever reached it, so it suspects
+/// the CM only once the join grace ran out — not a lease after the start.
+#[test]
+fn a_lease_never_granted_is_suspected_after_the_join_grace() {
+    let g = geo(3, 1);
+    let run = run_leases_sim(
+        g,
+        1,
+        SimModel::default(),
+        &LeaseSim {
+            faults: vec![at(0, FaultKind::Partition { side: 1 << 2 })],
+            ..LeaseSim::of(L, txn::lease::JOIN_NS + 20_000_000)
+        },
+    )
+    .unwrap();
+    let mut s: Vec<_> = run.suspicions.iter().map(|s| (s.by, s.machine)).collect();
+    s.sort_unstable();
+    assert_eq!(s, vec![(0, 2), (2, 0)], "{:?}", run.suspicions);
+    for s in &run.suspicions {
+        let bound = if s.by == 2 { txn::lease::JOIN_NS } else { L };
+        assert!(
+            s.at_ns > bound && s.at_ns <= bound + L / 5 + 100_000,
+            "{:?}",
+            run.suspicions
+        );
+    }
+}
