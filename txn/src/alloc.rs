@@ -69,10 +69,15 @@ pub fn slot_of(
 /// One region's slabs at its primary.
 #[derive(Default)]
 struct Slabs {
-    /// Blocks formatted so far (they are used in order).
-    formatted: u64,
+    /// Blocks formatted so far, by index (the lowest unformatted one is
+    /// formatted next).
+    formatted: std::collections::BTreeSet<u64>,
     /// Free slots (region offsets) by object payload size.
     free: BTreeMap<usize, Vec<u64>>,
+    /// Slots of blocks whose header line is not yet on every backup: they
+    /// are handed out only once it is, so a backup that becomes primary
+    /// finds the header of every block that holds an object.
+    pending: BTreeMap<u64, (usize, Vec<u64>)>,
 }
 
 /// A machine's allocator state, shared by its server threads.
@@ -112,11 +117,11 @@ impl Allocator {
         let slabs = self.regions.entry(region).or_default();
         let mut formatted = None;
         if slabs.free.get(&payload).is_none_or(|f| f.is_empty()) {
-            if slabs.formatted == blocks {
+            let Some(index) = (0..blocks).find(|b| !slabs.formatted.contains(b)) else {
                 return Ok((Reserved::Full, None));
-            }
-            let block = static_bytes + slabs.formatted * block_bytes;
-            slabs.formatted += 1;
+            };
+            let block = static_bytes + index * block_bytes;
+            slabs.formatted.insert(index);
             let size = object_bytes(payload) as u64;
             let slots = (block_bytes - LINE as u64) / size;
             let l = ctx.local();
@@ -128,16 +133,21 @@ impl Allocator {
             let mut head = [0u8; LINE];
             head[..8].copy_from_slice(&block_word(payload).to_le_bytes());
             l.write(base + block, &head)?;
-            // Popped from the end: the block's slots in address order.
-            let free = slabs.free.entry(payload).or_default();
-            free.extend((0..slots).rev().map(|k| block + LINE as u64 + k * size));
+            // This transaction takes the block's first slot; the rest wait
+            // for the header's replication ([`Allocator::publish`]),
+            // popped from the end: in address order.
+            let rest = (1..slots).rev().map(|k| block + LINE as u64 + k * size);
+            slabs.pending.insert(block, (payload, rest.collect()));
             formatted = Some(block);
         }
-        let offset = slabs
-            .free
-            .get_mut(&payload)
-            .and_then(Vec::pop)
-            .expect("a slot, or a fresh block of them");
+        let offset = match formatted {
+            Some(block) => block + LINE as u64,
+            None => slabs
+                .free
+                .get_mut(&payload)
+                .and_then(Vec::pop)
+                .expect("a free slot"),
+        };
         let at = ObjAddr { region, offset };
         let h = Header(ctx.local().load(base + offset)?);
         debug_assert!(h.is_free() && !h.locked(), "a free-listed slot is free");
@@ -152,6 +162,15 @@ impl Allocator {
             if release {
                 self.put_back(at, payload);
             }
+        }
+    }
+
+    /// Block `block` of `region` has its header line on every backup: its
+    /// other slots may be handed out.
+    pub fn publish(&mut self, region: u32, block: u64) {
+        let slabs = self.regions.entry(region).or_default();
+        if let Some((payload, slots)) = slabs.pending.remove(&block) {
+            slabs.free.entry(payload).or_default().extend(slots);
         }
     }
 
@@ -182,8 +201,8 @@ impl Default for Pace {
 /// What allocator recovery found in a region.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recovered {
-    /// Blocks formatted (their header lines are replicated).
-    pub blocks: u64,
+    /// Blocks formatted (their header lines are replicated), by index.
+    pub blocks: Vec<u64>,
     /// Slots scanned.
     pub slots: u64,
     /// Slots holding an object.
@@ -218,12 +237,12 @@ pub async fn recover_region<N: Nic>(
     let mut since_pause = 0u64;
     for b in 0..geo.blocks() {
         let block = geo.static_bytes + b * geo.block_bytes;
-        // Blocks are formatted in order: the first one without a header
-        // ends the formatted ones.
+        // A block without its header here never had a slot handed out
+        // (slots wait for the header's replication): it is unformatted.
         let Some(payload) = block_class(l.load(base + block)?) else {
-            break;
+            continue;
         };
-        out.blocks += 1;
+        out.blocks.push(b);
         let size = object_bytes(payload) as u64;
         let slots = (geo.block_bytes - LINE as u64) / size;
         let mut obj = vec![0u8; size as usize];
@@ -264,8 +283,9 @@ impl Allocator {
         self.regions.insert(
             region,
             Slabs {
-                formatted: r.blocks,
+                formatted: r.blocks.iter().copied().collect(),
                 free: r.free.clone(),
+                pending: BTreeMap::new(),
             },
         );
     }

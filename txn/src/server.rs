@@ -513,6 +513,10 @@ impl Server {
             }
             b.submit().await?;
             self.stats.block_writes += backups.len() as u64;
+            self.alloc
+                .lock()
+                .expect("no panics hold it")
+                .publish(region, block);
         }
         Ok(match got {
             Reserved::Slot(at, h) => {
