@@ -279,10 +279,14 @@ impl LocalEtcd {
 
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid, which stays ours (not
-        // reaped, so not reused) until the wait below.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        // Only a child not yet reaped still owns its pid.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child's pid: try_wait just said it
+            // has not been reaped, and nothing reaps it before the wait
+            // below, so the pid cannot have been reused.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            }
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
