@@ -20,9 +20,13 @@
 //! memory and a sender owns its line: `kind:4 | config:20 | seq:40`. An
 //! aligned word never tears. A word whose kind is unknown is malformed;
 //! one of another configuration is stale (a machine of an old
-//! configuration, or a replay); one from a machine outside the
+//! configuration, or a replay); one out of sequence (a request that is
+//! not the next one) is not the sender's; one from a machine outside the
 //! configuration is precise membership's to refuse: all are refused and
-//! counted, never acted on.
+//! counted, never acted on. A one-sided WRITE carries no sender identity,
+//! so a well-formed word of the configuration, in sequence, is taken as
+//! its line's owner's: the lease lines are as safe as the region key that
+//! reaches them, like every ring.
 //!
 //! Load cannot starve these tasks: they run on a core of their own on
 //! every machine (FaRM used a dedicated high-priority thread), one task
@@ -373,8 +377,11 @@ impl Lease {
             let grace = if std::mem::take(&mut first) {
                 self.timing.lease_ns.max(JOIN_NS)
             } else {
+                // The new CM's grants start when it installs, before its
+                // NEW-CONFIG reaches the machines and they read the store:
+                // a lease more for that.
                 st.switches += 1;
-                self.timing.lease_ns
+                2 * self.timing.lease_ns
             };
             let removed = self.membership.is_removed();
             let both = c.contains(self.me) && c.contains(self.peer) && !removed;
@@ -397,6 +404,13 @@ impl Lease {
                 }
             }
         }
+    }
+
+    /// The role of a lease held or granted in `epoch` is over: a new
+    /// configuration, or this machine was removed (it holds and grants no
+    /// more leases).
+    fn over(&self, epoch: u64) -> bool {
+        self.membership.epoch() != epoch || self.membership.is_removed()
     }
 
     /// Neither side is the other's CM (or one is outside the
@@ -453,13 +467,15 @@ impl Lease {
         let mut cm_until = ctx.now_ns() + grace;
         let mut granted_at = ctx.now_ns();
         let mut suspected = false;
+        // The last request granted (grants of older ones are late).
+        let mut acked = *seq;
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
         loop {
             if stop() {
                 self.send(ctx, epoch, Kind::Leave, *seq + 1).await;
                 return Ok(End::Stopped);
             }
-            if self.membership.epoch() != epoch {
+            if self.over(epoch) {
                 return Ok(End::NewConfig);
             }
             // Renewals go on after a suspicion: reconfiguration decides
@@ -475,17 +491,20 @@ impl Lease {
             }
             if let Some(m) = self.incoming(ctx, epoch, &mut last, st)? {
                 match m.kind {
-                    // A grant of the request just sent: the CM's lease here
-                    // runs from now.
-                    Kind::Grant if m.seq == *seq => {
+                    // A grant of a request sent since the last one granted
+                    // (it may land after the next renewal went out): the
+                    // CM's lease here runs from now.
+                    Kind::Grant if acked < m.seq && m.seq <= *seq => {
+                        acked = m.seq;
                         granted_at = ctx.now_ns();
                         cm_until = granted_at + l;
                         st.acks += 1;
-                        if !self.send(ctx, epoch, Kind::Ack, *seq).await {
+                        if !self.send(ctx, epoch, Kind::Ack, m.seq).await {
                             st.failed_writes += 1;
                         }
                     }
-                    Kind::Leave => return Ok(End::Left),
+                    // The CM's LEAVE follows the last request it granted.
+                    Kind::Leave if acked < m.seq && m.seq <= *seq + 1 => return Ok(End::Left),
                     _ => st.refused += 1,
                 }
             }
@@ -520,20 +539,36 @@ impl Lease {
         let start_grace = grace.saturating_sub(l);
         let mut suspected = false;
         let mut granted = 0u64;
-        let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
+        // A request of this configuration already here (the machine
+        // installed it first) is the first one to grant.
+        let w0 = ctx.local().load(self.geo.lease_word(self.peer))?;
+        let mut last = match Msg::decode(w0) {
+            Ok(Some(m)) if m.kind == Kind::Request && m.config == config_tag(epoch) => 0,
+            _ => w0,
+        };
         loop {
             if stop() {
                 self.send(ctx, epoch, Kind::Leave, granted + 1).await;
                 return Ok(End::Stopped);
             }
-            if self.membership.epoch() != epoch {
+            if self.over(epoch) {
                 return Ok(End::NewConfig);
             }
             if let Some(m) = self.incoming(ctx, epoch, &mut last, st)? {
                 match m.kind {
                     // A machine suspected is out until reconfiguration says
-                    // otherwise: its requests are not granted.
-                    Kind::Request if !suspected && m.seq > granted => {
+                    // otherwise: its requests are not granted. After the
+                    // first, requests come in sequence (the machine sends
+                    // the next only once this one is granted), so a word
+                    // out of sequence is not the machine's.
+                    Kind::Request
+                        if !suspected
+                            && (if first {
+                                m.seq > granted
+                            } else {
+                                m.seq == granted + 1
+                            }) =>
+                    {
                         let now = ctx.now_ns();
                         if !first {
                             st.max_renew_gap_ns = st.max_renew_gap_ns.max(now - renewed);
@@ -547,7 +582,11 @@ impl Lease {
                         }
                     }
                     Kind::Ack if m.seq == granted => {}
-                    Kind::Leave => return Ok(End::Left),
+                    // The machine's LEAVE follows its last request, granted
+                    // or not yet.
+                    Kind::Leave if first || (granted + 1..=granted + 2).contains(&m.seq) => {
+                        return Ok(End::Left)
+                    }
                     _ => st.refused += 1,
                 }
             }

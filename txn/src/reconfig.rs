@@ -14,12 +14,17 @@
 //!    configuration; a machine whose READ fails, or that is suspected, is
 //!    out. The candidate goes on only if a majority of the configuration
 //!    (itself included) answered, so the minority side of a partition
-//!    never makes a configuration (no split brain); it tries again a
-//!    lease later, and learns from the store if it was removed.
+//!    never makes a configuration (no split brain). A CM without a
+//!    majority steps down (it grants no more leases, so its side learns
+//!    within a lease); another machine tries again a lease later, and
+//!    learns from the store if it was removed.
 //! 3. **Update.** ⟨i + 1, S without the failed, their domains, CM = the
 //!    candidate⟩ is compare-and-swapped against the revision of
 //!    configuration i in the store. Of concurrent candidates exactly one
-//!    wins; the others learn its configuration.
+//!    wins; the others learn its configuration from the store and install
+//!    it (it is the store's, so that is safe, and it does not wait on a
+//!    NEW-CONFIG its CM may not live to send). A swap whose answer was
+//!    lost is read back.
 //! 4. **Remap.** [`remap`] computes the new region map from the old one
 //!    and the new configuration alike on every machine (the map is not
 //!    applied to servers yet: that is transaction-state recovery's).
@@ -35,8 +40,10 @@
 //!    holds and grants no more leases. It answers NEW-CONFIG-ACK.
 //! 7. **NEW-CONFIG-COMMIT.** Once every machine acknowledged (one that
 //!    does not within a lease is suspected in the new configuration,
-//!    which starts the next one), and once the leases a machine removed
-//!    without suspicion may still hold have run out, the CM sends
+//!    which starts the next one), and once the leases granted in the old
+//!    configuration to removed machines have run out (a lease after the
+//!    new CM installed it: its own grant tasks stopped then, and an old
+//!    CM elsewhere is dead or stepped down), the CM sends
 //!    NEW-CONFIG-COMMIT.
 //!
 //! Transaction-state recovery (§5.3), which would run between steps 6 and
@@ -47,6 +54,7 @@ use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::lease::{config_tag, send_word, Kind, LeaseConfig, Membership, Msg, Suspicion};
 use crate::regions::{Region, RegionMap, Replica};
+use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -101,6 +109,9 @@ pub enum Event {
     Refused { at_ns: u64, from: NodeId, word: u64 },
     /// It is not in the stored configuration `config`: it stopped.
     Removed { at_ns: u64, config: u64 },
+    /// As the CM of `config` it could not reach a majority: it stopped
+    /// granting leases and stopped.
+    SteppedDown { at_ns: u64, config: u64 },
     /// The store refused or could not be reached.
     StoreError { at_ns: u64, error: ConfigError },
 }
@@ -122,6 +133,7 @@ impl Event {
             | Event::CommitSeen { at_ns, .. }
             | Event::Refused { at_ns, .. }
             | Event::Removed { at_ns, .. }
+            | Event::SteppedDown { at_ns, .. }
             | Event::StoreError { at_ns, .. } => *at_ns,
         }
     }
@@ -142,6 +154,7 @@ impl Event {
             Event::CommitSeen { .. } => "commit-seen",
             Event::Refused { .. } => "refused",
             Event::Removed { .. } => "removed",
+            Event::SteppedDown { .. } => "stepped-down",
             Event::StoreError { .. } => "store-error",
         }
     }
@@ -256,7 +269,9 @@ impl Reconfig {
         };
         match m.kind {
             Kind::NewConfig if m.seq > cur.config.id => match self.store.read() {
-                Ok(Some(s)) if s.config.id == m.seq && s.config.cm == from => {
+                Ok(Some(s))
+                    if s.config.id == m.seq && s.config.cm == from && self.fits(&s.config) =>
+                {
                     let id = s.config.id;
                     if !s.config.contains(self.me()) {
                         self.membership.remove();
@@ -324,15 +339,39 @@ impl Reconfig {
         let out = !s.config.contains(self.me());
         ev.push(Event::Superseded {
             at_ns: ctx.now_ns(),
-            config: s.config,
+            config: s.config.clone(),
         });
-        if out {
+        if !self.fits(&s.config) {
+            ev.push(Event::StoreError {
+                at_ns: ctx.now_ns(),
+                error: ConfigError::Invalid(format!(
+                    "configuration {id} names machines outside this cluster of {}",
+                    self.geo.machines
+                )),
+            });
+        } else if out {
             self.membership.remove();
             ev.push(Event::Removed {
                 at_ns: ctx.now_ns(),
                 config: id,
             });
+        } else if id > self.membership.epoch() {
+            // The store backs it: install it rather than wait for a
+            // NEW-CONFIG that may never come (its CM may have died since).
+            // Its CM's lease, or the lack of it, decides what follows.
+            let from = s.config.cm;
+            self.membership.install(s);
+            ev.push(Event::Applied {
+                at_ns: ctx.now_ns(),
+                id,
+                from,
+            });
         }
+    }
+
+    /// Whether every machine of `c` is a machine of this cluster.
+    fn fits(&self, c: &Configuration) -> bool {
+        c.machines.iter().all(|m| m.0 < self.geo.machines)
     }
 
     /// Steps 2–3 once this machine's turn came, then, if its
@@ -365,7 +404,6 @@ impl Reconfig {
             .filter(|s| s.config == cur.config.id)
             .map(|s| s.machine)
             .collect();
-        let probe_at = ctx.now_ns();
         let (answered, failed) = self.probe(ctx, cur, &suspected).await?;
         let n = cur.config.machines.len();
         ev.push(Event::Probed {
@@ -378,6 +416,15 @@ impl Reconfig {
                 at_ns: ctx.now_ns(),
                 answered,
             });
+            if me == cur.config.cm {
+                // A CM cut off from the majority steps down: it grants no
+                // more leases, so its side learns within a lease.
+                self.membership.remove();
+                ev.push(Event::SteppedDown {
+                    at_ns: ctx.now_ns(),
+                    config: cur.config.id,
+                });
+            }
             return Ok(());
         }
         let new = Configuration {
@@ -392,28 +439,33 @@ impl Reconfig {
             cm: me,
         };
         let at_ns = ctx.now_ns();
-        match self.store.cas(Some(cur.revision), &new) {
+        let swapped = match self.store.cas(Some(cur.revision), &new) {
+            // The store may have taken the swap and lost the answer: what
+            // it holds now says.
+            Err(error) => {
+                ev.push(Event::StoreError { at_ns, error });
+                match self.store.read() {
+                    Ok(Some(s)) if s.config == new => Ok(Swap::Done(s.revision)),
+                    Ok(Some(s)) if s.revision != cur.revision => Ok(Swap::Lost(Some(s))),
+                    _ => return Ok(()),
+                }
+            }
+            other => other,
+        };
+        match swapped {
             Ok(Swap::Done(revision)) => {
                 ev.push(Event::Stored {
                     at_ns,
                     config: new.clone(),
                     revision,
                 });
-                // Leases a machine that was not suspected may still hold
-                // (granted before the probe) run out a lease after it.
-                let unsuspected = failed.iter().any(|m| !suspected.contains(m));
-                let leases_out = if unsuspected {
-                    probe_at + self.timing.lease_ns
-                } else {
-                    0
-                };
                 self.lead(
                     ctx,
                     Stored {
                         revision,
                         config: new,
                     },
-                    leases_out,
+                    !failed.is_empty(),
                     ev,
                 )
                 .await?;
@@ -428,12 +480,13 @@ impl Reconfig {
         Ok(())
     }
 
-    /// Steps 5–7 as the new CM of `new`.
+    /// Steps 5–7 as the new CM of `new`; `removed`: machines of the old
+    /// configuration are not in it.
     async fn lead<N: Nic>(
         &self,
         ctx: &Ctx<N>,
         new: Stored,
-        leases_out_ns: u64,
+        removed: bool,
         ev: &mut Vec<Event>,
     ) -> Result<(), TxError> {
         let me = self.me();
@@ -446,6 +499,16 @@ impl Reconfig {
             .filter(|&m| m != me)
             .collect();
         self.membership.install(new);
+        // Leases granted in the old configuration to machines not in this
+        // one: this machine granted its last at the latest now (its grant
+        // tasks follow the configuration just installed), and an old CM
+        // elsewhere is dead or stepped down; a lease from now, they ran
+        // out.
+        let leases_out_ns = if removed {
+            ctx.now_ns() + self.timing.lease_ns
+        } else {
+            0
+        };
         self.broadcast(ctx, &others, id, Kind::NewConfig).await;
         ev.push(Event::NewConfigSent {
             at_ns: ctx.now_ns(),
@@ -516,18 +579,20 @@ impl Reconfig {
             seq: id,
         }
         .encode();
-        let mut b = ctx.batch();
-        for &k in to {
-            b.write_u64(
-                GlobalAddr::new(k, Space::Host, config_word(self.geo, self.me())),
-                w,
-            );
-        }
-        if let Err(e) = b.submit().await {
-            log::warn!(
-                "machine {}: {kind:?}({id}) not delivered everywhere: {e}",
-                self.me()
-            );
+        for chunk in to.chunks(MAX_BATCH) {
+            let mut b = ctx.batch();
+            for &k in chunk {
+                b.write_u64(
+                    GlobalAddr::new(k, Space::Host, config_word(self.geo, self.me())),
+                    w,
+                );
+            }
+            if let Err(e) = b.submit().await {
+                log::warn!(
+                    "machine {}: {kind:?}({id}) not delivered everywhere: {e}",
+                    self.me()
+                );
+            }
         }
     }
 
@@ -563,20 +628,32 @@ impl Reconfig {
             if targets.is_empty() {
                 break;
             }
-            let mut b = ctx.batch();
-            for &m in &targets {
-                b.read_new(GlobalAddr::new(m, Space::Host, self.geo.lease_word(me)), 8);
-            }
-            match b.submit().await {
-                Ok(_) => break,
-                // One round finds one failure; a dead machine's queue pair
-                // fails at once the next round.
-                Err(e) => match node_of(&e) {
-                    Some(node) if targets.contains(&node) => {
-                        failed.insert(node);
+            // A batch at a time; one round finds one failure per batch,
+            // and a dead machine's queue pair fails at once the next round.
+            let mut found = false;
+            for chunk in targets.chunks(MAX_BATCH) {
+                let mut b = ctx.batch();
+                for &m in chunk {
+                    b.read_new(GlobalAddr::new(m, Space::Host, self.geo.lease_word(me)), 8);
+                }
+                if let Err(e) = b.submit().await {
+                    // An error that names no machine of the batch leaves
+                    // them all out of this probe (the next one tries
+                    // again): it must not end the task.
+                    match node_of(&e).filter(|n| chunk.contains(n)) {
+                        Some(node) => {
+                            failed.insert(node);
+                        }
+                        None => {
+                            log::warn!("machine {me}: probe failed: {e}");
+                            failed.extend(chunk.iter().copied());
+                        }
                     }
-                    _ => return Err(e.into()),
-                },
+                    found = true;
+                }
+            }
+            if !found {
+                break;
             }
         }
         let n = cur.config.machines.len();
@@ -588,7 +665,10 @@ impl Reconfig {
 fn node_of(e: &nicdrv::VerbError) -> Option<NodeId> {
     use nicdrv::VerbError as V;
     match *e {
-        V::Failed { node, .. } | V::NodeDead { node } | V::Post { node, .. } => Some(node),
+        V::Failed { node, .. }
+        | V::NodeDead { node }
+        | V::Post { node, .. }
+        | V::NoRoute { node } => Some(node),
         _ => None,
     }
 }

@@ -280,22 +280,47 @@ proptest! {
     }
 }
 
-/// A machine cut off, removed, and back when the partition heals: its
-/// lease words are refused (it is outside the configuration), it
-/// suspects its old CM, and the store tells it that it is out.
+/// A machine cut off, removed, and back when the partition heals: it
+/// learnt from the store that it is out and holds no more leases, and a
+/// lease word in its line — of the new configuration, in sequence —
+/// is refused at the CM (precise membership: it is not in the
+/// configuration).
 #[test]
 fn a_machine_that_returns_after_removal_is_refused_and_learns_it_is_out() {
+    use txn::harness::RogueWrite;
+    use txn::lease::{config_tag, Kind, Msg};
+    let g = geo(5);
+    let word = Msg {
+        kind: Kind::Request,
+        config: config_tag(2),
+        seq: 1,
+    }
+    .encode();
     for_each_seed("a_machine_that_returns_after_removal", 200, |seed| {
         let t = 15_000_000 + seed * 7_919 % 3_000_000;
         let side = 1 << 3;
-        let (r, c) = run(
-            5,
+        let store = Arc::new(EmbeddedStore::new());
+        let r = run_leases_sim(
+            g,
             seed,
-            vec![
-                at(t, FaultKind::Partition { side }),
-                at(t + 20_000_000, FaultKind::HealPartition { side }),
-            ],
-        );
+            SimModel::default(),
+            &LeaseSim {
+                faults: vec![
+                    at(t, FaultKind::Partition { side }),
+                    at(t + 20_000_000, FaultKind::HealPartition { side }),
+                ],
+                rogue: vec![RogueWrite {
+                    at_ns: t + 30_000_000,
+                    machine: 0,
+                    off: g.lease_word(3),
+                    word,
+                }],
+                store: Some(store.clone()),
+                ..LeaseSim::of(L, 60_000_000)
+            },
+        )
+        .unwrap();
+        let c = store.read().unwrap().unwrap().config;
         let want = Configuration {
             id: 2,
             machines: without(5, &[3]),
@@ -313,15 +338,25 @@ fn a_machine_that_returns_after_removal_is_refused_and_learns_it_is_out() {
             !back.iter().any(|e| matches!(e, Event::Stored { .. })),
             "seed {seed}: {back:?}"
         );
-        // Precise membership: the CM refused its renewals after the heal.
+        // Removed, it stopped renewing; the word in its line was refused.
+        let held = r
+            .leases
+            .iter()
+            .find(|l| (l.machine, l.peer) == (3, 0))
+            .unwrap();
         let at_cm = r
             .leases
             .iter()
             .find(|l| (l.machine, l.peer) == (0, 3))
             .unwrap();
-        assert!(
-            at_cm.stats.as_ref().unwrap().refused >= 1,
+        assert_eq!(
+            at_cm.stats.as_ref().unwrap().refused,
+            1,
             "seed {seed}: {at_cm:?}"
+        );
+        assert!(
+            held.stats.as_ref().unwrap().requests < 60_000_000 / (L / 5),
+            "seed {seed}: {held:?}"
         );
     });
 }
@@ -435,4 +470,57 @@ fn an_unreachable_or_empty_store_is_a_clear_error_and_changes_nothing() {
             }
         }
     }
+}
+
+/// The store takes the new CM's swap but the answer is lost (an etcd
+/// request that timed out after it committed): the candidate reads the
+/// store back, finds its configuration there and leads it to the end.
+#[test]
+fn a_swap_whose_answer_was_lost_is_read_back_and_led() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use txn::config::{ConfigError, Stored, Swap};
+    struct LosesAnswer {
+        inner: EmbeddedStore,
+        lost: AtomicBool,
+    }
+    impl ConfigStore for LosesAnswer {
+        fn read(&self) -> Result<Option<Stored>, ConfigError> {
+            self.inner.read()
+        }
+        fn cas(&self, e: Option<u64>, c: &Configuration) -> Result<Swap, ConfigError> {
+            let r = self.inner.cas(e, c)?;
+            // Relaxed: one test thread's flag, no data behind it.
+            if matches!(r, Swap::Done(_)) && e.is_some() && !self.lost.swap(true, Ordering::Relaxed)
+            {
+                return Err(ConfigError::Store("timed out".into()));
+            }
+            Ok(r)
+        }
+    }
+    for_each_seed("a_swap_whose_answer_was_lost", 50, |seed| {
+        let store = Arc::new(LosesAnswer {
+            inner: EmbeddedStore::new(),
+            lost: AtomicBool::new(false),
+        });
+        let t = 15_000_000 + seed * 7_919 % 3_000_000;
+        let r = run_leases_sim(
+            geo(5),
+            seed,
+            SimModel::default(),
+            &LeaseSim {
+                faults: vec![crash(t, 0)],
+                store: Some(store.clone()),
+                ..LeaseSim::of(L, 60_000_000)
+            },
+        )
+        .unwrap();
+        let c = store.read().unwrap().unwrap().config;
+        assert_eq!((c.id, c.cm), (2, 1), "seed {seed}");
+        let lead = events_of(&r, 1);
+        assert!(
+            lead.iter().any(|e| matches!(e, Event::StoreError { .. })),
+            "seed {seed}: {lead:?}"
+        );
+        installed_everywhere(&r, &c, &[0], seed);
+    });
 }
