@@ -524,3 +524,23 @@ fn a_swap_whose_answer_was_lost_is_read_back_and_led() {
         installed_everywhere(&r, &c, &[0], seed);
     });
 }
+
+/// More machines than a batch holds (16): probes and NEW-CONFIG go a
+/// batch at a time.
+#[test]
+fn clusters_larger_than_a_batch_reconfigure() {
+    for_each_seed("clusters_larger_than_a_batch_reconfigure", 20, |seed| {
+        let t = 15_000_000 + seed * 7_919 % 3_000_000;
+        let (r, c) = run(20, seed, vec![crash(t, 0), crash(t, 7)]);
+        assert_eq!(
+            c,
+            Configuration {
+                id: 2,
+                machines: without(20, &[0, 7]),
+                cm: 1
+            },
+            "seed {seed}"
+        );
+        installed_everywhere(&r, &c, &[0, 7], seed);
+    });
+}
