@@ -276,17 +276,24 @@ fn no_shared_slots(g: Geometry, r: &Report<Live>) {
     assert!(n > 0);
 }
 
+/// Two churning clients a machine on the simulator, checked for shared
+/// slots.
+fn churn_on_sim(g: Geometry, seed: u64) -> Report<Live> {
+    let (r, _) = run_sim(g, seed, SimModel::default(), |m, t| Churn {
+        seed: seed * 100 + (m * 2 + t) as u64,
+        client: (m * 2 + t) as u64,
+        steps: 40,
+    })
+    .unwrap();
+    no_shared_slots(g, &r);
+    r
+}
+
 #[test]
 fn concurrent_clients_never_share_a_slot() {
     let g = geo(2);
     for_each_seed("concurrent_clients_never_share_a_slot", 40, |seed| {
-        let (r, _) = run_sim(g, seed, SimModel::default(), |m, t| Churn {
-            seed: seed * 100 + (m * 2 + t) as u64,
-            client: (m * 2 + t) as u64,
-            steps: 40,
-        })
-        .unwrap();
-        no_shared_slots(g, &r);
+        churn_on_sim(g, seed);
     });
     let r = emu(geo(1), |m, t| Churn {
         seed: (m * 2 + t) as u64,
@@ -447,13 +454,7 @@ fn allocator_recovery_rebuilds_the_free_lists_from_any_replica() {
         pause_ns: 10_000,
     };
     for_each_seed("allocator_recovery_rebuilds_the_free_lists", 40, |seed| {
-        let (r, _) = run_sim(g, seed, SimModel::default(), |m, t| Churn {
-            seed: seed * 100 + (m * 2 + t) as u64,
-            client: (m * 2 + t) as u64,
-            steps: 40,
-        })
-        .unwrap();
-        no_shared_slots(g, &r);
+        let r = churn_on_sim(g, seed);
         let map = g.region_map().unwrap();
         let mut w = World::new(SimConfig {
             seed,
