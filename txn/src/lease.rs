@@ -39,6 +39,7 @@ use crate::config::Stored;
 use crate::error::TxError;
 use crate::layout::Geometry;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -298,9 +299,28 @@ pub struct Lease {
 
 impl Lease {
     /// Sends `kind(seq)` of configuration `epoch` to the peer; false if
-    /// the WRITE failed (the peer is unreachable; its lease will expire).
+    /// the WRITE failed (the peer is unreachable; its lease will expire)
+    /// or is not done within a renewal period. A WRITE to a dead peer
+    /// takes the transport's retry timeout to fail — on an RC NIC far
+    /// longer than a lease — so the task does not wait for it: the WRITE
+    /// goes on in the background (the task's next one waits behind it,
+    /// bounded the same way) while the task keeps its leases' time.
     async fn send<N: Nic>(&self, ctx: &Ctx<N>, epoch: u64, kind: Kind, seq: u64) -> bool {
-        send_word(ctx, self.geo, self.me, self.peer, 0, epoch, kind, seq).await
+        let write = std::pin::pin!(send_word(
+            ctx, self.geo, self.me, self.peer, 0, epoch, kind, seq
+        ));
+        let Ok(timer) = ctx.sleep(self.timing.renew_ns) else {
+            return write.await;
+        };
+        let mut write = write;
+        let mut timer = std::pin::pin!(timer);
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(ok) = write.as_mut().poll(cx) {
+                return std::task::Poll::Ready(ok);
+            }
+            timer.as_mut().poll(cx).map(|()| false)
+        })
+        .await
     }
 
     /// The peer's newest lease word here, if it changed since `last` and

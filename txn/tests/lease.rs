@@ -273,3 +273,35 @@ fn a_lease_never_granted_is_suspected_after_the_join_grace() {
         );
     }
 }
+
+/// A WRITE to a dead machine takes the transport's retry timeout to fail
+/// — on real RC NICs far longer than a lease. With that timeout at five
+/// leases, a crashed CM is still suspected within a lease and a renewal:
+/// renewals do not wait for their WRITEs.
+#[test]
+fn a_dead_cm_is_suspected_in_time_when_writes_to_it_hang() {
+    let g = geo(4, 1);
+    let model = SimModel {
+        transport_timeout_ns: 5 * L,
+        ..SimModel::default()
+    };
+    for_each_seed(
+        "a_dead_cm_is_suspected_in_time_when_writes_hang",
+        50,
+        |seed| {
+            let crash = 15_000_000 + seed * 53_000 % 2_000_000;
+            let run = run_leases_sim(
+                g,
+                seed,
+                model.clone(),
+                &LeaseSim {
+                    faults: vec![at(crash, FaultKind::CrashMachine { machine: 0 })],
+                    ..LeaseSim::of(L, 50_000_000)
+                },
+            )
+            .unwrap();
+            let want: Vec<(u16, u16)> = (1..4).map(|m| (m, 0)).collect();
+            suspected_within(&run, crash, &want, seed);
+        },
+    );
+}
