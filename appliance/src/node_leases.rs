@@ -19,7 +19,7 @@ use nicdrv::emu::EmuConfig;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-use txn::config::{ConfigStore, Swap};
+use txn::config::establish;
 use txn::harness::{first_stored, run_machine_leases};
 use txn::lease::LeaseConfig;
 
@@ -31,11 +31,7 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         .as_deref()
         .ok_or_else(|| usage("needs --etcd http://HOST:PORT (the configuration store)".into()))?;
     let ms = o.lease_ms;
-    if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
-        return Err(usage(format!("--lease-ms {ms}: a lease in (0, 10000] ms")));
-    }
-    let timing = LeaseConfig::of((ms * 1e6) as u64);
-    timing.check().map_err(|e| usage(e.to_string()))?;
+    let timing = LeaseConfig::from_ms(ms).map_err(|e| usage(format!("--lease-ms {ms}: {e}")))?;
     let seconds = o.seconds.unwrap_or(5.0);
     let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
         .map_err(|e| usage(e.to_string()))?;
@@ -53,25 +49,16 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
     // Configuration 1: every machine stores it, one of them first.
     let first = first_stored(geo).config;
-    match store.cas(None, &first) {
-        Ok(Swap::Done(_)) => {}
-        Ok(Swap::Lost(Some(s))) if s.config == first => {}
-        Ok(Swap::Lost(Some(s))) => {
-            return Err(usage(format!(
-                "etcd at {url} holds configuration {} (CM {}, {} machines) of another run under {DEFAULT_KEY}: delete the key to start a new cluster",
-                s.config.id,
-                s.config.cm,
-                s.config.machines.len()
-            )))
-        }
-        Ok(Swap::Lost(None)) => return Err(failed("etcd lost the configuration it refused")),
-        Err(e) => return Err(failed(e)),
+    let current = establish(&store, &first).map_err(failed)?;
+    if current.config != first {
+        return Err(usage(format!(
+            "etcd at {url} holds configuration {} (CM {}, {} machines) of another run under {DEFAULT_KEY}: delete the key to start a new cluster",
+            current.config.id,
+            current.config.cm,
+            current.config.machines.len()
+        )));
     }
     rv.barrier("leases-configured").map_err(failed)?;
-    let current = store
-        .read()
-        .map_err(failed)?
-        .ok_or_else(|| failed("etcd holds no configuration"))?;
     say(format_args!(
         "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s",
         geo.machines, current.config.id

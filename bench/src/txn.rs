@@ -160,20 +160,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         check_file_target("--history", p).map_err(ArgError)?;
     }
     let txs = a.txs.unwrap_or(if sim { 400 } else { 4000 });
-    let leases = match a.lease_ms {
-        None => None,
-        Some(ms) if ms.is_finite() && ms > 0.0 && ms <= 10_000.0 => {
-            let l = LeaseConfig::of((ms * 1e6) as u64);
-            l.check()
-                .map_err(|e| ArgError(format!("--lease-ms {ms}: {e}")))?;
-            Some(l)
-        }
-        Some(ms) => {
-            return Err(ArgError(format!(
-                "--lease-ms {ms}: a lease in (0, 10000] ms"
-            )))
-        }
-    };
+    let leases = a.lease_ms.map(lease_of).transpose()?;
     let opts = RunOptions {
         leases,
         ..Default::default()
@@ -254,7 +241,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             )));
         }
     }
-    print(&a, geo, &report, &out, sim_info);
+    print(&a, geo, &report, &out, sim_info, leases);
     Ok(crate::run::Outcome::Done)
 }
 
@@ -277,7 +264,19 @@ fn run_emu(
     .map_err(|e| e.to_string())
 }
 
-fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Option<(u64, u64)>) {
+/// `--lease-ms MS` as a lease.
+fn lease_of(ms: f64) -> Result<LeaseConfig, ArgError> {
+    LeaseConfig::from_ms(ms).map_err(|e| ArgError(format!("--lease-ms {ms}: {e}")))
+}
+
+fn print(
+    a: &TxnArgs,
+    geo: Geometry,
+    r: &Report<WorkOut>,
+    out: &WorkOut,
+    sim: Option<(u64, u64)>,
+    timing: Option<LeaseConfig>,
+) {
     let elapsed_ns = r
         .clients
         .iter()
@@ -306,14 +305,7 @@ fn print(a: &TxnArgs, geo: Geometry, r: &Report<WorkOut>, out: &WorkOut, sim: Op
         "emu"
     };
     let workload = txn::workload::Mix::name(&mix(a).expect("checked"));
-    let leases = r.leases.first().map(|_| {
-        (
-            a.lease_ms
-                .map(|ms| LeaseConfig::of((ms * 1e6) as u64))
-                .expect("leases ran"),
-            r.lease_stats().unwrap_or_default(),
-        )
-    });
+    let leases = timing.map(|l| (l, r.lease_stats().unwrap_or_default()));
     if a.json {
         let aborts: serde_json::Map<String, serde_json::Value> = Abort::ALL
             .iter()
@@ -450,15 +442,7 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     }
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
     let ms = a.lease_ms.unwrap_or(10.0);
-    if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) {
-        return Err(ArgError(format!(
-            "--lease-ms {ms}: a lease in (0, 10000] ms"
-        )));
-    }
-    let timing = LeaseConfig::of((ms * 1e6) as u64);
-    timing
-        .check()
-        .map_err(|e| ArgError(format!("--lease-ms {ms}: {e}")))?;
+    let timing = lease_of(ms)?;
     let geo = Geometry {
         machines,
         threads: 1,

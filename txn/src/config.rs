@@ -169,6 +169,23 @@ pub fn check_successor(
     }
 }
 
+/// The configuration a cluster starts in: `first`, stored unless the
+/// store holds a configuration already — then that one, for the caller to
+/// judge (machines booting together all offer the same `first`; exactly
+/// one stores it).
+pub fn establish(store: &dyn ConfigStore, first: &Configuration) -> Result<Stored, ConfigError> {
+    match store.cas(None, first)? {
+        Swap::Done(revision) => Ok(Stored {
+            revision,
+            config: first.clone(),
+        }),
+        Swap::Lost(Some(s)) => Ok(s),
+        Swap::Lost(None) => Err(ConfigError::Store(
+            "the store refused the first configuration and holds none".into(),
+        )),
+    }
+}
+
 /// The in-process store: bytes and a revision under a lock.
 #[derive(Default)]
 pub struct EmbeddedStore {

@@ -624,19 +624,8 @@ pub fn run_leases_sim(
     run: &LeaseSim,
 ) -> Result<LeaseRun, TxError> {
     let current = match &run.store {
-        Some(store) => match store.read().map_err(|e| TxError::Usage(e.to_string()))? {
-            Some(s) => s,
-            None => {
-                let c = first_stored(geo).config;
-                store
-                    .cas(None, &c)
-                    .map_err(|e| TxError::Usage(e.to_string()))?;
-                store
-                    .read()
-                    .map_err(|e| TxError::Usage(e.to_string()))?
-                    .ok_or_else(|| TxError::Usage("the store kept nothing".into()))?
-            }
-        },
+        Some(store) => crate::config::establish(store.as_ref(), &first_stored(geo).config)
+            .map_err(|e| TxError::Usage(e.to_string()))?,
         None => first_stored(geo),
     };
     run_leases_sim_from(geo, seed, model, run, current)

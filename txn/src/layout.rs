@@ -164,9 +164,21 @@ impl Geometry {
     }
 
     /// Where machine `from` writes its lease messages in every other
-    /// machine's memory: a word alone in its line (one writer a line).
+    /// machine's memory: word 0 of its line (one writer a line).
     pub fn lease_word(&self, from: NodeId) -> u64 {
         self.replicas_end().expect("checked geometry") + from as u64 * LEASE_LINE
+    }
+
+    /// Where machine `from` writes its configuration messages: word 1 of
+    /// its lease line.
+    pub fn config_word(&self, from: NodeId) -> u64 {
+        self.lease_word(from) + 8
+    }
+
+    /// Every machine's lease line as one range of a machine's memory (one
+    /// range to wait on).
+    pub fn lease_area(&self) -> (u64, u64) {
+        (self.lease_word(0), self.machines as u64 * LEASE_LINE)
     }
 
     /// Replica slots on every machine for regions created at run time.

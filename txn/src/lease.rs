@@ -67,6 +67,16 @@ impl LeaseConfig {
         }
     }
 
+    /// A lease of `ms` milliseconds (what command lines take), renewed
+    /// every fifth of it, checked: in (0, 10 000] ms.
+    pub fn from_ms(ms: f64) -> Result<LeaseConfig, String> {
+        let l = LeaseConfig::of((ms * 1e6) as u64);
+        if !(ms.is_finite() && ms > 0.0 && ms <= 10_000.0) || l.check().is_err() {
+            return Err("a lease in (0, 10000] ms, at least 5 ns".into());
+        }
+        Ok(l)
+    }
+
     pub fn check(&self) -> Result<(), TxError> {
         if self.renew_ns == 0 || self.renew_ns >= self.lease_ns || self.lease_ns > 10_000_000_000 {
             return Err(TxError::Usage(format!(
@@ -306,9 +316,8 @@ impl Lease {
     /// goes on in the background (the task's next one waits behind it,
     /// bounded the same way) while the task keeps its leases' time.
     async fn send<N: Nic>(&self, ctx: &Ctx<N>, epoch: u64, kind: Kind, seq: u64) -> bool {
-        let write = std::pin::pin!(send_word(
-            ctx, self.geo, self.me, self.peer, 0, epoch, kind, seq
-        ));
+        let off = self.geo.lease_word(self.me);
+        let write = std::pin::pin!(send_word(ctx, off, self.peer, epoch, kind, seq));
         let Ok(timer) = ctx.sleep(self.timing.renew_ns) else {
             return write.await;
         };
@@ -626,16 +635,13 @@ impl Lease {
     }
 }
 
-/// Writes `kind(seq)` of configuration `epoch` into word `word` (0: lease
-/// messages, 1: configuration messages) of `from`'s lease line at machine
-/// `to`; false if the WRITE failed.
-#[allow(clippy::too_many_arguments)]
+/// Writes `kind(seq)` of configuration `epoch` at offset `off` of machine
+/// `to` (a sender's [`Geometry::lease_word`] or
+/// [`Geometry::config_word`]); false if the WRITE failed.
 pub(crate) async fn send_word<N: Nic>(
     ctx: &Ctx<N>,
-    geo: Geometry,
-    from: NodeId,
+    off: u64,
     to: NodeId,
-    word: u64,
     epoch: u64,
     kind: Kind,
     seq: u64,
@@ -646,7 +652,7 @@ pub(crate) async fn send_word<N: Nic>(
         seq,
     }
     .encode();
-    let at = GlobalAddr::new(to, Space::Host, geo.lease_word(from) + 8 * word);
+    let at = GlobalAddr::new(to, Space::Host, off);
     let mut b = ctx.batch();
     b.write_u64(at, w);
     b.submit().await.is_ok()

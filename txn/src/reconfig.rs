@@ -287,17 +287,7 @@ impl Reconfig {
                         id,
                         from,
                     });
-                    send_word(
-                        ctx,
-                        self.geo,
-                        self.me(),
-                        from,
-                        1,
-                        id,
-                        Kind::NewConfigAck,
-                        id,
-                    )
-                    .await;
+                    self.ack(ctx, from, id).await;
                 }
                 Ok(_) => refuse(ev),
                 Err(error) => ev.push(Event::StoreError {
@@ -307,17 +297,7 @@ impl Reconfig {
             },
             // The CM may have missed the acknowledgement: say it again.
             Kind::NewConfig if m.seq == cur.config.id && cur.config.cm == from => {
-                send_word(
-                    ctx,
-                    self.geo,
-                    self.me(),
-                    from,
-                    1,
-                    m.seq,
-                    Kind::NewConfigAck,
-                    m.seq,
-                )
-                .await;
+                self.ack(ctx, from, m.seq).await;
             }
             Kind::NewConfigCommit if m.seq == cur.config.id && cur.config.cm == from => {
                 ev.push(Event::CommitSeen {
@@ -367,6 +347,12 @@ impl Reconfig {
                 from,
             });
         }
+    }
+
+    /// NEW-CONFIG-ACK of configuration `id` to its CM `to`.
+    async fn ack<N: Nic>(&self, ctx: &Ctx<N>, to: NodeId, id: u64) {
+        let off = self.geo.config_word(self.me());
+        send_word(ctx, off, to, id, Kind::NewConfigAck, id).await;
     }
 
     /// Whether every machine of `c` is a machine of this cluster.
