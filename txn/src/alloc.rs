@@ -86,6 +86,10 @@ pub struct Allocator {
     regions: BTreeMap<u32, Slabs>,
     /// Slots reserved for transactions not yet committed or aborted.
     reserved: HashMap<TxId, Vec<(ObjAddr, usize)>>,
+    /// Regions this machine became primary of whose free lists are not
+    /// yet recovered: no ALLOC is served in them (a fresh block would be
+    /// formatted over live objects).
+    recovering: std::collections::BTreeSet<u32>,
 }
 
 /// The allocator of one machine, for its server threads.
@@ -100,6 +104,17 @@ pub enum Reserved {
 }
 
 impl Allocator {
+    /// Region `region` became this machine's: ALLOC is refused in it (as
+    /// full) until its recovered free lists are installed.
+    pub fn recovering(&mut self, region: u32) {
+        self.recovering.insert(region);
+    }
+
+    /// Whether region `region`'s free lists are being recovered here.
+    pub fn is_recovering(&self, region: u32) -> bool {
+        self.recovering.contains(&region)
+    }
+
     /// Reserves a slot of region `region` (whose primary is this machine,
     /// at local offset `base`; blocks as `geo` lays them out) for an
     /// object of `payload` bytes, formatting a new block if none has one
@@ -114,6 +129,9 @@ impl Allocator {
         payload: usize,
     ) -> Result<(Reserved, Option<u64>), crate::TxError> {
         let (static_bytes, block_bytes, blocks) = (geo.static_bytes, geo.block_bytes, geo.blocks());
+        if self.recovering.contains(&region) {
+            return Ok((Reserved::Full, None));
+        }
         let slabs = self.regions.entry(region).or_default();
         let mut formatted = None;
         if slabs.free.get(&payload).is_none_or(|f| f.is_empty()) {
@@ -280,6 +298,7 @@ pub async fn recover_region<N: Nic>(
 impl Allocator {
     /// Installs a region's recovered free lists (it is this machine's now).
     pub fn install(&mut self, region: u32, r: &Recovered) {
+        self.recovering.remove(&region);
         self.regions.insert(
             region,
             Slabs {

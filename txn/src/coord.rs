@@ -37,10 +37,12 @@ use crate::error::{Abort, TxError};
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
+use crate::recovery::Machine;
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Reservation, RingError, Sender};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// Most objects read at one primary that are validated by a READ each;
 /// more go in one VALIDATE message (FaRM §4: "more than four").
@@ -279,7 +281,19 @@ pub struct Coordinator {
     unsettled: Vec<NodeId>,
     stats: CoordStats,
     buf: Vec<u8>,
+    /// The machine's configuration, when it follows one.
+    follows: Option<Arc<Machine>>,
+    /// Which machines are in the configuration this coordinator works in.
+    members: Vec<bool>,
 }
+
+/// How long a coordinator waits for a configuration its machine applied
+/// to be committed before it gives up (the CM failed meanwhile, and the
+/// next one has not committed its own).
+pub const GATE_WAIT_NS: u64 = 1_000_000_000;
+
+/// How often a waiting coordinator looks again.
+const GATE_POLL_NS: u64 = 20_000;
 
 impl Coordinator {
     /// Opens the thread's rings on machine `machine` (the machine `ctx`'s
@@ -324,7 +338,72 @@ impl Coordinator {
             unsettled: Vec::new(),
             stats: CoordStats::default(),
             buf: Vec::new(),
+            follows: None,
+            members: vec![true; geo.machines as usize],
         })
+    }
+
+    /// Follows `machine`'s configuration: between its install and its
+    /// NEW-CONFIG-COMMIT the coordinator waits (FaRM blocks requests
+    /// meanwhile); once committed, it works in it — the region map the
+    /// machine applied, no record to machines outside it, its truncations
+    /// for them dropped (they are gone), DONE to its machines only.
+    pub fn follow(mut self, machine: Arc<Machine>) -> Coordinator {
+        self.follows = Some(machine);
+        self
+    }
+
+    /// The configuration this coordinator works in, when it follows one.
+    pub fn configuration(&self) -> Option<u64> {
+        self.follows.as_ref().map(|_| self.config as u64)
+    }
+
+    /// Waits until the machine's newest configuration is committed, and
+    /// takes it.
+    async fn gate<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        let Some(m) = self.follows.clone() else {
+            return Ok(());
+        };
+        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        loop {
+            if m.membership.is_removed() {
+                return Err(TxError::Protocol(format!(
+                    "machine {} is not in the configuration",
+                    self.machine
+                )));
+            }
+            let e = m.membership.epoch();
+            if e == self.config as u64 {
+                return Ok(());
+            }
+            if m.membership.committed() == e && m.applied() == e {
+                let cur = m.membership.current();
+                if cur.config.id == e {
+                    self.take(&cur.config);
+                    return Ok(());
+                }
+            }
+            if ctx.now_ns() >= deadline {
+                return Err(TxError::Protocol(format!(
+                    "machine {}: configuration {e} was not committed within {} ms",
+                    self.machine,
+                    GATE_WAIT_NS / 1_000_000
+                )));
+            }
+            ctx.sleep(GATE_POLL_NS)?.await;
+        }
+    }
+
+    /// Works in configuration `c` from now on.
+    fn take(&mut self, c: &crate::config::Configuration) {
+        for d in 0..self.geo.machines {
+            let member = c.contains(d);
+            self.members[d as usize] = member;
+            if !member {
+                self.pending[d as usize].clear();
+            }
+        }
+        self.config = c.id as u32;
     }
 
     pub fn stats(&self) -> CoordStats {
@@ -394,6 +473,7 @@ impl Coordinator {
         at: ObjAddr,
         len: usize,
     ) -> Result<object::Read, TxError> {
+        self.gate(ctx).await?;
         if len > object::MAX_PAYLOAD {
             return Err(TxError::Usage(format!(
                 "an object of {len} bytes (at most {})",
@@ -483,6 +563,7 @@ impl Coordinator {
         region: u32,
         len: usize,
     ) -> Result<ObjAddr, TxError> {
+        self.gate(ctx).await?;
         if len == 0 || len > object::MAX_PAYLOAD {
             return Err(TxError::Usage(format!(
                 "an object of {len} bytes (1 ..= {})",
@@ -543,6 +624,7 @@ impl Coordinator {
     /// coordinators); the region exists once every machine answered.
     /// Returns its id.
     pub async fn create_region<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<u32, TxError> {
+        self.gate(ctx).await?;
         if (self.machine, self.thread) != (0, 0) {
             return Err(TxError::Usage(
                 "regions are created by the configuration manager (machine 0, thread 0)".into(),
@@ -638,6 +720,14 @@ impl Coordinator {
 
     async fn try_commit<N: Nic>(&mut self, ctx: &Ctx<N>, tx: &Tx) -> Result<(), TxError> {
         self.settle(ctx).await?;
+        if tx.id.config != self.config {
+            // Its reads were of another configuration's map.
+            return Err(TxError::Aborted(Abort::Changed));
+        }
+        self.gate(ctx).await?;
+        if tx.id.config != self.config {
+            return Err(TxError::Aborted(Abort::Changed));
+        }
         if tx.writes.is_empty() && tx.reads.len() <= 1 {
             return Ok(());
         }
@@ -1051,6 +1141,9 @@ impl Coordinator {
         self.flush(ctx).await?;
         let tx = self.begin().id;
         for d in 0..self.geo.machines {
+            if !self.members[d as usize] {
+                continue;
+            }
             self.send_one(ctx, d, Record::Done { tx }).await?;
             self.stats.done_records += 1;
         }
@@ -1075,6 +1168,7 @@ impl Coordinator {
     /// Sends every truncation still waiting, as TRUNCATE records: before a
     /// coordinator stops, so that backups apply every commit.
     pub async fn flush<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        self.gate(ctx).await?;
         for d in 0..self.geo.machines {
             self.flush_one(ctx, d).await?;
         }

@@ -11,6 +11,7 @@ use crate::coord::{CoordStats, Coordinator};
 use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::lease::{LeaseConfig, LeaseStats, Membership, Suspicion};
+use crate::recovery::Machine;
 use crate::server::{Server, ServerStats};
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig, Nic, Space, VerbCounters};
@@ -50,6 +51,24 @@ pub struct ServerReport {
     pub counters: VerbCounters,
 }
 
+/// What one machine's failure handling did ([`RunOptions::recovery`]).
+#[derive(Debug)]
+pub struct MachineReport {
+    pub machine: u16,
+    /// Its reconfiguration task's events (an error: its task ended with
+    /// it; none for a crashed machine, whose task never ends).
+    pub events: Option<Result<Vec<crate::reconfig::Event>, TxError>>,
+    /// Its background work: allocator recovery and copies to new backups.
+    pub work: Vec<crate::recovery::Work>,
+    /// Every configuration change it applied.
+    pub changes: Vec<crate::recovery::Change>,
+    /// The configuration it ended in, and whether it learnt it was removed.
+    pub config: u64,
+    pub removed: bool,
+    /// Its region map at the end.
+    pub map: crate::regions::RegionMap,
+}
+
 /// What one lease task did.
 #[derive(Debug)]
 pub struct LeaseReport {
@@ -67,6 +86,8 @@ pub struct Report<O> {
     pub leases: Vec<LeaseReport>,
     /// Every machine's suspicions, in the order raised per machine.
     pub suspicions: Vec<Suspicion>,
+    /// Every machine's failure handling (none without a store).
+    pub machines: Vec<MachineReport>,
     /// Every machine's host memory at the end.
     pub memory: Vec<Vec<u8>>,
 }
@@ -129,6 +150,22 @@ pub struct RunOptions {
     /// Failure detection by leases, on a core of its own on every machine
     /// (configuration 1, CM machine 0).
     pub leases: Option<LeaseConfig>,
+    /// With leases, the configuration store: every machine also runs its
+    /// reconfiguration task and its background work (allocator recovery,
+    /// re-replication) on a core of its own (after the lease cores), and
+    /// its servers and coordinators follow the configuration
+    /// ([`crate::recovery`]). The store gets configuration 1 unless it
+    /// holds one.
+    pub recovery: Option<Arc<dyn crate::config::ConfigStore>>,
+    /// How fast recovery's background work goes.
+    pub copy_pace: crate::recovery::CopyPace,
+    pub alloc_pace: crate::alloc::Pace,
+}
+
+impl std::fmt::Debug for dyn crate::config::ConfigStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfigStore")
+    }
 }
 
 /// Executor config of a lease core with `tasks` lease tasks.
@@ -173,6 +210,11 @@ struct Sink<O> {
     servers: Mutex<Vec<ServerReport>>,
     leases: Mutex<Vec<LeaseReport>>,
     memberships: Vec<Arc<Membership>>,
+    /// With recovery: every machine, its reconfiguration events and its
+    /// background work.
+    machines: Vec<Arc<Machine>>,
+    events: Mutex<Vec<MachineEvents>>,
+    work: Mutex<Vec<(u16, Vec<crate::recovery::Work>)>>,
     /// Clients still running: servers stop when it reaches 0.
     live: AtomicUsize,
 }
@@ -184,34 +226,80 @@ struct Sink<O> {
 fn tasks<N: Nic, C: Client<N>>(
     geo: Geometry,
     machines: std::ops::Range<u16>,
-    leases: Option<LeaseConfig>,
+    opts: &RunOptions,
     mut client: impl FnMut(u16, u16) -> C,
 ) -> Result<Planned<N, C::Out>, TxError> {
     let map0 = geo.region_map()?;
+    let leases = opts.leases;
     if let Some(l) = leases {
         l.check()?;
     }
+    let current = match (&opts.recovery, leases) {
+        (None, _) => first_stored(geo),
+        (Some(_), None) => {
+            return Err(TxError::Usage(
+                "recovery needs leases (failure detection)".into(),
+            ))
+        }
+        (Some(_), Some(_)) if geo.spare_regions_per_machine == 0 => return Err(TxError::Usage(
+            "recovery needs spare replica slots for new backups (spare_regions_per_machine ≥ 1)"
+                .into(),
+        )),
+        (Some(store), Some(_)) => {
+            crate::config::establish(store.as_ref(), &first_stored(geo).config)
+                .map_err(|e| TxError::Usage(e.to_string()))?
+        }
+    };
     let all = machines == (0..geo.machines);
     let local = machines.len() * geo.threads as usize;
+    let memberships: Vec<Arc<Membership>> = machines
+        .clone()
+        .map(|m| Membership::new(m, current.clone()))
+        .collect();
+    // One allocator and one region map a machine, shared by its threads.
+    let allocs: Vec<crate::alloc::SharedAllocator> =
+        machines.clone().map(|_| Default::default()).collect();
+    let maps: Vec<crate::regions::SharedMap> = machines
+        .clone()
+        .map(|_| Arc::new(std::sync::RwLock::new(map0.clone())))
+        .collect();
+    let recovering: Vec<Arc<Machine>> = match opts.recovery {
+        Some(_) => memberships
+            .iter()
+            .zip(&maps)
+            .zip(&allocs)
+            .map(|((ms, map), alloc)| {
+                Machine::paced(
+                    geo,
+                    ms.clone(),
+                    map.clone(),
+                    alloc.clone(),
+                    opts.alloc_pace,
+                    opts.copy_pace,
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let sink = Arc::new(Sink {
         clients: Mutex::new(Vec::new()),
         servers: Mutex::new(Vec::new()),
         leases: Mutex::new(Vec::new()),
-        memberships: machines
-            .clone()
-            .map(|m| Membership::new(m, first_stored(geo)))
-            .collect(),
+        memberships,
+        machines: recovering,
+        events: Mutex::new(Vec::new()),
+        work: Mutex::new(Vec::new()),
         // Never 0 while remote clients may run.
         live: AtomicUsize::new(if all { local } else { usize::MAX }),
     });
     let first = machines.start;
     let mut cores = Vec::new();
     let mut lease_cores = Vec::new();
+    let mut recovery_cores = Vec::new();
     for m in machines {
-        // One allocator and one region map a machine, shared by its
-        // threads.
-        let alloc = crate::alloc::SharedAllocator::default();
-        let map: crate::regions::SharedMap = Arc::new(std::sync::RwLock::new(map0.clone()));
+        let i = (m - first) as usize;
+        let (alloc, map) = (allocs[i].clone(), maps[i].clone());
+        let machine = sink.machines.get(i).cloned();
         // The machine's servers still serving: its lease tasks end (with a
         // LEAVE) once they all stopped.
         let serving = Arc::new(AtomicUsize::new(geo.threads as usize));
@@ -232,8 +320,44 @@ fn tasks<N: Nic, C: Client<N>>(
             }
             lease_cores.push((m, ts));
         }
+        if let (Some(store), Some(timing), Some(mach)) = (&opts.recovery, leases, &machine) {
+            let r = crate::reconfig::Reconfig {
+                geo,
+                timing,
+                store: store.clone(),
+                membership: mach.membership.clone(),
+                machine: Some(mach.clone()),
+            };
+            let (sink2, serving2) = (sink.clone(), serving.clone());
+            let reconfig: Task<N> = Box::new(move |ctx| {
+                Box::pin(async move {
+                    // Acquire: as the lease tasks' stop.
+                    let stop = || serving2.load(Ordering::Acquire) == 0;
+                    let out = r.run(&ctx, &stop).await;
+                    sink2
+                        .events
+                        .lock()
+                        .expect("no panics hold it")
+                        .push((m, out));
+                })
+            });
+            let (sink2, serving2, mach2) = (sink.clone(), serving.clone(), mach.clone());
+            let maintain: Task<N> = Box::new(move |ctx| {
+                Box::pin(async move {
+                    let stop = || serving2.load(Ordering::Acquire) == 0;
+                    let work = mach2.maintain(&ctx, &stop).await;
+                    sink2
+                        .work
+                        .lock()
+                        .expect("no panics hold it")
+                        .push((m, work));
+                })
+            });
+            recovery_cores.push((m, vec![reconfig, maintain]));
+        }
         for t in 0..geo.threads {
             let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
+            let machine2 = machine.clone();
             // Counts the server out when its task ends, or when it is
             // dropped unrun (its core did not start).
             let serving2 = Serving(serving.clone());
@@ -245,7 +369,13 @@ fn tasks<N: Nic, C: Client<N>>(
                     // last sweep.
                     let stop = || sink2.live.load(Ordering::Acquire) == 0;
                     let stats = match Server::open(&ctx, geo, map2, m, t, alloc2) {
-                        Ok(s) => s.run(&ctx, &stop).await,
+                        Ok(s) => {
+                            let s = match machine2 {
+                                Some(mach) => s.follow(mach),
+                                None => s,
+                            };
+                            s.run(&ctx, &stop).await
+                        }
                         Err(e) => Err(e),
                     };
                     sink2
@@ -261,11 +391,16 @@ fn tasks<N: Nic, C: Client<N>>(
                 })
             });
             let (map2, sink2, c) = (map.clone(), sink.clone(), client(m, t));
+            let (machine2, config) = (machine.clone(), current.config.id as u32);
             let client: Task<N> = Box::new(move |ctx| {
                 Box::pin(async move {
                     let start = ctx.now_ns();
-                    let (out, stats, elapsed_ns) = match Coordinator::open(&ctx, geo, map2, m, t, 1)
-                    {
+                    let opened =
+                        Coordinator::open(&ctx, geo, map2, m, t, config).map(|co| match machine2 {
+                            Some(mach) => co.follow(mach),
+                            None => co,
+                        });
+                    let (out, stats, elapsed_ns) = match opened {
                         Ok(mut co) => {
                             let out = c.run(&ctx, &mut co).await;
                             let elapsed = ctx.now_ns() - start;
@@ -297,6 +432,9 @@ fn tasks<N: Nic, C: Client<N>>(
             cores.push((m, [server, client]));
         }
     }
+    // Recovery cores come after every lease core (fault specs name lease
+    // cores by number).
+    lease_cores.extend(recovery_cores);
     Ok(Planned {
         cores,
         lease_cores,
@@ -305,10 +443,14 @@ fn tasks<N: Nic, C: Client<N>>(
 }
 
 fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
-    let sink = Arc::try_unwrap(sink).ok().expect("every task is done");
-    let mut clients = sink.clients.into_inner().expect("no panics hold it");
-    let mut servers = sink.servers.into_inner().expect("no panics hold it");
-    let mut leases = sink.leases.into_inner().expect("no panics hold it");
+    // A crashed machine's tasks never end and still hold the sink: take
+    // what the others reported.
+    fn take<T>(v: &Mutex<Vec<T>>) -> Vec<T> {
+        std::mem::take(&mut *v.lock().expect("no panics hold it"))
+    }
+    let mut clients = take(&sink.clients);
+    let mut servers = take(&sink.servers);
+    let mut leases = take(&sink.leases);
     clients.sort_by_key(|c| (c.machine, c.thread));
     servers.sort_by_key(|s| (s.machine, s.thread));
     leases.sort_by_key(|l| (l.machine, l.peer));
@@ -317,13 +459,38 @@ fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
         .iter()
         .flat_map(|m| m.suspicions())
         .collect();
+    let mut events = take(&sink.events);
+    let mut work = take(&sink.work);
+    let machines = sink
+        .machines
+        .iter()
+        .map(|m| {
+            let me = m.me();
+            MachineReport {
+                machine: me,
+                events: take_of(&mut events, me),
+                work: take_of(&mut work, me).unwrap_or_default(),
+                changes: m.changes(),
+                config: m.membership.epoch(),
+                removed: m.membership.is_removed(),
+                map: m.map.read().expect("no panics hold the map").clone(),
+            }
+        })
+        .collect();
     Report {
         clients,
         servers,
         leases,
         suspicions,
+        machines,
         memory,
     }
+}
+
+/// Machine `me`'s entry of `v`, taken out.
+fn take_of<T>(v: &mut Vec<(u16, T)>, me: u16) -> Option<T> {
+    let i = v.iter().position(|x| x.0 == me)?;
+    Some(v.swap_remove(i).1)
 }
 
 /// A lease task run to its end, its report in `sink`.
@@ -406,7 +573,7 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
         cores,
         lease_cores,
         sink,
-    } = tasks(geo, 0..geo.machines, opts.leases, client)?;
+    } = tasks(geo, 0..geo.machines, opts, client)?;
     for (machine, [server, client]) in cores {
         let th = w.add_thread(machine, core_config()).map_err(sim)?;
         w.spawn(th, server).map_err(sim)?;
@@ -421,8 +588,14 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
         }
     }
     w.add_faults(&opts.faults).map_err(sim)?;
+    let crashed = opts
+        .faults
+        .iter()
+        .any(|f| matches!(f.kind, nicdrv::sim::FaultKind::CrashMachine { .. }));
     match w.run_until(SIM_LIMIT_NS) {
         RunEnd::Done => {}
+        // A crashed machine's tasks never end; every other one did.
+        RunEnd::Stalled if crashed && opts.recovery.is_some() => {}
         end => {
             return Err(TxError::Protocol(format!(
                 "seed {seed}: the run did not finish ({end:?} at {} ns)",
@@ -462,7 +635,7 @@ pub fn run_threads<N: Nic, C: Client<N>>(
     memory: impl Fn(u16) -> Vec<u8>,
     client: impl FnMut(u16, u16) -> C,
 ) -> Result<Report<C::Out>, TxError> {
-    let planned = tasks(geo, 0..geo.machines, opts.leases, client)?;
+    let planned = tasks(geo, 0..geo.machines, opts, client)?;
     let sink = on_threads(planned, &executor)?;
     let memory = (0..geo.machines).map(memory).collect();
     Ok(report(sink, memory))
@@ -486,7 +659,7 @@ pub fn run_machine<N: Nic, C: Client<N>>(
             geo.machines
         )));
     }
-    let planned = tasks(geo, machine..machine + 1, opts.leases, client)?;
+    let planned = tasks(geo, machine..machine + 1, opts, client)?;
     let sink = on_threads(planned, &executor)?;
     Ok(report(sink, Vec::new()))
 }
@@ -697,6 +870,7 @@ pub fn run_leases_sim_from(
                 timing,
                 store: store.clone(),
                 membership: memberships[me as usize].clone(),
+                machine: None,
             };
             let th = w.add_thread(me, lease_core_config(1)).map_err(sim)?;
             let events = events.clone();
@@ -798,6 +972,7 @@ pub fn run_machine_leases<N: Nic>(
             timing,
             store,
             membership: membership.clone(),
+            machine: None,
         };
         let events = events.clone();
         let reconfig_core = s.spawn(move || -> Result<(), String> {

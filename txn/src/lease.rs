@@ -191,6 +191,9 @@ pub struct Membership {
     current: Mutex<Stored>,
     /// The current configuration's number, for a cheap look.
     epoch: AtomicU64,
+    /// The newest configuration whose NEW-CONFIG-COMMIT this machine saw
+    /// (or sent, as its CM): every machine of it has applied it.
+    committed: AtomicU64,
     removed: AtomicBool,
     suspicions: Mutex<Vec<Suspicion>>,
 }
@@ -200,6 +203,7 @@ impl Membership {
         Arc::new(Membership {
             me,
             epoch: AtomicU64::new(current.config.id),
+            committed: AtomicU64::new(current.config.id),
             current: Mutex::new(current),
             removed: AtomicBool::new(false),
             suspicions: Mutex::new(Vec::new()),
@@ -229,6 +233,21 @@ impl Membership {
         // Release: see epoch().
         self.epoch.store(id, Ordering::Release);
         true
+    }
+
+    /// NEW-CONFIG-COMMIT of configuration `id` (installed here): every
+    /// machine of it applied it, so coordinators may use it.
+    pub fn commit(&self, id: u64) {
+        // Release: pairs with committed()'s Acquire, so a coordinator that
+        // sees the number also sees what the install before it did (the
+        // region map it swapped in).
+        self.committed
+            .fetch_max(id.min(self.epoch()), Ordering::Release);
+    }
+
+    /// The newest configuration committed (see [`Membership::commit`]).
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
     }
 
     /// This machine learnt it is not in the stored configuration: it

@@ -13,6 +13,7 @@ pub mod lease;
 pub mod object;
 pub mod reconfig;
 pub mod records;
+pub mod recovery;
 pub mod regions;
 pub mod ring;
 pub mod server;

@@ -104,6 +104,17 @@ pub enum Event {
     Applied { at_ns: u64, id: u64, from: NodeId },
     /// It saw NEW-CONFIG-COMMIT of its configuration.
     CommitSeen { at_ns: u64, id: u64 },
+    /// It applied configuration `id` to its region map: the regions it
+    /// became primary of, and those it became a new backup of.
+    Remapped {
+        at_ns: u64,
+        id: u64,
+        promoted: Vec<u32>,
+        new_backups: Vec<u32>,
+    },
+    /// Configuration `id` could not be applied to its region map (a
+    /// region lost every replica, or no machine has room for a backup).
+    RemapFailed { at_ns: u64, id: u64, error: String },
     /// A configuration message it refused (malformed, stale, replayed, or
     /// one the store does not back).
     Refused { at_ns: u64, from: NodeId, word: u64 },
@@ -131,6 +142,8 @@ impl Event {
             | Event::Committed { at_ns, .. }
             | Event::Applied { at_ns, .. }
             | Event::CommitSeen { at_ns, .. }
+            | Event::Remapped { at_ns, .. }
+            | Event::RemapFailed { at_ns, .. }
             | Event::Refused { at_ns, .. }
             | Event::Removed { at_ns, .. }
             | Event::SteppedDown { at_ns, .. }
@@ -152,6 +165,8 @@ impl Event {
             Event::Committed { .. } => "committed",
             Event::Applied { .. } => "applied",
             Event::CommitSeen { .. } => "commit-seen",
+            Event::Remapped { .. } => "remapped",
+            Event::RemapFailed { .. } => "remap-failed",
             Event::Refused { .. } => "refused",
             Event::Removed { .. } => "removed",
             Event::SteppedDown { .. } => "stepped-down",
@@ -166,6 +181,10 @@ pub struct Reconfig {
     pub timing: LeaseConfig,
     pub store: Arc<dyn ConfigStore>,
     pub membership: Arc<Membership>,
+    /// The machine's servers and coordinators, when it runs them: each
+    /// configuration installed is applied to them
+    /// ([`crate::recovery::Machine::apply`]) before it is acknowledged.
+    pub machine: Option<Arc<crate::recovery::Machine>>,
 }
 
 /// Where configuration messages from `from` land in a machine's memory.
@@ -281,7 +300,8 @@ impl Reconfig {
                         });
                         return;
                     }
-                    self.membership.install(s);
+                    self.membership.install(s.clone());
+                    self.apply(ctx, &s, ev);
                     ev.push(Event::Applied {
                         at_ns: ctx.now_ns(),
                         id,
@@ -300,6 +320,7 @@ impl Reconfig {
                 self.ack(ctx, from, m.seq).await;
             }
             Kind::NewConfigCommit if m.seq == cur.config.id && cur.config.cm == from => {
+                self.membership.commit(m.seq);
                 ev.push(Event::CommitSeen {
                     at_ns: ctx.now_ns(),
                     id: m.seq,
@@ -340,12 +361,40 @@ impl Reconfig {
             // NEW-CONFIG that may never come (its CM may have died since).
             // Its CM's lease, or the lack of it, decides what follows.
             let from = s.config.cm;
-            self.membership.install(s);
+            self.membership.install(s.clone());
+            self.apply(ctx, &s, ev);
             ev.push(Event::Applied {
                 at_ns: ctx.now_ns(),
                 id,
                 from,
             });
+        }
+    }
+
+    /// Applies the configuration just installed to the machine's servers
+    /// and coordinators, if it runs them.
+    fn apply<N: Nic>(&self, ctx: &Ctx<N>, s: &Stored, ev: &mut Vec<Event>) {
+        let Some(m) = &self.machine else { return };
+        match m.apply(ctx, s) {
+            Ok(Some(c)) => ev.push(Event::Remapped {
+                at_ns: ctx.now_ns(),
+                id: c.config,
+                promoted: c.promoted,
+                new_backups: c.new_backups.iter().map(|b| b.region).collect(),
+            }),
+            Ok(None) => {}
+            Err(e) => {
+                log::error!(
+                    "machine {}: configuration {} cannot be applied: {e}",
+                    self.me(),
+                    s.config.id
+                );
+                ev.push(Event::RemapFailed {
+                    at_ns: ctx.now_ns(),
+                    id: s.config.id,
+                    error: e.to_string(),
+                })
+            }
         }
     }
 
@@ -484,7 +533,8 @@ impl Reconfig {
             .map(|m| m.0)
             .filter(|&m| m != me)
             .collect();
-        self.membership.install(new);
+        self.membership.install(new.clone());
+        self.apply(ctx, &new, ev);
         // Leases granted in the old configuration to machines not in this
         // one: this machine granted its last at the latest now (its grant
         // tasks follow the configuration just installed), and an old CM
@@ -549,6 +599,7 @@ impl Reconfig {
         }
         self.broadcast(ctx, &others, id, Kind::NewConfigCommit)
             .await;
+        self.membership.commit(id);
         ev.push(Event::Committed {
             at_ns: ctx.now_ns(),
             id,

@@ -28,10 +28,12 @@ use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, WriteOp, LINE};
 use crate::records::{Envelope, Record, TxId, Write};
+use crate::recovery::Machine;
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Sender};
 use nicdrv::{Ctx, Nic, NodeId};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// How long an idle server waits for a record before it looks at its stop
 /// condition again.
@@ -72,6 +74,9 @@ pub struct ServerStats {
     /// this machine's map.
     pub regions_prepared: u64,
     pub regions_added: u64,
+    /// Records refused because their sender is not in the configuration
+    /// (precise membership).
+    pub outside: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -94,6 +99,7 @@ impl std::ops::AddAssign for ServerStats {
         self.block_writes += o.block_writes;
         self.regions_prepared += o.regions_prepared;
         self.regions_added += o.regions_added;
+        self.outside += o.outside;
     }
 }
 
@@ -118,6 +124,11 @@ pub struct Server {
     done: Vec<bool>,
     stats: ServerStats,
     buf: Vec<u8>,
+    /// The machine's configuration, when it follows one.
+    follows: Option<Arc<Machine>>,
+    /// The configuration `members` is of, and which machines are in it.
+    epoch: u64,
+    members: Vec<bool>,
 }
 
 impl Server {
@@ -154,7 +165,44 @@ impl Server {
             done: vec![false; geo.machines as usize],
             stats: ServerStats::default(),
             buf: Vec::new(),
+            follows: None,
+            epoch: 0,
+            members: vec![true; geo.machines as usize],
         })
+    }
+
+    /// Follows `machine`'s configuration: records from machines outside
+    /// it are refused (precise membership), DONE is awaited from its
+    /// machines only, a removed machine stops serving, and truncations
+    /// into a region being re-replicated here wait for the copy's writes.
+    pub fn follow(mut self, machine: Arc<Machine>) -> Server {
+        self.follows = Some(machine);
+        self.refresh();
+        self
+    }
+
+    /// Takes the configuration's membership if it changed.
+    fn refresh(&mut self) {
+        let Some(m) = &self.follows else { return };
+        let e = m.membership.epoch();
+        if e != self.epoch {
+            let cur = m.membership.current();
+            self.members = (0..self.geo.machines)
+                .map(|k| cur.config.contains(k))
+                .collect();
+            self.epoch = cur.config.id;
+        }
+    }
+
+    /// Whether every machine that may still send here said DONE.
+    fn all_done(&self) -> bool {
+        self.done.iter().zip(&self.members).all(|(&d, &m)| d || !m)
+    }
+
+    fn removed(&self) -> bool {
+        self.follows
+            .as_ref()
+            .is_some_and(|m| m.membership.is_removed())
     }
 
     /// Serves until every coordinator sending here said DONE (nothing
@@ -168,10 +216,14 @@ impl Server {
     ) -> Result<ServerStats, TxError> {
         let (area, len) = self.geo.log_area(self.thread);
         loop {
+            self.refresh();
+            if self.removed() {
+                return Ok(self.stats);
+            }
             if self.sweep(ctx).await? {
                 continue;
             }
-            if self.done.iter().all(|&d| d) || stop() {
+            if self.all_done() || stop() {
                 if self.sweep(ctx).await? {
                     continue;
                 }
@@ -216,6 +268,10 @@ impl Server {
         from: NodeId,
         b: &[u8],
     ) -> Result<(), TxError> {
+        if !self.members[from as usize] {
+            self.stats.outside += 1;
+            return Ok(());
+        }
         let env = match Envelope::decode(b) {
             Ok(e) => e,
             Err(e) => {
@@ -536,7 +592,10 @@ impl Server {
         let Some(writes) = self.backup.remove(&t) else {
             return Ok(());
         };
+        let machine = self.follows.clone();
         for w in writes {
+            // A copy of this region under way here writes under the guard.
+            let _copy = machine.as_ref().and_then(|m| m.copy_guard(w.at.region));
             let bytes = object_bytes(w.value.len()) as u64;
             let at = self.map().on_backup(w.at, bytes, self.machine)?;
             let off = at

@@ -564,6 +564,7 @@ fn machines_run_apart_stop_on_every_coordinators_done() {
         servers: Vec::new(),
         leases: Vec::new(),
         suspicions: Vec::new(),
+        machines: Vec::new(),
         memory,
     };
     for r in reports {

@@ -1,0 +1,464 @@
+//! A machine's side of a configuration change (FaRM §5.2 step 4 applied,
+//! §5.4, §5.5): the region map it moves to, the allocator recovery of the
+//! regions it became primary of, and the re-replication of the regions it
+//! became a new backup of.
+//!
+//! The reconfiguration task calls [`Machine::apply`] as it installs a
+//! configuration, before its NEW-CONFIG-ACK (or, as the CM, before its
+//! NEW-CONFIG-COMMIT): the machine computes the next region map with
+//! [`crate::reconfig::remap`] — every machine computes the same one from
+//! the same map and configuration — zeroes the spare slots it will hold
+//! new backups in, marks the regions it became primary of as recovering
+//! in its allocator (no ALLOC there until their free lists are back) and
+//! swaps the map in. Its servers serve the new map from then on, and its
+//! coordinators once the configuration is committed
+//! ([`crate::lease::Membership::committed`]), so by the time any
+//! coordinator sends a COMMIT-BACKUP to a new backup, that backup already
+//! serves the region.
+//!
+//! [`Machine::maintain`] is the background work, paced, on a core of its
+//! own: allocator recovery ([`crate::alloc::recover_region`]) of each
+//! promoted region, then re-replication of each new backup by one-sided
+//! READs of the primary's copy, a chunk at a time. A line is copied only
+//! when the primary's is of a later version than the local one (or of
+//! the same version with other bytes: the local copy is fresh), so data a
+//! truncation applied here meanwhile is never overwritten by older data;
+//! truncations of the region being copied and the copy's writes exclude
+//! each other ([`Machine::copy_guard`]).
+//!
+//! Not built yet: transaction-state recovery (§5.3). The change is sound
+//! when no commit spans it (every transaction committed before the
+//! failure was truncated); a commit in flight across a failure ends its
+//! coordinator's run with an error.
+
+use crate::alloc::{recover_region, Pace, SharedAllocator};
+use crate::config::Stored;
+use crate::error::TxError;
+use crate::layout::Geometry;
+use crate::lease::Membership;
+use crate::object::{Header, LINE};
+use crate::regions::{RegionMap, Replica, SharedMap};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// How fast a new backup copies its region: `bytes` per READ, then a
+/// pause of `pause_ns` (FaRM interleaves its re-replication reads with
+/// pauses so foreground work suffers little).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CopyPace {
+    pub bytes: u64,
+    pub pause_ns: u64,
+}
+
+impl Default for CopyPace {
+    /// 8 KiB a READ (FaRM's re-replication read size), one every 20 µs:
+    /// 400 MB/s a machine.
+    fn default() -> Self {
+        CopyPace {
+            bytes: 8 << 10,
+            pause_ns: 20_000,
+        }
+    }
+}
+
+/// A region this machine became a new backup of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewBackup {
+    pub region: u32,
+    pub bytes: u64,
+    /// Its primary in the new configuration (where the copy comes from).
+    pub primary: Replica,
+    /// Where this machine's copy lies.
+    pub base: u64,
+}
+
+/// What one configuration change meant to this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub config: u64,
+    pub at_ns: u64,
+    /// Machines of the previous configuration not in this one.
+    pub removed: Vec<NodeId>,
+    /// Regions this machine became primary of.
+    pub promoted: Vec<u32>,
+    /// Regions this machine became a backup of.
+    pub new_backups: Vec<NewBackup>,
+}
+
+/// Background work done for a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// A promoted region's free lists are rebuilt and installed.
+    AllocatorRecovered {
+        region: u32,
+        started_ns: u64,
+        at_ns: u64,
+        slots: u64,
+        allocated: u64,
+    },
+    /// A new backup's copy is complete: the region has f + 1 replicas
+    /// again (as far as this backup goes).
+    Copied {
+        region: u32,
+        started_ns: u64,
+        at_ns: u64,
+        bytes: u64,
+        /// Lines written (the rest were as new here already).
+        lines: u64,
+    },
+    /// Work that could not be done (its primary failed meanwhile, say).
+    Failed {
+        region: u32,
+        at_ns: u64,
+        error: String,
+    },
+}
+
+impl Work {
+    pub fn at_ns(&self) -> u64 {
+        match self {
+            Work::AllocatorRecovered { at_ns, .. }
+            | Work::Copied { at_ns, .. }
+            | Work::Failed { at_ns, .. } => *at_ns,
+        }
+    }
+}
+
+/// One machine's state across configuration changes, shared by its
+/// reconfiguration task, its background task, its servers and its
+/// coordinators.
+pub struct Machine {
+    pub geo: Geometry,
+    pub membership: Arc<Membership>,
+    pub map: SharedMap,
+    pub alloc: SharedAllocator,
+    alloc_pace: Pace,
+    copy_pace: CopyPace,
+    changes: Mutex<Vec<Change>>,
+    /// The configuration the map is of.
+    applied: AtomicU64,
+    /// Regions being copied here; truncations applying to them hold it.
+    copying: Mutex<BTreeSet<u32>>,
+    /// How many regions `copying` holds, for a cheap look.
+    copies: AtomicUsize,
+}
+
+impl Machine {
+    /// Machine `membership.me` with its map and allocator, in the
+    /// configuration `membership` holds, its background work paced by
+    /// default.
+    pub fn new(
+        geo: Geometry,
+        membership: Arc<Membership>,
+        map: SharedMap,
+        alloc: SharedAllocator,
+    ) -> Arc<Machine> {
+        Machine::paced(
+            geo,
+            membership,
+            map,
+            alloc,
+            Pace::default(),
+            CopyPace::default(),
+        )
+    }
+
+    /// As [`Machine::new`], its allocator recovery and copies paced so.
+    pub fn paced(
+        geo: Geometry,
+        membership: Arc<Membership>,
+        map: SharedMap,
+        alloc: SharedAllocator,
+        alloc_pace: Pace,
+        copy_pace: CopyPace,
+    ) -> Arc<Machine> {
+        let applied = AtomicU64::new(membership.epoch());
+        Arc::new(Machine {
+            geo,
+            membership,
+            map,
+            alloc,
+            alloc_pace,
+            copy_pace,
+            changes: Mutex::new(Vec::new()),
+            applied,
+            copies: AtomicUsize::new(0),
+            copying: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    pub fn me(&self) -> NodeId {
+        self.membership.me
+    }
+
+    /// The configuration the region map is of.
+    pub fn applied(&self) -> u64 {
+        // Acquire: pairs with apply's Release, so the map read after it
+        // is at least that configuration's.
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Every change applied, oldest first.
+    pub fn changes(&self) -> Vec<Change> {
+        self.changes.lock().expect("no panics hold it").clone()
+    }
+
+    /// Moves the machine to configuration `s` (installed in its
+    /// membership): the next region map, the new backups' slots zeroed,
+    /// promoted regions' allocators held, the map swapped in. A
+    /// configuration not newer than the map's changes nothing (`None`).
+    pub fn apply<N: Nic>(&self, ctx: &Ctx<N>, s: &Stored) -> Result<Option<Change>, TxError> {
+        let me = self.me();
+        let mut map = self.map.write().expect("no panics hold the map");
+        if s.config.id <= self.applied.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let next = next_map(&self.geo, &map, s)?;
+        let had = |r: u32, m: NodeId| {
+            map.get(r).is_ok_and(|r| {
+                std::iter::once(&r.primary)
+                    .chain(&r.backups)
+                    .any(|x| x.machine == m)
+            })
+        };
+        let mut change = Change {
+            config: s.config.id,
+            at_ns: ctx.now_ns(),
+            removed: map
+                .iter()
+                .flat_map(|r| std::iter::once(&r.primary).chain(&r.backups))
+                .map(|x| x.machine)
+                .filter(|&m| !s.config.contains(m))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            promoted: Vec::new(),
+            new_backups: Vec::new(),
+        };
+        for r in next.iter() {
+            let old = map.get(r.id)?;
+            if r.primary.machine == me && old.primary.machine != me {
+                change.promoted.push(r.id);
+            }
+            if let Some(b) = r.backups.iter().find(|b| b.machine == me) {
+                if !had(r.id, me) {
+                    change.new_backups.push(NewBackup {
+                        region: r.id,
+                        bytes: r.bytes,
+                        primary: r.primary,
+                        base: b.base,
+                    });
+                }
+            }
+        }
+        let zeros = vec![0u8; 64 << 10];
+        let l = ctx.local();
+        for b in &change.new_backups {
+            let mut off = 0;
+            while off < b.bytes {
+                let n = (b.bytes - off).min(zeros.len() as u64);
+                l.write(b.base + off, &zeros[..n as usize])?;
+                off += n;
+            }
+        }
+        {
+            let mut alloc = self.alloc.lock().expect("no panics hold it");
+            for &r in &change.promoted {
+                alloc.recovering(r);
+            }
+        }
+        if !change.new_backups.is_empty() {
+            let mut copying = self.copying.lock().expect("no panics hold it");
+            copying.extend(change.new_backups.iter().map(|b| b.region));
+            self.copies.store(copying.len(), Ordering::Release);
+        }
+        *map = next;
+        // Release: see applied().
+        self.applied.store(s.config.id, Ordering::Release);
+        drop(map);
+        self.changes
+            .lock()
+            .expect("no panics hold it")
+            .push(change.clone());
+        Ok(Some(change))
+    }
+
+    /// Held while a truncation applies values to a copy of `region`
+    /// being re-replicated here (the copy writes under it too); none when
+    /// no copy of it is under way.
+    pub fn copy_guard(&self, region: u32) -> Option<MutexGuard<'_, BTreeSet<u32>>> {
+        // Acquire: pairs with the Release stores of the count; a copy
+        // starting later zeroed its slot before the map named it, so a
+        // truncation that saw no copy applied to a copy not yet written.
+        if self.copies.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let g = self.copying.lock().expect("no panics hold it");
+        g.contains(&region).then_some(g)
+    }
+
+    /// The background work of every change, in order, until `stop()`:
+    /// allocator recovery of promoted regions, then copies to new
+    /// backups, each paced. What was done, in order.
+    pub async fn maintain<N: Nic>(&self, ctx: &Ctx<N>, stop: &dyn Fn() -> bool) -> Vec<Work> {
+        let mut out = Vec::new();
+        let mut next = 0;
+        loop {
+            // A change's work starts once it is committed (FaRM starts
+            // re-replication once every region is active): every machine
+            // serves the new map by then.
+            let committed = self.membership.committed();
+            let todo: Vec<Change> = self.changes.lock().expect("no panics hold it")[next..]
+                .iter()
+                .take_while(|c| c.config <= committed)
+                .cloned()
+                .collect();
+            next += todo.len();
+            for c in todo {
+                for r in c.promoted {
+                    out.push(self.recover_allocator(ctx, r).await);
+                }
+                for b in c.new_backups {
+                    let w = self.copy(ctx, &b).await;
+                    let mut copying = self.copying.lock().expect("no panics hold it");
+                    copying.remove(&b.region);
+                    self.copies.store(copying.len(), Ordering::Release);
+                    out.push(w);
+                }
+            }
+            if stop() || self.membership.is_removed() {
+                return out;
+            }
+            match ctx.sleep(MAINTAIN_POLL_NS) {
+                Ok(s) => s.await,
+                Err(_) => return out,
+            }
+        }
+    }
+
+    async fn recover_allocator<N: Nic>(&self, ctx: &Ctx<N>, region: u32) -> Work {
+        let started_ns = ctx.now_ns();
+        let base = {
+            let map = self.map.read().expect("no panics hold the map");
+            map.get(region)
+                .ok()
+                .filter(|r| r.primary.machine == self.me())
+                .map(|r| r.primary.base)
+        };
+        let Some(base) = base else {
+            return Work::Failed {
+                region,
+                at_ns: ctx.now_ns(),
+                error: "no longer this machine's region".into(),
+            };
+        };
+        match recover_region(ctx, &self.geo, base, self.alloc_pace).await {
+            Ok(r) => {
+                self.alloc
+                    .lock()
+                    .expect("no panics hold it")
+                    .install(region, &r);
+                Work::AllocatorRecovered {
+                    region,
+                    started_ns,
+                    at_ns: ctx.now_ns(),
+                    slots: r.slots,
+                    allocated: r.allocated,
+                }
+            }
+            Err(e) => Work::Failed {
+                region,
+                at_ns: ctx.now_ns(),
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// Copies region `b` from its primary, a chunk at a time.
+    async fn copy<N: Nic>(&self, ctx: &Ctx<N>, b: &NewBackup) -> Work {
+        let started_ns = ctx.now_ns();
+        let chunk = self.copy_pace.bytes.clamp(LINE as u64, 1 << 20) / LINE as u64 * LINE as u64;
+        let mut mine = vec![0u8; chunk as usize];
+        let mut lines = 0;
+        let mut off = 0;
+        let failed = |e: String| Work::Failed {
+            region: b.region,
+            at_ns: ctx.now_ns(),
+            error: e,
+        };
+        while off < b.bytes {
+            let n = (b.bytes - off).min(chunk) as usize;
+            let at = GlobalAddr::host(b.primary.machine, b.primary.base + off);
+            let mut batch = ctx.batch();
+            let op = batch.read_new(at, n);
+            let mut done = match batch.submit().await {
+                Ok(d) => d,
+                Err(e) => return failed(format!("reading the primary's copy: {e}")),
+            };
+            let mut buf = done.take_buf(op).as_slice().to_vec();
+            drop(done);
+            {
+                let _g = self.copying.lock().expect("no panics hold it");
+                let l = ctx.local();
+                if let Err(e) = l.read(b.base + off, &mut mine[..n]) {
+                    return failed(e.to_string());
+                }
+                for k in (0..n).step_by(LINE) {
+                    let theirs = &mut buf[k..k + LINE];
+                    // A primary's line 0 of an object being installed is
+                    // locked; the copy never is.
+                    let h = Header(word(theirs)).unlocked();
+                    theirs[..8].copy_from_slice(&h.0.to_le_bytes());
+                    let ours = &mine[k..k + LINE];
+                    let v = Header(word(ours)).version();
+                    if h.version() > v || (h.version() == v && theirs != ours) {
+                        if let Err(e) = l.write(b.base + off + k as u64, theirs) {
+                            return failed(e.to_string());
+                        }
+                        lines += 1;
+                    }
+                }
+            }
+            off += n as u64;
+            if self.copy_pace.pause_ns > 0 {
+                match ctx.sleep(self.copy_pace.pause_ns) {
+                    Ok(s) => s.await,
+                    Err(e) => return failed(e.to_string()),
+                }
+            }
+        }
+        Work::Copied {
+            region: b.region,
+            started_ns,
+            at_ns: ctx.now_ns(),
+            bytes: b.bytes,
+            lines,
+        }
+    }
+}
+
+/// How often the background task looks for a new change.
+pub const MAINTAIN_POLL_NS: u64 = 200_000;
+
+fn word(line: &[u8]) -> u64 {
+    u64::from_le_bytes(line[..8].try_into().expect("a line"))
+}
+
+/// The region map of configuration `s` after `map`: [`crate::reconfig::remap`]
+/// with new backups in each machine's lowest spare slot no replica uses.
+pub fn next_map(geo: &Geometry, map: &RegionMap, s: &Stored) -> Result<RegionMap, TxError> {
+    let mut used: BTreeSet<(NodeId, u64)> = map
+        .iter()
+        .flat_map(|r| std::iter::once(&r.primary).chain(&r.backups))
+        .map(|x| (x.machine, x.base))
+        .collect();
+    crate::reconfig::remap(map, &s.config, |m, _| {
+        let base = (0..geo.spare_slots())
+            .map(|k| geo.spare_base(k))
+            .find(|b| !used.contains(&(m, *b)))?;
+        used.insert((m, base));
+        Some(base)
+    })
+}
