@@ -89,7 +89,7 @@ pub enum Outcome {
 pub struct CoordStats {
     pub committed: u64,
     pub committed_read_only: u64,
-    pub aborted: [u64; 4],
+    pub aborted: [u64; 5],
     pub lock_records: u64,
     pub validate_records: u64,
     pub backup_records: u64,
@@ -110,6 +110,12 @@ pub struct CoordStats {
     pub block_reads: u64,
     /// DONE records (one to every machine when the coordinator closes).
     pub done_records: u64,
+    /// Transactions this coordinator recovered after a failure (its own
+    /// and those of failed coordinators it took over), by decision, and
+    /// the recovery records it sent (queries and decisions).
+    pub recovered_commits: u64,
+    pub recovered_aborts: u64,
+    pub recovery_records: u64,
 }
 
 impl CoordStats {
@@ -123,6 +129,7 @@ impl CoordStats {
             + self.truncate_records
             + self.alloc_records
             + self.done_records
+            + self.recovery_records
     }
 
     pub fn aborts(&self) -> u64 {
@@ -149,6 +156,9 @@ impl std::ops::AddAssign for CoordStats {
         self.alloc_records += o.alloc_records;
         self.block_reads += o.block_reads;
         self.done_records += o.done_records;
+        self.recovered_commits += o.recovered_commits;
+        self.recovered_aborts += o.recovered_aborts;
+        self.recovery_records += o.recovery_records;
     }
 }
 
@@ -285,6 +295,11 @@ pub struct Coordinator {
     follows: Option<Arc<Machine>>,
     /// Which machines are in the configuration this coordinator works in.
     members: Vec<bool>,
+    /// The fence of the COMMIT-PRIMARY batch still in flight.
+    unsettled_fence: Option<crate::recovery::Fence>,
+    /// Recovery's decisions on this coordinator's own transactions cut
+    /// off by a failure (commit or not), until their commit call asks.
+    decided: HashMap<TxId, bool>,
 }
 
 /// How long a coordinator waits for a configuration its machine applied
@@ -340,6 +355,8 @@ impl Coordinator {
             buf: Vec::new(),
             follows: None,
             members: vec![true; geo.machines as usize],
+            unsettled_fence: None,
+            decided: HashMap::new(),
         })
     }
 
@@ -379,8 +396,9 @@ impl Coordinator {
             if m.membership.committed() == e && m.applied() == e {
                 let cur = m.membership.current();
                 if cur.config.id == e {
+                    let before = (self.config as u64, self.members.clone());
                     self.take(&cur.config);
-                    return Ok(());
+                    return self.recover(ctx, &m, before).await;
                 }
             }
             if ctx.now_ns() >= deadline {
@@ -404,6 +422,218 @@ impl Coordinator {
             }
         }
         self.config = c.id as u32;
+    }
+
+    /// Transaction-state recovery (FaRM §5.3) as this coordinator sees
+    /// it, on taking configuration `self.config` after `before`
+    /// (configuration, machines): it recovers its own transactions and
+    /// those of each failed coordinator of its thread number whose heir
+    /// it is (the next machine of the configuration after it). It asks
+    /// every machine's server thread for what it holds of them (once that
+    /// server drained and recovered its locks), decides each transaction
+    /// that a failure touched — its coordinator failed, or it wrote a
+    /// region whose replicas changed — by its region primaries' ballots,
+    /// and sends the decision with the values to every machine. Then it
+    /// waits until every machine recovered its locks, so that no read of
+    /// a promoted region finds a copy recovery has not locked.
+    async fn recover<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        m: &Arc<Machine>,
+        (was, before): (u64, Vec<bool>),
+    ) -> Result<(), TxError> {
+        use crate::records::Vote;
+        use crate::recovery::{decide, recovered_word, Ballot};
+        let machines = self.geo.machines;
+        let e = self.config as u64;
+        let members: Vec<NodeId> = (0..machines)
+            .filter(|&d| self.members[d as usize])
+            .collect();
+        let failed: Vec<NodeId> = (0..machines)
+            .filter(|&d| before[d as usize] && !self.members[d as usize])
+            .collect();
+        let heir = |x: NodeId| {
+            (1..=machines)
+                .map(|k| (x + k) % machines)
+                .find(|&d| self.members[d as usize])
+        };
+        let mut of = vec![self.machine];
+        of.extend(failed.iter().filter(|&&x| heir(x) == Some(self.machine)));
+        // Regions whose replicas changed.
+        let now = self.map().clone();
+        let changed: BTreeSet<u32> = match m.previous_map(was) {
+            Some(old) => now
+                .iter()
+                .filter(|r| old.get(r.id).ok() != Some(*r))
+                .map(|r| r.id)
+                .collect(),
+            None => now.iter().map(|r| r.id).collect(),
+        };
+        let q = self.begin().id;
+        for &d in &members {
+            let of = of.clone();
+            self.send_one(ctx, d, Record::RecoverQuery { tx: q, of })
+                .await?;
+            self.stats.recovery_records += 1;
+        }
+        type Acc = (BTreeSet<u32>, BTreeMap<u32, Vote>, BTreeMap<ObjAddr, Write>);
+        let mut txs: BTreeMap<TxId, Acc> = BTreeMap::new();
+        let mut upto: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
+        for &d in &members {
+            loop {
+                match self.answer(ctx, q, d).await? {
+                    Record::RecoverState {
+                        last,
+                        upto: u,
+                        states,
+                        ..
+                    } => {
+                        for (c, local) in u {
+                            upto.insert((d, c), local);
+                        }
+                        for st in states {
+                            let a = txs.entry(st.id).or_default();
+                            a.0.extend(st.regions);
+                            for (r, v) in st.votes {
+                                a.1.entry(r).or_insert(v);
+                            }
+                            for w in st.writes {
+                                a.2.entry(w.at).or_insert(w);
+                            }
+                        }
+                        if last {
+                            break;
+                        }
+                    }
+                    r => {
+                        return Err(TxError::Protocol(format!(
+                            "machine {d} answered RECOVER-QUERY with {r:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        for (t, (regions, votes, writes)) in txs {
+            let touched = failed.contains(&t.machine)
+                || regions.iter().any(|r| changed.contains(r))
+                || writes.keys().any(|a| changed.contains(&a.region));
+            if !touched {
+                continue;
+            }
+            let ballots: Vec<Ballot> = regions
+                .iter()
+                .map(|r| match votes.get(r) {
+                    Some(v) => Ballot::Vote(*v),
+                    None => {
+                        let p = now.get(*r).map(|x| x.primary.machine);
+                        match p.ok().and_then(|p| upto.get(&(p, t.machine))) {
+                            Some(&u) if t.local <= u => Ballot::Truncated,
+                            _ => Ballot::Unknown,
+                        }
+                    }
+                })
+                .collect();
+            let commit = !regions.is_empty() && decide(&ballots);
+            let writes: Vec<Write> = if commit {
+                writes.into_values().collect()
+            } else {
+                Vec::new()
+            };
+            for &d in &members {
+                let rec = Record::Decide {
+                    tx: t,
+                    config: self.config,
+                    commit,
+                    writes: writes.clone(),
+                };
+                self.send_one(ctx, d, rec).await?;
+                self.stats.recovery_records += 1;
+            }
+            if commit {
+                self.stats.recovered_commits += 1;
+            } else {
+                self.stats.recovered_aborts += 1;
+            }
+            if t.machine == self.machine {
+                self.decided.insert(t, commit);
+            }
+        }
+        // Every machine's locks recovered: the configuration is usable.
+        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        loop {
+            let mut b = ctx.batch();
+            let ops: Vec<OpId> = members
+                .iter()
+                .map(|&d| b.read_new(GlobalAddr::host(d, recovered_word(&self.geo, d)), 8))
+                .collect();
+            let done = b.submit().await?;
+            if ops.iter().all(|&op| done.word(op) >= e) {
+                return Ok(());
+            }
+            drop(done);
+            if ctx.now_ns() >= deadline {
+                return Err(TxError::Protocol(format!(
+                    "machine {}: not every machine recovered its locks for configuration {e}",
+                    self.machine
+                )));
+            }
+            ctx.sleep(GATE_POLL_NS)?.await;
+        }
+    }
+
+    /// After a failed batch that staged records for machines `ds`: the
+    /// senders whose WRITEs all succeeded move on, those whose WRITEs
+    /// were never posted forget them, and the rest stay poisoned (their
+    /// machine failed; which WRITEs landed is unknown).
+    fn land_what_landed<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<(), TxError> {
+        let Some((posted, failed)) = ctx.last_batch_nodes() else {
+            return Ok(());
+        };
+        for &d in ds.iter().filter(|&&d| d < 64) {
+            let bit = 1u64 << d;
+            if posted & bit == 0 {
+                self.logs[d as usize].unstage();
+            } else if failed & bit == 0 {
+                self.logs[d as usize].landed(ctx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posting a batch of records of this coordinator's configuration:
+    /// counted by the machine until the fence drops; refused if the
+    /// machine moved on.
+    fn fence(&self) -> Result<Option<crate::recovery::Fence>, TxError> {
+        match &self.follows {
+            None => Ok(None),
+            Some(m) => m
+                .enter(self.config as u64)
+                .map(Some)
+                .ok_or(TxError::Reconfigured),
+        }
+    }
+
+    /// A commit cut off by an error (a failed machine, or the machine
+    /// moving on): once the configuration that follows the failure is
+    /// taken, recovery has decided it.
+    async fn resolve<N: Nic>(&mut self, ctx: &Ctx<N>, tx: &Tx, e: TxError) -> Result<(), TxError> {
+        let Some(m) = self.follows.clone() else {
+            return Err(e);
+        };
+        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        while m.membership.epoch() <= tx.id.config as u64 {
+            if ctx.now_ns() >= deadline || m.membership.is_removed() {
+                return Err(e);
+            }
+            ctx.sleep(GATE_POLL_NS)?.await;
+        }
+        self.unsettled.clear();
+        self.unsettled_fence = None;
+        self.gate(ctx).await?;
+        match self.decided.remove(&tx.id) {
+            Some(true) => Ok(()),
+            _ => Err(TxError::Aborted(Abort::Failure)),
+        }
     }
 
     pub fn stats(&self) -> CoordStats {
@@ -504,6 +734,9 @@ impl Coordinator {
                         return Err(TxError::Aborted(Abort::Busy));
                     }
                     ctx.yield_now().await;
+                }
+                Err(ObjectError::Verb(_)) if self.follows.is_some() => {
+                    return Err(TxError::Aborted(Abort::Failure))
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -704,7 +937,13 @@ impl Coordinator {
     /// wrote visible). An error is a broken cluster or protocol, not a
     /// conflict.
     pub async fn commit<N: Nic>(&mut self, ctx: &Ctx<N>, tx: Tx) -> Result<Outcome, TxError> {
-        match self.try_commit(ctx, &tx).await {
+        let r = match self.try_commit(ctx, &tx).await {
+            Err(e) if !matches!(e, TxError::Aborted(_) | TxError::Usage(_)) => {
+                self.resolve(ctx, &tx, e).await
+            }
+            r => r,
+        };
+        match r {
             Ok(()) => {
                 self.stats.committed += 1;
                 self.stats.committed_read_only += u64::from(tx.is_read_only());
@@ -732,6 +971,10 @@ impl Coordinator {
             return Ok(());
         }
         let mut plan = self.plan(tx)?;
+        if self.follows.is_some() && plan.keys().any(|&d| self.logs[d as usize].is_poisoned()) {
+            // A machine it needs failed: nothing is sent.
+            return Err(TxError::Aborted(Abort::Failure));
+        }
         self.reserve(ctx, &mut plan).await?;
         let r = self.phases(ctx, tx, &mut plan).await;
         for (d, dest) in plan.iter_mut() {
@@ -740,6 +983,13 @@ impl Coordinator {
             }
         }
         r?;
+        if let Some(m) = &self.follows {
+            // Acknowledged in this configuration, before the machine moved
+            // on: every record landed before any machine drains.
+            if m.membership.epoch() != tx.id.config as u64 {
+                return Err(TxError::Reconfigured);
+            }
+        }
         for (&d, dest) in &plan {
             if dest.lock.is_some() || dest.backup.is_some() {
                 self.pending[d as usize].push(tx.id);
@@ -782,6 +1032,15 @@ impl Coordinator {
                 reads.entry(p).or_default().push((*at, seen.header));
             }
         }
+        // Every record names every region written: recovery needs the
+        // whole set from any one of them.
+        let all: Vec<u32> = tx
+            .writes
+            .keys()
+            .map(|a| a.region)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut plan: BTreeMap<NodeId, Dest> = BTreeMap::new();
         // The first record to a machine (records go in the order they are
         // made here) carries its pending truncations.
@@ -803,14 +1062,13 @@ impl Coordinator {
             }
             .encode()?)
         };
-        for (d, (regions, writes)) in locks {
-            let regions: Vec<u32> = regions.into_iter().collect();
+        for (d, (_, writes)) in locks {
             let dest = plan.entry(d).or_default();
             dest.lock = Some(env(
                 d,
                 Record::Lock {
                     tx: tx.id,
-                    regions,
+                    regions: all.clone(),
                     writes,
                 },
             )?);
@@ -826,14 +1084,13 @@ impl Coordinator {
                 }
             }
         }
-        for (d, (regions, writes)) in backups {
-            let regions: Vec<u32> = regions.into_iter().collect();
+        for (d, (_, writes)) in backups {
             let dest = plan.entry(d).or_default();
             dest.backup = Some(env(
                 d,
                 Record::CommitBackup {
                     tx: tx.id,
-                    regions,
+                    regions: all.clone(),
                     writes,
                 },
             )?);
@@ -956,16 +1213,27 @@ impl Coordinator {
     ) -> Result<(), TxError> {
         let last = msgs.split_off(msgs.len().saturating_sub(RECORDS_PER_BATCH));
         self.send(ctx, plan, msgs).await?;
+        let fence = self.fence()?;
         let mut b = ctx.batch();
-        for (d, p) in &last {
+        for (i, (d, p)) in last.iter().enumerate() {
             debug_assert_eq!(
                 plan[d].carried, 0,
                 "a primary's LOCK carried its truncations"
             );
-            self.stage(ctx, &mut b, plan, *d, p)?;
+            if let Err(e) = self.stage(ctx, &mut b, plan, *d, p) {
+                for (d, _) in &last[..i] {
+                    self.logs[*d as usize].unstage();
+                }
+                return Err(e);
+            }
         }
-        b.submit_first().await?;
+        if let Err(e) = b.submit_first().await {
+            let ds: Vec<NodeId> = last.iter().map(|c| c.0).collect();
+            self.land_what_landed(ctx, &ds)?;
+            return Err(e.into());
+        }
         self.unsettled.extend(last.iter().map(|m| m.0));
+        self.unsettled_fence = fence;
         Ok(())
     }
 
@@ -995,11 +1263,27 @@ impl Coordinator {
         if self.unsettled.is_empty() {
             return Ok(());
         }
-        ctx.settle().await?;
-        for d in std::mem::take(&mut self.unsettled) {
-            self.logs[d as usize].landed(ctx)?;
+        let settled = ctx.settle().await;
+        self.unsettled_fence = None;
+        let ds = std::mem::take(&mut self.unsettled);
+        match settled {
+            Ok(()) => {
+                for d in ds {
+                    self.logs[d as usize].landed(ctx)?;
+                }
+                Ok(())
+            }
+            // A COMMIT-PRIMARY to a failed machine: the commit was
+            // reported, recovery installs it there.
+            Err(e) => {
+                self.land_what_landed(ctx, &ds)?;
+                if self.follows.is_some() {
+                    Ok(())
+                } else {
+                    Err(e.into())
+                }
+            }
         }
-        Ok(())
     }
 
     async fn abort_locked<N: Nic>(
@@ -1058,11 +1342,22 @@ impl Coordinator {
     ) -> Result<(), TxError> {
         self.settle(ctx).await?;
         for chunk in msgs.chunks(RECORDS_PER_BATCH) {
+            let _fence = self.fence()?;
             let mut b = ctx.batch();
-            for (d, p) in chunk {
-                self.stage(ctx, &mut b, plan, *d, p)?;
+            for (i, (d, p)) in chunk.iter().enumerate() {
+                if let Err(e) = self.stage(ctx, &mut b, plan, *d, p) {
+                    // Nothing was posted: what was staged is forgotten.
+                    for (d, _) in &chunk[..i] {
+                        self.logs[*d as usize].unstage();
+                    }
+                    return Err(e);
+                }
             }
-            b.submit().await?;
+            if let Err(e) = b.submit().await {
+                let ds: Vec<NodeId> = chunk.iter().map(|c| c.0).collect();
+                self.land_what_landed(ctx, &ds)?;
+                return Err(e.into());
+            }
             for (d, _) in chunk {
                 self.logs[*d as usize].landed(ctx)?;
                 // The truncations the first record carried are delivered.
@@ -1109,6 +1404,11 @@ impl Coordinator {
         loop {
             let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
             if got.is_none() {
+                if let Some(m) = &self.follows {
+                    if m.membership.epoch() != self.config as u64 {
+                        return Err(TxError::Reconfigured);
+                    }
+                }
                 if ctx.now_ns() >= deadline {
                     return Err(TxError::Protocol(format!(
                         "machine {d} did not answer transaction {tx:?}"
@@ -1121,10 +1421,16 @@ impl Coordinator {
             let env = Envelope::decode(&self.buf)?;
             self.logs[d as usize].note_head(ctx, env.head)?;
             match env.record {
-                Record::LockReply { tx: t, .. } | Record::AllocReply { tx: t, .. } if t != tx => {
+                Record::LockReply { tx: t, .. }
+                | Record::AllocReply { tx: t, .. }
+                | Record::RecoverState { tx: t, .. }
+                    if t != tx =>
+                {
                     continue
                 }
-                r @ (Record::LockReply { .. } | Record::AllocReply { .. }) => return Ok(r),
+                r @ (Record::LockReply { .. }
+                | Record::AllocReply { .. }
+                | Record::RecoverState { .. }) => return Ok(r),
                 r => {
                     return Err(TxError::Protocol(format!(
                         "machine {d} answered with {r:?}"
@@ -1160,6 +1466,7 @@ impl Coordinator {
         record: Record,
     ) -> Result<(), TxError> {
         self.settle(ctx).await?;
+        let _fence = self.fence()?;
         let (to, back) = (&mut self.logs[d as usize], &mut self.replies[d as usize]);
         self.stats.log_bytes += Envelope::send(ctx, to, back, record, LOG_WAIT_NS).await?;
         Ok(())

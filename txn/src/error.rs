@@ -22,10 +22,19 @@ pub enum Abort {
     Busy,
     /// No room in a log for the commit's records before the deadline.
     LogFull,
+    /// A machine failed under the transaction: it could not go on, or its
+    /// commit was cut off and recovery aborted it.
+    Failure,
 }
 
 impl Abort {
-    pub const ALL: [Abort; 4] = [Abort::Locked, Abort::Changed, Abort::Busy, Abort::LogFull];
+    pub const ALL: [Abort; 5] = [
+        Abort::Locked,
+        Abort::Changed,
+        Abort::Busy,
+        Abort::LogFull,
+        Abort::Failure,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,6 +42,7 @@ impl Abort {
             Abort::Changed => "changed",
             Abort::Busy => "busy",
             Abort::LogFull => "log_full",
+            Abort::Failure => "failure",
         }
     }
 
@@ -48,6 +58,7 @@ impl fmt::Display for Abort {
             Abort::Changed => "an object read was changed or locked at VALIDATE",
             Abort::Busy => "an object stayed locked or torn while being read",
             Abort::LogFull => "no log space for the commit's records",
+            Abort::Failure => "a machine failed under the transaction",
         })
     }
 }
@@ -80,6 +91,9 @@ pub enum TxError {
     /// A peer broke the protocol (a reply that never came, a record that
     /// names what it may not).
     Protocol(String),
+    /// The machine moved to a new configuration under the operation (a
+    /// coordinator that follows one stops posting records of the old).
+    Reconfigured,
 }
 
 impl fmt::Display for TxError {
@@ -105,6 +119,7 @@ impl fmt::Display for TxError {
                 "region {region} has no room for another object of {len} bytes"
             ),
             TxError::Protocol(s) => write!(f, "commit protocol: {s}"),
+            TxError::Reconfigured => write!(f, "the configuration changed under the operation"),
         }
     }
 }

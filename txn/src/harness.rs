@@ -67,6 +67,9 @@ pub struct MachineReport {
     pub removed: bool,
     /// Its region map at the end.
     pub map: crate::regions::RegionMap,
+    /// Objects still held by lock recovery at the end (none once every
+    /// recovering transaction is decided).
+    pub rlocked: usize,
 }
 
 /// What one lease task did.
@@ -474,6 +477,7 @@ fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
                 config: m.membership.epoch(),
                 removed: m.membership.is_removed(),
                 map: m.map.read().expect("no panics hold the map").clone(),
+                rlocked: m.rlocked(),
             }
         })
         .collect();

@@ -302,6 +302,7 @@ impl Reconfig {
                     }
                     self.membership.install(s.clone());
                     self.apply(ctx, &s, ev);
+                    self.quiesce(ctx).await;
                     ev.push(Event::Applied {
                         at_ns: ctx.now_ns(),
                         id,
@@ -394,6 +395,23 @@ impl Reconfig {
                     id: s.config.id,
                     error: e.to_string(),
                 })
+            }
+        }
+    }
+
+    /// Before acknowledging a configuration (or, as its CM, committing
+    /// it): the machine's coordinators' batches of the old one have
+    /// completed, so every record of it is in its ring before any
+    /// machine drains (a batch still in flight after half a lease is let
+    /// be: recovery decides its transaction from what the drain found).
+    async fn quiesce<N: Nic>(&self, ctx: &Ctx<N>) {
+        if let Some(m) = &self.machine {
+            if !m.quiesce(ctx, self.timing.lease_ns / 2).await {
+                log::warn!(
+                    "machine {}: a coordinator's batch is still in flight after {} µs",
+                    self.me(),
+                    self.timing.lease_ns / 2000
+                );
             }
         }
     }
@@ -535,6 +553,7 @@ impl Reconfig {
             .collect();
         self.membership.install(new.clone());
         self.apply(ctx, &new, ev);
+        self.quiesce(ctx).await;
         // Leases granted in the old configuration to machines not in this
         // one: this machine granted its last at the latest now (its grant
         // tasks follow the configuration just installed), and an old CM

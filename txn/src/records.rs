@@ -137,6 +137,56 @@ pub enum Record {
     /// The coordinator is done: nothing more comes on this ring (servers
     /// stop once every coordinator said so).
     Done { tx: TxId },
+    /// Transaction-state recovery (FaRM §5.3), from a coordinator working
+    /// in configuration `tx.config` to a server thread: once drained, say
+    /// what you hold of the transactions of coordinators `of` (this
+    /// thread's number on those machines).
+    RecoverQuery { tx: TxId, of: Vec<u16> },
+    /// The server's answer, in as many records as it takes (`last` on the
+    /// final one): how far it truncated each of those coordinators, and
+    /// each transaction it holds records of.
+    RecoverState {
+        tx: TxId,
+        last: bool,
+        upto: Vec<(u16, u64)>,
+        states: Vec<TxState>,
+    },
+    /// The recovery coordinator's decision on `tx`, to every machine of
+    /// configuration `config`: commit (each replica installs or applies
+    /// `writes`, by version) or abort (locks released, records dropped);
+    /// the transaction's records go either way (FaRM's COMMIT-RECOVERY or
+    /// ABORT-RECOVERY, and TRUNCATE-RECOVERY, in one).
+    Decide {
+        tx: TxId,
+        config: u32,
+        commit: bool,
+        writes: Vec<Write>,
+    },
+}
+
+/// A region primary's vote on a recovering transaction (FaRM §5.3 step
+/// 6); a primary with no record of it votes truncated or unknown, which
+/// the recovery coordinator tells from the primary's truncation mark.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Vote {
+    /// It installed the transaction's writes (COMMIT-PRIMARY processed).
+    CommitPrimary,
+    /// It holds the transaction's COMMIT-BACKUP (a promoted backup).
+    CommitBackup,
+    /// It holds the transaction's locks (LOCK processed, nothing after).
+    Lock,
+}
+
+/// What one server thread holds of one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxState {
+    pub id: TxId,
+    /// Every region the transaction wrote (as its records say).
+    pub regions: Vec<u32>,
+    /// Its votes, for the regions whose primary it is.
+    pub votes: Vec<(u32, Vote)>,
+    /// The writes (with values) its records hold.
+    pub writes: Vec<Write>,
 }
 
 const LOCK: u8 = 1;
@@ -150,6 +200,34 @@ const ALLOC: u8 = 8;
 const ALLOC_REPLY: u8 = 9;
 const NEW_REGION: u8 = 10;
 const DONE: u8 = 11;
+const RECOVER_QUERY: u8 = 12;
+const RECOVER_STATE: u8 = 13;
+const DECIDE: u8 = 14;
+
+fn vote_code(v: Vote) -> u8 {
+    match v {
+        Vote::CommitPrimary => 1,
+        Vote::CommitBackup => 2,
+        Vote::Lock => 3,
+    }
+}
+
+fn vote_of(k: u8) -> Result<Vote, RecordError> {
+    Ok(match k {
+        1 => Vote::CommitPrimary,
+        2 => Vote::CommitBackup,
+        3 => Vote::Lock,
+        k => return Err(RecordError::UnknownKind(k)),
+    })
+}
+
+fn flag(r: &mut Reader<'_>) -> Result<bool, RecordError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        k => Err(RecordError::UnknownKind(k)),
+    }
+}
 
 /// Why bytes are not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -367,6 +445,51 @@ impl Record {
                     out.extend_from_slice(&base.to_le_bytes());
                 }
             }
+            Record::RecoverQuery { tx, of } => {
+                out.push(RECOVER_QUERY);
+                tx.put(&mut out);
+                out.extend_from_slice(&count("machines", of.len())?.to_le_bytes());
+                for m in of {
+                    out.extend_from_slice(&m.to_le_bytes());
+                }
+            }
+            Record::RecoverState {
+                tx,
+                last,
+                upto,
+                states,
+            } => {
+                out.push(RECOVER_STATE);
+                tx.put(&mut out);
+                out.push(u8::from(*last));
+                out.extend_from_slice(&count("machines", upto.len())?.to_le_bytes());
+                for (m, local) in upto {
+                    out.extend_from_slice(&m.to_le_bytes());
+                    out.extend_from_slice(&local.to_le_bytes());
+                }
+                out.extend_from_slice(&count("transactions", states.len())?.to_le_bytes());
+                for st in states {
+                    st.id.put(&mut out);
+                    put_body(&mut out, &st.regions, &st.writes)?;
+                    out.extend_from_slice(&count("votes", st.votes.len())?.to_le_bytes());
+                    for (region, v) in &st.votes {
+                        out.extend_from_slice(&region.to_le_bytes());
+                        out.push(vote_code(*v));
+                    }
+                }
+            }
+            Record::Decide {
+                tx,
+                config,
+                commit,
+                writes,
+            } => {
+                out.push(DECIDE);
+                tx.put(&mut out);
+                out.extend_from_slice(&config.to_le_bytes());
+                out.push(u8::from(*commit));
+                put_body(&mut out, &[], writes)?;
+            }
             Record::AllocReply { tx, slot } => {
                 out.push(ALLOC_REPLY);
                 tx.put(&mut out);
@@ -395,7 +518,7 @@ impl Record {
                 n => Err(RecordError::Trailing(n)),
             };
         }
-        if !(LOCK..=DONE).contains(&kind) {
+        if !(LOCK..=DECIDE).contains(&kind) {
             return Err(RecordError::UnknownKind(kind));
         }
         let tx = TxId::get(&mut r)?;
@@ -463,6 +586,56 @@ impl Record {
                     bytes: bytes_,
                     replicas,
                     commit,
+                }
+            }
+            RECOVER_QUERY => {
+                let n = r.u16()? as usize;
+                let mut of = Vec::with_capacity(n.min(bytes.len() / 2));
+                for _ in 0..n {
+                    of.push(r.u16()?);
+                }
+                Record::RecoverQuery { tx, of }
+            }
+            RECOVER_STATE => {
+                let last = flag(&mut r)?;
+                let n = r.u16()? as usize;
+                let mut upto = Vec::with_capacity(n.min(bytes.len() / 10));
+                for _ in 0..n {
+                    upto.push((r.u16()?, r.u64()?));
+                }
+                let n = r.u16()? as usize;
+                let mut states = Vec::with_capacity(n.min(bytes.len() / TxId::BYTES));
+                for _ in 0..n {
+                    let id = TxId::get(&mut r)?;
+                    let (regions, writes) = get_body(&mut r)?;
+                    let k = r.u16()? as usize;
+                    let mut votes = Vec::with_capacity(k.min(bytes.len() / 5));
+                    for _ in 0..k {
+                        votes.push((r.u32()?, vote_of(r.u8()?)?));
+                    }
+                    states.push(TxState {
+                        id,
+                        regions,
+                        votes,
+                        writes,
+                    });
+                }
+                Record::RecoverState {
+                    tx,
+                    last,
+                    upto,
+                    states,
+                }
+            }
+            DECIDE => {
+                let config = r.u32()?;
+                let commit = flag(&mut r)?;
+                let (_, writes) = get_body(&mut r)?;
+                Record::Decide {
+                    tx,
+                    config,
+                    commit,
+                    writes,
                 }
             }
             ALLOC_REPLY => Record::AllocReply {
@@ -635,6 +808,51 @@ mod tests {
                     replicas,
                     commit
                 }),
+            recovery(),
+        ]
+    }
+
+    fn recovery() -> impl Strategy<Value = Record> {
+        let vote = prop_oneof![
+            Just(Vote::CommitPrimary),
+            Just(Vote::CommitBackup),
+            Just(Vote::Lock)
+        ];
+        let state = (
+            tx(),
+            proptest::collection::vec(any::<u32>(), 0..4),
+            proptest::collection::vec((any::<u32>(), vote), 0..4),
+            writes(),
+        )
+            .prop_map(|(id, regions, votes, writes)| TxState {
+                id,
+                regions,
+                votes,
+                writes,
+            });
+        prop_oneof![
+            (tx(), proptest::collection::vec(any::<u16>(), 0..4))
+                .prop_map(|(tx, of)| Record::RecoverQuery { tx, of }),
+            (
+                tx(),
+                any::<bool>(),
+                proptest::collection::vec((any::<u16>(), any::<u64>()), 0..4),
+                proptest::collection::vec(state, 0..3)
+            )
+                .prop_map(|(tx, last, upto, states)| Record::RecoverState {
+                    tx,
+                    last,
+                    upto,
+                    states
+                }),
+            (tx(), any::<u32>(), any::<bool>(), writes()).prop_map(
+                |(tx, config, commit, writes)| Record::Decide {
+                    tx,
+                    config,
+                    commit,
+                    writes
+                }
+            ),
         ]
     }
 

@@ -37,9 +37,10 @@ use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::lease::Membership;
 use crate::object::{Header, LINE};
+use crate::records::{ObjAddr, TxId, Vote};
 use crate::regions::{RegionMap, Replica, SharedMap};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -143,6 +144,68 @@ pub struct Machine {
     copying: Mutex<BTreeSet<u32>>,
     /// How many regions `copying` holds, for a cheap look.
     copies: AtomicUsize,
+    /// The map before the last change, and the configuration it was of:
+    /// records of that configuration still drain against it.
+    previous: Mutex<Option<(u64, Arc<RegionMap>)>>,
+    /// Batches of records this machine's coordinators have posted and
+    /// not seen complete (the fence before NEW-CONFIG-ACK).
+    inflight: AtomicUsize,
+    /// Objects of promoted regions locked by lock recovery, with the
+    /// recovering transactions that hold them.
+    rlocks: Mutex<HashMap<ObjAddr, Vec<TxId>>>,
+    /// Per configuration, server threads done with drain and lock
+    /// recovery.
+    recovered: Mutex<BTreeMap<u64, u16>>,
+}
+
+/// A batch of records posted in configuration `config` (see
+/// [`Machine::enter`]); dropped once it completed.
+pub struct Fence {
+    machine: Arc<Machine>,
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        // Release: the batch's completion is before a quiesce that sees
+        // the count drop.
+        self.machine.inflight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A region primary's ballot on a recovering transaction: its vote, or
+/// (no record there) truncated or unknown.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Ballot {
+    Vote(Vote),
+    Truncated,
+    Unknown,
+}
+
+/// FaRM's decision (§5.3 step 7), over one ballot per region the
+/// transaction wrote: commit if any region's primary installed it, or if
+/// some holds its COMMIT-BACKUP and every other holds it locked, holds
+/// its COMMIT-BACKUP, or truncated it; abort otherwise. A COMMIT-BACKUP
+/// is sent only after every lock is held and every read validated, so a
+/// commit-backup ballot means the commit point could have been reached.
+pub fn decide(ballots: &[Ballot]) -> bool {
+    let has = |v: Vote| ballots.contains(&Ballot::Vote(v));
+    if has(Vote::CommitPrimary) {
+        return true;
+    }
+    has(Vote::CommitBackup)
+        && ballots.iter().all(|b| {
+            matches!(
+                b,
+                Ballot::Vote(Vote::CommitBackup | Vote::Lock) | Ballot::Truncated
+            )
+        })
+}
+
+/// Where machine `m` says, in its own memory, through which
+/// configuration its servers drained and recovered locks: word 2 of its
+/// own lease line (which no other machine writes).
+pub fn recovered_word(geo: &Geometry, m: NodeId) -> u64 {
+    geo.lease_word(m) + 16
 }
 
 impl Machine {
@@ -186,7 +249,122 @@ impl Machine {
             applied,
             copies: AtomicUsize::new(0),
             copying: Mutex::new(BTreeSet::new()),
+            previous: Mutex::new(None),
+            inflight: AtomicUsize::new(0),
+            rlocks: Mutex::new(HashMap::new()),
+            recovered: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// A coordinator about to post a batch of records of configuration
+    /// `config`: counted until the returned fence drops, or none if the
+    /// machine moved on (the batch must not go). With the count, the
+    /// reconfiguration task's [`Machine::quiesce`] knows every record of
+    /// the old configuration landed before it acknowledges the new one,
+    /// so every such record is in its ring before any machine drains.
+    pub fn enter(self: &Arc<Machine>, config: u64) -> Option<Fence> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        // SeqCst fence: with quiesce's, either this load sees the new
+        // configuration or quiesce's load sees this count (the
+        // store-buffering pattern; both sides fence).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.membership.epoch() != config {
+            self.inflight.fetch_sub(1, Ordering::Release);
+            return None;
+        }
+        Some(Fence {
+            machine: self.clone(),
+        })
+    }
+
+    /// After installing a configuration: waits (up to `wait_ns`) until no
+    /// batch of the old one is in flight here; whether none is.
+    pub async fn quiesce<N: Nic>(&self, ctx: &Ctx<N>, wait_ns: u64) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let deadline = ctx.now_ns() + wait_ns;
+        loop {
+            // Acquire: pairs with the fences' Release decrements.
+            if self.inflight.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if ctx.now_ns() >= deadline {
+                return false;
+            }
+            match ctx.sleep(QUIESCE_POLL_NS) {
+                Ok(s) => s.await,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// The map of configuration `config` if it is the one before the
+    /// current (records of it may still drain).
+    pub fn previous_map(&self, config: u64) -> Option<Arc<RegionMap>> {
+        let p = self.previous.lock().expect("no panics hold it");
+        p.as_ref().filter(|p| p.0 == config).map(|p| p.1.clone())
+    }
+
+    /// Lock recovery of `at` (a promoted region's object, at local offset
+    /// `off`) for recovering transaction `tx`: the first holder locks the
+    /// header.
+    pub fn rlock<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        at: ObjAddr,
+        off: u64,
+        tx: TxId,
+    ) -> Result<(), TxError> {
+        let mut r = self.rlocks.lock().expect("no panics hold it");
+        let holders = r.entry(at).or_default();
+        if holders.contains(&tx) {
+            return Ok(());
+        }
+        holders.push(tx);
+        if holders.len() == 1 {
+            lock_header(ctx, off)?;
+        }
+        Ok(())
+    }
+
+    /// Releases `tx`'s recovery lock of `at`; whether it held one, and
+    /// whether it was the last holder (the caller unlocks the header).
+    pub fn runlock(&self, at: ObjAddr, tx: TxId) -> (bool, bool) {
+        let mut r = self.rlocks.lock().expect("no panics hold it");
+        let Some(holders) = r.get_mut(&at) else {
+            return (false, false);
+        };
+        let Some(i) = holders.iter().position(|t| *t == tx) else {
+            return (false, false);
+        };
+        holders.swap_remove(i);
+        let last = holders.is_empty();
+        if last {
+            r.remove(&at);
+        }
+        (true, last)
+    }
+
+    /// Objects still held by lock recovery.
+    pub fn rlocked(&self) -> usize {
+        self.rlocks.lock().expect("no panics hold it").len()
+    }
+
+    /// Server thread done with configuration `config`'s drain and lock
+    /// recovery; the last of the machine's threads says so in its memory
+    /// ([`recovered_word`]), where coordinators look before they use the
+    /// configuration.
+    pub fn server_recovered<N: Nic>(&self, ctx: &Ctx<N>, config: u64) -> Result<(), TxError> {
+        let mut r = self.recovered.lock().expect("no panics hold it");
+        let n = r.entry(config).or_default();
+        *n += 1;
+        if *n == self.geo.threads {
+            let off = recovered_word(&self.geo, self.me());
+            let l = ctx.local();
+            if l.load(off)? < config {
+                l.store(off, config)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn me(&self) -> NodeId {
@@ -274,7 +452,9 @@ impl Machine {
             copying.extend(change.new_backups.iter().map(|b| b.region));
             self.copies.store(copying.len(), Ordering::Release);
         }
-        *map = next;
+        let old = std::mem::replace(&mut *map, next);
+        *self.previous.lock().expect("no panics hold it") =
+            Some((self.applied.load(Ordering::Relaxed), Arc::new(old)));
         // Release: see applied().
         self.applied.store(s.config.id, Ordering::Release);
         drop(map);
@@ -436,6 +616,22 @@ impl Machine {
             bytes: b.bytes,
             lines,
         }
+    }
+}
+
+/// How often a quiesce looks again.
+const QUIESCE_POLL_NS: u64 = 5_000;
+
+/// Locks an object header at local offset `off` by CAS from unlocked
+/// (another server thread may hold it a moment, applying a truncation).
+pub fn lock_header<N: Nic>(ctx: &Ctx<N>, off: u64) -> Result<(), TxError> {
+    let l = ctx.local();
+    loop {
+        let cur = Header(l.load(off)?);
+        if !cur.locked() && l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
+            return Ok(());
+        }
+        std::hint::spin_loop();
     }
 }
 

@@ -732,6 +732,18 @@ impl Sender {
         Ok(())
     }
 
+    /// The records staged into a batch that was never posted (dropped
+    /// before its submit): forgotten, the tail where it was.
+    pub fn unstage(&mut self) {
+        self.in_flight = None;
+    }
+
+    /// Whether an earlier append failed mid-way (this sender appends no
+    /// more).
+    pub fn is_poisoned(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
     /// Gives back what `r` did not use.
     pub fn release(&mut self, r: Reservation) -> Result<(), RingError> {
         if r.sender != self.id {

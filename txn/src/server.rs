@@ -32,7 +32,7 @@ use crate::recovery::Machine;
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Sender};
 use nicdrv::{Ctx, Nic, NodeId};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How long an idle server waits for a record before it looks at its stop
@@ -77,6 +77,23 @@ pub struct ServerStats {
     /// Records refused because their sender is not in the configuration
     /// (precise membership).
     pub outside: u64,
+    /// Records of a configuration this machine had not drained into yet,
+    /// held back until it had; records of a configuration drained past
+    /// (none arrive: coordinators quiesce before a change is
+    /// acknowledged), refused.
+    pub deferred: u64,
+    pub stale_records: u64,
+    /// Transaction-state recovery: queries answered, decisions applied
+    /// (commits, aborts), objects locked by lock recovery, and installs
+    /// skipped because another transaction held the object.
+    pub recovery_queries: u64,
+    pub recovered_commits: u64,
+    pub recovered_aborts: u64,
+    pub recovery_locks: u64,
+    pub recovery_conflicts: u64,
+    /// Replies or head reports that could not be written (their machine
+    /// failed).
+    pub lost_replies: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -100,6 +117,14 @@ impl std::ops::AddAssign for ServerStats {
         self.regions_prepared += o.regions_prepared;
         self.regions_added += o.regions_added;
         self.outside += o.outside;
+        self.deferred += o.deferred;
+        self.stale_records += o.stale_records;
+        self.recovery_queries += o.recovery_queries;
+        self.recovered_commits += o.recovered_commits;
+        self.recovered_aborts += o.recovered_aborts;
+        self.recovery_locks += o.recovery_locks;
+        self.recovery_conflicts += o.recovery_conflicts;
+        self.lost_replies += o.lost_replies;
     }
 }
 
@@ -111,13 +136,20 @@ pub struct Server {
     thread: u16,
     logs: Vec<Receiver>,
     replies: Vec<Sender>,
-    /// Objects this primary locked for a transaction, until COMMIT-PRIMARY
-    /// or ABORT.
-    locked: HashMap<TxId, Vec<Write>>,
-    /// Transactions installed here, until truncated.
-    installed: HashSet<TxId>,
-    /// COMMIT-BACKUP values held until truncation.
-    backup: HashMap<TxId, Vec<Write>>,
+    /// Objects this primary locked for a transaction (with every region
+    /// it writes), until COMMIT-PRIMARY or ABORT.
+    locked: HashMap<TxId, (Vec<u32>, Vec<Write>)>,
+    /// Transactions installed here, until truncated: every region each
+    /// writes, and those installed here.
+    installed: HashMap<TxId, (Vec<u32>, Vec<u32>)>,
+    /// COMMIT-BACKUP values (with every region written) held until
+    /// truncation.
+    backup: HashMap<TxId, (Vec<u32>, Vec<Write>)>,
+    /// Per coordinator machine (of this thread's number): the highest
+    /// transaction truncated here. A coordinator commits one transaction
+    /// at a time and truncates in order, so every transaction of it up
+    /// to this one is finished.
+    upto: Vec<u64>,
     /// The machine's allocator, shared with its other server threads.
     alloc: SharedAllocator,
     /// Senders (machines) whose coordinator said DONE.
@@ -126,9 +158,55 @@ pub struct Server {
     buf: Vec<u8>,
     /// The machine's configuration, when it follows one.
     follows: Option<Arc<Machine>>,
-    /// The configuration `members` is of, and which machines are in it.
-    epoch: u64,
+    /// The configuration this thread drained into (its records are
+    /// served; later ones wait), and which machines are in it.
+    drained: u64,
     members: Vec<bool>,
+    /// Records of a later configuration than `drained`, in arrival order.
+    deferred: std::collections::VecDeque<(NodeId, Vec<u8>)>,
+    /// The machines of the newest configuration installed here, and its
+    /// number (a failed machine is written to no more).
+    installed_members: (u64, Vec<bool>),
+    /// The map the record being handled is served with, when it is of
+    /// the configuration before the current one.
+    old: Option<Arc<RegionMap>>,
+}
+
+/// The map a record is served with.
+enum MapRef<'a> {
+    Shared(std::sync::RwLockReadGuard<'a, RegionMap>),
+    Old(&'a RegionMap),
+}
+
+impl std::ops::Deref for MapRef<'_> {
+    type Target = RegionMap;
+    fn deref(&self) -> &RegionMap {
+        match self {
+            MapRef::Shared(g) => g,
+            MapRef::Old(m) => m,
+        }
+    }
+}
+
+/// The configuration a record belongs to (none: truncations, valid in
+/// any).
+fn record_config(r: &Record) -> Option<u64> {
+    match r {
+        Record::Truncate { .. } => None,
+        Record::Decide { config, .. } => Some(*config as u64),
+        Record::Lock { tx, .. }
+        | Record::CommitBackup { tx, .. }
+        | Record::CommitPrimary { tx }
+        | Record::Abort { tx }
+        | Record::LockReply { tx, .. }
+        | Record::Validate { tx, .. }
+        | Record::Alloc { tx, .. }
+        | Record::AllocReply { tx, .. }
+        | Record::NewRegion { tx, .. }
+        | Record::Done { tx }
+        | Record::RecoverQuery { tx, .. }
+        | Record::RecoverState { tx, .. } => Some(tx.config as u64),
+    }
 }
 
 impl Server {
@@ -159,15 +237,19 @@ impl Server {
             logs,
             replies,
             locked: HashMap::new(),
-            installed: HashSet::new(),
+            installed: HashMap::new(),
             backup: HashMap::new(),
+            upto: vec![0; geo.machines as usize],
             alloc,
             done: vec![false; geo.machines as usize],
             stats: ServerStats::default(),
             buf: Vec::new(),
             follows: None,
-            epoch: 0,
+            drained: 0,
             members: vec![true; geo.machines as usize],
+            deferred: Default::default(),
+            installed_members: (0, vec![true; geo.machines as usize]),
+            old: None,
         })
     }
 
@@ -176,22 +258,15 @@ impl Server {
     /// machines only, a removed machine stops serving, and truncations
     /// into a region being re-replicated here wait for the copy's writes.
     pub fn follow(mut self, machine: Arc<Machine>) -> Server {
+        let cur = machine.membership.current();
+        self.drained = cur.config.id;
+        self.take_members(&cur.config);
         self.follows = Some(machine);
-        self.refresh();
         self
     }
 
-    /// Takes the configuration's membership if it changed.
-    fn refresh(&mut self) {
-        let Some(m) = &self.follows else { return };
-        let e = m.membership.epoch();
-        if e != self.epoch {
-            let cur = m.membership.current();
-            self.members = (0..self.geo.machines)
-                .map(|k| cur.config.contains(k))
-                .collect();
-            self.epoch = cur.config.id;
-        }
+    fn take_members(&mut self, c: &crate::config::Configuration) {
+        self.members = (0..self.geo.machines).map(|k| c.contains(k)).collect();
     }
 
     /// Whether every machine that may still send here said DONE.
@@ -216,9 +291,16 @@ impl Server {
     ) -> Result<ServerStats, TxError> {
         let (area, len) = self.geo.log_area(self.thread);
         loop {
-            self.refresh();
             if self.removed() {
                 return Ok(self.stats);
+            }
+            self.refresh();
+            if let Some(m) = self.follows.clone() {
+                let e = m.membership.committed();
+                if e > self.drained && m.applied() >= e {
+                    self.recover(ctx, &m, e).await?;
+                    continue;
+                }
             }
             if self.sweep(ctx).await? {
                 continue;
@@ -255,11 +337,38 @@ impl Server {
             self.buf = buf;
             // Heads go back piggybacked on replies; a ring whose sender
             // gets no replies from here (a backup's) hears every quarter.
-            if self.logs[m as usize].report_head(ctx, false).await? {
-                self.stats.head_reports += 1;
+            // A failed machine's ring is read (its records drain) but not
+            // reported to.
+            if !self.reachable(m) {
+                continue;
+            }
+            match self.logs[m as usize].report_head(ctx, false).await {
+                Ok(true) => self.stats.head_reports += 1,
+                Ok(false) => {}
+                Err(_) if self.follows.is_some() => self.stats.lost_replies += 1,
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(any)
+    }
+
+    /// Whether machine `m` is in the machine's newest configuration (a
+    /// failed one is written to no more).
+    fn reachable(&self, m: NodeId) -> bool {
+        self.members[m as usize] && self.installed_members.1[m as usize]
+    }
+
+    /// Takes the newest installed configuration's machines if it changed.
+    fn refresh(&mut self) {
+        let Some(mach) = &self.follows else { return };
+        let e = mach.membership.epoch();
+        if e != self.installed_members.0 {
+            let cur = mach.membership.current();
+            let ms = (0..self.geo.machines)
+                .map(|k| cur.config.contains(k))
+                .collect();
+            self.installed_members = (cur.config.id, ms);
+        }
     }
 
     async fn handle<N: Nic>(
@@ -268,6 +377,7 @@ impl Server {
         from: NodeId,
         b: &[u8],
     ) -> Result<(), TxError> {
+        self.old = None;
         if !self.members[from as usize] {
             self.stats.outside += 1;
             return Ok(());
@@ -283,6 +393,31 @@ impl Server {
                 return Ok(());
             }
         };
+        if let (Some(m), Some(c)) = (self.follows.clone(), record_config(&env.record)) {
+            if c > self.drained {
+                self.stats.deferred += 1;
+                self.deferred.push_back((from, b.to_vec()));
+                return Ok(());
+            }
+            if c < self.drained {
+                log::warn!(
+                    "machine {}: a record of configuration {c} from {from} after draining into {}",
+                    self.machine,
+                    self.drained
+                );
+                self.stats.stale_records += 1;
+                return Ok(());
+            }
+            if c < m.applied() {
+                match m.previous_map(c) {
+                    Some(old) => self.old = Some(old),
+                    None => {
+                        self.stats.stale_records += 1;
+                        return Ok(());
+                    }
+                }
+            }
+        }
         if env.head > 0
             && self.replies[from as usize]
                 .note_head(ctx, env.head)
@@ -294,11 +429,15 @@ impl Server {
             self.truncate(ctx, *t)?;
         }
         match env.record {
-            Record::Lock { tx, writes, .. } => {
+            Record::Lock {
+                tx,
+                regions,
+                writes,
+            } => {
                 let ok = self.lock(ctx, &writes)?;
                 if ok {
                     self.stats.locks_granted += 1;
-                    self.locked.insert(tx, writes);
+                    self.locked.insert(tx, (regions, writes));
                 } else {
                     self.stats.locks_refused += 1;
                 }
@@ -323,20 +462,24 @@ impl Server {
                 self.answer(ctx, from, Record::AllocReply { tx, slot })
                     .await?;
             }
-            Record::CommitBackup { tx, writes, .. } => {
+            Record::CommitBackup {
+                tx,
+                regions,
+                writes,
+            } => {
                 let ours = writes.iter().all(|w| {
                     let len = object_bytes(w.value.len()) as u64;
                     matches!(self.map().on_backup(w.at, len, self.machine), Ok(Some(_)))
                 });
                 if ours {
                     self.stats.backups_kept += 1;
-                    self.backup.insert(tx, writes);
+                    self.backup.insert(tx, (regions, writes));
                 } else {
                     self.stats.bad_records += 1;
                 }
             }
             Record::CommitPrimary { tx } => match self.locked.remove(&tx) {
-                Some(writes) => {
+                Some((regions, writes)) => {
                     let mut alloc = self.alloc.lock().expect("no panics hold it");
                     for w in &writes {
                         let off = self.primary_off(w.at, object_bytes(w.value.len()));
@@ -348,12 +491,15 @@ impl Server {
                     }
                     alloc.settle(tx, false);
                     self.stats.installs += 1;
-                    self.installed.insert(tx);
+                    let mut here: Vec<u32> = writes.iter().map(|w| w.at.region).collect();
+                    here.sort_unstable();
+                    here.dedup();
+                    self.installed.insert(tx, (regions, here));
                 }
                 None => self.stats.bad_records += 1,
             },
             Record::Abort { tx } => {
-                if let Some(writes) = self.locked.remove(&tx) {
+                if let Some((_, writes)) = self.locked.remove(&tx) {
                     self.unlock(ctx, &writes)?;
                     self.stats.aborts += 1;
                 }
@@ -383,7 +529,13 @@ impl Server {
                 self.answer(ctx, from, Record::LockReply { tx, ok }).await?;
             }
             Record::Done { .. } => self.done[from as usize] = true,
-            Record::LockReply { .. } | Record::AllocReply { .. } => self.stats.bad_records += 1,
+            Record::RecoverQuery { tx, of } => self.answer_recovery(ctx, from, tx, &of).await?,
+            Record::Decide {
+                tx, commit, writes, ..
+            } => self.decide(ctx, tx, commit, &writes)?,
+            Record::LockReply { .. } | Record::AllocReply { .. } | Record::RecoverState { .. } => {
+                self.stats.bad_records += 1
+            }
         }
         Ok(())
     }
@@ -480,8 +632,11 @@ impl Server {
         }
     }
 
-    fn map(&self) -> std::sync::RwLockReadGuard<'_, RegionMap> {
-        self.map.read().expect("no panics hold the map")
+    fn map(&self) -> MapRef<'_> {
+        match &self.old {
+            Some(m) => MapRef::Old(m),
+            None => MapRef::Shared(self.map.read().expect("no panics hold the map")),
+        }
     }
 
     /// The object's offset in this machine's memory if it is a primary
@@ -528,9 +683,17 @@ impl Server {
         to: NodeId,
         record: Record,
     ) -> Result<(), TxError> {
+        if !self.reachable(to) {
+            self.stats.lost_replies += 1;
+            return Ok(());
+        }
         let (ring, back) = (&mut self.replies[to as usize], &mut self.logs[to as usize]);
-        Envelope::send(ctx, ring, back, record, REPLY_WAIT_NS).await?;
-        self.stats.replies += 1;
+        match Envelope::send(ctx, ring, back, record, REPLY_WAIT_NS).await {
+            Ok(_) => self.stats.replies += 1,
+            // Its machine failed: reconfiguration removes it.
+            Err(_) if self.follows.is_some() => self.stats.lost_replies += 1,
+            Err(e) => return Err(e),
+        }
         Ok(())
     }
 
@@ -588,43 +751,312 @@ impl Server {
 
     fn truncate<N: Nic>(&mut self, ctx: &Ctx<N>, t: TxId) -> Result<(), TxError> {
         self.stats.truncations += 1;
+        if let Some(u) = self.upto.get_mut(t.machine as usize) {
+            *u = (*u).max(t.local);
+        }
         self.installed.remove(&t);
-        let Some(writes) = self.backup.remove(&t) else {
+        let Some((regions, writes)) = self.backup.remove(&t) else {
             return Ok(());
         };
-        let machine = self.follows.clone();
-        for w in writes {
-            // A copy of this region under way here writes under the guard.
-            let _copy = machine.as_ref().and_then(|m| m.copy_guard(w.at.region));
-            let bytes = object_bytes(w.value.len()) as u64;
-            let at = self.map().on_backup(w.at, bytes, self.machine)?;
-            let off = at
-                .expect("COMMIT-BACKUP checked the replica is here")
-                .offset();
-            let new = w.new_header();
-            // Other server threads of this machine apply to the same copy:
-            // the header's lock bit keeps them apart (a local CAS, atomic
-            // against theirs; nothing else touches a backup copy).
-            let l = ctx.local();
-            loop {
-                let cur = Header(l.load(off)?);
-                if cur.locked() {
-                    std::hint::spin_loop();
-                    continue;
+        // A backup promoted meanwhile keeps the record: lock recovery took
+        // it, and the recovery decision applies it.
+        let here: Option<Vec<u64>> = writes
+            .iter()
+            .map(|w| {
+                let bytes = object_bytes(w.value.len()) as u64;
+                match self.map().on_backup(w.at, bytes, self.machine) {
+                    Ok(Some(at)) => Some(at.offset()),
+                    _ => None,
                 }
-                if cur.version() >= new.version() {
-                    self.stats.stale += 1;
-                    break;
-                }
-                if l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
-                    put_object(ctx, off, new, &w.value)?;
-                    self.stats.applied += 1;
-                    break;
-                }
-            }
+            })
+            .collect();
+        let Some(offs) = here else {
+            self.backup.insert(t, (regions, writes));
+            return Ok(());
+        };
+        for (w, off) in writes.iter().zip(offs) {
+            self.apply_backup(ctx, off, w)?;
         }
         Ok(())
     }
+
+    /// A backup copy at local offset `off` takes `w`'s value unless it
+    /// holds a later version already.
+    fn apply_backup<N: Nic>(&mut self, ctx: &Ctx<N>, off: u64, w: &Write) -> Result<(), TxError> {
+        let machine = self.follows.clone();
+        // A copy of this region under way here writes under the guard.
+        let _copy = machine.as_ref().and_then(|m| m.copy_guard(w.at.region));
+        let new = w.new_header();
+        // Other server threads of this machine apply to the same copy:
+        // the header's lock bit keeps them apart (a local CAS, atomic
+        // against theirs; nothing else touches a backup copy).
+        let l = ctx.local();
+        loop {
+            let cur = Header(l.load(off)?);
+            if cur.locked() {
+                std::hint::spin_loop();
+                continue;
+            }
+            if cur.version() >= new.version() {
+                self.stats.stale += 1;
+                return Ok(());
+            }
+            if l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
+                put_object(ctx, off, new, &w.value)?;
+                self.stats.applied += 1;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Drain and lock recovery for configuration `e` (FaRM §5.3 steps
+    /// 2–4), once it is committed here: every record in the log rings is
+    /// taken (records of `e` wait), the objects of promoted regions that
+    /// this thread's COMMIT-BACKUP records write are locked, and the
+    /// thread serves `e` from then on, first the records held back.
+    async fn recover<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        m: &Arc<Machine>,
+        e: u64,
+    ) -> Result<(), TxError> {
+        while self.sweep(ctx).await? {}
+        let promoted: std::collections::BTreeSet<u32> = m
+            .changes()
+            .iter()
+            .filter(|c| c.config > self.drained && c.config <= e)
+            .flat_map(|c| c.promoted.iter().copied())
+            .collect();
+        self.old = None;
+        let mut locks = Vec::new();
+        for (tx, (_, writes)) in &self.backup {
+            for w in writes.iter().filter(|w| promoted.contains(&w.at.region)) {
+                let len = object_bytes(w.value.len());
+                if let Some(off) = self.primary_off(w.at, len) {
+                    locks.push((w.at, off, *tx));
+                }
+            }
+        }
+        for (at, off, tx) in locks {
+            m.rlock(ctx, at, off, tx)?;
+            self.stats.recovery_locks += 1;
+        }
+        self.drained = e;
+        let cur = m.membership.current();
+        self.take_members(&cur.config);
+        m.server_recovered(ctx, e)?;
+        let held = std::mem::take(&mut self.deferred);
+        for (from, b) in held {
+            self.handle(ctx, from, &b).await?;
+        }
+        Ok(())
+    }
+
+    /// RECOVER-QUERY from coordinator `from` (step 6, pulled): what this
+    /// thread holds of the transactions of coordinators `of`, its votes
+    /// for the regions it is primary of, and how far it truncated them.
+    async fn answer_recovery<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        from: NodeId,
+        q: TxId,
+        of: &[NodeId],
+    ) -> Result<(), TxError> {
+        use crate::records::{TxState, Vote};
+        self.stats.recovery_queries += 1;
+        let me = self.machine;
+        let mine = |t: &TxId| of.contains(&t.machine);
+        let mut states: std::collections::BTreeMap<TxId, TxState> = Default::default();
+        let entry = |states: &mut std::collections::BTreeMap<TxId, TxState>, t: TxId, r: &[u32]| {
+            let st = states.entry(t).or_insert_with(|| TxState {
+                id: t,
+                regions: Vec::new(),
+                votes: Vec::new(),
+                writes: Vec::new(),
+            });
+            for x in r {
+                if !st.regions.contains(x) {
+                    st.regions.push(*x);
+                }
+            }
+        };
+        {
+            let map = self.map();
+            let primary_here = |r: u32| map.get(r).is_ok_and(|r| r.primary.machine == me);
+            for (t, (regions, writes)) in self.locked.iter().filter(|x| mine(x.0)) {
+                entry(&mut states, *t, regions);
+                let st = states.get_mut(t).expect("just added");
+                st.writes.extend(writes.iter().cloned());
+                for w in writes {
+                    st.votes.push((w.at.region, Vote::Lock));
+                }
+            }
+            for (t, (regions, here)) in self.installed.iter().filter(|x| mine(x.0)) {
+                entry(&mut states, *t, regions);
+                let st = states.get_mut(t).expect("just added");
+                for r in here {
+                    st.votes.push((*r, Vote::CommitPrimary));
+                }
+            }
+            for (t, (regions, writes)) in self.backup.iter().filter(|x| mine(x.0)) {
+                entry(&mut states, *t, regions);
+                let st = states.get_mut(t).expect("just added");
+                st.writes.extend(writes.iter().cloned());
+                for w in writes.iter().filter(|w| primary_here(w.at.region)) {
+                    st.votes.push((w.at.region, Vote::CommitBackup));
+                }
+            }
+        }
+        let upto: Vec<(u16, u64)> = of
+            .iter()
+            .filter(|&&m| m < self.geo.machines)
+            .map(|&m| (m, self.upto[m as usize]))
+            .collect();
+        let mut states: Vec<TxState> = states
+            .into_values()
+            .map(|mut st| {
+                st.votes.sort_unstable();
+                st.votes.dedup();
+                st
+            })
+            .collect();
+        // As many records as it takes, each well within the reply ring.
+        let budget = (self.geo.reply_bytes / 4) as usize;
+        loop {
+            let mut chunk = Vec::new();
+            let mut bytes = 64 + upto.len() * 10;
+            while let Some(st) = states.last() {
+                let n = 64 + st.writes.iter().map(|w| 32 + w.value.len()).sum::<usize>();
+                if !chunk.is_empty() && bytes + n > budget {
+                    break;
+                }
+                bytes += n;
+                chunk.push(states.pop().expect("looked at"));
+            }
+            let last = states.is_empty();
+            let rec = Record::RecoverState {
+                tx: q,
+                last,
+                upto: upto.clone(),
+                states: chunk,
+            };
+            self.answer(ctx, from, rec).await?;
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A recovery decision on `tx` (COMMIT-RECOVERY or ABORT-RECOVERY,
+    /// with TRUNCATE-RECOVERY): each write lands where this machine holds
+    /// a replica of it, by version; locks go; the records go.
+    fn decide<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        commit: bool,
+        writes: &[Write],
+    ) -> Result<(), TxError> {
+        let mut done: std::collections::BTreeSet<crate::records::ObjAddr> = Default::default();
+        if let Some((_, locked)) = self.locked.remove(&tx) {
+            if commit {
+                let mut alloc = self.alloc.lock().expect("no panics hold it");
+                for w in &locked {
+                    let off = self.primary_off(w.at, object_bytes(w.value.len()));
+                    let off = off.expect("LOCK checked every object is ours");
+                    put_object(ctx, off, w.new_header(), &w.value)?;
+                    if w.op == WriteOp::Free {
+                        alloc.put_back(w.at, w.value.len());
+                    }
+                    done.insert(w.at);
+                }
+            } else {
+                self.unlock(ctx, &locked)?;
+            }
+        }
+        let kept = self.backup.remove(&tx);
+        self.installed.remove(&tx);
+        let m = self.follows.clone();
+        if commit {
+            for w in writes.iter().filter(|w| !done.contains(&w.at)) {
+                let len = object_bytes(w.value.len()) as u64;
+                if let Some(off) = self.primary_off(w.at, len as usize) {
+                    self.install_recovered(ctx, m.as_deref(), off, w, tx)?;
+                } else {
+                    let at = self.map().on_backup(w.at, len, self.machine);
+                    if let Ok(Some(at)) = at {
+                        self.apply_backup(ctx, at.offset(), w)?;
+                    }
+                }
+            }
+            self.stats.recovered_commits += 1;
+        } else {
+            self.stats.recovered_aborts += 1;
+        }
+        // Recovery locks this thread took from its COMMIT-BACKUP record
+        // and the commit did not release.
+        if let (Some(m), Some((_, kept))) = (&m, kept) {
+            for w in &kept {
+                let (held, last) = m.runlock(w.at, tx);
+                if held && last {
+                    if let Some(off) = self.primary_off(w.at, 8) {
+                        unlock_header(ctx, off)?;
+                    }
+                }
+            }
+        }
+        self.alloc
+            .lock()
+            .expect("no panics hold it")
+            .settle(tx, !commit);
+        Ok(())
+    }
+
+    /// A recovered commit's write at this primary (not locked by its own
+    /// LOCK here): installed unless a later version is there; the
+    /// transaction's recovery lock released, the header unlocked when it
+    /// was the last.
+    fn install_recovered<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        m: Option<&Machine>,
+        off: u64,
+        w: &Write,
+        tx: TxId,
+    ) -> Result<(), TxError> {
+        let l = ctx.local();
+        let new = w.new_header();
+        let (held, last) = m.map_or((false, false), |m| m.runlock(w.at, tx));
+        if held {
+            let cur = Header(l.load(off)?).unlocked();
+            if new.version() > cur.version() {
+                let h = if last { new } else { new.with_lock() };
+                put_object(ctx, off, h, &w.value)?;
+            } else if last {
+                unlock_header(ctx, off)?;
+            }
+            return Ok(());
+        }
+        let cur = Header(l.load(off)?);
+        if new.version() <= cur.version() {
+            return Ok(());
+        }
+        if cur.locked() || l.cas(off, cur.0, cur.with_lock().0)? != cur.0 {
+            self.stats.recovery_conflicts += 1;
+            return Ok(());
+        }
+        put_object(ctx, off, new, &w.value)?;
+        Ok(())
+    }
+}
+
+/// Unlocks a header this machine's lock recovery holds.
+fn unlock_header<N: Nic>(ctx: &Ctx<N>, off: u64) -> Result<(), TxError> {
+    let l = ctx.local();
+    let cur = Header(l.load(off)?);
+    debug_assert!(cur.locked(), "a recovery lock was not held");
+    l.store(off, cur.unlocked().0)?;
+    Ok(())
 }
 
 /// The region a NEW-REGION record describes (the primary first).

@@ -116,7 +116,7 @@ impl Mix {
 #[derive(Clone, Debug, Default)]
 pub struct WorkOut {
     pub committed: u64,
-    pub aborted: [u64; 4],
+    pub aborted: [u64; 5],
     /// Transactions the workload itself gave up (a full list, TATP's
     /// expected failures): neither committed nor counted as aborts.
     pub given_up: u64,

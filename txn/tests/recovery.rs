@@ -25,7 +25,9 @@ use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
 use txn::{Geometry, TxError};
 
 const L: u64 = 10_000_000;
+/// When the machine fails: between the rounds, or under load.
 const CRASH_NS: u64 = 30_000_000;
+const CRASH_UNDER_LOAD_NS: u64 = 8_000_000;
 /// Enough accounts that the second round leaves many untouched: their
 /// new backups hold them only by the copy.
 const ACCOUNTS: u64 = 120;
@@ -81,7 +83,7 @@ impl<N: Nic> Client<N> for Rounds {
             if c.configuration() >= Some(2) {
                 break;
             }
-            if ctx.now_ns() > CRASH_NS + 40 * L {
+            if ctx.now_ns() > 1_000_000_000 {
                 return Err(TxError::Protocol("no new configuration".into()));
             }
             ctx.sleep(200_000)?.await;
@@ -103,11 +105,20 @@ fn bytes_on<O>(r: &Report<O>, m: u16, off: u64, n: usize) -> &[u8] {
 }
 
 fn run(seed: u64, crashed: u16) -> (Report<RoundsOut>, RegionMap) {
+    run_rounds(seed, crashed, [40, 10], CRASH_NS)
+}
+
+fn run_rounds(
+    seed: u64,
+    crashed: u16,
+    txs: [u64; 2],
+    crash_ns: u64,
+) -> (Report<RoundsOut>, RegionMap) {
     let g = geo();
     let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
     let opts = RunOptions {
         faults: vec![Fault {
-            at_ns: CRASH_NS,
+            at_ns: crash_ns,
             kind: FaultKind::CrashMachine { machine: crashed },
         }],
         leases: Some(LeaseConfig::of(L)),
@@ -123,7 +134,7 @@ fn run(seed: u64, crashed: u16) -> (Report<RoundsOut>, RegionMap) {
     let (r, _w) = run_sim_with(g, seed, SimModel::default(), &opts, |m, t| Rounds {
         g,
         seed: seed * 131 + (m * g.threads + t) as u64,
-        txs: [40, 10],
+        txs,
     })
     .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let stored = store.read().unwrap().unwrap();
@@ -148,7 +159,12 @@ fn run(seed: u64, crashed: u16) -> (Report<RoundsOut>, RegionMap) {
     (r, map)
 }
 
-fn check(seed: u64, crashed: u16, r: &Report<RoundsOut>, map: &RegionMap) {
+fn check(seed: u64, crashed: u16, r: &Report<RoundsOut>, map: &RegionMap, under_load: bool) {
+    let crash_ns = if under_load {
+        CRASH_UNDER_LOAD_NS
+    } else {
+        CRASH_NS
+    };
     let g = geo();
     // No replica on the failed machine; f + 1 on distinct machines (the
     // map checks that as regions are added).
@@ -172,12 +188,20 @@ fn check(seed: u64, crashed: u16, r: &Report<RoundsOut>, map: &RegionMap) {
             .out
             .as_ref()
             .unwrap_or_else(|e| panic!("seed {seed}: machine {} client: {e}", c.machine));
-        assert!(
-            out.first_ended_ns + 2_000_000 < CRASH_NS,
-            "seed {seed}: the first round ran until {} ns",
-            out.first_ended_ns
-        );
-        assert!(out.second_began_ns > CRASH_NS);
+        if under_load {
+            assert!(
+                out.first_ended_ns > crash_ns,
+                "seed {seed}: the first round ended at {} ns, before the crash",
+                out.first_ended_ns
+            );
+        } else {
+            assert!(
+                out.first_ended_ns + 2_000_000 < crash_ns,
+                "seed {seed}: the first round ran until {} ns",
+                out.first_ended_ns
+            );
+        }
+        assert!(out.second_began_ns > crash_ns);
         second += out.second.committed;
         for a in out.first.audits.iter().chain(&out.second.audits) {
             assert_eq!(*a, ACCOUNTS as i64 * BANK_START, "seed {seed}: an audit");
@@ -248,6 +272,32 @@ fn a_machine_fails_between_transactions_and_the_cluster_goes_on() {
     for_each_seed("a_machine_fails_between_transactions", 20, |seed| {
         let crashed = (seed % 5) as u16;
         let (r, map) = run(seed, crashed);
-        check(seed, crashed, &r, &map);
+        check(seed, crashed, &r, &map, false);
+    });
+}
+
+/// Any machine fails while every coordinator commits: the commits it
+/// cut off are recovered (decided by their primaries' votes, their locks
+/// recovered at promoted primaries), the failed coordinators' too, and
+/// the cluster goes on with the bank intact.
+#[test]
+fn a_machine_fails_under_load_and_its_transactions_are_recovered() {
+    for_each_seed("a_machine_fails_under_load", 20, |seed| {
+        let crashed = (seed % 5) as u16;
+        let (r, map) = run_rounds(seed, crashed, [300, 10], CRASH_UNDER_LOAD_NS);
+        check(seed, crashed, &r, &map, true);
+        for s in &r.servers {
+            let st = s.stats.as_ref().unwrap();
+            assert_eq!(st.stale_records, 0, "seed {seed}: {st:?}");
+            assert_eq!(st.recovery_conflicts, 0, "seed {seed}: {st:?}");
+        }
+        for m in r.machines.iter().filter(|m| m.machine != crashed) {
+            assert_eq!(m.rlocked, 0, "seed {seed}: machine {}", m.machine);
+        }
+        let c = r.coord_stats();
+        assert!(
+            c.recovered_commits > 0,
+            "seed {seed}: nothing recovered ({c:?})"
+        );
     });
 }

@@ -163,6 +163,21 @@ impl<N: Nic> Ctx<N> {
         failure_of(slot).map_or(Ok(()), Err)
     }
 
+    /// After this task's last batch completed (or failed, or settled):
+    /// the nodes (bit n for node n) its groups were posted to, and those
+    /// of them a request failed on. A WRITE to a node posted and not
+    /// failed surely landed; one to a node not posted never left (a post
+    /// stops at the first refusal). None when the batch reached a node
+    /// numbered 64 or more (not tracked) or is still in flight. Ask
+    /// before the next batch.
+    pub fn last_batch_nodes(&self) -> Option<(u64, u64)> {
+        let slot = self.s();
+        if slot.wide.get() || slot.pending.get() > 0 {
+            return None;
+        }
+        Some((slot.posted_nodes.get(), slot.failed_nodes.get()))
+    }
+
     /// Gives the other tasks on this core a turn.
     pub fn yield_now(&self) -> YieldNow {
         YieldNow { yielded: false }
@@ -526,6 +541,9 @@ impl<'a, N: Nic> Batch<'a, N> {
         let seq = slot.seq.get().wrapping_add(1);
         slot.seq.set(seq);
         slot.failure.set(None);
+        slot.posted_nodes.set(0);
+        slot.failed_nodes.set(0);
+        slot.wide.set(false);
         let (groups, post_err) = slot.post_groups(len, seq, |node, wrs| {
             // SAFETY: each local SGE is a Buf held in the slot's storage
             // until every group of the batch completed (if this future is

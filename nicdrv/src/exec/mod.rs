@@ -146,6 +146,12 @@ pub(crate) struct Slot {
     pub(crate) pending: Cell<u32>,
     /// First failure of the current batch: (request index, status, node).
     pub(crate) failure: Cell<Option<(u8, crate::verbs::WcStatus, NodeId)>>,
+    /// Nodes (bit n for node n < 64) the current batch's groups were
+    /// posted to, and those of them a request failed on; whether it
+    /// reached a node numbered 64 or more.
+    pub(crate) posted_nodes: Cell<u64>,
+    pub(crate) failed_nodes: Cell<u64>,
+    pub(crate) wide: Cell<bool>,
     /// The 8-byte words atomics of the current batch return into.
     pub(crate) atomics: *mut u64,
     pub(crate) counters: Cell<VerbCounters>,
@@ -208,9 +214,16 @@ impl<N: Nic> Core<N> {
         if !wc.status.is_ok() {
             self.qp_errors.set(true);
             slot.bump(|c| c.errors += 1);
-            if current && slot.failure.get().is_none() {
+            if current {
                 let node = self.node_of_qp(wc.qp_num);
-                slot.failure.set(Some((op, wc.status, node)));
+                if slot.failure.get().is_none() {
+                    slot.failure.set(Some((op, wc.status, node)));
+                }
+                if node < 64 {
+                    slot.failed_nodes.set(slot.failed_nodes.get() | 1 << node);
+                } else {
+                    slot.wide.set(true);
+                }
             }
         }
         if last {
@@ -341,6 +354,9 @@ impl<N: Nic> Executor<N> {
                         seq: Cell::new(0),
                         pending: Cell::new(0),
                         failure: Cell::new(None),
+                        posted_nodes: Cell::new(0),
+                        failed_nodes: Cell::new(0),
+                        wide: Cell::new(false),
                         atomics,
                         counters: Cell::new(VerbCounters::default()),
                         busy: Cell::new(false),

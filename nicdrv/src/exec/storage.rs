@@ -117,6 +117,11 @@ impl Slot {
             g[last].signaled = true;
             g[last].wr_id |= LAST_BIT;
             post(node, g)?;
+            if node < 64 {
+                self.posted_nodes.set(self.posted_nodes.get() | 1 << node);
+            } else {
+                self.wide.set(true);
+            }
             self.arena.posted_group();
             self.bump(|c: &mut VerbCounters| {
                 c.doorbells += 1;
