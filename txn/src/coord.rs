@@ -300,6 +300,9 @@ pub struct Coordinator {
     /// Recovery's decisions on this coordinator's own transactions cut
     /// off by a failure (commit or not), until their commit call asks.
     decided: HashMap<TxId, bool>,
+    /// The transaction whose commit was cut off, until recovery decides
+    /// it (whatever regions it wrote).
+    cut_off: Option<TxId>,
 }
 
 /// How long a coordinator waits for a configuration its machine applied
@@ -357,6 +360,7 @@ impl Coordinator {
             members: vec![true; geo.machines as usize],
             unsettled_fence: None,
             decided: HashMap::new(),
+            cut_off: None,
         })
     }
 
@@ -515,6 +519,7 @@ impl Coordinator {
         }
         for (t, (regions, votes, writes)) in txs {
             let touched = failed.contains(&t.machine)
+                || self.cut_off == Some(t)
                 || regions.iter().any(|r| changed.contains(r))
                 || writes.keys().any(|a| changed.contains(&a.region));
             if !touched {
@@ -629,7 +634,10 @@ impl Coordinator {
         }
         self.unsettled.clear();
         self.unsettled_fence = None;
-        self.gate(ctx).await?;
+        self.cut_off = Some(tx.id);
+        let r = self.gate(ctx).await;
+        self.cut_off = None;
+        r?;
         match self.decided.remove(&tx.id) {
             Some(true) => Ok(()),
             _ => Err(TxError::Aborted(Abort::Failure)),
