@@ -79,20 +79,22 @@ struct NodeArgs {
     no_pin: bool,
     /// Compute role: what to run: verbs, tree, hash, txn (every node a
     /// machine with both roles, running a replicated bank of FaRM
-    /// transactions), or leases (every node a machine, FaRM's failure
-    /// detection and reconfiguration alone, the configuration in etcd:
-    /// --etcd, --lease-ms, --seconds); every compute node of a cluster
-    /// must get the same
+    /// transactions; with --etcd for --seconds, with FaRM's failure
+    /// handling: kill a machine and the others go on), or leases (every
+    /// node a machine, FaRM's failure detection and reconfiguration
+    /// alone, the configuration in etcd: --etcd, --lease-ms, --seconds);
+    /// every compute node of a cluster must get the same
     #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
     workload: Workload,
-    /// --workload txn: transactions each core coordinates
+    /// --workload txn: transactions each core coordinates (without --etcd)
     #[arg(long, value_name = "N", default_value_t = 2000)]
     txs: u64,
-    /// --workload leases: the etcd endpoint (http://HOST:PORT) that holds
-    /// the cluster's configuration
+    /// --workload leases, or txn with failure handling: the etcd endpoint
+    /// (http://HOST:PORT) that holds the cluster's configuration
     #[arg(long, value_name = "URL")]
     etcd: Option<String>,
-    /// --workload leases: the lease in milliseconds (renewed every fifth)
+    /// --workload leases or txn --etcd: the lease in milliseconds (renewed
+    /// every fifth)
     #[arg(long, value_name = "MS", default_value_t = 10.0)]
     lease_ms: f64,
     /// Compute role: records loaded into the index; every compute node of

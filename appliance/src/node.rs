@@ -171,7 +171,8 @@ pub struct NodeOptions {
     pub histogram: Option<PathBuf>,
     /// `--workload txn`: transactions each core coordinates.
     pub txs: u64,
-    /// `--workload leases`: the etcd endpoint holding the configuration.
+    /// `--workload leases` (or `txn` with failure handling): the etcd
+    /// endpoint holding the configuration.
     pub etcd: Option<String>,
     /// `--workload leases`: the lease, in milliseconds.
     pub lease_ms: f64,
@@ -342,6 +343,9 @@ pub fn workload_agreement(o: &NodeOptions, node: &NodeConfig) -> Option<String> 
 /// The flags that say what a compute node runs: the workload and, for an
 /// index, the records loaded.
 fn workload_flags(o: &NodeOptions) -> String {
+    if o.workload == Workload::Txn && o.etcd.is_some() {
+        return format!("--workload txn --etcd --lease-ms {}", o.lease_ms);
+    }
     if o.workload == Workload::Txn {
         return format!("--workload txn --txs {}", o.txs);
     }

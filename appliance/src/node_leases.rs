@@ -6,8 +6,7 @@
 //! next configuration in etcd by compare-and-swap and installs it on
 //! every machine. Each node prints one JSON line: the configuration it
 //! ended in, its suspicions and its reconfiguration events with their
-//! wall-clock times. Recovering transactions is not built yet, so no
-//! workload runs beside it.
+//! wall-clock times. `--workload txn --etcd` runs the bank beside it.
 
 use crate::node::{
     attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
@@ -23,18 +22,49 @@ use txn::config::establish;
 use txn::harness::{first_stored, run_machine_leases};
 use txn::lease::LeaseConfig;
 
-pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
-    let usage = |s: String| NodeError::Usage(format!("--workload leases: {s}"));
-    let geo = crate::node_txn::geometry(o, cfg)?;
+/// The failure-handling flags of `--workload NAME`: the etcd store at
+/// `--etcd`, the lease, the run's seconds.
+pub(crate) fn store_flags(
+    o: &NodeOptions,
+    name: &str,
+) -> Result<(EtcdStore, LeaseConfig, f64), NodeError> {
+    let usage = |s: String| NodeError::Usage(format!("--workload {name}: {s}"));
     let url = o
         .etcd
         .as_deref()
         .ok_or_else(|| usage("needs --etcd http://HOST:PORT (the configuration store)".into()))?;
     let ms = o.lease_ms;
     let timing = LeaseConfig::from_ms(ms).map_err(|e| usage(format!("--lease-ms {ms}: {e}")))?;
-    let seconds = o.seconds.unwrap_or(5.0);
     let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
         .map_err(|e| usage(e.to_string()))?;
+    Ok((store, timing, o.seconds.unwrap_or(5.0)))
+}
+
+/// Configuration 1 of `geo` in `store` (every machine stores it, one of
+/// them first), or why the store holds another run's.
+pub(crate) fn first_configuration(
+    store: &EtcdStore,
+    geo: txn::Geometry,
+    url: &str,
+    name: &str,
+) -> Result<txn::config::Stored, NodeError> {
+    let first = first_stored(geo).config;
+    let current = establish(store, &first).map_err(failed)?;
+    if current.config != first {
+        return Err(NodeError::Usage(format!(
+            "--workload {name}: etcd at {url} holds configuration {} (CM {}, {} machines) of another run under {DEFAULT_KEY}: delete the key to start a new cluster",
+            current.config.id,
+            current.config.cm,
+            current.config.machines.len()
+        )));
+    }
+    Ok(current)
+}
+
+pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+    let geo = crate::node_txn::geometry(o, cfg)?;
+    let (store, timing, seconds) = store_flags(o, "leases")?;
+    let (url, ms) = (o.etcd.as_deref().unwrap_or_default(), o.lease_ms);
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
     let me = format!("loch node {}", o.id);
@@ -47,17 +77,7 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     machines.sort_by_key(|x| x.id);
     let eps = attach_all(cfg, &machines, own.as_ref(), &_boot.directory)?;
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    // Configuration 1: every machine stores it, one of them first.
-    let first = first_stored(geo).config;
-    let current = establish(&store, &first).map_err(failed)?;
-    if current.config != first {
-        return Err(usage(format!(
-            "etcd at {url} holds configuration {} (CM {}, {} machines) of another run under {DEFAULT_KEY}: delete the key to start a new cluster",
-            current.config.id,
-            current.config.cm,
-            current.config.machines.len()
-        )));
-    }
+    let current = first_configuration(&store, geo, url, "leases")?;
     rv.barrier("leases-configured").map_err(failed)?;
     say(format_args!(
         "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s",

@@ -30,7 +30,12 @@ const MIX: Mix = Mix::Bank { accounts: ACCOUNTS };
 /// run it: every node a machine (memory and compute), ids 0..n, the same
 /// number of cores each, memory enough for the layout, emu.
 pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeError> {
-    let usage = |s: String| Err(NodeError::Usage(format!("--workload txn: {s}")));
+    let name = if matches!(o.workload, crate::node::Workload::Leases) {
+        "leases"
+    } else {
+        "txn"
+    };
+    let usage = |s: String| Err(NodeError::Usage(format!("--workload {name}: {s}")));
     if !matches!(cfg.backend, Backend::Emu) {
         return usage("transactions across processes run on the emu backend only so far".into());
     }
@@ -65,7 +70,7 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
     if threads == 0 || threads > 64 {
         return usage("1 ..= 64 cores a machine".into());
     }
-    if o.txs == 0 {
+    if o.txs == 0 && o.etcd.is_none() {
         return usage("--txs must be at least 1".into());
     }
     let replicas = n.min(3);
@@ -75,7 +80,8 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
         threads: threads as u16,
         f: replicas - 1,
         regions_per_machine: 1,
-        spare_regions_per_machine: 0,
+        // With failure handling, room for the new backups a failure needs.
+        spare_regions_per_machine: u32::from(o.etcd.is_some()),
         region_bytes: region,
         static_bytes: region,
         block_bytes: txn::alloc::BLOCK_BYTES,
@@ -103,6 +109,9 @@ struct BankState {
 
 pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
     let geo = geometry(o, cfg)?;
+    if o.etcd.is_some() {
+        return run_recovering(o, cfg, node, geo);
+    }
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
     let me = format!("loch node {}", o.id);
@@ -207,6 +216,143 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
             ),
             (None, _) => String::new(),
         }
+    ));
+    cmdline::outln!("{line}");
+    drop(own);
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// `--workload txn --etcd URL`: the bank for `--seconds` with FaRM's
+/// failure handling — leases, reconfiguration through etcd, transaction
+/// state recovery, re-replication. Kill a machine (SIGKILL) meanwhile and
+/// the others go on without it. No barrier follows the run (a machine may
+/// be gone): each machine checks what it can alone — every audit it
+/// committed saw the bank's total — and prints one JSON line with its
+/// configuration, its recovery and its commits in 10 ms wall-clock
+/// buckets.
+fn run_recovering(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    geo: Geometry,
+) -> Result<u8, NodeError> {
+    let (store, timing, seconds) = crate::node_leases::store_flags(o, "txn")?;
+    let (url, ms) = (o.etcd.as_deref().unwrap_or_default(), o.lease_ms);
+    preflight_passes(cfg, o.id)?;
+    cmdline::signals::install();
+    let me = format!("loch node {}", o.id);
+    let (own, regions) = memory_role(o, cfg, node, &me)?;
+    let agreement = Some(format!(
+        "--workload txn --lease-ms {ms} --seconds {seconds} --etcd {url}"
+    ));
+    let (boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
+    machines.sort_by_key(|x| x.id);
+    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
+    let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    crate::node_leases::first_configuration(&store, geo, url, "txn")?;
+    rv.barrier("txn-configured").map_err(failed)?;
+    say(format_args!(
+        "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {ms} ms leases, configuration in etcd at {url}, for {seconds} s",
+        geo.machines,
+        geo.threads,
+        geo.f + 1,
+    ));
+    let m = o.id as u16;
+    let seed = o.seed;
+    let opts = txn::harness::RunOptions {
+        leases: Some(timing),
+        recovery: Some(std::sync::Arc::new(store)),
+        ..Default::default()
+    };
+    let start_ns = nicdrv::clock::now_ns();
+    let unix0 = nicdrv::clock::unix_ns();
+    let until_ns = start_ns + (seconds * 1e9) as u64;
+    let report = run_machine(geo, m, &opts, cluster.machine_executors(), |mc, t| {
+        txn::workload::Timed {
+            work: WorkClient {
+                geo,
+                mix: MIX,
+                seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
+                txs: 0,
+                process: (mc * geo.threads + t) as u64,
+            },
+            until_ns,
+            batch: 32,
+        }
+    })
+    .map_err(failed)?;
+    let mut out = WorkOut::default();
+    let mut errors = Vec::new();
+    for c in &report.clients {
+        match &c.out {
+            Ok(o) => out.merge(o),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if let Some(e) = report.servers.iter().find_map(|s| s.stats.as_ref().err()) {
+        errors.push(e.to_string());
+    }
+    let total = ACCOUNTS as i64 * BANK_START;
+    let bad_audits = out.audits.iter().filter(|&&a| a != total).count();
+    let mr = report.machines.first();
+    let rel = |at: u64| at.saturating_sub(start_ns) as f64 / 1e6;
+    const BUCKET_NS: u64 = 10_000_000;
+    let mut buckets = vec![0u64; ((seconds * 1e9) as u64 / BUCKET_NS + 1) as usize];
+    for &t in &out.commits_ns {
+        if let Some(b) = buckets.get_mut((t.saturating_sub(start_ns) / BUCKET_NS) as usize) {
+            *b += 1;
+        }
+    }
+    let events: Vec<serde_json::Value> = match mr.and_then(|m| m.events.as_ref()) {
+        Some(Ok(ev)) => ev
+            .iter()
+            .map(
+                |e| json!({"event": e.name(), "at_ms": rel(e.at_ns()), "detail": format!("{e:?}")}),
+            )
+            .collect(),
+        Some(Err(e)) => {
+            errors.push(e.to_string());
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    let cs = report.coord_stats();
+    let removed = mr.is_some_and(|m| m.removed);
+    let ok = errors.is_empty() && bad_audits == 0 && out.committed > 0 && !removed;
+    let line = json!({
+        "workload": "txn",
+        "machine": o.id,
+        "machines": geo.machines,
+        "cores": geo.threads,
+        "replicas": geo.f + 1,
+        "lease_ns": timing.lease_ns,
+        "committed": out.committed,
+        "aborted": out.aborted.iter().sum::<u64>(),
+        "aborted_failure": out.aborted[txn::Abort::Failure.index()],
+        "audits": out.audits.len(),
+        "bad_audits": bad_audits,
+        "config": mr.map(|m| m.config),
+        "removed": removed,
+        "members": mr.map(|m| m.map.iter().map(|r| r.primary.machine).collect::<std::collections::BTreeSet<_>>()),
+        "recovered": {"committed": cs.recovered_commits, "aborted": cs.recovered_aborts},
+        "suspicions": report.suspicions.iter().map(|s| json!({"machine": s.machine, "config": s.config, "at_ms": rel(s.at_ns)})).collect::<Vec<_>>(),
+        "events": events,
+        "active_ms": mr.and_then(|m| m.recovered_at.iter().find(|x| x.0 > 1).map(|x| rel(x.1))),
+        "copied_ms": mr.and_then(|m| m.work.iter().filter_map(|w| match w {
+            txn::recovery::Work::Copied { at_ns, .. } => Some(rel(*at_ns)),
+            _ => None,
+        }).reduce(f64::max)),
+        "timeline": {"unix_ms": unix0 as f64 / 1e6, "bucket_ms": 10, "committed": buckets},
+        "errors": errors,
+        "ok": ok,
+    });
+    say(format_args!(
+        "{me}: {} committed, {} audits ({bad_audits} saw another total), configuration {}{}",
+        out.committed,
+        out.audits.len(),
+        mr.map_or(0, |m| m.config),
+        if ok { ": ok" } else { ": FAILED" }
     ));
     cmdline::outln!("{line}");
     drop(own);

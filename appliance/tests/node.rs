@@ -1051,3 +1051,100 @@ fn machines_in_processes_reconfigure_through_etcd_when_one_is_killed() {
         assert_eq!(stored, 1);
     }
 }
+
+/// `loch node --workload txn --etcd`: four machine processes run the bank
+/// with FaRM's failure handling; SIGKILL one under load (a machine, then in
+/// a second cluster the CM) and the others reconfigure through etcd,
+/// recover the transactions it cut off and go on committing: every audit
+/// each survivor committed saw the bank's total.
+#[test]
+fn machines_in_processes_recover_transactions_when_one_is_killed() {
+    use bootstrap::etcd::{etcd_binary, LocalEtcd};
+    if etcd_binary().is_none() {
+        assert!(
+            std::env::var_os("LOCH_REQUIRE_ETCD").is_none(),
+            "LOCH_REQUIRE_ETCD is set and no etcd binary was found"
+        );
+        eprintln!("skipped: no etcd binary");
+        return;
+    }
+    for victim in [3u32, 0] {
+        let etcd = LocalEtcd::start(Duration::from_secs(20)).expect("etcd starts");
+        let dir = PrivateDir::new(&format!("recover{victim}")).unwrap();
+        let file = machines(&dir, 4);
+        // Long leases: four processes of four spinning threads each share
+        // two CPUs here.
+        let flags = [
+            "--workload",
+            "txn",
+            "--etcd",
+            etcd.endpoint(),
+            "--lease-ms",
+            "300",
+            "--seconds",
+            "6",
+        ];
+        let mut r = Reaper((0..4).map(|i| spawn_node(&file, i, &flags)).collect());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let logs: Vec<_> = (0..4)
+            .map(|i| collect(&mut r.0[i], "machine role: a bank", tx.clone()))
+            .collect();
+        let outs: Vec<_> = (0..4).map(|i| read_all(&mut r.0[i])).collect();
+        for _ in 0..4 {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("every machine starts");
+        }
+        std::thread::sleep(Duration::from_millis(2000));
+        let killed_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            * 1e3;
+        r.0[victim as usize].kill().unwrap();
+        let by = Instant::now() + Duration::from_secs(90);
+        let status: Vec<_> = (0..4)
+            .map(|i| wait_until(&mut r.0[i], by).expect("a machine hung"))
+            .collect();
+        let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+        let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
+        let in_etcd = etcd.store(bootstrap::etcd::DEFAULT_KEY).unwrap();
+        let c = txn::config::ConfigStore::read(&in_etcd)
+            .unwrap()
+            .unwrap()
+            .config;
+        assert_eq!(c.id, 2, "{c:?}");
+        assert!(!c.contains(victim as u16), "{c:?}");
+        let mut after = 0;
+        for id in (0..4).filter(|&m| m != victim as usize) {
+            let json: serde_json::Value =
+                serde_json::from_str(outs[id].lines().last().unwrap_or("")).unwrap_or_else(|e| {
+                    panic!(
+                        "machine {id}: no result line ({e}): {}\n{}",
+                        outs[id], logs[id]
+                    )
+                });
+            assert!(
+                status[id].success(),
+                "machine {id}: {}\n{json}\n{}",
+                status[id],
+                logs[id]
+            );
+            assert_eq!(json["ok"], true, "{json}");
+            assert_eq!(json["config"], 2, "machine {id}: {json}");
+            assert_eq!(json["bad_audits"], 0, "{json}");
+            assert!(json["audits"].as_u64().unwrap() > 0, "{json}");
+            let t = &json["timeline"];
+            let start = t["unix_ms"].as_f64().unwrap();
+            let buckets = t["committed"].as_array().unwrap();
+            // Commits after the kill (and a second for the failure to be
+            // seen): the cluster went on.
+            let from = ((killed_unix_ms - start) / 10.0) as usize + 100;
+            after += buckets
+                .iter()
+                .skip(from)
+                .map(|b| b.as_u64().unwrap())
+                .sum::<u64>();
+        }
+        assert!(after > 0, "nothing committed a second after the kill");
+    }
+}

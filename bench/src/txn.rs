@@ -15,6 +15,8 @@ use txn::lease::LeaseConfig;
 use txn::workload::{merged_history, Mix, WorkClient, WorkOut};
 use txn::{Abort, Geometry};
 
+mod fault;
+
 #[derive(clap::ValueEnum, Copy, Clone, Debug, PartialEq, Eq)]
 pub enum TxnWorkload {
     /// TATP's seven transactions in their standard mix
@@ -82,17 +84,26 @@ pub struct TxnArgs {
     #[arg(long, value_name = "MS")]
     lease_ms: Option<f64>,
     /// A simulator fault (repeatable; see `loch-bench run --help` for the
-    /// syntax, e.g. machine-crash@20ms:3 or partition@20ms:0+1): the run
-    /// is then FaRM's failure detection and reconfiguration alone — leases
-    /// and reconfiguration tasks on every machine, no workload (recovering
-    /// transactions is not built yet) — over --seeds seeds, reporting the
-    /// time from the first fault to the first suspicion, to the new
-    /// configuration stored by compare-and-swap, and to NEW-CONFIG-COMMIT
+    /// syntax, e.g. machine-crash@20ms:3 or partition@20ms:0+1): the
+    /// workload runs with FaRM's whole failure handling (leases,
+    /// reconfiguration, transaction-state recovery, re-replication) over
+    /// --seeds seeds, reporting throughput in 1 ms buckets around the
+    /// first fault and the time from it to the first suspicion, to the new
+    /// configuration stored and committed, to every region active, to 80%
+    /// of the throughput before, and to every new backup copied (the
+    /// first fault at 20 ms or later)
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
     /// With --fault: runs (seeds from --seed on)
     #[arg(long, default_value_t = 40)]
     seeds: u64,
+    /// With --fault: failure detection and reconfiguration alone, no
+    /// workload (many seeds quickly)
+    #[arg(long)]
+    detection_only: bool,
+    /// With --fault: the first run's throughput timeline as an SVG chart
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
     /// One JSON document on stdout
     #[arg(long)]
     json: bool,
@@ -443,6 +454,12 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
     let ms = a.lease_ms.unwrap_or(10.0);
     let timing = lease_of(ms)?;
+    if let Some(p) = &a.plot {
+        check_file_target("--plot", p).map_err(ArgError)?;
+    }
+    if !a.detection_only {
+        return fault::run(a, faults, timing);
+    }
     let geo = Geometry {
         machines,
         threads: 1,

@@ -564,9 +564,11 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
     }
 }
 
-/// `txn --lease-ms` reports the leases of a run under load; `txn --fault`
-/// the detection and reconfiguration times over seeds, each run's new
-/// configuration without the crashed machine.
+/// `txn --lease-ms` reports the leases of a run under load; `txn --fault
+/// --detection-only` the detection and reconfiguration times over seeds,
+/// each run's new configuration without the crashed machine; `txn
+/// --fault` under a workload the recovery's times and the throughput
+/// timeline (and its chart).
 #[test]
 fn txn_reports_leases_and_fault_timelines() {
     let json = |args: &[&str]| -> serde_json::Value {
@@ -600,6 +602,7 @@ fn txn_reports_leases_and_fault_timelines() {
         "machine-crash@20ms:0",
         "--seeds",
         "5",
+        "--detection-only",
         "--json",
     ]);
     assert_eq!(f["bench"], "txn-fault");
@@ -618,4 +621,36 @@ fn txn_reports_leases_and_fault_timelines() {
         assert!(s > 0.0 && s <= st && st <= cm && cm < 30.0, "{r}");
     }
     assert_eq!(f["summary"]["NEW-CONFIG-COMMIT"]["runs"].as_u64(), Some(5));
+    // Under a workload: the bank holds (or the run fails), throughput
+    // comes back, and the timeline covers the window.
+    let plot = std::env::temp_dir().join(format!("loch-fault-plot-{}.svg", std::process::id()));
+    let g = json(&[
+        "txn",
+        "--machines",
+        "5",
+        "--workload",
+        "bank",
+        "--keys",
+        "40",
+        "--fault",
+        "machine-crash@20ms:2",
+        "--seeds",
+        "2",
+        "--plot",
+        plot.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(g["workload"], "bank");
+    for r in g["runs"].as_array().unwrap() {
+        let t = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+        assert!(t("suspected_ms") <= t("committed_ms"), "{r}");
+        assert!(t("committed_ms") <= t("active_ms"), "{r}");
+        assert!(t("active_ms") < t("rereplicated_ms"), "{r}");
+        assert!(t("to_80_ms") < 60.0, "{r}");
+        assert!(r["committed_per_ms_before"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["timeline"]["committed"].as_array().unwrap().len(), 70);
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+    let _ = std::fs::remove_file(&plot);
 }

@@ -70,6 +70,8 @@ pub struct MachineReport {
     /// Objects still held by lock recovery at the end (none once every
     /// recovering transaction is decided).
     pub rlocked: usize,
+    /// When it had drained and recovered its locks, per configuration.
+    pub recovered_at: Vec<(u64, u64)>,
 }
 
 /// What one lease task did.
@@ -478,6 +480,7 @@ fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
                 removed: m.membership.is_removed(),
                 map: m.map.read().expect("no panics hold the map").clone(),
                 rlocked: m.rlocked(),
+                recovered_at: m.recovered_at(),
             }
         })
         .collect();

@@ -1,7 +1,8 @@
 //! A machine's side of a configuration change (FaRM §5.2 step 4 applied,
-//! §5.4, §5.5): the region map it moves to, the allocator recovery of the
-//! regions it became primary of, and the re-replication of the regions it
-//! became a new backup of.
+//! §5.3–§5.5): the region map it moves to, the fence of its coordinators'
+//! batches, lock recovery's locks, the allocator recovery of the regions
+//! it became primary of, and the re-replication of the regions it became
+//! a new backup of.
 //!
 //! The reconfiguration task calls [`Machine::apply`] as it installs a
 //! configuration, before its NEW-CONFIG-ACK (or, as the CM, before its
@@ -26,10 +27,11 @@
 //! truncations of the region being copied and the copy's writes exclude
 //! each other ([`Machine::copy_guard`]).
 //!
-//! Not built yet: transaction-state recovery (§5.3). The change is sound
-//! when no commit spans it (every transaction committed before the
-//! failure was truncated); a commit in flight across a failure ends its
-//! coordinator's run with an error.
+//! Transaction-state recovery (§5.3) spans this module (the fence, the
+//! lock-recovery locks and words, FaRM's decision rule [`decide`]), the
+//! servers (drain, lock recovery, votes, decisions applied) and the
+//! coordinators (the recovery round); `docs/architecture.md` walks
+//! through it.
 
 use crate::alloc::{recover_region, Pace, SharedAllocator};
 use crate::config::Stored;
@@ -154,8 +156,8 @@ pub struct Machine {
     /// recovering transactions that hold them.
     rlocks: Mutex<HashMap<ObjAddr, Vec<TxId>>>,
     /// Per configuration, server threads done with drain and lock
-    /// recovery.
-    recovered: Mutex<BTreeMap<u64, u16>>,
+    /// recovery, and when the last was (executor time).
+    recovered: Mutex<BTreeMap<u64, (u16, Option<u64>)>>,
 }
 
 /// A batch of records posted in configuration `config` (see
@@ -344,6 +346,13 @@ impl Machine {
         (true, last)
     }
 
+    /// When every server thread had drained and recovered its locks, per
+    /// configuration (its regions were active from then on).
+    pub fn recovered_at(&self) -> Vec<(u64, u64)> {
+        let r = self.recovered.lock().expect("no panics hold it");
+        r.iter().filter_map(|(c, n)| Some((*c, n.1?))).collect()
+    }
+
     /// Objects still held by lock recovery.
     pub fn rlocked(&self) -> usize {
         self.rlocks.lock().expect("no panics hold it").len()
@@ -356,8 +365,9 @@ impl Machine {
     pub fn server_recovered<N: Nic>(&self, ctx: &Ctx<N>, config: u64) -> Result<(), TxError> {
         let mut r = self.recovered.lock().expect("no panics hold it");
         let n = r.entry(config).or_default();
-        *n += 1;
-        if *n == self.geo.threads {
+        n.0 += 1;
+        if n.0 == self.geo.threads {
+            n.1 = Some(ctx.now_ns());
             let off = recovered_word(&self.geo, self.me());
             let l = ctx.local();
             if l.load(off)? < config {

@@ -480,16 +480,11 @@ impl Server {
             }
             Record::CommitPrimary { tx } => match self.locked.remove(&tx) {
                 Some((regions, writes)) => {
-                    let mut alloc = self.alloc.lock().expect("no panics hold it");
-                    for w in &writes {
-                        let off = self.primary_off(w.at, object_bytes(w.value.len()));
-                        let off = off.expect("LOCK checked every object is ours");
-                        put_object(ctx, off, w.new_header(), &w.value)?;
-                        if w.op == WriteOp::Free {
-                            alloc.put_back(w.at, w.value.len());
-                        }
-                    }
-                    alloc.settle(tx, false);
+                    self.install(ctx, &writes)?;
+                    self.alloc
+                        .lock()
+                        .expect("no panics hold it")
+                        .settle(tx, false);
                     self.stats.installs += 1;
                     let mut here: Vec<u32> = writes.iter().map(|w| w.at.region).collect();
                     here.sort_unstable();
@@ -661,6 +656,22 @@ impl Server {
             }
         }
         Ok(true)
+    }
+
+    /// COMMIT-PRIMARY's install of the objects a LOCK locked here: each
+    /// written, its header unlocking at the next version; freed slots go
+    /// back to the allocator.
+    fn install<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {
+        let mut alloc = self.alloc.lock().expect("no panics hold it");
+        for w in writes {
+            let off = self.primary_off(w.at, object_bytes(w.value.len()));
+            let off = off.expect("LOCK checked every object is ours");
+            put_object(ctx, off, w.new_header(), &w.value)?;
+            if w.op == WriteOp::Free {
+                alloc.put_back(w.at, w.value.len());
+            }
+        }
+        Ok(())
     }
 
     fn unlock<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {
@@ -960,16 +971,8 @@ impl Server {
         let mut done: std::collections::BTreeSet<crate::records::ObjAddr> = Default::default();
         if let Some((_, locked)) = self.locked.remove(&tx) {
             if commit {
-                let mut alloc = self.alloc.lock().expect("no panics hold it");
-                for w in &locked {
-                    let off = self.primary_off(w.at, object_bytes(w.value.len()));
-                    let off = off.expect("LOCK checked every object is ours");
-                    put_object(ctx, off, w.new_header(), &w.value)?;
-                    if w.op == WriteOp::Free {
-                        alloc.put_back(w.at, w.value.len());
-                    }
-                    done.insert(w.at);
-                }
+                self.install(ctx, &locked)?;
+                done.extend(locked.iter().map(|w| w.at));
             } else {
                 self.unlock(ctx, &locked)?;
             }

@@ -122,6 +122,9 @@ pub struct WorkOut {
     pub given_up: u64,
     /// Begin-to-commit time of every committed transaction.
     pub latencies_ns: Vec<u64>,
+    /// When each committed (the executor clock: virtual on sim), in
+    /// commit order.
+    pub commits_ns: Vec<u64>,
     /// Committed and aborted, by transaction type.
     pub by_type: BTreeMap<&'static str, (u64, u64)>,
     /// The client's history (Append only): (kind, time, mops).
@@ -131,6 +134,7 @@ pub struct WorkOut {
 }
 
 /// One coordinator thread's workload: `txs` transactions of `mix`.
+#[derive(Copy, Clone, Debug)]
 pub struct WorkClient {
     pub geo: Geometry,
     pub mix: Mix,
@@ -180,7 +184,9 @@ impl<N: Nic> Client<N> for WorkClient {
                 Ok(Outcome::Committed) => {
                     out.committed += 1;
                     e.0 += 1;
-                    out.latencies_ns.push(ctx.now_ns() - start);
+                    let now = ctx.now_ns();
+                    out.latencies_ns.push(now - start);
+                    out.commits_ns.push(now);
                 }
                 Ok(Outcome::Aborted(a)) | Err(TxError::Aborted(a)) => {
                     out.aborted[a.index()] += 1;
@@ -189,6 +195,34 @@ impl<N: Nic> Client<N> for WorkClient {
                 Err(TxError::Usage(why)) if why == GIVE_UP => out.given_up += 1,
                 Err(e) => return Err(e),
             }
+        }
+        Ok(out)
+    }
+}
+
+/// A coordinator thread's workload until a time of its executor clock:
+/// `work`'s transactions in batches of `batch`, each batch's seed drawn
+/// from `work.seed`, until `until_ns` (a run through a failure, timed
+/// rather than counted).
+pub struct Timed {
+    pub work: WorkClient,
+    pub until_ns: u64,
+    pub batch: u64,
+}
+
+impl<N: Nic> Client<N> for Timed {
+    type Out = WorkOut;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<WorkOut, TxError> {
+        let mut out = WorkOut::default();
+        let mut k = 0u64;
+        while ctx.now_ns() < self.until_ns {
+            let w = WorkClient {
+                seed: self.work.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                txs: self.batch.max(1),
+                ..self.work
+            };
+            out.merge(&Client::<N>::run(w, ctx, c).await?);
+            k += 1;
         }
         Ok(out)
     }
@@ -552,6 +586,7 @@ impl WorkOut {
         }
         self.given_up += o.given_up;
         self.latencies_ns.extend_from_slice(&o.latencies_ns);
+        self.commits_ns.extend_from_slice(&o.commits_ns);
         for (k, v) in &o.by_type {
             let e = self.by_type.entry(k).or_default();
             e.0 += v.0;
