@@ -260,14 +260,17 @@ fn run_recovering(
     ));
     let m = o.id as u16;
     let seed = o.seed;
-    let opts = txn::harness::RunOptions {
-        leases: Some(timing),
-        recovery: Some(std::sync::Arc::new(store)),
-        ..Default::default()
-    };
     let start_ns = nicdrv::clock::now_ns();
     let unix0 = nicdrv::clock::unix_ns();
     let until_ns = start_ns + (seconds * 1e9) as u64;
+    let opts = txn::harness::RunOptions {
+        leases: Some(timing),
+        recovery: Some(std::sync::Arc::new(store)),
+        // A machine whose peers failed for good (a failure the cluster
+        // cannot take) ends rather than waits for their DONE.
+        serve_until_ns: Some(until_ns + 10_000_000_000),
+        ..Default::default()
+    };
     let report = run_machine(geo, m, &opts, cluster.machine_executors(), |mc, t| {
         txn::workload::Timed {
             work: WorkClient {

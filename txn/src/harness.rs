@@ -162,6 +162,10 @@ pub struct RunOptions {
     /// ([`crate::recovery`]). The store gets configuration 1 unless it
     /// holds one.
     pub recovery: Option<Arc<dyn crate::config::ConfigStore>>,
+    /// Servers stop at this time of their executor clock whatever else
+    /// (a run across processes whose clients may have failed, sending no
+    /// DONE).
+    pub serve_until_ns: Option<u64>,
     /// How fast recovery's background work goes.
     pub copy_pace: crate::recovery::CopyPace,
     pub alloc_pace: crate::alloc::Pace,
@@ -363,6 +367,7 @@ fn tasks<N: Nic, C: Client<N>>(
         for t in 0..geo.threads {
             let (map2, sink2, alloc2) = (map.clone(), sink.clone(), alloc.clone());
             let machine2 = machine.clone();
+            let serve_until = opts.serve_until_ns;
             // Counts the server out when its task ends, or when it is
             // dropped unrun (its core did not start).
             let serving2 = Serving(serving.clone());
@@ -372,7 +377,10 @@ fn tasks<N: Nic, C: Client<N>>(
                     // Acquire: pairs with each client's Release decrement,
                     // so the records its close appended are seen by the
                     // last sweep.
-                    let stop = || sink2.live.load(Ordering::Acquire) == 0;
+                    let stop = || {
+                        sink2.live.load(Ordering::Acquire) == 0
+                            || serve_until.is_some_and(|t| ctx.now_ns() >= t)
+                    };
                     let stats = match Server::open(&ctx, geo, map2, m, t, alloc2) {
                         Ok(s) => {
                             let s = match machine2 {
