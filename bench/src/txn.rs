@@ -427,8 +427,55 @@ struct FaultTimes {
     config: Option<txn::config::Configuration>,
 }
 
-/// One of a run's times.
-type TimeOf = dyn Fn(&FaultTimes) -> Option<u64>;
+/// A step of the failure handling, by name, as a run of `R` records it
+/// (ns from the run's first fault, none if it never came).
+type Step<'a, R> = (&'a str, &'a dyn Fn(&R) -> Option<u64>);
+
+/// Over the runs that reached a step: how many, the median, the maximum.
+fn step_stats<R>(runs: &[R], f: &dyn Fn(&R) -> Option<u64>) -> (usize, Option<u64>, Option<u64>) {
+    let mut v: Vec<u64> = runs.iter().filter_map(f).collect();
+    v.sort_unstable();
+    (v.len(), v.get(v.len() / 2).copied(), v.last().copied())
+}
+
+/// A time in ns as ms for JSON.
+fn ms_of(x: Option<u64>) -> Option<f64> {
+    x.map(|v| v as f64 / 1e6)
+}
+
+/// A time in ns as ms for a table ("-" if none).
+fn ms_cell(x: Option<u64>) -> String {
+    x.map_or("-".to_string(), |v| format!("{:.3}", v as f64 / 1e6))
+}
+
+/// The `summary` object of a `txn-fault` document: per step, the runs
+/// that reached it, the median and the maximum.
+fn summary_json<R>(runs: &[R], steps: &[Step<'_, R>]) -> serde_json::Value {
+    let sum: serde_json::Map<String, serde_json::Value> = steps
+        .iter()
+        .map(|(name, f)| {
+            let (n, med, max) = step_stats(runs, *f);
+            (
+                name.to_string(),
+                json!({"runs": n, "median_ms": ms_of(med), "max_ms": ms_of(max)}),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(sum)
+}
+
+/// The same as lines of text.
+fn print_summary<R>(runs: &[R], steps: &[Step<'_, R>]) {
+    for (name, f) in steps {
+        let (n, med, max) = step_stats(runs, *f);
+        cmdline::outln!(
+            "{name}: {n} of {} runs, median {} ms, max {} ms",
+            runs.len(),
+            ms_cell(med),
+            ms_cell(max)
+        );
+    }
+}
 
 /// `--fault`: detection and reconfiguration over seeds.
 fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
@@ -535,17 +582,10 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         }
         runs.push((seed, t));
     }
-    let ms_of = |x: Option<u64>| x.map(|v| v as f64 / 1e6);
-    let summary = |f: &TimeOf| {
-        let mut v: Vec<u64> = runs.iter().filter_map(|(_, t)| f(t)).collect();
-        v.sort_unstable();
-        let n = v.len();
-        (n, v.get(n / 2).copied(), v.last().copied())
-    };
-    let rows: [(&str, &TimeOf); 3] = [
-        ("suspected", &|t| t.suspected),
-        ("configuration stored", &|t| t.stored),
-        ("NEW-CONFIG-COMMIT", &|t| t.committed),
+    let rows: [Step<'_, (u64, FaultTimes)>; 3] = [
+        ("suspected", &|r| r.1.suspected),
+        ("configuration stored", &|r| r.1.stored),
+        ("NEW-CONFIG-COMMIT", &|r| r.1.committed),
     ];
     if a.json {
         let per: Vec<serde_json::Value> = runs
@@ -563,16 +603,6 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
                 })
             })
             .collect();
-        let sum: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(name, f)| {
-                let (n, med, max) = summary(f);
-                (
-                    name.to_string(),
-                    json!({"runs": n, "median_ms": ms_of(med), "max_ms": ms_of(max)}),
-                )
-            })
-            .collect();
         let doc = json!([{
             "schema_version": 1,
             "bench": "txn-fault",
@@ -584,7 +614,7 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             "faults": a.fault,
             "workload": null,
             "runs": per,
-            "summary": sum,
+            "summary": summary_json(&runs, &rows),
         }]);
         cmdline::outln!("{doc}");
         return Ok(crate::run::Outcome::Done);
@@ -602,26 +632,17 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         "stored ms",
         "commit ms"
     );
-    let cell = |x: Option<u64>| x.map_or("-".to_string(), |v| format!("{:.3}", v as f64 / 1e6));
     for (seed, t) in &runs {
         let c = t.config.as_ref().map_or("none".to_string(), |c| {
             format!("{} cm {} of {}", c.id, c.cm, c.machines.len())
         });
         cmdline::outln!(
             "{seed:>6} {:>14} {:>14} {:>14}  {c}",
-            cell(t.suspected),
-            cell(t.stored),
-            cell(t.committed)
+            ms_cell(t.suspected),
+            ms_cell(t.stored),
+            ms_cell(t.committed)
         );
     }
-    for (name, f) in rows {
-        let (n, med, max) = summary(f);
-        cmdline::outln!(
-            "{name}: {n} of {} runs, median {} ms, max {} ms",
-            runs.len(),
-            cell(med),
-            cell(max)
-        );
-    }
+    print_summary(&runs, &rows);
     Ok(crate::run::Outcome::Done)
 }

@@ -9,7 +9,7 @@
 //! and to the end of the last bucket under 80% of the throughput before
 //! it.
 
-use super::{mix, TxnArgs};
+use super::{mix, ms_cell, ms_of, print_summary, summary_json, Step, TxnArgs};
 use crate::args::ArgError;
 use nicdrv::sim::{Fault, SimModel};
 use serde_json::json;
@@ -213,16 +213,13 @@ fn figures(seed: u64, first: u64, r: &txn::harness::Report<WorkOut>, out: &WorkO
     f
 }
 
-type TimeOf = dyn Fn(&RunFigures) -> Option<u64>;
-
 fn report(
     a: &TxnArgs,
     machines: u16,
     timing: LeaseConfig,
     runs: &[RunFigures],
 ) -> Result<crate::run::Outcome, ArgError> {
-    let ms = |x: Option<u64>| x.map(|v| v as f64 / 1e6);
-    let rows: [(&str, &TimeOf); 6] = [
+    let rows: [Step<'_, RunFigures>; 6] = [
         ("suspected", &|r| r.suspected),
         ("configuration stored", &|r| r.stored),
         ("NEW-CONFIG-COMMIT", &|r| r.committed),
@@ -230,11 +227,6 @@ fn report(
         ("80% of throughput", &|r| r.to_80),
         ("re-replicated", &|r| r.copied),
     ];
-    let summary = |f: &TimeOf| {
-        let mut v: Vec<u64> = runs.iter().filter_map(f).collect();
-        v.sort_unstable();
-        (v.len(), v.get(v.len() / 2).copied(), v.last().copied())
-    };
     let cost = |r: &RunFigures| r.during_copy.map(|d| 1.0 - d / r.before.max(1.0));
     let workload = format!("{:?}", a.workload).to_lowercase();
     if let Some(p) = &a.plot {
@@ -251,12 +243,12 @@ fn report(
             .map(|r| {
                 json!({
                     "seed": r.seed,
-                    "suspected_ms": ms(r.suspected),
-                    "stored_ms": ms(r.stored),
-                    "committed_ms": ms(r.committed),
-                    "active_ms": ms(r.active),
-                    "to_80_ms": ms(r.to_80),
-                    "rereplicated_ms": ms(r.copied),
+                    "suspected_ms": ms_of(r.suspected),
+                    "stored_ms": ms_of(r.stored),
+                    "committed_ms": ms_of(r.committed),
+                    "active_ms": ms_of(r.active),
+                    "to_80_ms": ms_of(r.to_80),
+                    "rereplicated_ms": ms_of(r.copied),
                     "committed_per_ms_before": r.before,
                     "rereplication_cost": cost(r),
                     "recovered": {"committed": r.recovered.0, "aborted": r.recovered.1},
@@ -266,16 +258,6 @@ fn report(
                         "committed": r.buckets,
                     },
                 })
-            })
-            .collect();
-        let sum: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(name, f)| {
-                let (n, med, max) = summary(f);
-                (
-                    name.to_string(),
-                    json!({"runs": n, "median_ms": ms(med), "max_ms": ms(max)}),
-                )
             })
             .collect();
         let doc = json!([{
@@ -290,7 +272,7 @@ fn report(
             "faults": a.fault,
             "workload": workload,
             "runs": per,
-            "summary": sum,
+            "summary": summary_json(runs, &rows),
         }]);
         cmdline::outln!("{doc}");
         return Ok(crate::run::Outcome::Done);
@@ -316,31 +298,22 @@ fn report(
         "copy cost",
         "recovered"
     );
-    let cell = |x: Option<u64>| x.map_or("-".to_string(), |v| format!("{:.3}", v as f64 / 1e6));
     for r in runs {
         cmdline::outln!(
             "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9} {:>12}",
             r.seed,
-            cell(r.suspected),
-            cell(r.stored),
-            cell(r.committed),
-            cell(r.active),
-            cell(r.to_80),
-            cell(r.copied),
+            ms_cell(r.suspected),
+            ms_cell(r.stored),
+            ms_cell(r.committed),
+            ms_cell(r.active),
+            ms_cell(r.to_80),
+            ms_cell(r.copied),
             r.before,
             cost(r).map_or("-".to_string(), |c| format!("{:.1}%", c * 100.0)),
             format!("{}+{}", r.recovered.0, r.recovered.1)
         );
     }
-    for (name, f) in rows {
-        let (n, med, max) = summary(f);
-        cmdline::outln!(
-            "{name}: {n} of {} runs, median {} ms, max {} ms",
-            runs.len(),
-            cell(med),
-            cell(max)
-        );
-    }
+    print_summary(runs, &rows);
     let r = &runs[0];
     cmdline::outln!(
         "seed {}: committed per 1 ms bucket, from {BEFORE_MS} ms before the fault:",
