@@ -555,6 +555,12 @@ impl World {
         Ok(())
     }
 
+    /// Every fault of the plan: those given at the start, those added
+    /// since, and those a task injected ([`SimNic::inject`]).
+    pub fn faults(&self) -> Vec<Fault> {
+        self.shared.faults.borrow().clone()
+    }
+
     /// Stops a thread for good: it runs no more turns, as if its compute
     /// node had crashed, but the node and its other threads go on. For
     /// drivers that give up on tasks stuck for ever (spinning on a lock a

@@ -2,7 +2,8 @@
 //! that the ordinary executor runs on. Posting charges the posting thread's
 //! virtual CPU and hands the requests to the simulated fabric.
 
-use super::state::{SimCluster, NO_THREAD};
+use super::fault::{Fault, FaultKind};
+use super::state::{Ev, SimCluster, NO_THREAD};
 use crate::addr::NodeId;
 use crate::local::{check_range, LocalError};
 use crate::nic::{
@@ -32,6 +33,32 @@ impl SimNic {
     /// The simulated thread this device belongs to (`None` for raw rigs).
     pub fn thread(&self) -> Option<u32> {
         (self.thread != NO_THREAD).then_some(self.thread)
+    }
+
+    /// Schedules `kind` at this thread's present virtual time: it strikes
+    /// once the thread's turn ends, before anything else happens at that
+    /// instant is answered. For tests that fail a machine at a chosen step
+    /// of a protocol (a commit's LOCK, say) rather than at a fixed time.
+    /// Checked as [`super::World::add_faults`] checks a planned fault,
+    /// except for thread stalls, which are checked when they fire.
+    pub fn inject(&self, kind: FaultKind) -> Result<(), String> {
+        let f = Fault {
+            at_ns: Nic::now_ns(self),
+            kind,
+        };
+        let compute_nodes = self.shared.cut.borrow().len() / self.shared.memory_nodes.max(1);
+        f.check_machines(
+            self.shared.memory_nodes,
+            compute_nodes,
+            self.shared.machines,
+        )?;
+        let i = {
+            let mut all = self.shared.faults.borrow_mut();
+            all.push(f);
+            all.len() - 1
+        };
+        self.shared.schedule(f.at_ns, Ev::Fault(i as u32));
+        Ok(())
     }
 }
 
