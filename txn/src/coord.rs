@@ -58,9 +58,50 @@ pub const PENDING_MAX: usize = 4 * CARRY_MAX;
 /// How long a commit waits for log space before it aborts.
 pub const LOG_WAIT_NS: u64 = 1_000_000;
 
+/// A step of the commit protocol (and of recovery) at which a fault test
+/// may strike ([`Coordinator::set_trap`]): each is the moment just after
+/// the step's records are acknowledged by the receivers' NICs, before the
+/// coordinator goes on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// LOCK records landed at the written objects' primaries; their
+    /// answers are not yet read.
+    Lock,
+    /// Validation passed: locks held, nothing sent to backups yet.
+    Validate,
+    /// COMMIT-BACKUP records acknowledged by every backup's NIC.
+    CommitBackup,
+    /// The first COMMIT-PRIMARY acknowledged: the commit is reported next.
+    CommitPrimary,
+    /// A TRUNCATE record of its own landed (truncations not piggybacked).
+    Truncate,
+    /// Transaction-state recovery asked every machine (RECOVER-QUERY
+    /// landed everywhere): a failure during recovery.
+    Recover,
+}
+
+/// Where a trap strikes.
+pub struct TrapPoint<'a> {
+    pub step: Step,
+    /// The transaction committing (for `Recover`, the query's id).
+    pub tx: TxId,
+    /// Machines holding a primary the commit locked (for `Truncate`, the
+    /// machine truncated; for `Recover`, every member asked).
+    pub primaries: &'a [NodeId],
+    /// Machines holding a backup the commit writes.
+    pub backups: &'a [NodeId],
+    /// The coordinator's NIC, for a test to downcast to its backend (the
+    /// simulator's injects faults).
+    pub nic: &'a dyn std::any::Any,
+}
+
+/// A fault test's hook, called at every [`Step`] the coordinator reaches.
+pub type Trap = Box<dyn FnMut(&TrapPoint<'_>) + Send>;
+
 /// How long a coordinator waits for a primary's answer before it calls
-/// the protocol broken (failures are the next issue's: no machine fails
-/// here).
+/// the protocol broken (when it follows a configuration, a machine that
+/// failed is told sooner by the next configuration, which the wait
+/// watches for).
 pub const REPLY_WAIT_NS: u64 = 1_000_000_000;
 
 /// READs of a locked or torn object in a row, before the reader lets the
@@ -116,6 +157,8 @@ pub struct CoordStats {
     pub recovered_commits: u64,
     pub recovered_aborts: u64,
     pub recovery_records: u64,
+    /// Recovery rounds started over because a machine failed during one.
+    pub recovery_restarts: u64,
 }
 
 impl CoordStats {
@@ -159,6 +202,7 @@ impl std::ops::AddAssign for CoordStats {
         self.recovered_commits += o.recovered_commits;
         self.recovered_aborts += o.recovered_aborts;
         self.recovery_records += o.recovery_records;
+        self.recovery_restarts += o.recovery_restarts;
     }
 }
 
@@ -303,6 +347,8 @@ pub struct Coordinator {
     /// The transaction whose commit was cut off, until recovery decides
     /// it (whatever regions it wrote).
     cut_off: Option<TxId>,
+    /// A fault test's hook ([`Coordinator::set_trap`]).
+    trap: Option<Trap>,
 }
 
 /// How long a coordinator waits for a configuration its machine applied
@@ -312,6 +358,12 @@ pub const GATE_WAIT_NS: u64 = 1_000_000_000;
 
 /// How often a waiting coordinator looks again.
 const GATE_POLL_NS: u64 = 20_000;
+
+/// The configuration a recovery round recovers from: its region map
+/// (when the machine still has it).
+struct Before {
+    map: Option<Arc<RegionMap>>,
+}
 
 impl Coordinator {
     /// Opens the thread's rings on machine `machine` (the machine `ctx`'s
@@ -361,6 +413,7 @@ impl Coordinator {
             unsettled_fence: None,
             decided: HashMap::new(),
             cut_off: None,
+            trap: None,
         })
     }
 
@@ -374,18 +427,46 @@ impl Coordinator {
         self
     }
 
+    /// Calls `trap` at every [`Step`] this coordinator reaches from now
+    /// on (fault tests; `None` removes it).
+    pub fn set_trap(&mut self, trap: Option<Trap>) {
+        self.trap = trap;
+    }
+
+    fn spring<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        step: Step,
+        tx: TxId,
+        primaries: &[NodeId],
+        backups: &[NodeId],
+    ) {
+        if let Some(t) = self.trap.as_mut() {
+            t(&TrapPoint {
+                step,
+                tx,
+                primaries,
+                backups,
+                nic: ctx.nic(),
+            });
+        }
+    }
+
     /// The configuration this coordinator works in, when it follows one.
     pub fn configuration(&self) -> Option<u64> {
         self.follows.as_ref().map(|_| self.config as u64)
     }
 
     /// Waits until the machine's newest configuration is committed, and
-    /// takes it.
+    /// takes it: recovery runs there. A machine failing during recovery
+    /// makes the round start over in the configuration that follows, from
+    /// the same configuration before.
     async fn gate<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
         let Some(m) = self.follows.clone() else {
             return Ok(());
         };
-        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        let mut deadline = ctx.now_ns() + GATE_WAIT_NS;
+        let mut from: Option<Before> = None;
         loop {
             if m.membership.is_removed() {
                 return Err(TxError::Protocol(format!(
@@ -394,15 +475,27 @@ impl Coordinator {
                 )));
             }
             let e = m.membership.epoch();
-            if e == self.config as u64 {
+            if e == self.config as u64 && from.is_none() {
                 return Ok(());
             }
-            if m.membership.committed() == e && m.applied() == e {
+            if e != self.config as u64 && m.membership.committed() == e && m.applied() == e {
                 let cur = m.membership.current();
                 if cur.config.id == e {
-                    let before = (self.config as u64, self.members.clone());
+                    let before = from.take().unwrap_or_else(|| Before {
+                        map: m.previous_map(self.config as u64),
+                    });
                     self.take(&cur.config);
-                    return self.recover(ctx, &m, before).await;
+                    match self.recover(ctx, &before).await {
+                        Ok(()) => return Ok(()),
+                        Err(err @ (TxError::Aborted(_) | TxError::Usage(_))) => return Err(err),
+                        Err(err) => {
+                            self.wait_past(ctx, e, err).await?;
+                            self.stats.recovery_restarts += 1;
+                            from = Some(before);
+                            deadline = ctx.now_ns() + GATE_WAIT_NS;
+                            continue;
+                        }
+                    }
                 }
             }
             if ctx.now_ns() >= deadline {
@@ -429,23 +522,22 @@ impl Coordinator {
     }
 
     /// Transaction-state recovery (FaRM §5.3) as this coordinator sees
-    /// it, on taking configuration `self.config` after `before`
-    /// (configuration, machines): it recovers its own transactions and
-    /// those of each failed coordinator of its thread number whose heir
-    /// it is (the next machine of the configuration after it). It asks
-    /// every machine's server thread for what it holds of them (once that
-    /// server drained and recovered its locks), decides each transaction
-    /// that a failure touched — its coordinator failed, or it wrote a
-    /// region whose replicas changed — by its region primaries' ballots,
-    /// and sends the decision with the values to every machine. Then it
-    /// waits until every machine recovered its locks, so that no read of
-    /// a promoted region finds a copy recovery has not locked.
-    async fn recover<N: Nic>(
-        &mut self,
-        ctx: &Ctx<N>,
-        m: &Arc<Machine>,
-        (was, before): (u64, Vec<bool>),
-    ) -> Result<(), TxError> {
+    /// it, on taking configuration `self.config` after the configuration
+    /// `before` describes: it recovers its own transactions and those of
+    /// each coordinator of its thread number on a machine outside the
+    /// configuration whose heir it is (the next machine of the
+    /// configuration after it). It asks every machine's server thread for
+    /// what it holds of them (once that server drained and recovered its
+    /// locks), decides each transaction that a failure touched — its
+    /// coordinator failed, it wrote a region whose replicas changed, or an
+    /// earlier round decided it — by the ballots of its regions (an
+    /// earlier round's decision standing), and sends each decision with
+    /// the values to every machine twice: to keep, then to act on. Then it
+    /// waits until every machine recovered its locks, so that no read of a
+    /// promoted region finds a copy recovery has not locked. A machine
+    /// failing meanwhile ends the round with an error; [`Self::gate`]
+    /// starts it over in the next configuration.
+    async fn recover<N: Nic>(&mut self, ctx: &Ctx<N>, before: &Before) -> Result<(), TxError> {
         use crate::records::Vote;
         use crate::recovery::{decide, recovered_word, Ballot};
         let machines = self.geo.machines;
@@ -453,8 +545,11 @@ impl Coordinator {
         let members: Vec<NodeId> = (0..machines)
             .filter(|&d| self.members[d as usize])
             .collect();
+        // Every machine outside the configuration, not only those the
+        // last change removed: a failure during an earlier round may have
+        // cut off its recovery of a machine that failed before.
         let failed: Vec<NodeId> = (0..machines)
-            .filter(|&d| before[d as usize] && !self.members[d as usize])
+            .filter(|&d| !self.members[d as usize])
             .collect();
         let heir = |x: NodeId| {
             (1..=machines)
@@ -465,7 +560,7 @@ impl Coordinator {
         of.extend(failed.iter().filter(|&&x| heir(x) == Some(self.machine)));
         // Regions whose replicas changed.
         let now = self.map().clone();
-        let changed: BTreeSet<u32> = match m.previous_map(was) {
+        let changed: BTreeSet<u32> = match &before.map {
             Some(old) => now
                 .iter()
                 .filter(|r| old.get(r.id).ok() != Some(*r))
@@ -480,12 +575,18 @@ impl Coordinator {
                 .await?;
             self.stats.recovery_records += 1;
         }
-        type Acc = (BTreeSet<u32>, BTreeMap<u32, Vote>, BTreeMap<ObjAddr, Write>);
+        self.spring(ctx, Step::Recover, q, &members, &[]);
+        type Acc = (
+            BTreeSet<u32>,
+            BTreeMap<u32, Vote>,
+            BTreeMap<ObjAddr, Write>,
+            Option<bool>,
+        );
         let mut txs: BTreeMap<TxId, Acc> = BTreeMap::new();
         let mut upto: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
         for &d in &members {
             loop {
-                match self.answer(ctx, q, d).await? {
+                match self.answer_heads(ctx, q, d, true).await? {
                     Record::RecoverState {
                         last,
                         upto: u,
@@ -498,12 +599,17 @@ impl Coordinator {
                         for st in states {
                             let a = txs.entry(st.id).or_default();
                             a.0.extend(st.regions);
+                            // A region's strongest vote from any of its
+                            // replicas: commit-primary, then commit-backup,
+                            // then lock.
                             for (r, v) in st.votes {
-                                a.1.entry(r).or_insert(v);
+                                let e = a.1.entry(r).or_insert(v);
+                                *e = (*e).min(v);
                             }
                             for w in st.writes {
                                 a.2.entry(w.at).or_insert(w);
                             }
+                            a.3 = a.3.or(st.decided);
                         }
                         if last {
                             break;
@@ -517,48 +623,65 @@ impl Coordinator {
                 }
             }
         }
-        for (t, (regions, votes, writes)) in txs {
+        let mut decisions: Vec<(TxId, bool, Vec<Write>)> = Vec::new();
+        for (t, (regions, votes, writes, decided)) in txs {
             let touched = failed.contains(&t.machine)
                 || self.cut_off == Some(t)
+                || decided.is_some()
                 || regions.iter().any(|r| changed.contains(r))
                 || writes.keys().any(|a| changed.contains(&a.region));
             if !touched {
                 continue;
             }
-            let ballots: Vec<Ballot> = regions
-                .iter()
-                .map(|r| match votes.get(r) {
-                    Some(v) => Ballot::Vote(*v),
-                    None => {
-                        let p = now.get(*r).map(|x| x.primary.machine);
-                        match p.ok().and_then(|p| upto.get(&(p, t.machine))) {
-                            Some(&u) if t.local <= u => Ballot::Truncated,
-                            _ => Ballot::Unknown,
+            // An earlier round's decision, which some machine may have
+            // acted on, stands.
+            let commit = decided.unwrap_or_else(|| {
+                let ballots: Vec<Ballot> = regions
+                    .iter()
+                    .map(|r| match votes.get(r) {
+                        Some(v) => Ballot::Vote(*v),
+                        None => {
+                            let p = now.get(*r).map(|x| x.primary.machine);
+                            match p.ok().and_then(|p| upto.get(&(p, t.machine))) {
+                                Some(&u) if t.local <= u => Ballot::Truncated,
+                                _ => Ballot::Unknown,
+                            }
                         }
-                    }
-                })
-                .collect();
-            let commit = !regions.is_empty() && decide(&ballots);
+                    })
+                    .collect();
+                !regions.is_empty() && decide(&ballots)
+            });
+            if decided.is_none() {
+                if commit {
+                    self.stats.recovered_commits += 1;
+                } else {
+                    self.stats.recovered_aborts += 1;
+                }
+            }
             let writes: Vec<Write> = if commit {
                 writes.into_values().collect()
             } else {
                 Vec::new()
             };
-            for &d in &members {
-                let rec = Record::Decide {
-                    tx: t,
-                    config: self.config,
-                    commit,
-                    writes: writes.clone(),
-                };
-                self.send_one(ctx, d, rec).await?;
-                self.stats.recovery_records += 1;
+            decisions.push((t, commit, writes));
+        }
+        // Every machine keeps each decision before any acts on one.
+        for apply in [false, true] {
+            for (t, commit, writes) in &decisions {
+                for &d in &members {
+                    let rec = Record::Decide {
+                        tx: *t,
+                        config: self.config,
+                        commit: *commit,
+                        apply,
+                        writes: writes.clone(),
+                    };
+                    self.send_one(ctx, d, rec).await?;
+                    self.stats.recovery_records += 1;
+                }
             }
-            if commit {
-                self.stats.recovered_commits += 1;
-            } else {
-                self.stats.recovered_aborts += 1;
-            }
+        }
+        for (t, commit, _) in decisions {
             if t.machine == self.machine {
                 self.decided.insert(t, commit);
             }
@@ -622,18 +745,7 @@ impl Coordinator {
     /// moving on): once the configuration that follows the failure is
     /// taken, recovery has decided it.
     async fn resolve<N: Nic>(&mut self, ctx: &Ctx<N>, tx: &Tx, e: TxError) -> Result<(), TxError> {
-        let Some(m) = self.follows.clone() else {
-            return Err(e);
-        };
-        let deadline = ctx.now_ns() + GATE_WAIT_NS;
-        while m.membership.epoch() <= tx.id.config as u64 {
-            if ctx.now_ns() >= deadline || m.membership.is_removed() {
-                return Err(e);
-            }
-            ctx.sleep(GATE_POLL_NS)?.await;
-        }
-        self.unsettled.clear();
-        self.unsettled_fence = None;
+        self.wait_past(ctx, tx.id.config as u64, e).await?;
         self.cut_off = Some(tx.id);
         let r = self.gate(ctx).await;
         self.cut_off = None;
@@ -642,6 +754,45 @@ impl Coordinator {
             Some(true) => Ok(()),
             _ => Err(TxError::Aborted(Abort::Failure)),
         }
+    }
+
+    /// After `e` cut this coordinator's work in configuration `config`
+    /// off (a record to a machine that failed): waits for the machine to
+    /// install a later configuration, forgetting the COMMIT-PRIMARY
+    /// records in flight (recovery decides their transactions). The error
+    /// stands without a configuration to follow, when none comes within
+    /// [`GATE_WAIT_NS`], or when this machine was removed.
+    async fn wait_past<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        config: u64,
+        e: TxError,
+    ) -> Result<(), TxError> {
+        let Some(m) = self.follows.clone() else {
+            return Err(e);
+        };
+        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        while m.membership.epoch() <= config {
+            if ctx.now_ns() >= deadline || m.membership.is_removed() {
+                return Err(e);
+            }
+            ctx.sleep(GATE_POLL_NS)?.await;
+        }
+        self.unsettled.clear();
+        self.unsettled_fence = None;
+        Ok(())
+    }
+
+    /// A record outside a commit (TRUNCATE, DONE) failed with `e`: once
+    /// the configuration that follows the failure is taken (recovery run,
+    /// the truncations meant for removed machines dropped), the work goes
+    /// on; a usage error or an abort stands.
+    async fn outlast<N: Nic>(&mut self, ctx: &Ctx<N>, e: TxError) -> Result<(), TxError> {
+        if matches!(e, TxError::Aborted(_) | TxError::Usage(_)) {
+            return Err(e);
+        }
+        self.wait_past(ctx, self.config as u64, e).await?;
+        self.gate(ctx).await
     }
 
     pub fn stats(&self) -> CoordStats {
@@ -1169,6 +1320,12 @@ impl Coordinator {
         let primaries: Vec<NodeId> = locks.iter().map(|l| l.0).collect();
         self.send(ctx, plan, locks).await?;
         self.stats.lock_records += primaries.len() as u64;
+        let backup_machines: Vec<NodeId> = plan
+            .iter()
+            .filter(|(_, p)| p.backup.is_some())
+            .map(|(&d, _)| d)
+            .collect();
+        self.spring(ctx, Step::Lock, tx.id, &primaries, &backup_machines);
         let answers = self.answers(ctx, tx.id, &primaries).await?;
         let ok = answers.iter().filter(|a| a.1).count();
         // ABORT goes where locks are held or slots reserved.
@@ -1186,6 +1343,7 @@ impl Coordinator {
             self.abort_locked(ctx, plan, &locked).await?;
             return Err(TxError::Aborted(Abort::Changed));
         }
+        self.spring(ctx, Step::Validate, tx.id, &primaries, &backup_machines);
         if tx.writes.is_empty() {
             return Ok(());
         }
@@ -1198,6 +1356,7 @@ impl Coordinator {
         let n = backups.len() as u64;
         self.send(ctx, plan, backups).await?;
         self.stats.backup_records += n;
+        self.spring(ctx, Step::CommitBackup, tx.id, &primaries, &backup_machines);
         // COMMIT-PRIMARY.
         let commits: Vec<(NodeId, Vec<u8>)> = plan
             .iter()
@@ -1206,6 +1365,13 @@ impl Coordinator {
         let n = commits.len() as u64;
         self.send_commits(ctx, plan, commits).await?;
         self.stats.commit_records += n;
+        self.spring(
+            ctx,
+            Step::CommitPrimary,
+            tx.id,
+            &primaries,
+            &backup_machines,
+        );
         Ok(())
     }
 
@@ -1407,11 +1573,28 @@ impl Coordinator {
         tx: TxId,
         d: NodeId,
     ) -> Result<Record, TxError> {
+        self.answer_heads(ctx, tx, d, false).await
+    }
+
+    /// [`Self::answer`]; with `report`, the reply ring's head goes back
+    /// whenever the ring is empty with something consumed (an answer in
+    /// many records, as RECOVER-STATE may be, fills the ring before any
+    /// record of this coordinator's could carry the head back).
+    async fn answer_heads<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        tx: TxId,
+        d: NodeId,
+        report: bool,
+    ) -> Result<Record, TxError> {
         let deadline = ctx.now_ns() + REPLY_WAIT_NS;
         let ring = self.geo.reply_ring(self.thread, d, self.machine);
         loop {
             let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
             if got.is_none() {
+                if report {
+                    self.replies[d as usize].report_head(ctx, true).await?;
+                }
                 if let Some(m) = &self.follows {
                     if m.membership.epoch() != self.config as u64 {
                         return Err(TxError::Reconfigured);
@@ -1422,7 +1605,14 @@ impl Coordinator {
                         "machine {d} did not answer transaction {tx:?}"
                     )));
                 }
-                ctx.wait_for_write(ring.ring_off, ring.capacity, Some(deadline))?
+                // Following a configuration, look at it now and then: a
+                // machine that failed after the request landed never
+                // answers, and the next configuration says so.
+                let until = match self.follows {
+                    Some(_) => deadline.min(ctx.now_ns() + GATE_POLL_NS),
+                    None => deadline,
+                };
+                ctx.wait_for_write(ring.ring_off, ring.capacity, Some(until))?
                     .await;
                 continue;
             }
@@ -1453,13 +1643,23 @@ impl Coordinator {
     /// every coordinator said so.
     pub async fn close<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
         self.flush(ctx).await?;
-        let tx = self.begin().id;
-        for d in 0..self.geo.machines {
-            if !self.members[d as usize] {
-                continue;
+        let mut tx = self.begin().id;
+        let mut d = 0;
+        while d < self.geo.machines {
+            if self.members[d as usize] {
+                if let Err(e) = self.send_one(ctx, d, Record::Done { tx }).await {
+                    // A machine failed: DONE goes to the next
+                    // configuration's machines, from the first again, in
+                    // that configuration (a server that had it already
+                    // takes it again as the same news).
+                    self.outlast(ctx, e).await?;
+                    tx = self.begin().id;
+                    d = 0;
+                    continue;
+                }
+                self.stats.done_records += 1;
             }
-            self.send_one(ctx, d, Record::Done { tx }).await?;
-            self.stats.done_records += 1;
+            d += 1;
         }
         Ok(())
     }
@@ -1484,8 +1684,14 @@ impl Coordinator {
     /// coordinator stops, so that backups apply every commit.
     pub async fn flush<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
         self.gate(ctx).await?;
-        for d in 0..self.geo.machines {
-            self.flush_one(ctx, d).await?;
+        let mut d = 0;
+        while d < self.geo.machines {
+            match self.flush_one(ctx, d).await {
+                Ok(()) => d += 1,
+                // A machine failed: its truncations are dropped with it
+                // once the next configuration is taken; the rest go on.
+                Err(e) => self.outlast(ctx, e).await?,
+            }
         }
         Ok(())
     }
@@ -1502,7 +1708,9 @@ impl Coordinator {
             )
             .await?;
             self.stats.truncate_records += 1;
+            let last = self.pending[d as usize][n - 1];
             self.pending[d as usize].drain(..n);
+            self.spring(ctx, Step::Truncate, last, &[d], &[]);
         }
         Ok(())
     }

@@ -603,14 +603,16 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
         }
     }
     w.add_faults(&opts.faults).map_err(sim)?;
-    let crashed = opts
-        .faults
-        .iter()
-        .any(|f| matches!(f.kind, nicdrv::sim::FaultKind::CrashMachine { .. }));
+    let crashed = |w: &World| {
+        w.faults()
+            .iter()
+            .any(|f| matches!(f.kind, nicdrv::sim::FaultKind::CrashMachine { .. }))
+    };
     match w.run_until(SIM_LIMIT_NS) {
         RunEnd::Done => {}
-        // A crashed machine's tasks never end; every other one did.
-        RunEnd::Stalled if crashed && opts.recovery.is_some() => {}
+        // A crashed machine's tasks never end (the plan's crashes and
+        // those a test's trap injected); every other one did.
+        RunEnd::Stalled if crashed(&w) && opts.recovery.is_some() => {}
         end => {
             return Err(TxError::Protocol(format!(
                 "seed {seed}: the run did not finish ({end:?} at {} ns)",

@@ -152,21 +152,29 @@ pub enum Record {
         states: Vec<TxState>,
     },
     /// The recovery coordinator's decision on `tx`, to every machine of
-    /// configuration `config`: commit (each replica installs or applies
-    /// `writes`, by version) or abort (locks released, records dropped);
-    /// the transaction's records go either way (FaRM's COMMIT-RECOVERY or
-    /// ABORT-RECOVERY, and TRUNCATE-RECOVERY, in one).
+    /// configuration `config`, in two rounds. First (`apply` false) every
+    /// machine keeps it, to report to any later recovery round; then
+    /// (`apply` true) commit (each replica installs or applies `writes`,
+    /// by version) or abort (locks released), and the transaction's
+    /// records go either way (FaRM's COMMIT-RECOVERY or ABORT-RECOVERY,
+    /// and TRUNCATE-RECOVERY, in one). So once any machine acted on a
+    /// decision, every machine of the configuration holds it, and a
+    /// failure during recovery cannot make the next round decide
+    /// otherwise.
     Decide {
         tx: TxId,
         config: u32,
         commit: bool,
+        apply: bool,
         writes: Vec<Write>,
     },
 }
 
-/// A region primary's vote on a recovering transaction (FaRM §5.3 step
-/// 6); a primary with no record of it votes truncated or unknown, which
-/// the recovery coordinator tells from the primary's truncation mark.
+/// A region's vote on a recovering transaction (FaRM §5.3 step 6), from
+/// the records any of its replicas holds (the strongest first in this
+/// order); a region none of whose replicas holds a record votes truncated
+/// or unknown, which the recovery coordinator tells from the primary's
+/// truncation mark.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Vote {
     /// It installed the transaction's writes (COMMIT-PRIMARY processed).
@@ -187,6 +195,8 @@ pub struct TxState {
     pub votes: Vec<(u32, Vote)>,
     /// The writes (with values) its records hold.
     pub writes: Vec<Write>,
+    /// An earlier recovery round's decision it holds (commit or not).
+    pub decided: Option<bool>,
 }
 
 const LOCK: u8 = 1;
@@ -476,18 +486,25 @@ impl Record {
                         out.extend_from_slice(&region.to_le_bytes());
                         out.push(vote_code(*v));
                     }
+                    out.push(match st.decided {
+                        None => 0,
+                        Some(false) => 1,
+                        Some(true) => 2,
+                    });
                 }
             }
             Record::Decide {
                 tx,
                 config,
                 commit,
+                apply,
                 writes,
             } => {
                 out.push(DECIDE);
                 tx.put(&mut out);
                 out.extend_from_slice(&config.to_le_bytes());
                 out.push(u8::from(*commit));
+                out.push(u8::from(*apply));
                 put_body(&mut out, &[], writes)?;
             }
             Record::AllocReply { tx, slot } => {
@@ -613,11 +630,18 @@ impl Record {
                     for _ in 0..k {
                         votes.push((r.u32()?, vote_of(r.u8()?)?));
                     }
+                    let decided = match r.u8()? {
+                        0 => None,
+                        1 => Some(false),
+                        2 => Some(true),
+                        k => return Err(RecordError::UnknownKind(k)),
+                    };
                     states.push(TxState {
                         id,
                         regions,
                         votes,
                         writes,
+                        decided,
                     });
                 }
                 Record::RecoverState {
@@ -630,11 +654,13 @@ impl Record {
             DECIDE => {
                 let config = r.u32()?;
                 let commit = flag(&mut r)?;
+                let apply = flag(&mut r)?;
                 let (_, writes) = get_body(&mut r)?;
                 Record::Decide {
                     tx,
                     config,
                     commit,
+                    apply,
                     writes,
                 }
             }
@@ -823,12 +849,14 @@ mod tests {
             proptest::collection::vec(any::<u32>(), 0..4),
             proptest::collection::vec((any::<u32>(), vote), 0..4),
             writes(),
+            proptest::option::of(any::<bool>()),
         )
-            .prop_map(|(id, regions, votes, writes)| TxState {
+            .prop_map(|(id, regions, votes, writes, decided)| TxState {
                 id,
                 regions,
                 votes,
                 writes,
+                decided,
             });
         prop_oneof![
             (tx(), proptest::collection::vec(any::<u16>(), 0..4))
@@ -845,11 +873,12 @@ mod tests {
                     upto,
                     states
                 }),
-            (tx(), any::<u32>(), any::<bool>(), writes()).prop_map(
-                |(tx, config, commit, writes)| Record::Decide {
+            (tx(), any::<u32>(), any::<bool>(), any::<bool>(), writes()).prop_map(
+                |(tx, config, commit, apply, writes)| Record::Decide {
                     tx,
                     config,
                     commit,
+                    apply,
                     writes
                 }
             ),

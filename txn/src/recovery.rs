@@ -495,6 +495,10 @@ impl Machine {
     pub async fn maintain<N: Nic>(&self, ctx: &Ctx<N>, stop: &dyn Fn() -> bool) -> Vec<Work> {
         let mut out = Vec::new();
         let mut next = 0;
+        // Copies cut off by their primary's failure: taken up again from
+        // the next configuration's primary, while this machine is still a
+        // backup of the region.
+        let mut unfinished: Vec<u32> = Vec::new();
         loop {
             // A change's work starts once it is committed (FaRM starts
             // re-replication once every region is active): every machine
@@ -510,11 +514,20 @@ impl Machine {
                 for r in c.promoted {
                     out.push(self.recover_allocator(ctx, r).await);
                 }
-                for b in c.new_backups {
+                let mut copies = c.new_backups;
+                for r in std::mem::take(&mut unfinished) {
+                    if copies.iter().all(|b| b.region != r) {
+                        copies.extend(self.backup_here(r));
+                    }
+                }
+                for b in copies {
                     let w = self.copy(ctx, &b).await;
                     let mut copying = self.copying.lock().expect("no panics hold it");
                     copying.remove(&b.region);
                     self.copies.store(copying.len(), Ordering::Release);
+                    if matches!(w, Work::Failed { .. }) {
+                        unfinished.push(b.region);
+                    }
                     out.push(w);
                 }
             }
@@ -526,6 +539,27 @@ impl Machine {
                 Err(_) => return out,
             }
         }
+    }
+
+    /// Region `region` as this machine backs it up in its map now (from
+    /// the primary of now), marked as being copied; `None` if this
+    /// machine holds no backup of it any more.
+    fn backup_here(&self, region: u32) -> Option<NewBackup> {
+        let b = {
+            let map = self.map.read().expect("no panics hold the map");
+            let r = map.get(region).ok()?;
+            let mine = r.backups.iter().find(|x| x.machine == self.me())?;
+            NewBackup {
+                region,
+                bytes: r.bytes,
+                primary: r.primary,
+                base: mine.base,
+            }
+        };
+        let mut copying = self.copying.lock().expect("no panics hold it");
+        copying.insert(region);
+        self.copies.store(copying.len(), Ordering::Release);
+        Some(b)
     }
 
     async fn recover_allocator<N: Nic>(&self, ctx: &Ctx<N>, region: u32) -> Work {

@@ -145,6 +145,10 @@ pub struct Server {
     /// COMMIT-BACKUP values (with every region written) held until
     /// truncation.
     backup: HashMap<TxId, (Vec<u32>, Vec<Write>)>,
+    /// Recovery's decisions taken here (commit or not, the writes of a
+    /// commit, whether acted on), kept for any later recovery round to
+    /// learn: one entry per transaction a failure cut off, so few.
+    decisions: HashMap<TxId, (bool, Vec<Write>, bool)>,
     /// Per coordinator machine (of this thread's number): the highest
     /// transaction truncated here. A coordinator commits one transaction
     /// at a time and truncates in order, so every transaction of it up
@@ -239,6 +243,7 @@ impl Server {
             locked: HashMap::new(),
             installed: HashMap::new(),
             backup: HashMap::new(),
+            decisions: HashMap::new(),
             upto: vec![0; geo.machines as usize],
             alloc,
             done: vec![false; geo.machines as usize],
@@ -525,9 +530,27 @@ impl Server {
             }
             Record::Done { .. } => self.done[from as usize] = true,
             Record::RecoverQuery { tx, of } => self.answer_recovery(ctx, from, tx, &of).await?,
+            // First round: kept. Second: acted on (kept too, should the
+            // first have been lost with a failed coordinator's ring).
             Record::Decide {
-                tx, commit, writes, ..
-            } => self.decide(ctx, tx, commit, &writes)?,
+                tx,
+                commit,
+                apply,
+                writes,
+                ..
+            } => {
+                let d = self
+                    .decisions
+                    .entry(tx)
+                    .or_insert_with(|| (commit, writes.clone(), false));
+                if d.0 != commit {
+                    // Two rounds decided one transaction both ways: the
+                    // first round's decision stands, and says so.
+                    self.stats.recovery_conflicts += 1;
+                } else if apply && !std::mem::replace(&mut d.2, true) {
+                    self.decide(ctx, tx, commit, &writes)?;
+                }
+            }
             Record::LockReply { .. } | Record::AllocReply { .. } | Record::RecoverState { .. } => {
                 self.stats.bad_records += 1
             }
@@ -875,7 +898,6 @@ impl Server {
     ) -> Result<(), TxError> {
         use crate::records::{TxState, Vote};
         self.stats.recovery_queries += 1;
-        let me = self.machine;
         let mine = |t: &TxId| of.contains(&t.machine);
         let mut states: std::collections::BTreeMap<TxId, TxState> = Default::default();
         let entry = |states: &mut std::collections::BTreeMap<TxId, TxState>, t: TxId, r: &[u32]| {
@@ -884,6 +906,7 @@ impl Server {
                 regions: Vec::new(),
                 votes: Vec::new(),
                 writes: Vec::new(),
+                decided: None,
             });
             for x in r {
                 if !st.regions.contains(x) {
@@ -892,8 +915,6 @@ impl Server {
             }
         };
         {
-            let map = self.map();
-            let primary_here = |r: u32| map.get(r).is_ok_and(|r| r.primary.machine == me);
             for (t, (regions, writes)) in self.locked.iter().filter(|x| mine(x.0)) {
                 entry(&mut states, *t, regions);
                 let st = states.get_mut(t).expect("just added");
@@ -913,8 +934,22 @@ impl Server {
                 entry(&mut states, *t, regions);
                 let st = states.get_mut(t).expect("just added");
                 st.writes.extend(writes.iter().cloned());
-                for w in writes.iter().filter(|w| primary_here(w.at.region)) {
+                // A COMMIT-BACKUP at any replica of a region speaks for
+                // it (FaRM §5.3 step 6: a region votes commit-backup when
+                // any of its replicas saw one): its primary may have
+                // truncated the transaction already, its backups not.
+                for w in writes {
                     st.votes.push((w.at.region, Vote::CommitBackup));
+                }
+            }
+            for (t, (commit, writes, _)) in self.decisions.iter().filter(|x| mine(x.0)) {
+                entry(&mut states, *t, &[]);
+                let st = states.get_mut(t).expect("just added");
+                st.decided = Some(*commit);
+                for w in writes {
+                    if !st.writes.iter().any(|x| x.at == w.at) {
+                        st.writes.push(w.clone());
+                    }
                 }
             }
         }

@@ -14,22 +14,20 @@
 //! - List appends across a failure: the history, recorded as it happens
 //!   (the failed machine's clients' part too), is strict serializable.
 
-use adya::{History as AdyaHistory, Opts, Valid, Workload};
-use nicdrv::rng::Rng;
+mod common;
+
+use common::appender::{assert_replicas_agree, assert_strict_serializable, Appender, Shared};
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimModel};
 use nicdrv::{Ctx, Nic};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use txn::config::{ConfigStore, EmbeddedStore};
 use txn::harness::{run_sim_with, Client, Report, RunOptions};
-use txn::history::{History, Kind, Mop};
 use txn::lease::LeaseConfig;
 use txn::object::{decode, object_bytes};
 use txn::recovery::{CopyPace, Work};
 use txn::regions::RegionMap;
-use txn::workload::{
-    list_bytes, list_of, Mix, WorkClient, WorkOut, BANK_START, LIST_BYTES, LIST_CAP,
-};
+use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
 use txn::{Geometry, TxError};
 
 const L: u64 = 10_000_000;
@@ -312,127 +310,6 @@ fn a_machine_fails_under_load_and_its_transactions_are_recovered() {
 // ---------------------------------------------------------------------
 // Strict serializability across a failure.
 
-/// List appends recorded as they happen into one history shared by every
-/// client (a crashed machine's clients never report; their events are
-/// there up to the crash, the one in flight as an invocation alone).
-struct Appender {
-    g: Geometry,
-    seed: u64,
-    process: u64,
-    txs: u64,
-    history: Shared,
-}
-
-/// Events of every client: (time, process, kind, micro-operations).
-type Shared = Arc<Mutex<Vec<(u64, u64, Kind, Vec<Mop>)>>>;
-
-const APPEND_KEYS: u64 = 30;
-const THINK_NS: u64 = 150_000;
-
-impl Appender {
-    fn record(&self, time: u64, kind: Kind, mops: Vec<Mop>) {
-        self.history
-            .lock()
-            .unwrap()
-            .push((time, self.process, kind, mops));
-    }
-}
-
-impl<N: Nic> Client<N> for Appender {
-    type Out = ();
-    async fn run(self, ctx: &Ctx<N>, c: &mut txn::Coordinator) -> Result<(), TxError> {
-        let mix = Mix::Append { keys: APPEND_KEYS };
-        let mut rng = Rng::new(self.seed);
-        let mut next = 0u64;
-        for _ in 0..self.txs {
-            let mops: Vec<Mop> = (0..1 + rng.below(3))
-                .map(|_| {
-                    let key = rng.below(APPEND_KEYS);
-                    if rng.below(2) == 0 {
-                        Mop::Read { key, seen: None }
-                    } else {
-                        next += 1;
-                        Mop::Append {
-                            key,
-                            value: self.process << 32 | next,
-                        }
-                    }
-                })
-                .collect();
-            self.record(ctx.nic().now_ns(), Kind::Invoke, mops.clone());
-            let mut tx = c.begin();
-            let mut done = Vec::new();
-            let body: Result<bool, TxError> = async {
-                for m in &mops {
-                    let (key, append) = match m {
-                        Mop::Read { key, .. } => (*key, None),
-                        Mop::Append { key, value } => (*key, Some(*value)),
-                    };
-                    let at = mix.at(&self.g, key, 0);
-                    let mut l = list_of(&c.read(ctx, &mut tx, at, LIST_BYTES).await?)?;
-                    match append {
-                        None => done.push(Mop::Read { key, seen: Some(l) }),
-                        Some(_) if l.len() == LIST_CAP => return Ok(false),
-                        Some(v) => {
-                            l.push(v);
-                            tx.write(at, &list_bytes(&l))?;
-                            done.push(m.clone());
-                        }
-                    }
-                }
-                Ok(true)
-            }
-            .await;
-            let outcome = match body {
-                Ok(true) => c.commit(ctx, tx).await,
-                Ok(false) => Ok(txn::Outcome::Aborted(txn::Abort::Busy)),
-                Err(e) => Err(e),
-            };
-            let now = ctx.nic().now_ns();
-            match outcome {
-                Ok(txn::Outcome::Committed) => self.record(now, Kind::Ok, done),
-                // Certainly not committed: an abort (recovery's among
-                // them), or a read that could not go on.
-                Ok(txn::Outcome::Aborted(_)) | Err(TxError::Aborted(_)) => {
-                    self.record(now, Kind::Fail, mops)
-                }
-                Err(e) => {
-                    self.record(now, Kind::Info, mops);
-                    return Err(e);
-                }
-            }
-            ctx.sleep(THINK_NS)?.await;
-        }
-        Ok(())
-    }
-}
-
-/// Every event in time order (a completion before an invocation of the
-/// same instant), each process's unfinished transaction closed as info at
-/// the end.
-fn merged(events: Vec<(u64, u64, Kind, Vec<Mop>)>) -> History {
-    let mut all: Vec<_> = events
-        .into_iter()
-        .map(|(t, p, k, m)| (t, u8::from(k == Kind::Invoke), p, k, m))
-        .collect();
-    all.sort_by_key(|e| (e.0, e.1, e.2));
-    let end = all.last().map_or(0, |e| e.0) + 1;
-    let mut open: BTreeMap<u64, Vec<Mop>> = BTreeMap::new();
-    let mut h = History::default();
-    for (t, _, p, k, mops) in all {
-        if k == Kind::Invoke {
-            open.insert(p, mops.clone());
-        } else {
-            open.remove(&p);
-        }
-        h.push(k, p, t, mops);
-    }
-    for (p, mops) in open {
-        h.push(Kind::Info, p, end, mops);
-    }
-    h
-}
-
 /// Any machine fails under list appends: the history, the failed
 /// machine's clients' part and the transactions recovery decided
 /// included, is strict serializable (adya), and every list's replicas
@@ -460,6 +337,9 @@ fn list_append_histories_stay_strict_serializable_across_a_failure() {
             process: (m * g.threads + t) as u64,
             txs: 80,
             history: history.clone(),
+            read_all: false,
+            flush_every: 0,
+            trap: None,
         })
         .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         for c in &r.clients {
@@ -468,36 +348,14 @@ fn list_append_histories_stay_strict_serializable_across_a_failure() {
             }
         }
         assert_eq!(r.clients.len(), 4 * g.threads as usize, "seed {seed}");
-        let h = merged(std::mem::take(&mut *history.lock().unwrap()));
-        let parsed = AdyaHistory::from_json(&h.to_json_lines()).expect("our lines parse");
-        let v = adya::check(&parsed, Workload::ListAppend, &Opts::default());
-        assert_eq!(
-            v.valid,
-            Valid::True,
-            "seed {seed}: not strict serializable: {:?}\n{}",
-            v.anomaly_types,
-            h.to_json_lines()
-        );
+        assert_strict_serializable(seed, &history);
         let map = &r
             .machines
             .iter()
             .find(|m| m.machine != crashed)
             .expect("a survivor")
             .map;
-        let mix = Mix::Append { keys: APPEND_KEYS };
-        for (at, len) in mix.objects(&g) {
-            let n = object_bytes(len);
-            let p = map.on_primary(at, n as u64).unwrap();
-            let want = bytes_on(&r, p.node(), p.offset(), n);
-            for b in map.on_backups(at, n as u64).unwrap() {
-                assert_eq!(
-                    bytes_on(&r, b.node(), b.offset(), n),
-                    want,
-                    "seed {seed}: list {at:?} on backup {}",
-                    b.node()
-                );
-            }
-        }
+        assert_replicas_agree(seed, &g, &r, map);
         recovered.set(recovered.get() + r.coord_stats().recovered_commits);
     });
     assert!(recovered.get() > 0, "no seed recovered a commit");

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod appender;
+
 use nicdrv::sim::{RunEnd, SimConfig, SimNic, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig, Nic};
 use std::future::Future;

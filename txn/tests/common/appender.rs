@@ -1,0 +1,206 @@
+//! List appends for fault tests: every client records its transactions
+//! into one history shared by all, as they happen, so that a crashed
+//! machine's clients' part is there too (the transaction in flight as an
+//! invocation alone, closed as info at the end); the history is checked
+//! for strict serializability by adya, and every list's replicas are
+//! compared with its primary's copy.
+
+use adya::{History as AdyaHistory, Opts, Valid, Workload};
+use nicdrv::rng::Rng;
+use nicdrv::{Ctx, Nic};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use txn::coord::Trap;
+use txn::harness::{Client, Report};
+use txn::history::{History, Kind, Mop};
+use txn::object::object_bytes;
+use txn::regions::RegionMap;
+use txn::workload::{list_bytes, list_of, Mix, LIST_BYTES, LIST_CAP};
+use txn::{Geometry, TxError};
+
+/// Events of every client: (time, process, kind, micro-operations).
+pub type Shared = Arc<Mutex<Vec<(u64, u64, Kind, Vec<Mop>)>>>;
+
+pub const APPEND_KEYS: u64 = 30;
+const THINK_NS: u64 = 150_000;
+
+/// One client of list appends: `txs` transactions of one to three reads
+/// or appends of random keys, then (with `read_all`) one transaction
+/// reading every list, so that a lost append cannot hide.
+pub struct Appender {
+    pub g: Geometry,
+    pub seed: u64,
+    pub process: u64,
+    pub txs: u64,
+    pub history: Shared,
+    pub read_all: bool,
+    /// Truncations sent as TRUNCATE records of their own after every this
+    /// many transactions (0: only piggybacked, and at the end).
+    pub flush_every: u64,
+    /// Set on the coordinator before the first transaction.
+    pub trap: Option<Trap>,
+}
+
+impl Appender {
+    fn record(&self, time: u64, kind: Kind, mops: Vec<Mop>) {
+        self.history
+            .lock()
+            .unwrap()
+            .push((time, self.process, kind, mops));
+    }
+
+    /// Runs `mops` as one transaction and records it.
+    async fn one<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        c: &mut txn::Coordinator,
+        mops: Vec<Mop>,
+    ) -> Result<(), TxError> {
+        let mix = Mix::Append { keys: APPEND_KEYS };
+        self.record(ctx.nic().now_ns(), Kind::Invoke, mops.clone());
+        let mut tx = c.begin();
+        let mut done = Vec::new();
+        let body: Result<bool, TxError> = async {
+            for m in &mops {
+                let (key, append) = match m {
+                    Mop::Read { key, .. } => (*key, None),
+                    Mop::Append { key, value } => (*key, Some(*value)),
+                };
+                let at = mix.at(&self.g, key, 0);
+                let mut l = list_of(&c.read(ctx, &mut tx, at, LIST_BYTES).await?)?;
+                match append {
+                    None => done.push(Mop::Read { key, seen: Some(l) }),
+                    Some(_) if l.len() == LIST_CAP => return Ok(false),
+                    Some(v) => {
+                        l.push(v);
+                        tx.write(at, &list_bytes(&l))?;
+                        done.push(m.clone());
+                    }
+                }
+            }
+            Ok(true)
+        }
+        .await;
+        let outcome = match body {
+            Ok(true) => c.commit(ctx, tx).await,
+            Ok(false) => Ok(txn::Outcome::Aborted(txn::Abort::Busy)),
+            Err(e) => Err(e),
+        };
+        let now = ctx.nic().now_ns();
+        match outcome {
+            Ok(txn::Outcome::Committed) => self.record(now, Kind::Ok, done),
+            // Certainly not committed: an abort (recovery's among them),
+            // or a read that could not go on.
+            Ok(txn::Outcome::Aborted(_)) | Err(TxError::Aborted(_)) => {
+                self.record(now, Kind::Fail, mops)
+            }
+            Err(e) => {
+                self.record(now, Kind::Info, mops);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<N: Nic> Client<N> for Appender {
+    type Out = ();
+    async fn run(mut self, ctx: &Ctx<N>, c: &mut txn::Coordinator) -> Result<(), TxError> {
+        c.set_trap(self.trap.take());
+        let mut rng = Rng::new(self.seed);
+        let mut next = 0u64;
+        for i in 0..self.txs {
+            let mops: Vec<Mop> = (0..1 + rng.below(3))
+                .map(|_| {
+                    let key = rng.below(APPEND_KEYS);
+                    if rng.below(2) == 0 {
+                        Mop::Read { key, seen: None }
+                    } else {
+                        next += 1;
+                        Mop::Append {
+                            key,
+                            value: self.process << 32 | next,
+                        }
+                    }
+                })
+                .collect();
+            self.one(ctx, c, mops).await?;
+            if self.flush_every > 0 && (i + 1) % self.flush_every == 0 {
+                c.flush(ctx).await?;
+            }
+            ctx.sleep(THINK_NS)?.await;
+        }
+        if self.read_all {
+            let all = (0..APPEND_KEYS)
+                .map(|key| Mop::Read { key, seen: None })
+                .collect();
+            self.one(ctx, c, all).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Every event in time order (a completion before an invocation of the
+/// same instant), each process's unfinished transaction closed as info at
+/// the end.
+pub fn merged(events: Vec<(u64, u64, Kind, Vec<Mop>)>) -> History {
+    let mut all: Vec<_> = events
+        .into_iter()
+        .map(|(t, p, k, m)| (t, u8::from(k == Kind::Invoke), p, k, m))
+        .collect();
+    all.sort_by_key(|e| (e.0, e.1, e.2));
+    let end = all.last().map_or(0, |e| e.0) + 1;
+    let mut open: BTreeMap<u64, Vec<Mop>> = BTreeMap::new();
+    let mut h = History::default();
+    for (t, _, p, k, mops) in all {
+        if k == Kind::Invoke {
+            open.insert(p, mops.clone());
+        } else {
+            open.remove(&p);
+        }
+        h.push(k, p, t, mops);
+    }
+    for (p, mops) in open {
+        h.push(Kind::Info, p, end, mops);
+    }
+    h
+}
+
+/// The shared history, merged and checked by adya: strict serializable,
+/// or the test fails with the anomalies and the history.
+pub fn assert_strict_serializable(seed: u64, history: &Shared) -> History {
+    let h = merged(std::mem::take(&mut *history.lock().unwrap()));
+    let parsed = AdyaHistory::from_json(&h.to_json_lines()).expect("our lines parse");
+    let v = adya::check(&parsed, Workload::ListAppend, &Opts::default());
+    if v.valid != Valid::True {
+        if let Ok(dir) = std::env::var("LOCH_HISTORY_DIR") {
+            let _ = std::fs::write(format!("{dir}/history-{seed}.jsonl"), h.to_json_lines());
+        }
+    }
+    assert_eq!(
+        v.valid,
+        Valid::True,
+        "seed {seed}: not strict serializable: {:?}\n{:#?}",
+        v.anomaly_types,
+        v.anomalies
+    );
+    h
+}
+
+/// Every list's backups hold its primary's bytes, by `map`.
+pub fn assert_replicas_agree<O>(seed: u64, g: &Geometry, r: &Report<O>, map: &RegionMap) {
+    let mix = Mix::Append { keys: APPEND_KEYS };
+    for (at, len) in mix.objects(g) {
+        let n = object_bytes(len);
+        let p = map.on_primary(at, n as u64).unwrap();
+        let want = &r.memory[p.node() as usize][p.offset() as usize..][..n];
+        for b in map.on_backups(at, n as u64).unwrap() {
+            assert_eq!(
+                &r.memory[b.node() as usize][b.offset() as usize..][..n],
+                want,
+                "seed {seed}: list {at:?} on backup {}",
+                b.node()
+            );
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! FaRM's failure handling under list-append load, fault by fault (§5):
+//! a machine fails at each step of a commit — just after its LOCK,
+//! VALIDATE, COMMIT-BACKUP, COMMIT-PRIMARY or TRUNCATE records were
+//! acknowledged — in each role (the coordinator's machine, a primary the
+//! commit locked, a backup it writes, the configuration manager); two
+//! machines fail at once; a partition cuts a minority off; a second
+//! machine fails while recovery of the first runs.
+//!
+//! Every run records one history shared by every client as it happens
+//! (the failed machines' clients' part too, in-doubt transactions as
+//! info), ending with a read of every list by each surviving client, and
+//! checks: the history is strict serializable (adya), so no acknowledged
+//! append is lost; every survivor's client finished; every survivor ends
+//! in the same configuration and map, with no replica on a failed
+//! machine and f + 1 replicas of every region, each backup equal to its
+//! primary; no recovery lock is left and no record was refused as stale.
+
+mod common;
+
+use common::appender::{assert_replicas_agree, assert_strict_serializable, Appender, Shared};
+use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimModel, SimNic};
+use nicdrv::NodeId;
+use std::sync::{Arc, Mutex};
+use txn::config::{ConfigStore, EmbeddedStore};
+use txn::coord::{Step, Trap, TrapPoint};
+use txn::harness::{run_sim_with, Report, RunOptions};
+use txn::lease::LeaseConfig;
+use txn::Geometry;
+
+const L: u64 = 10_000_000;
+const TXS: u64 = 60;
+
+fn geo() -> Geometry {
+    Geometry {
+        machines: 5,
+        threads: 2,
+        f: 2,
+        regions_per_machine: 1,
+        spare_regions_per_machine: 1,
+        region_bytes: 64 << 10,
+        static_bytes: 32 << 10,
+        block_bytes: 16 << 10,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    }
+}
+
+/// The machine a trap fails, by its part in the commit it strikes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Role {
+    Coordinator,
+    Primary,
+    Backup,
+    Cm,
+}
+
+/// The trapping coordinator's machine (not the CM's, so that each role
+/// names a machine of its own where the commit allows).
+const TRAPPER: NodeId = 1;
+
+/// A trap that, at the `nth` time (from 1) its coordinator reaches
+/// `step` with a machine in `role` to fail, crashes that machine and
+/// says which in `fired`.
+fn trap(step: Step, role: Role, nth: u32, fired: Arc<Mutex<Option<NodeId>>>) -> Trap {
+    let mut seen = 0;
+    Box::new(move |p: &TrapPoint<'_>| {
+        if p.step != step || fired.lock().unwrap().is_some() {
+            return;
+        }
+        let others = |d: &&NodeId| **d != TRAPPER && **d != 0;
+        let victim = match role {
+            Role::Coordinator => Some(TRAPPER),
+            Role::Cm => Some(0),
+            Role::Primary => p.primaries.iter().find(others).copied(),
+            Role::Backup => p
+                .backups
+                .iter()
+                .filter(others)
+                .find(|d| !p.primaries.contains(d))
+                .or_else(|| p.backups.iter().find(others))
+                .copied(),
+        };
+        let Some(victim) = victim else { return };
+        seen += 1;
+        if seen < nth {
+            return;
+        }
+        let nic = p.nic.downcast_ref::<SimNic>().expect("a simulated machine");
+        nic.inject(FaultKind::CrashMachine { machine: victim })
+            .expect("a machine of the cluster");
+        *fired.lock().unwrap() = Some(victim);
+    })
+}
+
+struct Run {
+    r: Report<()>,
+    history: Shared,
+    store: Arc<dyn ConfigStore>,
+}
+
+/// List appends on 5 machines × 2 threads, 3-way, 10 ms leases, with
+/// `faults` and the traps `traps(machine, thread)` gives; coordinators
+/// flush their truncations every `flush_every` transactions (0: never).
+fn run(
+    seed: u64,
+    faults: Vec<Fault>,
+    mut traps: impl FnMut(u16, u16) -> Option<Trap>,
+    flush_every: u64,
+) -> Run {
+    let g = geo();
+    let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
+    let opts = RunOptions {
+        faults,
+        leases: Some(LeaseConfig::of(L)),
+        recovery: Some(store.clone()),
+        ..Default::default()
+    };
+    let history: Shared = Arc::default();
+    let (r, _w) = run_sim_with(g, seed, SimModel::default(), &opts, |m, t| Appender {
+        g,
+        seed: seed * 977 + (m * g.threads + t) as u64,
+        process: (m * g.threads + t) as u64,
+        txs: TXS,
+        history: history.clone(),
+        read_all: true,
+        flush_every,
+        trap: traps(m, t),
+    })
+    .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    Run { r, history, store }
+}
+
+/// The checks every fault run passes; `out` are the machines that failed
+/// or were cut off (removed by the configuration the run ends in).
+fn check(seed: u64, run: &Run, out: &[NodeId]) {
+    let g = geo();
+    let r = &run.r;
+    let stored = run.store.read().unwrap().expect("a configuration");
+    let want: Vec<NodeId> = (0..g.machines).filter(|m| !out.contains(m)).collect();
+    let members: Vec<NodeId> = stored.config.machines.iter().map(|m| m.0).collect();
+    assert_eq!(members, want, "seed {seed}: {stored:?}");
+    for c in &r.clients {
+        if out.contains(&c.machine) {
+            continue;
+        }
+        if let Err(e) = &c.out {
+            panic!(
+                "seed {seed}: machine {} client {}: {e}",
+                c.machine, c.thread
+            );
+        }
+    }
+    let finished = r.clients.iter().filter(|c| !out.contains(&c.machine));
+    assert_eq!(
+        finished.count(),
+        want.len() * g.threads as usize,
+        "seed {seed}: every survivor's clients report"
+    );
+    assert_strict_serializable(seed, &run.history);
+    let survivors: Vec<_> = r
+        .machines
+        .iter()
+        .filter(|m| !out.contains(&m.machine))
+        .collect();
+    let map = survivors[0].map.clone();
+    for m in &survivors {
+        assert_eq!(
+            m.config, stored.config.id,
+            "seed {seed}: machine {}",
+            m.machine
+        );
+        assert!(!m.removed, "seed {seed}: machine {}", m.machine);
+        assert_eq!(m.map, map, "seed {seed}: machine {}'s map", m.machine);
+        assert_eq!(m.rlocked, 0, "seed {seed}: machine {}", m.machine);
+    }
+    for reg in map.iter() {
+        assert!(
+            std::iter::once(&reg.primary)
+                .chain(&reg.backups)
+                .all(|x| !out.contains(&x.machine)),
+            "seed {seed}: {reg:?}"
+        );
+        assert_eq!(reg.backups.len(), g.f, "seed {seed}: {reg:?}");
+    }
+    assert_replicas_agree(seed, &g, r, &map);
+    for s in r.servers.iter().filter(|s| !out.contains(&s.machine)) {
+        let st = s.stats.as_ref().unwrap();
+        assert_eq!(st.stale_records, 0, "seed {seed}: {st:?}");
+        assert_eq!(st.recovery_conflicts, 0, "seed {seed}: {st:?}");
+    }
+}
+
+/// Runs a trap at `step` in `role`, on the coordinator thread 0 of
+/// machine [`TRAPPER`], at a seed-chosen occurrence.
+fn at_step(step: Step, role: Role, seed: u64, flush_every: u64) {
+    let fired = Arc::new(Mutex::new(None));
+    let nth = 1 + (seed % 8) as u32;
+    let run = run(
+        seed,
+        Vec::new(),
+        |m, t| (m == TRAPPER && t == 0).then(|| trap(step, role, nth, fired.clone())),
+        flush_every,
+    );
+    let victim = fired
+        .lock()
+        .unwrap()
+        .unwrap_or_else(|| panic!("seed {seed}: {step:?} as {role:?} never struck"));
+    check(seed, &run, &[victim]);
+}
+
+const ROLES: [Role; 4] = [Role::Coordinator, Role::Primary, Role::Backup, Role::Cm];
+
+#[test]
+fn a_machine_fails_just_after_lock() {
+    for role in ROLES {
+        for_each_seed(&format!("after_lock_{role:?}"), 6, |seed| {
+            at_step(Step::Lock, role, seed, 0)
+        });
+    }
+}
+
+#[test]
+fn a_machine_fails_just_after_validate() {
+    for role in ROLES {
+        for_each_seed(&format!("after_validate_{role:?}"), 6, |seed| {
+            at_step(Step::Validate, role, seed, 0)
+        });
+    }
+}
+
+#[test]
+fn a_machine_fails_just_after_commit_backup() {
+    for role in ROLES {
+        for_each_seed(&format!("after_commit_backup_{role:?}"), 6, |seed| {
+            at_step(Step::CommitBackup, role, seed, 0)
+        });
+    }
+}
+
+#[test]
+fn a_machine_fails_just_after_commit_primary() {
+    for role in ROLES {
+        for_each_seed(&format!("after_commit_primary_{role:?}"), 6, |seed| {
+            at_step(Step::CommitPrimary, role, seed, 0)
+        });
+    }
+}
+
+/// Coordinators send TRUNCATE records of their own every few
+/// transactions; the machine truncated fails (or the coordinator's).
+#[test]
+fn a_machine_fails_just_after_truncate() {
+    for role in [Role::Coordinator, Role::Primary, Role::Cm] {
+        for_each_seed(&format!("after_truncate_{role:?}"), 6, |seed| {
+            at_step(Step::Truncate, role, seed, 5)
+        });
+    }
+}
+
+/// Two machines crash at the same instant under load, the CM among them
+/// on some seeds: one region in five loses two of its three replicas.
+#[test]
+fn two_machines_fail_at_once_under_load() {
+    for_each_seed("two_machines_at_once", 20, |seed| {
+        let a = (seed % 5) as NodeId;
+        let b = ((seed / 5 + 1 + seed) % 5) as NodeId;
+        let b = if b == a { (a + 1) % 5 } else { b };
+        let at = 4_000_000 + (seed * 137_000) % 4_000_000;
+        let faults = [a, b]
+            .map(|machine| Fault {
+                at_ns: at,
+                kind: FaultKind::CrashMachine { machine },
+            })
+            .to_vec();
+        let run = run(seed, faults, |_, _| None, 0);
+        let mut out = vec![a, b];
+        out.sort();
+        check(seed, &run, &out);
+    });
+}
+
+/// A partition cuts one machine (the CM on some seeds) off from the
+/// other four under load, for good: the majority removes it and goes
+/// on; what the minority did meanwhile, its clients' reads included,
+/// stays strict serializable with the majority's.
+#[test]
+fn a_partition_cuts_a_machine_off_under_load() {
+    for_each_seed("partition_under_load", 15, |seed| {
+        let cut = (seed % 5) as NodeId;
+        let at = 4_000_000 + (seed * 137_000) % 4_000_000;
+        let faults = vec![Fault {
+            at_ns: at,
+            kind: FaultKind::Partition { side: 1 << cut },
+        }];
+        let run = run(seed, faults, |_, _| None, 0);
+        check(seed, &run, &[cut]);
+        let m = run.r.machines.iter().find(|m| m.machine == cut).unwrap();
+        assert!(
+            m.removed || m.config < 2,
+            "seed {seed}: the cut machine took a configuration without itself: {}",
+            m.config
+        );
+    });
+}
+
+/// A machine fails while the survivors recover from another's failure
+/// (just after a recovering coordinator's RECOVER-QUERY landed).
+#[test]
+fn a_second_machine_fails_during_recovery() {
+    for_each_seed("second_failure_during_recovery", 20, |seed| {
+        let first = 2 + (seed % 3) as NodeId;
+        let fired = Arc::new(Mutex::new(None));
+        let second = if first == 4 { 3 } else { 4 };
+        let trap_fired = fired.clone();
+        let faults = vec![Fault {
+            at_ns: 5_000_000 + (seed * 137_000) % 3_000_000,
+            kind: FaultKind::CrashMachine { machine: first },
+        }];
+        let run = run(
+            seed,
+            faults,
+            |m, t| {
+                (m == TRAPPER && t == 0).then(|| {
+                    let f = trap_fired.clone();
+                    Box::new(move |p: &TrapPoint<'_>| {
+                        if p.step == Step::Recover && f.lock().unwrap().is_none() {
+                            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+                            nic.inject(FaultKind::CrashMachine { machine: second })
+                                .unwrap();
+                            *f.lock().unwrap() = Some(second);
+                        }
+                    }) as Trap
+                })
+            },
+            0,
+        );
+        assert_eq!(*fired.lock().unwrap(), Some(second), "seed {seed}");
+        let mut out = vec![first, second];
+        out.sort();
+        check(seed, &run, &out);
+    });
+}
