@@ -646,9 +646,24 @@ fn txn_reports_leases_and_fault_timelines() {
         assert!(t("suspected_ms") <= t("committed_ms"), "{r}");
         assert!(t("committed_ms") <= t("active_ms"), "{r}");
         assert!(t("active_ms") < t("rereplicated_ms"), "{r}");
-        assert!(t("to_80_ms") < 60.0, "{r}");
-        assert!(r["committed_per_ms_before"].as_f64().unwrap() > 0.0);
-        assert_eq!(r["timeline"]["committed"].as_array().unwrap().len(), 70);
+        // Throughput comes back soon after the new configuration (to_80
+        // is the end of the last 1 ms bucket under 80%, which at this
+        // small scale a bucket's noise can put anywhere in the window).
+        assert!(t("to_80_ms") >= t("committed_ms"), "{r}");
+        let before = r["committed_per_ms_before"].as_f64().unwrap();
+        assert!(before > 0.0);
+        let line: Vec<f64> = r["timeline"]["committed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_f64().unwrap())
+            .collect();
+        assert_eq!(line.len(), 70);
+        let back = (10 + t("committed_ms") as usize..line.len()).find(|&i| line[i] >= 0.8 * before);
+        assert!(
+            back.is_some_and(|i| (i as f64 - 10.0) < t("committed_ms") + 5.0),
+            "{r}"
+        );
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));

@@ -465,7 +465,7 @@ impl Coordinator {
         let Some(m) = self.follows.clone() else {
             return Ok(());
         };
-        let mut deadline = ctx.now_ns() + GATE_WAIT_NS;
+        let mut deadline = ctx.now_ns() + self.gate_wait_ns();
         let mut from: Option<Before> = None;
         loop {
             if m.membership.is_removed() {
@@ -492,7 +492,7 @@ impl Coordinator {
                             self.wait_past(ctx, e, err).await?;
                             self.stats.recovery_restarts += 1;
                             from = Some(before);
-                            deadline = ctx.now_ns() + GATE_WAIT_NS;
+                            deadline = ctx.now_ns() + self.gate_wait_ns();
                             continue;
                         }
                     }
@@ -502,7 +502,7 @@ impl Coordinator {
                 return Err(TxError::Protocol(format!(
                     "machine {}: configuration {e} was not committed within {} ms",
                     self.machine,
-                    GATE_WAIT_NS / 1_000_000
+                    self.gate_wait_ns() / 1_000_000
                 )));
             }
             ctx.sleep(GATE_POLL_NS)?.await;
@@ -687,7 +687,7 @@ impl Coordinator {
             }
         }
         // Every machine's locks recovered: the configuration is usable.
-        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        let deadline = ctx.now_ns() + self.gate_wait_ns();
         loop {
             let mut b = ctx.batch();
             let ops: Vec<OpId> = members
@@ -756,12 +756,52 @@ impl Coordinator {
         }
     }
 
+    /// How long a coordinator waits on a configuration change:
+    /// [`GATE_WAIT_NS`], or four leases where that is longer (a change is
+    /// committed a lease after its install, and a CM failing meanwhile
+    /// costs a lease more to suspect and a turn to replace).
+    fn gate_wait_ns(&self) -> u64 {
+        let lease = self.follows.as_ref().map_or(0, |m| m.membership.lease_ns());
+        GATE_WAIT_NS.max(lease.saturating_mul(4))
+    }
+
+    /// A read-only transaction's reads are done (and validated): it is
+    /// reported committed only while this machine's leases hold
+    /// ([`crate::lease::Membership::serving`]). Until its leases ran out,
+    /// no configuration without this machine can have been committed, so
+    /// no transaction has written where it read since. It waits for a
+    /// lease renewed; a configuration change meanwhile aborts it; a
+    /// machine without a lease for [`Self::gate_wait_ns`] stops with an error.
+    async fn serve<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        let Some(m) = self.follows.clone() else {
+            return Ok(());
+        };
+        let deadline = ctx.now_ns() + self.gate_wait_ns();
+        loop {
+            let (epoch, until) = m.membership.serving();
+            if epoch == self.config as u64 && ctx.now_ns() < until {
+                return Ok(());
+            }
+            if m.membership.epoch() != self.config as u64 || m.membership.is_removed() {
+                return Err(TxError::Aborted(Abort::Failure));
+            }
+            if ctx.now_ns() >= deadline {
+                return Err(TxError::Protocol(format!(
+                    "machine {} has held no lease for {} ms",
+                    self.machine,
+                    self.gate_wait_ns() / 1_000_000
+                )));
+            }
+            ctx.sleep(GATE_POLL_NS)?.await;
+        }
+    }
+
     /// After `e` cut this coordinator's work in configuration `config`
     /// off (a record to a machine that failed): waits for the machine to
     /// install a later configuration, forgetting the COMMIT-PRIMARY
     /// records in flight (recovery decides their transactions). The error
     /// stands without a configuration to follow, when none comes within
-    /// [`GATE_WAIT_NS`], or when this machine was removed.
+    /// [`Self::gate_wait_ns`], or when this machine was removed.
     async fn wait_past<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -771,7 +811,7 @@ impl Coordinator {
         let Some(m) = self.follows.clone() else {
             return Err(e);
         };
-        let deadline = ctx.now_ns() + GATE_WAIT_NS;
+        let deadline = ctx.now_ns() + self.gate_wait_ns();
         while m.membership.epoch() <= config {
             if ctx.now_ns() >= deadline || m.membership.is_removed() {
                 return Err(e);
@@ -1127,7 +1167,7 @@ impl Coordinator {
             return Err(TxError::Aborted(Abort::Changed));
         }
         if tx.writes.is_empty() && tx.reads.len() <= 1 {
-            return Ok(());
+            return self.serve(ctx).await;
         }
         let mut plan = self.plan(tx)?;
         if self.follows.is_some() && plan.keys().any(|&d| self.logs[d as usize].is_poisoned()) {
@@ -1142,6 +1182,9 @@ impl Coordinator {
             }
         }
         r?;
+        if tx.writes.is_empty() {
+            self.serve(ctx).await?;
+        }
         if let Some(m) = &self.follows {
             // Acknowledged in this configuration, before the machine moved
             // on: every record landed before any machine drains.

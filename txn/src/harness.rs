@@ -162,6 +162,10 @@ pub struct RunOptions {
     /// ([`crate::recovery`]). The store gets configuration 1 unless it
     /// holds one.
     pub recovery: Option<Arc<dyn crate::config::ConfigStore>>,
+    /// With recovery, the store as machine m's reconfiguration task
+    /// reaches it, where this names one (a store some machines cannot
+    /// reach, say); the others use `recovery`'s.
+    pub store_of: Vec<(u16, Arc<dyn crate::config::ConfigStore>)>,
     /// Servers stop at this time of their executor clock whatever else
     /// (a run across processes whose clients may have failed, sending no
     /// DONE).
@@ -333,7 +337,11 @@ fn tasks<N: Nic, C: Client<N>>(
             let r = crate::reconfig::Reconfig {
                 geo,
                 timing,
-                store: store.clone(),
+                store: opts
+                    .store_of
+                    .iter()
+                    .find(|s| s.0 == m)
+                    .map_or_else(|| store.clone(), |s| s.1.clone()),
                 membership: mach.membership.clone(),
                 machine: Some(mach.clone()),
             };

@@ -189,6 +189,13 @@ pub struct Suspicion {
 pub struct Membership {
     pub me: NodeId,
     current: Mutex<Stored>,
+    /// The leases that give this machine the right to serve, in the
+    /// current configuration ([`Membership::serving`]).
+    serving: Mutex<Serving>,
+    /// A reconfiguration task runs here, so another machine may take
+    /// over as CM ([`Membership::lost_lease`]); its lease, in ns (0
+    /// before).
+    replaceable: AtomicU64,
     /// The current configuration's number, for a cheap look.
     epoch: AtomicU64,
     /// The newest configuration whose NEW-CONFIG-COMMIT this machine saw
@@ -198,10 +205,33 @@ pub struct Membership {
     suspicions: Mutex<Vec<Suspicion>>,
 }
 
+/// A machine reads its own memory without asking anyone, so a machine
+/// cut off from the others could go on answering read-only transactions
+/// from a copy the others no longer use. Leases bound that (FaRM §5.1,
+/// §5.2 step 7): a new configuration is committed only once every lease
+/// granted in the previous one to a machine outside it ran out, and a
+/// machine serves only while its leases hold.
+#[derive(Debug, Default)]
+struct Serving {
+    epoch: u64,
+    /// A machine's lease at its CM: until when the CM cannot have
+    /// suspected it (the last REQUEST it granted was sent then, plus L).
+    held_until: u64,
+    /// At the CM, its lease at each machine: until when that machine
+    /// cannot suspect it (the last GRANT it acknowledged was sent then,
+    /// plus L).
+    at: std::collections::BTreeMap<NodeId, u64>,
+}
+
 impl Membership {
     pub fn new(me: NodeId, current: Stored) -> Arc<Membership> {
         Arc::new(Membership {
             me,
+            serving: Mutex::new(Serving {
+                epoch: current.config.id,
+                ..Default::default()
+            }),
+            replaceable: AtomicU64::new(0),
             epoch: AtomicU64::new(current.config.id),
             committed: AtomicU64::new(current.config.id),
             current: Mutex::new(current),
@@ -230,6 +260,11 @@ impl Membership {
         }
         let id = s.config.id;
         *cur = s;
+        // Leases of the configuration before give no right in this one.
+        *self.serving.lock().expect("no panics hold it") = Serving {
+            epoch: id,
+            ..Default::default()
+        };
         // Release: see epoch().
         self.epoch.store(id, Ordering::Release);
         true
@@ -262,6 +297,80 @@ impl Membership {
         self.removed.load(Ordering::Acquire)
     }
 
+    /// A GRANT of this machine's lease in configuration `epoch`: it holds
+    /// until `until` (its REQUEST's sending time plus L).
+    pub fn held(&self, epoch: u64, until: u64) {
+        let mut s = self.serving.lock().expect("no panics hold it");
+        if s.epoch == epoch {
+            s.held_until = s.held_until.max(until);
+        }
+    }
+
+    /// At the CM, machine `peer` acknowledged a GRANT in `epoch`: the
+    /// CM's lease there holds until `until` (the GRANT's sending time
+    /// plus L).
+    pub fn lease_at(&self, epoch: u64, peer: NodeId, until: u64) {
+        let mut s = self.serving.lock().expect("no panics hold it");
+        if s.epoch == epoch {
+            let e = s.at.entry(peer).or_insert(0);
+            *e = (*e).max(until);
+        }
+    }
+
+    /// The configuration this machine may serve in, and until when: a
+    /// machine while it holds its lease at the CM; the CM while it holds
+    /// its lease at every machine of the configuration (any of them may
+    /// become the next CM once it suspects this one). Nothing once
+    /// removed.
+    pub fn serving(&self) -> (u64, u64) {
+        let cur = self.current();
+        let s = self.serving.lock().expect("no panics hold it");
+        if self.is_removed() || s.epoch != cur.config.id {
+            return (s.epoch, 0);
+        }
+        let until = if cur.config.cm == self.me {
+            cur.config
+                .machines
+                .iter()
+                .filter(|m| m.0 != self.me)
+                .map(|m| s.at.get(&m.0).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(u64::MAX)
+        } else {
+            s.held_until
+        };
+        (s.epoch, until)
+    }
+
+    /// Whether this machine, as CM in `epoch`, lost a lease it held at a
+    /// machine (held one, and it ran out by `now_ns`): then it grants no
+    /// more in `epoch`, so that no lease it grants outlasts its own right
+    /// to be CM — a machine that took over once this one's lease ran out
+    /// there waits out only the leases granted until then.
+    /// Without reconfiguration no machine takes over, and a CM that lost
+    /// a lease grants on.
+    pub fn lost_lease(&self, epoch: u64, now_ns: u64) -> bool {
+        if self.lease_ns() == 0 {
+            return false;
+        }
+        let s = self.serving.lock().expect("no panics hold it");
+        s.epoch == epoch && s.at.values().any(|&u| u < now_ns)
+    }
+
+    /// This machine runs a reconfiguration task, with leases of
+    /// `lease_ns`: a CM that loses a lease may be replaced
+    /// ([`Membership::lost_lease`]).
+    pub fn may_be_replaced(&self, lease_ns: u64) {
+        // Relaxed: set once, before any lease could run out.
+        self.replaceable.store(lease_ns.max(1), Ordering::Relaxed);
+    }
+
+    /// The lease of the reconfiguration that runs here (0 without one):
+    /// what a configuration change takes is counted in leases.
+    pub fn lease_ns(&self) -> u64 {
+        self.replaceable.load(Ordering::Relaxed)
+    }
+
     pub fn suspect(&self, s: Suspicion) {
         self.suspicions.lock().expect("no panics hold it").push(s);
     }
@@ -288,6 +397,9 @@ pub struct LeaseStats {
     pub suspicions: u64,
     /// WRITEs that failed (the peer unreachable).
     pub failed_writes: u64,
+    /// At the CM: requests heard but not granted, once it lost a lease of
+    /// its own ([`Membership::lost_lease`]).
+    pub withheld: u64,
     /// Configurations it moved through after the first.
     pub switches: u64,
 }
@@ -301,6 +413,7 @@ impl std::ops::AddAssign for LeaseStats {
         self.max_renew_gap_ns = self.max_renew_gap_ns.max(o.max_renew_gap_ns);
         self.suspicions += o.suspicions;
         self.failed_writes += o.failed_writes;
+        self.withheld += o.withheld;
         self.switches += o.switches;
     }
 }
@@ -517,6 +630,9 @@ impl Lease {
         let mut suspected = false;
         // The last request granted (grants of older ones are late).
         let mut acked = *seq;
+        // When the latest requests were sent, by sequence number: a grant
+        // makes this machine's lease hold L from its request's sending.
+        let mut sent = [(0u64, 0u64); 8];
         let mut last = ctx.local().load(self.geo.lease_word(self.peer))?;
         loop {
             if stop() {
@@ -532,6 +648,7 @@ impl Lease {
             if ctx.now_ns() >= next_renew {
                 *seq += 1;
                 next_renew = ctx.now_ns() + self.timing.renew_ns;
+                sent[(*seq % 8) as usize] = (*seq, ctx.now_ns());
                 st.requests += 1;
                 if !self.send(ctx, epoch, Kind::Request, *seq).await {
                     st.failed_writes += 1;
@@ -545,6 +662,10 @@ impl Lease {
                     Kind::Grant if acked < m.seq && m.seq <= *seq => {
                         acked = m.seq;
                         granted_at = ctx.now_ns();
+                        let (s, at) = sent[(m.seq % 8) as usize];
+                        if s == m.seq {
+                            self.membership.held(epoch, at + l);
+                        }
                         cm_until = granted_at + l;
                         st.acks += 1;
                         if !self.send(ctx, epoch, Kind::Ack, m.seq).await {
@@ -587,6 +708,9 @@ impl Lease {
         let start_grace = grace.saturating_sub(l);
         let mut suspected = false;
         let mut granted = 0u64;
+        // When the last grant was sent: once acknowledged, the CM's lease
+        // at the machine holds L from then.
+        let mut granted_ns = 0u64;
         // A request of this configuration already here (the machine
         // installed it first) is the first one to grant.
         let w0 = ctx.local().load(self.geo.lease_word(self.peer))?;
@@ -605,10 +729,12 @@ impl Lease {
             if let Some(m) = self.incoming(ctx, epoch, &mut last, st)? {
                 match m.kind {
                     // A machine suspected is out until reconfiguration says
-                    // otherwise: its requests are not granted. After the
-                    // first, requests come in sequence (the machine sends
-                    // the next only once this one is granted), so a word
-                    // out of sequence is not the machine's.
+                    // otherwise: its requests are not granted; nor is any,
+                    // once this CM lost a lease of its own (it may have
+                    // been replaced). After the first, requests come in
+                    // sequence (the machine sends the next only once this
+                    // one is granted), so a word out of sequence is not
+                    // the machine's.
                     Kind::Request
                         if !suspected
                             && (if first {
@@ -624,12 +750,22 @@ impl Lease {
                         first = false;
                         renewed = now;
                         granted = m.seq;
-                        st.grants += 1;
-                        if !self.send(ctx, epoch, Kind::Grant, m.seq).await {
-                            st.failed_writes += 1;
+                        // Heard, but not granted once this CM lost a
+                        // lease of its own (the machine does not lose its
+                        // place in the sequence).
+                        if self.membership.lost_lease(epoch, now) {
+                            st.withheld += 1;
+                        } else {
+                            granted_ns = now;
+                            st.grants += 1;
+                            if !self.send(ctx, epoch, Kind::Grant, m.seq).await {
+                                st.failed_writes += 1;
+                            }
                         }
                     }
-                    Kind::Ack if m.seq == granted => {}
+                    Kind::Ack if m.seq == granted => {
+                        self.membership.lease_at(epoch, self.peer, granted_ns + l)
+                    }
                     // The machine's LEAVE follows its last request, granted
                     // or not yet.
                     Kind::Leave if first || (granted + 1..=granted + 2).contains(&m.seq) => {

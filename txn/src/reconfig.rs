@@ -203,6 +203,7 @@ impl Reconfig {
         ctx: &Ctx<N>,
         stop: &dyn Fn() -> bool,
     ) -> Result<Vec<Event>, TxError> {
+        self.membership.may_be_replaced(self.timing.lease_ns);
         let mut ev = Vec::new();
         let me = self.me();
         let mut last: Vec<u64> = Vec::with_capacity(self.geo.machines as usize);

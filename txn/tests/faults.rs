@@ -21,7 +21,7 @@ use common::appender::{assert_replicas_agree, assert_strict_serializable, Append
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimModel, SimNic};
 use nicdrv::NodeId;
 use std::sync::{Arc, Mutex};
-use txn::config::{ConfigStore, EmbeddedStore};
+use txn::config::{ConfigError, ConfigStore, Configuration, EmbeddedStore, Stored, Swap};
 use txn::coord::{Step, Trap, TrapPoint};
 use txn::harness::{run_sim_with, Report, RunOptions};
 use txn::lease::LeaseConfig;
@@ -107,12 +107,27 @@ fn run(
     mut traps: impl FnMut(u16, u16) -> Option<Trap>,
     flush_every: u64,
 ) -> Run {
+    run_with(seed, faults, &mut traps, flush_every, &[])
+}
+
+/// [`run`], the machines `unreachable` unable to reach the store.
+fn run_with(
+    seed: u64,
+    faults: Vec<Fault>,
+    traps: &mut dyn FnMut(u16, u16) -> Option<Trap>,
+    flush_every: u64,
+    unreachable: &[NodeId],
+) -> Run {
     let g = geo();
     let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
     let opts = RunOptions {
         faults,
         leases: Some(LeaseConfig::of(L)),
         recovery: Some(store.clone()),
+        store_of: unreachable
+            .iter()
+            .map(|&m| (m, Arc::new(Unreachable) as Arc<dyn ConfigStore>))
+            .collect(),
         ..Default::default()
     };
     let history: Shared = Arc::default();
@@ -300,6 +315,44 @@ fn a_partition_cuts_a_machine_off_under_load() {
             "seed {seed}: the cut machine took a configuration without itself: {}",
             m.config
         );
+    });
+}
+
+/// A store this machine cannot reach (the far side of a partition).
+struct Unreachable;
+
+impl ConfigStore for Unreachable {
+    fn read(&self) -> Result<Option<Stored>, ConfigError> {
+        Err(ConfigError::Store("unreachable".into()))
+    }
+    fn cas(&self, _: Option<u64>, _: &Configuration) -> Result<Swap, ConfigError> {
+        Err(ConfigError::Store("unreachable".into()))
+    }
+}
+
+/// A partition cuts a minority off from the others and from the
+/// configuration store, for good: one machine (the CM on some seeds), or
+/// the CM with a machine that holds its lease from it. The minority
+/// never learns it was removed, and still holds copies of the regions it
+/// was primary of, which the majority promotes elsewhere and goes on
+/// writing. Its leases run out, and with them its right to serve: a read
+/// there after the majority moved on would be stale. (The old CM, having
+/// lost its leases at the majority, grants its companion no more.)
+#[test]
+fn a_minority_cut_off_from_the_cluster_and_the_store_serves_no_stale_read() {
+    for_each_seed("partition_from_the_store", 15, |seed| {
+        let cut: Vec<NodeId> = match seed % 3 {
+            2 => vec![0, 1 + (seed / 3 % 4) as NodeId],
+            _ => vec![(seed % 5) as NodeId],
+        };
+        let side = cut.iter().fold(0u64, |s, &m| s | 1 << m);
+        let at = 4_000_000 + (seed * 137_000) % 4_000_000;
+        let faults = vec![Fault {
+            at_ns: at,
+            kind: FaultKind::Partition { side },
+        }];
+        let run = run_with(seed, faults, &mut |_, _| None, 0, &cut);
+        check(seed, &run, &cut);
     });
 }
 
