@@ -37,7 +37,7 @@ use crate::error::{Abort, TxError};
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
-use crate::recovery::Machine;
+use crate::recovery::{recovered_word, Machine};
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Reservation, RingError, Sender};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
@@ -349,6 +349,9 @@ pub struct Coordinator {
     cut_off: Option<TxId>,
     /// A fault test's hook ([`Coordinator::set_trap`]).
     trap: Option<Trap>,
+    /// Regions whose primary the configuration taken changed, by that
+    /// primary, until it is seen to have recovered its locks.
+    recovering: BTreeMap<u32, NodeId>,
 }
 
 /// How long a coordinator waits for a configuration its machine applied
@@ -414,6 +417,7 @@ impl Coordinator {
             decided: HashMap::new(),
             cut_off: None,
             trap: None,
+            recovering: BTreeMap::new(),
         })
     }
 
@@ -539,9 +543,8 @@ impl Coordinator {
     /// starts it over in the next configuration.
     async fn recover<N: Nic>(&mut self, ctx: &Ctx<N>, before: &Before) -> Result<(), TxError> {
         use crate::records::Vote;
-        use crate::recovery::{decide, recovered_word, Ballot};
+        use crate::recovery::{decide, Ballot};
         let machines = self.geo.machines;
-        let e = self.config as u64;
         let members: Vec<NodeId> = (0..machines)
             .filter(|&d| self.members[d as usize])
             .collect();
@@ -686,22 +689,45 @@ impl Coordinator {
                 self.decided.insert(t, commit);
             }
         }
-        // Every machine's locks recovered: the configuration is usable.
+        // A region whose primary changed is usable once that primary
+        // recovered its locks ([`Self::active`]); every other region at
+        // once: transactions that touch no recovering region go on.
+        let old = before.map.as_deref();
+        self.recovering = now
+            .iter()
+            .filter(|r| old.is_none_or(|o| o.get(r.id).ok().map(|x| x.primary) != Some(r.primary)))
+            .map(|r| (r.id, r.primary.machine))
+            .collect();
+        Ok(())
+    }
+
+    /// Waits until region `region` is active in this coordinator's
+    /// configuration: its primary, if the configuration changed it, has
+    /// recovered its locks (FaRM §5.3 step 1: access to a recovering
+    /// region is blocked until lock recovery), so that no read finds a
+    /// copy recovery has not locked.
+    async fn active<N: Nic>(&mut self, ctx: &Ctx<N>, region: u32) -> Result<(), TxError> {
+        let Some(&p) = self.recovering.get(&region) else {
+            return Ok(());
+        };
+        let e = self.config as u64;
         let deadline = ctx.now_ns() + self.gate_wait_ns();
         loop {
             let mut b = ctx.batch();
-            let ops: Vec<OpId> = members
-                .iter()
-                .map(|&d| b.read_new(GlobalAddr::host(d, recovered_word(&self.geo, d)), 8))
-                .collect();
-            let done = b.submit().await?;
-            if ops.iter().all(|&op| done.word(op) >= e) {
+            let op = b.read_new(GlobalAddr::host(p, recovered_word(&self.geo, p)), 8);
+            let done = b.submit().await;
+            let recovered = match &done {
+                Ok(d) => d.word(op) >= e,
+                Err(_) => return Err(TxError::Aborted(Abort::Failure)),
+            };
+            drop(done);
+            if recovered {
+                self.recovering.retain(|_, m| *m != p);
                 return Ok(());
             }
-            drop(done);
             if ctx.now_ns() >= deadline {
                 return Err(TxError::Protocol(format!(
-                    "machine {}: not every machine recovered its locks for configuration {e}",
+                    "machine {}: machine {p} did not recover its locks for configuration {e}",
                     self.machine
                 )));
             }
@@ -903,6 +929,7 @@ impl Coordinator {
         len: usize,
     ) -> Result<object::Read, TxError> {
         self.gate(ctx).await?;
+        self.active(ctx, at.region).await?;
         if len > object::MAX_PAYLOAD {
             return Err(TxError::Usage(format!(
                 "an object of {len} bytes (at most {})",
