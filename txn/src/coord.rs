@@ -536,9 +536,9 @@ impl Coordinator {
     /// coordinator failed, it wrote a region whose replicas changed, or an
     /// earlier round decided it — by the ballots of its regions (an
     /// earlier round's decision standing), and sends each decision with
-    /// the values to every machine twice: to keep, then to act on. Then it
-    /// waits until every machine recovered its locks, so that no read of a
-    /// promoted region finds a copy recovery has not locked. A machine
+    /// the values to every machine twice: to keep, then to act on. The
+    /// regions whose primary moved are then recovering until that primary
+    /// recovered its locks ([`Self::active`]). A machine
     /// failing meanwhile ends the round with an error; [`Self::gate`]
     /// starts it over in the next configuration.
     async fn recover<N: Nic>(&mut self, ctx: &Ctx<N>, before: &Before) -> Result<(), TxError> {

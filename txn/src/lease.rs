@@ -511,7 +511,13 @@ impl Lease {
     }
 
     /// Waits for the peer's next word or `until`, whichever is first.
-    async fn wait<N: Nic>(&self, ctx: &Ctx<N>, until: u64) -> Result<(), TxError> {
+    /// A word that landed since `last` was read (while the task was busy
+    /// sending, say) ends the wait at once: a watch set after a write
+    /// does not see it, and the peer's next word would overwrite it.
+    async fn wait<N: Nic>(&self, ctx: &Ctx<N>, until: u64, last: u64) -> Result<(), TxError> {
+        if ctx.local().load(self.geo.lease_word(self.peer))? != last {
+            return Ok(());
+        }
         let until = until.max(ctx.now_ns() + 1);
         ctx.wait_for_write(self.geo.lease_word(self.peer), 8, Some(until))?
             .await;
@@ -606,7 +612,8 @@ impl Lease {
                     st.refused += 1;
                 }
             }
-            self.wait(ctx, ctx.now_ns() + self.timing.renew_ns).await?;
+            self.wait(ctx, ctx.now_ns() + self.timing.renew_ns, last)
+                .await?;
         }
     }
 
@@ -687,7 +694,7 @@ impl Lease {
             } else {
                 next_renew.min(cm_until + 1)
             };
-            self.wait(ctx, until).await?;
+            self.wait(ctx, until, last).await?;
         }
     }
 
@@ -785,7 +792,7 @@ impl Lease {
             } else {
                 (expiry + 1).min(now + self.timing.renew_ns)
             };
-            self.wait(ctx, until).await?;
+            self.wait(ctx, until, last).await?;
         }
     }
 }
