@@ -78,6 +78,9 @@ pub enum Step {
     /// Transaction-state recovery asked every machine (RECOVER-QUERY
     /// landed everywhere): a failure during recovery.
     Recover,
+    /// Recovery's decisions landed everywhere to be kept, none yet to be
+    /// acted on.
+    Decide,
 }
 
 /// Where a trap strikes.
@@ -669,7 +672,11 @@ impl Coordinator {
             decisions.push((t, commit, writes));
         }
         // Every machine keeps each decision before any acts on one.
+        let q = self.begin().id;
         for apply in [false, true] {
+            if apply {
+                self.spring(ctx, Step::Decide, q, &members, &[]);
+            }
             for (t, commit, writes) in &decisions {
                 for &d in &members {
                     let rec = Record::Decide {

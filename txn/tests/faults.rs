@@ -31,18 +31,7 @@ const L: u64 = 10_000_000;
 const TXS: u64 = 60;
 
 fn geo() -> Geometry {
-    Geometry {
-        machines: 5,
-        threads: 2,
-        f: 2,
-        regions_per_machine: 1,
-        spare_regions_per_machine: 1,
-        region_bytes: 64 << 10,
-        static_bytes: 32 << 10,
-        block_bytes: 16 << 10,
-        log_bytes: 64 << 10,
-        reply_bytes: 4 << 10,
-    }
+    common::appender::five_machines()
 }
 
 /// The machine a trap fails, by its part in the commit it strikes.
@@ -360,6 +349,7 @@ fn a_minority_cut_off_from_the_cluster_and_the_store_serves_no_stale_read() {
 /// (just after a recovering coordinator's RECOVER-QUERY landed).
 #[test]
 fn a_second_machine_fails_during_recovery() {
+    let restarts = std::cell::Cell::new(0);
     for_each_seed("second_failure_during_recovery", 20, |seed| {
         let first = 2 + (seed % 3) as NodeId;
         let fired = Arc::new(Mutex::new(None));
@@ -391,7 +381,60 @@ fn a_second_machine_fails_during_recovery() {
         let mut out = vec![first, second];
         out.sort();
         check(seed, &run, &out);
+        restarts.set(restarts.get() + run.r.coord_stats().recovery_restarts);
     });
+    // Some round met the second failure and started over.
+    assert!(restarts.get() > 0, "no recovery round started over");
+}
+
+/// A machine fails between recovery's two DECIDE rounds: every machine
+/// holds the decisions, none acted on them. On even seeds the recovering
+/// coordinator's own machine fails (its heirs act on what the machines
+/// kept), on odd seeds another.
+#[test]
+fn a_machine_fails_between_keeping_and_acting_on_decisions() {
+    let restarts = std::cell::Cell::new(0);
+    for_each_seed("failure_between_decide_rounds", 20, |seed| {
+        let first = 2 + (seed % 3) as NodeId;
+        let second = if seed % 2 == 0 {
+            TRAPPER
+        } else if first == 4 {
+            3
+        } else {
+            4
+        };
+        let fired = Arc::new(Mutex::new(None));
+        let trap_fired = fired.clone();
+        let faults = vec![Fault {
+            at_ns: 5_000_000 + (seed * 137_000) % 3_000_000,
+            kind: FaultKind::CrashMachine { machine: first },
+        }];
+        let run = run(
+            seed,
+            faults,
+            |m, t| {
+                (m == TRAPPER && t == 0).then(|| {
+                    let f = trap_fired.clone();
+                    Box::new(move |p: &TrapPoint<'_>| {
+                        if p.step == Step::Decide && f.lock().unwrap().is_none() {
+                            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+                            nic.inject(FaultKind::CrashMachine { machine: second })
+                                .unwrap();
+                            *f.lock().unwrap() = Some(second);
+                        }
+                    }) as Trap
+                })
+            },
+            0,
+        );
+        assert_eq!(*fired.lock().unwrap(), Some(second), "seed {seed}");
+        let mut out = vec![first, second];
+        out.sort();
+        check(seed, &run, &out);
+        restarts.set(restarts.get() + run.r.coord_stats().recovery_restarts);
+    });
+    // Some round met the second failure and started over.
+    assert!(restarts.get() > 0, "no recovery round started over");
 }
 
 /// The promoted primary's lock recovery is slow on one of its cores (a

@@ -39,18 +39,7 @@ const CRASH_UNDER_LOAD_NS: u64 = 8_000_000;
 const ACCOUNTS: u64 = 120;
 
 fn geo() -> Geometry {
-    Geometry {
-        machines: 5,
-        threads: 2,
-        f: 2,
-        regions_per_machine: 1,
-        spare_regions_per_machine: 1,
-        region_bytes: 64 << 10,
-        static_bytes: 32 << 10,
-        block_bytes: 16 << 10,
-        log_bytes: 64 << 10,
-        reply_bytes: 4 << 10,
-    }
+    common::appender::five_machines()
 }
 
 /// Bank transfers and audits in two rounds: the first ends before the

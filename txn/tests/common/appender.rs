@@ -22,6 +22,24 @@ use txn::{Geometry, TxError};
 pub type Shared = Arc<Mutex<Vec<(u64, u64, Kind, Vec<Mop>)>>>;
 
 pub const APPEND_KEYS: u64 = 30;
+
+/// The failure tests' cluster: 5 machines × 2 threads, 3-way replicated
+/// (a majority survives two failures), one region each and a spare slot
+/// for a new backup, small enough that copies take a few ms.
+pub fn five_machines() -> Geometry {
+    Geometry {
+        machines: 5,
+        threads: 2,
+        f: 2,
+        regions_per_machine: 1,
+        spare_regions_per_machine: 1,
+        region_bytes: 64 << 10,
+        static_bytes: 32 << 10,
+        block_bytes: 16 << 10,
+        log_bytes: 64 << 10,
+        reply_bytes: 4 << 10,
+    }
+}
 const THINK_NS: u64 = 150_000;
 
 /// One client of list appends: `txs` transactions of one to three reads
