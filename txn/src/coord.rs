@@ -459,6 +459,19 @@ impl Coordinator {
         }
     }
 
+    /// The machine whose configuration this coordinator follows.
+    pub fn machine(&self) -> Option<Arc<Machine>> {
+        self.follows.clone()
+    }
+
+    /// Takes the machine's newest configuration once it is committed,
+    /// running its recovery round (between transactions, or after the
+    /// last, so that the transactions this coordinator is heir to are
+    /// decided).
+    pub async fn follow_changes<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        self.gate(ctx).await
+    }
+
     /// The configuration this coordinator works in, when it follows one.
     pub fn configuration(&self) -> Option<u64> {
         self.follows.as_ref().map(|_| self.config as u64)

@@ -230,6 +230,8 @@ struct Sink<O> {
     work: Mutex<Vec<(u16, Vec<crate::recovery::Work>)>>,
     /// Clients still running: servers stop when it reaches 0.
     live: AtomicUsize,
+    /// Per machine, clients still doing their work (not lingering).
+    working: Vec<AtomicUsize>,
 }
 
 /// Each core's (machine, [server task, client task]), for the machines
@@ -304,6 +306,15 @@ fn tasks<N: Nic, C: Client<N>>(
         work: Mutex::new(Vec::new()),
         // Never 0 while remote clients may run.
         live: AtomicUsize::new(if all { local } else { usize::MAX }),
+        working: (0..geo.machines)
+            .map(|m| {
+                AtomicUsize::new(if machines.contains(&m) {
+                    geo.threads as usize
+                } else {
+                    0
+                })
+            })
+            .collect(),
     });
     let first = machines.start;
     let mut cores = Vec::new();
@@ -425,6 +436,12 @@ fn tasks<N: Nic, C: Client<N>>(
                         Ok(mut co) => {
                             let out = c.run(&ctx, &mut co).await;
                             let elapsed = ctx.now_ns() - start;
+                            // Release: pairs with linger's Acquire.
+                            sink2.working[m as usize].fetch_sub(1, Ordering::Release);
+                            let out = match (out, linger(&ctx, &mut co, &sink2.working).await) {
+                                (Ok(o), Ok(())) => Ok(o),
+                                (Err(e), _) | (_, Err(e)) => Err(e),
+                            };
                             let out = match (out, co.close(&ctx).await) {
                                 (Ok(o), Ok(())) => Ok(o),
                                 (Err(e), _) | (_, Err(e)) => Err(e),
@@ -462,6 +479,42 @@ fn tasks<N: Nic, C: Client<N>>(
         sink,
     })
 }
+
+/// A coordinator whose client is done stays on while a client of a
+/// machine of its configuration still works (with every machine here:
+/// across processes only its own are known), taking each configuration
+/// change and its recovery round: it is the heir of its thread number's
+/// coordinators on the machines before it, and a heir that left would
+/// leave their transactions undecided, locked for good. Bounded by
+/// [`LINGER_MAX_NS`].
+async fn linger<N: Nic>(
+    ctx: &Ctx<N>,
+    co: &mut Coordinator,
+    working: &[AtomicUsize],
+) -> Result<(), TxError> {
+    let Some(mach) = co.machine() else {
+        return Ok(());
+    };
+    let deadline = ctx.now_ns() + LINGER_MAX_NS;
+    loop {
+        co.follow_changes(ctx).await?;
+        let cur = mach.membership.current();
+        // Acquire: pairs with the clients' Release decrements.
+        let busy = cur.config.machines.iter().any(|&(m, _)| {
+            working
+                .get(m as usize)
+                .is_some_and(|w| w.load(Ordering::Acquire) > 0)
+        });
+        if !busy || mach.membership.is_removed() || ctx.now_ns() >= deadline {
+            return Ok(());
+        }
+        ctx.sleep(LINGER_POLL_NS)?.await;
+    }
+}
+
+/// How often a lingering coordinator looks, and for how long at most.
+const LINGER_POLL_NS: u64 = 100_000;
+const LINGER_MAX_NS: u64 = 10_000_000_000;
 
 fn report<O>(sink: Arc<Sink<O>>, memory: Vec<Vec<u8>>) -> Report<O> {
     // A crashed machine's tasks never end and still hold the sink: take
