@@ -345,15 +345,16 @@ fn a_minority_cut_off_from_the_cluster_and_the_store_serves_no_stale_read() {
     });
 }
 
-/// A machine fails while the survivors recover from another's failure
-/// (just after a recovering coordinator's RECOVER-QUERY landed).
-#[test]
-fn a_second_machine_fails_during_recovery() {
+/// Machine `first` (seed-chosen among 2, 3, 4) crashes under load; the
+/// trapping coordinator, recovering from it, crashes machine
+/// `second(seed, first)` when it reaches `step`. Every seed's checks hold,
+/// the trap struck on every seed, and some recovery round started over.
+fn second_failure(name: &str, step: Step, second: impl Fn(u64, NodeId) -> NodeId) {
     let restarts = std::cell::Cell::new(0);
-    for_each_seed("second_failure_during_recovery", 20, |seed| {
+    for_each_seed(name, 20, |seed| {
         let first = 2 + (seed % 3) as NodeId;
+        let second = second(seed, first);
         let fired = Arc::new(Mutex::new(None));
-        let second = if first == 4 { 3 } else { 4 };
         let trap_fired = fired.clone();
         let faults = vec![Fault {
             at_ns: 5_000_000 + (seed * 137_000) % 3_000_000,
@@ -366,7 +367,7 @@ fn a_second_machine_fails_during_recovery() {
                 (m == TRAPPER && t == 0).then(|| {
                     let f = trap_fired.clone();
                     Box::new(move |p: &TrapPoint<'_>| {
-                        if p.step == Step::Recover && f.lock().unwrap().is_none() {
+                        if p.step == step && f.lock().unwrap().is_none() {
                             let nic = p.nic.downcast_ref::<SimNic>().unwrap();
                             nic.inject(FaultKind::CrashMachine { machine: second })
                                 .unwrap();
@@ -387,54 +388,43 @@ fn a_second_machine_fails_during_recovery() {
     assert!(restarts.get() > 0, "no recovery round started over");
 }
 
+/// The other of machines 3 and 4 than `first`.
+fn other_than(first: NodeId) -> NodeId {
+    if first == 4 {
+        3
+    } else {
+        4
+    }
+}
+
+/// A machine fails while the survivors recover from another's failure
+/// (just after a recovering coordinator's RECOVER-QUERY landed).
+#[test]
+fn a_second_machine_fails_during_recovery() {
+    second_failure(
+        "second_failure_during_recovery",
+        Step::Recover,
+        |_, first| other_than(first),
+    );
+}
+
 /// A machine fails between recovery's two DECIDE rounds: every machine
 /// holds the decisions, none acted on them. On even seeds the recovering
 /// coordinator's own machine fails (its heirs act on what the machines
 /// kept), on odd seeds another.
 #[test]
 fn a_machine_fails_between_keeping_and_acting_on_decisions() {
-    let restarts = std::cell::Cell::new(0);
-    for_each_seed("failure_between_decide_rounds", 20, |seed| {
-        let first = 2 + (seed % 3) as NodeId;
-        let second = if seed % 2 == 0 {
-            TRAPPER
-        } else if first == 4 {
-            3
-        } else {
-            4
-        };
-        let fired = Arc::new(Mutex::new(None));
-        let trap_fired = fired.clone();
-        let faults = vec![Fault {
-            at_ns: 5_000_000 + (seed * 137_000) % 3_000_000,
-            kind: FaultKind::CrashMachine { machine: first },
-        }];
-        let run = run(
-            seed,
-            faults,
-            |m, t| {
-                (m == TRAPPER && t == 0).then(|| {
-                    let f = trap_fired.clone();
-                    Box::new(move |p: &TrapPoint<'_>| {
-                        if p.step == Step::Decide && f.lock().unwrap().is_none() {
-                            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
-                            nic.inject(FaultKind::CrashMachine { machine: second })
-                                .unwrap();
-                            *f.lock().unwrap() = Some(second);
-                        }
-                    }) as Trap
-                })
-            },
-            0,
-        );
-        assert_eq!(*fired.lock().unwrap(), Some(second), "seed {seed}");
-        let mut out = vec![first, second];
-        out.sort();
-        check(seed, &run, &out);
-        restarts.set(restarts.get() + run.r.coord_stats().recovery_restarts);
-    });
-    // Some round met the second failure and started over.
-    assert!(restarts.get() > 0, "no recovery round started over");
+    second_failure(
+        "failure_between_decide_rounds",
+        Step::Decide,
+        |seed, first| {
+            if seed % 2 == 0 {
+                TRAPPER
+            } else {
+                other_than(first)
+            }
+        },
+    );
 }
 
 /// The promoted primary's lock recovery is slow on one of its cores (a
