@@ -395,20 +395,7 @@ impl<N: Nic> Client<N> for Appender {
         let mut events = Vec::new();
         let mut next = 0u64;
         for _ in 0..self.txs {
-            let mops: Vec<Mop> = (0..1 + rng.below(4))
-                .map(|_| {
-                    let key = rng.below(KEYS);
-                    if rng.below(2) == 0 {
-                        Mop::Read { key, seen: None }
-                    } else {
-                        next += 1;
-                        Mop::Append {
-                            key,
-                            value: self.process << 32 | next,
-                        }
-                    }
-                })
-                .collect();
+            let mops = common::appender::random_mops(&mut rng, 4, KEYS, self.process, &mut next);
             events.push((Kind::Invoke, now(ctx), mops.clone()));
             let mut tx = c.begin();
             let mut done = Vec::new();

@@ -128,20 +128,7 @@ impl<N: Nic> Client<N> for Appender {
         let mut rng = Rng::new(self.seed);
         let mut next = 0u64;
         for i in 0..self.txs {
-            let mops: Vec<Mop> = (0..1 + rng.below(3))
-                .map(|_| {
-                    let key = rng.below(APPEND_KEYS);
-                    if rng.below(2) == 0 {
-                        Mop::Read { key, seen: None }
-                    } else {
-                        next += 1;
-                        Mop::Append {
-                            key,
-                            value: self.process << 32 | next,
-                        }
-                    }
-                })
-                .collect();
+            let mops = random_mops(&mut rng, 3, APPEND_KEYS, self.process, &mut next);
             self.one(ctx, c, mops).await?;
             if self.flush_every > 0 && (i + 1) % self.flush_every == 0 {
                 c.flush(ctx).await?;
@@ -156,6 +143,25 @@ impl<N: Nic> Client<N> for Appender {
         }
         Ok(())
     }
+}
+
+/// One to `most` reads or appends of keys below `keys`, each append's
+/// value unique: process `process`'s `next` counter, counted on.
+pub fn random_mops(rng: &mut Rng, most: u64, keys: u64, process: u64, next: &mut u64) -> Vec<Mop> {
+    (0..1 + rng.below(most))
+        .map(|_| {
+            let key = rng.below(keys);
+            if rng.below(2) == 0 {
+                Mop::Read { key, seen: None }
+            } else {
+                *next += 1;
+                Mop::Append {
+                    key,
+                    value: process << 32 | *next,
+                }
+            }
+        })
+        .collect()
 }
 
 /// Every event in time order (a completion before an invocation of the
