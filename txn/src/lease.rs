@@ -323,7 +323,9 @@ impl Membership {
     /// become the next CM once it suspects this one). Nothing once
     /// removed.
     pub fn serving(&self) -> (u64, u64) {
-        let cur = self.current();
+        // Read in place, not cloned: every read-only commit asks. Locked
+        // in install's order (the configuration, then the leases).
+        let cur = self.current.lock().expect("no panics hold it");
         let s = self.serving.lock().expect("no panics hold it");
         if self.is_removed() || s.epoch != cur.config.id {
             return (s.epoch, 0);
