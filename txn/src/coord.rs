@@ -36,7 +36,7 @@
 use crate::error::{Abort, TxError};
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
-use crate::records::{Envelope, ObjAddr, Record, TxId, Write};
+use crate::records::{Envelope, ObjAddr, Record, Round, TxId, Write};
 use crate::recovery::{recovered_word, Machine};
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Reservation, RingError, Sender};
@@ -162,6 +162,11 @@ pub struct CoordStats {
     pub recovery_records: u64,
     /// Recovery rounds started over because a machine failed during one.
     pub recovery_restarts: u64,
+    /// Recovering transactions FaRM's rule would commit, aborted because
+    /// a region's primary (promoted without their record) held no lock
+    /// for them; never reported committed, since no primary installed
+    /// them.
+    pub recovery_unheld: u64,
 }
 
 impl CoordStats {
@@ -206,6 +211,7 @@ impl std::ops::AddAssign for CoordStats {
         self.recovered_aborts += o.recovered_aborts;
         self.recovery_records += o.recovery_records;
         self.recovery_restarts += o.recovery_restarts;
+        self.recovery_unheld += o.recovery_unheld;
     }
 }
 
@@ -603,6 +609,10 @@ impl Coordinator {
         );
         let mut txs: BTreeMap<TxId, Acc> = BTreeMap::new();
         let mut upto: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
+        // (transaction, region) where the region's primary holds a record
+        // of the transaction (so it holds its locks there).
+        let mut at_primary: BTreeSet<(TxId, u32)> = BTreeSet::new();
+        let primary_of = |r: u32| now.get(r).ok().map(|x| x.primary.machine);
         for &d in &members {
             loop {
                 match self.answer_heads(ctx, q, d, true).await? {
@@ -616,6 +626,11 @@ impl Coordinator {
                             upto.insert((d, c), local);
                         }
                         for st in states {
+                            let here = st.votes.iter().map(|v| v.0);
+                            let here = here.chain(st.writes.iter().map(|w| w.at.region));
+                            for r in here.filter(|&r| primary_of(r) == Some(d)) {
+                                at_primary.insert((st.id, r));
+                            }
                             let a = txs.entry(st.id).or_default();
                             a.0.extend(st.regions);
                             // A region's strongest vote from any of its
@@ -652,6 +667,10 @@ impl Coordinator {
             if !touched {
                 continue;
             }
+            let truncated = |r: u32| {
+                let u = primary_of(r).and_then(|p| upto.get(&(p, t.machine)));
+                u.is_some_and(|&u| t.local <= u)
+            };
             // An earlier round's decision, which some machine may have
             // acted on, stands.
             let commit = decided.unwrap_or_else(|| {
@@ -659,16 +678,26 @@ impl Coordinator {
                     .iter()
                     .map(|r| match votes.get(r) {
                         Some(v) => Ballot::Vote(*v),
-                        None => {
-                            let p = now.get(*r).map(|x| x.primary.machine);
-                            match p.ok().and_then(|p| upto.get(&(p, t.machine))) {
-                                Some(&u) if t.local <= u => Ballot::Truncated,
-                                _ => Ballot::Unknown,
-                            }
-                        }
+                        None if truncated(*r) => Ballot::Truncated,
+                        None => Ballot::Unknown,
                     })
                     .collect();
-                !regions.is_empty() && decide(&ballots)
+                if regions.is_empty() || !decide(&ballots) {
+                    return false;
+                }
+                // Not installed anywhere, so never reported committed: it
+                // commits only where every region's primary holds it
+                // locked (or truncated it). A primary promoted without its
+                // record locked nothing for it, and may have served the
+                // old values since its region became active.
+                let installed = votes.values().any(|v| *v == Vote::CommitPrimary);
+                let held = regions
+                    .iter()
+                    .all(|&r| at_primary.contains(&(t, r)) || truncated(r));
+                if !installed && !held {
+                    self.stats.recovery_unheld += 1;
+                }
+                installed || held
             });
             if decided.is_none() {
                 if commit {
@@ -684,19 +713,35 @@ impl Coordinator {
             };
             decisions.push((t, commit, writes));
         }
-        // Every machine keeps each decision before any acts on one.
+        // Every backup of a region a commit writes holds its writes before
+        // any machine keeps a decision, and every machine keeps each
+        // decision before any acts on one.
         let q = self.begin().id;
-        for apply in [false, true] {
-            if apply {
+        for round in [Round::Replicate, Round::Keep, Round::Apply] {
+            if round == Round::Apply {
                 self.spring(ctx, Step::Decide, q, &members, &[]);
             }
             for (t, commit, writes) in &decisions {
-                for &d in &members {
+                let to: Vec<NodeId> = match round {
+                    Round::Replicate if !*commit => continue,
+                    Round::Replicate => members
+                        .iter()
+                        .copied()
+                        .filter(|&d| {
+                            writes.iter().any(|w| {
+                                now.get(w.at.region)
+                                    .is_ok_and(|r| r.backups.iter().any(|b| b.machine == d))
+                            })
+                        })
+                        .collect(),
+                    Round::Keep | Round::Apply => members.clone(),
+                };
+                for d in to {
                     let rec = Record::Decide {
                         tx: *t,
                         config: self.config,
                         commit: *commit,
-                        apply,
+                        round,
                         writes: writes.clone(),
                     };
                     self.send_one(ctx, d, rec).await?;

@@ -151,21 +151,20 @@ pub enum Record {
         upto: Vec<(u16, u64)>,
         states: Vec<TxState>,
     },
-    /// The recovery coordinator's decision on `tx`, to every machine of
-    /// configuration `config`, in two rounds. First (`apply` false) every
-    /// machine keeps it, to report to any later recovery round; then
-    /// (`apply` true) commit (each replica installs or applies `writes`,
-    /// by version) or abort (locks released), and the transaction's
-    /// records go either way (FaRM's COMMIT-RECOVERY or ABORT-RECOVERY,
-    /// and TRUNCATE-RECOVERY, in one). So once any machine acted on a
-    /// decision, every machine of the configuration holds it, and a
-    /// failure during recovery cannot make the next round decide
-    /// otherwise.
+    /// The recovery coordinator's decision on `tx`, to the machines of
+    /// configuration `config`, in up to three rounds ([`Round`]): a
+    /// commit's writes to every backup of the regions they write, then
+    /// the decision to every machine to keep, then to act on. So once any
+    /// machine acted on a decision, every machine of the configuration
+    /// holds it, and a failure during recovery cannot make the next round
+    /// decide otherwise; and once any machine holds a commit decision,
+    /// every backup of its regions holds its writes, so that whichever
+    /// is promoted next locks them in lock recovery.
     Decide {
         tx: TxId,
         config: u32,
         commit: bool,
-        apply: bool,
+        round: Round,
         writes: Vec<Write>,
     },
 }
@@ -229,6 +228,23 @@ fn vote_of(k: u8) -> Result<Vote, RecordError> {
         3 => Vote::Lock,
         k => return Err(RecordError::UnknownKind(k)),
     })
+}
+
+/// A recovery round a DECIDE record belongs to, in the order they are
+/// sent (the discriminants are the wire encoding).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Round {
+    /// A commit's writes, to the backups of the regions they write: kept
+    /// as a COMMIT-BACKUP record would be (so a backup promoted later
+    /// locks them in lock recovery, and votes commit-backup).
+    Replicate = 2,
+    /// Every machine keeps the decision, to report to any later round.
+    Keep = 0,
+    /// Commit (each replica installs or applies the writes, by version)
+    /// or abort (locks released); the transaction's records go either
+    /// way (FaRM's COMMIT-RECOVERY or ABORT-RECOVERY, and
+    /// TRUNCATE-RECOVERY, in one).
+    Apply = 1,
 }
 
 fn flag(r: &mut Reader<'_>) -> Result<bool, RecordError> {
@@ -497,14 +513,14 @@ impl Record {
                 tx,
                 config,
                 commit,
-                apply,
+                round,
                 writes,
             } => {
                 out.push(DECIDE);
                 tx.put(&mut out);
                 out.extend_from_slice(&config.to_le_bytes());
                 out.push(u8::from(*commit));
-                out.push(u8::from(*apply));
+                out.push(*round as u8);
                 put_body(&mut out, &[], writes)?;
             }
             Record::AllocReply { tx, slot } => {
@@ -654,13 +670,18 @@ impl Record {
             DECIDE => {
                 let config = r.u32()?;
                 let commit = flag(&mut r)?;
-                let apply = flag(&mut r)?;
+                let round = match r.u8()? {
+                    0 => Round::Keep,
+                    1 => Round::Apply,
+                    2 => Round::Replicate,
+                    k => return Err(RecordError::UnknownKind(k)),
+                };
                 let (_, writes) = get_body(&mut r)?;
                 Record::Decide {
                     tx,
                     config,
                     commit,
-                    apply,
+                    round,
                     writes,
                 }
             }
@@ -873,15 +894,24 @@ mod tests {
                     upto,
                     states
                 }),
-            (tx(), any::<u32>(), any::<bool>(), any::<bool>(), writes()).prop_map(
-                |(tx, config, commit, apply, writes)| Record::Decide {
+            (
+                tx(),
+                any::<u32>(),
+                any::<bool>(),
+                prop_oneof![
+                    Just(Round::Replicate),
+                    Just(Round::Keep),
+                    Just(Round::Apply)
+                ],
+                writes()
+            )
+                .prop_map(|(tx, config, commit, round, writes)| Record::Decide {
                     tx,
                     config,
                     commit,
-                    apply,
+                    round,
                     writes
-                }
-            ),
+                }),
         ]
     }
 

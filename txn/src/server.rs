@@ -27,7 +27,7 @@ use crate::alloc::{Reserved, SharedAllocator};
 use crate::error::TxError;
 use crate::layout::Geometry;
 use crate::object::{self, object_bytes, Header, WriteOp, LINE};
-use crate::records::{Envelope, Record, TxId, Write};
+use crate::records::{Envelope, Record, Round, TxId, Write};
 use crate::recovery::Machine;
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Sender};
@@ -91,6 +91,9 @@ pub struct ServerStats {
     pub recovered_aborts: u64,
     pub recovery_locks: u64,
     pub recovery_conflicts: u64,
+    /// A recovery commit's writes kept as backup records (its replicate
+    /// round).
+    pub replicated: u64,
     /// Replies or head reports that could not be written (their machine
     /// failed).
     pub lost_replies: u64,
@@ -105,6 +108,7 @@ impl std::ops::AddAssign for ServerStats {
         self.installs += o.installs;
         self.aborts += o.aborts;
         self.backups_kept += o.backups_kept;
+        self.replicated += o.replicated;
         self.truncations += o.truncations;
         self.applied += o.applied;
         self.stale += o.stale;
@@ -530,15 +534,55 @@ impl Server {
             }
             Record::Done { .. } => self.done[from as usize] = true,
             Record::RecoverQuery { tx, of } => self.answer_recovery(ctx, from, tx, &of).await?,
-            // First round: kept. Second: acted on (kept too, should the
-            // first have been lost with a failed coordinator's ring).
+            // A commit's writes for the regions backed up here, kept as
+            // its COMMIT-BACKUP record would be (merged with one held),
+            // unless the decision was acted on here already.
             Record::Decide {
                 tx,
-                commit,
-                apply,
+                commit: true,
+                round: Round::Replicate,
                 writes,
                 ..
             } => {
+                if self.decisions.get(&tx).is_some_and(|d| d.2) {
+                    return Ok(());
+                }
+                let mine: Vec<Write> = writes
+                    .into_iter()
+                    .filter(|w| {
+                        let len = object_bytes(w.value.len()) as u64;
+                        matches!(self.map().on_backup(w.at, len, self.machine), Ok(Some(_)))
+                    })
+                    .collect();
+                if mine.is_empty() {
+                    return Ok(());
+                }
+                let e = self.backup.entry(tx).or_default();
+                for w in mine {
+                    if !e.1.iter().any(|x| x.at == w.at) {
+                        if !e.0.contains(&w.at.region) {
+                            e.0.push(w.at.region);
+                        }
+                        e.1.push(w);
+                    }
+                }
+                self.stats.replicated += 1;
+            }
+            Record::Decide {
+                round: Round::Replicate,
+                ..
+            } => self.stats.bad_records += 1,
+            // Kept; and on the last round acted on (kept too, should the
+            // keeping round have been lost with a failed coordinator's
+            // ring).
+            Record::Decide {
+                tx,
+                commit,
+                round,
+                writes,
+                ..
+            } => {
+                let apply = round == Round::Apply;
                 let d = self
                     .decisions
                     .entry(tx)
