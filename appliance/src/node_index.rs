@@ -88,6 +88,7 @@ fn delta(now: TreeStats, before: TreeStats) -> TreeStats {
         read_retries: now.read_retries - before.read_retries,
         lock_retries: now.lock_retries - before.lock_retries,
         handovers: now.handovers - before.handovers,
+        pages_handed_over: now.pages_handed_over - before.pages_handed_over,
         cache_hits: now.cache_hits - before.cache_hits,
         cache_misses: now.cache_misses - before.cache_misses,
         sibling_hops: now.sibling_hops - before.sibling_hops,

@@ -59,7 +59,7 @@ impl AnyIndex {
     /// `Tree(Config)` for an `id` of 0 on the tree.
     pub fn client(&self, id: u64) -> Result<AnyClient, AnyError> {
         Ok(match self {
-            AnyIndex::Tree(t) => AnyClient::Tree(t.client(id)?),
+            AnyIndex::Tree(t) => AnyClient::Tree(Box::new(t.client(id)?)),
             AnyIndex::Hash(h) => AnyClient::Hash(Box::new(h.client()?)),
         })
     }
@@ -72,9 +72,10 @@ impl AnyIndex {
 
 /// One task's client of either index. Every operation fails with the
 /// index's own error, wrapped in [`AnyError::Tree`] or [`AnyError::Hash`].
+/// Both are boxed: the enum stays a pointer wide whichever grows.
 pub enum AnyClient {
-    /// A client of the tree.
-    Tree(TreeClient),
+    /// A client of the tree (boxed).
+    Tree(Box<TreeClient>),
     /// A client of the hash table (boxed).
     Hash(Box<CuckooClient>),
 }

@@ -411,3 +411,75 @@ fn hocl_collisions_across_memory_nodes_do_not_deadlock() {
         },
     );
 }
+
+/// Round trips of a write of a present key, from each task's counters,
+/// with the internal nodes cached: the paper's path locks, reads, then
+/// writes back with the unlock (3); with the lock and the read in one
+/// doorbell, 2; a write whose lock came from a local holder with the
+/// node's page, 1 (the write-back alone). Eight clients of one compute
+/// node update two hot keys, so most locks are handed over.
+#[test]
+fn writes_take_the_round_trips_their_path_promises() {
+    for (name, fresh) in [("sherman", 3u64), ("sherman-2rt", 2)] {
+        let cfg = TreeConfig::named(name, HOST).unwrap();
+        let handed = cfg.handover_page;
+        let mut w = sim_world(3, 2, 1);
+        let trees = sim_trees(&mut w, &cfg);
+        let tr = trees[0].clone();
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = tr.client(1).unwrap();
+            for k in 0..2000u64 {
+                c.put(&ctx, k * 7, k).await.unwrap();
+            }
+        });
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let s = seen.clone();
+        sim_spawn(&mut w, &trees, 8, move |ctx, mut c, i| {
+            let s = s.clone();
+            async move {
+                // Warm this client's cache.
+                for k in [0u64, 7_000, 13_993] {
+                    c.put(&ctx, k, 1).await.unwrap();
+                }
+                let base = c.stats;
+                let mut rts = Vec::new();
+                for j in 0..100u64 {
+                    let k = if (i as u64 + j).is_multiple_of(2) {
+                        7_000
+                    } else {
+                        13_993
+                    };
+                    let rt0 = ctx.counters().round_trips;
+                    c.put(&ctx, k, (i as u64) << 32 | j).await.unwrap();
+                    rts.push(ctx.counters().round_trips - rt0);
+                }
+                let pages = c.stats.pages_handed_over - base.pages_handed_over;
+                let handovers = c.stats.handovers - base.handovers;
+                s.borrow_mut().push((rts, pages, handovers));
+            }
+        });
+        assert_eq!(w.run(), RunEnd::Done);
+        let (mut pages_all, mut handovers_all) = (0, 0);
+        for (rts, pages, handovers) in seen.borrow().iter() {
+            let ones = rts.iter().filter(|&&r| r == 1).count() as u64;
+            let full = rts.iter().filter(|&&r| r == fresh).count() as u64;
+            if handed {
+                // Every handover came with the page: one round trip.
+                assert_eq!(pages, handovers, "{name}");
+                assert_eq!(ones, *pages, "{name}: {rts:?}");
+            } else {
+                // A handed-over lock still reads the node: 2.
+                assert_eq!(ones, 0, "{name}: {rts:?}");
+            }
+            let twos = rts.iter().filter(|&&r| r == 2).count() as u64;
+            let expect = if handed { ones + full } else { full + twos };
+            assert_eq!(expect, rts.len() as u64, "{name}: {rts:?}");
+            pages_all += pages;
+            handovers_all += handovers;
+        }
+        assert!(handovers_all > 100, "{name}: {handovers_all} handovers");
+        if handed {
+            assert_eq!(pages_all, handovers_all, "{name}");
+        }
+    }
+}

@@ -93,6 +93,11 @@ proptest! {
     }
 
     #[test]
+    fn two_round_trip_sherman_matches_btreemap_on_sim(ops in prop::collection::vec(op(600), 1..2500), seed in 0u64..1000) {
+        run_sim_ops(TreeConfig::named("sherman-2rt", HOST).unwrap(), ops, seed);
+    }
+
+    #[test]
     fn fg_plus_matches_btreemap_on_sim(ops in prop::collection::vec(op(400), 1..1500), seed in 0u64..1000) {
         run_sim_ops(TreeConfig::fg_plus(HOST), ops, seed);
     }
@@ -134,6 +139,15 @@ fn every_configuration_matches_btreemap() {
             ..base.clone()
         },
         TreeConfig::fg_plus(HOST),
+        TreeConfig {
+            lock_with_read: true,
+            ..base.clone()
+        },
+        TreeConfig::named("sherman-2rt", HOST).unwrap(),
+        TreeConfig {
+            lock_with_read: true,
+            ..TreeConfig::fg_plus(HOST)
+        },
     ];
     for (i, cfg) in configs.into_iter().enumerate() {
         let mut rng = nicdrv::rng::Rng::new(i as u64);

@@ -36,6 +36,15 @@ pub struct TreeConfig {
     /// lock: at the paper's setup the write p99 is 15 round trips instead
     /// of 8 (bench/paper/README.md).
     pub max_handover: u32,
+    /// A write posts the lock CAS and the node READ in one doorbell on the
+    /// node's queue pair (executed in order: the READ sees the node as of
+    /// after the CAS; a failed CAS's READ is dropped): locking and reading
+    /// take one round trip instead of two. Beyond the paper.
+    pub lock_with_read: bool,
+    /// A handed-over lock comes with the holder's up-to-date copy of the
+    /// node, so the new holder reads nothing: a handed-over write is one
+    /// round trip. Needs `handover`. Beyond the paper.
+    pub handover_page: bool,
     /// How readers check that a node they read is consistent.
     pub versions: VersionScheme,
     /// Leaves keep entries sorted and every change writes the whole node
@@ -61,6 +70,8 @@ impl TreeConfig {
             local_lock_table: true,
             handover: true,
             max_handover: 8,
+            lock_with_read: false,
+            handover_page: false,
             versions: VersionScheme::Lines,
             whole_node_writes: false,
             lock_table_words: 32 * 1024,
@@ -87,7 +98,9 @@ impl TreeConfig {
     }
 
     /// The configurations the benchmarks compare, by name: `sherman`,
-    /// `sherman-paper-versions` (Sherman with its own front/rear versions),
+    /// `sherman-2rt` (Sherman with the lock and the read in one doorbell
+    /// and the page handed over with the lock: writes in two round trips,
+    /// handed-over ones in one), `sherman-paper-versions` (Sherman with its own front/rear versions),
     /// `fg` (or `fg+`), and Sherman §5.2.1's breakdown adding one technique
     /// at a time to FG+: `fg+comb`, `fg+comb+onchip`, `fg+comb+onchip+hier`.
     /// `None` for any other name.
@@ -95,6 +108,11 @@ impl TreeConfig {
         let fg = TreeConfig::fg_plus(node_bytes);
         Some(match name {
             "sherman" => TreeConfig::sherman(node_bytes),
+            "sherman-2rt" => TreeConfig {
+                lock_with_read: true,
+                handover_page: true,
+                ..TreeConfig::sherman(node_bytes)
+            },
             "sherman-paper-versions" => TreeConfig {
                 versions: VersionScheme::FrontRear,
                 ..TreeConfig::sherman(node_bytes)
@@ -122,7 +140,7 @@ impl TreeConfig {
 
     /// The names [`TreeConfig::named`] knows, in its order.
     pub const NAMES: &'static str =
-        "sherman, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
+        "sherman, sherman-2rt, sherman-paper-versions, fg, fg+comb, fg+comb+onchip, fg+comb+onchip+hier";
 
     /// Rejects configurations a tree cannot run with; the error says why
     /// in words.
@@ -132,6 +150,9 @@ impl TreeConfig {
         }
         if self.handover && !self.local_lock_table {
             return Err("handover needs the local lock table".into());
+        }
+        if self.handover_page && !self.handover {
+            return Err("handing the page over needs handover".into());
         }
         if self.chunk.chunk_bytes < 4096 {
             return Err("chunks must hold at least a few nodes (4 KiB)".into());

@@ -24,7 +24,7 @@ use super::config::TreeConfig;
 use super::layout::OFF_LOCK;
 use nicdrv::{GlobalAddr, Space};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Memory nodes with a local table part of their own; more share by id
 /// modulo this.
@@ -39,6 +39,18 @@ struct LocalLock {
     /// The global lock word held (raw address) while `remote_held`.
     held_word: AtomicU64,
     handovers: AtomicU32,
+    /// The node a holder handing the lock over left with it (raw address
+    /// and bytes as they are at the memory node), when the configuration
+    /// hands pages over. Set by every handover, taken by the next holder:
+    /// one buffer per entry that ever handed a page over, reused.
+    page: Mutex<Page>,
+}
+
+#[derive(Default)]
+struct Page {
+    /// Raw address of the node `bytes` holds; 0: none.
+    node: u64,
+    bytes: Vec<u8>,
 }
 
 /// The local lock table of one compute node: `entries` per memory-node
@@ -70,6 +82,7 @@ impl LocalLocks {
                     remote_held: AtomicBool::new(false),
                     held_word: AtomicU64::new(0),
                     handovers: AtomicU32::new(0),
+                    page: Mutex::new(Page::default()),
                 })
                 .collect()
         });
@@ -186,6 +199,35 @@ impl LocalLocks {
         give
     }
 
+    /// Leaves the node at `node` (its bytes as the memory node holds them
+    /// once the holder's writes land), or none, to the local waiter the
+    /// holder of entry `i` hands the lock over to. Call before
+    /// [`pass`](Self::pass).
+    pub fn leave_page(&self, i: usize, page: Option<(GlobalAddr, &[u8])>) {
+        let mut p = self.at(i).page.lock().expect("no panics hold a page");
+        match page {
+            Some((node, bytes)) => {
+                p.node = node.raw();
+                p.bytes.clear();
+                p.bytes.extend_from_slice(bytes);
+            }
+            None => p.node = 0,
+        }
+    }
+
+    /// The node a handing-over holder left with entry `i`, copied into
+    /// `into`, if it is the node at `node` (a lock covers every node its
+    /// word hashes from); the page is gone afterwards either way.
+    pub fn take_page(&self, i: usize, node: GlobalAddr, into: &mut [u8]) -> bool {
+        let mut p = self.at(i).page.lock().expect("no panics hold a page");
+        let ours = p.node == node.raw() && p.node != 0 && p.bytes.len() == into.len();
+        if ours {
+            into.copy_from_slice(&p.bytes);
+        }
+        p.node = 0;
+        ours
+    }
+
     /// Lets the next local waiter go (after the holder's writes completed).
     pub fn pass(&self, i: usize, t: u32) {
         // Release: the next holder (Acquire in is_turn) sees our updates of
@@ -193,5 +235,35 @@ impl LocalLocks {
         self.at(i)
             .now_serving
             .store(t.wrapping_add(1), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_goes_once_to_a_waiter_for_its_own_node() {
+        let locks = LocalLocks::new(4);
+        let a = GlobalAddr::new(1, Space::Host, 1024);
+        let b = GlobalAddr::new(1, Space::Host, 2048);
+        let mut into = [0u8; 8];
+        // Nothing left yet.
+        assert!(!locks.take_page(3, a, &mut into));
+        locks.leave_page(3, Some((a, &[7u8; 8])));
+        // Another node sharing the lock gets nothing, and the page is gone.
+        assert!(!locks.take_page(3, b, &mut into));
+        assert!(!locks.take_page(3, a, &mut into));
+        locks.leave_page(3, Some((a, &[9u8; 8])));
+        assert!(locks.take_page(3, a, &mut into));
+        assert_eq!(into, [9u8; 8]);
+        assert!(!locks.take_page(3, a, &mut into), "taken once");
+        // A holder whose writes failed leaves none.
+        locks.leave_page(3, Some((a, &[1u8; 8])));
+        locks.leave_page(3, None);
+        assert!(!locks.take_page(3, a, &mut into));
+        // A page of another size is not taken.
+        locks.leave_page(3, Some((a, &[1u8; 4])));
+        assert!(!locks.take_page(3, a, &mut into));
     }
 }

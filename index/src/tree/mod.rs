@@ -26,6 +26,7 @@ pub mod config;
 pub mod hocl;
 pub mod layout;
 mod read;
+use read::check_node_addr;
 mod scan;
 mod split;
 mod write;
@@ -133,6 +134,9 @@ pub struct TreeStats {
     pub lock_retries: u64,
     /// Locks received from a local holder without a remote CAS.
     pub handovers: u64,
+    /// Of those, locks that came with the holder's copy of the node (no
+    /// READ).
+    pub pages_handed_over: u64,
     /// Descents to a leaf (one per get, put, delete or scan, more after a
     /// stale route) whose leaf address came from the index cache.
     pub cache_hits: u64,
@@ -155,6 +159,7 @@ impl std::ops::AddAssign for TreeStats {
         self.read_retries += o.read_retries;
         self.lock_retries += o.lock_retries;
         self.handovers += o.handovers;
+        self.pages_handed_over += o.pages_handed_over;
         self.cache_hits += o.cache_hits;
         self.cache_misses += o.cache_misses;
         self.sibling_hops += o.sibling_hops;
@@ -232,6 +237,8 @@ impl Tree {
 struct Held {
     lock: LockRef,
     ticket: Option<u32>,
+    /// The tree node the lock was taken for.
+    node: GlobalAddr,
 }
 
 /// One task's handle on a tree. Operations take `&mut self`: one at a

@@ -11,35 +11,13 @@ impl TreeClient {
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<Buf, TreeError> {
-        if addr.is_null() || !addr.offset().is_multiple_of(NODE_BYTES as u64) {
-            return Err(TreeError::Corrupt {
-                addr,
-                why: "pointer is null or not node-aligned",
-            });
-        }
+        check_node_addr(addr)?;
         let mut buf = ctx.alloc(NODE_BYTES)?;
         for _ in 0..MAX_READ_RETRIES {
             let mut b = ctx.batch();
             let op = b.read(addr, buf);
             buf = b.submit().await?.take_buf(op);
-            let n = Node(buf.as_slice());
-            let consistent = match self.tree.cfg.versions {
-                VersionScheme::Lines => n.lines_agree(),
-                VersionScheme::FrontRear => n.front_rear_agree(),
-            };
-            if consistent {
-                if !n.is_valid() {
-                    return Err(TreeError::Corrupt {
-                        addr,
-                        why: "not a tree node",
-                    });
-                }
-                if n.low() >= n.high() || n.count() > FANOUT {
-                    return Err(TreeError::Corrupt {
-                        addr,
-                        why: "impossible fences or count",
-                    });
-                }
+            if self.check_node(addr, &buf)? {
                 return Ok(buf);
             }
             self.stats.read_retries += 1;
@@ -48,6 +26,33 @@ impl TreeClient {
             addr,
             why: "never reads consistently",
         })
+    }
+
+    /// Whether a copy of the node at `addr` is consistent under the
+    /// configured scheme (false: torn, read it again); a consistent copy
+    /// that is not a tree node is an error.
+    pub(super) fn check_node(&self, addr: GlobalAddr, buf: &Buf) -> Result<bool, TreeError> {
+        let n = Node(buf.as_slice());
+        let consistent = match self.tree.cfg.versions {
+            VersionScheme::Lines => n.lines_agree(),
+            VersionScheme::FrontRear => n.front_rear_agree(),
+        };
+        if !consistent {
+            return Ok(false);
+        }
+        if !n.is_valid() {
+            return Err(TreeError::Corrupt {
+                addr,
+                why: "not a tree node",
+            });
+        }
+        if n.low() >= n.high() || n.count() > FANOUT {
+            return Err(TreeError::Corrupt {
+                addr,
+                why: "impossible fences or count",
+            });
+        }
+        Ok(true)
     }
 
     /// The node at `level` covering `key`, from the cache or by descending
@@ -161,4 +166,15 @@ impl TreeClient {
             why: "lookup restarted without end",
         })
     }
+}
+
+/// A node pointer must be non-null and node-aligned.
+pub(super) fn check_node_addr(addr: GlobalAddr) -> Result<(), TreeError> {
+    if addr.is_null() || !addr.offset().is_multiple_of(NODE_BYTES as u64) {
+        return Err(TreeError::Corrupt {
+            addr,
+            why: "pointer is null or not node-aligned",
+        });
+    }
+    Ok(())
 }

@@ -64,14 +64,15 @@ impl TreeClient {
     ) -> Result<(), TreeError> {
         if right_addr.node() == addr.node() {
             return self
-                .write_and_release(ctx, held, &[(right_addr, right), (addr, left)])
+                .write_and_release(ctx, held, &[(right_addr, right), (addr, left)], left)
                 .await;
         }
         if let Err(e) = ctx.write(right_addr, right).await {
             self.abandon(ctx, held, true).await;
             return Err(e.into());
         }
-        self.write_and_release(ctx, held, &[(addr, left)]).await
+        self.write_and_release(ctx, held, &[(addr, left)], left)
+            .await
     }
 
     /// Inserts separator `sep` → `child` into the node at `level` covering
@@ -104,20 +105,23 @@ impl TreeClient {
                 let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
                 let n = Node(buf.as_slice());
                 if n.level() != level || sep < n.low() {
-                    self.write_and_release(ctx, held, &[]).await?;
+                    self.write_and_release(ctx, held, &[], buf.as_slice())
+                        .await?;
                     self.tree.cache.invalidate_covering(level, sep);
                     break;
                 }
                 if sep >= n.high() {
                     let s = n.sibling();
-                    self.write_and_release(ctx, held, &[]).await?;
+                    self.write_and_release(ctx, held, &[], buf.as_slice())
+                        .await?;
                     self.stats.sibling_hops += 1;
                     addr = s;
                     continue;
                 }
                 let mut kids = n.children();
                 if kids.iter().any(|&(k, c)| k == sep && c == child) {
-                    self.write_and_release(ctx, held, &[]).await?;
+                    self.write_and_release(ctx, held, &[], buf.as_slice())
+                        .await?;
                     return Ok(());
                 }
                 let pos = kids.partition_point(|&(k, _)| k <= sep);
@@ -129,7 +133,8 @@ impl TreeClient {
                     fill_internal(&mut m, &kids);
                     m.set_version(version.wrapping_add(1));
                     let data = buf.as_slice().to_vec();
-                    self.write_and_release(ctx, held, &[(addr, &data)]).await?;
+                    self.write_and_release(ctx, held, &[(addr, &data)], &data)
+                        .await?;
                     return Ok(());
                 }
                 // Split the internal node: the middle separator moves up.

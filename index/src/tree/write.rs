@@ -5,48 +5,55 @@
 use super::*;
 
 impl TreeClient {
-    pub(super) async fn lock<N: Nic>(
+    /// Waits for its turn at `node`'s lock in the local lock table, if
+    /// there is one; the lock and whether the previous local holder
+    /// handed it over (held already: no remote CAS).
+    async fn queue<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         node: GlobalAddr,
-    ) -> Result<Held, TreeError> {
+    ) -> Result<(Held, bool), TreeError> {
         let lock = self.tree.lock_of(node);
-        let cfg = &self.tree.cfg;
-        let ticket = if cfg.local_lock_table {
-            let locks = &self.tree.locks;
-            let t = locks.ticket(lock.local);
-            while !locks.is_turn(lock.local, t) {
-                ctx.yield_now().await;
-            }
-            match locks.on_turn(lock.local, lock.word) {
-                Local::HandedOver => {
-                    self.stats.handovers += 1;
-                    return Ok(Held {
-                        lock,
-                        ticket: Some(t),
-                    });
-                }
-                Local::MustAcquire => {}
-                Local::ReleaseFirst(other) => {
-                    // The previous holder finished its writes before passing
-                    // the entry on, so releasing its word now is safe.
-                    if let Err(e) = ctx.write(other, &0u64.to_le_bytes()).await {
-                        let held = Held {
-                            lock,
-                            ticket: Some(t),
-                        };
-                        self.abandon(ctx, held, false).await;
-                        return Err(e.into());
-                    }
-                }
-            }
-            Some(t)
-        } else {
-            None
+        if !self.tree.cfg.local_lock_table {
+            let held = Held {
+                lock,
+                ticket: None,
+                node,
+            };
+            return Ok((held, false));
+        }
+        let locks = &self.tree.locks;
+        let t = locks.ticket(lock.local);
+        while !locks.is_turn(lock.local, t) {
+            ctx.yield_now().await;
+        }
+        let held = Held {
+            lock,
+            ticket: Some(t),
+            node,
         };
-        let held = Held { lock, ticket };
+        match locks.on_turn(lock.local, lock.word) {
+            Local::HandedOver => {
+                self.stats.handovers += 1;
+                Ok((held, true))
+            }
+            Local::MustAcquire => Ok((held, false)),
+            Local::ReleaseFirst(other) => {
+                // The previous holder finished its writes before passing
+                // the entry on, so releasing its word now is safe.
+                if let Err(e) = ctx.write(other, &0u64.to_le_bytes()).await {
+                    self.abandon(ctx, held, false).await;
+                    return Err(e.into());
+                }
+                Ok((held, false))
+            }
+        }
+    }
+
+    /// Takes the global lock of `held` by CAS, retrying while it is taken.
+    async fn acquire<N: Nic>(&mut self, ctx: &Ctx<N>, held: Held) -> Result<Held, TreeError> {
         loop {
-            match ctx.cas(lock.word, 0, self.id).await {
+            match ctx.cas(held.lock.word, 0, self.id).await {
                 Ok(0) => break,
                 Ok(_) => {
                     self.stats.lock_retries += 1;
@@ -59,20 +66,113 @@ impl TreeClient {
             }
         }
         if held.ticket.is_some() {
-            self.tree.locks.set_remote_held(lock.local, lock.word);
+            self.tree
+                .locks
+                .set_remote_held(held.lock.local, held.lock.word);
         }
         Ok(held)
     }
 
-    /// Locks the node at `addr` and reads it under the lock; a failed
-    /// read gives the lock up (the node is unchanged) and is the error.
+    /// Takes the global lock of `held` and reads its node in one doorbell
+    /// per try: the CAS and the READ go to the node's memory node on one
+    /// queue pair, where they execute in order, so the READ of a won CAS
+    /// sees the node as its last holder left it (that holder's writes
+    /// landed before its unlock, on its own queue pair). A lost CAS's
+    /// READ is dropped.
+    async fn acquire_reading<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+    ) -> Result<(Held, Buf), TreeError> {
+        let node = held.node;
+        let mut buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(NODE_BYTES)?)) {
+            Ok(b) => b,
+            Err(e) => {
+                self.abandon(ctx, held, false).await;
+                return Err(e);
+            }
+        };
+        loop {
+            let mut b = ctx.batch();
+            let cas = b.cas(held.lock.word, 0, self.id);
+            let rd = b.read(node, buf);
+            match b.submit().await {
+                Ok(mut done) => {
+                    let won = done.old(cas) == 0;
+                    buf = done.take_buf(rd);
+                    drop(done);
+                    if won {
+                        break;
+                    }
+                    self.stats.lock_retries += 1;
+                    ctx.yield_now().await;
+                }
+                Err(e) => {
+                    self.abandon(ctx, held, false).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        if held.ticket.is_some() {
+            self.tree
+                .locks
+                .set_remote_held(held.lock.local, held.lock.word);
+        }
+        match self.check_node(node, &buf) {
+            Ok(true) => Ok((held, buf)),
+            // Torn under the lock cannot happen while every writer holds
+            // it; read again rather than trust that.
+            Ok(false) => self.read_held(ctx, held).await,
+            Err(e) => {
+                self.abandon(ctx, held, true).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Locks the node at `addr` and reads it under the lock: a lock
+    /// handed over with the node's page reads nothing; with
+    /// `lock_with_read` the CAS and the READ share a doorbell; else the
+    /// CAS, then the READ. A failed read gives the lock up (the node is
+    /// unchanged) and is the error.
     pub(super) async fn lock_and_read<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<(Held, Buf), TreeError> {
-        let held = self.lock(ctx, addr).await?;
-        match self.read_node(ctx, addr).await {
+        let (held, handed) = self.queue(ctx, addr).await?;
+        let cfg = &self.tree.cfg;
+        if handed && cfg.handover_page {
+            let mut buf = match ctx.alloc(NODE_BYTES) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.abandon(ctx, held, true).await;
+                    return Err(e.into());
+                }
+            };
+            let local = held.lock.local;
+            if self.tree.locks.take_page(local, addr, buf.as_mut_slice()) {
+                self.stats.pages_handed_over += 1;
+                return Ok((held, buf));
+            }
+        }
+        let held = if handed {
+            held
+        } else if cfg.lock_with_read {
+            return self.acquire_reading(ctx, held).await;
+        } else {
+            self.acquire(ctx, held).await?
+        };
+        self.read_held(ctx, held).await
+    }
+
+    /// Reads the node of a lock held; a failed read gives the lock up.
+    async fn read_held<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+    ) -> Result<(Held, Buf), TreeError> {
+        match self.read_node(ctx, held.node).await {
             Ok(b) => Ok((held, b)),
             Err(e) => {
                 self.abandon(ctx, held, true).await;
@@ -118,12 +218,14 @@ impl TreeClient {
 
     /// Writes `writes` (in order, on their nodes' queue pairs) and releases
     /// the lock: in the same doorbell when combining, else in a second
-    /// round trip; or hands it to a local waiter.
+    /// round trip; or hands it to a local waiter, with `page` — the locked
+    /// node's bytes once the writes land — when pages go with the lock.
     pub(super) async fn write_and_release<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         held: Held,
         writes: &[(GlobalAddr, &[u8])],
+        page: &[u8],
     ) -> Result<(), TreeError> {
         let cfg = self.tree.cfg.clone();
         let hand_over = match held.ticket {
@@ -154,6 +256,11 @@ impl TreeClient {
             other => other,
         };
         if let Some(t) = held.ticket {
+            if hand_over && cfg.handover_page {
+                // A failed write leaves the node unknown: no page.
+                let page = r.is_ok().then_some((held.node, page));
+                self.tree.locks.leave_page(held.lock.local, page);
+            }
             self.tree.locks.pass(held.lock.local, t);
         }
         r.map_err(Into::into)
@@ -216,7 +323,8 @@ impl TreeClient {
                 (n.is_leaf(), n.low(), n.high(), n.sibling())
             };
             if !leaf || key < low || key >= high {
-                self.write_and_release(ctx, held, &[]).await?;
+                self.write_and_release(ctx, held, &[], buf.as_slice())
+                    .await?;
                 if leaf && key >= high {
                     self.stats.sibling_hops += 1;
                     self.tree.cache.invalidate_covering(1, key);
@@ -279,7 +387,8 @@ impl TreeClient {
                 }
             }
             m.set_version(v);
-            self.write_and_release(ctx, held, &[(addr, buf.as_slice())])
+            let page = buf.as_slice();
+            self.write_and_release(ctx, held, &[(addr, page)], page)
                 .await?;
             return Ok(present);
         }
@@ -293,7 +402,8 @@ impl TreeClient {
                 i
             }
             (None, None) => {
-                self.write_and_release(ctx, held, &[]).await?;
+                self.write_and_release(ctx, held, &[], buf.as_slice())
+                    .await?;
                 return Ok(false);
             }
             (None, Some(v)) => match Node(buf.as_slice()).free_slot() {
@@ -314,7 +424,8 @@ impl TreeClient {
         };
         let off = layout::entry_off(target);
         let entry = &buf.as_slice()[off..off + entry_len];
-        self.write_and_release(ctx, held, &[(addr.add(off as u64), entry)])
+        let page = buf.as_slice();
+        self.write_and_release(ctx, held, &[(addr.add(off as u64), entry)], page)
             .await?;
         Ok(present)
     }
