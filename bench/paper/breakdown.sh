@@ -3,7 +3,7 @@
 # (zipf 0.99) and uniform, write-intensive, at the paper's scale
 # (8 memory nodes, 8 compute nodes x 22 threads) on the simulator.
 source "$(dirname "$0")/common.sh"
-SYS=fg,fg+comb,fg+comb+onchip,fg+comb+onchip+hier,sherman
+SYS=fg,fg+comb,fg+comb+onchip,fg+comb+onchip+hier,sherman,sherman-2rt
 MD="$OUT/breakdown.md"
 echo "# Technique breakdown (Sherman §5.2.1), sim, $RECORDS records" > "$MD"
 for z in 0.99 0; do

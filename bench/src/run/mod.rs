@@ -85,7 +85,8 @@ pub struct RunArgs {
     /// workload]
     #[arg(long, value_name = "THETA")]
     zipf: Option<f64>,
-    /// Systems side by side: sherman, sherman-paper-versions, fg, fg+comb,
+    /// Systems side by side: sherman, sherman-2rt (writes in 2 round
+    /// trips, 1 when handed over), sherman-paper-versions, fg, fg+comb,
     /// fg+comb+onchip, fg+comb+onchip+hier, cuckoo (the Nessie hash table;
     /// no scans)
     #[arg(long, value_name = "A,B,...", default_value = "sherman,fg")]

@@ -170,6 +170,8 @@ fn tree_config_json(t: &TreeConfig) -> serde_json::Value {
         "local_lock_table": t.local_lock_table,
         "handover": t.handover,
         "max_handover": t.max_handover,
+        "lock_with_read": t.lock_with_read,
+        "handover_page": t.handover_page,
         "versions": match t.versions {
             index::tree::VersionScheme::Lines => "lines",
             index::tree::VersionScheme::FrontRear => "front-rear",
@@ -210,6 +212,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
     }
     let w = r.write_rtt();
     let writes: u64 = w.iter().sum();
+    let le2: u64 = w.iter().take(3).sum();
     let le3: u64 = w.iter().take(4).sum();
     let nosplit: u64 = KINDS.iter().map(|k| r.kinds[k.ix()].nosplit).sum();
     let nosplit_bytes: u64 = KINDS.iter().map(|k| r.kinds[k.ix()].nosplit_bytes).sum();
@@ -253,6 +256,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "p999": r.all_latency.value_at_quantile(0.999),
         },
         "round_trips": rt,
+        "writes_within_2_round_trips": ratio(le2, writes),
         "writes_within_3_round_trips": ratio(le3, writes),
         "write_round_trips_p99": if writes == 0 { json!(null) } else { json!(rtt_quantile(&w, 0.99)) },
         "bytes_written_per_op": per(bw),
