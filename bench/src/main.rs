@@ -9,6 +9,7 @@
 #![recursion_limit = "256"]
 
 mod args;
+mod locks;
 mod outfile;
 mod plot;
 mod progress;
@@ -53,6 +54,10 @@ enum Command {
     /// on a cluster of machines: throughput, latency, aborts, verbs per
     /// commit
     Txn(Box<txn::TxnArgs>),
+    /// Lock acquisitions through the tree's lock code, the lock variants
+    /// side by side (host CAS, device-memory CAS, local lock table,
+    /// handover): acquisitions per second, latency, remote CAS attempts
+    Locks(locks::LocksArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::Run(a) => ("loch-bench run", run::run(*a)),
         Command::Ring(a) => ("loch-bench ring", ring::run(a)),
         Command::Txn(a) => ("loch-bench txn", txn::run(*a)),
+        Command::Locks(a) => ("loch-bench locks", locks::run(a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),

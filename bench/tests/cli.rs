@@ -669,3 +669,83 @@ fn txn_reports_leases_and_fault_timelines() {
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
     let _ = std::fs::remove_file(&plot);
 }
+
+/// `loch-bench locks`: every variant acquires every lock asked for, on sim
+/// and on emu; only handover hands locks over, and a variant without it
+/// wins one remote CAS or more per acquisition; the local lock table cuts
+/// the remote CAS attempts of a hot lock. Bad variants exit 2.
+#[test]
+fn locks_compares_the_lock_variants() {
+    let out = bench(&[
+        "locks",
+        "--compute-nodes",
+        "2",
+        "--threads",
+        "3",
+        "--coroutines",
+        "2",
+        "--locks",
+        "4",
+        "--ops",
+        "50",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let rows = all.as_array().expect("an array");
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["variant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["host", "dm", "dm+local", "dm+local+handover"]);
+    let cas = |r: &serde_json::Value| r["remote_cas_per_acquisition"].as_f64().unwrap();
+    for r in rows {
+        assert_eq!(r["schema_version"].as_u64(), Some(1));
+        assert_eq!(r["acquisitions"].as_u64(), Some(2 * 3 * 2 * 50), "{r}");
+        assert!(r["acquisitions_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(
+            r["latency_ns"]["p99"].as_u64().unwrap() >= r["latency_ns"]["p50"].as_u64().unwrap()
+        );
+        let handed = r["handed_over"].as_f64().unwrap();
+        if r["variant"] == "dm+local+handover" {
+            assert!(handed > 0.0, "{r}");
+        } else {
+            assert_eq!(handed, 0.0, "{r}");
+            assert!(cas(r) >= 1.0, "{r}");
+        }
+    }
+    // Four hot locks, twelve clients: the local table leaves one remote
+    // spinner per compute node and lock.
+    assert!(cas(&rows[2]) < cas(&rows[1]), "{rows:?}");
+    let emu = bench(&[
+        "locks",
+        "--backend",
+        "emu",
+        "--threads",
+        "2",
+        "--ops",
+        "2000",
+        "--locks",
+        "8",
+        "--json",
+        "--no-pin",
+    ]);
+    assert!(
+        emu.status.success(),
+        "{}",
+        String::from_utf8_lossy(&emu.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&emu.stdout).expect("a JSON array");
+    for r in all.as_array().unwrap() {
+        assert_eq!(r["acquisitions"].as_u64(), Some(2 * 2000), "{r}");
+    }
+    let bad = bench(&["locks", "--variants", "dm,spin"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("unknown lock variant `spin`"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -232,6 +232,11 @@ impl Tree {
     }
 }
 
+/// A node's lock taken by [`TreeClient::lock_node`], to be given back
+/// with [`TreeClient::unlock_node`].
+#[must_use = "a held lock must be released with unlock_node"]
+pub struct NodeLock(Held);
+
 /// A held lock, to be released exactly once.
 #[must_use = "a held lock must be released (write_and_release or abandon)"]
 struct Held {

@@ -181,6 +181,35 @@ impl TreeClient {
         }
     }
 
+    /// Takes the lock of the node at `node` as a write does (its turn in
+    /// the local lock table, a handover, or the remote CAS until it wins)
+    /// without reading the node: the lock microbenchmark's acquisition
+    /// (`loch-bench locks`). Release it with [`Self::unlock_node`].
+    pub async fn lock_node<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        node: GlobalAddr,
+    ) -> Result<NodeLock, TreeError> {
+        check_node_addr(node)?;
+        let (held, handed) = self.queue(ctx, node).await?;
+        let held = if handed {
+            held
+        } else {
+            self.acquire(ctx, held).await?
+        };
+        Ok(NodeLock(held))
+    }
+
+    /// Releases a lock [`Self::lock_node`] took, writing nothing: to the
+    /// next local waiter (handover) or by the remote unlock.
+    pub async fn unlock_node<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        lock: NodeLock,
+    ) -> Result<(), TreeError> {
+        self.write_and_release(ctx, lock.0, &[], &[]).await
+    }
+
     /// Allocates a node for a split while `held` is held; a failed
     /// allocation gives the lock up (nothing was written yet) and is the
     /// error.
@@ -219,7 +248,8 @@ impl TreeClient {
     /// Writes `writes` (in order, on their nodes' queue pairs) and releases
     /// the lock: in the same doorbell when combining, else in a second
     /// round trip; or hands it to a local waiter, with `page` — the locked
-    /// node's bytes once the writes land — when pages go with the lock.
+    /// node's bytes once the writes land; empty: none — when pages go with
+    /// the lock.
     pub(super) async fn write_and_release<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -258,7 +288,7 @@ impl TreeClient {
         if let Some(t) = held.ticket {
             if hand_over && cfg.handover_page {
                 // A failed write leaves the node unknown: no page.
-                let page = r.is_ok().then_some((held.node, page));
+                let page = (r.is_ok() && !page.is_empty()).then_some((held.node, page));
                 self.tree.locks.leave_page(held.lock.local, page);
             }
             self.tree.locks.pass(held.lock.local, t);
