@@ -56,8 +56,12 @@ pub struct ServerStats {
     pub truncations: u64,
     /// Backup copies updated at truncation.
     pub applied: u64,
-    /// Backup updates skipped: the copy already held a later version.
+    /// Backup updates skipped: the copy already held their version whole,
+    /// or a later one.
     pub stale: u64,
+    /// Backup copies found torn at the update's version (a new backup's
+    /// copy took their lines at different versions) and written whole.
+    pub mended: u64,
     /// Replies sent (one-sided WRITEs).
     pub replies: u64,
     /// Log heads returned by a WRITE of their own (flow control not
@@ -112,6 +116,7 @@ impl std::ops::AddAssign for ServerStats {
         self.truncations += o.truncations;
         self.applied += o.applied;
         self.stale += o.stale;
+        self.mended += o.mended;
         self.replies += o.replies;
         self.head_reports += o.head_reports;
         self.bad_records += o.bad_records;
@@ -875,17 +880,30 @@ impl Server {
                 std::hint::spin_loop();
                 continue;
             }
-            // The same version is written again: a copy under way may
-            // have taken this object's first line at it and another line
-            // from before it (its lines are copied one by one), and one
-            // version has one value, so writing it again is never wrong.
             if cur.version() > new.version() {
+                self.stats.stale += 1;
+                return Ok(());
+            }
+            // At the same version the copy is whole, or torn by a copy
+            // under way that took its first line at this version and
+            // another line from before it (a copy takes lines one by one):
+            // then it is written again (one version has one value).
+            let torn = cur.version() == new.version() && {
+                let lines = object_bytes(w.value.len()) / LINE;
+                let mut torn = false;
+                for k in 1..lines {
+                    torn |= l.load(off + (k * LINE) as u64)? != cur.0;
+                }
+                torn
+            };
+            if cur.version() == new.version() && !torn {
                 self.stats.stale += 1;
                 return Ok(());
             }
             if l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
                 put_object(ctx, off, new, &w.value)?;
                 self.stats.applied += 1;
+                self.stats.mended += u64::from(torn);
                 return Ok(());
             }
         }
