@@ -1,6 +1,6 @@
 //! `loch-bench locks`: Sherman's lock techniques alone. Clients acquire
 //! and release locks drawn zipfian (or uniformly) from a set of lock
-//! words, through the tree's own lock code ([`TreeClient::lock_node`]),
+//! words, through the tree's own lock code ([`index::tree::TreeClient::lock_node`]),
 //! with the variants side by side: CAS on a word in host memory (FG+),
 //! CAS on a word in the memory node's device memory (on-chip), plus the
 //! local lock table (each compute node queues its own threads FIFO per
