@@ -25,6 +25,23 @@ pub enum Backend {
     Sim,
 }
 
+impl Backend {
+    /// The cluster backend this choice boots: emu threads (pinned with
+    /// `pin`), or a simulated world of `compute_nodes` compute nodes with
+    /// `seed`, the default model and no faults.
+    pub fn cluster(self, pin: bool, seed: u64, compute_nodes: usize) -> cluster::Backend {
+        match self {
+            Backend::Emu => cluster::Backend::Emu { pin },
+            Backend::Sim => cluster::Backend::Sim {
+                seed,
+                compute_nodes,
+                model: nicdrv::sim::SimModel::default(),
+                faults: Vec::new(),
+            },
+        }
+    }
+}
+
 /// Parses sizes like `8`, `1k`, `1KiB`, `4m`, `8MiB`.
 pub fn parse_size(s: &str) -> Option<usize> {
     let t = s.trim().to_ascii_lowercase();

@@ -17,7 +17,6 @@ use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
 use index::tree::{Tree, TreeConfig, TreeStats};
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::sim::SimModel;
 use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, Space, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
@@ -252,15 +251,9 @@ struct Measured {
 fn measure(spec: &LockSpec) -> Result<Measured, String> {
     let host_bytes = spec.host_bytes();
     let cfg = variant(&spec.variant, host_bytes).ok_or("unknown variant")?;
-    let backend = match spec.backend {
-        Backend::Emu => cluster::Backend::Emu { pin: spec.pin },
-        Backend::Sim => cluster::Backend::Sim {
-            seed: spec.seed,
-            compute_nodes: spec.compute_nodes,
-            model: SimModel::default(),
-            faults: Vec::new(),
-        },
-    };
+    let backend = spec
+        .backend
+        .cluster(spec.pin, spec.seed, spec.compute_nodes);
     let mut c = Cluster::boot(&ClusterSpec {
         machines: 0,
         memory_nodes: spec.memory_nodes,

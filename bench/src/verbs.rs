@@ -17,7 +17,6 @@ use crate::args::{size_value, ArgError};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
-use nicdrv::sim::SimModel;
 use nicdrv::{Buf, Ctx, ExecutorConfig, GlobalAddr, Nic, Opcode, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
@@ -301,15 +300,9 @@ pub struct Measured {
 }
 
 pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
-    let backend = match spec.backend {
-        Backend::Emu => cluster::Backend::Emu { pin: spec.pin },
-        Backend::Sim => cluster::Backend::Sim {
-            seed: spec.seed,
-            compute_nodes: spec.compute_nodes,
-            model: SimModel::default(),
-            faults: Vec::new(),
-        },
-    };
+    let backend = spec
+        .backend
+        .cluster(spec.pin, spec.seed, spec.compute_nodes);
     let mut c = Cluster::boot(&ClusterSpec {
         machines: 0,
         memory_nodes: spec.memory_nodes,

@@ -52,25 +52,7 @@ impl TreeClient {
 
     /// Takes the global lock of `held` by CAS, retrying while it is taken.
     async fn acquire<N: Nic>(&mut self, ctx: &Ctx<N>, held: Held) -> Result<Held, TreeError> {
-        loop {
-            match ctx.cas(held.lock.word, 0, self.id).await {
-                Ok(0) => break,
-                Ok(_) => {
-                    self.stats.lock_retries += 1;
-                    ctx.yield_now().await;
-                }
-                Err(e) => {
-                    self.abandon(ctx, held, false).await;
-                    return Err(e.into());
-                }
-            }
-        }
-        if held.ticket.is_some() {
-            self.tree
-                .locks
-                .set_remote_held(held.lock.local, held.lock.word);
-        }
-        Ok(held)
+        Ok(self.acquire_with(ctx, held, None).await?.0)
     }
 
     /// Takes the global lock of `held` and reads its node in one doorbell
@@ -85,21 +67,44 @@ impl TreeClient {
         held: Held,
     ) -> Result<(Held, Buf), TreeError> {
         let node = held.node;
-        let mut buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(NODE_BYTES)?)) {
+        let buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(NODE_BYTES)?)) {
             Ok(b) => b,
             Err(e) => {
                 self.abandon(ctx, held, false).await;
                 return Err(e);
             }
         };
+        let (held, buf) = self.acquire_with(ctx, held, Some(buf)).await?;
+        let buf = buf.expect("a READ rode with every CAS");
+        match self.check_node(node, &buf) {
+            Ok(true) => Ok((held, buf)),
+            // Torn under the lock cannot happen while every writer holds
+            // it; read again rather than trust that.
+            Ok(false) => self.read_held(ctx, held).await,
+            Err(e) => {
+                self.abandon(ctx, held, true).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The CAS loop of [`Self::acquire`], with `buf` (if any) read from
+    /// the locked node in each try's doorbell and returned from the try
+    /// that won. A failed verb gives the lock up and is the error.
+    async fn acquire_with<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        held: Held,
+        mut buf: Option<Buf>,
+    ) -> Result<(Held, Option<Buf>), TreeError> {
         loop {
             let mut b = ctx.batch();
             let cas = b.cas(held.lock.word, 0, self.id);
-            let rd = b.read(node, buf);
+            let rd = buf.take().map(|x| b.read(held.node, x));
             match b.submit().await {
                 Ok(mut done) => {
                     let won = done.old(cas) == 0;
-                    buf = done.take_buf(rd);
+                    buf = rd.map(|op| done.take_buf(op));
                     drop(done);
                     if won {
                         break;
@@ -118,16 +123,7 @@ impl TreeClient {
                 .locks
                 .set_remote_held(held.lock.local, held.lock.word);
         }
-        match self.check_node(node, &buf) {
-            Ok(true) => Ok((held, buf)),
-            // Torn under the lock cannot happen while every writer holds
-            // it; read again rather than trust that.
-            Ok(false) => self.read_held(ctx, held).await,
-            Err(e) => {
-                self.abandon(ctx, held, true).await;
-                Err(e)
-            }
-        }
+        Ok((held, buf))
     }
 
     /// Locks the node at `addr` and reads it under the lock: a lock
