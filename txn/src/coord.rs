@@ -728,10 +728,10 @@ impl Coordinator {
                         .iter()
                         .copied()
                         .filter(|&d| {
-                            writes.iter().any(|w| {
-                                now.get(w.at.region)
-                                    .is_ok_and(|r| r.backups.iter().any(|b| b.machine == d))
-                            })
+                            // Where the server keeps them (`Server::backs_up`).
+                            writes
+                                .iter()
+                                .any(|w| now.backs_up(w.at, object_bytes(w.value.len()) as u64, d))
                         })
                         .collect(),
                     Round::Keep | Round::Apply => members.clone(),

@@ -223,6 +223,12 @@ impl RegionMap {
             .map(|b| GlobalAddr::host(b.machine, b.base + at.offset)))
     }
 
+    /// Whether `machine` backs up the region of the object of `len` bytes
+    /// at `at` (and the object lies in it).
+    pub fn backs_up(&self, at: ObjAddr, len: u64, machine: NodeId) -> bool {
+        matches!(self.on_backup(at, len, machine), Ok(Some(_)))
+    }
+
     /// The object of `len` bytes at `at` on each backup, in the map's
     /// order.
     pub fn on_backups(&self, at: ObjAddr, len: u64) -> Result<Vec<GlobalAddr>, RegionError> {

@@ -481,10 +481,7 @@ impl Server {
                 regions,
                 writes,
             } => {
-                let ours = writes.iter().all(|w| {
-                    let len = object_bytes(w.value.len()) as u64;
-                    matches!(self.map().on_backup(w.at, len, self.machine), Ok(Some(_)))
-                });
+                let ours = writes.iter().all(|w| self.backs_up(w));
                 if ours {
                     self.stats.backups_kept += 1;
                     self.backup.insert(tx, (regions, writes));
@@ -552,13 +549,7 @@ impl Server {
                 if self.decisions.get(&tx).is_some_and(|d| d.2) {
                     return Ok(());
                 }
-                let mine: Vec<Write> = writes
-                    .into_iter()
-                    .filter(|w| {
-                        let len = object_bytes(w.value.len()) as u64;
-                        matches!(self.map().on_backup(w.at, len, self.machine), Ok(Some(_)))
-                    })
-                    .collect();
+                let mine: Vec<Write> = writes.into_iter().filter(|w| self.backs_up(w)).collect();
                 if mine.is_empty() {
                     return Ok(());
                 }
@@ -704,6 +695,12 @@ impl Server {
             Some(m) => MapRef::Old(m),
             None => MapRef::Shared(self.map.read().expect("no panics hold the map")),
         }
+    }
+
+    /// Whether this machine backs up the object `w` writes.
+    fn backs_up(&self, w: &Write) -> bool {
+        let len = object_bytes(w.value.len()) as u64;
+        self.map().backs_up(w.at, len, self.machine)
     }
 
     /// The object's offset in this machine's memory if it is a primary

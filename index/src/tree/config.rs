@@ -100,8 +100,8 @@ impl TreeConfig {
     /// The configurations the benchmarks compare, by name: `sherman`,
     /// `sherman-2rt` (Sherman with the lock and the read in one doorbell
     /// and the page handed over with the lock: writes in two round trips,
-    /// handed-over ones in one), `sherman-paper-versions` (Sherman with its own front/rear versions),
-    /// `fg` (or `fg+`), and Sherman §5.2.1's breakdown adding one technique
+    /// handed-over ones in one), `sherman-paper-versions` (Sherman with
+    /// its own front/rear versions), `fg` (or `fg+`), and Sherman §5.2.1's breakdown adding one technique
     /// at a time to FG+: `fg+comb`, `fg+comb+onchip`, `fg+comb+onchip+hier`.
     /// `None` for any other name.
     pub fn named(name: &str, node_bytes: u64) -> Option<TreeConfig> {

@@ -11,8 +11,18 @@ impl TreeClient {
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<Buf, TreeError> {
+        let buf = ctx.alloc(NODE_BYTES)?;
+        self.read_node_into(ctx, addr, buf).await
+    }
+
+    /// [`Self::read_node`] into `buf`, a node's worth of scratch.
+    pub(super) async fn read_node_into<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        addr: GlobalAddr,
+        mut buf: Buf,
+    ) -> Result<Buf, TreeError> {
         check_node_addr(addr)?;
-        let mut buf = ctx.alloc(NODE_BYTES)?;
         for _ in 0..MAX_READ_RETRIES {
             let mut b = ctx.batch();
             let op = b.read(addr, buf);

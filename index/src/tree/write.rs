@@ -80,7 +80,7 @@ impl TreeClient {
             Ok(true) => Ok((held, buf)),
             // Torn under the lock cannot happen while every writer holds
             // it; read again rather than trust that.
-            Ok(false) => self.read_held(ctx, held).await,
+            Ok(false) => self.read_held(ctx, held, Some(buf)).await,
             Err(e) => {
                 self.abandon(ctx, held, true).await;
                 Err(e)
@@ -151,6 +151,8 @@ impl TreeClient {
                 self.stats.pages_handed_over += 1;
                 return Ok((held, buf));
             }
+            // Another node's page, or none: the buffer takes the READ.
+            return self.read_held(ctx, held, Some(buf)).await;
         }
         let held = if handed {
             held
@@ -159,16 +161,22 @@ impl TreeClient {
         } else {
             self.acquire(ctx, held).await?
         };
-        self.read_held(ctx, held).await
+        self.read_held(ctx, held, None).await
     }
 
-    /// Reads the node of a lock held; a failed read gives the lock up.
+    /// Reads the node of a lock held (into `buf`, else fresh scratch); a
+    /// failed read gives the lock up.
     async fn read_held<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         held: Held,
+        buf: Option<Buf>,
     ) -> Result<(Held, Buf), TreeError> {
-        match self.read_node(ctx, held.node).await {
+        let read = match buf {
+            Some(b) => self.read_node_into(ctx, held.node, b).await,
+            None => self.read_node(ctx, held.node).await,
+        };
+        match read {
             Ok(b) => Ok((held, b)),
             Err(e) => {
                 self.abandon(ctx, held, true).await;
