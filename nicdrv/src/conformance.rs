@@ -210,6 +210,104 @@ pub fn batch_semantics<H: Harness>(h: &H) {
     assert_eq!(counters.round_trips, 2);
 }
 
+/// A batch's life outside the happy path: a batch superseded by a newer
+/// one, or refused because another of the task's batches is in flight,
+/// reports it at submit and posts nothing; a batch dropped unsubmitted,
+/// or whose submit future is dropped unpolled, gives its scratch back; a
+/// submit future dropped after posting leaves its buffers to the NIC
+/// until the next batch, which waits for them; `submit_first` returns at
+/// the first doorbell and `settle` at the last.
+pub fn batch_lifecycle<H: Harness>(h: &H) {
+    let (a, b) = two_nodes(h);
+    let word = |node, i: u64| GlobalAddr::host(node, 8192 + 8 * i);
+    run_task(h, move |ctx| async move {
+        let base = ctx.scratch_used();
+        let before = ctx.counters();
+        // Superseded: the older batch's FAA never runs.
+        let mut old = ctx.batch();
+        old.faa(word(a, 0), 1);
+        let mut new = ctx.batch();
+        new.faa(word(a, 1), 1);
+        assert_eq!(old.submit().await.err(), Some(VerbError::BatchSuperseded));
+        new.submit().await.expect("the newer batch runs");
+        // Dropped unsubmitted, and submitted but dropped unpolled: their
+        // buffers come back and nothing is posted.
+        let mut dropped = ctx.batch();
+        dropped.read_new(word(a, 0), 4096);
+        assert!(ctx.scratch_used() >= base + 4096);
+        drop(dropped);
+        assert_eq!(ctx.scratch_used(), base, "a dropped batch freed its buffer");
+        let mut unpolled = ctx.batch();
+        unpolled.read_new(word(a, 0), 4096);
+        drop(unpolled.submit());
+        assert_eq!(
+            ctx.scratch_used(),
+            base,
+            "a dropped submit freed its buffer"
+        );
+        assert_eq!((ctx.counters() - before).round_trips, 1);
+        // In flight: a second batch of the same task is refused.
+        let mut first = ctx.batch();
+        first.faa(word(b, 2), 5);
+        let mut fut = std::pin::pin!(first.submit());
+        let mut polled = false;
+        std::future::poll_fn(|cx| {
+            if !polled {
+                polled = true;
+                // Posted now (the completion comes at a later turn).
+                if fut.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(());
+                }
+                let mut second = ctx.batch();
+                second.faa(word(b, 3), 1);
+                let mut s = std::pin::pin!(second.submit());
+                match s.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => {
+                        assert_eq!(r.err(), Some(VerbError::BatchInProgress))
+                    }
+                    std::task::Poll::Pending => panic!("a refused batch waits for nothing"),
+                }
+            }
+            fut.as_mut().poll(cx).map(|r| {
+                r.expect("the first batch runs");
+            })
+        })
+        .await;
+        // Dropped after posting: the next batch waits for the NIC, then
+        // sees the dropped batch's FAA done.
+        let mut posted = ctx.batch();
+        posted.faa(word(b, 4), 7);
+        let mut fut = Box::pin(posted.submit());
+        std::future::poll_fn(|cx| {
+            let _ = fut.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        drop(fut);
+        let mut check = ctx.batch();
+        let ops: Vec<_> = (0..5).map(|i| check.read_new(word(b, i), 8)).collect();
+        let d = check.submit().await.expect("read back");
+        let got: Vec<u64> = ops.into_iter().map(|op| d.word(op)).collect();
+        assert_eq!(got, vec![0, 0, 5, 0, 7], "only the posted FAAs ran");
+        drop(d);
+        // submit_first on two nodes, then settle.
+        let mut bt = ctx.batch();
+        bt.write_u64(word(a, 5), 11);
+        bt.write_u64(word(b, 5), 12);
+        bt.submit_first()
+            .await
+            .expect("the first doorbell succeeds");
+        ctx.settle().await.expect("and the other");
+        let mut check = ctx.batch();
+        let x = check.read_new(word(a, 5), 8);
+        let y = check.read_new(word(b, 5), 8);
+        let d = check.submit().await.expect("read back");
+        assert_eq!((d.word(x), d.word(y)), (11, 12));
+        drop(d);
+        assert_eq!(ctx.scratch_used(), base, "every buffer came back");
+    });
+}
+
 fn sge<N: Nic>(rig: &RawRig<N>, off: usize, len: u32) -> Sge {
     assert!(off + len as usize <= rig.mr.len());
     Sge {
@@ -937,6 +1035,10 @@ macro_rules! conformance_suite {
         #[test]
         fn conformance_batch_semantics() {
             $crate::conformance::batch_semantics(&$make);
+        }
+        #[test]
+        fn conformance_batch_lifecycle() {
+            $crate::conformance::batch_lifecycle(&$make);
         }
         #[test]
         fn conformance_selective_signaling() {

@@ -517,6 +517,10 @@ fn conformance_batch_semantics() {
     on_device(|h| conformance::batch_semantics(h));
 }
 #[test]
+fn conformance_batch_lifecycle() {
+    on_device(|h| conformance::batch_lifecycle(h));
+}
+#[test]
 fn conformance_selective_signaling() {
     on_device(|h| conformance::selective_signaling(h));
 }

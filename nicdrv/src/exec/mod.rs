@@ -21,7 +21,7 @@ mod wait;
 mod waker;
 
 pub use arena::Buf;
-pub use ctx::{Batch, Ctx, Done, OpId, YieldNow, MAX_BATCH};
+pub use ctx::{Batch, Ctx, Done, OpId, Submit, SubmitFirst, YieldNow, MAX_BATCH};
 pub use error::VerbError;
 pub use wait::{Local, Sleep, WaitWrite};
 
@@ -163,6 +163,9 @@ pub(crate) struct Slot {
     /// Generation of the slot's batch storage; a new batch bumps it.
     pub(crate) gen: Cell<u32>,
     pub(crate) storage: storage::BatchStorage,
+    /// The count, first problem and stage of the batch being built or
+    /// posted (`ctx::Batch`, `ctx::Submit`).
+    pub(crate) building: ctx::Building,
     /// The earliest deadline of the task's live waits ([`wait`]);
     /// `wait::NO_TIMER` when none.
     pub(crate) timer: Cell<u64>,
@@ -363,6 +366,7 @@ impl<N: Nic> Executor<N> {
                         wake_each: Cell::new(false),
                         gen: Cell::new(0),
                         storage: storage::BatchStorage::new(),
+                        building: ctx::Building::new(),
                         timer: Cell::new(wait::NO_TIMER),
                         watching: Cell::new(false),
                         waits: Cell::new(0),
