@@ -343,6 +343,9 @@ impl LineMem {
                 return;
             }
             let end = off + len as u64;
+            if len > LINE_BYTES as usize {
+                self.prefetch(off, end);
+            }
             let mut at = off;
             while at < end {
                 let line = at / LINE_BYTES;
@@ -353,6 +356,42 @@ impl LineMem {
                 at = stop;
             }
         }
+    }
+
+    /// Asks the CPU for every line of `off..end` and their sequence words
+    /// at once. The copy below walks the lines one by one, and each line's
+    /// sequence check waits for its loads: without this, a 1 KiB READ of
+    /// memory not in cache paid sixteen misses one after another (on a
+    /// Sherman lookup, 85% of the READ's time was those two loads). A
+    /// real NIC's DMA overlaps them too.
+    #[inline]
+    fn prefetch(&self, off: u64, end: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let (first, last) = (off / LINE_BYTES, (end - 1) / LINE_BYTES);
+            for line in first..=last {
+                // SAFETY: a prefetch is a hint: it never faults, whatever
+                // the address, and changes no memory. The line lies in
+                // `data` (the caller checked the range is in bounds).
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        self.data.base().add((line * LINE_BYTES) as usize) as *const i8
+                    )
+                };
+            }
+            // The sequence words are 4 bytes a line: 16 to a cache line.
+            let mut w = (first * 4) & !63;
+            while w <= last * 4 {
+                // SAFETY: as above; the words lie in `lines`.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(self.lines.base().add(w as usize) as *const i8)
+                };
+                w += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (off, end);
     }
 
     /// # Safety
