@@ -277,7 +277,7 @@ pub struct OpId(u8);
 /// Requests being gathered for one doorbell-and-wait.
 ///
 /// The requests, their count and the first problem met while adding them
-/// live in the slot ([`Slot::building`]), made at start, so a batch is two
+/// live in the slot (`Slot::building`), made at start, so a batch is two
 /// words and moving it or its future copies almost nothing. A task builds
 /// one batch at a time: starting a new batch invalidates an unsubmitted
 /// one and the results of the previous one. Builder calls never fail on
@@ -568,7 +568,7 @@ impl<'a, N: Nic> Batch<'a, N> {
 /// Future of [`Batch::submit`].
 ///
 /// Written by hand rather than as an `async fn`, and two words: its state
-/// is in the slot ([`Building`]). A task moves the future of every batch
+/// is in the slot (`Building`). A task moves the future of every batch
 /// it awaits into its own state; an `async fn`'s (the batch, a guard, the
 /// nested waits: 140 bytes) was copied by a `memcpy` call twice per batch,
 /// about a seventh of the CPU of an 8-byte READ on emu.
