@@ -133,7 +133,22 @@ impl Node<'_> {
     }
     /// Leaf: the slot holding `key`.
     pub fn find(&self, key: u64) -> Option<usize> {
-        (0..FANOUT).find(|&i| self.occupied(i) && self.key(i) == key)
+        // Line by line, the line's entries at fixed offsets: the same
+        // order as `(0..FANOUT).find(..)` with `entry_off`, without its
+        // division and bounds check per entry (a lookup's scan took
+        // about 700 instructions that way).
+        let lines = self.0[LINE_BYTES..NODE_BYTES].chunks_exact(LINE_BYTES);
+        for (l, line) in lines.enumerate() {
+            let line: &[u8; LINE_BYTES] = line.try_into().expect("a whole line");
+            for j in 0..ENTRIES_PER_LINE {
+                let o = 1 + j * ENTRY_BYTES;
+                let k = u64::from_le_bytes(line[o + 1..o + 9].try_into().expect("8 bytes"));
+                if line[o] & ENTRY_OCCUPIED != 0 && k == key {
+                    return Some(l * ENTRIES_PER_LINE + j);
+                }
+            }
+        }
+        None
     }
     /// Leaf: a free slot.
     pub fn free_slot(&self) -> Option<usize> {
@@ -275,5 +290,27 @@ mod tests {
         assert!(Node(&c).lines_agree() && Node(&c).front_rear_agree());
         assert_eq!(Node(&c).find(42), Some(7));
         assert_eq!(Node(&c).value(7), 4242);
+    }
+
+    proptest::proptest! {
+        /// `find` answers as the plain scan over `entry_off` does: the
+        /// first occupied entry with the key, on leaves with free slots
+        /// holding stale keys and keys present twice.
+        #[test]
+        fn find_is_the_first_occupied_match(
+            slots in proptest::collection::vec((0u8..3, 0u64..6), FANOUT),
+            probe in 0u64..7,
+        ) {
+            let mut b = vec![0u8; NODE_BYTES];
+            NodeMut(&mut b).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+            for (i, &(state, key)) in slots.iter().enumerate() {
+                let o = entry_off(i);
+                b[o] = if state == 0 { 0 } else { ENTRY_OCCUPIED };
+                b[o + 1..o + 9].copy_from_slice(&key.to_le_bytes());
+            }
+            let n = Node(&b);
+            let plain = (0..FANOUT).find(|&i| n.occupied(i) && n.key(i) == probe);
+            proptest::prop_assert_eq!(n.find(probe), plain);
+        }
     }
 }

@@ -104,6 +104,10 @@ pub const STUCK_HOLDER_NS: u64 = 1_000_000_000;
 /// Busy spins before a waiter yields the CPU, and before a reader facing
 /// an odd line turns to the block lock.
 pub const SPINS: u32 = 1 << 10;
+
+/// Most lines a READ takes through the all-lines-at-once path
+/// (`LineMem::read_lines_into`); longer ones go a line at a time.
+pub const FAST_LINES: u64 = 32;
 /// Failed optimistic copies of one line before a reader takes the block
 /// lock, so a stream of writers cannot starve it.
 pub const OPTIMISTIC_TRIES: u32 = 64;
@@ -219,6 +223,31 @@ impl Wait {
             });
         }
         self.seen = 0;
+    }
+}
+
+/// Copies the eight words of a line, each an Acquire atomic load, written
+/// out one statement a word: as a loop the compiler kept the loop (its
+/// counter and bound checked per word), twice the instructions.
+///
+/// # Safety
+/// `src` must point to eight 8-byte aligned words of shared memory only
+/// accessed atomically; `dst..dst+64` must be valid for writes.
+#[inline(always)]
+unsafe fn copy_line(src: *const u64, dst: *mut u64) {
+    // SAFETY: the caller's contract, word by word.
+    unsafe {
+        let load = |i: usize| AtomicU64::from_ptr(src.add(i) as *mut u64).load(Ordering::Acquire);
+        let (w0, w1, w2, w3) = (load(0), load(1), load(2), load(3));
+        let (w4, w5, w6, w7) = (load(4), load(5), load(6), load(7));
+        dst.write_unaligned(w0);
+        dst.add(1).write_unaligned(w1);
+        dst.add(2).write_unaligned(w2);
+        dst.add(3).write_unaligned(w3);
+        dst.add(4).write_unaligned(w4);
+        dst.add(5).write_unaligned(w5);
+        dst.add(6).write_unaligned(w6);
+        dst.add(7).write_unaligned(w7);
     }
 }
 
@@ -345,6 +374,13 @@ impl LineMem {
             let end = off + len as u64;
             if len > LINE_BYTES as usize {
                 self.prefetch(off, end);
+                if off.is_multiple_of(LINE_BYTES)
+                    && (len as u64).is_multiple_of(LINE_BYTES)
+                    && len as u64 <= FAST_LINES * LINE_BYTES
+                {
+                    self.read_lines_into(off / LINE_BYTES, dst, len / LINE_BYTES as usize);
+                    return;
+                }
             }
             let mut at = off;
             while at < end {
@@ -354,6 +390,80 @@ impl LineMem {
                 let d = dst.add((at - off) as usize);
                 self.read_line(line, at, d, (stop - at) as usize);
                 at = stop;
+            }
+        }
+    }
+
+    /// READ of `n` whole lines from line `first` on (at most
+    /// [`FAST_LINES`], in bounds: the caller checked): the seqlock of every
+    /// line at once rather than one line after another. All the sequence
+    /// words are loaded (Acquire), then all the lines copied, then one
+    /// Acquire fence and every sequence word loaded again: each line's
+    /// copy is still bracketed by its own first load before it and the
+    /// fence and reload after it, which is all the seqlock argument (module
+    /// doc) asks, whatever lies between. A line odd at first, or changed
+    /// at the reload, is read again alone by the careful path. One bounds
+    /// check for the whole READ instead of one per line and per word, and
+    /// no branch between a line's loads: a 1 KiB READ took about 1,500
+    /// instructions one line at a time.
+    ///
+    /// # Safety
+    /// As for `read_into`, with `dst..dst + n * 64`.
+    unsafe fn read_lines_into(&self, first: u64, dst: *mut u8, n: usize) {
+        debug_assert!(n as u64 <= FAST_LINES);
+        let seq_end = (first + n as u64) * 4;
+        assert!(
+            seq_end <= self.lines.len() as u64,
+            "sequence table too small for its window"
+        );
+        // SAFETY: lines first..first+n have their 4-byte words at
+        // 4*line in `lines` (checked just above), 4-byte aligned (the
+        // table's base is), valid for the mapping's lifetime and only
+        // accessed atomically.
+        let seqs = unsafe {
+            std::slice::from_raw_parts(
+                (self.lines.base() as *const AtomicU32).add(first as usize),
+                n,
+            )
+        };
+        let mut s1 = [0u32; FAST_LINES as usize];
+        for (s, q) in s1.iter_mut().zip(seqs) {
+            // Acquire: as in `read_line`, the copy below sees at least the
+            // stores of the writer that left this value.
+            *s = q.load(Ordering::Acquire);
+        }
+        // The base in a local: the stores through `dst` below could alias
+        // any field, so a field read in the loop would be read again after
+        // every store.
+        // SAFETY: the READ's lines lie in `data` (the caller checked).
+        let src = unsafe { self.data.base().add((first * LINE_BYTES) as usize) } as *const u64;
+        let dst = dst as *mut u64;
+        for (k, s) in s1[..n].iter().enumerate() {
+            if s & 1 == 1 {
+                continue; // a writer is in it: the careful path reads it
+            }
+            // SAFETY: line k of the READ lies in `data`, 8-byte aligned
+            // (lines are, and the base is), only accessed atomically; the
+            // destination holds n lines and may be unaligned.
+            unsafe { copy_line(src.add(8 * k), dst.add(8 * k)) };
+        }
+        let dst = dst as *mut u8;
+        // As in `read_line`: a writer whose store any copy above read has
+        // its odd sequence store made visible to the reloads below.
+        fence(Ordering::Acquire);
+        for k in 0..n {
+            // Relaxed: ordered after the copies by the fence above.
+            if s1[k] & 1 == 1 || seqs[k].load(Ordering::Relaxed) != s1[k] {
+                let line = first + k as u64;
+                // SAFETY: line k of the READ, within dst's n lines.
+                unsafe {
+                    self.read_line(
+                        line,
+                        line * LINE_BYTES,
+                        dst.add(k * LINE_BYTES as usize),
+                        LINE_BYTES as usize,
+                    )
+                };
             }
         }
     }
