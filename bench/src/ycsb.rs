@@ -20,7 +20,7 @@ use std::fmt;
 
 /// The workloads shipped in bench/workloads/, by name. A test checks that
 /// this list and the folder agree.
-pub const BUILTINS: [(&str, &str); 10] = [
+pub const BUILTINS: [(&str, &str); 12] = [
     ("ycsb-a", include_str!("../workloads/ycsb-a")),
     ("ycsb-b", include_str!("../workloads/ycsb-b")),
     ("ycsb-c", include_str!("../workloads/ycsb-c")),
@@ -37,6 +37,8 @@ pub const BUILTINS: [(&str, &str); 10] = [
     ),
     ("write-only", include_str!("../workloads/write-only")),
     ("insert-only", include_str!("../workloads/insert-only")),
+    ("range-100", include_str!("../workloads/range-100")),
+    ("range-1000", include_str!("../workloads/range-1000")),
 ];
 
 /// The text of a shipped workload.
@@ -74,6 +76,9 @@ pub enum ScanLengthDist {
     Uniform,
     /// Unscrambled zipfian (constant 0.99, as YCSB): short scans dominate.
     Zipfian,
+    /// Every scan reads `maxscanlength` records (not YCSB's: for fixed
+    /// range sizes such as Sherman §5.3's 100 and 1000).
+    Constant,
 }
 
 /// Proportion keys, in the order of `run::KINDS`.
@@ -417,6 +422,7 @@ fn parse_into(
         &[
             ("uniform", ScanLengthDist::Uniform),
             ("zipfian", ScanLengthDist::Zipfian),
+            ("constant", ScanLengthDist::Constant),
         ],
         ScanLengthDist::Uniform,
     )?;
@@ -583,7 +589,7 @@ mod tests {
             ),
             ("requestdistribution=hotspot\n", "wl.properties:1: requestdistribution=`hotspot` is not supported (uniform, zipfian, latest)"),
             ("requestdistribution=Zipfian\n", "requestdistribution=`Zipfian` is not supported"),
-            ("scanlengthdistribution=latest\n", "wl.properties:1: scanlengthdistribution=`latest` is not supported (uniform, zipfian)"),
+            ("scanlengthdistribution=latest\n", "wl.properties:1: scanlengthdistribution=`latest` is not supported (uniform, zipfian, constant)"),
             ("zipfianconstant=1\n", "wl.properties:1: zipfianconstant=1 is out of range: it must be in (0, 1) or (1, 5]"),
             ("zipfianconstant=0\n", "zipfianconstant=0 is out of range"),
             ("zipfianconstant=7.5\n", "zipfianconstant=7.5 is out of range"),

@@ -22,7 +22,7 @@ const TINY: [&str; 10] = [
     "--json",
 ];
 
-const SHIPPED: [&str; 10] = [
+const SHIPPED: [&str; 12] = [
     "ycsb-a",
     "ycsb-b",
     "ycsb-c",
@@ -33,6 +33,8 @@ const SHIPPED: [&str; 10] = [
     "write-intensive",
     "write-only",
     "insert-only",
+    "range-100",
+    "range-1000",
 ];
 
 fn bench(args: &[&str]) -> Output {
@@ -122,7 +124,8 @@ fn every_shipped_workload_runs_on_sim() {
             let sys = d["system"].as_str().unwrap();
             assert_eq!(d["workload"], name, "{name}/{sys}");
             assert_eq!(d["ops"], 2 * 2 * 50, "{name}/{sys}: 4 clients x 50 ops");
-            assert_eq!(d["zipf"], 0.99, "{name}/{sys}");
+            let range = name.starts_with("range-");
+            assert_eq!(d["zipf"], if range { 0.0 } else { 0.99 }, "{name}/{sys}");
             assert!(d["ops_per_sec"].as_f64().unwrap() > 0.0, "{name}/{sys}");
             let kinds: u64 = ["read", "update", "insert", "scan", "rmw"]
                 .iter()
@@ -137,6 +140,7 @@ fn every_shipped_workload_runs_on_sim() {
                 "ycsb-f" => &["update", "insert", "scan"],
                 "write-only" => &["read", "insert", "scan", "rmw"],
                 "insert-only" => &["read", "update", "scan", "rmw"],
+                "range-100" | "range-1000" => &["read", "update", "insert", "rmw"],
                 _ => &["insert", "scan", "rmw"],
             };
             for k in absent {
@@ -146,14 +150,87 @@ fn every_shipped_workload_runs_on_sim() {
         let dist = docs[0]["request_distribution"].as_str().unwrap();
         assert_eq!(
             dist,
-            if name == "ycsb-d" {
-                "latest"
-            } else {
-                "zipfian"
+            match name {
+                "ycsb-d" => "latest",
+                "range-100" | "range-1000" => "uniform",
+                _ => "zipfian",
             },
             "{name}"
         );
     }
+}
+
+/// `--half-workload`: the odd-numbered threads run the other mix (every
+/// insert comes from their clients, every scan from the others', each scan
+/// of exactly its constant length), the history of both halves together
+/// checks, the report names both, and a run with one thread in all, or an
+/// unknown half workload, is refused.
+#[test]
+fn half_the_threads_run_the_half_workload() {
+    let dir = scratch("half");
+    let h = dir.join("half.jsonl");
+    let docs = run_ok(&tiny(&[
+        "--workload",
+        "range-100",
+        "--half-workload",
+        "insert-only",
+        "--systems",
+        "sherman",
+        "--ops",
+        "20",
+        "--history",
+        h.to_str().unwrap(),
+    ]));
+    let d = &docs[0];
+    assert_eq!(d["workload"], "range-100");
+    assert_eq!(d["half_workload"], "insert-only");
+    // 2 compute nodes x 2 threads: two threads scan, two insert.
+    assert_eq!(count(d, "scan"), 2 * 20);
+    assert_eq!(count(d, "insert"), 2 * 20);
+    assert_eq!(count(d, "read") + count(d, "update"), 0);
+    let f = read_history(&h);
+    assert_eq!(f.header["half_workload"], "insert-only");
+    // Client ids are 1 + core (one coroutine): odd cores, even ids.
+    let (mut scans, mut puts) = (0, 0);
+    for l in &f.ops {
+        let odd_core = l["client"].as_u64().unwrap() % 2 == 0;
+        match l["op"].as_str().unwrap() {
+            "scan" => {
+                assert!(!odd_core, "{l}");
+                assert_eq!(l["limit"], 100, "{l}");
+                scans += 1;
+            }
+            "put" => {
+                assert!(odd_core, "{l}");
+                puts += 1;
+            }
+            other => panic!("{other} in a range-write run: {l}"),
+        }
+    }
+    assert!(scans > 0 && puts > 0);
+    assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok);
+    let args = tiny(&[
+        "--workload",
+        "range-100",
+        "--half-workload",
+        "insert-only",
+        "--compute-nodes",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    let one = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(one.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&one.stderr);
+    assert!(err.contains("--half-workload needs at least two"), "{err}");
+    let args = tiny(&["--half-workload", "nope"]);
+    let bad = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--half-workload: unknown workload `nope`"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -351,3 +351,61 @@ fn parallel_bulk_load_across_compute_threads() {
         check_ops(&ctx, &mut c, &ops, &mut m).await;
     });
 }
+
+/// A scan reads the leaves its cached node names in one round trip. Here
+/// the cache of compute node 0 goes stale: compute node 1 splits the leaves
+/// under it by inserting. Scans from node 0 must still return exactly the
+/// model's keys, walking around every leaf split off since, and the run
+/// must have met such leaves (or it tested nothing stale).
+#[test]
+fn scans_through_a_stale_cache_walk_around_new_leaves() {
+    let mut w = sim_world(11, 3, 2);
+    let trees: Vec<_> = (0..2).map(|_| Tree::new(sherman(), DM).unwrap()).collect();
+    sim_create(&mut w, &trees[0]);
+    let model: Rc<RefCell<BTreeMap<u64, u64>>> = Rc::default();
+    let (tr, m) = (trees[0].clone(), model.clone());
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        let items: Vec<(u64, u64)> = (0..20_000u64).map(|i| (i * 10, i)).collect();
+        m.borrow_mut().extend(items.iter().copied());
+        c.bulk_load(&ctx, items, 40).await.unwrap();
+        // Warm node 0's cache over the whole range.
+        let all = c.scan(&ctx, 0, u64::MAX, usize::MAX).await.unwrap();
+        assert_eq!(all.len(), 20_000);
+    });
+    let (tr, m) = (trees[1].clone(), model.clone());
+    let t = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(t, move |ctx| async move {
+        let mut c = tr.client(2).unwrap();
+        for i in 5_000..9_000u64 {
+            c.put(&ctx, i * 10 + 5, i).await.unwrap();
+            m.borrow_mut().insert(i * 10 + 5, i);
+        }
+        assert!(c.stats.splits > 50, "{} splits", c.stats.splits);
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let (tr, m) = (trees[0].clone(), model.clone());
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(3).unwrap();
+        let m = m.borrow().clone();
+        let before = c.stats.clone();
+        let mut rng = nicdrv::rng::Rng::new(5);
+        for _ in 0..300 {
+            let low = 45_000 + rng.below(50_000);
+            let high = low + 1 + rng.below(60_000);
+            let limit = 1 + rng.below(1500) as usize;
+            let got = c.scan(&ctx, low, high, limit).await.unwrap();
+            let want: Vec<(u64, u64)> = m
+                .range(low..high)
+                .take(limit)
+                .map(|(&k, &v)| (k, v))
+                .collect();
+            assert_eq!(got, want, "scan [{low}, {high}) limit {limit}");
+        }
+        assert!(
+            c.stats.sibling_hops > before.sibling_hops,
+            "no scan met a leaf split off since node 0 cached its parent"
+        );
+    });
+}

@@ -135,6 +135,16 @@ impl Workload for ClientWork<'_> {
         on: &mut S,
     ) -> Result<(), String> {
         let index = &self.indexes[place.compute_node];
+        // A core of the other half runs the other mix.
+        let spec = if spec.half_mix.is_some() && !std::ptr::eq(spec.mix_of(place.core), &spec.mix) {
+            Rc::new(RunSpec {
+                mix: spec.mix_of(place.core).clone(),
+                half_mix: None,
+                ..(**spec).clone()
+            })
+        } else {
+            spec.clone()
+        };
         for co in 0..spec.coroutines {
             let id = 1 + (place.core * spec.coroutines + co) as u64;
             let c = index.client(id).map_err(|e| e.to_string())?;

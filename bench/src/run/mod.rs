@@ -68,17 +68,24 @@ pub struct RunArgs {
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
     backend: Backend,
     /// A shipped workload, bench/workloads/NAME: read-intensive,
-    /// write-intensive, write-only, insert-only, ycsb-a .. ycsb-f [default:
-    /// write-intensive]
+    /// write-intensive, write-only, insert-only, ycsb-a .. ycsb-f,
+    /// range-100, range-1000 [default: write-intensive]
     #[arg(long, value_name = "NAME")]
     workload: Option<String>,
     /// A YCSB core-workload property file instead: recordcount,
     /// operationcount, read/update/insert/scan/readmodifywriteproportion,
     /// requestdistribution (uniform|zipfian|latest), zipfianconstant,
-    /// maxscanlength, scanlengthdistribution (uniform|zipfian), fieldcount,
+    /// maxscanlength, scanlengthdistribution (uniform|zipfian|constant), fieldcount,
     /// fieldlength; other keys are warned about and ignored
     #[arg(long, value_name = "FILE")]
     workload_file: Option<String>,
+    /// Every second client thread (the odd-numbered ones) runs this
+    /// shipped workload instead, the others --workload or
+    /// --workload-file: Sherman §5.3's range-write mix is half the
+    /// threads inserting (insert-only) and half scanning. Its request
+    /// distribution follows --zipf as the main one's does
+    #[arg(long, value_name = "NAME")]
+    half_workload: Option<String>,
     /// Key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the
     /// file's requestdistribution (latest stays latest) and
     /// zipfianconstant [default: the file's; 0.99 in every shipped
@@ -278,6 +285,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
         "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns (CLOCK_MONOTONIC)" },
         "workload": spec.mix.name,
+        "half_workload": spec.half_mix.as_ref().map(|h| h.name.clone()),
         "seed": spec.seed,
         "clients": spec.clients(),
         "initial_records": spec.records,
@@ -349,6 +357,8 @@ pub(crate) struct SystemRun {
 struct Cli {
     backend: Backend,
     mix: Mix,
+    /// The odd-numbered threads' mix (`--half-workload`).
+    half_mix: Option<Mix>,
     zipf: f64,
     /// The workload file's operation count, when it has one.
     operation_count: Option<u64>,
@@ -403,9 +413,18 @@ impl Cli {
         for f in &a.fault {
             fault_plan.extend(parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?);
         }
+        let half_mix = match a.half_workload {
+            None => None,
+            Some(name) => {
+                let (hname, hfile, _) = load_workload(Some(name), None)
+                    .map_err(|e| ArgError(e.0.replace("--workload", "--half-workload")))?;
+                Some(Mix::from_file(&hname, &hfile, zipf))
+            }
+        };
         let cli = Cli {
             backend,
             mix: Mix::from_file(&wname, &wfile, zipf),
+            half_mix,
             zipf,
             operation_count: wfile.operation_count,
             warnings,
@@ -454,6 +473,11 @@ impl Cli {
         if !sim && c != 1 {
             return Err(ArgError(
                 "--compute-nodes: the emu backend runs one compute node (this process)".into(),
+            ));
+        }
+        if self.half_mix.is_some() && self.thread_list.iter().any(|&t| t * self.compute_nodes < 2) {
+            return Err(ArgError(
+                "--half-workload needs at least two client threads in all, one of each half".into(),
             ));
         }
         if self.coroutines == 0 || self.coroutines > 64 {
@@ -520,15 +544,18 @@ impl Cli {
                     ))
                 })?;
                 let cuckoo = name == "cuckoo";
-                if cuckoo && self.mix.props[Kind::Scan.ix()] > 0.0 {
-                    return Err(ArgError(format!(
-                        "--systems: the hash table `cuckoo` has no scans, and workload `{}` scans",
-                        self.mix.name
-                    )));
+                for mix in std::iter::once(&self.mix).chain(&self.half_mix) {
+                    if cuckoo && mix.props[Kind::Scan.ix()] > 0.0 {
+                        return Err(ArgError(format!(
+                            "--systems: the hash table `cuckoo` has no scans, and workload `{}` scans",
+                            mix.name
+                        )));
+                    }
                 }
                 specs.push(RunSpec {
                     backend: self.backend,
                     mix: self.mix.clone(),
+                    half_mix: self.half_mix.clone(),
                     zipf: self.zipf,
                     system: name.clone(),
                     tree,

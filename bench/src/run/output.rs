@@ -14,7 +14,7 @@ pub(crate) fn write_plots(
     let first = &done[0].spec;
     let what = format!(
         "{}, {} on {}",
-        first.mix.name,
+        first.workload_label(),
         if first.zipf == 0.0 {
             "uniform".to_string()
         } else {
@@ -101,7 +101,7 @@ const TABLE_LEGEND: &[&str] = &[
 pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
     cmdline::outln!(
         "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
-        spec.mix.name,
+        spec.workload_label(),
         if spec.backend == Backend::Sim { "sim" } else { "emu" },
         if spec.backend == Backend::Sim { "virtual time" } else { "wall clock" },
         spec.memory_nodes,

@@ -244,6 +244,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
         "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
         "simulated": spec.backend == Backend::Sim,
         "workload": spec.mix.name,
+        "half_workload": spec.half_mix.as_ref().map(|h| h.name.clone()),
         "zipf": spec.zipf,
         "request_distribution": spec.mix.request.name(),
         "ops": r.ops,

@@ -47,6 +47,8 @@ pub enum ScanLen {
     Uniform,
     /// YCSB's `ZipfianGenerator(1, maxscanlength)`: unscrambled, constant 0.99.
     Zipfian(Zipfian),
+    /// Always `max_scan`.
+    Constant,
 }
 
 /// Proportions of each kind (sum 1) and the scan lengths.
@@ -76,6 +78,7 @@ impl Mix {
                 ScanLengthDist::Uniform => ScanLen::Uniform,
                 // The parser guarantees max_scan_length >= 1.
                 ScanLengthDist::Zipfian => ScanLen::Zipfian(Zipfian::new(w.max_scan_length, 0.99)),
+                ScanLengthDist::Constant => ScanLen::Constant,
             },
             request: match w.request_dist {
                 RequestDist::Latest => RequestDist::Latest,
@@ -91,6 +94,7 @@ impl Mix {
         let n = match &self.scan_len {
             ScanLen::Uniform => 1 + rng.below(self.max_scan),
             ScanLen::Zipfian(z) => 1 + z.next(rng),
+            ScanLen::Constant => self.max_scan,
         };
         n as usize
     }
@@ -125,6 +129,9 @@ pub enum Length {
 pub struct RunSpec {
     pub backend: Backend,
     pub mix: Mix,
+    /// The mix of the odd-numbered client threads, when it differs
+    /// (`--half-workload`): each client runs [`RunSpec::mix_of`] its core.
+    pub half_mix: Option<Mix>,
     pub zipf: f64,
     pub system: String,
     pub tree: TreeConfig,
@@ -155,6 +162,26 @@ impl RunSpec {
     /// history header.
     pub(crate) fn fault_names(&self) -> Vec<String> {
         self.faults.iter().map(|f| f.to_string()).collect()
+    }
+
+    /// The workload's name for tables and plots: with `--half-workload`,
+    /// both halves.
+    pub(crate) fn workload_label(&self) -> String {
+        match &self.half_mix {
+            Some(h) => format!(
+                "{} (even threads) + {} (odd threads)",
+                self.mix.name, h.name
+            ),
+            None => self.mix.name.clone(),
+        }
+    }
+
+    /// The mix the clients on core `core` (0-based, over the run) run.
+    pub fn mix_of(&self, core: usize) -> &Mix {
+        match &self.half_mix {
+            Some(h) if core % 2 == 1 => h,
+            _ => &self.mix,
+        }
     }
 
     pub(crate) fn clients(&self) -> u64 {

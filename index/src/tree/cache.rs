@@ -164,6 +164,36 @@ impl IndexCache {
         }
     }
 
+    /// The leaves a range scan from `key` would visit next, as the cached
+    /// node just above the leaves names them: the child covering `key`
+    /// and the ones after it, at most `out.len()`, written into `out`.
+    /// Returns how many (0 when no cached node covers `key` at level 1).
+    /// The caller checks each leaf's fences: a split since the node was
+    /// cached leaves a gap, which it finds and walks around.
+    pub fn leaves_from(&self, key: u64, out: &mut [GlobalAddr]) -> usize {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let Some((_, &slot)) = inner.by_range.range((1, 0)..=(1, key)).next_back() else {
+            return 0;
+        };
+        let Some(c) = inner.slots[slot].as_ref() else {
+            return 0;
+        };
+        if key < c.low || key >= c.high || c.children.is_empty() {
+            return 0;
+        }
+        // Relaxed: a usage hint for eviction.
+        c.uses.fetch_add(1, Ordering::Relaxed);
+        let first = c
+            .children
+            .partition_point(|&(k, _)| k <= key)
+            .saturating_sub(1);
+        let n = (c.children.len() - first).min(out.len());
+        for (o, &(_, child)) in out.iter_mut().zip(&c.children[first..first + n]) {
+            *o = child;
+        }
+        n
+    }
+
     /// Forgets the cached node covering `key` at `level`, if any.
     pub fn invalidate_covering(&self, level: u8, key: u64) {
         let low = {

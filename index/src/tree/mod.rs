@@ -227,6 +227,7 @@ impl Tree {
             id,
             stats: TreeStats::default(),
             root_hint: 0,
+            leaf_fill_16: (FANOUT as u32 / 2) << 4,
             loaded: None,
         })
     }
@@ -283,6 +284,9 @@ pub struct TreeClient {
     /// What this client counted; callers read it and may reset it.
     pub stats: TreeStats,
     root_hint: u64,
+    /// Entries per leaf this client's scans have seen, in 1/16ths (a
+    /// moving mean): how many leaves a scan's first parallel read takes.
+    leaf_fill_16: u32,
     /// Bulk-loaded records written so far, for a progress display.
     loaded: Option<Arc<AtomicU64>>,
 }

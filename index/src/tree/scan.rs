@@ -27,45 +27,193 @@ impl TreeClient {
         high: u64,
         limit: usize,
     ) -> Result<Vec<(u64, u64)>, TreeError> {
-        let mut out = Vec::new();
+        let mut st = Scan {
+            from: low,
+            high,
+            limit,
+            out: Vec::new(),
+            leaves: 0,
+            entries: 0,
+        };
         if low >= high || limit == 0 {
-            return Ok(out);
+            return Ok(st.out);
         }
-        let mut addr = self.find_level(ctx, low, 0).await?;
-        let mut from = low;
+        let r = self.scan_walk(ctx, &mut st).await;
+        // The fill of the leaves this scan took guides the next scan's
+        // first read (a moving mean over about 8 scans).
+        if let Some(seen) = (st.entries * 16).checked_div(st.leaves) {
+            self.leaf_fill_16 = (self.leaf_fill_16 * 7 + seen.max(16) as u32) / 8;
+        }
+        r.map(|()| st.out)
+    }
+
+    /// The scan's walk over the leaves: batches of leaves named by the
+    /// index cache, single leaves along sibling links or from the root.
+    async fn scan_walk<N: Nic>(&mut self, ctx: &Ctx<N>, st: &mut Scan) -> Result<(), TreeError> {
+        // A right sibling to go on to (a leaf ended before `from`).
+        let mut next: Option<GlobalAddr> = None;
         for _ in 0..MAX_RESTARTS {
-            let buf = self.read_node(ctx, addr).await?;
-            let n = Node(buf.as_slice());
-            if !n.is_leaf() || from < n.low() {
-                self.tree.cache.invalidate_covering(1, from);
-                self.root_hint = 0;
-                addr = self.find_level(ctx, from, 0).await?;
-                continue;
+            if let Some(addr) = next.take() {
+                match self.scan_leaves(ctx, &[addr], st).await? {
+                    Walk::Done => return Ok(()),
+                    Walk::On(_, sibling) => {
+                        next = sibling;
+                        continue;
+                    }
+                }
             }
-            if from >= n.high() {
-                self.stats.sibling_hops += 1;
-                addr = n.sibling();
-                continue;
+            // The leaves from `from` on, as the index cache names them, read
+            // in one round trip (Sherman's range query fetches the leaves
+            // in parallel): as many as the entries still wanted need at the
+            // fill seen so far, counting half a leaf before `from`.
+            let fill = st
+                .entries
+                .checked_div(st.leaves)
+                .unwrap_or(self.leaf_fill_16 as usize / 16)
+                .max(1);
+            let want = st.limit - st.out.len();
+            let k = (want.saturating_add(fill / 2))
+                .div_ceil(fill)
+                .clamp(1, PARALLEL_LEAVES);
+            let mut addrs = [GlobalAddr::NULL; PARALLEL_LEAVES];
+            let k = self.tree.cache.leaves_from(st.from, &mut addrs[..k]);
+            if k > 1 {
+                match self.scan_leaves(ctx, &addrs[..k], st).await? {
+                    Walk::Done => return Ok(()),
+                    Walk::On(taken, sibling) => {
+                        next = sibling;
+                        if taken > 0 || next.is_some() {
+                            continue;
+                        }
+                    }
+                }
             }
-            let mut part: Vec<(u64, u64)> = n
-                .entries()
-                .filter(|&(k, _)| k >= from && k < high)
-                .collect();
-            part.sort_unstable();
-            out.extend(part);
-            if out.len() >= limit {
-                out.truncate(limit);
-                return Ok(out);
+            // One leaf, found through the cache or from the root.
+            let addr = self.find_level(ctx, st.from, 0).await?;
+            match self.scan_leaves(ctx, &[addr], st).await? {
+                Walk::Done => return Ok(()),
+                Walk::On(taken, sibling) => {
+                    next = sibling;
+                    if taken == 0 && next.is_none() {
+                        // Not a leaf, or one beyond `from`: from the root.
+                        self.tree.cache.invalidate_covering(1, st.from);
+                        self.root_hint = 0;
+                    }
+                }
             }
-            if n.high() >= high || n.sibling().is_null() {
-                return Ok(out);
-            }
-            from = n.high();
-            addr = n.sibling();
         }
         Err(TreeError::Corrupt {
-            addr,
+            addr: GlobalAddr::NULL,
             why: "scan restarted without end",
         })
     }
+
+    /// Reads the leaves at `addrs` in one round trip (each until its copy
+    /// is consistent) and takes their entries in order while each one
+    /// covers `from`, the next key wanted: a leaf that does not (a split
+    /// or a stale address) ends the walk there, and the caller goes on
+    /// from `from`. Each leaf taken is one that held `from` when it was
+    /// read, as a walk along sibling links checks, so the scan's promise
+    /// (every key present throughout is returned, none absent throughout)
+    /// holds however the leaves were found. `Done` when the limit or
+    /// `high` is reached, else `On(leaves taken, the right sibling to go
+    /// on to)`.
+    async fn scan_leaves<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        addrs: &[GlobalAddr],
+        st: &mut Scan,
+    ) -> Result<Walk, TreeError> {
+        let mut bufs: Vec<Buf> = Vec::with_capacity(addrs.len());
+        for &a in addrs {
+            check_node_addr(a)?;
+            bufs.push(ctx.alloc(NODE_BYTES)?);
+        }
+        let mut b = ctx.batch();
+        let ops: Vec<_> = addrs
+            .iter()
+            .zip(bufs.drain(..))
+            .map(|(&a, buf)| b.read(a, buf))
+            .collect();
+        let mut done = b.submit().await?;
+        bufs.extend(ops.into_iter().map(|op| done.take_buf(op)));
+        drop(done);
+        let mut taken = 0;
+        // The right sibling of the last leaf taken: where `from` is now.
+        let mut link: Option<GlobalAddr> = None;
+        for (&addr, buf) in addrs.iter().zip(bufs) {
+            // A torn copy is read again alone.
+            let buf = if self.check_node(addr, &buf)? {
+                buf
+            } else {
+                self.stats.read_retries += 1;
+                self.read_node_into(ctx, addr, buf).await?
+            };
+            let n = Node(buf.as_slice());
+            let from = st.from;
+            if !n.is_leaf() || from < n.low() || from >= n.high() {
+                // Go on along a link: this leaf's when it ended before
+                // `from`, else the last taken one's (a leaf split off
+                // since the cached node was read lies between).
+                let on = if n.is_leaf() && from >= n.high() && !n.sibling().is_null() {
+                    Some(n.sibling())
+                } else {
+                    link
+                };
+                if on.is_some() {
+                    self.stats.sibling_hops += 1;
+                }
+                if addrs.len() > 1 {
+                    // The cached node named a leaf that no longer follows.
+                    self.tree.cache.invalidate_covering(1, from);
+                }
+                return Ok(Walk::On(taken, on));
+            }
+            taken += 1;
+            st.leaves += 1;
+            let mut part: Vec<(u64, u64)> = Vec::with_capacity(FANOUT);
+            for (k, v) in n.entries() {
+                st.entries += 1;
+                if k >= from && k < st.high {
+                    part.push((k, v));
+                }
+            }
+            part.sort_unstable();
+            st.out.extend(part);
+            if st.out.len() >= st.limit {
+                st.out.truncate(st.limit);
+                return Ok(Walk::Done);
+            }
+            if n.high() >= st.high || n.sibling().is_null() {
+                return Ok(Walk::Done);
+            }
+            st.from = n.high();
+            link = Some(n.sibling());
+        }
+        Ok(Walk::On(taken, None))
+    }
 }
+
+/// A scan in progress.
+struct Scan {
+    /// The next key wanted.
+    from: u64,
+    high: u64,
+    limit: usize,
+    out: Vec<(u64, u64)>,
+    /// Leaves taken, and the entries they held (in range or not).
+    leaves: usize,
+    entries: usize,
+}
+
+/// How far [`TreeClient::scan_leaves`] got.
+enum Walk {
+    /// The scan is complete.
+    Done,
+    /// Leaves taken; the scan goes on from the updated `from`, at the
+    /// right sibling when there is one to follow.
+    On(usize, Option<GlobalAddr>),
+}
+
+/// Most leaves a range scan reads in one round trip.
+const PARALLEL_LEAVES: usize = 8;
