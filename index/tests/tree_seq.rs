@@ -389,7 +389,7 @@ fn scans_through_a_stale_cache_walk_around_new_leaves() {
     sim_task(&mut w, move |ctx| async move {
         let mut c = tr.client(3).unwrap();
         let m = m.borrow().clone();
-        let before = c.stats.clone();
+        let before = c.stats;
         let mut rng = nicdrv::rng::Rng::new(5);
         for _ in 0..300 {
             let low = 45_000 + rng.below(50_000);
