@@ -408,4 +408,23 @@ fn scans_through_a_stale_cache_walk_around_new_leaves() {
             "no scan met a leaf split off since node 0 cached its parent"
         );
     });
+    // A scratch window of 3 KiB: scans read fewer leaves at once, and
+    // still all of them.
+    let (tr, m) = (trees[0].clone(), model.clone());
+    let small = nicdrv::exec::ExecutorConfig {
+        scratch_bytes_per_slot: 3 << 10,
+        ..exec_cfg(1)
+    };
+    let t = w.add_thread(0, small).unwrap();
+    w.spawn(t, move |ctx| async move {
+        let mut c = tr.client(4).unwrap();
+        let m = m.borrow().clone();
+        for low in (0..200_000u64).step_by(9_973) {
+            let got = c.scan(&ctx, low, u64::MAX, 1000).await.unwrap();
+            let want: Vec<(u64, u64)> = m.range(low..).take(1000).map(|(&k, &v)| (k, v)).collect();
+            assert_eq!(got, want, "scan from {low} in a small window");
+        }
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
 }

@@ -127,8 +127,14 @@ impl TreeClient {
         let mut bufs: Vec<Buf> = Vec::with_capacity(addrs.len());
         for &a in addrs {
             check_node_addr(a)?;
-            bufs.push(ctx.alloc(NODE_BYTES)?);
+            match ctx.alloc(NODE_BYTES) {
+                Ok(buf) => bufs.push(buf),
+                // A small scratch window reads fewer leaves at once.
+                Err(_) if !bufs.is_empty() => break,
+                Err(e) => return Err(e.into()),
+            }
         }
+        let addrs = &addrs[..bufs.len()];
         let mut b = ctx.batch();
         let ops: Vec<_> = addrs
             .iter()
