@@ -468,7 +468,7 @@ mod tests {
 
     /// The standard YCSB core workloads and the Sherman paper's mixes:
     /// (name, read, update, insert, scan, rmw, request distribution).
-    const EXPECTED: [(&str, [f64; 5], RequestDist); 10] = [
+    const EXPECTED: [(&str, [f64; 5], RequestDist); 12] = [
         ("ycsb-a", [0.5, 0.5, 0.0, 0.0, 0.0], RequestDist::Zipfian),
         ("ycsb-b", [0.95, 0.05, 0.0, 0.0, 0.0], RequestDist::Zipfian),
         ("ycsb-c", [1.0, 0.0, 0.0, 0.0, 0.0], RequestDist::Zipfian),
@@ -495,6 +495,12 @@ mod tests {
             [0.0, 0.0, 1.0, 0.0, 0.0],
             RequestDist::Zipfian,
         ),
+        ("range-100", [0.0, 0.0, 0.0, 1.0, 0.0], RequestDist::Uniform),
+        (
+            "range-1000",
+            [0.0, 0.0, 0.0, 1.0, 0.0],
+            RequestDist::Uniform,
+        ),
     ];
 
     #[test]
@@ -505,13 +511,19 @@ mod tests {
             assert_eq!(w.proportions, props, "{name}");
             assert_eq!(w.request_dist, dist, "{name}");
             assert_eq!(w.zipfian_constant, 0.99, "{name}");
-            assert_eq!(w.zipf(), 0.99, "{name}");
+            let uniform = dist == RequestDist::Uniform;
+            assert_eq!(w.zipf(), if uniform { 0.0 } else { 0.99 }, "{name}");
             // Sizes are left to the command line.
             assert_eq!((w.record_count, w.operation_count), (None, None), "{name}");
         }
         let e = ok(builtin("ycsb-e").unwrap());
         assert_eq!(e.max_scan_length, 100);
         assert_eq!(e.scan_length_dist, ScanLengthDist::Uniform);
+        for (name, len) in [("range-100", 100), ("range-1000", 1000)] {
+            let r = ok(builtin(name).unwrap());
+            assert_eq!(r.max_scan_length, len, "{name}");
+            assert_eq!(r.scan_length_dist, ScanLengthDist::Constant, "{name}");
+        }
         assert_eq!(EXPECTED.len(), BUILTINS.len());
     }
 
