@@ -136,14 +136,13 @@ impl Workload for ClientWork<'_> {
     ) -> Result<(), String> {
         let index = &self.indexes[place.compute_node];
         // A core of the other half runs the other mix.
-        let spec = if spec.half_mix.is_some() && !std::ptr::eq(spec.mix_of(place.core), &spec.mix) {
-            Rc::new(RunSpec {
-                mix: spec.mix_of(place.core).clone(),
+        let spec = match &spec.half_mix {
+            Some(half) if place.core % 2 == 1 => Rc::new(RunSpec {
+                mix: half.clone(),
                 half_mix: None,
                 ..(**spec).clone()
-            })
-        } else {
-            spec.clone()
+            }),
+            _ => spec.clone(),
         };
         for co in 0..spec.coroutines {
             let id = 1 + (place.core * spec.coroutines + co) as u64;

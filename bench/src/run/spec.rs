@@ -129,8 +129,8 @@ pub enum Length {
 pub struct RunSpec {
     pub backend: Backend,
     pub mix: Mix,
-    /// The mix of the odd-numbered client threads, when it differs
-    /// (`--half-workload`): each client runs [`RunSpec::mix_of`] its core.
+    /// The mix of the odd-numbered client threads (cores 1, 3, ... over
+    /// the run), when it differs (`--half-workload`).
     pub half_mix: Option<Mix>,
     pub zipf: f64,
     pub system: String,
@@ -173,14 +173,6 @@ impl RunSpec {
                 self.mix.name, h.name
             ),
             None => self.mix.name.clone(),
-        }
-    }
-
-    /// The mix the clients on core `core` (0-based, over the run) run.
-    pub fn mix_of(&self, core: usize) -> &Mix {
-        match &self.half_mix {
-            Some(h) if core % 2 == 1 => h,
-            _ => &self.mix,
         }
     }
 
