@@ -633,18 +633,13 @@ impl<N: Nic> Drop for Posting<'_, N> {
         let Some(slot) = self.owned() else {
             return;
         };
-        match slot.building.stage.get() {
-            // Never polled: nothing was posted, the buffers are nobody's.
-            Stage::Building => slot.clear_storage(),
-            // Posted: the storage stays the NIC's until the groups are
-            // in (the next batch waits for that).
-            Stage::First | Stage::All => {
-                slot.busy.set(false);
-                slot.wake_each.set(false);
-            }
-            Stage::Idle | Stage::Over => {}
+        // Never polled: nothing was posted, the buffers are nobody's.
+        // Posted: the storage stays the NIC's until the groups are in
+        // (the next batch waits for that).
+        if slot.building.stage.get() == Stage::Building {
+            slot.clear_storage();
         }
-        slot.building.stage.set(Stage::Over);
+        Self::end(slot);
     }
 }
 
@@ -655,15 +650,21 @@ impl<'a, N: Nic> Posting<'a, N> {
         (self.gen != 0 && slot.gen.get() == self.gen).then_some(slot)
     }
 
-    /// Ends the posting with `end`. The slot is released first, so that
-    /// the results (whose drop frees buffers only when the slot is not
-    /// busy) and the next batch see it free.
-    fn finish(slot: &Slot, end: End) -> Poll<End> {
+    /// Ends the posting: a posted one gives the slot's `busy` flag (and
+    /// the per-group wake-ups of a `submit_first`) back.
+    fn end(slot: &Slot) {
         if matches!(slot.building.stage.get(), Stage::First | Stage::All) {
             slot.busy.set(false);
             slot.wake_each.set(false);
         }
         slot.building.stage.set(Stage::Over);
+    }
+
+    /// Ends the posting with `end`. The slot is released first, so that
+    /// the results (whose drop frees buffers only when the slot is not
+    /// busy) and the next batch see it free.
+    fn finish(slot: &Slot, end: End) -> Poll<End> {
+        Self::end(slot);
         Poll::Ready(end)
     }
 
