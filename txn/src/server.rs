@@ -885,17 +885,15 @@ impl Server {
             // under way that took its first line at this version and
             // another line from before it (a copy takes lines one by one):
             // then it is written again (one version has one value).
-            let torn = cur.version() == new.version() && {
-                let lines = object_bytes(w.value.len()) / LINE;
-                let mut torn = false;
-                for k in 1..lines {
+            let mut torn = false;
+            if cur.version() == new.version() {
+                for k in 1..object_bytes(w.value.len()) / LINE {
                     torn |= l.load(off + (k * LINE) as u64)? != cur.0;
                 }
-                torn
-            };
-            if cur.version() == new.version() && !torn {
-                self.stats.stale += 1;
-                return Ok(());
+                if !torn {
+                    self.stats.stale += 1;
+                    return Ok(());
+                }
             }
             if l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
                 put_object(ctx, off, new, &w.value)?;
