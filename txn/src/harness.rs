@@ -127,6 +127,16 @@ impl<O> Report<O> {
         Ok(s)
     }
 
+    /// The stats of the servers that ended without an error, summed (a
+    /// crashed or cut-off machine's servers end in one).
+    pub fn live_server_stats(&self) -> ServerStats {
+        let mut s = ServerStats::default();
+        for r in self.servers.iter().filter_map(|r| r.stats.as_ref().ok()) {
+            s += r.clone();
+        }
+        s
+    }
+
     /// The first error any task met.
     pub fn first_error(&self) -> Option<&TxError> {
         let c = self.clients.iter().filter_map(|c| c.out.as_ref().err());

@@ -360,13 +360,7 @@ fn minority_cut_off(seed: u64) -> Run {
 #[test]
 fn a_torn_copy_is_mended_by_the_record_of_its_version() {
     let run = minority_cut_off(581);
-    let mended: u64 = run
-        .r
-        .servers
-        .iter()
-        .filter_map(|s| s.stats.as_ref().ok())
-        .map(|s| s.mended)
-        .sum();
+    let mended = run.r.live_server_stats().mended;
     assert!(mended > 0, "no torn copy was mended");
 }
 
@@ -475,13 +469,7 @@ fn a_machine_fails_between_keeping_and_acting_on_decisions() {
 #[test]
 fn a_kept_commit_is_locked_where_its_region_is_promoted_next() {
     let run = second_failure_at(402, Step::Decide, |_| TRAPPER);
-    let replicated: u64 = run
-        .r
-        .servers
-        .iter()
-        .filter_map(|s| s.stats.as_ref().ok())
-        .map(|s| s.replicated)
-        .sum();
+    let replicated = run.r.live_server_stats().replicated;
     assert!(replicated > 0, "no commit's writes were replicated");
 }
 
