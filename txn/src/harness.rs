@@ -132,7 +132,7 @@ impl<O> Report<O> {
     pub fn live_server_stats(&self) -> ServerStats {
         let mut s = ServerStats::default();
         for r in self.servers.iter().filter_map(|r| r.stats.as_ref().ok()) {
-            s += r.clone();
+            s += *r;
         }
         s
     }
