@@ -81,6 +81,9 @@ pub enum Step {
     /// Recovery's decisions landed everywhere to be kept, none yet to be
     /// acted on.
     Decide,
+    /// Recovery's decisions landed everywhere to be acted on, none yet
+    /// to be forgotten (TRUNCATE-RECOVERY).
+    TruncateRecovery,
 }
 
 /// Where a trap strikes.
@@ -558,7 +561,8 @@ impl Coordinator {
     /// coordinator failed, it wrote a region whose replicas changed, or an
     /// earlier round decided it — by the ballots of its regions (an
     /// earlier round's decision standing), and sends each decision with
-    /// the values to every machine twice: to keep, then to act on. The
+    /// the values to every machine three times: to keep, to act on, and
+    /// once every machine acted (TRUNCATE-RECOVERY) to forget. The
     /// regions whose primary moved are then recovering until that primary
     /// recovered its locks ([`Self::active`]). A machine
     /// failing meanwhile ends the round with an error; [`Self::gate`]
@@ -714,12 +718,26 @@ impl Coordinator {
             decisions.push((t, commit, writes));
         }
         // Every backup of a region a commit writes holds its writes before
-        // any machine keeps a decision, and every machine keeps each
-        // decision before any acts on one.
+        // any machine keeps a decision, every machine keeps each decision
+        // before any acts on one, and every machine's APPLY is in its ring
+        // before any forgets one (a later round is answered only once the
+        // rings are drained, so it finds no record of the transaction).
         let q = self.begin().id;
-        for round in [Round::Replicate, Round::Keep, Round::Apply] {
-            if round == Round::Apply {
-                self.spring(ctx, Step::Decide, q, &members, &[]);
+        for round in [Round::Replicate, Round::Keep, Round::Apply, Round::Truncate] {
+            match round {
+                Round::Apply => self.spring(ctx, Step::Decide, q, &members, &[]),
+                Round::Truncate => {
+                    // Every machine acted, so the decision on the commit
+                    // this coordinator was cut off in is final: it is
+                    // learnt before the machines forget it (should one
+                    // fail meanwhile, the next round may find none).
+                    let mine = decisions.iter().find(|d| Some(d.0) == self.cut_off);
+                    if let Some(&(t, commit, _)) = mine {
+                        self.decided.insert(t, commit);
+                    }
+                    self.spring(ctx, Step::TruncateRecovery, q, &members, &[]);
+                }
+                _ => {}
             }
             for (t, commit, writes) in &decisions {
                 let to: Vec<NodeId> = match round {
@@ -734,7 +752,7 @@ impl Coordinator {
                                 .any(|w| now.backs_up(w.at, object_bytes(w.value.len()) as u64, d))
                         })
                         .collect(),
-                    Round::Keep | Round::Apply => members.clone(),
+                    Round::Keep | Round::Apply | Round::Truncate => members.clone(),
                 };
                 for d in to {
                     let rec = Record::Decide {
@@ -742,16 +760,14 @@ impl Coordinator {
                         config: self.config,
                         commit: *commit,
                         round,
-                        writes: writes.clone(),
+                        writes: match round {
+                            Round::Truncate => Vec::new(),
+                            _ => writes.clone(),
+                        },
                     };
                     self.send_one(ctx, d, rec).await?;
                     self.stats.recovery_records += 1;
                 }
-            }
-        }
-        for (t, commit, _) in decisions {
-            if t.machine == self.machine {
-                self.decided.insert(t, commit);
             }
         }
         // A region whose primary changed is usable once that primary

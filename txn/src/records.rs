@@ -152,14 +152,15 @@ pub enum Record {
         states: Vec<TxState>,
     },
     /// The recovery coordinator's decision on `tx`, to the machines of
-    /// configuration `config`, in up to three rounds ([`Round`]): a
+    /// configuration `config`, in up to four rounds ([`Round`]): a
     /// commit's writes to every backup of the regions they write, then
-    /// the decision to every machine to keep, then to act on. So once any
-    /// machine acted on a decision, every machine of the configuration
-    /// holds it, and a failure during recovery cannot make the next round
-    /// decide otherwise; and once any machine holds a commit decision,
-    /// every backup of its regions holds its writes, so that whichever
-    /// is promoted next locks them in lock recovery.
+    /// the decision to every machine to keep, then to act on, then to
+    /// forget. So from when any machine acts on a decision until every
+    /// machine has, every machine of the configuration holds it, and a
+    /// failure during recovery cannot make the next round decide
+    /// otherwise; and once any machine holds a commit decision, every
+    /// backup of its regions holds its writes, so that whichever is
+    /// promoted next locks them in lock recovery.
     Decide {
         tx: TxId,
         config: u32,
@@ -242,9 +243,13 @@ pub enum Round {
     Keep = 0,
     /// Commit (each replica installs or applies the writes, by version)
     /// or abort (locks released); the transaction's records go either
-    /// way (FaRM's COMMIT-RECOVERY or ABORT-RECOVERY, and
-    /// TRUNCATE-RECOVERY, in one).
+    /// way (FaRM's COMMIT-RECOVERY or ABORT-RECOVERY).
     Apply = 1,
+    /// The decision itself goes (FaRM's TRUNCATE-RECOVERY): sent once
+    /// every machine's APPLY landed, ahead of this in its ring, so no
+    /// machine holds a record of the transaction once it is served, and
+    /// no later round can find the transaction to decide it again.
+    Truncate = 3,
 }
 
 fn flag(r: &mut Reader<'_>) -> Result<bool, RecordError> {
@@ -674,6 +679,7 @@ impl Record {
                     0 => Round::Keep,
                     1 => Round::Apply,
                     2 => Round::Replicate,
+                    3 => Round::Truncate,
                     k => return Err(RecordError::UnknownKind(k)),
                 };
                 let (_, writes) = get_body(&mut r)?;
@@ -901,7 +907,8 @@ mod tests {
                 prop_oneof![
                     Just(Round::Replicate),
                     Just(Round::Keep),
-                    Just(Round::Apply)
+                    Just(Round::Apply),
+                    Just(Round::Truncate)
                 ],
                 writes()
             )

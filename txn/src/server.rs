@@ -98,6 +98,11 @@ pub struct ServerStats {
     /// A recovery commit's writes kept as backup records (its replicate
     /// round).
     pub replicated: u64,
+    /// Recovery decisions forgotten (TRUNCATE-RECOVERY), and those still
+    /// held when the server ended: none once every recovery round that
+    /// began also ended.
+    pub decisions_truncated: u64,
+    pub decisions_held: u64,
     /// Replies or head reports that could not be written (their machine
     /// failed).
     pub lost_replies: u64,
@@ -133,6 +138,8 @@ impl std::ops::AddAssign for ServerStats {
         self.recovered_aborts += o.recovered_aborts;
         self.recovery_locks += o.recovery_locks;
         self.recovery_conflicts += o.recovery_conflicts;
+        self.decisions_truncated += o.decisions_truncated;
+        self.decisions_held += o.decisions_held;
         self.lost_replies += o.lost_replies;
     }
 }
@@ -156,7 +163,8 @@ pub struct Server {
     backup: HashMap<TxId, (Vec<u32>, Vec<Write>)>,
     /// Recovery's decisions taken here (commit or not, the writes of a
     /// commit, whether acted on), kept for any later recovery round to
-    /// learn: one entry per transaction a failure cut off, so few.
+    /// learn until the round that sent them truncates them: one entry per
+    /// transaction a failure cut off, held while its recovery runs.
     decisions: HashMap<TxId, (bool, Vec<Write>, bool)>,
     /// Per coordinator machine (of this thread's number): the highest
     /// transaction truncated here. A coordinator commits one transaction
@@ -288,6 +296,14 @@ impl Server {
         self.done.iter().zip(&self.members).all(|(&d, &m)| d || !m)
     }
 
+    /// What this thread did, as it ends.
+    fn ended(&self) -> ServerStats {
+        ServerStats {
+            decisions_held: self.decisions.len() as u64,
+            ..self.stats
+        }
+    }
+
     fn removed(&self) -> bool {
         self.follows
             .as_ref()
@@ -306,7 +322,7 @@ impl Server {
         let (area, len) = self.geo.log_area(self.thread);
         loop {
             if self.removed() {
-                return Ok(self.stats);
+                return Ok(self.ended());
             }
             self.refresh();
             if let Some(m) = self.follows.clone() {
@@ -323,7 +339,7 @@ impl Server {
                 if self.sweep(ctx).await? {
                     continue;
                 }
-                return Ok(self.stats);
+                return Ok(self.ended());
             }
             let until = ctx.now_ns() + IDLE_POLL_NS;
             ctx.wait_for_write(area, len, Some(until))?.await;
@@ -568,6 +584,23 @@ impl Server {
                 round: Round::Replicate,
                 ..
             } => self.stats.bad_records += 1,
+            // Every machine acted on the decision (its APPLY came ahead of
+            // this in the ring, here and everywhere): no record of the
+            // transaction is left for a later round to find, so the
+            // decision goes. One not acted on here stays: its APPLY did
+            // not come first, which the coordinator never sends.
+            Record::Decide {
+                tx,
+                round: Round::Truncate,
+                ..
+            } => match self.decisions.get(&tx) {
+                Some(d) if d.2 => {
+                    self.decisions.remove(&tx);
+                    self.stats.decisions_truncated += 1;
+                }
+                Some(_) => self.stats.bad_records += 1,
+                None => {}
+            },
             // Kept; and on the last round acted on (kept too, should the
             // keeping round have been lost with a failed coordinator's
             // ring).

@@ -191,6 +191,9 @@ fn check(seed: u64, run: &Run, out: &[NodeId]) {
         let st = s.stats.as_ref().unwrap();
         assert_eq!(st.stale_records, 0, "seed {seed}: {st:?}");
         assert_eq!(st.recovery_conflicts, 0, "seed {seed}: {st:?}");
+        // Every recovery round ended, so each forgot what it decided.
+        assert_eq!(st.decisions_held, 0, "seed {seed}: {st:?}");
+        assert_eq!(st.bad_records, 0, "seed {seed}: {st:?}");
     }
 }
 
@@ -351,15 +354,17 @@ fn minority_cut_off(seed: u64) -> Run {
     run
 }
 
-/// Seed 581 of the test above, always: machine 4's copy of region 1, new
-/// after the partition, takes an object's first line at the version its
-/// primary is installing and a later line from before it. The install's
+/// Seed 566 of the test above, always (one of the few seeds in 3000 that
+/// strike it; the timing moves with the protocol's records): a backup's
+/// copy of a region, new after the partition, takes an object's first
+/// line at the version its primary is installing and a later line from
+/// before it. The install's
 /// COMMIT-BACKUP, applied at truncation, finds the version current and
 /// must write the object whole again (`ServerStats::mended`), or the
 /// backup keeps a torn list for good.
 #[test]
 fn a_torn_copy_is_mended_by_the_record_of_its_version() {
-    let run = minority_cut_off(581);
+    let run = minority_cut_off(566);
     let mended = run.r.live_server_stats().mended;
     assert!(mended > 0, "no torn copy was mended");
 }
@@ -471,6 +476,25 @@ fn a_kept_commit_is_locked_where_its_region_is_promoted_next() {
     let run = second_failure_at(402, Step::Decide, |_| TRAPPER);
     let replicated = run.r.live_server_stats().replicated;
     assert!(replicated > 0, "no commit's writes were replicated");
+}
+
+/// A machine fails once recovery's decisions were acted on everywhere,
+/// before they are forgotten (TRUNCATE-RECOVERY): some machines may hold
+/// a decision whose records are gone everywhere. The next round finds it
+/// by the decision, decides it the same way again, and forgets it.
+#[test]
+fn a_machine_fails_between_acting_on_and_forgetting_decisions() {
+    second_failure(
+        "failure_before_truncate_recovery",
+        Step::TruncateRecovery,
+        |seed, first| {
+            if seed % 2 == 0 {
+                TRAPPER
+            } else {
+                other_than(first)
+            }
+        },
+    );
 }
 
 /// The promoted primary's lock recovery is slow on one of its cores (a

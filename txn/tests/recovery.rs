@@ -286,6 +286,9 @@ fn a_machine_fails_under_load_and_its_transactions_are_recovered() {
             let st = s.stats.as_ref().unwrap();
             assert_eq!(st.stale_records, 0, "seed {seed}: {st:?}");
             assert_eq!(st.recovery_conflicts, 0, "seed {seed}: {st:?}");
+            if s.machine != crashed {
+                assert_eq!(st.decisions_held, 0, "seed {seed}: {st:?}");
+            }
         }
         for m in r.machines.iter().filter(|m| m.machine != crashed) {
             assert_eq!(m.rlocked, 0, "seed {seed}: machine {}", m.machine);
