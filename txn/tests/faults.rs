@@ -443,7 +443,17 @@ fn a_second_machine_fails_during_recovery() {
     );
 }
 
-/// A machine fails between recovery's two DECIDE rounds: every machine
+/// On even seeds the recovering coordinator's own machine, on odd seeds
+/// the other of machines 3 and 4 than `first`.
+fn trapper_or_other(seed: u64, first: NodeId) -> NodeId {
+    if seed.is_multiple_of(2) {
+        TRAPPER
+    } else {
+        other_than(first)
+    }
+}
+
+/// A machine fails between recovery's keeping and acting DECIDE rounds: every machine
 /// holds the decisions, none acted on them. On even seeds the recovering
 /// coordinator's own machine fails (its heirs act on what the machines
 /// kept), on odd seeds another.
@@ -452,13 +462,7 @@ fn a_machine_fails_between_keeping_and_acting_on_decisions() {
     second_failure(
         "failure_between_decide_rounds",
         Step::Decide,
-        |seed, first| {
-            if seed % 2 == 0 {
-                TRAPPER
-            } else {
-                other_than(first)
-            }
-        },
+        trapper_or_other,
     );
 }
 
@@ -487,13 +491,7 @@ fn a_machine_fails_between_acting_on_and_forgetting_decisions() {
     second_failure(
         "failure_before_truncate_recovery",
         Step::TruncateRecovery,
-        |seed, first| {
-            if seed % 2 == 0 {
-                TRAPPER
-            } else {
-                other_than(first)
-            }
-        },
+        trapper_or_other,
     );
 }
 
