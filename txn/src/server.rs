@@ -98,6 +98,10 @@ pub struct ServerStats {
     /// A recovery commit's writes kept as backup records (its replicate
     /// round).
     pub replicated: u64,
+    /// A recovery commit's writes applied at once at a backup that had
+    /// acted on the decision already (a second failure cut the earlier
+    /// round short, and a later round replicates to a new backup).
+    pub replicated_late: u64,
     /// Recovery decisions forgotten (TRUNCATE-RECOVERY), and those still
     /// held when the server ended: none once every recovery round that
     /// began also ended.
@@ -118,6 +122,7 @@ impl std::ops::AddAssign for ServerStats {
         self.aborts += o.aborts;
         self.backups_kept += o.backups_kept;
         self.replicated += o.replicated;
+        self.replicated_late += o.replicated_late;
         self.truncations += o.truncations;
         self.applied += o.applied;
         self.stale += o.stale;
@@ -553,8 +558,13 @@ impl Server {
             Record::Done { .. } => self.done[from as usize] = true,
             Record::RecoverQuery { tx, of } => self.answer_recovery(ctx, from, tx, &of).await?,
             // A commit's writes for the regions backed up here, kept as
-            // its COMMIT-BACKUP record would be (merged with one held),
-            // unless the decision was acted on here already.
+            // its COMMIT-BACKUP record would be (merged with one held).
+            // Where the decision was acted on here already (in an earlier
+            // recovery round cut short by a second failure), they are
+            // applied at once, by version: this machine may back up a
+            // region now that it did not back up when it acted, its copy
+            // taken from a primary that held the commit's lock, and the
+            // APPLY that follows finds the decision acted on.
             Record::Decide {
                 tx,
                 commit: true,
@@ -562,11 +572,24 @@ impl Server {
                 writes,
                 ..
             } => {
-                if self.decisions.get(&tx).is_some_and(|d| d.2) {
-                    return Ok(());
-                }
                 let mine: Vec<Write> = writes.into_iter().filter(|w| self.backs_up(w)).collect();
                 if mine.is_empty() {
+                    return Ok(());
+                }
+                if let Some(commit) = self.decisions.get(&tx).filter(|d| d.2).map(|d| d.0) {
+                    if !commit {
+                        // Decided both ways; the first decision stands.
+                        self.stats.recovery_conflicts += 1;
+                        return Ok(());
+                    }
+                    for w in &mine {
+                        let len = object_bytes(w.value.len()) as u64;
+                        let at = self.map().on_backup(w.at, len, self.machine);
+                        if let Ok(Some(at)) = at {
+                            self.apply_backup(ctx, at.offset(), w)?;
+                        }
+                    }
+                    self.stats.replicated_late += 1;
                     return Ok(());
                 }
                 let e = self.backup.entry(tx).or_default();

@@ -432,6 +432,21 @@ fn other_than(first: NodeId) -> NodeId {
     }
 }
 
+/// Seed 512 of [`a_second_machine_fails_during_recovery`]: machine 4
+/// fails with a commit's COMMIT-BACKUP on its way, and machine 3, the
+/// commit's coordinator and other backup, fails while its recovery
+/// round APPLYs. Machine 1 acted on the decision then without backing
+/// up the region; the next configuration makes it a backup, its copy
+/// taken from the primary that still held the commit's lock. The next
+/// round's REPLICATE must apply the commit there (the APPLY that follows
+/// finds the decision acted on), or the backup keeps the older version.
+#[test]
+fn a_new_backup_that_acted_on_a_decision_takes_its_writes() {
+    let run = second_failure_at(512, Step::Recover, other_than);
+    let late = run.r.live_server_stats().replicated_late;
+    assert!(late > 0, "no acted-on decision was replicated to a new backup");
+}
+
 /// A machine fails while the survivors recover from another's failure
 /// (just after a recovering coordinator's RECOVER-QUERY landed).
 #[test]
