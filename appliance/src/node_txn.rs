@@ -13,6 +13,7 @@ use crate::node::{
     attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
 };
 use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
+use bootstrap::etcd::EtcdStore;
 use cluster::emu::EmuCluster;
 use cluster::stats::latency_histogram;
 use nicdrv::emu::EmuConfig;
@@ -21,6 +22,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use txn::harness::{core_config, run_machine};
 use txn::object::{self, object_bytes};
+use txn::records::ObjAddr;
+use txn::regions::RegionMap;
 use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
 use txn::Geometry;
 
@@ -227,9 +230,10 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
 /// state recovery, re-replication. Kill a machine (SIGKILL) meanwhile and
 /// the others go on without it. No barrier follows the run (a machine may
 /// be gone): each machine checks what it can alone — every audit it
-/// committed saw the bank's total — and prints one JSON line with its
-/// configuration, its recovery and its commits in 10 ms wall-clock
-/// buckets.
+/// committed saw the bank's total, and the accounts it is the primary of
+/// in its last configuration have backups equal to its copy (read across
+/// the processes) — and prints one JSON line with its configuration, its
+/// recovery, its replicas and its commits in 10 ms wall-clock buckets.
 fn run_recovering(
     o: &NodeOptions,
     cfg: &ClusterConfig,
@@ -237,6 +241,7 @@ fn run_recovering(
     geo: Geometry,
 ) -> Result<u8, NodeError> {
     let (store, timing, seconds) = crate::node_leases::store_flags(o, "txn")?;
+    let store = std::sync::Arc::new(store);
     let (url, ms) = (o.etcd.as_deref().unwrap_or_default(), o.lease_ms);
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
@@ -250,7 +255,7 @@ fn run_recovering(
     machines.sort_by_key(|x| x.id);
     let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    crate::node_leases::first_configuration(&store, geo, url, "txn")?;
+    crate::node_leases::first_configuration(store.as_ref(), geo, url, "txn")?;
     rv.barrier("txn-configured").map_err(failed)?;
     say(format_args!(
         "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {ms} ms leases, configuration in etcd at {url}, for {seconds} s",
@@ -265,7 +270,7 @@ fn run_recovering(
     let until_ns = start_ns + (seconds * 1e9) as u64;
     let opts = txn::harness::RunOptions {
         leases: Some(timing),
-        recovery: Some(std::sync::Arc::new(store)),
+        recovery: Some(store.clone()),
         // A machine whose peers failed for good (a failure the cluster
         // cannot take) ends rather than waits for their DONE.
         serve_until_ns: Some(until_ns + 10_000_000_000),
@@ -322,7 +327,28 @@ fn run_recovering(
     };
     let cs = report.coord_stats();
     let removed = mr.is_some_and(|m| m.removed);
-    let ok = errors.is_empty() && bad_audits == 0 && out.committed > 0 && !removed;
+    // Every account this survivor is the primary of, against its backups
+    // on the other processes (those re-replicated after the failure too).
+    let copies = match mr {
+        Some(m) if !removed => {
+            let r = compare_replicas(&cluster, geo, m.machine, &m.map);
+            // Its memory stays up until the machines its check and theirs
+            // read have checked too.
+            if let Err(e) = meet_checked(&store, m) {
+                say(format_args!("{me}: {e}"));
+            }
+            match r {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    errors.push(e.to_string());
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let copies_ok = copies.as_ref().is_some_and(|c| c.differ == 0);
+    let ok = errors.is_empty() && bad_audits == 0 && out.committed > 0 && !removed && copies_ok;
     let line = json!({
         "workload": "txn",
         "machine": o.id,
@@ -339,6 +365,7 @@ fn run_recovering(
         "removed": removed,
         "members": mr.map(|m| m.map.iter().map(|r| r.primary.machine).collect::<std::collections::BTreeSet<_>>()),
         "recovered": {"committed": cs.recovered_commits, "aborted": cs.recovered_aborts},
+        "copies": copies.as_ref().map(|c| json!({"primaries": c.objects, "backups": c.copies, "differ": c.differ})),
         "suspicions": report.suspicions.iter().map(|s| json!({"machine": s.machine, "config": s.config, "at_ms": rel(s.at_ns)})).collect::<Vec<_>>(),
         "events": events,
         "active_ms": mr.and_then(|m| m.recovered_at.iter().find(|x| x.0 > 1).map(|x| rel(x.1))),
@@ -350,8 +377,14 @@ fn run_recovering(
         "errors": errors,
         "ok": ok,
     });
+    let agree = copies.as_ref().map_or(String::new(), |c| {
+        format!(
+            ", {} of the {} backup copies of its {} accounts differ",
+            c.differ, c.copies, c.objects
+        )
+    });
     say(format_args!(
-        "{me}: {} committed, {} audits ({bad_audits} saw another total), configuration {}{}",
+        "{me}: {} committed, {} audits ({bad_audits} saw another total), configuration {}{agree}{}",
         out.committed,
         out.audits.len(),
         mr.map_or(0, |m| m.config),
@@ -390,11 +423,7 @@ fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError
                     }
                     Err(_) => st.unreadable += 1,
                 }
-                let primary = ctx.read(p, n).await.map_err(|e| e.to_string())?;
-                for b in map.on_backups(at, n as u64).map_err(|e| e.to_string())? {
-                    let copy = ctx.read(b, n).await.map_err(|e| e.to_string())?;
-                    st.backups_differ += u64::from(copy.as_slice() != primary.as_slice());
-                }
+                st.backups_differ += copies_differ(&ctx, &map, at, n).await?.1;
             }
             Ok::<_, String>(st)
         }
@@ -406,4 +435,132 @@ fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError
     let got = result.borrow_mut().take();
     got.unwrap_or_else(|| Err("the check did not finish".into()))
         .map_err(failed)
+}
+
+/// How many backup copies of the object at `at` (`n` bytes with its
+/// header) `map` names, and how many of them differ from its primary
+/// copy byte for byte, read with one-sided READs.
+async fn copies_differ<N: nicdrv::Nic>(
+    ctx: &nicdrv::Ctx<N>,
+    map: &RegionMap,
+    at: ObjAddr,
+    n: usize,
+) -> Result<(u64, u64), String> {
+    let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
+    let primary = ctx.read(p, n).await.map_err(|e| e.to_string())?;
+    let (mut copies, mut differ) = (0, 0);
+    for b in map.on_backups(at, n as u64).map_err(|e| e.to_string())? {
+        let copy = ctx.read(b, n).await.map_err(|e| e.to_string())?;
+        copies += 1;
+        differ += u64::from(copy.as_slice() != primary.as_slice());
+    }
+    Ok((copies, differ))
+}
+
+/// The replicas of one survivor's accounts after a run with failures.
+struct Replicas {
+    /// Accounts whose primary copy this machine holds in its last
+    /// configuration.
+    objects: u64,
+    /// Their backup copies, and those that still differed from the
+    /// primary when the check gave up.
+    copies: u64,
+    differ: u64,
+}
+
+/// How long a survivor waits for its backups to agree with it: the other
+/// survivors may still be applying the last truncations the cluster's
+/// coordinators sent before DONE (a backup applies a commit when it
+/// learns it was truncated).
+const AGREE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a survivor that checked its replicas waits for the others to
+/// check theirs (they read its memory) before it lets its memory go.
+const MEET_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Marks in `store` that machine `m.machine` checked its replicas in its
+/// last configuration, then waits (up to [`MEET_WAIT`]) until every
+/// machine holding a replica in that configuration marked so too: the
+/// survivors meet in the configuration store, since the bootstrap
+/// channel's coordinator may be the machine that failed.
+fn meet_checked(store: &EtcdStore, m: &txn::harness::MachineReport) -> Result<(), String> {
+    let prefix = format!("checked/{}/", m.config);
+    store
+        .mark(&format!("{prefix}{}", m.machine))
+        .map_err(|e| e.to_string())?;
+    let holders: std::collections::BTreeSet<String> = m
+        .map
+        .iter()
+        .flat_map(|r| std::iter::once(r.primary.machine).chain(r.backups.iter().map(|b| b.machine)))
+        .map(|x| format!("{prefix}{x}"))
+        .collect();
+    let deadline = std::time::Instant::now() + MEET_WAIT;
+    loop {
+        let marked = store.marks(&prefix).map_err(|e| e.to_string())?;
+        let missing: Vec<&String> = holders.iter().filter(|h| !marked.contains(h)).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "gave up waiting for {missing:?} to check their replicas after {} s",
+                MEET_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// After a run with failures, with no barrier to meet at: every account
+/// this machine is the primary of in its last configuration `map`,
+/// compared with each of its backups' copies across the processes, read
+/// again until all agree or [`AGREE_WAIT`] passed.
+fn compare_replicas(
+    cluster: &EmuCluster,
+    geo: Geometry,
+    me: u16,
+    map: &RegionMap,
+) -> Result<Replicas, NodeError> {
+    let mut ex = cluster
+        .machine_executor(me as usize, core_config())
+        .map_err(failed)?;
+    let deadline = std::time::Instant::now() + AGREE_WAIT;
+    loop {
+        let result: Rc<RefCell<Option<Result<Replicas, String>>>> = Rc::new(RefCell::new(None));
+        let r2 = result.clone();
+        let map = map.clone();
+        ex.spawn(move |ctx| async move {
+            let got = async {
+                let mut st = Replicas {
+                    objects: 0,
+                    copies: 0,
+                    differ: 0,
+                };
+                for (at, len) in MIX.objects(&geo) {
+                    let n = object_bytes(len);
+                    let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
+                    if p.node() != me {
+                        continue;
+                    }
+                    let (copies, differ) = copies_differ(&ctx, &map, at, n).await?;
+                    st.objects += 1;
+                    st.copies += copies;
+                    st.differ += differ;
+                }
+                Ok::<_, String>(st)
+            }
+            .await;
+            *r2.borrow_mut() = Some(got);
+        })
+        .map_err(failed)?;
+        ex.run();
+        let got = result.borrow_mut().take();
+        let st = got
+            .unwrap_or_else(|| Err("the replica check did not finish".into()))
+            .map_err(failed)?;
+        if st.differ == 0 || std::time::Instant::now() >= deadline {
+            return Ok(st);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

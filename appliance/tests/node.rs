@@ -1125,6 +1125,7 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
         assert_eq!(c.id, 2, "{c:?}");
         assert!(!c.contains(victim as u16), "{c:?}");
         let mut after = 0;
+        let mut owned = 0;
         for id in (0..4).filter(|&m| m != victim as usize) {
             let json: serde_json::Value =
                 serde_json::from_str(outs[id].lines().last().unwrap_or("")).unwrap_or_else(|e| {
@@ -1143,6 +1144,13 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
             assert_eq!(json["config"], 2, "machine {id}: {json}");
             assert_eq!(json["bad_audits"], 0, "{json}");
             assert!(json["audits"].as_u64().unwrap() > 0, "{json}");
+            // Its accounts' copies on the other survivors agree with it,
+            // re-replicated: three copies of each again.
+            let copies = &json["copies"];
+            assert_eq!(copies["differ"], 0, "machine {id}: {json}");
+            let primaries = copies["primaries"].as_u64().unwrap();
+            assert_eq!(copies["backups"].as_u64(), Some(2 * primaries), "{json}");
+            owned += primaries;
             let t = &json["timeline"];
             let start = t["unix_ms"].as_f64().unwrap();
             let buckets = t["committed"].as_array().unwrap();
@@ -1156,5 +1164,7 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
                 .sum::<u64>();
         }
         assert!(after > 0, "nothing committed 3 s after the kill");
+        // Every account has its primary on exactly one survivor.
+        assert_eq!(owned, appliance::demo_txn::ACCOUNTS);
     }
 }

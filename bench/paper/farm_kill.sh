@@ -100,6 +100,8 @@ print(f"80% of throughput (100 ms windows): {(low[-1] + 1) * 100 if low else 0} 
 rec = [(r["recovered"]["committed"], r["recovered"]["aborted"]) for r in runs.values()]
 print("recovered transactions (commit+abort) per survivor:", " ".join(f"{c}+{a}" for c, a in rec))
 print("configuration:", {m: r["config"] for m, r in runs.items()}, "bad audits:", sum(r["bad_audits"] for r in runs.values()))
+cps = [r["copies"] for r in runs.values() if r.get("copies")]
+print(f"replicas: {sum(c['primaries'] for c in cps)} accounts' primaries, {sum(c['backups'] for c in cps)} backup copies, {sum(c['differ'] for c in cps)} differ")
 print("survivors' commits per 100 ms, from 1 s before the kill:")
 for row in range(-10, 30, 10):
     print(f"{row * 100:>6} ms " + "".join(f"{win(w):>6}" for w in range(row, row + 10)))

@@ -85,6 +85,53 @@ impl EtcdStore {
         Ok(v)
     }
 
+    /// Puts an empty mark at `{key}/{name}`, beside the configuration:
+    /// machines that cannot meet on the bootstrap channel (its
+    /// coordinator may have failed) meet here.
+    pub fn mark(&self, name: &str) -> Result<(), ConfigError> {
+        let key = format!("{}/{name}", self.key);
+        self.call("put", json!({ "key": B64.encode(&key), "value": "" }))?;
+        Ok(())
+    }
+
+    /// The names of the marks under `{key}/{prefix}` ([`Self::mark`]).
+    pub fn marks(&self, prefix: &str) -> Result<Vec<String>, ConfigError> {
+        let base = format!("{}/", self.key);
+        let from = format!("{base}{prefix}");
+        // Every key that starts with `from`: up to its last byte plus one
+        // (no key ends in 0xff here: keys are UTF-8 and end in ASCII).
+        let mut end = from.clone().into_bytes();
+        let last = end.pop().ok_or_else(|| nonsense("an empty prefix"))?;
+        end.push(
+            last.checked_add(1)
+                .ok_or_else(|| nonsense("a prefix ending in 0xff"))?,
+        );
+        let v = self.call(
+            "range",
+            json!({ "key": B64.encode(&from), "range_end": B64.encode(&end), "keys_only": true }),
+        )?;
+        let kvs = match v.get("kvs") {
+            None => return Ok(Vec::new()),
+            Some(Value::Array(kvs)) => kvs,
+            Some(_) => return Err(nonsense("kvs is not a list")),
+        };
+        kvs.iter()
+            .map(|kv| {
+                let k = kv
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| nonsense("a mark without its key"))?;
+                let k = B64
+                    .decode(k)
+                    .map_err(|e| nonsense(&format!("key is not base64: {e}")))?;
+                let k = String::from_utf8(k).map_err(|_| nonsense("a key that is not UTF-8"))?;
+                k.strip_prefix(&base)
+                    .map(str::to_string)
+                    .ok_or_else(|| nonsense("a key outside the range asked for"))
+            })
+            .collect()
+    }
+
     /// The stored configuration in a range answer's `kvs`, if any.
     fn stored_in(&self, range: &Value) -> Result<Option<Stored>, ConfigError> {
         let kvs = match range.get("kvs") {

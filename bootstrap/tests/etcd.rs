@@ -157,3 +157,26 @@ fn a_new_cm_commits_its_configuration_to_etcd() {
         .sum();
     assert_eq!(commits, 1, "{:?}", r.reconfig);
 }
+
+/// Marks beside a configuration are listed by prefix, apart from the
+/// configuration and from another cluster's marks.
+#[test]
+fn marks_beside_a_configuration_are_listed_by_prefix() {
+    let Some(e) = etcd() else { return };
+    let a = e.store("/t/marks").unwrap();
+    let other = e.store("/t/marks2").unwrap();
+    assert!(a.marks("checked/2/").unwrap().is_empty());
+    let Swap::Done(_) = a.cas(None, &conformance::conf(1, &[0, 1, 2], 0)).unwrap() else {
+        panic!("not stored")
+    };
+    a.mark("checked/2/0").unwrap();
+    a.mark("checked/2/1").unwrap();
+    a.mark("checked/3/1").unwrap();
+    other.mark("checked/2/2").unwrap();
+    let mut got = a.marks("checked/2/").unwrap();
+    got.sort();
+    assert_eq!(got, ["checked/2/0", "checked/2/1"]);
+    assert_eq!(other.marks("checked/").unwrap(), ["checked/2/2"]);
+    // The configuration is untouched by its marks.
+    assert_eq!(a.read().unwrap().unwrap().config.id, 1);
+}

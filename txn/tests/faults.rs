@@ -444,7 +444,10 @@ fn other_than(first: NodeId) -> NodeId {
 fn a_new_backup_that_acted_on_a_decision_takes_its_writes() {
     let run = second_failure_at(512, Step::Recover, other_than);
     let late = run.r.live_server_stats().replicated_late;
-    assert!(late > 0, "no acted-on decision was replicated to a new backup");
+    assert!(
+        late > 0,
+        "no acted-on decision was replicated to a new backup"
+    );
 }
 
 /// A machine fails while the survivors recover from another's failure
