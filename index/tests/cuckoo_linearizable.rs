@@ -116,6 +116,10 @@ fn cuckoo_histories_are_linearizable_on_sim() {
     eprintln!("{total:?}");
     assert!(total.moves > 0, "no displacement happened");
     assert!(total.entries_reused > 0, "no entry was reused");
+    // Gets went through the location cache under concurrent updates,
+    // deletes and moves of their keys, and were turned down by it too.
+    assert!(total.cache_hits > 0, "{total:?}");
+    assert!(total.cached_gets > total.cache_hits, "{total:?}");
 }
 
 /// A table spread over three memory nodes (4 KiB chunks: 128 buckets in
@@ -296,7 +300,8 @@ fn cuckoo_concurrent_inserts_of_one_key_never_duplicate() {
 /// Entry reuse: one writer per key updates it back to back, so each entry
 /// it unlinks comes back to it after the grace period and is rewritten
 /// with a value of a put not yet committed; ten readers get the same keys
-/// all the while. A reader that followed a pointer into a reused entry
+/// all the while, most of them through the location cache (a cached slot
+/// and entry READ in one doorbell). A reader that followed a pointer into a reused entry
 /// would return a value from the future and then, on a later read, an
 /// older one: the checker refutes that. Entries must be reused many times.
 #[test]
@@ -343,6 +348,10 @@ fn cuckoo_entry_reuse_never_feeds_readers() {
         total.entries_reused, total.entries_allocated, total.window_restarts, total.torn_entries
     );
     assert!(total.entries_reused >= 1000, "{total:?}");
+    // Readers answered from the location cache between updates, and
+    // turned cached places down once an update had moved on.
+    assert!(total.cache_hits > 0, "{total:?}");
+    assert!(total.cached_gets > total.cache_hits, "{total:?}");
 }
 
 /// Updates racing moves of the same key: 52 keys in 64 slots, updated

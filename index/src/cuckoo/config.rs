@@ -42,14 +42,21 @@ pub struct CuckooConfig {
     /// How memory nodes are cut into chunks (the table's segments are one
     /// chunk at most; data entries are bump-allocated in chunks).
     pub chunk: ChunkConfig,
+    /// Lines of the compute node's location cache (16 bytes each, a power
+    /// of two; 0 turns it off): where a key was last found, so that a get
+    /// reads that slot and the entry it named in one round trip
+    /// (`ops.rs`, cached gets). Not part of the layout: compute nodes may
+    /// differ.
+    pub location_cache_lines: usize,
 }
 
 impl CuckooConfig {
     /// A table for `capacity` keys of `key_bytes` with values up to
     /// `max_value_bytes`, on memory nodes of `node_bytes` host memory (all
     /// sizes in bytes). The rest are defaults: W 2 ms, G 20 ms, `stale_ns`
-    /// 5 ms, searches of up to 512 buckets, 1 MiB chunks. Nothing is
-    /// checked here ([`check`](Self::check) does that).
+    /// 5 ms, searches of up to 512 buckets, 1 MiB chunks, a location cache
+    /// of 2^16 lines (1 MiB). Nothing is checked here
+    /// ([`check`](Self::check) does that).
     pub fn new(
         capacity: u64,
         key_bytes: usize,
@@ -69,6 +76,7 @@ impl CuckooConfig {
                 chunk_bytes: 1 << 20,
                 ..ChunkConfig::new(node_bytes)
             },
+            location_cache_lines: 1 << 16,
         }
     }
 
@@ -130,6 +138,12 @@ impl CuckooConfig {
         }
         if self.stale_ns < self.window_ns {
             return Err("stale_ns must be at least window_ns".into());
+        }
+        let lines = self.location_cache_lines;
+        if lines != 0 && (!lines.is_power_of_two() || lines > 1 << 30) {
+            return Err(format!(
+                "location_cache_lines must be 0 or a power of two up to 2^30, got {lines}"
+            ));
         }
         if self.chunk.chunk_bytes < 4096 {
             return Err("chunks must be at least 4 KiB".into());

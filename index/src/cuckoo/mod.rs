@@ -19,8 +19,11 @@
 //! - Capacity is fixed at creation. An insert that finds no displacement
 //!   path within [`CuckooConfig::max_search_buckets`] fails with
 //!   [`CuckooError::TableFull`]; nothing is dropped silently.
-//! - Uncontended round trips (asserted by `tests/cuckoo_seq.rs`): get 2
-//!   (both buckets in one doorbell, then the entry), a miss 2, update 3,
+//! - Uncontended round trips (asserted by `tests/cuckoo_seq.rs`): get 1
+//!   when the compute node's location cache knows where the key was (the
+//!   slot and the entry its word named, READ in one doorbell and accepted
+//!   only if the slot still holds that word: `ops.rs`, `cached_get`), else
+//!   2 (both buckets in one doorbell, then the entry), a miss 2, update 3,
 //!   insert 4, delete 3, deleting an absent key 2; one more where a
 //!   fingerprint collides. The first operation of a client adds the
 //!   descriptor READs (once per compute node) and one FAA.
@@ -139,7 +142,7 @@ use mempool::{AllocError, RemoteAllocator};
 use nicdrv::{Ctx, GlobalAddr, Nic, VerbError};
 use reclaim::{block_bytes, class_of, Reclaim, MAX_INCARNATION};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use view::Known;
 
@@ -309,6 +312,11 @@ pub struct CuckooStats {
     /// Entry blocks reused: retired ones after the grace period G, or ones
     /// no slot ever named.
     pub entries_reused: u64,
+    /// Gets that tried the location cache (one round trip: the cached
+    /// slot and the entry its word named), and those it answered; the
+    /// rest went on the two-round-trip way.
+    pub cached_gets: u64,
+    pub cache_hits: u64,
 }
 
 impl std::ops::AddAssign for CuckooStats {
@@ -343,6 +351,8 @@ impl std::ops::AddAssign for CuckooStats {
         self.table_full += o.table_full;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
+        self.cached_gets += o.cached_gets;
+        self.cache_hits += o.cache_hits;
     }
 }
 
@@ -370,7 +380,18 @@ impl Occupancy {
 pub struct Cuckoo {
     cfg: CuckooConfig,
     desc: OnceLock<Arc<Desc>>,
+    /// The location cache: per line, the slot word a key was last found
+    /// committed in, and its position among the key's 16 slots with a tag
+    /// of the key's hash ([`Cuckoo::place_of`]).
+    places: Box<[AtomicU64]>,
 }
+
+/// Seed of the location cache's hash of a key (apart from the table's).
+const PLACE_SEED: u64 = 0x706c_6163_6573_0001;
+/// A location cache line's second word: valid, position in its low bits,
+/// the key hash's high half above them.
+const PLACE_VALID: u64 = 1 << 5;
+const PLACE_POS: u64 = PLACE_VALID - 1;
 
 impl Cuckoo {
     /// The compute node's handle on the table `cfg` describes. Reads and
@@ -379,10 +400,59 @@ impl Cuckoo {
     /// rejects `cfg`.
     pub fn new(cfg: CuckooConfig) -> Result<Arc<Cuckoo>, CuckooError> {
         cfg.check().map_err(CuckooError::Config)?;
+        let places = (0..2 * cfg.location_cache_lines)
+            .map(|_| AtomicU64::new(0))
+            .collect();
         Ok(Arc::new(Cuckoo {
             cfg,
             desc: OnceLock::new(),
+            places,
         }))
+    }
+
+    /// The line of `key` in the location cache and its tag, if there is a
+    /// cache.
+    fn place_line(&self, key: &[u8]) -> Option<(usize, u64)> {
+        let lines = self.places.len() / 2;
+        if lines == 0 {
+            return None;
+        }
+        let h = layout::hash64(key, PLACE_SEED);
+        Some(((h as usize) & (lines - 1), (h >> 32) << 6))
+    }
+
+    /// Where `key` was last found: its position among its 16 slots and the
+    /// committed word that slot held. A hint only — a cached get accepts it
+    /// only once the slot is read holding that very word (`ops.rs`); a
+    /// line torn by two clients filling it at once fails that check.
+    fn place_of(&self, key: &[u8]) -> Option<(usize, u64)> {
+        let (i, tag) = self.place_line(key)?;
+        // Relaxed: nothing is published through the cache; what it says is
+        // checked against the table before it is used.
+        let meta = self.places[2 * i + 1].load(Ordering::Relaxed);
+        if meta & !PLACE_POS != tag | PLACE_VALID {
+            return None;
+        }
+        let word = self.places[2 * i].load(Ordering::Relaxed);
+        Some(((meta & PLACE_POS) as usize, word))
+    }
+
+    /// Notes that `key` was found committed as `word` at position `pos`.
+    fn put_place(&self, key: &[u8], pos: usize, word: u64) {
+        if let Some((i, tag)) = self.place_line(key) {
+            // Relaxed: a hint (see `place_of`).
+            self.places[2 * i + 1].store(0, Ordering::Relaxed);
+            self.places[2 * i].store(word, Ordering::Relaxed);
+            self.places[2 * i + 1].store(tag | PLACE_VALID | pos as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets where `key` was (its line, whoever's it holds).
+    fn forget_place(&self, key: &[u8]) {
+        if let Some((i, _)) = self.place_line(key) {
+            // Relaxed: a hint (see `place_of`).
+            self.places[2 * i + 1].store(0, Ordering::Relaxed);
+        }
     }
 
     /// The configuration this handle was made with.

@@ -66,6 +66,62 @@ impl CuckooClient {
         r
     }
 
+    /// A get in one round trip from the compute node's location cache:
+    /// the slot `key` was last found in and the entry its word named, READ
+    /// in one doorbell. Whether it answered (into `out`); when it did not,
+    /// the line is dropped and the caller gets the two-round-trip way.
+    ///
+    /// Why an answer is right. The cached word `w` was committed at the
+    /// slot once, and words never recur in a slot (`mod.rs`, "Unique
+    /// words"), so a READ of the slot returning `w` proves the slot held
+    /// `w` at that instant `t_s` — committed, naming the key's value then
+    /// (the invariant: every committed word of a key names its value).
+    /// That instant is the get's linearization point. The entry READ, in
+    /// the same doorbell, may run before or after the slot READ (they may
+    /// even go to different memory nodes); it returns `w`'s entry as `w`'s
+    /// put wrote it, because that entry cannot be reused before G after
+    /// the CAS that unlinked it, which came after `t_s`, after the
+    /// doorbell's start `t`; and the READ completed within W of `t`
+    /// (checked, as every get checks), W < G. The key and checksum check
+    /// rejects anything else. A stale, torn or foreign cache line costs
+    /// the round trip and nothing more: it is never trusted, only tested.
+    async fn cached_get<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+        loc: &Loc,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, CuckooError> {
+        let Some((p, w)) = self.table.place_of(key) else {
+            return Ok(false);
+        };
+        let s = Slot(w);
+        if p >= POSITIONS || !s.is_committed() || s.fp() != loc.fp {
+            self.table.forget_place(key);
+            return Ok(false);
+        }
+        self.stats.cached_gets += 1;
+        let e = s.eref();
+        let t = ctx.now_ns();
+        let mut b = ctx.batch();
+        let so = b.read_new(slot_addr(desc, loc, p), 8);
+        let eo = b.read_new(e.addr(), e.bytes());
+        let mut d = b.submit().await?;
+        let now = d.word(so);
+        let buf = d.take_buf(eo);
+        if now == w && matches!(judge(buf.as_slice(), key), Verdict::Key) && self.in_window(ctx, t)
+        {
+            let (_, v) = super::layout::decode_entry(buf.as_slice(), key.len()).expect("judged");
+            out.clear();
+            out.extend_from_slice(v);
+            self.stats.cache_hits += 1;
+            return Ok(true);
+        }
+        self.table.forget_place(key);
+        Ok(false)
+    }
+
     /// [`get_into`](Self::get_into) into a new vector: the value of `key`,
     /// if present. Fails as `get_into` does.
     pub async fn get<N: Nic>(
@@ -85,6 +141,9 @@ impl CuckooClient {
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
         let loc = self.locate(desc, key);
+        if self.cached_get(ctx, desc, &loc, key, out).await? {
+            return Ok(true);
+        }
         'attempt: for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 {
                 self.stats.retries += 1;
@@ -94,13 +153,15 @@ impl CuckooClient {
             let a = self.collect(ctx, desc, &loc).await?;
             // Committed words that may be the key's, in canonical order;
             // a Forward word and the Normal word it moved to name one
-            // entry, READ once.
+            // entry, READ once. Each with the first position naming it.
             let mut cands = [None::<EntryRef>; POSITIONS];
+            let mut at = [0usize; POSITIONS];
             let mut n = 0;
             for p in 0..POSITIONS {
                 let s = a.slot(p);
                 if s.is_committed() && s.fp() == loc.fp && !cands[..n].contains(&Some(s.eref())) {
                     cands[n] = Some(s.eref());
+                    at[n] = p;
                     n += 1;
                 }
             }
@@ -126,6 +187,8 @@ impl CuckooClient {
                                 .expect("judged");
                             out.clear();
                             out.extend_from_slice(v);
+                            let p = at[i];
+                            self.table.put_place(key, p, a.slot(p).0);
                             return Ok(true);
                         }
                         Verdict::Other => {
@@ -254,6 +317,7 @@ impl CuckooClient {
                         if got == old {
                             self.retire(ctx, old.eref());
                             self.stats.updates += 1;
+                            self.table.put_place(key, p, new.0);
                             return Ok(());
                         }
                         let old_sum = self.known.sum(old.eref());
@@ -386,6 +450,7 @@ impl CuckooClient {
             let done = mine.with_state(State::Normal);
             if self.cas(ctx, slot_addr(desc, loc, x), mine, done).await? {
                 self.stats.inserts += 1;
+                self.table.put_place(key, x, done.0);
                 return Ok(Ins::Done);
             }
             return Ok(Ins::Burnt);
@@ -523,6 +588,7 @@ impl CuckooClient {
                     let e = self.empty_word()?;
                     if self.cas(ctx, slot_addr(desc, &loc, p), old, e).await? {
                         self.retire(ctx, old.eref());
+                        self.table.forget_place(key);
                         return Ok(true);
                     }
                 }
