@@ -9,6 +9,7 @@
 #![recursion_limit = "256"]
 
 mod args;
+mod hash_load;
 mod locks;
 mod outfile;
 mod plot;
@@ -58,6 +59,10 @@ enum Command {
     /// side by side (host CAS, device-memory CAS, local lock table,
     /// handover): acquisitions per second, latency, remote CAS attempts
     Locks(locks::LocksArgs),
+    /// The hash table's round trips against its load factor: one client
+    /// inserts until the table is full, updating as it goes (the Nessie
+    /// slides' curve)
+    HashLoad(hash_load::HashLoadArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         Command::Ring(a) => ("loch-bench ring", ring::run(a)),
         Command::Txn(a) => ("loch-bench txn", txn::run(*a)),
         Command::Locks(a) => ("loch-bench locks", locks::run(a)),
+        Command::HashLoad(a) => ("loch-bench hash-load", hash_load::run(a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),

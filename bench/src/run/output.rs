@@ -91,6 +91,7 @@ const TABLE_LEGEND: &[&str] = &[
     "p50 us, p99 us: operation latency, microseconds",
     "wr<=2rt %, wr<=3rt %: writes that took at most 2 or 3 network round trips",
     "wr p99rt: round trips of the 99th-percentile write",
+    "rd<=1rt %: reads (gets, lookups) answered in one round trip",
     "B/w nosp: bytes written back per write that split no node",
     "clean rd%: tree lookups that read a consistent leaf the first time",
     "retry/op: leaf re-reads per operation (torn or changed)",
@@ -112,7 +113,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         spec.zipf
     );
     cmdline::outln!(
-        "{:<22} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "{:<22} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8}",
         "system",
         "Mops/s",
         "p50 us",
@@ -120,6 +121,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         "wr<=2rt %",
         "wr<=3rt %",
         "wr p99rt",
+        "rd<=1rt %",
         "B/w nosp",
         "clean rd%",
         "retry/op",
@@ -132,7 +134,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
     };
     for j in rows {
         cmdline::outln!(
-            "{:<22} {} {} {} {} {} {} {} {} {} {}",
+            "{:<22} {} {} {} {} {} {} {} {} {} {} {}",
             j["system"].as_str().unwrap_or("?"),
             num(&j["ops_per_sec"], 1e-6, 10, 3),
             num(&j["latency_ns"]["p50"], 1e-3, 9, 1),
@@ -140,6 +142,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
             num(&j["writes_within_2_round_trips"], 100.0, 10, 2),
             num(&j["writes_within_3_round_trips"], 100.0, 10, 2),
             num(&j["write_round_trips_p99"], 1.0, 9, 0),
+            num(&j["reads_within_1_round_trip"], 100.0, 10, 2),
             num(&j["bytes_written_per_nonsplit_write"], 1.0, 9, 1),
             num(&j["clean_lookup_ratio"], 100.0, 9, 3),
             num(&j["retries_per_op"], 1.0, 9, 4),

@@ -257,6 +257,10 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "p999": r.all_latency.value_at_quantile(0.999),
         },
         "round_trips": rt,
+        "reads_within_1_round_trip": ratio(
+            r.kinds[Kind::Read.ix()].rtt.get(1).copied().unwrap_or(0),
+            r.kinds[Kind::Read.ix()].count,
+        ),
         "writes_within_2_round_trips": ratio(le2, writes),
         "writes_within_3_round_trips": ratio(le3, writes),
         "write_round_trips_p99": if writes == 0 { json!(null) } else { json!(rtt_quantile(&w, 0.99)) },
