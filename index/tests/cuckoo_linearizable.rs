@@ -206,7 +206,7 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
 }
 
 /// Real threads on emu memory nodes: 2 threads × 4 tasks, 1500 operations
-/// each on 150 keys in a 128-slot table.
+/// each on 150 keys in a 128-slot table, sharing one location cache.
 #[test]
 fn cuckoo_histories_are_linearizable_on_emu_threads() {
     let emu = emu_cluster(2);
@@ -240,6 +240,10 @@ fn cuckoo_histories_are_linearizable_on_emu_threads() {
     let stats = *sink.lock().unwrap();
     eprintln!("{stats:?}");
     assert!(stats.moves > 0, "no displacement happened");
+    // Both threads share one table handle, so one location cache: gets
+    // answered from it while the other thread's puts, deletes and moves
+    // changed the same keys' slots.
+    assert!(stats.cache_hits > 0, "{stats:?}");
 }
 
 /// Concurrent inserts of the same key into different empty slots (the

@@ -476,3 +476,45 @@ fn fingerprint_collisions_are_told_apart() {
         assert!(c.stats.fp_false_matches >= 4, "{:?}", c.stats);
     });
 }
+
+/// A location cache line serves for G − W after its key was last seen
+/// there, and no longer: an entry block can be reused G after it was
+/// unlinked, and the same key can then bring the same slot word back
+/// with another value, which a one-doorbell READ of slot and entry
+/// (unordered) could mix with the block's older contents. A hit renews
+/// the line; a get past the bound takes the two-round-trip way.
+#[test]
+fn location_cache_lines_expire_before_the_grace_period() {
+    let mut w = sim_world(2, 2, 1);
+    let mut c = cfg(1024, 8, 16);
+    c.window_ns = 100_000;
+    c.reuse_grace_ns = 400_000;
+    c.stale_ns = 100_000;
+    let life = c.reuse_grace_ns - c.window_ns;
+    let table = Cuckoo::new(c).unwrap();
+    sim_create_table(&mut w, &table);
+    let t = table.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        put_u64(&mut c, &ctx, 7, 70).await.unwrap();
+        let rt = |ctx: &Ctx<_>| ctx.counters().round_trips;
+        // Renewed by each hit: lines live on while the key is read.
+        for _ in 0..5 {
+            ctx.sleep(life / 2).unwrap().await;
+            let r0 = rt(&ctx);
+            assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
+            assert_eq!(rt(&ctx) - r0, 1, "a hit within the bound");
+        }
+        // Left alone past the bound: not used.
+        ctx.sleep(life).unwrap().await;
+        let hits = c.stats.cache_hits;
+        let r0 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
+        assert_eq!(rt(&ctx) - r0, 2, "a line past G − W was used");
+        assert_eq!(c.stats.cache_hits, hits);
+        // The two-round-trip get filled the line again.
+        let r0 = rt(&ctx);
+        assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
+        assert_eq!(rt(&ctx) - r0, 1);
+    });
+}

@@ -42,10 +42,12 @@ pub struct CuckooConfig {
     /// How memory nodes are cut into chunks (the table's segments are one
     /// chunk at most; data entries are bump-allocated in chunks).
     pub chunk: ChunkConfig,
-    /// Lines of the compute node's location cache (16 bytes each, a power
+    /// Lines of the compute node's location cache (32 bytes each, a power
     /// of two; 0 turns it off): where a key was last found, so that a get
     /// reads that slot and the entry it named in one round trip
-    /// (`ops.rs`, cached gets). Not part of the layout: compute nodes may
+    /// (`ops.rs`, cached gets). A line serves for `reuse_grace_ns -
+    /// window_ns` after the key was last seen there (a longer grace period
+    /// keeps lines longer). Not part of the layout: compute nodes may
     /// differ.
     pub location_cache_lines: usize,
 }
@@ -55,7 +57,7 @@ impl CuckooConfig {
     /// `max_value_bytes`, on memory nodes of `node_bytes` host memory (all
     /// sizes in bytes). The rest are defaults: W 2 ms, G 20 ms, `stale_ns`
     /// 5 ms, searches of up to 512 buckets, 1 MiB chunks, a location cache
-    /// of 2^16 lines (1 MiB). Nothing is checked here
+    /// of 2^16 lines (2 MiB). Nothing is checked here
     /// ([`check`](Self::check) does that).
     pub fn new(
         capacity: u64,

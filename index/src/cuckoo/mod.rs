@@ -38,13 +38,15 @@
 //! invisible to readers: a slot claimed but not yet agreed on.
 //!
 //! # Unique words
-//! Every word ever stored in a slot is new to that slot: an entry is
-//! written out of place for each put and each move, so every non-empty
-//! word names an entry incarnation that was fresh when it was stored (and
-//! entries are reused only after the grace period G, below), and every
-//! empty word carries a tag no other emptying ever used (the client's
-//! incarnation, taken with one FAA on the descriptor, and a counter). Two
-//! consequences carry the protocol: a CAS cannot succeed on a word that
+//! A word stored in a slot does not come back to it within the grace
+//! period G: an entry is written out of place for each put and each move,
+//! so every non-empty word names an entry incarnation that was fresh when
+//! it was stored (an entry block is reused only G after the CAS that
+//! unlinked it, below — after that the same key may bring the same word
+//! back to the same slot), and every empty word carries a tag no other
+//! emptying ever used (the client's incarnation, taken with one FAA on the
+//! descriptor, and a counter). Every use below spans less than G (the
+//! window W, G ≥ 4 W). Two consequences carry the protocol: a CAS cannot succeed on a word that
 //! changed and changed back (no ABA), and two READs of a slot that return
 //! the same word prove the slot held it in between — which turns a double
 //! collect of a key's two buckets into an atomic snapshot ([`view`]).
@@ -381,13 +383,27 @@ pub struct Cuckoo {
     cfg: CuckooConfig,
     desc: OnceLock<Arc<Desc>>,
     /// The location cache: per line, the slot word a key was last found
-    /// committed in, and its position among the key's 16 slots with a tag
-    /// of the key's hash ([`Cuckoo::place_of`]).
+    /// committed in, its position among the key's 16 slots with a tag of
+    /// the key's hash, and when ([`Cuckoo::place_of`]).
     places: Box<[AtomicU64]>,
 }
 
 /// Seed of the location cache's hash of a key (apart from the table's).
 const PLACE_SEED: u64 = 0x706c_6163_6573_0001;
+/// Words of a location cache line: a version (odd while written), the
+/// tag and position, the slot word, and when it was seen.
+const PLACE_WORDS: usize = 4;
+
+/// What the location cache says of a key ([`Cuckoo::place_of`]).
+#[derive(Copy, Clone, Debug)]
+struct Place {
+    /// Position among the key's 16 slots.
+    pos: usize,
+    /// The committed word the slot held.
+    word: u64,
+    /// This node's clock at or before the instant the slot held it.
+    seen_ns: u64,
+}
 /// A location cache line's second word: valid, position in its low bits,
 /// the key hash's high half above them.
 const PLACE_VALID: u64 = 1 << 5;
@@ -400,7 +416,7 @@ impl Cuckoo {
     /// rejects `cfg`.
     pub fn new(cfg: CuckooConfig) -> Result<Arc<Cuckoo>, CuckooError> {
         cfg.check().map_err(CuckooError::Config)?;
-        let places = (0..2 * cfg.location_cache_lines)
+        let places = (0..PLACE_WORDS * cfg.location_cache_lines)
             .map(|_| AtomicU64::new(0))
             .collect();
         Ok(Arc::new(Cuckoo {
@@ -410,48 +426,99 @@ impl Cuckoo {
         }))
     }
 
-    /// The line of `key` in the location cache and its tag, if there is a
-    /// cache.
+    /// The line of `key` in the location cache (its first word's index)
+    /// and its tag, if there is a cache.
     fn place_line(&self, key: &[u8]) -> Option<(usize, u64)> {
-        let lines = self.places.len() / 2;
+        let lines = self.places.len() / PLACE_WORDS;
         if lines == 0 {
             return None;
         }
         let h = layout::hash64(key, PLACE_SEED);
-        Some(((h as usize) & (lines - 1), (h >> 32) << 6))
+        let i = (h as usize) & (lines - 1);
+        Some((PLACE_WORDS * i, (h >> 32) << 6))
     }
 
-    /// Where `key` was last found: its position among its 16 slots and the
-    /// committed word that slot held. A hint only — a cached get accepts it
-    /// only once the slot is read holding that very word (`ops.rs`); a
-    /// line torn by two clients filling it at once fails that check.
-    fn place_of(&self, key: &[u8]) -> Option<(usize, u64)> {
+    /// Where `key` was found: its position among its 16 slots, the
+    /// committed word that slot held, and a time (this node's clock) no
+    /// later than when it held it. A hint only: a cached get accepts it
+    /// only once the slot is read holding that very word, and only while
+    /// the word cannot have come back to the slot since (`ops.rs`).
+    fn place_of(&self, key: &[u8]) -> Option<Place> {
         let (i, tag) = self.place_line(key)?;
-        // Relaxed: nothing is published through the cache; what it says is
-        // checked against the table before it is used.
-        let meta = self.places[2 * i + 1].load(Ordering::Relaxed);
-        if meta & !PLACE_POS != tag | PLACE_VALID {
+        let l = &self.places[i..i + PLACE_WORDS];
+        // A seqlock: the line's fields are read between two equal, even
+        // loads of its version. Acquire on the first load orders the
+        // field loads after it; the fence orders them before the second
+        // load, so equal versions mean no store to the line came between
+        // (a writer makes the version odd first, with a Release store
+        // after its fields).
+        let v = l[0].load(Ordering::Acquire);
+        if v & 1 == 1 {
             return None;
         }
-        let word = self.places[2 * i].load(Ordering::Relaxed);
-        Some(((meta & PLACE_POS) as usize, word))
+        let (meta, word, t0) = (
+            l[1].load(Ordering::Relaxed),
+            l[2].load(Ordering::Relaxed),
+            l[3].load(Ordering::Relaxed),
+        );
+        std::sync::atomic::fence(Ordering::Acquire);
+        if l[0].load(Ordering::Relaxed) != v || meta & !PLACE_POS != tag | PLACE_VALID {
+            return None;
+        }
+        Some(Place {
+            pos: (meta & PLACE_POS) as usize,
+            word,
+            seen_ns: t0,
+        })
     }
 
-    /// Notes that `key` was found committed as `word` at position `pos`.
-    fn put_place(&self, key: &[u8], pos: usize, word: u64) {
-        if let Some((i, tag)) = self.place_line(key) {
-            // Relaxed: a hint (see `place_of`).
-            self.places[2 * i + 1].store(0, Ordering::Relaxed);
-            self.places[2 * i].store(word, Ordering::Relaxed);
-            self.places[2 * i + 1].store(tag | PLACE_VALID | pos as u64, Ordering::Relaxed);
+    /// Notes that `key` was found committed as `word` at position `pos`,
+    /// by a verb posted at `seen_ns` (or later). Skipped while another
+    /// client writes the line.
+    fn put_place(&self, key: &[u8], pos: usize, word: u64, seen_ns: u64) {
+        let Some((i, tag)) = self.place_line(key) else {
+            return;
+        };
+        let l = &self.places[i..i + PLACE_WORDS];
+        let v = l[0].load(Ordering::Relaxed);
+        // The writer's half of the seqlock (Boehm, "Can seqlocks get along
+        // with programming language memory models?", 2012): the version
+        // turns odd, then a Release fence, then the fields. A reader that
+        // loads any field stored here synchronizes, through its Acquire
+        // fence, with this fence, so its second version load sees the odd
+        // version or a later one.
+        if v & 1 == 1
+            || l[0]
+                .compare_exchange(v, v + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
         }
+        std::sync::atomic::fence(Ordering::Release);
+        l[1].store(tag | PLACE_VALID | pos as u64, Ordering::Relaxed);
+        l[2].store(word, Ordering::Relaxed);
+        l[3].store(seen_ns, Ordering::Relaxed);
+        // Release: the fields are visible before the even version is.
+        l[0].store(v + 2, Ordering::Release);
     }
 
     /// Forgets where `key` was (its line, whoever's it holds).
     fn forget_place(&self, key: &[u8]) {
-        if let Some((i, _)) = self.place_line(key) {
-            // Relaxed: a hint (see `place_of`).
-            self.places[2 * i + 1].store(0, Ordering::Relaxed);
+        let Some((i, tag)) = self.place_line(key) else {
+            return;
+        };
+        let l = &self.places[i..i + PLACE_WORDS];
+        let v = l[0].load(Ordering::Relaxed);
+        // Orderings as in `put_place`.
+        if v & 1 == 0
+            && l[1].load(Ordering::Relaxed) & !PLACE_POS == tag | PLACE_VALID
+            && l[0]
+                .compare_exchange(v, v + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            std::sync::atomic::fence(Ordering::Release);
+            l[1].store(0, Ordering::Relaxed);
+            l[0].store(v + 2, Ordering::Release);
         }
     }
 

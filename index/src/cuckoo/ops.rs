@@ -35,8 +35,9 @@ impl CuckooClient {
     }
 
     /// The value of `key`, appended to `out` (cleared first); whether it
-    /// was present. Two round trips when the key is present and its
-    /// buckets are quiet, two when it is absent. Fails with
+    /// was present. One round trip when the compute node's location cache
+    /// knew where the key was and it is still there, else two when the
+    /// key is present and its buckets are quiet; two when it is absent. Fails with
     /// [`CuckooError::KeySize`] for a key of the wrong size, `NotCreated`
     /// before the table exists, `Config` when the table disagrees with this
     /// client's configuration or has had too many clients, `Verb` when a
@@ -71,20 +72,27 @@ impl CuckooClient {
     /// in one doorbell. Whether it answered (into `out`); when it did not,
     /// the line is dropped and the caller gets the two-round-trip way.
     ///
-    /// Why an answer is right. The cached word `w` was committed at the
-    /// slot once, and words never recur in a slot (`mod.rs`, "Unique
-    /// words"), so a READ of the slot returning `w` proves the slot held
-    /// `w` at that instant `t_s` — committed, naming the key's value then
-    /// (the invariant: every committed word of a key names its value).
-    /// That instant is the get's linearization point. The entry READ, in
-    /// the same doorbell, may run before or after the slot READ (they may
-    /// even go to different memory nodes); it returns `w`'s entry as `w`'s
-    /// put wrote it, because that entry cannot be reused before G after
-    /// the CAS that unlinked it, which came after `t_s`, after the
-    /// doorbell's start `t`; and the READ completed within W of `t`
-    /// (checked, as every get checks), W < G. The key and checksum check
-    /// rejects anything else. A stale, torn or foreign cache line costs
-    /// the round trip and nothing more: it is never trusted, only tested.
+    /// Why an answer is right. The line says the slot held the committed
+    /// word `w` at some instant after `seen` (this node's clock). A READ
+    /// of the slot returning `w` at `t_s` shows it committed then, naming
+    /// the key's value (the invariant: every committed word of a key
+    /// names its value); `t_s` is the get's linearization point. But `w`
+    /// names an entry block by address only: once the block is unlinked
+    /// and reused (G after the unlinking CAS, `mod.rs`, "Reclamation"),
+    /// the same key may bring the same word back with another value, and
+    /// the entry READ — in the same doorbell, unordered with the slot READ
+    /// (they may go to different memory nodes) — could see the block's
+    /// older or newer contents. Neither can happen before G has passed
+    /// since `seen`: the unlink came after the slot held `w`, after
+    /// `seen`, and the reuse G after that. So both READs, done by the
+    /// time their completion is polled, are accepted only when that is
+    /// less than G − W after `seen` (W of margin, for clocks that run at
+    /// slightly different rates): the block then holds, at both READs,
+    /// the incarnation `w` named at `t_s`. The line's time moves to the
+    /// doorbell's start on a hit (the slot held `w` after it). The key
+    /// and checksum check rejects anything else. A stale, torn or
+    /// foreign line costs the round trip and nothing more: it is tested,
+    /// never trusted.
     async fn cached_get<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -93,29 +101,40 @@ impl CuckooClient {
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
-        let Some((p, w)) = self.table.place_of(key) else {
+        let Some(place) = self.table.place_of(key) else {
             return Ok(false);
         };
+        let (p, w) = (place.pos, place.word);
         let s = Slot(w);
-        if p >= POSITIONS || !s.is_committed() || s.fp() != loc.fp {
+        let cfg = self.cfg();
+        let life = cfg.reuse_grace_ns - cfg.window_ns;
+        let t = ctx.now_ns();
+        if p >= POSITIONS
+            || !s.is_committed()
+            || s.fp() != loc.fp
+            || t.saturating_sub(place.seen_ns) >= life
+        {
             self.table.forget_place(key);
             return Ok(false);
         }
         self.stats.cached_gets += 1;
         let e = s.eref();
-        let t = ctx.now_ns();
         let mut b = ctx.batch();
         let so = b.read_new(slot_addr(desc, loc, p), 8);
         let eo = b.read_new(e.addr(), e.bytes());
         let mut d = b.submit().await?;
         let now = d.word(so);
         let buf = d.take_buf(eo);
-        if now == w && matches!(judge(buf.as_slice(), key), Verdict::Key) && self.in_window(ctx, t)
+        if now == w
+            && matches!(judge(buf.as_slice(), key), Verdict::Key)
+            && self.in_window(ctx, t)
+            && ctx.now_ns().saturating_sub(place.seen_ns) < life
         {
             let (_, v) = super::layout::decode_entry(buf.as_slice(), key.len()).expect("judged");
             out.clear();
             out.extend_from_slice(v);
             self.stats.cache_hits += 1;
+            self.table.put_place(key, p, w, t);
             return Ok(true);
         }
         self.table.forget_place(key);
@@ -188,7 +207,7 @@ impl CuckooClient {
                             out.clear();
                             out.extend_from_slice(v);
                             let p = at[i];
-                            self.table.put_place(key, p, a.slot(p).0);
+                            self.table.put_place(key, p, a.slot(p).0, t);
                             return Ok(true);
                         }
                         Verdict::Other => {
@@ -317,7 +336,7 @@ impl CuckooClient {
                         if got == old {
                             self.retire(ctx, old.eref());
                             self.stats.updates += 1;
-                            self.table.put_place(key, p, new.0);
+                            self.table.put_place(key, p, new.0, t_cas);
                             return Ok(());
                         }
                         let old_sum = self.known.sum(old.eref());
@@ -448,9 +467,10 @@ impl CuckooClient {
                 continue;
             }
             let done = mine.with_state(State::Normal);
+            let t_cas = ctx.now_ns();
             if self.cas(ctx, slot_addr(desc, loc, x), mine, done).await? {
                 self.stats.inserts += 1;
-                self.table.put_place(key, x, done.0);
+                self.table.put_place(key, x, done.0, t_cas);
                 return Ok(Ins::Done);
             }
             return Ok(Ins::Burnt);
