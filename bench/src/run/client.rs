@@ -10,6 +10,9 @@ pub(crate) struct ClientTally {
     /// When the first measured operation began, over every client (and
     /// every core on emu): the start of the measured interval.
     pub(crate) measuring_from: Arc<AtomicU64>,
+    /// Clients past their warm-up, over every client (and every core on
+    /// emu): under `--seconds`, measuring starts once all are.
+    pub(crate) warm: Arc<AtomicU64>,
     pub(crate) failure: RefCell<Option<String>>,
     /// Inserts by this executor's clients. The n-th is record
     /// `records + n * insert_stride + insert_offset`: on sim one executor
@@ -29,6 +32,7 @@ impl ClientTally {
     pub(crate) fn new(
         spec: &RunSpec,
         measuring_from: Arc<AtomicU64>,
+        warm: Arc<AtomicU64>,
         insert_stride: u64,
         insert_offset: u64,
     ) -> Rc<ClientTally> {
@@ -51,6 +55,7 @@ impl ClientTally {
             all: RefCell::new(latency_histogram()),
             tree: RefCell::new(TreeStats::default()),
             measuring_from,
+            warm,
             failure: RefCell::new(None),
             inserted: Cell::new(0),
             insert_stride,
@@ -300,17 +305,35 @@ pub(crate) async fn client_task<N: Nic>(
     let mut values = Values::new(me);
     let emu = spec.backend == Backend::Emu;
     let faulty = !spec.faults.is_empty();
+    // Under `--seconds` every client measures the same window: it starts
+    // once every client is past its warm-up. Clients warm up at their own
+    // pace (a client whose operations hit a cache runs ahead), and a
+    // window opened by the first one ready would end before the slowest
+    // measured anything. Not under faults: a stopped client never warms.
+    let barrier = matches!(spec.length, Length::Nanos(_)) && !faulty;
+    let mut measuring = false;
+    // Relaxed throughout: counts and time stamps, read for the start and
+    // end of the window and the report; nothing is published through them.
+    let warmed = || {
+        sh.warm.fetch_add(1, Ordering::Relaxed);
+    };
     for i in 0.. {
         if cmdline::signals::stop_requested() {
             break; // SIGINT/SIGTERM: the run ends with what it measured
         }
-        let measured = i >= spec.warmup;
         let t0 = ctx.now_ns();
         if i == spec.warmup {
-            // Relaxed: a time stamp, read for the deadline and the report.
+            warmed();
+        }
+        if !measuring
+            && i >= spec.warmup
+            && (!barrier || sh.warm.load(Ordering::Relaxed) >= spec.clients())
+        {
             sh.measuring_from.fetch_min(t0, Ordering::Relaxed);
             c.reset_stats();
+            measuring = true;
         }
+        let measured = measuring;
         match spec.length {
             Length::Ops(n) if i >= spec.warmup + n => break,
             Length::Nanos(d)
@@ -348,6 +371,11 @@ pub(crate) async fn client_task<N: Nic>(
             if !faulty {
                 *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
                 *sh.tree.borrow_mut() += c.tree_stats();
+                if i < spec.warmup {
+                    // Counted as warm, so that the others' window opens
+                    // and their run ends.
+                    warmed();
+                }
                 return;
             }
             // Under faults the client goes on; the failure is counted and

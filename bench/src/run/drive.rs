@@ -106,6 +106,8 @@ pub(crate) struct ClientWork<'a> {
     pub(crate) dist: KeyDist,
     /// The start of the measured interval, over every group.
     pub(crate) from: Arc<AtomicU64>,
+    /// Clients past their warm-up, over every group.
+    pub(crate) warm: Arc<AtomicU64>,
 }
 
 impl<'a> ClientWork<'a> {
@@ -115,6 +117,7 @@ impl<'a> ClientWork<'a> {
             indexes,
             dist: KeyDist::new(spec.records, spec.zipf),
             from: Arc::new(AtomicU64::new(u64::MAX)),
+            warm: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -124,7 +127,13 @@ impl Workload for ClientWork<'_> {
     type Out = Result<Report, String>;
 
     fn group(&self, index: usize, groups: usize) -> Self::Group {
-        let sh = ClientTally::new(self.spec, self.from.clone(), groups as u64, index as u64);
+        let sh = ClientTally::new(
+            self.spec,
+            self.from.clone(),
+            self.warm.clone(),
+            groups as u64,
+            index as u64,
+        );
         (sh, Rc::new(self.spec.clone()), Rc::new(self.dist.clone()))
     }
 
