@@ -113,6 +113,14 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["verbs", "--backend", "sim", "--memory-nodes", "0"],
             "--memory-nodes",
         ),
+        (
+            vec!["run", "--systems", "cuckoo", "--hash-grace-ms", "1"],
+            "--hash-grace-ms",
+        ),
+        (
+            vec!["run", "--systems", "sherman", "--hash-grace-ms", "50"],
+            "add cuckoo",
+        ),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

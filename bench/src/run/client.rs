@@ -97,12 +97,15 @@ pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
                 let mut cfg = CuckooConfig::new(expected + expected / 4, 8, 8, spec.host_bytes);
                 cfg.chunk = spec.tree.chunk.clone();
                 // The index cache (`--cache-mb`) holds the location cache:
-                // 16-byte lines, a power of two of them.
-                let lines = (spec.cache_bytes / 16).min(1 << 30);
+                // 32-byte lines, a power of two of them.
+                let lines = (spec.cache_bytes / 32).min(1 << 30);
                 cfg.location_cache_lines = match lines {
                     0 => 0,
                     n => 1 << n.ilog2(),
                 };
+                if let Some(g) = spec.hash_grace_ns {
+                    cfg.reuse_grace_ns = g;
+                }
                 Cuckoo::new(cfg)
                     .map(IndexHandle::Hash)
                     .map_err(|e| e.to_string())

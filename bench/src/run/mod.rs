@@ -128,9 +128,15 @@ pub struct RunArgs {
     /// Unmeasured operations per client first [default: sim 50, emu 2000]
     #[arg(long, value_name = "N")]
     warmup: Option<u64>,
-    /// Index cache per compute node, MiB
+    /// Index cache per compute node, MiB (the hash table's location cache
+    /// too)
     #[arg(long, value_name = "MIB", default_value_t = 64.0)]
     cache_mb: f64,
+    /// The hash table's grace period G before a freed entry is reused, in
+    /// milliseconds (at least 8: four windows of 2 ms); a location cache
+    /// line serves for G minus a window [default: 20]
+    #[arg(long, value_name = "MS")]
+    hash_grace_ms: Option<f64>,
     /// The run's seed (sim: the whole run; emu: the clients' streams)
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -374,6 +380,7 @@ struct Cli {
     length: Option<Length>,
     warmup: u64,
     cache_mb: f64,
+    hash_grace_ms: Option<f64>,
     seed: u64,
     json: bool,
     check_history: bool,
@@ -443,6 +450,7 @@ impl Cli {
             length,
             warmup: a.warmup.unwrap_or(if sim { 50 } else { 2_000 }),
             cache_mb: a.cache_mb,
+            hash_grace_ms: a.hash_grace_ms,
             seed: a.seed,
             json: a.json,
             check_history: a.check_history,
@@ -494,6 +502,18 @@ impl Cli {
         }
         if self.cache_mb.is_nan() || self.cache_mb < 0.0 {
             return Err(ArgError("--cache-mb must be non-negative".into()));
+        }
+        if let Some(g) = self.hash_grace_ms {
+            if !(8.0..=60_000.0).contains(&g) {
+                return Err(ArgError(format!(
+                    "--hash-grace-ms must be in [8, 60000] (four 2 ms windows at least), got {g}"
+                )));
+            }
+            if !self.systems.iter().any(|s| s == "cuckoo") {
+                return Err(ArgError(
+                    "--hash-grace-ms applies to the hash table: add cuckoo to --systems".into(),
+                ));
+            }
         }
         if let Some(p) = &self.history_path {
             outfile::check_file_target("--history", p).map_err(ArgError)?;
@@ -569,6 +589,7 @@ impl Cli {
                     seed: self.seed,
                     host_bytes,
                     cache_bytes: (self.cache_mb * (1 << 20) as f64) as usize,
+                    hash_grace_ns: self.hash_grace_ms.map(|g| (g * 1e6) as u64),
                     record_history: self.records_wanted(),
                     cuckoo,
                     model: self.model.clone(),

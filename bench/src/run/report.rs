@@ -290,6 +290,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "sim_model_overrides": spec.model.overrides(),
             "seed": spec.seed,
             "cache_bytes": spec.cache_bytes,
+            "hash_grace_ns": spec.hash_grace_ns,
             "tree": tree_config_json(&spec.tree),
         },
     });

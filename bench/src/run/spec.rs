@@ -145,6 +145,9 @@ pub struct RunSpec {
     pub seed: u64,
     pub host_bytes: u64,
     pub cache_bytes: usize,
+    /// The hash table's grace period G (`--hash-grace-ms`), if not the
+    /// default.
+    pub hash_grace_ns: Option<u64>,
     /// Record every operation into a history.
     pub record_history: bool,
     /// Run the Nessie hash table instead of a tree (`--systems cuckoo`).
