@@ -22,7 +22,8 @@
 //! - Uncontended round trips (asserted by `tests/cuckoo_seq.rs`): get 1
 //!   when the compute node's location cache knows where the key was (the
 //!   slot and the entry its word named, READ in one doorbell and accepted
-//!   only if the slot still holds that word: `ops.rs`, `cached_get`), else
+//!   only if the slot still holds that word and the key was seen there
+//!   less than G − W before: `ops.rs`, `cached_get`), else
 //!   2 (both buckets in one doorbell, then the entry), a miss 2, update 3,
 //!   insert 4, delete 3, deleting an absent key 2; one more where a
 //!   fingerprint collides. The first operation of a client adds the
