@@ -521,7 +521,7 @@ impl Machine {
                     }
                 }
                 for b in copies {
-                    let w = self.copy(ctx, &b).await;
+                    let w = self.copy(ctx, &b, c.config).await;
                     let mut copying = self.copying.lock().expect("no panics hold it");
                     copying.remove(&b.region);
                     self.copies.store(copying.len(), Ordering::Release);
@@ -601,7 +601,7 @@ impl Machine {
     }
 
     /// Copies region `b` from its primary, a chunk at a time.
-    async fn copy<N: Nic>(&self, ctx: &Ctx<N>, b: &NewBackup) -> Work {
+    async fn copy<N: Nic>(&self, ctx: &Ctx<N>, b: &NewBackup, config: u64) -> Work {
         let started_ns = ctx.now_ns();
         let chunk = self.copy_pace.bytes.clamp(LINE as u64, 1 << 20) / LINE as u64 * LINE as u64;
         let mut mine = vec![0u8; chunk as usize];
@@ -612,6 +612,34 @@ impl Machine {
             at_ns: ctx.now_ns(),
             error: e,
         };
+        // The primary's copy is read only once it drained its log rings
+        // into `config` (its recovered word): until then a commit's
+        // COMMIT-PRIMARY or recovery APPLY may still wait in its rings,
+        // and no later record would bring that commit here (this machine
+        // was no backup when it was sent, and the decision may be
+        // forgotten by then).
+        let p = b.primary.machine;
+        let word_at = GlobalAddr::host(p, recovered_word(&self.geo, p));
+        loop {
+            let mut batch = ctx.batch();
+            let op = batch.read_new(word_at, 8);
+            let got = match batch.submit().await {
+                Ok(d) => d.word(op),
+                Err(e) => return failed(format!("reading the primary's recovered word: {e}")),
+            };
+            if got >= config {
+                break;
+            }
+            if self.membership.epoch() > config {
+                return failed(format!(
+                    "configuration {config} was replaced before machine {p} recovered into it"
+                ));
+            }
+            match ctx.sleep(MAINTAIN_POLL_NS) {
+                Ok(s) => s.await,
+                Err(e) => return failed(e.to_string()),
+            }
+        }
         while off < b.bytes {
             let n = (b.bytes - off).min(chunk) as usize;
             let at = GlobalAddr::host(b.primary.machine, b.primary.base + off);

@@ -354,7 +354,7 @@ fn minority_cut_off(seed: u64) -> Run {
     run
 }
 
-/// Seed 566 of the test above, always (one of the few seeds in 3000 that
+/// Seed 65 of the test above, always (one of two seeds in 2000 that
 /// strike it; the timing moves with the protocol's records): a backup's
 /// copy of a region, new after the partition, takes an object's first
 /// line at the version its primary is installing and a later line from
@@ -364,7 +364,7 @@ fn minority_cut_off(seed: u64) -> Run {
 /// backup keeps a torn list for good.
 #[test]
 fn a_torn_copy_is_mended_by_the_record_of_its_version() {
-    let run = minority_cut_off(566);
+    let run = minority_cut_off(65);
     let mended = run.r.live_server_stats().mended;
     assert!(mended > 0, "no torn copy was mended");
 }
