@@ -521,7 +521,7 @@ impl Machine {
                     }
                 }
                 for b in copies {
-                    let w = self.copy(ctx, &b, c.config).await;
+                    let w = self.copy(ctx, &b, c.config, stop).await;
                     let mut copying = self.copying.lock().expect("no panics hold it");
                     copying.remove(&b.region);
                     self.copies.store(copying.len(), Ordering::Release);
@@ -601,7 +601,13 @@ impl Machine {
     }
 
     /// Copies region `b` from its primary, a chunk at a time.
-    async fn copy<N: Nic>(&self, ctx: &Ctx<N>, b: &NewBackup, config: u64) -> Work {
+    async fn copy<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        b: &NewBackup,
+        config: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Work {
         let started_ns = ctx.now_ns();
         let chunk = self.copy_pace.bytes.clamp(LINE as u64, 1 << 20) / LINE as u64 * LINE as u64;
         let mut mine = vec![0u8; chunk as usize];
@@ -633,6 +639,13 @@ impl Machine {
             if self.membership.epoch() > config {
                 return failed(format!(
                     "configuration {config} was replaced before machine {p} recovered into it"
+                ));
+            }
+            // The run ends, or this machine was removed (a machine cut off
+            // may never see the next configuration): no copy to wait for.
+            if stop() || self.membership.is_removed() {
+                return failed(format!(
+                    "stopped before machine {p} recovered into configuration {config}"
                 ));
             }
             match ctx.sleep(MAINTAIN_POLL_NS) {

@@ -102,9 +102,10 @@ pub struct ServerStats {
     /// acted on the decision already (a second failure cut the earlier
     /// round short, and a later round replicates to a new backup).
     pub replicated_late: u64,
-    /// Writes of commits decided in an earlier recovery round put in
-    /// place at a newly promoted primary before its region became active
-    /// (`Server::recover`), by version (stale ones count here too).
+    /// Writes of commits decided and acted on in an earlier recovery
+    /// round put in place at a newly promoted primary before its region
+    /// became active (`Server::recover`), by version (stale ones count
+    /// here too).
     pub decided_installs: u64,
     /// Recovery decisions forgotten (TRUNCATE-RECOVERY), and those still
     /// held when the server ended: none once every recovery round that
@@ -997,29 +998,36 @@ impl Server {
             m.rlock(ctx, at, off, tx)?;
             self.stats.recovery_locks += 1;
         }
-        // A commit decided in an earlier round and held here: where this
-        // machine is now the primary of a region it writes, its writes go
-        // in now, by version, before the region is active. This machine
+        // A commit decided in an earlier round and held here, where this
+        // machine is now the primary of a region it writes. This machine
         // may have acted on the decision while it held no copy of the
-        // region (its APPLY then finds it acted on), or held it unacted
-        // while its copy came from a primary that still held the commit's
-        // lock; either way no record here would lock or install the
-        // write before transactions see the region, and the primary would
-        // serve, and let others overwrite, the version before it.
-        let held: Vec<(TxId, Write)> = self
+        // region (its APPLY then finds it acted on), or hold it unacted
+        // with a copy taken before the old primary installed; either way
+        // no record here would lock or install the write before
+        // transactions see the region. An acted-on decision is final
+        // (every machine kept it before any acted): its writes go in now,
+        // by version. One only kept is not yet (should every machine that
+        // kept it fail, the next round may decide otherwise): its objects
+        // are locked, and its APPLY installs them and unlocks.
+        let held: Vec<(TxId, bool, Write)> = self
             .decisions
             .iter()
             .filter(|(_, d)| d.0)
             .flat_map(|(t, d)| {
                 d.1.iter()
                     .filter(|w| promoted.contains(&w.at.region))
-                    .map(|w| (*t, w.clone()))
+                    .map(|w| (*t, d.2, w.clone()))
             })
             .collect();
-        for (tx, w) in held {
+        for (tx, acted, w) in held {
             if let Some(off) = self.primary_off(w.at, object_bytes(w.value.len())) {
-                self.install_recovered(ctx, Some(m), off, &w, tx)?;
-                self.stats.decided_installs += 1;
+                if acted {
+                    self.install_recovered(ctx, Some(m), off, &w, tx)?;
+                    self.stats.decided_installs += 1;
+                } else {
+                    m.rlock(ctx, w.at, off, tx)?;
+                    self.stats.recovery_locks += 1;
+                }
             }
         }
         self.drained = e;
