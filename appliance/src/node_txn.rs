@@ -16,7 +16,7 @@ use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
 use bootstrap::etcd::EtcdStore;
 use cluster::emu::EmuCluster;
 use cluster::stats::latency_histogram;
-use nicdrv::emu::EmuConfig;
+use nicdrv::emu::{EmuConfig, EmuNic};
 use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -401,39 +401,51 @@ fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError
     let map = geo.region_map().map_err(failed)?;
     let objects = MIX.objects(&geo);
     let mut ex = cluster.machine_executor(0, core_config()).map_err(failed)?;
-    let result: Rc<RefCell<Option<Result<BankState, String>>>> = Rc::new(RefCell::new(None));
-    let r2 = result.clone();
-    ex.spawn(move |ctx| async move {
-        let got = async {
-            let mut st = BankState {
-                sum: 0,
-                negative: 0,
-                unreadable: 0,
-                backups_differ: 0,
-            };
-            for (at, len) in objects {
-                let n = object_bytes(len);
-                let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
-                match object::read(&ctx, p, len, 64).await {
-                    Ok(r) => {
-                        let b = BANK_START
-                            + i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
-                        st.negative += u64::from(b < 0);
-                        st.sum += b;
-                    }
-                    Err(_) => st.unreadable += 1,
+    run_task(&mut ex, move |ctx| async move {
+        let mut st = BankState {
+            sum: 0,
+            negative: 0,
+            unreadable: 0,
+            backups_differ: 0,
+        };
+        for (at, len) in objects {
+            let n = object_bytes(len);
+            let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
+            match object::read(&ctx, p, len, 64).await {
+                Ok(r) => {
+                    let b = BANK_START
+                        + i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
+                    st.negative += u64::from(b < 0);
+                    st.sum += b;
                 }
-                st.backups_differ += copies_differ(&ctx, &map, at, n).await?.1;
+                Err(_) => st.unreadable += 1,
             }
-            Ok::<_, String>(st)
+            st.backups_differ += copies_differ(&ctx, &map, at, n).await?.1;
         }
-        .await;
-        *r2.borrow_mut() = Some(got);
+        Ok(st)
+    })
+}
+
+/// Runs `task` alone on `ex` until it ends, and returns what it returned.
+fn run_task<T, F, Fut>(ex: &mut nicdrv::Executor<EmuNic>, task: F) -> Result<T, NodeError>
+where
+    T: 'static,
+    F: FnOnce(nicdrv::Ctx<EmuNic>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>> + 'static,
+{
+    let result: Rc<RefCell<Option<Result<T, String>>>> = Rc::new(RefCell::new(None));
+    let r2 = result.clone();
+    ex.spawn(move |ctx| {
+        let fut = task(ctx);
+        async move {
+            let got = fut.await;
+            *r2.borrow_mut() = Some(got);
+        }
     })
     .map_err(failed)?;
     ex.run();
     let got = result.borrow_mut().take();
-    got.unwrap_or_else(|| Err("the check did not finish".into()))
+    got.unwrap_or_else(|| Err("the task did not finish".into()))
         .map_err(failed)
 }
 
@@ -526,38 +538,26 @@ fn compare_replicas(
         .map_err(failed)?;
     let deadline = std::time::Instant::now() + AGREE_WAIT;
     loop {
-        let result: Rc<RefCell<Option<Result<Replicas, String>>>> = Rc::new(RefCell::new(None));
-        let r2 = result.clone();
         let map = map.clone();
-        ex.spawn(move |ctx| async move {
-            let got = async {
-                let mut st = Replicas {
-                    objects: 0,
-                    copies: 0,
-                    differ: 0,
-                };
-                for (at, len) in MIX.objects(&geo) {
-                    let n = object_bytes(len);
-                    let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
-                    if p.node() != me {
-                        continue;
-                    }
-                    let (copies, differ) = copies_differ(&ctx, &map, at, n).await?;
-                    st.objects += 1;
-                    st.copies += copies;
-                    st.differ += differ;
+        let st = run_task(&mut ex, move |ctx| async move {
+            let mut st = Replicas {
+                objects: 0,
+                copies: 0,
+                differ: 0,
+            };
+            for (at, len) in MIX.objects(&geo) {
+                let n = object_bytes(len);
+                let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
+                if p.node() != me {
+                    continue;
                 }
-                Ok::<_, String>(st)
+                let (copies, differ) = copies_differ(&ctx, &map, at, n).await?;
+                st.objects += 1;
+                st.copies += copies;
+                st.differ += differ;
             }
-            .await;
-            *r2.borrow_mut() = Some(got);
-        })
-        .map_err(failed)?;
-        ex.run();
-        let got = result.borrow_mut().take();
-        let st = got
-            .unwrap_or_else(|| Err("the replica check did not finish".into()))
-            .map_err(failed)?;
+            Ok(st)
+        })?;
         if st.differ == 0 || std::time::Instant::now() >= deadline {
             return Ok(st);
         }
