@@ -100,7 +100,8 @@ pub struct ServerStats {
     pub replicated: u64,
     /// A recovery commit's writes applied at once at a backup that had
     /// acted on the decision already (a second failure cut the earlier
-    /// round short, and a later round replicates to a new backup).
+    /// round short, and a later round replicates to a new backup): the
+    /// REPLICATE records of which at least one write was not stale here.
     pub replicated_late: u64,
     /// Writes of commits decided and acted on in an earlier recovery
     /// round put in place at a newly promoted primary before its region
@@ -588,6 +589,7 @@ impl Server {
                         self.stats.recovery_conflicts += 1;
                         return Ok(());
                     }
+                    let applied = self.stats.applied;
                     for w in &mine {
                         let len = object_bytes(w.value.len()) as u64;
                         let at = self.map().on_backup(w.at, len, self.machine);
@@ -595,7 +597,9 @@ impl Server {
                             self.apply_backup(ctx, at.offset(), w)?;
                         }
                     }
-                    self.stats.replicated_late += 1;
+                    if self.stats.applied > applied {
+                        self.stats.replicated_late += 1;
+                    }
                     return Ok(());
                 }
                 let e = self.backup.entry(tx).or_default();

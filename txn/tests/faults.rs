@@ -439,7 +439,8 @@ fn other_than(first: NodeId) -> NodeId {
 /// up the region; the next configuration makes it a backup, its copy
 /// taken from the primary that still held the commit's lock. The next
 /// round's REPLICATE must apply the commit there (the APPLY that follows
-/// finds the decision acted on), or the backup keeps the older version.
+/// finds the decision acted on), or the backup keeps the older version:
+/// `replicated_late` counts such REPLICATEs that wrote a copy.
 #[test]
 fn a_new_backup_that_acted_on_a_decision_takes_its_writes() {
     let run = second_failure_at(512, Step::Recover, other_than);
