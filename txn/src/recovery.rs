@@ -158,6 +158,10 @@ pub struct Machine {
     /// Per configuration, server threads done with drain and lock
     /// recovery, and when the last was (executor time).
     recovered: Mutex<BTreeMap<u64, (u16, Option<u64>)>>,
+    /// Per server thread, the configuration it drained into (`u64::MAX`
+    /// once it ended): lock recovery waits until every thread drained,
+    /// so no thread still applies an old record into a promoted copy.
+    drained: Mutex<Vec<u64>>,
 }
 
 /// A batch of records posted in configuration `config` (see
@@ -255,6 +259,7 @@ impl Machine {
             inflight: AtomicUsize::new(0),
             rlocks: Mutex::new(HashMap::new()),
             recovered: Mutex::new(BTreeMap::new()),
+            drained: Mutex::new(vec![0; geo.threads as usize]),
         })
     }
 
@@ -328,22 +333,41 @@ impl Machine {
         Ok(())
     }
 
-    /// Releases `tx`'s recovery lock of `at`; whether it held one, and
-    /// whether it was the last holder (the caller unlocks the header).
-    pub fn runlock(&self, at: ObjAddr, tx: TxId) -> (bool, bool) {
+    /// Releases `tx`'s recovery lock of `at`, if it held one, and runs
+    /// `f(held, left)` (whether it held one; how many holders are left)
+    /// under the lock table's mutex: every change to a recovery-locked
+    /// header happens under it, so a header locked while `left == 0` and
+    /// `!held` is locked by something other than lock recovery, and one
+    /// with holders left stays locked until the last of them unlocks it.
+    pub fn runlock_with<R>(&self, at: ObjAddr, tx: TxId, f: impl FnOnce(bool, usize) -> R) -> R {
         let mut r = self.rlocks.lock().expect("no panics hold it");
         let Some(holders) = r.get_mut(&at) else {
-            return (false, false);
+            return f(false, 0);
         };
         let Some(i) = holders.iter().position(|t| *t == tx) else {
-            return (false, false);
+            return f(false, holders.len());
         };
         holders.swap_remove(i);
-        let last = holders.is_empty();
-        if last {
+        let left = holders.len();
+        if left == 0 {
             r.remove(&at);
         }
-        (true, last)
+        f(true, left)
+    }
+
+    /// Server thread `thread` drained every record of configurations
+    /// before `config` (or ended: `u64::MAX`).
+    pub fn server_drained(&self, thread: u16, config: u64) {
+        let mut d = self.drained.lock().expect("no panics hold it");
+        if let Some(x) = d.get_mut(thread as usize) {
+            *x = (*x).max(config);
+        }
+    }
+
+    /// Whether every server thread drained into `config` or later.
+    pub fn all_drained(&self, config: u64) -> bool {
+        let d = self.drained.lock().expect("no panics hold it");
+        d.iter().all(|&x| x >= config)
     }
 
     /// When every server thread had drained and recovered its locks, per

@@ -39,6 +39,11 @@ use std::sync::Arc;
 /// condition again.
 pub const IDLE_POLL_NS: u64 = 50_000;
 
+/// How often a server thread that drained looks whether its machine's
+/// other threads have too (a drain is short: every old record is in the
+/// rings already).
+pub const DRAIN_POLL_NS: u64 = 5_000;
+
 /// How long a server waits for room in a reply ring before it gives up
 /// (a coordinator that stopped reading its replies).
 pub const REPLY_WAIT_NS: u64 = 1_000_000_000;
@@ -332,6 +337,9 @@ impl Server {
         stop: &dyn Fn() -> bool,
     ) -> Result<ServerStats, TxError> {
         let (area, len) = self.geo.log_area(self.thread);
+        // However this thread ends, its machine's others stop waiting for
+        // its drain.
+        let _ended = self.follows.clone().map(|m| Ended(m, self.thread));
         loop {
             if self.removed() {
                 return Ok(self.ended());
@@ -982,6 +990,22 @@ impl Server {
         e: u64,
     ) -> Result<(), TxError> {
         while self.sweep(ctx).await? {}
+        // Every thread of this machine drains before any locks: a thread
+        // still draining applies old records into copies by the old map,
+        // among them copies this machine now leads, and a recovery lock
+        // or install there would race it (its apply would spin on the
+        // lock, or the install skip the apply's brief lock). Old records
+        // all landed before the configuration was acknowledged, so the
+        // others' drains end; records of `e` keep waiting meanwhile.
+        m.server_drained(self.thread, e);
+        while !m.all_drained(e) {
+            if self.removed() || m.membership.committed() > e {
+                // Gone, or a newer configuration: `run` starts over.
+                return Ok(());
+            }
+            ctx.sleep(DRAIN_POLL_NS)?.await;
+            while self.sweep(ctx).await? {}
+        }
         let promoted: std::collections::BTreeSet<u32> = m
             .changes()
             .iter()
@@ -1194,11 +1218,15 @@ impl Server {
         // and the commit did not release.
         if let (Some(m), Some((_, kept))) = (&m, kept) {
             for w in &kept {
-                let (held, last) = m.runlock(w.at, tx);
-                if held && last {
-                    if let Some(off) = self.primary_off(w.at, 8) {
-                        unlock_header(ctx, off)?;
-                    }
+                if let Some(off) = self.primary_off(w.at, 8) {
+                    m.runlock_with(w.at, tx, |held, left| {
+                        if held && left == 0 {
+                            unlock_header(ctx, off)?;
+                        }
+                        Ok::<_, TxError>(())
+                    })?;
+                } else {
+                    m.runlock_with(w.at, tx, |_, _| ());
                 }
             }
         }
@@ -1210,9 +1238,14 @@ impl Server {
     }
 
     /// A recovered commit's write at this primary (not locked by its own
-    /// LOCK here): installed unless a later version is there; the
-    /// transaction's recovery lock released, the header unlocked when it
-    /// was the last.
+    /// LOCK here): installed unless a later version is there. Under lock
+    /// recovery (the object recovery-locked, by this transaction or
+    /// others) it is written with the header kept locked until the last
+    /// holder lets go; this transaction's hold goes, and the last holder
+    /// unlocks. Otherwise it goes in under the header's lock, unless
+    /// something other than recovery holds that: a transaction that
+    /// locked the object read a version this write should have been
+    /// newer than, and is counted, not overwritten.
     fn install_recovered<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -1223,27 +1256,43 @@ impl Server {
     ) -> Result<(), TxError> {
         let l = ctx.local();
         let new = w.new_header();
-        let (held, last) = m.map_or((false, false), |m| m.runlock(w.at, tx));
-        if held {
-            let cur = Header(l.load(off)?).unlocked();
-            if new.version() > cur.version() {
-                let h = if last { new } else { new.with_lock() };
-                put_object(ctx, off, h, &w.value)?;
-            } else if last {
-                unlock_header(ctx, off)?;
+        let install = |held: bool, left: usize| -> Result<bool, TxError> {
+            let cur = Header(l.load(off)?);
+            if held || left > 0 {
+                if new.version() > cur.unlocked().version() {
+                    let h = if left == 0 { new } else { new.with_lock() };
+                    put_object(ctx, off, h, &w.value)?;
+                } else if held && left == 0 {
+                    unlock_header(ctx, off)?;
+                }
+                return Ok(true);
             }
-            return Ok(());
-        }
-        let cur = Header(l.load(off)?);
-        if new.version() <= cur.version() {
-            return Ok(());
-        }
-        if cur.locked() || l.cas(off, cur.0, cur.with_lock().0)? != cur.0 {
+            if new.version() <= cur.version() {
+                return Ok(true);
+            }
+            if cur.locked() || l.cas(off, cur.0, cur.with_lock().0)? != cur.0 {
+                return Ok(false);
+            }
+            put_object(ctx, off, new, &w.value)?;
+            Ok(true)
+        };
+        let ok = match m {
+            Some(m) => m.runlock_with(w.at, tx, install)?,
+            None => install(false, 0)?,
+        };
+        if !ok {
             self.stats.recovery_conflicts += 1;
-            return Ok(());
         }
-        put_object(ctx, off, new, &w.value)?;
         Ok(())
+    }
+}
+
+/// A server thread of a machine, ended (dropped as `run` returns).
+struct Ended(Arc<Machine>, u16);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.server_drained(self.1, u64::MAX);
     }
 }
 

@@ -354,17 +354,17 @@ fn minority_cut_off(seed: u64) -> Run {
     run
 }
 
-/// Seed 65 of the test above, always (one of two seeds in 2000 that
-/// strike it; the timing moves with the protocol's records): a backup's
-/// copy of a region, new after the partition, takes an object's first
-/// line at the version its primary is installing and a later line from
-/// before it. The install's
-/// COMMIT-BACKUP, applied at truncation, finds the version current and
-/// must write the object whole again (`ServerStats::mended`), or the
-/// backup keeps a torn list for good.
+/// Seed 140 of the test above, always (one of two seeds in the first
+/// 300 that strike it; the timing moves with the protocol's records,
+/// and `find_pinned_seeds` finds new ones): a backup's copy of a region,
+/// new after the partition, takes an object's first line at the version
+/// its primary is installing and a later line from before it. The
+/// install's COMMIT-BACKUP, applied at truncation, finds the version
+/// current and must write the object whole again
+/// (`ServerStats::mended`), or the backup keeps a torn list for good.
 #[test]
 fn a_torn_copy_is_mended_by_the_record_of_its_version() {
-    let run = minority_cut_off(65);
+    let run = minority_cut_off(140);
     let mended = run.r.live_server_stats().mended;
     assert!(mended > 0, "no torn copy was mended");
 }
@@ -432,23 +432,43 @@ fn other_than(first: NodeId) -> NodeId {
     }
 }
 
-/// Seed 512 of [`a_second_machine_fails_during_recovery`]: machine 4
-/// fails with a commit's COMMIT-BACKUP on its way, and machine 3, the
-/// commit's coordinator and other backup, fails while its recovery
-/// round APPLYs. Machine 1 acted on the decision then without backing
-/// up the region; the next configuration makes it a backup, its copy
-/// taken from the primary that still held the commit's lock. The next
-/// round's REPLICATE must apply the commit there (the APPLY that follows
-/// finds the decision acted on), or the backup keeps the older version:
+/// Seed 2 of [`a_second_machine_fails_during_recovery`] (`find_pinned_seeds`
+/// finds others; seed 512 was the first, found by a sweep): a machine
+/// acts on a recovery decision for a commit without backing up the
+/// regions it writes, and a second failure cuts the round short. The
+/// next configuration makes the machine a backup, its copy taken from a
+/// primary that still held the commit's lock. The next round's
+/// REPLICATE must apply the commit there (the APPLY that follows finds
+/// the decision acted on), or the backup keeps the older version:
 /// `replicated_late` counts such REPLICATEs that wrote a copy.
 #[test]
 fn a_new_backup_that_acted_on_a_decision_takes_its_writes() {
-    let run = second_failure_at(512, Step::Recover, other_than);
+    let run = second_failure_at(2, Step::Recover, other_than);
     let late = run.r.live_server_stats().replicated_late;
     assert!(
         late > 0,
         "no acted-on decision was replicated to a new backup"
     );
+}
+
+/// Not a check: finds the seeds the two pinned tests above need when a
+/// change to the protocol's timing moves them. Run with
+/// `LOCH_SIM_SEEDS=N cargo test --release -p txn --test faults
+/// find_pinned_seeds -- --ignored --nocapture`; it prints every seed of
+/// `0..N` that tears a copy or replicates an acted-on decision late.
+#[test]
+#[ignore]
+fn find_pinned_seeds() {
+    for seed in nicdrv::sim::seeds(2000) {
+        let torn = minority_cut_off(seed).r.live_server_stats().mended;
+        let late = second_failure_at(seed, Step::Recover, other_than)
+            .r
+            .live_server_stats()
+            .replicated_late;
+        if torn > 0 || late > 0 {
+            println!("seed {seed}: mended {torn}, replicated_late {late}");
+        }
+    }
 }
 
 /// A machine fails while the survivors recover from another's failure
