@@ -377,6 +377,22 @@ impl Machine {
         r.iter().filter_map(|(c, n)| Some((*c, n.1?))).collect()
     }
 
+    /// Whether region `region`'s transactions are settled for allocator
+    /// recovery after configuration `config` (see `recover_allocator`).
+    fn settled(&self, region: u32, config: u64) -> bool {
+        let recovered = {
+            let r = self.recovered.lock().expect("no panics hold it");
+            r.range(config..).any(|(_, n)| n.1.is_some())
+        };
+        recovered
+            && !self
+                .rlocks
+                .lock()
+                .expect("no panics hold it")
+                .keys()
+                .any(|a| a.region == region)
+    }
+
     /// Objects still held by lock recovery.
     pub fn rlocked(&self) -> usize {
         self.rlocks.lock().expect("no panics hold it").len()
@@ -536,7 +552,7 @@ impl Machine {
             next += todo.len();
             for c in todo {
                 for r in c.promoted {
-                    out.push(self.recover_allocator(ctx, r).await);
+                    out.push(self.recover_allocator(ctx, r, c.config, stop).await);
                 }
                 let mut copies = c.new_backups;
                 for r in std::mem::take(&mut unfinished) {
@@ -586,8 +602,41 @@ impl Machine {
         Some(b)
     }
 
-    async fn recover_allocator<N: Nic>(&self, ctx: &Ctx<N>, region: u32) -> Work {
+    /// Allocator recovery of `region`, promoted in configuration
+    /// `config`, once the transactions on it are settled: every server
+    /// thread here recovered its locks for `config` (or later), and no
+    /// recovery lock on the region is left, so every recovered commit
+    /// that allocates in it is installed (a commit is decided only where
+    /// its primaries hold it locked or truncated it). Scanned earlier, a
+    /// slot a recovered commit fills afterwards would stay on the free
+    /// list.
+    async fn recover_allocator<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        region: u32,
+        config: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Work {
         let started_ns = ctx.now_ns();
+        while !self.settled(region, config) {
+            if stop() || self.membership.is_removed() {
+                return Work::Failed {
+                    region,
+                    at_ns: ctx.now_ns(),
+                    error: "stopped before the region's transactions settled".into(),
+                };
+            }
+            match ctx.sleep(SETTLE_POLL_NS) {
+                Ok(s) => s.await,
+                Err(e) => {
+                    return Work::Failed {
+                        region,
+                        at_ns: ctx.now_ns(),
+                        error: e.to_string(),
+                    }
+                }
+            }
+        }
         let base = {
             let map = self.map.read().expect("no panics hold the map");
             map.get(region)
@@ -743,6 +792,9 @@ pub fn lock_header<N: Nic>(ctx: &Ctx<N>, off: u64) -> Result<(), TxError> {
         std::hint::spin_loop();
     }
 }
+
+/// How often allocator recovery looks whether its region settled.
+pub const SETTLE_POLL_NS: u64 = 50_000;
 
 /// How often the background task looks for a new change.
 pub const MAINTAIN_POLL_NS: u64 = 200_000;
