@@ -10,6 +10,8 @@
 //! replicas   this machine's region replicas, region_bytes each
 //! leases     one 64-byte line per machine, written by it alone: word 0 its
 //!            lease messages, word 1 its configuration messages
+//! needs      thread t's NEED-RECOVERY slots, one from each machine m:
+//!            index t·M + m, NEED_BYTES each (recovery, `crate::need`)
 //! ```
 //!
 //! Coordinator thread t of machine m appends to the log ring (t, m) of
@@ -78,6 +80,12 @@ impl From<RegionError> for GeometryError {
 
 const WORDS_PER_PAIR: u64 = 6;
 const LEASE_LINE: u64 = 64;
+
+/// Bytes of one NEED-RECOVERY slot: what a server thread tells a promoted
+/// primary of the recovering transactions it backs up there. Records
+/// that do not fit are left out and flagged; their transactions then
+/// abort as before the message existed (see `crate::need`).
+pub const NEED_BYTES: u64 = 16 << 10;
 
 impl Geometry {
     /// Rejects shapes the layout cannot hold.
@@ -159,8 +167,23 @@ impl Geometry {
 
     /// Host bytes every machine needs.
     pub fn host_bytes(&self) -> Option<u64> {
-        self.replicas_end()?
-            .checked_add(self.machines as u64 * LEASE_LINE)
+        self.needs_off()?
+            .checked_add(self.pairs().checked_mul(NEED_BYTES)?)
+    }
+
+    fn needs_off(&self) -> Option<u64> {
+        Some(
+            self.replicas_end()?
+                .checked_add(self.machines as u64 * LEASE_LINE)?
+                .next_multiple_of(4096),
+        )
+    }
+
+    /// Where server `thread` of machine `from` writes its NEED-RECOVERY
+    /// message in another machine's memory (read there by its server
+    /// `thread`): one slot of [`NEED_BYTES`], one writer a slot.
+    pub fn need_slot(&self, thread: u16, from: NodeId) -> u64 {
+        self.needs_off().expect("checked geometry") + self.pair(thread, from) * NEED_BYTES
     }
 
     /// Where machine `from` writes its lease messages in every other

@@ -10,6 +10,7 @@ pub mod harness;
 pub mod history;
 pub mod layout;
 pub mod lease;
+pub mod need;
 pub mod object;
 pub mod reconfig;
 pub mod records;

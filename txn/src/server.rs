@@ -26,12 +26,15 @@
 use crate::alloc::{Reserved, SharedAllocator};
 use crate::error::TxError;
 use crate::layout::Geometry;
+use crate::layout::NEED_BYTES;
+use crate::need;
 use crate::object::{self, object_bytes, Header, WriteOp, LINE};
 use crate::records::{Envelope, Record, Round, TxId, Write};
 use crate::recovery::Machine;
 use crate::regions::{RegionMap, SharedMap};
 use crate::ring::{Receiver, Sender};
-use nicdrv::{Ctx, Nic, NodeId};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -113,6 +116,16 @@ pub struct ServerStats {
     /// became active (`Server::recover`), by version (stale ones count
     /// here too).
     pub decided_installs: u64,
+    /// NEED-RECOVERY (FaRM §5.3 step 3): messages sent, and those whose
+    /// machine could not be reached; at a promoted primary, transactions
+    /// it held no record of that a backup's message brought, messages
+    /// that left records out for want of room, and backups whose message
+    /// did not come within a lease (their transactions abort).
+    pub needs_sent: u64,
+    pub needs_lost: u64,
+    pub needs_taken: u64,
+    pub needs_overflowed: u64,
+    pub needs_missing: u64,
     /// Recovery decisions forgotten (TRUNCATE-RECOVERY), and those still
     /// held when the server ended: none once every recovery round that
     /// began also ended.
@@ -133,6 +146,11 @@ impl std::ops::AddAssign for ServerStats {
         self.aborts += o.aborts;
         self.backups_kept += o.backups_kept;
         self.replicated += o.replicated;
+        self.needs_sent += o.needs_sent;
+        self.needs_lost += o.needs_lost;
+        self.needs_taken += o.needs_taken;
+        self.needs_overflowed += o.needs_overflowed;
+        self.needs_missing += o.needs_missing;
         self.replicated_late += o.replicated_late;
         self.decided_installs += o.decided_installs;
         self.truncations += o.truncations;
@@ -1013,6 +1031,14 @@ impl Server {
             .flat_map(|c| c.promoted.iter().copied())
             .collect();
         self.old = None;
+        // NEED-RECOVERY (FaRM §5.3 step 3): records this thread backs up
+        // go to the regions' new primaries, and a promoted primary takes
+        // those of its regions before it locks.
+        self.send_needs(ctx, m, e).await;
+        if !promoted.is_empty() && !self.take_needs(ctx, m, e, &promoted).await? {
+            // Gone, or a newer configuration: `run` starts over.
+            return Ok(());
+        }
         let mut locks = Vec::new();
         for (tx, (_, writes)) in &self.backup {
             for w in writes.iter().filter(|w| promoted.contains(&w.at.region)) {
@@ -1067,6 +1093,167 @@ impl Server {
             self.handle(ctx, from, &b).await?;
         }
         Ok(())
+    }
+
+    /// Sends this thread's NEED-RECOVERY message of configuration `e` to
+    /// every other machine holding a replica: the COMMIT-BACKUP records
+    /// it holds of regions that machine leads now and did not lead before
+    /// (all it leads, where the map before is gone). A machine that
+    /// cannot be reached is left out: its failure is the next change.
+    async fn send_needs<N: Nic>(&mut self, ctx: &Ctx<N>, m: &Machine, e: u64) {
+        let old = m.previous_map(self.drained);
+        let mut to: BTreeMap<NodeId, Vec<need::NeedRecord>> = BTreeMap::new();
+        {
+            let map = self.map();
+            for r in map.iter() {
+                for x in std::iter::once(&r.primary).chain(&r.backups) {
+                    if x.machine != self.machine {
+                        to.entry(x.machine).or_default();
+                    }
+                }
+            }
+            let led = |region: u32| map.get(region).ok().map(|r| r.primary.machine);
+            let new_here = |region: u32, d: NodeId| {
+                old.as_ref()
+                    .is_none_or(|o| o.get(region).map_or(true, |r| r.primary.machine != d))
+            };
+            let mut txs: Vec<_> = self.backup.iter().collect();
+            txs.sort_by_key(|x| *x.0);
+            for (tx, (regions, writes)) in txs {
+                let mut by: BTreeMap<NodeId, Vec<Write>> = BTreeMap::new();
+                for w in writes {
+                    if let Some(d) = led(w.at.region).filter(|&d| d != self.machine) {
+                        if new_here(w.at.region, d) {
+                            by.entry(d).or_default().push(w.clone());
+                        }
+                    }
+                }
+                for (d, ws) in by {
+                    to.entry(d).or_default().push((*tx, regions.clone(), ws));
+                }
+            }
+        }
+        let slot = self.geo.need_slot(self.thread, self.machine);
+        for (d, recs) in to {
+            let sent = async {
+                let mut buf = ctx.alloc(NEED_BYTES as usize)?;
+                let n = need::encode(e, &recs, buf.as_mut_slice())?;
+                let mut b = ctx.batch();
+                buf.truncate(n);
+                b.write(GlobalAddr::host(d, slot), buf);
+                b.submit().await?;
+                Ok::<_, TxError>(())
+            };
+            match sent.await {
+                Ok(()) => self.stats.needs_sent += 1,
+                Err(err) => {
+                    log::debug!(
+                        "machine {} thread {}: NEED-RECOVERY to {d}: {err}",
+                        self.machine,
+                        self.thread
+                    );
+                    self.stats.needs_lost += 1;
+                }
+            }
+        }
+    }
+
+    /// A promoted primary's side of NEED-RECOVERY: waits (up to a lease)
+    /// for the message of configuration `e` from every backup of the
+    /// regions it was promoted for, and keeps their records of those
+    /// regions as its own COMMIT-BACKUP records (lock recovery then locks
+    /// them; the recovery round finds them here). A message that never
+    /// comes whole costs only commits: their transactions abort. False if
+    /// the machine moved on meanwhile.
+    async fn take_needs<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        m: &Machine,
+        e: u64,
+        promoted: &std::collections::BTreeSet<u32>,
+    ) -> Result<bool, TxError> {
+        let mut from: BTreeMap<NodeId, bool> = BTreeMap::new();
+        {
+            let map = self.map();
+            for &r in promoted {
+                if let Ok(r) = map.get(r) {
+                    for b in r.backups.iter().filter(|b| b.machine != self.machine) {
+                        from.insert(b.machine, false);
+                    }
+                }
+            }
+        }
+        let deadline = ctx.now_ns() + m.membership.lease_ns();
+        let l = ctx.local();
+        let mut slot = vec![0u8; NEED_BYTES as usize];
+        loop {
+            for (&d, got) in from.iter_mut().filter(|x| !*x.1) {
+                l.read(self.geo.need_slot(self.thread, d), &mut slot)?;
+                let msg = match need::decode(&slot) {
+                    Ok(msg) if msg.config == e => msg,
+                    Ok(_) | Err(need::NeedError::NotWhole) => continue,
+                    Err(need::NeedError::Bad(why)) => {
+                        log::warn!(
+                            "machine {}: a NEED-RECOVERY from {d} is not ours: {why}",
+                            self.machine
+                        );
+                        self.stats.bad_records += 1;
+                        *got = true;
+                        continue;
+                    }
+                };
+                *got = true;
+                self.stats.needs_overflowed += u64::from(msg.overflow);
+                for (tx, regions, writes) in msg.records {
+                    let truncated = self
+                        .upto
+                        .get(tx.machine as usize)
+                        .is_some_and(|&u| tx.local <= u);
+                    if truncated || self.decisions.contains_key(&tx) {
+                        continue;
+                    }
+                    let ws: Vec<Write> = writes
+                        .into_iter()
+                        .filter(|w| promoted.contains(&w.at.region))
+                        .filter(|w| {
+                            self.primary_off(w.at, object_bytes(w.value.len()))
+                                .is_some()
+                        })
+                        .collect();
+                    if ws.is_empty() {
+                        continue;
+                    }
+                    let had = self.backup.contains_key(&tx);
+                    let entry = self.backup.entry(tx).or_default();
+                    for r in regions {
+                        if !entry.0.contains(&r) {
+                            entry.0.push(r);
+                        }
+                    }
+                    let mut added = false;
+                    for w in ws {
+                        if !entry.1.iter().any(|x| x.at == w.at) {
+                            entry.1.push(w);
+                            added = true;
+                        }
+                    }
+                    if added && !had {
+                        self.stats.needs_taken += 1;
+                    }
+                }
+            }
+            if from.values().all(|&g| g) {
+                return Ok(true);
+            }
+            if self.removed() || m.membership.committed() > e {
+                return Ok(false);
+            }
+            if ctx.now_ns() >= deadline {
+                self.stats.needs_missing += from.values().filter(|&&g| !g).count() as u64;
+                return Ok(true);
+            }
+            ctx.sleep(DRAIN_POLL_NS)?.await;
+        }
     }
 
     /// RECOVER-QUERY from coordinator `from` (step 6, pulled): what this

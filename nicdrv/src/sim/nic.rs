@@ -42,8 +42,14 @@ impl SimNic {
     /// Checked as [`super::World::add_faults`] checks a planned fault,
     /// except for thread stalls, which are checked when they fire.
     pub fn inject(&self, kind: FaultKind) -> Result<(), String> {
+        self.inject_after(kind, 0)
+    }
+
+    /// As [`SimNic::inject`], `delay_ns` after this thread's present
+    /// virtual time (a cut link healed later, say).
+    pub fn inject_after(&self, kind: FaultKind, delay_ns: u64) -> Result<(), String> {
         let f = Fault {
-            at_ns: Nic::now_ns(self),
+            at_ns: Nic::now_ns(self).saturating_add(delay_ns),
             kind,
         };
         let compute_nodes = self.shared.cut.borrow().len() / self.shared.memory_nodes.max(1);
