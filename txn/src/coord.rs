@@ -170,6 +170,9 @@ pub struct CoordStats {
     /// for them; never reported committed, since no primary installed
     /// them.
     pub recovery_unheld: u64,
+    /// Batches of records posted again after a link to a machine still in
+    /// the configuration failed (`Coordinator::heal`).
+    pub resends: u64,
 }
 
 impl CoordStats {
@@ -215,6 +218,7 @@ impl std::ops::AddAssign for CoordStats {
         self.recovery_records += o.recovery_records;
         self.recovery_restarts += o.recovery_restarts;
         self.recovery_unheld += o.recovery_unheld;
+        self.resends += o.resends;
     }
 }
 
@@ -370,6 +374,10 @@ pub struct Coordinator {
 /// to be committed before it gives up (the CM failed meanwhile, and the
 /// next one has not committed its own).
 pub const GATE_WAIT_NS: u64 = 1_000_000_000;
+
+/// How long a coordinator waits between posting again the records a
+/// failed link left in flight to a machine still in its configuration.
+pub const RESEND_PAUSE_NS: u64 = 500_000;
 
 /// How often a waiting coordinator looks again.
 const GATE_POLL_NS: u64 = 20_000;
@@ -813,6 +821,80 @@ impl Coordinator {
                 )));
             }
             ctx.sleep(GATE_POLL_NS)?.await;
+        }
+    }
+
+    /// After a failed batch to machines `ds`: while every machine whose
+    /// ring it left poisoned is still in this coordinator's configuration
+    /// (a link between live machines failed for a while, longer than the
+    /// transport's retries), the rings' records in flight are posted again
+    /// ([`crate::ring::Sender::restage`]) every [`RESEND_PAUSE_NS`], until
+    /// they land; a change of configuration (one of them failed for good:
+    /// recovery decides) or the gate's wait ends it. Whether they landed.
+    /// Without a configuration to follow, nothing is tried.
+    async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
+        // A record the failed batch never posted is not in flight to post
+        // again: the caller's error stands.
+        let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
+        if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
+            return Ok(false);
+        }
+        self.heal_poisoned(ctx, ds).await
+    }
+
+    /// [`Self::heal`] of the rings to `ds` left poisoned by any earlier
+    /// batch.
+    async fn heal_poisoned<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ds: &[NodeId],
+    ) -> Result<bool, TxError> {
+        let Some(m) = self.follows.clone() else {
+            return Ok(false);
+        };
+        let deadline = ctx.now_ns() + self.gate_wait_ns();
+        loop {
+            let poisoned: Vec<NodeId> = ds
+                .iter()
+                .copied()
+                .filter(|&d| d < 64 && self.logs[d as usize].is_poisoned())
+                .collect();
+            if poisoned.is_empty() {
+                return Ok(true);
+            }
+            let cur = m.membership.current();
+            let here = cur.config.id == self.config as u64 && !m.membership.is_removed();
+            if !here
+                || !poisoned.iter().all(|&d| cur.config.contains(d))
+                || ctx.now_ns() >= deadline
+            {
+                return Ok(false);
+            }
+            ctx.sleep(RESEND_PAUSE_NS)?.await;
+            let mut b = ctx.batch();
+            for &d in &poisoned {
+                self.logs[d as usize].restage(ctx, &mut b)?;
+            }
+            self.stats.resends += 1;
+            match b.submit().await {
+                Ok(_) => {
+                    for &d in &poisoned {
+                        self.logs[d as usize].landed(ctx)?;
+                    }
+                    return Ok(true);
+                }
+                // Those whose WRITEs all went through land; the rest stay
+                // in flight (posted or not), to go again.
+                Err(_) => {
+                    if let Some((posted, failed)) = ctx.last_batch_nodes() {
+                        for &d in &poisoned {
+                            if posted & 1 << d != 0 && failed & 1 << d == 0 {
+                                self.logs[d as usize].landed(ctx)?;
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -1554,8 +1636,15 @@ impl Coordinator {
         }
         if let Err(e) = b.submit_first().await {
             let ds: Vec<NodeId> = last.iter().map(|c| c.0).collect();
+            // The other doorbells in, so that what landed is known.
+            if self.follows.is_some() {
+                let _ = ctx.settle().await;
+            }
             self.land_what_landed(ctx, &ds)?;
-            return Err(e.into());
+            if !self.heal(ctx, &ds).await? {
+                return Err(e.into());
+            }
+            return Ok(());
         }
         self.unsettled.extend(last.iter().map(|m| m.0));
         self.unsettled_fence = fence;
@@ -1599,10 +1688,12 @@ impl Coordinator {
                 Ok(())
             }
             // A COMMIT-PRIMARY to a failed machine: the commit was
-            // reported, recovery installs it there.
+            // reported, recovery installs it there. To a machine still in
+            // the configuration (a link that failed for a while), it goes
+            // again.
             Err(e) => {
                 self.land_what_landed(ctx, &ds)?;
-                if self.follows.is_some() {
+                if self.heal(ctx, &ds).await? || self.follows.is_some() {
                     Ok(())
                 } else {
                     Err(e.into())
@@ -1649,7 +1740,17 @@ impl Coordinator {
             let mut b = ctx.batch();
             let ops: Vec<(OpId, Header)> =
                 chunk.iter().map(|&(a, h)| (b.read_new(a, 8), h)).collect();
-            let done = b.submit().await?;
+            let done = match b.submit().await {
+                Ok(done) => done,
+                // A machine that failed, or a link that failed for a
+                // while: the commit aborts (its LOCKs are released by
+                // ABORT, posted again until they land, or by recovery).
+                Err(_) if self.follows.is_some() => {
+                    ok = false;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
             self.stats.validate_reads += ops.len() as u64;
             ok &= ops.iter().all(|&(op, h)| done.word(op) == h.0);
         }
@@ -1681,7 +1782,9 @@ impl Coordinator {
             if let Err(e) = b.submit().await {
                 let ds: Vec<NodeId> = chunk.iter().map(|c| c.0).collect();
                 self.land_what_landed(ctx, &ds)?;
-                return Err(e.into());
+                if !self.heal(ctx, &ds).await? {
+                    return Err(e.into());
+                }
             }
             for (d, _) in chunk {
                 self.logs[*d as usize].landed(ctx)?;
@@ -1744,7 +1847,14 @@ impl Coordinator {
             let got = self.replies[d as usize].try_recv_into(ctx, &mut self.buf)?;
             if got.is_none() {
                 if report {
-                    self.replies[d as usize].report_head(ctx, true).await?;
+                    // A head that cannot be written (a link down for a
+                    // while) stays due and goes with the next look.
+                    let r = self.replies[d as usize].report_head(ctx, true).await;
+                    if let Err(e) = r {
+                        if self.follows.is_none() {
+                            return Err(e.into());
+                        }
+                    }
                 }
                 if let Some(m) = &self.follows {
                     if m.membership.epoch() != self.config as u64 {
@@ -1826,8 +1936,20 @@ impl Coordinator {
     ) -> Result<(), TxError> {
         self.settle(ctx).await?;
         let _fence = self.fence()?;
+        if self.logs[d as usize].is_poisoned() && !self.heal_poisoned(ctx, &[d]).await? {
+            return Err(TxError::Ring(crate::ring::RingError::Poisoned));
+        }
         let (to, back) = (&mut self.logs[d as usize], &mut self.replies[d as usize]);
-        self.stats.log_bytes += Envelope::send(ctx, to, back, record, LOG_WAIT_NS).await?;
+        match Envelope::send(ctx, to, back, record, LOG_WAIT_NS).await {
+            Ok(n) => self.stats.log_bytes += n,
+            // In flight in a ring the failure poisoned: it goes again while
+            // the machine stays in the configuration.
+            Err(e) => {
+                if !self.logs[d as usize].is_poisoned() || !self.heal(ctx, &[d]).await? {
+                    return Err(e);
+                }
+            }
+        }
         Ok(())
     }
 

@@ -487,8 +487,14 @@ pub struct Sender {
     /// is set nothing more is staged. An append that failed or was dropped
     /// mid-way leaves it set for good: some of its WRITEs may have landed
     /// and been taken, so the ring's state past `tail` is not known and
-    /// this sender appends no more (poisoned).
+    /// this sender appends no more (poisoned) — until the same WRITEs,
+    /// kept below, are posted again and land ([`Sender::restage`]).
     in_flight: Option<u64>,
+    /// The WRITEs of the records in flight: ring offset and the range of
+    /// their bytes in `staged_bytes` (buffers reused, so the copy costs no
+    /// allocation once warm).
+    staged: Vec<(u64, std::ops::Range<usize>)>,
+    staged_bytes: Vec<u8>,
 }
 
 /// Ring space set aside for later appends ([`Sender::reserve`]). Give what
@@ -528,6 +534,8 @@ impl Sender {
             // Relaxed: a unique number, ordering nothing else.
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             in_flight: None,
+            staged: Vec::new(),
+            staged_bytes: Vec::new(),
         })
     }
 
@@ -738,6 +746,34 @@ impl Sender {
         self.in_flight = None;
     }
 
+    /// Posts the WRITEs of the records in flight again, into `b`, after a
+    /// batch that failed (a link that failed for a while between live
+    /// machines): the same bytes at the same positions. What had landed
+    /// is written again unchanged; where the receiver had taken it
+    /// already, it has passed that position and never reads there again
+    /// in this lap, and in the next a record's checksum, which covers its
+    /// position, tells it from the one it waits for. Call
+    /// [`Sender::landed`] once `b` completed. Whether anything was in
+    /// flight.
+    pub fn restage<N: Nic>(&self, ctx: &Ctx<N>, b: &mut Batch<'_, N>) -> Result<bool, RingError> {
+        if self.in_flight.is_none() {
+            return Ok(false);
+        }
+        for (off, r) in &self.staged {
+            let mut buf = ctx.alloc(r.len())?;
+            buf.as_mut_slice()
+                .copy_from_slice(&self.staged_bytes[r.clone()]);
+            b.write(GlobalAddr::host(self.layout.receiver, *off), buf);
+        }
+        Ok(true)
+    }
+
+    fn keep(&mut self, off: u64, bytes: &[u8]) {
+        let at = self.staged_bytes.len();
+        self.staged_bytes.extend_from_slice(bytes);
+        self.staged.push((off, at..at + bytes.len()));
+    }
+
     /// Whether an earlier append failed mid-way (this sender appends no
     /// more).
     pub fn is_poisoned(&self) -> bool {
@@ -778,20 +814,25 @@ impl Sender {
         }
         let cap = self.layout.capacity;
         let node = self.layout.receiver;
-        let at = |pos: u64| GlobalAddr::host(node, self.layout.ring_off + pos % cap);
+        let ring_off = self.layout.ring_off;
+        let at = |pos: u64| GlobalAddr::host(node, ring_off + pos % cap);
         let mut pos = self.tail;
         let mut first = None;
+        self.staged.clear();
+        self.staged_bytes.clear();
         for payload in payloads {
             let size = record_bytes(payload.len() as u64);
             let room = cap - pos % cap;
             if size > room {
                 let mut pad = ctx.alloc(HEADER_BYTES as usize)?;
                 encode(pos, &[], Some(room - HEADER_BYTES), pad.as_mut_slice());
+                self.keep(ring_off + pos % cap, pad.as_slice());
                 b.write(at(pos), pad);
                 pos += room;
             }
             let mut rec = ctx.alloc(size as usize)?;
             encode(pos, payload, None, rec.as_mut_slice());
+            self.keep(ring_off + pos % cap, rec.as_slice());
             b.write(at(pos), rec);
             first.get_or_insert(pos);
             pos += size;

@@ -47,6 +47,10 @@ pub const IDLE_POLL_NS: u64 = 50_000;
 /// rings already).
 pub const DRAIN_POLL_NS: u64 = 5_000;
 
+/// How long a server thread waits between posting again the replies a
+/// failed link left in flight to a machine still in the configuration.
+pub const RESEND_PAUSE_NS: u64 = 500_000;
+
 /// How long a server waits for room in a reply ring before it gives up
 /// (a coordinator that stopped reading its replies).
 pub const REPLY_WAIT_NS: u64 = 1_000_000_000;
@@ -121,6 +125,11 @@ pub struct ServerStats {
     /// it held no record of that a backup's message brought, messages
     /// that left records out for want of room, and backups whose message
     /// did not come within a lease (their transactions abort).
+    /// Batches of replies posted again after a link to a machine still in
+    /// the configuration failed (`Server::resend`).
+    pub resends: u64,
+    /// Replies held while their ring was poisoned, sent once it healed.
+    pub replies_held: u64,
     pub needs_sent: u64,
     pub needs_lost: u64,
     pub needs_taken: u64,
@@ -146,6 +155,8 @@ impl std::ops::AddAssign for ServerStats {
         self.aborts += o.aborts;
         self.backups_kept += o.backups_kept;
         self.replicated += o.replicated;
+        self.resends += o.resends;
+        self.replies_held += o.replies_held;
         self.needs_sent += o.needs_sent;
         self.needs_lost += o.needs_lost;
         self.needs_taken += o.needs_taken;
@@ -226,6 +237,12 @@ pub struct Server {
     /// The map the record being handled is served with, when it is of
     /// the configuration before the current one.
     old: Option<Arc<RegionMap>>,
+    /// Per coordinator machine, when a reply ring left poisoned by a
+    /// failed link may be posted again (`Server::resend`).
+    resend_at: Vec<u64>,
+    /// Per coordinator machine, replies not yet sent because its ring was
+    /// poisoned, in order.
+    held_replies: Vec<Vec<Record>>,
 }
 
 /// The map a record is served with.
@@ -307,6 +324,8 @@ impl Server {
             deferred: Default::default(),
             installed_members: (0, vec![true; geo.machines as usize]),
             old: None,
+            resend_at: vec![0; geo.machines as usize],
+            held_replies: vec![Vec::new(); geo.machines as usize],
         })
     }
 
@@ -370,6 +389,7 @@ impl Server {
                     continue;
                 }
             }
+            self.resend_all(ctx).await?;
             if self.sweep(ctx).await? {
                 continue;
             }
@@ -859,12 +879,87 @@ impl Server {
             self.stats.lost_replies += 1;
             return Ok(());
         }
+        if self.replies[to as usize].is_poisoned() || !self.held_replies[to as usize].is_empty() {
+            self.resend(ctx, to).await?;
+            if self.replies[to as usize].is_poisoned() || !self.held_replies[to as usize].is_empty()
+            {
+                // In order, after those still held; dropped only when
+                // the configuration drops the machine.
+                self.stats.replies_held += 1;
+                self.held_replies[to as usize].push(record);
+                return Ok(());
+            }
+        }
         let (ring, back) = (&mut self.replies[to as usize], &mut self.logs[to as usize]);
         match Envelope::send(ctx, ring, back, record, REPLY_WAIT_NS).await {
             Ok(_) => self.stats.replies += 1,
+            // In flight in a ring the failure poisoned: it goes again
+            // while its machine stays in the configuration (`resend`).
+            Err(_) if self.follows.is_some() && self.replies[to as usize].is_poisoned() => {}
             // Its machine failed: reconfiguration removes it.
             Err(_) if self.follows.is_some() => self.stats.lost_replies += 1,
             Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Posts again the replies a failed WRITE left in flight to
+    /// coordinator machine `to` (a link between live machines that failed
+    /// for a while: `Sender::restage`); once landed, the ring serves
+    /// again. At most once per [`RESEND_PAUSE_NS`] a machine: until the
+    /// configuration drops a machine that failed for good, each try costs
+    /// the transport's timeout.
+    async fn resend<N: Nic>(&mut self, ctx: &Ctx<N>, to: NodeId) -> Result<(), TxError> {
+        if !self.reachable(to) {
+            let n = self.held_replies[to as usize].len() as u64;
+            self.held_replies[to as usize].clear();
+            self.stats.lost_replies += n;
+            return Ok(());
+        }
+        let now = ctx.now_ns();
+        let next = &mut self.resend_at[to as usize];
+        if now < *next {
+            return Ok(());
+        }
+        *next = now + RESEND_PAUSE_NS;
+        let ring = &mut self.replies[to as usize];
+        if ring.is_poisoned() {
+            let mut b = ctx.batch();
+            ring.restage(ctx, &mut b)?;
+            self.stats.resends += 1;
+            if b.submit().await.is_err() {
+                return Ok(());
+            }
+            self.replies[to as usize].landed(ctx)?;
+        }
+        // The replies held meanwhile, in order.
+        let held = std::mem::take(&mut self.held_replies[to as usize]);
+        let mut rest = held.into_iter();
+        for rec in rest.by_ref() {
+            let (ring, back) = (&mut self.replies[to as usize], &mut self.logs[to as usize]);
+            match Envelope::send(ctx, ring, back, rec.clone(), REPLY_WAIT_NS).await {
+                Ok(_) => self.stats.replies += 1,
+                Err(_) => {
+                    // In flight in a poisoned ring (it goes again with the
+                    // ring), or not sent: held again, first.
+                    if !self.replies[to as usize].is_poisoned() {
+                        self.held_replies[to as usize].push(rec);
+                    }
+                    break;
+                }
+            }
+        }
+        self.held_replies[to as usize].extend(rest);
+        Ok(())
+    }
+
+    /// Every reply ring a failed link left poisoned or with replies held,
+    /// whose pause is over: posted again (`resend`).
+    async fn resend_all<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        for d in 0..self.geo.machines {
+            if self.replies[d as usize].is_poisoned() || !self.held_replies[d as usize].is_empty() {
+                self.resend(ctx, d).await?;
+            }
         }
         Ok(())
     }
