@@ -336,6 +336,12 @@ pub struct Coordinator {
     next: u64,
     logs: Vec<Sender>,
     replies: Vec<Receiver>,
+    /// Per machine: the configuration the records last staged to it are
+    /// of, the configuration in which a heal of its ring gave up, and
+    /// when its ring may be tried again (`Coordinator::try_heal`).
+    staged_in: Vec<u32>,
+    gave_up: Vec<u32>,
+    heal_at: Vec<u64>,
     /// Per machine: committed transactions whose truncation is to go there.
     pending: Vec<Vec<TxId>>,
     /// Object sizes of the allocator blocks seen (a block's size never
@@ -424,6 +430,9 @@ impl Coordinator {
             next: 0,
             logs,
             replies,
+            staged_in: vec![u32::MAX; geo.machines as usize],
+            gave_up: vec![u32::MAX; geo.machines as usize],
+            heal_at: vec![0; geo.machines as usize],
             pending: vec![Vec::new(); geo.machines as usize],
             blocks: HashMap::new(),
             created: 0,
@@ -834,68 +843,97 @@ impl Coordinator {
     /// Without a configuration to follow, nothing is tried.
     async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
         // A record the failed batch never posted is not in flight to post
-        // again: the caller's error stands.
+        // again: the caller's error stands, and the rings it poisoned are
+        // given up for the configuration (a later heal must not deliver a
+        // record of a commit that returned an error).
         let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
         if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
+            for &d in ds.iter().filter(|&&d| d < 64) {
+                if self.logs[d as usize].is_poisoned() {
+                    self.gave_up[d as usize] = self.config;
+                }
+            }
             return Ok(false);
         }
         self.heal_poisoned(ctx, ds).await
     }
 
     /// [`Self::heal`] of the rings to `ds` left poisoned by any earlier
-    /// batch.
+    /// batch: [`Self::try_heal`] every [`RESEND_PAUSE_NS`] until all land,
+    /// the configuration changes or the gate's wait ends; then the rings
+    /// that did not heal are given up for this configuration (their
+    /// records never go, so no caller that saw the error meets them
+    /// later).
     async fn heal_poisoned<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         ds: &[NodeId],
     ) -> Result<bool, TxError> {
-        let Some(m) = self.follows.clone() else {
+        if self.follows.is_none() {
             return Ok(false);
-        };
+        }
         let deadline = ctx.now_ns() + self.gate_wait_ns();
         loop {
-            let poisoned: Vec<NodeId> = ds
-                .iter()
-                .copied()
-                .filter(|&d| d < 64 && self.logs[d as usize].is_poisoned())
-                .collect();
-            if poisoned.is_empty() {
+            let mut all = true;
+            for &d in ds {
+                all &= self.try_heal(ctx, d).await?;
+            }
+            if all {
                 return Ok(true);
             }
-            let cur = m.membership.current();
-            let here = cur.config.id == self.config as u64 && !m.membership.is_removed();
-            if !here
-                || !poisoned.iter().all(|&d| cur.config.contains(d))
-                || ctx.now_ns() >= deadline
-            {
+            let hopeless = ds.iter().any(|&d| !self.healable(d));
+            if hopeless || ctx.now_ns() >= deadline {
+                for &d in ds {
+                    if d < 64 && self.logs[d as usize].is_poisoned() {
+                        self.gave_up[d as usize] = self.config;
+                    }
+                }
                 return Ok(false);
             }
             ctx.sleep(RESEND_PAUSE_NS)?.await;
-            let mut b = ctx.batch();
-            for &d in &poisoned {
-                self.logs[d as usize].restage(ctx, &mut b)?;
-            }
-            self.stats.resends += 1;
-            match b.submit().await {
-                Ok(_) => {
-                    for &d in &poisoned {
-                        self.logs[d as usize].landed(ctx)?;
-                    }
-                    return Ok(true);
-                }
-                // Those whose WRITEs all went through land; the rest stay
-                // in flight (posted or not), to go again.
-                Err(_) => {
-                    if let Some((posted, failed)) = ctx.last_batch_nodes() {
-                        for &d in &poisoned {
-                            if posted & 1 << d != 0 && failed & 1 << d == 0 {
-                                self.logs[d as usize].landed(ctx)?;
-                            }
-                        }
-                    }
-                }
-            }
         }
+    }
+
+    /// Whether the poisoned ring to `d` may go again: its records were
+    /// staged in this coordinator's configuration, which is still the
+    /// machine's, `d` is in it, and no earlier heal gave it up.
+    fn healable(&self, d: NodeId) -> bool {
+        let Some(m) = &self.follows else {
+            return false;
+        };
+        let cur = m.membership.current();
+        d < 64
+            && self.staged_in[d as usize] == self.config
+            && self.gave_up[d as usize] != self.config
+            && cur.config.id == self.config as u64
+            && !m.membership.is_removed()
+            && cur.config.contains(d)
+    }
+
+    /// One try, at most every [`RESEND_PAUSE_NS`], to post the records a
+    /// failed WRITE left in flight to `d` again (`Sender::restage`), under
+    /// the configuration's fence, so that they land before the machine
+    /// acknowledges a next one (or never). Whether the ring is healthy.
+    async fn try_heal<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId) -> Result<bool, TxError> {
+        if d >= 64 || !self.logs[d as usize].is_poisoned() {
+            return Ok(d < 64);
+        }
+        let now = ctx.now_ns();
+        if !self.healable(d) || now < self.heal_at[d as usize] {
+            return Ok(false);
+        }
+        self.heal_at[d as usize] = now + RESEND_PAUSE_NS;
+        let Ok(_fence) = self.fence() else {
+            return Ok(false);
+        };
+        let mut b = ctx.batch();
+        self.logs[d as usize].restage(ctx, &mut b)?;
+        self.stats.resends += 1;
+        if b.submit().await.is_err() {
+            return Ok(false);
+        }
+        self.logs[d as usize].landed(ctx)?;
+        Ok(true)
     }
 
     /// After a failed batch that staged records for machines `ds`: the
@@ -1360,9 +1398,16 @@ impl Coordinator {
             return self.serve(ctx).await;
         }
         let mut plan = self.plan(tx)?;
-        if self.follows.is_some() && plan.keys().any(|&d| self.logs[d as usize].is_poisoned()) {
-            // A machine it needs failed: nothing is sent.
-            return Err(TxError::Aborted(Abort::Failure));
+        if self.follows.is_some() {
+            // A ring it needs that a failed link left poisoned goes again
+            // (a try at most every pause); if it does not heal, the
+            // machine failed, or the link is down still: nothing is sent.
+            let need: Vec<NodeId> = plan.keys().copied().collect();
+            for d in need {
+                if !self.try_heal(ctx, d).await? {
+                    return Err(TxError::Aborted(Abort::Failure));
+                }
+            }
         }
         self.reserve(ctx, &mut plan).await?;
         let r = self.phases(ctx, tx, &mut plan).await;
@@ -1666,6 +1711,7 @@ impl Coordinator {
         let r = plan.get_mut(&d).and_then(|x| x.reservation.as_mut());
         let r = r.expect("every planned machine reserved");
         self.logs[d as usize].stage_reserved(ctx, b, r, &p)?;
+        self.staged_in[d as usize] = self.config;
         self.stats.log_bytes += p.len() as u64;
         Ok(())
     }
@@ -1939,13 +1985,16 @@ impl Coordinator {
         if self.logs[d as usize].is_poisoned() && !self.heal_poisoned(ctx, &[d]).await? {
             return Err(TxError::Ring(crate::ring::RingError::Poisoned));
         }
+        self.staged_in[d as usize] = self.config;
         let (to, back) = (&mut self.logs[d as usize], &mut self.replies[d as usize]);
         match Envelope::send(ctx, to, back, record, LOG_WAIT_NS).await {
             Ok(n) => self.stats.log_bytes += n,
-            // In flight in a ring the failure poisoned: it goes again while
-            // the machine stays in the configuration.
+            // In flight in a ring the failure poisoned (posted or not): it
+            // goes again while the machine stays in the configuration;
+            // if it never does, the ring is given up for the configuration
+            // and the error stands.
             Err(e) => {
-                if !self.logs[d as usize].is_poisoned() || !self.heal(ctx, &[d]).await? {
+                if !self.logs[d as usize].is_poisoned() || !self.heal_poisoned(ctx, &[d]).await? {
                     return Err(e);
                 }
             }

@@ -243,6 +243,8 @@ pub struct Server {
     /// Per coordinator machine, replies not yet sent because its ring was
     /// poisoned, in order.
     held_replies: Vec<Vec<Record>>,
+    /// Marks the thread ended at its machine when the server drops.
+    ended: Option<Ended>,
 }
 
 /// The map a record is served with.
@@ -326,6 +328,7 @@ impl Server {
             old: None,
             resend_at: vec![0; geo.machines as usize],
             held_replies: vec![Vec::new(); geo.machines as usize],
+            ended: None,
         })
     }
 
@@ -337,6 +340,9 @@ impl Server {
         let cur = machine.membership.current();
         self.drained = cur.config.id;
         self.take_members(&cur.config);
+        // However this thread ends (or if it is dropped unrun), its
+        // machine's other threads stop waiting for its drain.
+        self.ended = Some(Ended(machine.clone(), self.thread));
         self.follows = Some(machine);
         self
     }
@@ -374,9 +380,6 @@ impl Server {
         stop: &dyn Fn() -> bool,
     ) -> Result<ServerStats, TxError> {
         let (area, len) = self.geo.log_area(self.thread);
-        // However this thread ends, its machine's others stop waiting for
-        // its drain.
-        let _ended = self.follows.clone().map(|m| Ended(m, self.thread));
         loop {
             if self.removed() {
                 return Ok(self.ended());
@@ -895,7 +898,9 @@ impl Server {
             Ok(_) => self.stats.replies += 1,
             // In flight in a ring the failure poisoned: it goes again
             // while its machine stays in the configuration (`resend`).
-            Err(_) if self.follows.is_some() && self.replies[to as usize].is_poisoned() => {}
+            Err(_) if self.follows.is_some() && self.replies[to as usize].is_poisoned() => {
+                self.stats.replies_held += 1
+            }
             // Its machine failed: reconfiguration removes it.
             Err(_) if self.follows.is_some() => self.stats.lost_replies += 1,
             Err(e) => return Err(e),
