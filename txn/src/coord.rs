@@ -848,11 +848,7 @@ impl Coordinator {
         // record of a commit that returned an error).
         let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
         if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
-            for &d in ds.iter().filter(|&&d| d < 64) {
-                if self.logs[d as usize].is_poisoned() {
-                    self.gave_up[d as usize] = self.config;
-                }
-            }
+            self.give_up(ds);
             return Ok(false);
         }
         self.heal_poisoned(ctx, ds).await
@@ -883,14 +879,20 @@ impl Coordinator {
             }
             let hopeless = ds.iter().any(|&d| !self.healable(d));
             if hopeless || ctx.now_ns() >= deadline {
-                for &d in ds {
-                    if d < 64 && self.logs[d as usize].is_poisoned() {
-                        self.gave_up[d as usize] = self.config;
-                    }
-                }
+                self.give_up(ds);
                 return Ok(false);
             }
             ctx.sleep(RESEND_PAUSE_NS)?.await;
+        }
+    }
+
+    /// The rings to `ds` still poisoned are given up for this
+    /// configuration: their records never go.
+    fn give_up(&mut self, ds: &[NodeId]) {
+        for &d in ds.iter().filter(|&&d| d < 64) {
+            if self.logs[d as usize].is_poisoned() {
+                self.gave_up[d as usize] = self.config;
+            }
         }
     }
 

@@ -815,7 +815,6 @@ impl Sender {
         let cap = self.layout.capacity;
         let node = self.layout.receiver;
         let ring_off = self.layout.ring_off;
-        let at = |pos: u64| GlobalAddr::host(node, ring_off + pos % cap);
         let mut pos = self.tail;
         let mut first = None;
         self.staged.clear();
@@ -826,14 +825,16 @@ impl Sender {
             if size > room {
                 let mut pad = ctx.alloc(HEADER_BYTES as usize)?;
                 encode(pos, &[], Some(room - HEADER_BYTES), pad.as_mut_slice());
-                self.keep(ring_off + pos % cap, pad.as_slice());
-                b.write(at(pos), pad);
+                let off = ring_off + pos % cap;
+                self.keep(off, pad.as_slice());
+                b.write(GlobalAddr::host(node, off), pad);
                 pos += room;
             }
             let mut rec = ctx.alloc(size as usize)?;
             encode(pos, payload, None, rec.as_mut_slice());
-            self.keep(ring_off + pos % cap, rec.as_slice());
-            b.write(at(pos), rec);
+            let off = ring_off + pos % cap;
+            self.keep(off, rec.as_slice());
+            b.write(GlobalAddr::host(node, off), rec);
             first.get_or_insert(pos);
             pos += size;
         }

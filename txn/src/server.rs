@@ -120,16 +120,16 @@ pub struct ServerStats {
     /// became active (`Server::recover`), by version (stale ones count
     /// here too).
     pub decided_installs: u64,
-    /// NEED-RECOVERY (FaRM §5.3 step 3): messages sent, and those whose
-    /// machine could not be reached; at a promoted primary, transactions
-    /// it held no record of that a backup's message brought, messages
-    /// that left records out for want of room, and backups whose message
-    /// did not come within a lease (their transactions abort).
     /// Batches of replies posted again after a link to a machine still in
     /// the configuration failed (`Server::resend`).
     pub resends: u64,
     /// Replies held while their ring was poisoned, sent once it healed.
     pub replies_held: u64,
+    /// NEED-RECOVERY (FaRM §5.3 step 3): messages sent, and those whose
+    /// machine could not be reached; at a promoted primary, transactions
+    /// it held no record of that a backup's message brought, messages
+    /// that left records out for want of room, and backups whose message
+    /// did not come within a lease (their transactions abort).
     pub needs_sent: u64,
     pub needs_lost: u64,
     pub needs_taken: u64,
@@ -651,15 +651,8 @@ impl Server {
                     }
                     return Ok(());
                 }
-                let e = self.backup.entry(tx).or_default();
-                for w in mine {
-                    if !e.1.iter().any(|x| x.at == w.at) {
-                        if !e.0.contains(&w.at.region) {
-                            e.0.push(w.at.region);
-                        }
-                        e.1.push(w);
-                    }
-                }
+                let regions: Vec<u32> = mine.iter().map(|w| w.at.region).collect();
+                self.keep_backup(tx, regions, mine);
                 self.stats.replicated += 1;
             }
             Record::Decide {
@@ -1117,8 +1110,7 @@ impl Server {
         // others' drains end; records of `e` keep waiting meanwhile.
         m.server_drained(self.thread, e);
         while !m.all_drained(e) {
-            if self.removed() || m.membership.committed() > e {
-                // Gone, or a newer configuration: `run` starts over.
+            if self.moved_on(m, e) {
                 return Ok(());
             }
             ctx.sleep(DRAIN_POLL_NS)?.await;
@@ -1193,6 +1185,33 @@ impl Server {
             self.handle(ctx, from, &b).await?;
         }
         Ok(())
+    }
+
+    /// Merges writes of `tx` (and regions it writes) into the
+    /// COMMIT-BACKUP record held here, a write per object; whether a
+    /// write was new.
+    fn keep_backup(&mut self, tx: TxId, regions: Vec<u32>, writes: Vec<Write>) -> bool {
+        let e = self.backup.entry(tx).or_default();
+        for r in regions {
+            if !e.0.contains(&r) {
+                e.0.push(r);
+            }
+        }
+        let mut added = false;
+        for w in writes {
+            if !e.1.iter().any(|x| x.at == w.at) {
+                e.1.push(w);
+                added = true;
+            }
+        }
+        added
+    }
+
+    /// Whether a wait of recovery for configuration `e` is over without
+    /// it: the machine was removed, or a newer configuration committed
+    /// (`run` starts over with it).
+    fn moved_on(&self, m: &Machine, e: u64) -> bool {
+        self.removed() || m.membership.committed() > e
     }
 
     /// Sends this thread's NEED-RECOVERY message of configuration `e` to
@@ -1324,20 +1343,7 @@ impl Server {
                         continue;
                     }
                     let had = self.backup.contains_key(&tx);
-                    let entry = self.backup.entry(tx).or_default();
-                    for r in regions {
-                        if !entry.0.contains(&r) {
-                            entry.0.push(r);
-                        }
-                    }
-                    let mut added = false;
-                    for w in ws {
-                        if !entry.1.iter().any(|x| x.at == w.at) {
-                            entry.1.push(w);
-                            added = true;
-                        }
-                    }
-                    if added && !had {
+                    if self.keep_backup(tx, regions, ws) && !had {
                         self.stats.needs_taken += 1;
                     }
                 }
@@ -1345,7 +1351,7 @@ impl Server {
             if from.values().all(|&g| g) {
                 return Ok(true);
             }
-            if self.removed() || m.membership.committed() > e {
+            if self.moved_on(m, e) {
                 return Ok(false);
             }
             if ctx.now_ns() >= deadline {
