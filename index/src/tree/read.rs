@@ -11,7 +11,7 @@ impl TreeClient {
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<Buf, TreeError> {
-        let buf = ctx.alloc(NODE_BYTES)?;
+        let buf = ctx.alloc_for_read(NODE_BYTES)?;
         self.read_node_into(ctx, addr, buf).await
     }
 

@@ -127,7 +127,7 @@ impl TreeClient {
         let mut bufs: Vec<Buf> = Vec::with_capacity(addrs.len());
         for &a in addrs {
             check_node_addr(a)?;
-            match ctx.alloc(NODE_BYTES) {
+            match ctx.alloc_for_read(NODE_BYTES) {
                 Ok(buf) => bufs.push(buf),
                 // A small scratch window reads fewer leaves at once.
                 Err(_) if !bufs.is_empty() => break,

@@ -400,6 +400,11 @@ impl LineMem {
                 n,
             )
         };
+        let data_end = (first + n as u64) * LINE_BYTES;
+        assert!(
+            data_end <= self.data.len() as u64,
+            "lines out of bounds of their window"
+        );
         let mut s1 = [0u32; FAST_LINES as usize];
         for (s, q) in s1.iter_mut().zip(seqs) {
             // Acquire: as in `read_line`, the copy below sees at least the
@@ -410,10 +415,10 @@ impl LineMem {
             if s & 1 == 1 {
                 continue; // a writer is in it: the careful path reads it
             }
-            // SAFETY: line k of the READ lies in `data`; the destination
-            // holds n lines.
+            // SAFETY: line k of the READ lies in `data` (asserted above),
+            // aligned; the destination holds n lines.
             unsafe {
-                self.data.read_line_into(
+                self.data.read_line_unchecked(
                     (first + k as u64) * LINE_BYTES,
                     dst.add(k * LINE_BYTES as usize),
                 )

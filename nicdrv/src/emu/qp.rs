@@ -94,6 +94,7 @@ impl EmuNic {
         }
         Ok(EmuCq {
             inner: Rc::new(CqInner {
+                delay: self.inner.cfg.injects_delay(),
                 nic: self.clone(),
                 queue: RefCell::new(VecDeque::with_capacity(capacity as usize)),
                 capacity,
@@ -249,6 +250,8 @@ struct QpShared {
 
 struct CqInner {
     nic: EmuNic,
+    /// `cfg.injects_delay()`, fixed with the device's configuration.
+    delay: bool,
     queue: RefCell<VecDeque<Pending>>,
     capacity: u32,
     reserved: Cell<u32>,
@@ -263,26 +266,24 @@ pub struct EmuCq {
 impl CompletionQueue for EmuCq {
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         let inner = &*self.inner;
-        let now = if inner.nic.inner.cfg.injects_delay() {
-            inner.nic.now_ns()
-        } else {
-            u64::MAX
-        };
         let mut q = inner.queue.borrow_mut();
         let qps = inner.qps.borrow();
-        let mut n = 0;
-        while n < out.len() {
-            match q.front() {
-                Some(p) if p.due_ns <= now => {
-                    let p = q.pop_front().expect("front exists");
-                    let sh = &qps[p.qp_slot as usize];
-                    debug_assert!(sh.outstanding.get() >= p.retire);
-                    sh.outstanding.set(sh.outstanding.get() - p.retire);
-                    out[n] = p.wc;
-                    n += 1;
-                }
-                _ => break,
-            }
+        // Without injected delay every queued completion is due: take as
+        // many as fit in one pass.
+        let n = if inner.delay {
+            let now = inner.nic.now_ns();
+            q.iter()
+                .take(out.len())
+                .take_while(|p| p.due_ns <= now)
+                .count()
+        } else {
+            q.len().min(out.len())
+        };
+        for (o, p) in out[..n].iter_mut().zip(q.drain(..n)) {
+            let sh = &qps[p.qp_slot as usize];
+            debug_assert!(sh.outstanding.get() >= p.retire);
+            sh.outstanding.set(sh.outstanding.get() - p.retire);
+            *o = p.wc;
         }
         n
     }
@@ -311,6 +312,7 @@ impl EmuPreparedQp {
         let regions_gen = peer.map.read_regions(&mut regions);
         EmuQp {
             caps: self.nic.caps(),
+            delay: self.nic.inner.cfg.injects_delay(),
             nic: self.nic,
             cq: self.cq,
             shared,
@@ -331,6 +333,8 @@ impl EmuPreparedQp {
 pub struct EmuQp {
     nic: EmuNic,
     caps: Caps,
+    /// `cfg.injects_delay()`, fixed with the device's configuration.
+    delay: bool,
     cq: Rc<CqInner>,
     shared: Rc<QpShared>,
     slot: u16,
@@ -374,10 +378,10 @@ impl EmuQp {
 
     /// When a request of `len` bytes posted now completes.
     fn due(&mut self, now_ns: u64, len: u32) -> u64 {
-        let cfg = &self.nic.inner.cfg;
-        if !cfg.injects_delay() {
+        if !self.delay {
             return 0;
         }
+        let cfg = &self.nic.inner.cfg;
         let xfer = if cfg.bandwidth_bytes_per_sec == 0 {
             0
         } else {
@@ -491,11 +495,7 @@ impl QueuePair for EmuQp {
                 }
             }
             self.shared.outstanding.set(outstanding + wrs.len() as u32);
-            let now = if self.nic.inner.cfg.injects_delay() {
-                self.nic.now_ns()
-            } else {
-                0
-            };
+            let now = if self.delay { self.nic.now_ns() } else { 0 };
             let map = &self.peer.map;
             let gen = map.region_gen();
             if gen != self.regions_gen {

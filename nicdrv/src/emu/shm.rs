@@ -219,14 +219,28 @@ impl SharedMem {
     /// reference. The line must be in bounds (asserted).
     #[inline]
     pub(crate) unsafe fn read_line_into(&self, off: u64, dst: *mut u8) {
+        assert!(
+            off.is_multiple_of(64) && off + 64 <= self.len as u64,
+            "line out of bounds"
+        );
+        // SAFETY: the line is in bounds and aligned (asserted); the rest
+        // is the caller's contract.
+        unsafe { self.read_line_unchecked(off, dst) }
+    }
+
+    /// [`Self::read_line_into`] without its bounds check, for callers that
+    /// checked a whole run of lines at once.
+    ///
+    /// # Safety
+    /// As for `read_line_into`, and the line at `off` must be aligned and
+    /// in bounds.
+    #[inline]
+    pub(crate) unsafe fn read_line_unchecked(&self, off: u64, dst: *mut u8) {
         // SAFETY: the caller upholds this function's `# Safety` contract, which is
         // what every unsafe operation below relies on (each argued in place).
         unsafe {
             let off = off as usize;
-            assert!(
-                off.is_multiple_of(64) && off + 64 <= self.len,
-                "line out of bounds"
-            );
+            debug_assert!(off.is_multiple_of(64) && off + 64 <= self.len);
             for i in 0..8 {
                 // SAFETY: in bounds and aligned (checked above); atomic access
                 // only. The destination may be unaligned.

@@ -169,7 +169,7 @@ pub(crate) fn alloc(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
 
 /// Allocates without zeroing: the bytes are whatever an earlier buffer of
 /// this slot left (always initialized: the scratch came zeroed).
-fn alloc_raw(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
+pub(crate) fn alloc_raw(arena: &Rc<SlotArena>, len: usize) -> Option<Buf> {
     let start = arena.top.get();
     let end = start.checked_add(len.max(1).next_multiple_of(BUF_ALIGN))?;
     if end > arena.cap || len > u32::MAX as usize {
