@@ -35,7 +35,7 @@
 
 use crate::layout::{first_chunk_off, CHUNK_ALIGN, CHUNK_CURSOR_OFF, SUPERBLOCK_BYTES};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space, VerbError};
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::fmt;
 
 /// Sherman's chunk size.
@@ -242,6 +242,9 @@ pub struct RemoteAllocator {
     /// Where the next refill starts looking (round-robin).
     next_node: Cell<usize>,
     cur: Cell<Option<Cursor>>,
+    /// The chunk being carved for each node asked for by name
+    /// ([`RemoteAllocator::alloc_on`]), by node number.
+    near: RefCell<Vec<Option<Cursor>>>,
     chunks_taken: Cell<u64>,
 }
 
@@ -255,6 +258,7 @@ impl RemoteAllocator {
             nodes: OnceCell::new(),
             next_node: Cell::new(0),
             cur: Cell::new(None),
+            near: RefCell::new(Vec::new()),
             chunks_taken: Cell::new(0),
         })
     }
@@ -302,6 +306,51 @@ impl RemoteAllocator {
             _ => self.cur.set(Some(fresh)),
         }
         host_addr(fresh.node, off)
+    }
+
+    /// [`alloc`](Self::alloc) on memory node `node` when it can: from a
+    /// chunk of that node (taken with one FAA on its cursor when the last
+    /// one is used up). When the node has no chunk left, is not one of
+    /// the core's, or a verb to it fails, the memory comes from any node,
+    /// as `alloc` gives it: callers that want locality check the address.
+    pub async fn alloc_on<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        node: NodeId,
+        bytes: u64,
+        align: u64,
+    ) -> Result<GlobalAddr, AllocError> {
+        let (len, align) = self.check_request(bytes, align)?;
+        let ix = node as usize;
+        {
+            let mut near = self.near.borrow_mut();
+            if let Some(Some(c)) = near.get_mut(ix) {
+                if let Some(off) = c.carve(len, align) {
+                    return host_addr(node, off);
+                }
+            }
+        }
+        let slot = self.slots(ctx)?.iter().find(|s| s.node == node);
+        if let Some(s) = slot {
+            if let Ok(Some(mut fresh)) = self.take_from(ctx, s).await {
+                // A fresh chunk is CHUNK_ALIGN-aligned and len <=
+                // chunk_bytes (check_request): the request fits at its start.
+                let off = fresh
+                    .carve(len, align)
+                    .expect("a fresh chunk holds any request");
+                let mut near = self.near.borrow_mut();
+                if near.len() <= ix {
+                    near.resize(ix + 1, None);
+                }
+                // Another task sharing this allocator may have refilled
+                // while we waited: keep whichever chunk has more room left.
+                if near[ix].is_none_or(|c| c.room() < fresh.room()) {
+                    near[ix] = Some(fresh);
+                }
+                return host_addr(node, off);
+            }
+        }
+        self.alloc(ctx, bytes, align).await
     }
 
     /// Validates a request; returns (length rounded to 8, effective align).
@@ -379,36 +428,13 @@ impl RemoteAllocator {
         let mut first_err = None;
         for k in 0..n {
             let i = (start + k) % n;
-            let s = &slots[i];
-            match s.state.get() {
-                NodeState::Open => {}
-                NodeState::Full => continue,
-                NodeState::Dead(e) => {
-                    first_err.get_or_insert(e);
-                    continue;
-                }
-            }
-            let cursor = GlobalAddr::host(s.node, CHUNK_CURSOR_OFF);
-            match ctx.faa(cursor, 1).await {
-                Ok(index) if index < s.chunks => {
-                    // No overflow: index < chunks, so the chunk ends inside
-                    // the node (validated below 2^47 bytes).
-                    let off = first_chunk_off() + index * self.cfg.chunk_bytes;
+            match self.take_from(ctx, &slots[i]).await {
+                Ok(Some(c)) => {
                     self.next_node.set((i + 1) % n);
-                    self.chunks_taken.set(self.chunks_taken.get() + 1);
-                    return Ok(Cursor {
-                        node: s.node,
-                        next: off,
-                        end: off + self.cfg.chunk_bytes,
-                    });
+                    return Ok(c);
                 }
-                // Past capacity: the node is full. This FAA wasted no
-                // memory; remembering it keeps us from wasting more.
-                Ok(_) => s.state.set(NodeState::Full),
+                Ok(None) => {}
                 Err(e) => {
-                    if e.is_node_dead() {
-                        s.state.set(NodeState::Dead(e));
-                    }
                     first_err.get_or_insert(e);
                 }
             }
@@ -416,6 +442,47 @@ impl RemoteAllocator {
         match first_err {
             None => Err(AllocError::OutOfMemory { requested }),
             Some(e) => Err(AllocError::Verb(e)),
+        }
+    }
+
+    /// A fresh chunk of node `s`, with one FAA on its cursor; `None` when
+    /// the node is full (now or known before), the error when it is dead
+    /// (now or known before) or the FAA failed.
+    async fn take_from<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        s: &NodeSlot,
+    ) -> Result<Option<Cursor>, VerbError> {
+        match s.state.get() {
+            NodeState::Open => {}
+            NodeState::Full => return Ok(None),
+            NodeState::Dead(e) => return Err(e),
+        }
+        let cursor = GlobalAddr::host(s.node, CHUNK_CURSOR_OFF);
+        match ctx.faa(cursor, 1).await {
+            Ok(index) if index < s.chunks => {
+                // No overflow: index < chunks, so the chunk ends inside
+                // the node (validated below 2^47 bytes).
+                let off = first_chunk_off() + index * self.cfg.chunk_bytes;
+                self.chunks_taken.set(self.chunks_taken.get() + 1);
+                Ok(Some(Cursor {
+                    node: s.node,
+                    next: off,
+                    end: off + self.cfg.chunk_bytes,
+                }))
+            }
+            // Past capacity: the node is full. This FAA wasted no memory;
+            // remembering it keeps us from wasting more.
+            Ok(_) => {
+                s.state.set(NodeState::Full);
+                Ok(None)
+            }
+            Err(e) => {
+                if e.is_node_dead() {
+                    s.state.set(NodeState::Dead(e));
+                }
+                Err(e)
+            }
         }
     }
 }

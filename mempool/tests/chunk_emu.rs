@@ -398,3 +398,89 @@ fn no_nodes_is_an_error() {
     ex.run();
     assert_eq!(*out.borrow(), Some(AllocError::NoNodes));
 }
+
+/// `alloc_on` carves from chunks of the node asked for, beside the
+/// round-robin chunk of plain `alloc`, until that node is out of chunks;
+/// then (and for a node the core does not reach) it falls back to any
+/// node. No byte is handed out twice, and every chunk is counted.
+#[test]
+fn alloc_on_keeps_to_its_node_until_it_is_full() {
+    let cfg = cfg_with(4);
+    let ids = [0, 1, 2];
+    let nodes = make_nodes(&ids, &cfg);
+    let eps: Vec<_> = nodes.iter().map(|n| n.endpoint()).collect();
+    let mut ex = executor(&eps, exec_cfg(2));
+    // Each allocation with the node it asked for (None: any).
+    type Log = Vec<(Alloc, Option<NodeId>)>;
+    let log: Rc<RefCell<Log>> = Rc::default();
+    let alloc = Rc::new(RemoteAllocator::new(cfg.clone()).unwrap());
+    for task in 0..2u64 {
+        let (log, alloc) = (log.clone(), alloc.clone());
+        ex.spawn(move |ctx| async move {
+            let mut rng = Rng(0xA076_1D64_78BD_642F ^ task);
+            for i in 0..400 {
+                let bytes = 1 + rng.below(4096);
+                let align = ALIGNS[rng.below(ALIGNS.len() as u64) as usize];
+                // Mostly node 1, sometimes any node, sometimes a node the
+                // core has no queue pair to.
+                let want = match i % 5 {
+                    0 => None,
+                    1 => Some(9),
+                    _ => Some(1),
+                };
+                let addr = match want {
+                    Some(n) => alloc.alloc_on(&ctx, n, bytes, align).await,
+                    None => alloc.alloc(&ctx, bytes, align).await,
+                };
+                let Ok(addr) = addr else { break };
+                let a = Alloc {
+                    addr,
+                    bytes,
+                    align,
+                    allocator: 0,
+                };
+                log.borrow_mut().push((a, want));
+                if i % 3 == 0 {
+                    ctx.yield_now().await;
+                }
+            }
+        })
+        .unwrap();
+    }
+    ex.run();
+    let log = log.borrow();
+    let allocs: Vec<Alloc> = log.iter().map(|(a, _)| *a).collect();
+    let chunks = check_history(&cfg, &allocs);
+    // Node 1 gave out all its chunks; while it had room, every request
+    // for it was served there.
+    assert_eq!(
+        chunks[&1],
+        (0..4).collect::<BTreeSet<u64>>(),
+        "node 1 was not used up"
+    );
+    assert!(cursor(&nodes[1]) >= 4);
+    let first_elsewhere = log
+        .iter()
+        .position(|(a, w)| *w == Some(1) && a.addr.node() != 1)
+        .expect("requests for node 1 outlived its chunks");
+    // It fell back only once all four chunks of node 1 were taken.
+    let before: BTreeSet<u64> = log[..first_elsewhere]
+        .iter()
+        .map(|(a, _)| chunk_of(&cfg, a.addr))
+        .filter(|c| c.0 == 1)
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(
+        before.len(),
+        4,
+        "node 1 fell back with chunks left: {before:?}"
+    );
+    // A node the core does not reach: served elsewhere, never an error.
+    assert!(log.iter().any(|(_, w)| *w == Some(9)));
+    assert!(log.iter().all(|(a, w)| *w != Some(9) || a.addr.node() != 9));
+    let used: u64 = ids
+        .iter()
+        .map(|&n| chunks.get(&n).map_or(0, |c| c.len() as u64))
+        .sum();
+    assert_eq!(alloc.chunks_taken(), used, "one FAA per chunk");
+}
