@@ -477,44 +477,82 @@ fn fingerprint_collisions_are_told_apart() {
     });
 }
 
-/// A location cache line serves for G − W after its key was last seen
-/// there, and no longer: an entry block can be reused G after it was
-/// unlinked, and the same key can then bring the same slot word back
-/// with another value, which a one-doorbell READ of slot and entry
-/// (unordered) could mix with the block's older contents. A hit renews
-/// the line; a get past the bound takes the two-round-trip way.
-#[test]
-fn location_cache_lines_expire_before_the_grace_period() {
+/// Gets of keys seen before, a long sleep after: round trips of each.
+/// `node_bytes_1` limits what the allocator may use of memory node 1.
+fn cached_gets_after(node_bytes_1: Option<u64>, keys: u64) -> Vec<u64> {
     let mut w = sim_world(2, 2, 1);
     let mut c = cfg(1024, 8, 16);
     c.window_ns = 100_000;
     c.reuse_grace_ns = 400_000;
     c.stale_ns = 100_000;
+    // Two segments of 64 buckets, one per node (allocation starts at node
+    // 0 and goes round robin).
+    c.chunk.chunk_bytes = 4096;
+    if let Some(b) = node_bytes_1 {
+        c.chunk.per_node = vec![(1, b)];
+    }
     let life = c.reuse_grace_ns - c.window_ns;
     let table = Cuckoo::new(c).unwrap();
     sim_create_table(&mut w, &table);
     let t = table.clone();
+    let out = Rc::new(RefCell::new(Vec::new()));
+    let o = out.clone();
     sim_task(&mut w, move |ctx| async move {
         let mut c = t.client().unwrap();
-        put_u64(&mut c, &ctx, 7, 70).await.unwrap();
+        for k in 0..keys {
+            put_u64(&mut c, &ctx, k, 70 + k).await.unwrap();
+        }
         let rt = |ctx: &Ctx<_>| ctx.counters().round_trips;
-        // Renewed by each hit: lines live on while the key is read.
-        for _ in 0..5 {
+        // Renewed by each hit, or never expiring: lines serve while the
+        // key is read.
+        assert_eq!(get_u64(&mut c, &ctx, 0).await.unwrap(), Some(70));
+        for _ in 0..3 {
             ctx.sleep(life / 2).unwrap().await;
             let r0 = rt(&ctx);
-            assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
+            assert_eq!(get_u64(&mut c, &ctx, 0).await.unwrap(), Some(70));
             assert_eq!(rt(&ctx) - r0, 1, "a hit within the bound");
         }
-        // Left alone past the bound: not used.
-        ctx.sleep(life).unwrap().await;
-        let hits = c.stats.cache_hits;
-        let r0 = rt(&ctx);
-        assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
-        assert_eq!(rt(&ctx) - r0, 2, "a line past G − W was used");
-        assert_eq!(c.stats.cache_hits, hits);
-        // The two-round-trip get filled the line again.
-        let r0 = rt(&ctx);
-        assert_eq!(get_u64(&mut c, &ctx, 7).await.unwrap(), Some(70));
-        assert_eq!(rt(&ctx) - r0, 1);
+        // Left alone past the bound.
+        ctx.sleep(2 * life).unwrap().await;
+        for k in 0..keys {
+            let r0 = rt(&ctx);
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), Some(70 + k));
+            o.borrow_mut().push(rt(&ctx) - r0);
+        }
+        // A two-round-trip get fills the line again.
+        for k in 0..keys {
+            let r0 = rt(&ctx);
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), Some(70 + k));
+            assert_eq!(rt(&ctx) - r0, 1, "key {k} read twice in a row");
+        }
     });
+    let v = out.borrow().clone();
+    v
+}
+
+/// Entries lie on their slot's memory node, so a cached get's two READs
+/// run in order on one queue pair and its line serves however long ago
+/// the key was seen (mod.rs, "Cached gets").
+#[test]
+fn location_cache_lines_beside_their_slot_do_not_expire() {
+    let rts = cached_gets_after(None, 40);
+    assert!(rts.iter().all(|&r| r == 1), "round trips {rts:?}");
+}
+
+/// An entry whose slot's node had no memory left lies apart from its
+/// slot; its line serves for G − W after the key was last seen there,
+/// and no longer: an entry block can be reused G after it was unlinked,
+/// and the same key can then bring the same slot word back with another
+/// value, which the two READs (then unordered) could mix with the
+/// block's older contents. A get past the bound takes the two-round-trip
+/// way.
+#[test]
+fn location_cache_lines_apart_from_their_slot_expire() {
+    // Node 1 holds exactly its segment's chunk: entries of its slots go
+    // to node 0.
+    let rts = cached_gets_after(Some(mempool::first_chunk_off() + 4096), 40);
+    let apart = rts.iter().filter(|&&r| r == 2).count();
+    let beside = rts.iter().filter(|&&r| r == 1).count();
+    assert_eq!(apart + beside, rts.len(), "round trips {rts:?}");
+    assert!(apart >= 5 && beside >= 5, "round trips {rts:?}");
 }

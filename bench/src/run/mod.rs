@@ -134,7 +134,8 @@ pub struct RunArgs {
     cache_mb: f64,
     /// The hash table's grace period G before a freed entry is reused, in
     /// milliseconds (at least 8: four windows of 2 ms); a location cache
-    /// line serves for G minus a window [default: 20]
+    /// line whose entry lies apart from its slot serves for G minus a
+    /// window [default: 20]
     #[arg(long, value_name = "MS")]
     hash_grace_ms: Option<f64>,
     /// The run's seed (sim: the whole run; emu: the clients' streams)

@@ -45,10 +45,11 @@ pub struct CuckooConfig {
     /// Lines of the compute node's location cache (32 bytes each, a power
     /// of two; 0 turns it off): where a key was last found, so that a get
     /// reads that slot and the entry it named in one round trip
-    /// (`ops.rs`, cached gets). A line serves for `reuse_grace_ns -
-    /// window_ns` after the key was last seen there (a longer grace period
-    /// keeps lines longer). Not part of the layout: compute nodes may
-    /// differ.
+    /// (`mod.rs`, "Cached gets"). A line whose entry lies beside its slot
+    /// serves until the slot changes; one whose entry lies apart (its
+    /// node was out of memory) serves for `reuse_grace_ns - window_ns`
+    /// after the key was last seen there. Not part of the layout: compute
+    /// nodes may differ.
     pub location_cache_lines: usize,
 }
 

@@ -162,9 +162,10 @@ impl CuckooClient {
         if !self.in_window(ctx, snap.t0) {
             return Ok(false);
         }
-        let x = self.alloc_entry(ctx, e.lines()).await?;
-        let tent = Slot::entry(State::Tentative, fp, x);
         let (s_at, d_at) = (slot_addr(desc, &loc, s_pos), slot_addr(desc, &loc, d_pos));
+        // The copy lies beside its new slot (mod.rs, "Cached gets").
+        let x = self.alloc_entry(ctx, e.lines(), d_at.node()).await?;
+        let tent = Slot::entry(State::Tentative, fp, x);
         // Step 1: the copy and the claim in one doorbell. The claim may be
         // seen before the copy lands; it is Tentative, so no reader follows
         // it, and the commit below comes after both completed.

@@ -109,18 +109,23 @@ impl CuckooClient {
         let cfg = self.cfg();
         let life = cfg.reuse_grace_ns - cfg.window_ns;
         let t = ctx.now_ns();
-        if p >= POSITIONS
-            || !s.is_committed()
-            || s.fp() != loc.fp
-            || t.saturating_sub(place.seen_ns) >= life
-        {
+        if p >= POSITIONS || !s.is_committed() || s.fp() != loc.fp {
+            self.table.forget_place(key);
+            return Ok(false);
+        }
+        let e = s.eref();
+        let slot_at = slot_addr(desc, loc, p);
+        // Beside its slot, the entry is READ after the slot on one queue
+        // pair, and no age bound applies (mod.rs, "Cached gets").
+        let beside = e.addr().node() == slot_at.node();
+        let young = |now: u64| beside || now.saturating_sub(place.seen_ns) < life;
+        if !young(t) {
             self.table.forget_place(key);
             return Ok(false);
         }
         self.stats.cached_gets += 1;
-        let e = s.eref();
         let mut b = ctx.batch();
-        let so = b.read_new(slot_addr(desc, loc, p), 8);
+        let so = b.read_new(slot_at, 8);
         let eo = b.read_new(e.addr(), e.bytes());
         let mut d = b.submit().await?;
         let now = d.word(so);
@@ -128,7 +133,7 @@ impl CuckooClient {
         if now == w
             && matches!(judge(buf.as_slice(), key), Verdict::Key)
             && self.in_window(ctx, t)
-            && ctx.now_ns().saturating_sub(place.seen_ns) < life
+            && young(ctx.now_ns())
         {
             let (_, v) = super::layout::decode_entry(buf.as_slice(), key.len()).expect("judged");
             out.clear();
@@ -284,7 +289,14 @@ impl CuckooClient {
         let loc = self.locate(desc, key);
         let lines = entry_lines(key.len(), value.len());
         encode_entry(&mut self.ebuf, key, value);
-        let mut v = self.alloc_entry(ctx, lines).await?;
+        // The entry goes beside the slot that will name it (mod.rs,
+        // "Cached gets"): where the key was last seen, else beside its
+        // first bucket; an insert that claims a slot elsewhere moves it.
+        let near = match self.table.place_of(key) {
+            Some(place) if place.pos < POSITIONS => slot_addr(desc, &loc, place.pos).node(),
+            _ => desc.bucket_addr(loc.b1).node(),
+        };
+        let mut v = self.alloc_entry(ctx, lines, near).await?;
         let mut written = false;
         let mut room_rounds = 0;
         for attempt in 0..MAX_ATTEMPTS {
@@ -310,7 +322,7 @@ impl CuckooClient {
                 // Nothing with the key's fingerprint: claim a slot at once;
                 // the insert's own snapshot will catch a key that was
                 // moving past this collect.
-                self.insert(ctx, desc, &loc, key, a, v).await?
+                self.insert(ctx, desc, &loc, key, a, &mut v).await?
             } else {
                 let snap = self.snapshot(ctx, desc, &loc, key, Some((a, t))).await?;
                 match self.plan(&snap, &loc)? {
@@ -347,7 +359,7 @@ impl CuckooClient {
                         }
                         continue;
                     }
-                    Plan::Absent => self.insert(ctx, desc, &loc, key, snap.pair, v).await?,
+                    Plan::Absent => self.insert(ctx, desc, &loc, key, snap.pair, &mut v).await?,
                 }
             };
             match outcome {
@@ -355,7 +367,7 @@ impl CuckooClient {
                 Ins::Retry => {}
                 Ins::Burnt => {
                     self.retire(ctx, v);
-                    v = self.alloc_entry(ctx, lines).await?;
+                    v = self.alloc_entry(ctx, lines, near).await?;
                     written = false;
                     ctx.yield_now().await;
                 }
@@ -380,7 +392,9 @@ impl CuckooClient {
 
     /// The insert protocol (mod.rs, "insert") from a collect or snapshot
     /// `view` without a committed copy: claim an empty slot Tentative,
-    /// snapshot, settle with other claimants, commit.
+    /// snapshot, settle with other claimants, commit. An entry `v` on
+    /// another node than the slot claimed is replaced by a copy beside
+    /// the slot (and `v` given back: no slot ever named it).
     async fn insert<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -388,7 +402,7 @@ impl CuckooClient {
         loc: &Loc,
         key: &[u8],
         view: Pair,
-        v: EntryRef,
+        v: &mut EntryRef,
     ) -> Result<Ins, CuckooError> {
         // The bucket with more empty slots (load balance), its first one.
         let empties = |h: usize| {
@@ -400,13 +414,34 @@ impl CuckooClient {
         let Some(x) = (half * SLOTS..(half + 1) * SLOTS).find(|&p| view.slot(p).is_empty()) else {
             return self.clear_stale(ctx, desc, loc, view).await;
         };
-        let mine = Slot::entry(State::Tentative, loc.fp, v);
+        let x_at = slot_addr(desc, loc, x);
+        let mut moved = false;
+        if v.addr().node() != x_at.node() {
+            let near = self.alloc_entry(ctx, v.lines(), x_at.node()).await?;
+            if near.addr().node() == x_at.node() {
+                self.give_back(*v);
+                *v = near;
+                moved = true;
+            } else {
+                // The slot's node has no memory left: the entry stays
+                // apart (its cached gets keep the age bound).
+                self.give_back(near);
+            }
+        }
+        let mine = Slot::entry(State::Tentative, loc.fp, *v);
         let t = ctx.now_ns();
         let (ok, c) = {
             // The CAS goes first: on X's queue pair the READ of X's bucket
             // runs after it, so the collect sees the claim if it succeeded.
+            // A moved entry is written just before it, on the same queue
+            // pair, so it has landed when the claim takes effect (and the
+            // claim is Tentative: no reader follows it before the commit,
+            // a round trip after both completed).
             let mut b = ctx.batch();
-            let cas = b.cas(slot_addr(desc, loc, x), view.0[x], mine.0);
+            if moved {
+                b.write_bytes(v.addr(), &self.ebuf);
+            }
+            let cas = b.cas(x_at, view.0[x], mine.0);
             let c = push_collect(&mut b, desc, loc);
             let mut d = b.submit().await?;
             (d.old(cas) == view.0[x], take_collect(&mut d, c))

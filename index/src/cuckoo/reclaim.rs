@@ -19,7 +19,7 @@
 //! Entries retired by a client that crashes are lost with it (a leak, not a
 //! hazard), and so are tentative entries it left in the table.
 
-use nicdrv::GlobalAddr;
+use nicdrv::{GlobalAddr, NodeId};
 use std::collections::VecDeque;
 
 /// Block classes: 1, 2, 4, …, 128 lines.
@@ -40,12 +40,17 @@ pub fn block_bytes(c: usize) -> u64 {
     64 << c
 }
 
+/// Free lists of one memory node: per class, in retirement order (so the
+/// front is the first ready), (block, time it may be reused).
+type NodeLists = [VecDeque<(GlobalAddr, u64)>; CLASSES];
+
 /// One client's free lists and tag counter.
 pub struct Reclaim {
     grace_ns: u64,
-    /// Per class, in retirement order (so the front is the first ready):
-    /// (block, time it may be reused).
-    lists: [VecDeque<(GlobalAddr, u64)>; CLASSES],
+    /// By memory node: an entry is reused on the node it lies on, so a
+    /// client that places entries beside their slots (`mod.rs`, "Cached
+    /// gets") can ask for a block on a given node.
+    lists: Vec<NodeLists>,
     incarnation: u64,
     count: u64,
 }
@@ -54,7 +59,7 @@ impl Reclaim {
     pub fn new(grace_ns: u64) -> Reclaim {
         Reclaim {
             grace_ns,
-            lists: Default::default(),
+            lists: Vec::new(),
             incarnation: 0,
             count: 0,
         }
@@ -84,9 +89,10 @@ impl Reclaim {
         Some(t)
     }
 
-    /// A block of class `c` whose grace period has passed by `now_ns`.
-    pub fn take(&mut self, c: usize, now_ns: u64) -> Option<GlobalAddr> {
-        let l = &mut self.lists[c];
+    /// A block of class `c` on memory node `node` whose grace period has
+    /// passed by `now_ns`.
+    pub fn take(&mut self, c: usize, node: NodeId, now_ns: u64) -> Option<GlobalAddr> {
+        let l = &mut self.lists.get_mut(node as usize)?[c];
         match l.front() {
             Some(&(a, ready)) if ready <= now_ns => {
                 l.pop_front();
@@ -96,20 +102,30 @@ impl Reclaim {
         }
     }
 
+    /// The lists of the node `block` lies on.
+    fn lists_of(&mut self, block: GlobalAddr) -> &mut NodeLists {
+        let n = block.node() as usize;
+        if self.lists.len() <= n {
+            self.lists.resize_with(n + 1, Default::default);
+        }
+        &mut self.lists[n]
+    }
+
     /// Retires a block unlinked at `unlinked_ns` (read after the unlinking
     /// CAS completed): reusable from `unlinked_ns + G`.
     pub fn retire(&mut self, block: GlobalAddr, c: usize, unlinked_ns: u64) {
-        self.lists[c].push_back((block, unlinked_ns.saturating_add(self.grace_ns)));
+        let ready = unlinked_ns.saturating_add(self.grace_ns);
+        self.lists_of(block)[c].push_back((block, ready));
     }
 
     /// Gives back a block no one ever saw: reusable at once.
     pub fn give_back(&mut self, block: GlobalAddr, c: usize) {
-        self.lists[c].push_front((block, 0));
+        self.lists_of(block)[c].push_front((block, 0));
     }
 
     /// Blocks waiting, over all classes.
     pub fn waiting(&self) -> usize {
-        self.lists.iter().map(|l| l.len()).sum()
+        self.lists.iter().flatten().map(|l| l.len()).sum()
     }
 }
 
@@ -136,14 +152,17 @@ mod tests {
         let b = GlobalAddr::host(1, 8192);
         r.retire(a, 2, 50);
         r.retire(b, 2, 60);
-        assert_eq!(r.take(2, 1049), None);
-        assert_eq!(r.take(1, 5000), None, "other class");
-        assert_eq!(r.take(2, 1050), Some(a));
-        assert_eq!(r.take(2, 1050), None);
+        assert_eq!(r.take(2, 1, 1049), None);
+        assert_eq!(r.take(1, 1, 5000), None, "other class");
+        assert_eq!(r.take(2, 0, 5000), None, "other node");
+        assert_eq!(r.take(2, 7, 5000), None, "a node never seen");
+        assert_eq!(r.take(2, 1, 1050), Some(a));
+        assert_eq!(r.take(2, 1, 1050), None);
         let c = GlobalAddr::host(0, 64);
         r.give_back(c, 2);
-        assert_eq!(r.take(2, 0), Some(c), "never visible: at once");
-        assert_eq!(r.take(2, 1060), Some(b));
+        assert_eq!(r.take(2, 1, 0), None, "on node 0");
+        assert_eq!(r.take(2, 0, 0), Some(c), "never visible: at once");
+        assert_eq!(r.take(2, 1, 1060), Some(b));
         assert_eq!(r.waiting(), 0);
     }
 
