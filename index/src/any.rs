@@ -163,14 +163,17 @@ impl AnyClient {
     }
 
     /// The client's counters in the tree's terms: the hash table reports
-    /// its restarted attempts as read retries and its gets as lookups, and
-    /// has no cache or locks.
+    /// its restarted attempts as read retries, its gets as lookups, and
+    /// gets answered from its location cache as cache hits (the others as
+    /// misses); it has no locks.
     pub fn tree_stats(&self) -> TreeStats {
         match self {
             AnyClient::Tree(c) => c.stats,
             AnyClient::Hash(c) => TreeStats {
                 read_retries: c.stats.retries,
                 lookups: c.stats.gets,
+                cache_hits: c.stats.cache_hits,
+                cache_misses: c.stats.gets.saturating_sub(c.stats.cache_hits),
                 ..TreeStats::default()
             },
         }

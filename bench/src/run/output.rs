@@ -95,7 +95,7 @@ const TABLE_LEGEND: &[&str] = &[
     "B/w nosp: bytes written back per write that split no node",
     "clean rd%: tree lookups that read a consistent leaf the first time",
     "retry/op: leaf re-reads per operation (torn or changed)",
-    "cache%: index-cache hit ratio",
+    "cache%: index-cache hit ratio (hash table: gets answered from its location cache)",
     "n/a: the figure does not apply (a tree's on the hash table, or no such operations)",
 ];
 

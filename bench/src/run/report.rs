@@ -271,7 +271,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
         "lock_retries_per_op": tree_only(json!(per(r.tree.lock_retries))),
         "handovers_per_op": tree_only(json!(per(r.tree.handovers))),
         "clean_lookup_ratio": tree_only(ratio(r.tree.clean_lookups, r.tree.lookups)),
-        "cache_hit_ratio": tree_only(ratio(r.tree.cache_hits, r.tree.cache_hits + r.tree.cache_misses)),
+        "cache_hit_ratio": ratio(r.tree.cache_hits, r.tree.cache_hits + r.tree.cache_misses),
         "splits": tree_only(json!(r.tree.splits)),
         "wall_sec": r.wall_sec,
         "sim_events": r.sim_events,
