@@ -478,8 +478,8 @@ fn fingerprint_collisions_are_told_apart() {
 }
 
 /// Gets of keys seen before, a long sleep after: round trips of each.
-/// `node_bytes_1` limits what the allocator may use of memory node 1.
-fn cached_gets_after(node_bytes_1: Option<u64>, keys: u64) -> Vec<u64> {
+/// `tune` adjusts the table's configuration.
+fn cached_gets_after(tune: impl FnOnce(&mut CuckooConfig), keys: u64) -> Vec<u64> {
     let mut w = sim_world(2, 2, 1);
     let mut c = cfg(1024, 8, 16);
     c.window_ns = 100_000;
@@ -488,9 +488,7 @@ fn cached_gets_after(node_bytes_1: Option<u64>, keys: u64) -> Vec<u64> {
     // Two segments of 64 buckets, one per node (allocation starts at node
     // 0 and goes round robin).
     c.chunk.chunk_bytes = 4096;
-    if let Some(b) = node_bytes_1 {
-        c.chunk.per_node = vec![(1, b)];
-    }
+    tune(&mut c);
     let life = c.reuse_grace_ns - c.window_ns;
     let table = Cuckoo::new(c).unwrap();
     sim_create_table(&mut w, &table);
@@ -535,7 +533,7 @@ fn cached_gets_after(node_bytes_1: Option<u64>, keys: u64) -> Vec<u64> {
 /// the key was seen (mod.rs, "Cached gets").
 #[test]
 fn location_cache_lines_beside_their_slot_do_not_expire() {
-    let rts = cached_gets_after(None, 40);
+    let rts = cached_gets_after(|_| {}, 40);
     assert!(rts.iter().all(|&r| r == 1), "round trips {rts:?}");
 }
 
@@ -550,9 +548,57 @@ fn location_cache_lines_beside_their_slot_do_not_expire() {
 fn location_cache_lines_apart_from_their_slot_expire() {
     // Node 1 holds exactly its segment's chunk: entries of its slots go
     // to node 0.
-    let rts = cached_gets_after(Some(mempool::first_chunk_off() + 4096), 40);
+    let rts = cached_gets_after(
+        |c| c.chunk.per_node = vec![(1, mempool::first_chunk_off() + 4096)],
+        40,
+    );
     let apart = rts.iter().filter(|&&r| r == 2).count();
     let beside = rts.iter().filter(|&&r| r == 1).count();
     assert_eq!(apart + beside, rts.len(), "round trips {rts:?}");
     assert!(apart >= 5 && beside >= 5, "round trips {rts:?}");
+}
+
+/// Where the NIC may not read a queue pair's READs in order
+/// (`ordered_reads` off), every line keeps the age bound.
+#[test]
+fn location_cache_lines_expire_without_ordered_reads() {
+    let rts = cached_gets_after(|c| c.ordered_reads = false, 40);
+    assert!(rts.iter().all(|&r| r == 2), "round trips {rts:?}");
+}
+
+/// A compute node without a location cache guesses where a put's entry
+/// goes (beside the key's first bucket); inserts and updates whose slot
+/// lies on the other node copy the entry there in the CAS's doorbell, so
+/// another node's cached gets of those keys need no age bound.
+#[test]
+fn puts_without_a_hint_move_their_entry_beside_the_slot() {
+    let mut w = sim_world(3, 2, 1);
+    let mut c = cfg(1024, 8, 16);
+    c.window_ns = 100_000;
+    c.reuse_grace_ns = 400_000;
+    c.stale_ns = 100_000;
+    c.chunk.chunk_bytes = 4096;
+    let life = c.reuse_grace_ns - c.window_ns;
+    let reader = Cuckoo::new(c.clone()).unwrap();
+    c.location_cache_lines = 0;
+    let writer = Cuckoo::new(c).unwrap();
+    sim_create_table(&mut w, &writer);
+    sim_task(&mut w, move |ctx| async move {
+        let (mut wc, mut rc) = (writer.client().unwrap(), reader.client().unwrap());
+        for round in 0..2 {
+            for k in 0..40 {
+                put_u64(&mut wc, &ctx, k, 100 * round + k).await.unwrap();
+            }
+        }
+        assert!(wc.stats.entries_moved >= 10, "{:?}", wc.stats);
+        for k in 0..40 {
+            assert_eq!(get_u64(&mut rc, &ctx, k).await.unwrap(), Some(100 + k));
+        }
+        ctx.sleep(2 * life).unwrap().await;
+        for k in 0..40 {
+            let r0 = ctx.counters().round_trips;
+            assert_eq!(get_u64(&mut rc, &ctx, k).await.unwrap(), Some(100 + k));
+            assert_eq!(ctx.counters().round_trips - r0, 1, "key {k}");
+        }
+    });
 }

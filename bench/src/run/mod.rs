@@ -539,9 +539,19 @@ impl Cli {
         for &threads in &self.thread_list {
             let clients = (self.compute_nodes * threads * self.coroutines) as u64;
             let mem = self.memory_nodes as u64;
-            let host_bytes =
-                (self.records * 1024 / 20 / mem + clients * (2 << 20) / mem + (64 << 20))
-                    .next_multiple_of(1 << 20);
+            // The hash table's clients each keep a chunk being carved on
+            // every memory node (entries lie beside their slots), not one
+            // chunk in all; the memory is only touched as it is used.
+            let per_node_chunks = if self.systems.iter().any(|s| s == "cuckoo") {
+                clients * TreeConfig::sherman(0).chunk.chunk_bytes
+            } else {
+                0
+            };
+            let host_bytes = (self.records * 1024 / 20 / mem
+                + clients * (2 << 20) / mem
+                + per_node_chunks
+                + (64 << 20))
+                .next_multiple_of(1 << 20);
             let length = self.length.unwrap_or(match self.operation_count {
                 Some(total) => Length::Ops(total.div_ceil(clients)),
                 // Emu: a measured second, the shortest window the wall

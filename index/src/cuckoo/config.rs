@@ -47,10 +47,20 @@ pub struct CuckooConfig {
     /// reads that slot and the entry it named in one round trip
     /// (`mod.rs`, "Cached gets"). A line whose entry lies beside its slot
     /// serves until the slot changes; one whose entry lies apart (its
-    /// node was out of memory) serves for `reuse_grace_ns - window_ns`
-    /// after the key was last seen there. Not part of the layout: compute
-    /// nodes may differ.
+    /// node was out of memory, or `ordered_reads` is off) serves for
+    /// `reuse_grace_ns - window_ns` after the key was last seen there.
+    /// Two ways per set. Not part of the layout: compute nodes may
+    /// differ.
     pub location_cache_lines: usize,
+    /// Whether a queue pair's READs read memory in posting order, so that
+    /// a cached get of an entry beside its slot needs no age bound
+    /// (`mod.rs`, "Cached gets"). The simulator and emu guarantee it, and
+    /// an RC responder executes a QP's requests in order; on hardware
+    /// where the NIC's DMA reads of two READs may complete out of order
+    /// (PCIe lets one read pass another), set it false: every cached line
+    /// then serves for `reuse_grace_ns - window_ns` after its key was
+    /// seen, and puts do not move entries beside their slots.
+    pub ordered_reads: bool,
 }
 
 impl CuckooConfig {
@@ -80,6 +90,7 @@ impl CuckooConfig {
                 ..ChunkConfig::new(node_bytes)
             },
             location_cache_lines: 1 << 16,
+            ordered_reads: true,
         }
     }
 

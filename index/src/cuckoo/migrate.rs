@@ -166,8 +166,10 @@ impl CuckooClient {
         // The copy lies beside its new slot (mod.rs, "Cached gets").
         let x = self.alloc_entry(ctx, e.lines(), d_at.node()).await?;
         let tent = Slot::entry(State::Tentative, fp, x);
-        // Step 1: the copy and the claim in one doorbell. The claim may be
-        // seen before the copy lands; it is Tentative, so no reader follows
+        // Step 1: the copy and the claim in one doorbell, on D's queue pair
+        // (the copy lies beside D), so the copy lands before the claim.
+        // Where D's node had no memory the copy lies elsewhere and the
+        // claim may be seen first; it is Tentative, so no reader follows
         // it, and the commit below comes after both completed.
         let claimed = {
             let mut b = ctx.batch();

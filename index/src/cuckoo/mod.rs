@@ -148,14 +148,21 @@
 //!   ts + G. If also te ≥ ts, the READ returns I.
 //! - te ≥ ts holds when the entry lies on the slot's memory node: the
 //!   two READs then go on one queue pair, which executes them in order
-//!   (the verbs contract; on mlx5 only a WRITE may overtake an earlier
-//!   READ). So every put places its entry beside the slot that will name
-//!   it: where the key was last seen, or beside the slot an insert claims
-//!   (an entry written elsewhere is copied there in the claim's
-//!   doorbell), and a move writes its copy beside the destination; free
-//!   lists and the allocator are per node (`reclaim`, `alloc_on`).
-//! - An entry apart from its slot (its node had no memory left) has no
-//!   such order: the two READs may execute the other way round, and the
+//!   (the verbs contract, which the simulator and emu keep; an RC
+//!   responder executes a QP's requests in order, but whether a NIC's DMA
+//!   reads for two READs of host memory can complete out of order — PCIe
+//!   lets one read pass another — is not settled here: on such hardware,
+//!   set `CuckooConfig::ordered_reads` false). So puts place entries
+//!   beside the slots that name them: a put allocates its entry where the
+//!   key was last seen, else beside its first bucket, and an insert or
+//!   update whose slot turns out to lie elsewhere copies the entry to the
+//!   slot's node, written just before its CAS on the slot's queue pair (so
+//!   it has landed when the CAS makes it visible); a move writes its copy
+//!   beside the destination; free lists and the allocator are per node
+//!   (`reclaim`, `RemoteAllocator::alloc_on`).
+//! - An entry apart from its slot (its node had no memory left, or a
+//!   Forward word names the copy beside the other slot, or a resolve moved
+//!   a copy back) has no such order: the two READs may execute the other way round, and the
 //!   entry READ could meet a block reused after an unlink before ts. For
 //!   those, the cache line serves only while the key was seen at the slot
 //!   less than G − W before: then I was linked at that sighting ts0, its
@@ -348,6 +355,9 @@ pub struct CuckooStats {
     /// Entry blocks reused: retired ones after the grace period G, or ones
     /// no slot ever named.
     pub entries_reused: u64,
+    /// Entries a put wrote apart from the slot it came to name and copied
+    /// beside it in the CAS's doorbell ("Cached gets").
+    pub entries_moved: u64,
     /// Gets that tried the location cache (one round trip: the cached
     /// slot and the entry its word named), and those it answered; the
     /// rest went on the two-round-trip way.
@@ -387,6 +397,7 @@ impl std::ops::AddAssign for CuckooStats {
         self.table_full += o.table_full;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
+        self.entries_moved += o.entries_moved;
         self.cached_gets += o.cached_gets;
         self.cache_hits += o.cache_hits;
     }
@@ -846,6 +857,20 @@ impl CuckooClient {
         old: Slot,
         new: Slot,
     ) -> Result<Slot, CuckooError> {
+        self.cas_word_after(ctx, None, at, old, new).await
+    }
+
+    /// [`Self::cas_word`], with a WRITE of `pre` (address, bytes) posted
+    /// just before the CAS in its doorbell: on the slot's node, so on its
+    /// queue pair, where the WRITE lands before the CAS executes.
+    async fn cas_word_after<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        pre: Option<(GlobalAddr, &[u8])>,
+        at: GlobalAddr,
+        old: Slot,
+        new: Slot,
+    ) -> Result<Slot, CuckooError> {
         if let Some(gate) = &self.hold {
             // Acquire pairs with the test's Release store; nothing but the
             // test's own sequencing rides on it.
@@ -853,7 +878,15 @@ impl CuckooClient {
                 ctx.yield_now().await;
             }
         }
-        let got = Slot(ctx.cas(at, old.0, new.0).await?);
+        debug_assert!(pre.is_none_or(|(a, _)| a.node() == at.node()));
+        let got = {
+            let mut b = ctx.batch();
+            if let Some((a, bytes)) = pre {
+                b.write_bytes(a, bytes);
+            }
+            let op = b.cas(at, old.0, new.0);
+            Slot(b.submit().await?.old(op))
+        };
         self.after_cas()?;
         if got != old {
             self.stats.cas_failures += 1;
@@ -900,10 +933,20 @@ impl CuckooClient {
                 self.stats.entries_reused += 1;
                 a
             }
-            None => {
-                self.stats.entries_allocated += 1;
-                self.alloc.alloc_on(ctx, node, block_bytes(c), 64).await?
-            }
+            None => match self.alloc.alloc_on(ctx, node, block_bytes(c), 64).await {
+                Ok(a) => {
+                    self.stats.entries_allocated += 1;
+                    a
+                }
+                // Out of fresh memory: a ready block of any node will do.
+                Err(e) => match self.reclaim.take_any(c, ctx.now_ns()) {
+                    Some(a) => {
+                        self.stats.entries_reused += 1;
+                        a
+                    }
+                    None => return Err(e.into()),
+                },
+            },
         };
         EntryRef::new(addr, lines).ok_or_else(|| {
             CuckooError::Config(format!(

@@ -10,7 +10,7 @@ use super::view::{
 };
 use super::{CuckooClient, CuckooError, MAX_ATTEMPTS};
 use crate::cuckoo::layout::Desc;
-use nicdrv::{Ctx, Nic, OpId};
+use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
 
 /// Rounds of displacement one put tries before answering `TableFull`
 /// (others may take each slot a displacement frees).
@@ -72,27 +72,16 @@ impl CuckooClient {
     /// in one doorbell. Whether it answered (into `out`); when it did not,
     /// the line is dropped and the caller gets the two-round-trip way.
     ///
-    /// Why an answer is right. The line says the slot held the committed
-    /// word `w` at some instant after `seen` (this node's clock). A READ
-    /// of the slot returning `w` at `t_s` shows it committed then, naming
-    /// the key's value (the invariant: every committed word of a key
-    /// names its value); `t_s` is the get's linearization point. But `w`
-    /// names an entry block by address only: once the block is unlinked
-    /// and reused (G after the unlinking CAS, `mod.rs`, "Reclamation"),
-    /// the same key may bring the same word back with another value, and
-    /// the entry READ — in the same doorbell, unordered with the slot READ
-    /// (they may go to different memory nodes) — could see the block's
-    /// older or newer contents. Neither can happen before G has passed
-    /// since `seen`: the unlink came after the slot held `w`, after
-    /// `seen`, and the reuse G after that. So both READs, done by the
-    /// time their completion is polled, are accepted only when that is
-    /// less than G − W after `seen` (W of margin, for clocks that run at
-    /// slightly different rates): the block then holds, at both READs,
-    /// the incarnation `w` named at `t_s`. The line's time moves to the
-    /// doorbell's start on a hit (the slot held `w` after it). The key
-    /// and checksum check rejects anything else. A stale, torn or
-    /// foreign line costs the round trip and nothing more: it is tested,
-    /// never trusted.
+    /// Why an answer is right: `mod.rs`, "Cached gets". In short, a READ
+    /// of the slot returning the cached committed word `w` at `t_s` is the
+    /// get's linearization point, and the entry READ returns the
+    /// incarnation `w` named then if it lands after `t_s` and within W of
+    /// the doorbell's start (entry beside the slot: one queue pair, in
+    /// order), or if the key was seen at the slot less than G − W before
+    /// (entry apart: the two READs are unordered, but no block named then
+    /// can have been reused). The line's time moves to the doorbell's
+    /// start on a hit. The key and checksum check rejects anything else; a
+    /// stale, torn or foreign line costs the round trip and nothing more.
     async fn cached_get<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -117,7 +106,7 @@ impl CuckooClient {
         let slot_at = slot_addr(desc, loc, p);
         // Beside its slot, the entry is READ after the slot on one queue
         // pair, and no age bound applies (mod.rs, "Cached gets").
-        let beside = e.addr().node() == slot_at.node();
+        let beside = cfg.ordered_reads && e.addr().node() == slot_at.node();
         let young = |now: u64| beside || now.saturating_sub(place.seen_ns) < life;
         if !young(t) {
             self.table.forget_place(key);
@@ -336,15 +325,24 @@ impl CuckooClient {
                     }
                     Plan::Present(p) => {
                         // Update: the one committed copy, swung by one CAS.
+                        // An entry apart from the slot is copied beside
+                        // it, written just before the CAS on the slot's
+                        // queue pair: it has landed when the CAS makes it
+                        // visible.
+                        let at = slot_addr(desc, &loc, p);
+                        let moved = self.move_beside(ctx, &mut v, at).await;
                         if !self.in_window(ctx, snap.t0) {
+                            // The moved entry is not written yet: the next
+                            // attempt writes it.
+                            written &= !moved;
                             continue;
                         }
                         let old = snap.pair.slot(p);
                         let new = Slot::entry(State::Normal, loc.fp, v);
                         let t_cas = ctx.now_ns();
-                        let got = self
-                            .cas_word(ctx, slot_addr(desc, &loc, p), old, new)
-                            .await?;
+                        let bytes = moved.then(|| self.ebuf.clone());
+                        let pre = bytes.as_deref().map(|b| (v.addr(), b));
+                        let got = self.cas_word_after(ctx, pre, at, old, new).await?;
                         if got == old {
                             self.retire(ctx, old.eref());
                             self.stats.updates += 1;
@@ -415,28 +413,16 @@ impl CuckooClient {
             return self.clear_stale(ctx, desc, loc, view).await;
         };
         let x_at = slot_addr(desc, loc, x);
-        let mut moved = false;
-        if v.addr().node() != x_at.node() {
-            let near = self.alloc_entry(ctx, v.lines(), x_at.node()).await?;
-            if near.addr().node() == x_at.node() {
-                self.give_back(*v);
-                *v = near;
-                moved = true;
-            } else {
-                // The slot's node has no memory left: the entry stays
-                // apart (its cached gets keep the age bound).
-                self.give_back(near);
-            }
-        }
+        let moved = self.move_beside(ctx, v, x_at).await;
         let mine = Slot::entry(State::Tentative, loc.fp, *v);
         let t = ctx.now_ns();
         let (ok, c) = {
             // The CAS goes first: on X's queue pair the READ of X's bucket
             // runs after it, so the collect sees the claim if it succeeded.
             // A moved entry is written just before it, on the same queue
-            // pair, so it has landed when the claim takes effect (and the
-            // claim is Tentative: no reader follows it before the commit,
-            // a round trip after both completed).
+            // pair, so it has landed when the claim takes effect: anyone
+            // who sees the claim (another insert of the key judges it by
+            // its entry) reads the entry whole.
             let mut b = ctx.batch();
             if moved {
                 b.write_bytes(v.addr(), &self.ebuf);
@@ -511,6 +497,37 @@ impl CuckooClient {
             return Ok(Ins::Burnt);
         }
         Err(CuckooError::Contention)
+    }
+
+    /// Puts the entry `v` (never named by a slot yet) beside the slot at
+    /// `at` (mod.rs, "Cached gets"): when it lies on another node, a block
+    /// on the slot's node takes its place and `v` is given back. Whether
+    /// it moved; the caller then writes the entry to the new block just
+    /// before its CAS on the slot, on the same queue pair. When the
+    /// slot's node has no memory (or no block can be had at all), the
+    /// entry stays apart and its cached gets keep the age bound.
+    async fn move_beside<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        v: &mut EntryRef,
+        at: GlobalAddr,
+    ) -> bool {
+        if v.addr().node() == at.node() || !self.cfg().ordered_reads {
+            return false;
+        }
+        match self.alloc_entry(ctx, v.lines(), at.node()).await {
+            Ok(near) if near.addr().node() == at.node() => {
+                self.give_back(*v);
+                *v = near;
+                self.stats.entries_moved += 1;
+                true
+            }
+            Ok(elsewhere) => {
+                self.give_back(elsewhere);
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// Elimination of an update that lost its CAS (`got` is what the slot

@@ -102,6 +102,13 @@ impl Reclaim {
         }
     }
 
+    /// A block of class `c` on any node whose grace period has passed by
+    /// `now_ns` (for when fresh memory has run out).
+    pub fn take_any(&mut self, c: usize, now_ns: u64) -> Option<GlobalAddr> {
+        let n = self.lists.len() as NodeId;
+        (0..n).find_map(|node| self.take(c, node, now_ns))
+    }
+
     /// The lists of the node `block` lies on.
     fn lists_of(&mut self, block: GlobalAddr) -> &mut NodeLists {
         let n = block.node() as usize;
@@ -162,7 +169,8 @@ mod tests {
         r.give_back(c, 2);
         assert_eq!(r.take(2, 1, 0), None, "on node 0");
         assert_eq!(r.take(2, 0, 0), Some(c), "never visible: at once");
-        assert_eq!(r.take(2, 1, 1060), Some(b));
+        assert_eq!(r.take_any(2, 1059), None, "b is not ready");
+        assert_eq!(r.take_any(2, 1060), Some(b), "any node");
         assert_eq!(r.waiting(), 0);
     }
 
