@@ -178,6 +178,12 @@ struct Served {
     gen: u32,
     qpi: u32,
     start: u64,
+    /// End of the QP's previous memory access window: a request may touch
+    /// memory on the spot only when that lies in the past. At the same
+    /// instant, the previous request's last line may still wait in the
+    /// event queue, and must go first (requests on one QP touch memory in
+    /// posting order).
+    prev_end: u64,
 }
 
 /// The simulated cluster, shared by the world, its devices and queue
@@ -542,7 +548,13 @@ impl SimCluster {
             self.answer(r, status, start + self.latency(start));
             return;
         }
-        let served = Served { r, gen, qpi, start };
+        let served = Served {
+            r,
+            gen,
+            qpi,
+            start,
+            prev_end: last_end,
+        };
         match wr.op.opcode() {
             Opcode::Read | Opcode::Write => self.serve_transfer(served, mems, mn, &wr.op),
             _ => self.serve_atomic(served, mems, mn, &wr.op),
@@ -601,7 +613,7 @@ impl SimCluster {
         self.reqs.borrow_mut()[s.r as usize].lines_left = lines;
         if lines == 1 {
             // One line: it touches memory as the NIC takes it.
-            if start == now {
+            if start == now && s.prev_end < now {
                 self.on_access(s.r, s.gen, 0);
             } else {
                 self.schedule(start, Ev::Access(s.r, s.gen, 0));
@@ -648,7 +660,7 @@ impl SimCluster {
         }
         drop(mems);
         self.reqs.borrow_mut()[s.r as usize].lines_left = 1;
-        if exec == now {
+        if exec == now && s.prev_end < now {
             self.on_access(s.r, s.gen, 0);
         } else {
             self.schedule(exec, Ev::Access(s.r, s.gen, 0));
