@@ -477,17 +477,22 @@ fn fingerprint_collisions_are_told_apart() {
     });
 }
 
-/// Gets of keys seen before, a long sleep after: round trips of each.
-/// `tune` adjusts the table's configuration.
-fn cached_gets_after(tune: impl FnOnce(&mut CuckooConfig), keys: u64) -> Vec<u64> {
-    let mut w = sim_world(2, 2, 1);
+/// A table with short windows, in two segments of 64 buckets, one per
+/// node (allocation starts at node 0 and goes round robin).
+fn two_segments() -> CuckooConfig {
     let mut c = cfg(1024, 8, 16);
     c.window_ns = 100_000;
     c.reuse_grace_ns = 400_000;
     c.stale_ns = 100_000;
-    // Two segments of 64 buckets, one per node (allocation starts at node
-    // 0 and goes round robin).
     c.chunk.chunk_bytes = 4096;
+    c
+}
+
+/// Gets of keys seen before, a long sleep after: round trips of each.
+/// `tune` adjusts the table's configuration.
+fn cached_gets_after(tune: impl FnOnce(&mut CuckooConfig), keys: u64) -> Vec<u64> {
+    let mut w = sim_world(2, 2, 1);
+    let mut c = two_segments();
     tune(&mut c);
     let life = c.reuse_grace_ns - c.window_ns;
     let table = Cuckoo::new(c).unwrap();
@@ -573,11 +578,7 @@ fn location_cache_lines_expire_without_ordered_reads() {
 #[test]
 fn puts_without_a_hint_move_their_entry_beside_the_slot() {
     let mut w = sim_world(3, 2, 1);
-    let mut c = cfg(1024, 8, 16);
-    c.window_ns = 100_000;
-    c.reuse_grace_ns = 400_000;
-    c.stale_ns = 100_000;
-    c.chunk.chunk_bytes = 4096;
+    let mut c = two_segments();
     let life = c.reuse_grace_ns - c.window_ns;
     let reader = Cuckoo::new(c.clone()).unwrap();
     c.location_cache_lines = 0;
