@@ -161,13 +161,13 @@
 //!   beside the destination; free lists and the allocator are per node
 //!   (`reclaim`, `RemoteAllocator::alloc_on`).
 //! - An entry apart from its slot (its node had no memory left, or a
-//!   Forward word names the copy beside the other slot, or a resolve moved
-//!   a copy back) has no such order: the two READs may execute the other way round, and the
-//!   entry READ could meet a block reused after an unlink before ts. For
-//!   those, the cache line serves only while the key was seen at the slot
-//!   less than G − W before: then I was linked at that sighting ts0, its
-//!   block is not reused before ts0 + G > t1, and the slot holding w at
-//!   ts names that same incarnation.
+//!   Forward word names the copy beside the other slot, or a resolve
+//!   moved a copy back) has no such order: the two READs may execute the
+//!   other way round, and the entry READ could meet a block reused after
+//!   an unlink before ts. For those, the cache line serves only while the
+//!   key was seen at the slot less than G − W before: then I was linked at
+//!   that sighting ts0, its block is not reused before ts0 + G > t1, and
+//!   the slot holding w at ts names that same incarnation.
 
 pub mod config;
 pub mod layout;
