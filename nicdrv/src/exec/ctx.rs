@@ -118,11 +118,15 @@ impl<N: Nic> Ctx<N> {
 
     /// A zeroed buffer of registered scratch memory.
     pub fn alloc(&self, len: usize) -> Result<Buf, VerbError> {
-        let a = &self.s().arena;
-        arena::alloc(a, len).ok_or(VerbError::Scratch {
+        arena::alloc(&self.s().arena, len).ok_or_else(|| self.no_scratch(len))
+    }
+
+    /// The error of a scratch request of `len` bytes that does not fit.
+    fn no_scratch(&self, len: usize) -> VerbError {
+        VerbError::Scratch {
             requested: len,
-            free: a.free_bytes(),
-        })
+            free: self.s().arena.free_bytes(),
+        }
     }
 
     /// A buffer of registered scratch memory for a READ to fill, not
@@ -132,11 +136,7 @@ impl<N: Nic> Ctx<N> {
     /// takes its buffers with the failed batch. Saves the zeroing
     /// [`Ctx::alloc`] does (70 instructions for a 1 KiB node).
     pub fn alloc_for_read(&self, len: usize) -> Result<Buf, VerbError> {
-        let a = &self.s().arena;
-        arena::alloc_raw(a, len).ok_or(VerbError::Scratch {
-            requested: len,
-            free: a.free_bytes(),
-        })
+        arena::alloc_raw(&self.s().arena, len).ok_or_else(|| self.no_scratch(len))
     }
 
     /// Bytes of this task's scratch window in use: live buffers and the
@@ -482,11 +482,8 @@ impl<'a, N: Nic> Batch<'a, N> {
         match arena::alloc_copy(&self.ctx.s().arena, data) {
             Some(b) => self.write(addr, b),
             None => {
-                let free = self.ctx.s().arena.free_bytes();
-                self.fail(VerbError::Scratch {
-                    requested: data.len(),
-                    free,
-                })
+                let e = self.ctx.no_scratch(data.len());
+                self.fail(e)
             }
         }
     }
