@@ -35,7 +35,7 @@
 
 use crate::layout::{first_chunk_off, CHUNK_ALIGN, CHUNK_CURSOR_OFF, SUPERBLOCK_BYTES};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space, VerbError};
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, OnceCell};
 use std::fmt;
 
 /// Sherman's chunk size.
@@ -196,6 +196,9 @@ struct NodeSlot {
     node: NodeId,
     chunks: u64,
     state: Cell<NodeState>,
+    /// The chunk of this node being carved for requests that name it
+    /// ([`RemoteAllocator::alloc_on`]).
+    near: Cell<Option<Cursor>>,
 }
 
 /// The unused part of the chunk being bump-allocated.
@@ -242,9 +245,6 @@ pub struct RemoteAllocator {
     /// Where the next refill starts looking (round-robin).
     next_node: Cell<usize>,
     cur: Cell<Option<Cursor>>,
-    /// The chunk being carved for each node asked for by name
-    /// ([`RemoteAllocator::alloc_on`]), by node number.
-    near: RefCell<Vec<Option<Cursor>>>,
     chunks_taken: Cell<u64>,
 }
 
@@ -258,7 +258,6 @@ impl RemoteAllocator {
             nodes: OnceCell::new(),
             next_node: Cell::new(0),
             cur: Cell::new(None),
-            near: RefCell::new(Vec::new()),
             chunks_taken: Cell::new(0),
         })
     }
@@ -321,31 +320,23 @@ impl RemoteAllocator {
         align: u64,
     ) -> Result<GlobalAddr, AllocError> {
         let (len, align) = self.check_request(bytes, align)?;
-        let ix = node as usize;
-        {
-            let mut near = self.near.borrow_mut();
-            if let Some(Some(c)) = near.get_mut(ix) {
+        if let Some(s) = self.slots(ctx)?.iter().find(|s| s.node == node) {
+            if let Some(mut c) = s.near.get() {
                 if let Some(off) = c.carve(len, align) {
+                    s.near.set(Some(c));
                     return host_addr(node, off);
                 }
             }
-        }
-        let slot = self.slots(ctx)?.iter().find(|s| s.node == node);
-        if let Some(s) = slot {
             if let Ok(Some(mut fresh)) = self.take_from(ctx, s).await {
                 // A fresh chunk is CHUNK_ALIGN-aligned and len <=
                 // chunk_bytes (check_request): the request fits at its start.
                 let off = fresh
                     .carve(len, align)
                     .expect("a fresh chunk holds any request");
-                let mut near = self.near.borrow_mut();
-                if near.len() <= ix {
-                    near.resize(ix + 1, None);
-                }
                 // Another task sharing this allocator may have refilled
                 // while we waited: keep whichever chunk has more room left.
-                if near[ix].is_none_or(|c| c.room() < fresh.room()) {
-                    near[ix] = Some(fresh);
+                if s.near.get().is_none_or(|c| c.room() < fresh.room()) {
+                    s.near.set(Some(fresh));
                 }
                 return host_addr(node, off);
             }
@@ -408,6 +399,7 @@ impl RemoteAllocator {
                 } else {
                     NodeState::Open
                 }),
+                near: Cell::new(None),
             });
         }
         Ok(self.nodes.get_or_init(|| built.into_boxed_slice()))
