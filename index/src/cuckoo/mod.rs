@@ -553,27 +553,15 @@ impl Cuckoo {
             .find(|&i| meta(i) & !PLACE_POS == tag | PLACE_VALID)
             .or_else(|| at.iter().copied().find(|&i| meta(i) & PLACE_VALID == 0))
             .unwrap_or_else(|| at.iter().copied().min_by_key(|&i| seen(i)).expect("a way"));
-        let l = &self.places[i..i + PLACE_WORDS];
-        let v = l[0].load(Ordering::Relaxed);
-        // The writer's half of the seqlock (Boehm, "Can seqlocks get along
-        // with programming language memory models?", 2012): the version
-        // turns odd, then a Release fence, then the fields. A reader that
-        // loads any field stored here synchronizes, through its Acquire
-        // fence, with this fence, so its second version load sees the odd
-        // version or a later one.
-        if v & 1 == 1
-            || l[0]
-                .compare_exchange(v, v + 1, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            return;
-        }
-        std::sync::atomic::fence(Ordering::Release);
-        l[1].store(tag | PLACE_VALID | pos as u64, Ordering::Relaxed);
-        l[2].store(word, Ordering::Relaxed);
-        l[3].store(seen_ns, Ordering::Relaxed);
-        // Release: the fields are visible before the even version is.
-        l[0].store(v + 2, Ordering::Release);
+        self.write_place(
+            i,
+            |_| true,
+            |l| {
+                l[1].store(tag | PLACE_VALID | pos as u64, Ordering::Relaxed);
+                l[2].store(word, Ordering::Relaxed);
+                l[3].store(seen_ns, Ordering::Relaxed);
+            },
+        );
     }
 
     /// Forgets where `key` was (the lines that hold it).
@@ -582,20 +570,39 @@ impl Cuckoo {
             return;
         };
         for &i in &at[..ways] {
-            let l = &self.places[i..i + PLACE_WORDS];
-            let v = l[0].load(Ordering::Relaxed);
-            // Orderings as in `put_place`.
-            if v & 1 == 0
-                && l[1].load(Ordering::Relaxed) & !PLACE_POS == tag | PLACE_VALID
-                && l[0]
-                    .compare_exchange(v, v + 1, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            {
-                std::sync::atomic::fence(Ordering::Release);
-                l[1].store(0, Ordering::Relaxed);
-                l[0].store(v + 2, Ordering::Release);
-            }
+            self.write_place(
+                i,
+                |meta| meta & !PLACE_POS == tag | PLACE_VALID,
+                |l| l[1].store(0, Ordering::Relaxed),
+            );
         }
+    }
+
+    /// Stores into line `i` with `write`, under the line's seqlock; skipped
+    /// while another client writes the line, or when `holds` turns the
+    /// line's meta word down.
+    fn write_place(&self, i: usize, holds: impl Fn(u64) -> bool, write: impl FnOnce(&[AtomicU64])) {
+        let l = &self.places[i..i + PLACE_WORDS];
+        let v = l[0].load(Ordering::Relaxed);
+        // The writer's half of the seqlock (Boehm, "Can seqlocks get along
+        // with programming language memory models?", 2012): the version
+        // turns odd, then a Release fence, then the fields. A reader that
+        // loads any field stored here synchronizes, through its Acquire
+        // fence, with this fence, so its second version load sees the odd
+        // version or a later one. Relaxed on the meta load: a guess the
+        // CAS on the version then settles.
+        if v & 1 == 1
+            || !holds(l[1].load(Ordering::Relaxed))
+            || l[0]
+                .compare_exchange(v, v + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        write(l);
+        // Release: the fields are visible before the even version is.
+        l[0].store(v + 2, Ordering::Release);
     }
 
     /// The configuration this handle was made with.
