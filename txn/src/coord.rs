@@ -173,6 +173,10 @@ pub struct CoordStats {
     /// Batches of records posted again after a link to a machine still in
     /// the configuration failed (`Coordinator::heal`).
     pub resends: u64,
+    /// Machines of the configuration reported unreachable to the CM
+    /// (`crate::lease::Membership::report`): records to them did not land
+    /// for [`REPORT_LEASES`] leases of resends, or they never answered.
+    pub reports: u64,
 }
 
 impl CoordStats {
@@ -219,6 +223,7 @@ impl std::ops::AddAssign for CoordStats {
         self.recovery_restarts += o.recovery_restarts;
         self.recovery_unheld += o.recovery_unheld;
         self.resends += o.resends;
+        self.reports += o.reports;
     }
 }
 
@@ -384,6 +389,12 @@ pub const GATE_WAIT_NS: u64 = 1_000_000_000;
 /// How long a coordinator waits between posting again the records a
 /// failed link left in flight to a machine still in its configuration.
 pub const RESEND_PAUSE_NS: u64 = 500_000;
+
+/// Leases of resends to a machine, both holding their leases and its
+/// records still not landing, before it is reported to the CM as
+/// unreachable (`Coordinator::heal_poisoned`): a machine that failed is
+/// suspected by its lease within one.
+pub const REPORT_LEASES: u64 = 2;
 
 /// How often a waiting coordinator looks again.
 const GATE_POLL_NS: u64 = 20_000;
@@ -842,12 +853,10 @@ impl Coordinator {
     /// recovery decides) or the gate's wait ends it. Whether they landed.
     /// Without a configuration to follow, nothing is tried.
     async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
-        // A record the failed batch never posted is not in flight to post
-        // again: the caller's error stands, and the rings it poisoned are
-        // given up for the configuration (a later heal must not deliver a
-        // record of a commit that returned an error).
-        let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
-        if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
+        // Records the failed batch never posted (a queue pair in error
+        // refused them) are in flight too: posting them later is posting
+        // them once (`land_what_landed` kept them).
+        if ds.iter().any(|&d| d >= 64) {
             self.give_up(ds);
             return Ok(false);
         }
@@ -859,30 +868,69 @@ impl Coordinator {
     /// the configuration changes or the gate's wait ends; then the rings
     /// that did not heal are given up for this configuration (their
     /// records never go, so no caller that saw the error meets them
-    /// later).
+    /// later). A machine whose ring has not healed after
+    /// [`REPORT_LEASES`] leases is reported to the CM: both hold their
+    /// leases, so only a report brings the configuration change that
+    /// decides the commits the link cut off.
     async fn heal_poisoned<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         ds: &[NodeId],
     ) -> Result<bool, TxError> {
-        if self.follows.is_none() {
+        let Some(m) = self.follows.clone() else {
             return Ok(false);
-        }
-        let deadline = ctx.now_ns() + self.gate_wait_ns();
+        };
+        let now = ctx.now_ns();
+        let deadline = now + self.gate_wait_ns();
+        let report_at = now.saturating_add(REPORT_LEASES * m.membership.lease_ns());
         loop {
             let mut all = true;
             for &d in ds {
-                all &= self.try_heal(ctx, d).await?;
+                let healed = self.try_heal(ctx, d).await?;
+                if !healed && ctx.now_ns() >= report_at && m.membership.lease_ns() > 0 {
+                    self.report(d);
+                }
+                all &= healed;
             }
             if all {
                 return Ok(true);
             }
             let hopeless = ds.iter().any(|&d| !self.healable(d));
             if hopeless || ctx.now_ns() >= deadline {
+                // A ring that can never go again in this configuration
+                // (given up, or poisoned in the one before) cuts this
+                // coordinator off from a machine still in it.
                 self.give_up(ds);
+                for &d in ds {
+                    self.report_if_stuck(d);
+                }
                 return Ok(false);
             }
             ctx.sleep(RESEND_PAUSE_NS)?.await;
+        }
+    }
+
+    /// Reports machine `d` of this coordinator's configuration to the CM
+    /// as unreachable (once a configuration).
+    fn report(&mut self, d: NodeId) {
+        let Some(m) = &self.follows else { return };
+        let cur = m.membership.current();
+        if cur.config.id == self.config as u64 && cur.config.contains(d) && m.membership.report(d) {
+            log::warn!(
+                "machine {} thread {}: machine {d} unreachable; reported to the CM",
+                self.machine,
+                self.thread
+            );
+            self.stats.reports += 1;
+        }
+    }
+
+    /// Reports `d` if its ring is poisoned for good in this configuration
+    /// (`healable` says no while both machines are in it: a heal gave it
+    /// up, or its records were staged in the configuration before).
+    fn report_if_stuck(&mut self, d: NodeId) {
+        if d < 64 && self.logs[d as usize].is_poisoned() && !self.healable(d) {
+            self.report(d);
         }
     }
 
@@ -949,7 +997,11 @@ impl Coordinator {
         for &d in ds.iter().filter(|&&d| d < 64) {
             let bit = 1u64 << d;
             if posted & bit == 0 {
-                self.logs[d as usize].unstage();
+                // Following a configuration, a record never posted goes
+                // with the resends of the ring (`heal`), or never.
+                if self.follows.is_none() {
+                    self.logs[d as usize].unstage();
+                }
             } else if failed & bit == 0 {
                 self.logs[d as usize].landed(ctx)?;
             }
@@ -994,14 +1046,18 @@ impl Coordinator {
         GATE_WAIT_NS.max(lease.saturating_mul(4))
     }
 
-    /// A read-only transaction's reads are done (and validated): it is
-    /// reported committed only while this machine's leases hold
-    /// ([`crate::lease::Membership::serving`]). Until its leases ran out,
-    /// no configuration without this machine can have been committed, so
-    /// no transaction has written where it read since. It waits for a
-    /// lease renewed; a configuration change meanwhile aborts it; a
-    /// machine without a lease for [`Self::gate_wait_ns`] stops with an error.
-    async fn serve<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+    /// A transaction's reads are done (and validated), and its records,
+    /// if it wrote, acknowledged: it is reported committed only while
+    /// this machine's leases hold ([`crate::lease::Membership::serving`]).
+    /// Until its leases ran out, no configuration without this machine
+    /// can have been committed, so no transaction has written where it
+    /// read since, and no machine has drained its logs without the
+    /// records it wrote. It waits for a lease renewed; a configuration
+    /// change meanwhile aborts a `read_only` one (nothing was written)
+    /// and leaves a read-write one to recovery (`TxError::Reconfigured`:
+    /// [`Self::resolve`]); a machine without a lease for
+    /// [`Self::gate_wait_ns`] stops with an error.
+    async fn serve<N: Nic>(&mut self, ctx: &Ctx<N>, read_only: bool) -> Result<(), TxError> {
         let Some(m) = self.follows.clone() else {
             return Ok(());
         };
@@ -1012,7 +1068,10 @@ impl Coordinator {
                 return Ok(());
             }
             if m.membership.epoch() != self.config as u64 || m.membership.is_removed() {
-                return Err(TxError::Aborted(Abort::Failure));
+                return Err(match read_only {
+                    true => TxError::Aborted(Abort::Failure),
+                    false => TxError::Reconfigured,
+                });
             }
             if ctx.now_ns() >= deadline {
                 return Err(TxError::Protocol(format!(
@@ -1397,7 +1456,7 @@ impl Coordinator {
             return Err(TxError::Aborted(Abort::Changed));
         }
         if tx.writes.is_empty() && tx.reads.len() <= 1 {
-            return self.serve(ctx).await;
+            return self.serve(ctx, true).await;
         }
         let mut plan = self.plan(tx)?;
         if self.follows.is_some() {
@@ -1407,6 +1466,7 @@ impl Coordinator {
             let need: Vec<NodeId> = plan.keys().copied().collect();
             for d in need {
                 if !self.try_heal(ctx, d).await? {
+                    self.report_if_stuck(d);
                     return Err(TxError::Aborted(Abort::Failure));
                 }
             }
@@ -1419,9 +1479,13 @@ impl Coordinator {
             }
         }
         r?;
-        if tx.writes.is_empty() {
-            self.serve(ctx).await?;
-        }
+        // Reported only under the machine's leases, read-write commits
+        // too: a machine removed while it still reaches the others (a
+        // partition from the CM alone, or a core that stalled through its
+        // removal) could otherwise have a commit's records acknowledged
+        // after the others drained their logs and decided the commit
+        // without them.
+        self.serve(ctx, tx.writes.is_empty()).await?;
         if let Some(m) = &self.follows {
             // Acknowledged in this configuration, before the machine moved
             // on: every record landed before any machine drains.
@@ -1910,6 +1974,8 @@ impl Coordinator {
                     }
                 }
                 if ctx.now_ns() >= deadline {
+                    // Up, as its lease says, but it never answered.
+                    self.report(d);
                     return Err(TxError::Protocol(format!(
                         "machine {d} did not answer transaction {tx:?}"
                     )));

@@ -198,6 +198,12 @@ impl Geometry {
         self.lease_word(from) + 8
     }
 
+    /// Where machine `from` reports a machine it cannot reach to the CM
+    /// (`lease::Kind::Unreachable`): word 3 of its lease line.
+    pub fn report_word(&self, from: NodeId) -> u64 {
+        self.lease_word(from) + 24
+    }
+
     /// Every machine's lease line as one range of a machine's memory (one
     /// range to wait on).
     pub fn lease_area(&self) -> (u64, u64) {

@@ -106,6 +106,11 @@ pub enum Kind {
     NewConfig = 5,
     NewConfigAck = 6,
     NewConfigCommit = 7,
+    /// A machine tells the CM that it cannot reach machine `seq − 1`
+    /// though both hold their leases (word 3 of its line; `config` is the
+    /// configuration it was raised in): a link between them failed for
+    /// longer than resends could bridge ([`Membership::report`]).
+    Unreachable = 8,
 }
 
 /// How long the first lease of a run may take to be set up (requested
@@ -154,6 +159,7 @@ impl Msg {
             5 => Kind::NewConfig,
             6 => Kind::NewConfigAck,
             7 => Kind::NewConfigCommit,
+            8 => Kind::Unreachable,
             k => return Err(TxError::Protocol(format!("lease word {w:#x}: kind {k}"))),
         };
         let seq = w & SEQ_MASK;
@@ -203,6 +209,19 @@ pub struct Membership {
     committed: AtomicU64,
     removed: AtomicBool,
     suspicions: Mutex<Vec<Suspicion>>,
+    /// Machines this one's coordinators could not reach, with the
+    /// configuration they were raised in, for the reconfiguration task to
+    /// tell the CM ([`Membership::report`]).
+    reports: Mutex<Reports>,
+}
+
+/// [`Membership::report`]s: every one raised in the current
+/// configuration (so none is raised twice), the first `taken` of them
+/// told.
+#[derive(Debug, Default)]
+struct Reports {
+    raised: Vec<(NodeId, u64)>,
+    taken: usize,
 }
 
 /// A machine reads its own memory without asking anyone, so a machine
@@ -237,6 +256,7 @@ impl Membership {
             current: Mutex::new(current),
             removed: AtomicBool::new(false),
             suspicions: Mutex::new(Vec::new()),
+            reports: Mutex::new(Reports::default()),
         })
     }
 
@@ -380,6 +400,37 @@ impl Membership {
     /// Every suspicion raised, oldest first.
     pub fn suspicions(&self) -> Vec<Suspicion> {
         self.suspicions.lock().expect("no panics hold it").clone()
+    }
+
+    /// This machine cannot reach `machine` of its configuration though
+    /// both hold their leases (records to it could not land however often
+    /// they went again, or it never answered): nothing else would ever
+    /// suspect it, and the commits cut off by the link would hold their
+    /// locks for good. The reconfiguration task tells the CM, which
+    /// removes one end of the link ([`crate::reconfig`]). Whether the
+    /// report is new (one per machine and configuration).
+    pub fn report(&self, machine: NodeId) -> bool {
+        let config = self.epoch();
+        if machine == self.me || self.is_removed() {
+            return false;
+        }
+        let mut r = self.reports.lock().expect("no panics hold it");
+        if r.raised.contains(&(machine, config)) {
+            return false;
+        }
+        r.raised.push((machine, config));
+        true
+    }
+
+    /// The reports not yet taken, oldest first ([`Membership::report`]).
+    pub fn take_reports(&self) -> Vec<(NodeId, u64)> {
+        let mut r = self.reports.lock().expect("no panics hold it");
+        let new = r.raised[r.taken..].to_vec();
+        // Those of configurations before the current one are moot.
+        let config = self.epoch();
+        r.raised.retain(|&(_, c)| c >= config);
+        r.taken = r.raised.len();
+        new
     }
 }
 
@@ -855,6 +906,7 @@ mod tests {
             Kind::NewConfig,
             Kind::NewConfigAck,
             Kind::NewConfigCommit,
+            Kind::Unreachable,
         ] {
             for (config, seq) in [(0, 1), (CONFIG_MASK as u32, SEQ_MASK), (7, 12345)] {
                 let m = Msg { kind, config, seq };
@@ -862,7 +914,7 @@ mod tests {
             }
         }
         assert_eq!(Msg::decode(0).unwrap(), None);
-        assert!(Msg::decode(8 << 60 | 1).is_err(), "unknown kind");
+        assert!(Msg::decode(9 << 60 | 1).is_err(), "unknown kind");
         assert!(Msg::decode(1 << 60).is_err(), "seq 0");
         assert!(Msg::decode(u64::MAX).is_err());
         assert_eq!(config_tag(1 << 20 | 3), 3);

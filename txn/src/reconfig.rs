@@ -10,6 +10,12 @@
 //!    renewal period (a lease after its last grant), so the first live
 //!    backup usually goes alone; a later one gives up if the store moved
 //!    meanwhile.
+//!    Leases cannot see a link that failed between two machines that
+//!    both still reach the CM: a machine whose records to another could
+//!    not land for two leases, however often they went again, or that
+//!    another never answered, reports it (word 3 of its lease line at
+//!    the CM, [`Kind::Unreachable`]), and the CM suspects one end of the
+//!    link (`Reconfig::take_report`).
 //! 2. **Probe.** One-sided READs of every other machine of the
 //!    configuration; a machine whose READ fails, or that is suspected, is
 //!    out. The candidate goes on only if a majority of the configuration
@@ -56,11 +62,15 @@ use crate::lease::{config_tag, send_word, Kind, LeaseConfig, Membership, Msg, Su
 use crate::regions::{Region, RegionMap, Replica};
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, Space};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// How often the task looks at the suspicions without being woken.
 pub const WATCH_NS: u64 = 50_000;
+
+/// A machine whose report the CM took reports another within this many
+/// leases: the reporter is suspected, not the machine it names.
+pub const REPORT_MEMORY_LEASES: u64 = 10;
 
 /// What a reconfiguration task did, with the times (executor clock).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +135,18 @@ pub enum Event {
     SteppedDown { at_ns: u64, config: u64 },
     /// The store refused or could not be reached.
     StoreError { at_ns: u64, error: ConfigError },
+    /// It told the CM that it cannot reach `machine`
+    /// ([`Membership::report`]).
+    ReportSent { at_ns: u64, machine: NodeId },
+    /// As the CM, it took `by`'s report that `by` cannot reach `machine`:
+    /// it suspects `suspected`, one end of the link (none when one end is
+    /// suspected already).
+    Reported {
+        at_ns: u64,
+        by: NodeId,
+        machine: NodeId,
+        suspected: Option<NodeId>,
+    },
 }
 
 impl Event {
@@ -147,7 +169,9 @@ impl Event {
             | Event::Refused { at_ns, .. }
             | Event::Removed { at_ns, .. }
             | Event::SteppedDown { at_ns, .. }
-            | Event::StoreError { at_ns, .. } => *at_ns,
+            | Event::StoreError { at_ns, .. }
+            | Event::ReportSent { at_ns, .. }
+            | Event::Reported { at_ns, .. } => *at_ns,
         }
     }
 
@@ -171,6 +195,8 @@ impl Event {
             Event::Removed { .. } => "removed",
             Event::SteppedDown { .. } => "stepped-down",
             Event::StoreError { .. } => "store-error",
+            Event::ReportSent { .. } => "report-sent",
+            Event::Reported { .. } => "reported",
         }
     }
 }
@@ -207,9 +233,13 @@ impl Reconfig {
         let mut ev = Vec::new();
         let me = self.me();
         let mut last: Vec<u64> = Vec::with_capacity(self.geo.machines as usize);
+        let mut last_report: Vec<u64> = Vec::with_capacity(self.geo.machines as usize);
         for k in 0..self.geo.machines {
             last.push(ctx.local().load(config_word(self.geo, k))?);
+            last_report.push(ctx.local().load(self.geo.report_word(k))?);
         }
+        // As the CM: when each reporter's last report was taken.
+        let mut heard: BTreeMap<NodeId, u64> = BTreeMap::new();
         // No attempt in a configuration before this time: a backup CM's
         // turn, or a lease after a failed attempt. Messages are handled
         // meanwhile, so a NEW-CONFIG ends the wait.
@@ -225,7 +255,13 @@ impl Reconfig {
                     last[k as usize] = w;
                     self.on_message(ctx, k, w, &mut ev).await;
                 }
+                let w = ctx.local().load(self.geo.report_word(k))?;
+                if w != last_report[k as usize] {
+                    last_report[k as usize] = w;
+                    self.on_report(ctx, k, w, &mut heard, &mut ev);
+                }
             }
+            self.tell_reports(ctx, &mut heard, &mut ev).await;
             let cur = self.membership.current();
             let waiting = not_before.filter(|&(epoch, _)| epoch == cur.config.id);
             if let Some(sus) = self.trigger(&cur) {
@@ -332,6 +368,134 @@ impl Reconfig {
             Kind::NewConfigAck if m.seq <= cur.config.id => {}
             _ => refuse(ev),
         }
+    }
+
+    /// Reports of machines this one cannot reach, raised by its
+    /// coordinators since the last look: to the CM, or, at the CM, taken.
+    async fn tell_reports<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        heard: &mut BTreeMap<NodeId, u64>,
+        ev: &mut Vec<Event>,
+    ) {
+        let cur = self.membership.current();
+        let me = self.me();
+        for (machine, config) in self.membership.take_reports() {
+            if config != cur.config.id {
+                continue;
+            }
+            if cur.config.cm == me {
+                self.take_report(ctx, &cur, me, machine, heard, ev);
+                continue;
+            }
+            // A CM this machine cannot reach either: its lease tells.
+            let (off, cm) = (self.geo.report_word(me), cur.config.cm);
+            let seq = machine as u64 + 1;
+            if send_word(ctx, off, cm, config, Kind::Unreachable, seq).await {
+                ev.push(Event::ReportSent {
+                    at_ns: ctx.now_ns(),
+                    machine,
+                });
+            }
+        }
+    }
+
+    /// A report word from `from`: taken if it is a well-formed report of
+    /// this configuration and this machine is its CM; refused otherwise.
+    fn on_report<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        from: NodeId,
+        w: u64,
+        heard: &mut BTreeMap<NodeId, u64>,
+        ev: &mut Vec<Event>,
+    ) {
+        let cur = self.membership.current();
+        match Msg::decode(w) {
+            Ok(Some(m))
+                if m.kind == Kind::Unreachable
+                    && m.config == config_tag(cur.config.id)
+                    && cur.config.cm == self.me()
+                    && m.seq <= self.geo.machines as u64 =>
+            {
+                let machine = (m.seq - 1) as NodeId;
+                if self.take_report(ctx, &cur, from, machine, heard, ev) {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        log::warn!(
+            "machine {}: refused report word {w:#x} from machine {from}",
+            self.me()
+        );
+        ev.push(Event::Refused {
+            at_ns: ctx.now_ns(),
+            from,
+            word: w,
+        });
+    }
+
+    /// As the CM of `cur`, `by` reports it cannot reach `machine`, both of
+    /// the configuration and both holding their leases: one end of the
+    /// link must go, or the commits the link cut off hold their locks for
+    /// good. It is `machine` — unless that is this CM (which reconfigures,
+    /// so it stays), or `by` had another report taken within
+    /// [`REPORT_MEMORY_LEASES`] leases (a machine that cannot reach one
+    /// peer after another is more likely the broken one). When both ends
+    /// report each other, the first report taken stands: the second's
+    /// reporter is suspected already. The suspicion starts the
+    /// reconfiguration; its probe still removes whichever else fails.
+    /// Whether the report was well-formed.
+    fn take_report<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        cur: &Stored,
+        by: NodeId,
+        machine: NodeId,
+        heard: &mut BTreeMap<NodeId, u64>,
+        ev: &mut Vec<Event>,
+    ) -> bool {
+        let c = &cur.config;
+        if by == machine || !c.contains(by) || !c.contains(machine) {
+            return false;
+        }
+        let now = ctx.now_ns();
+        let me = self.me();
+        let suspected: BTreeSet<NodeId> = self
+            .membership
+            .suspicions()
+            .iter()
+            .filter(|s| s.config == c.id)
+            .map(|s| s.machine)
+            .collect();
+        let out = if suspected.contains(&by) || suspected.contains(&machine) {
+            None
+        } else {
+            let memory = REPORT_MEMORY_LEASES * self.timing.lease_ns;
+            let again = heard.get(&by).is_some_and(|&t| now < t + memory);
+            let out = if machine == me || (again && by != me) {
+                by
+            } else {
+                machine
+            };
+            heard.insert(by, now);
+            self.membership.suspect(Suspicion {
+                by,
+                machine: out,
+                config: c.id,
+                at_ns: now,
+                renewed_ns: now,
+            });
+            Some(out)
+        };
+        ev.push(Event::Reported {
+            at_ns: now,
+            by,
+            machine,
+            suspected: out,
+        });
+        true
     }
 
     /// The store holds `s`, newer than this machine's configuration:

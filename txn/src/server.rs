@@ -143,6 +143,10 @@ pub struct ServerStats {
     /// Replies or head reports that could not be written (their machine
     /// failed).
     pub lost_replies: u64,
+    /// Coordinator machines of the configuration reported to the CM as
+    /// unreachable: their reply ring did not heal for
+    /// [`crate::coord::REPORT_LEASES`] leases of resends.
+    pub reports: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -156,6 +160,7 @@ impl std::ops::AddAssign for ServerStats {
         self.backups_kept += o.backups_kept;
         self.replicated += o.replicated;
         self.resends += o.resends;
+        self.reports += o.reports;
         self.replies_held += o.replies_held;
         self.needs_sent += o.needs_sent;
         self.needs_lost += o.needs_lost;
@@ -240,6 +245,9 @@ pub struct Server {
     /// Per coordinator machine, when a reply ring left poisoned by a
     /// failed link may be posted again (`Server::resend`).
     resend_at: Vec<u64>,
+    /// Per coordinator machine, since when its reply ring has been
+    /// poisoned (resends failing).
+    poisoned_since: Vec<Option<u64>>,
     /// Per coordinator machine, replies not yet sent because its ring was
     /// poisoned, in order.
     held_replies: Vec<Vec<Record>>,
@@ -327,6 +335,7 @@ impl Server {
             installed_members: (0, vec![true; geo.machines as usize]),
             old: None,
             resend_at: vec![0; geo.machines as usize],
+            poisoned_since: vec![None; geo.machines as usize],
             held_replies: vec![Vec::new(); geo.machines as usize],
             ended: None,
         })
@@ -926,10 +935,12 @@ impl Server {
             ring.restage(ctx, &mut b)?;
             self.stats.resends += 1;
             if b.submit().await.is_err() {
+                self.still_poisoned(to, now);
                 return Ok(());
             }
             self.replies[to as usize].landed(ctx)?;
         }
+        self.poisoned_since[to as usize] = None;
         // The replies held meanwhile, in order.
         let held = std::mem::take(&mut self.held_replies[to as usize]);
         let mut rest = held.into_iter();
@@ -949,6 +960,28 @@ impl Server {
         }
         self.held_replies[to as usize].extend(rest);
         Ok(())
+    }
+
+    /// The reply ring to `to` did not heal at `now`: once that lasted
+    /// [`crate::coord::REPORT_LEASES`] leases, `to` is reported to the CM
+    /// (`crate::lease::Membership::report`): both machines hold their
+    /// leases, so no lease would ever suspect either, and the
+    /// coordinator's commits would wait for answers that never come.
+    fn still_poisoned(&mut self, to: NodeId, now: u64) {
+        let Some(m) = &self.follows else { return };
+        let since = *self.poisoned_since[to as usize].get_or_insert(now);
+        let lease = m.membership.lease_ns();
+        if lease > 0
+            && now >= since.saturating_add(crate::coord::REPORT_LEASES * lease)
+            && m.membership.report(to)
+        {
+            log::warn!(
+                "machine {} server {}: coordinator machine {to} unreachable; reported to the CM",
+                m.membership.me,
+                self.thread
+            );
+            self.stats.reports += 1;
+        }
     }
 
     /// Every reply ring a failed link left poisoned or with replies held,

@@ -17,7 +17,9 @@
 
 mod common;
 
-use common::appender::{assert_replicas_agree, assert_strict_serializable, Appender, Shared};
+use common::appender::{
+    assert_no_commit_lost, assert_replicas_agree, assert_strict_serializable, Appender, Shared,
+};
 use nicdrv::sim::{for_each_seed, Fault, FaultKind, SimModel, SimNic};
 use nicdrv::NodeId;
 use std::sync::{Arc, Mutex};
@@ -161,13 +163,14 @@ fn check(seed: u64, run: &Run, out: &[NodeId]) {
         want.len() * g.threads as usize,
         "seed {seed}: every survivor's clients report"
     );
-    assert_strict_serializable(seed, &run.history);
     let survivors: Vec<_> = r
         .machines
         .iter()
         .filter(|m| !out.contains(&m.machine))
         .collect();
     let map = survivors[0].map.clone();
+    assert_no_commit_lost(seed, &g, r, &map, &run.history);
+    assert_strict_serializable(seed, &run.history);
     for m in &survivors {
         assert_eq!(
             m.config, stored.config.id,
@@ -653,6 +656,126 @@ fn a_link_cut_between_live_machines_heals() {
         check(seed, &run, &[]);
         let resends = run.r.coord_stats().resends + run.r.live_server_stats().resends;
         assert!(resends > 0, "seed {seed}: nothing went again");
+    });
+}
+
+/// A coordinator's core stalls for three leases (a preemption, a page
+/// fault) just after its LOCK records went out, as its machine is cut
+/// off from the CM and the store. Meanwhile its lease runs out, the CM
+/// removes it, and the others drain their logs and decide its commit by
+/// the records they hold: its locks, no COMMIT-BACKUP — abort. The
+/// machine never learns it was removed. When its core runs again, its
+/// COMMIT-BACKUP and COMMIT-PRIMARY records still land (its links to the
+/// other machines are up) and their WRITEs are acknowledged, though no
+/// server takes them. Before read-write commits were reported only under
+/// the lease, it reported this one committed, and the append was lost
+/// (no read saw it, so only `assert_no_commit_lost`, in `check`, told).
+/// Now the commit stays in doubt.
+#[test]
+fn a_machine_removed_while_its_commit_stalled_reports_no_commit() {
+    for_each_seed("removed_while_stalled", 6, |seed| {
+        let x = 1 + (seed % 4) as NodeId;
+        let nth = 1 + seed % 4;
+        let threads = geo().threads as u32;
+        let mut seen = 0;
+        let fired = Arc::new(Mutex::new(false));
+        let f = fired.clone();
+        let mut trap = Some(Box::new(move |p: &TrapPoint<'_>| {
+            // A commit that writes the CM's machine would meet the cut.
+            let cm = p.primaries.contains(&0) || p.backups.contains(&0);
+            if p.step != Step::Lock || p.backups.is_empty() || cm {
+                return;
+            }
+            seen += 1;
+            if seen != nth {
+                return;
+            }
+            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+            for (compute, memory) in [(x, 0), (0, x)] {
+                nic.inject(FaultKind::CutLink { compute, memory }).unwrap();
+            }
+            let stall = FaultKind::StallThread {
+                thread: x as u32 * threads,
+                duration_ns: 3 * L,
+            };
+            nic.inject(stall).unwrap();
+            *f.lock().unwrap() = true;
+        }) as Trap);
+        let run = run_with(
+            seed,
+            Vec::new(),
+            &mut |m, t| if m == x && t == 0 { trap.take() } else { None },
+            0,
+            &[x],
+        );
+        assert!(*fired.lock().unwrap(), "seed {seed}: never stalled");
+        check(seed, &run, &[x]);
+    });
+}
+
+/// The machines the configuration the run ended in left out, checked to
+/// be exactly one of `ends`.
+fn one_end_removed(seed: u64, run: &Run, ends: &[NodeId]) -> Vec<NodeId> {
+    let stored = run.store.read().unwrap().expect("a configuration");
+    let out: Vec<NodeId> = (0..geo().machines)
+        .filter(|&m| !stored.config.contains(m))
+        .collect();
+    assert!(
+        out.len() == 1 && ends.contains(&out[0]),
+        "seed {seed}: removed {out:?}, not one of {ends:?}"
+    );
+    out
+}
+
+/// A link between two live machines cut for good, under load (both ways
+/// on even seeds; on odd ones only the first's verbs to the second). Both
+/// still hold their leases, so no lease suspects either; a commit whose
+/// records to the far end cannot land cannot end either (its locks
+/// would be held for good). The coordinator reports the machine its
+/// rings cannot reach to the CM, which removes it (one end of the link;
+/// when both ends report, the first report stands): recovery decides the
+/// cut-off commits, and the rest go on.
+#[test]
+fn a_link_cut_for_good_between_live_machines_removes_one_end() {
+    for_each_seed("link_cut_for_good", 6, |seed| {
+        let a = 1 + (seed % 4) as NodeId;
+        let b = 1 + ((a as u64 + seed / 4 % 3) % 4) as NodeId;
+        let at = 4_000_000 + (seed * 137_000) % 4_000_000;
+        let cut = |compute, memory| Fault {
+            at_ns: at,
+            kind: FaultKind::CutLink { compute, memory },
+        };
+        let mut faults = vec![cut(a, b)];
+        if seed.is_multiple_of(2) {
+            faults.push(cut(b, a));
+        }
+        let run = run(seed, faults, |_, _| None, 0);
+        let out = one_end_removed(seed, &run, &[a, b]);
+        check(seed, &run, &out);
+        let reports = run.r.coord_stats().reports + run.r.live_server_stats().reports;
+        assert!(reports > 0, "seed {seed}: nobody reported the link");
+    });
+}
+
+/// A machine cut off from the CM alone, both ways, under load: it still
+/// reaches every other machine. Either the CM removes it when its lease
+/// runs out, or it removes the CM, having lost the CM's lease; the
+/// removed one may still write records into the others' rings after
+/// they moved on, and a commit it reported then would be lost: it
+/// reports a read-write commit only while it holds its lease, as a
+/// read-only one.
+#[test]
+fn a_machine_cut_off_from_the_cm_alone_loses_no_commit() {
+    for_each_seed("cut_off_from_the_cm", 6, |seed| {
+        let x = 1 + (seed % 4) as NodeId;
+        let at = 4_000_000 + (seed * 137_000) % 4_000_000;
+        let cut = |compute, memory| Fault {
+            at_ns: at,
+            kind: FaultKind::CutLink { compute, memory },
+        };
+        let run = run(seed, vec![cut(x, 0), cut(0, x)], |_, _| None, 0);
+        let out = one_end_removed(seed, &run, &[0, x]);
+        check(seed, &run, &out);
     });
 }
 

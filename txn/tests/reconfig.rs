@@ -415,6 +415,98 @@ fn forged_and_replayed_configuration_messages_are_refused() {
     });
 }
 
+/// Reports of an unreachable machine (`Kind::Unreachable`, word 3 of
+/// the reporter's lease line at the CM): those that are not well-formed
+/// reports of the configuration to its CM — another configuration, no
+/// such machine, the reporter itself, another kind, sent to a machine
+/// that is not the CM — are refused and change nothing. A well-formed one
+/// removes the machine it names (one end of the link must go); the same
+/// reporter's next report, within ten leases, removes the reporter
+/// instead (a machine that cannot reach one peer after another is more
+/// likely the broken one).
+#[test]
+fn reports_of_unreachable_machines_are_checked_and_remove_one_end() {
+    use txn::harness::RogueWrite;
+    use txn::lease::{config_tag, Kind, Msg};
+    let g = geo(4);
+    let word = |kind, config: u64, seq: u64| {
+        Msg {
+            kind,
+            config: config_tag(config),
+            seq,
+        }
+        .encode()
+    };
+    // From machine 1, into `machine`'s memory.
+    let rogue = |at_ns, machine, w| RogueWrite {
+        at_ns,
+        machine,
+        off: g.report_word(1),
+        word: w,
+    };
+    let bad = || {
+        vec![
+            rogue(5_000_000, 0, word(Kind::Unreachable, 2, 4)),
+            rogue(6_000_000, 0, word(Kind::Unreachable, 1, 99)),
+            rogue(7_000_000, 0, word(Kind::Unreachable, 1, 2)),
+            rogue(8_000_000, 0, word(Kind::Grant, 1, 4)),
+            rogue(9_000_000, 2, word(Kind::Unreachable, 1, 4)),
+        ]
+    };
+    for_each_seed("reports_of_unreachable_machines", 20, |seed| {
+        let sim = |rogue: Vec<RogueWrite>, until| {
+            let store = Arc::new(EmbeddedStore::new());
+            let r = run_leases_sim(
+                g,
+                seed,
+                SimModel::default(),
+                &LeaseSim {
+                    rogue,
+                    store: Some(store.clone()),
+                    ..LeaseSim::of(L, until)
+                },
+            )
+            .unwrap();
+            (r, store)
+        };
+        let (r, store) = sim(bad(), 30_000_000);
+        assert_eq!(store.read().unwrap().unwrap().config.id, 1);
+        let refused = |r: &LeaseRun, m| {
+            events_of(r, m)
+                .iter()
+                .filter(|e| matches!(e, Event::Refused { from: 1, .. }))
+                .count()
+        };
+        assert_eq!(refused(&r, 0), 4, "seed {seed}: {:?}", events_of(&r, 0));
+        assert_eq!(refused(&r, 2), 1, "seed {seed}: {:?}", events_of(&r, 2));
+        assert!(r.suspicions.is_empty(), "seed {seed}: {:?}", r.suspicions);
+
+        // Machine 1 reports machine 2, then, in the next configuration,
+        // machine 3 (whose thread writes these words).
+        let good = vec![
+            rogue(12_000_000, 0, word(Kind::Unreachable, 1, 3)),
+            rogue(60_000_000, 0, word(Kind::Unreachable, 2, 4)),
+        ];
+        let (r, store) = sim(good, 120_000_000);
+        let c = store.read().unwrap().unwrap().config;
+        let members: Vec<u16> = c.machines.iter().map(|m| m.0).collect();
+        assert_eq!((c.id, members), (3, vec![0, 3]), "seed {seed}");
+        let taken: Vec<_> = events_of(&r, 0)
+            .iter()
+            .filter_map(|e| match e {
+                Event::Reported {
+                    by,
+                    machine,
+                    suspected,
+                    ..
+                } => Some((*by, *machine, *suspected)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(taken, vec![(1, 2, Some(2)), (1, 3, Some(1))], "seed {seed}");
+    });
+}
+
 /// A store that cannot be reached, or that lost the configuration: the
 /// reconfiguration says so (an event, not a panic), changes nothing, and
 /// tries again a lease later.

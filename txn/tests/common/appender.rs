@@ -211,6 +211,46 @@ pub fn assert_strict_serializable(seed: u64, history: &Shared) -> History {
     h
 }
 
+/// Every append reported committed is in its list as the run left it, on
+/// the list's primary by `map` (lists only grow). A checker of the
+/// history alone cannot tell this: an append that no read saw has no
+/// place in any list's order, so its loss is no cycle.
+pub fn assert_no_commit_lost<O>(
+    seed: u64,
+    g: &Geometry,
+    r: &Report<O>,
+    map: &RegionMap,
+    history: &Shared,
+) {
+    let mix = Mix::Append { keys: APPEND_KEYS };
+    let mut lists = BTreeMap::new();
+    for key in 0..APPEND_KEYS {
+        let at = mix.at(g, key, 0);
+        let n = object_bytes(LIST_BYTES);
+        let p = map.on_primary(at, n as u64).unwrap();
+        let bytes = &r.memory[p.node() as usize][p.offset() as usize..][..n];
+        let mut payload = vec![0; LIST_BYTES];
+        let header = txn::object::decode(bytes, &mut payload).unwrap();
+        assert!(header.is_ok(), "seed {seed}: list {key} is torn");
+        lists.insert(key, list_of(&payload).unwrap());
+    }
+    for (t, p, kind, mops) in history.lock().unwrap().iter() {
+        if *kind != Kind::Ok {
+            continue;
+        }
+        for m in mops {
+            if let Mop::Append { key, value } = m {
+                assert!(
+                    lists[key].contains(value),
+                    "seed {seed}: process {p}'s append of {value} to list {key}, \
+                     committed at {t} ns, is lost: {:?}",
+                    lists[key]
+                );
+            }
+        }
+    }
+}
+
 /// Every list's backups hold its primary's bytes, by `map`.
 pub fn assert_replicas_agree<O>(seed: u64, g: &Geometry, r: &Report<O>, map: &RegionMap) {
     let mix = Mix::Append { keys: APPEND_KEYS };
