@@ -853,10 +853,12 @@ impl Coordinator {
     /// recovery decides) or the gate's wait ends it. Whether they landed.
     /// Without a configuration to follow, nothing is tried.
     async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
-        // Records the failed batch never posted (a queue pair in error
-        // refused them) are in flight too: posting them later is posting
-        // them once (`land_what_landed` kept them).
-        if ds.iter().any(|&d| d >= 64) {
+        // A record the failed batch never posted is not in flight to post
+        // again: the caller's error stands, and the rings it poisoned are
+        // given up for the configuration (a later heal must not deliver a
+        // record of a commit that returned an error).
+        let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
+        if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
             self.give_up(ds);
             return Ok(false);
         }
@@ -897,13 +899,7 @@ impl Coordinator {
             }
             let hopeless = ds.iter().any(|&d| !self.healable(d));
             if hopeless || ctx.now_ns() >= deadline {
-                // A ring that can never go again in this configuration
-                // (given up, or poisoned in the one before) cuts this
-                // coordinator off from a machine still in it.
                 self.give_up(ds);
-                for &d in ds {
-                    self.report_if_stuck(d);
-                }
                 return Ok(false);
             }
             ctx.sleep(RESEND_PAUSE_NS)?.await;
@@ -922,15 +918,6 @@ impl Coordinator {
                 self.thread
             );
             self.stats.reports += 1;
-        }
-    }
-
-    /// Reports `d` if its ring is poisoned for good in this configuration
-    /// (`healable` says no while both machines are in it: a heal gave it
-    /// up, or its records were staged in the configuration before).
-    fn report_if_stuck(&mut self, d: NodeId) {
-        if d < 64 && self.logs[d as usize].is_poisoned() && !self.healable(d) {
-            self.report(d);
         }
     }
 
@@ -997,11 +984,7 @@ impl Coordinator {
         for &d in ds.iter().filter(|&&d| d < 64) {
             let bit = 1u64 << d;
             if posted & bit == 0 {
-                // Following a configuration, a record never posted goes
-                // with the resends of the ring (`heal`), or never.
-                if self.follows.is_none() {
-                    self.logs[d as usize].unstage();
-                }
+                self.logs[d as usize].unstage();
             } else if failed & bit == 0 {
                 self.logs[d as usize].landed(ctx)?;
             }
@@ -1067,6 +1050,9 @@ impl Coordinator {
             if epoch == self.config as u64 && ctx.now_ns() < until {
                 return Ok(());
             }
+            // No lease now: what may be a long wait, or a change of
+            // configuration, holds no COMMIT-PRIMARY in flight.
+            self.land_unsettled(ctx).await?;
             if m.membership.epoch() != self.config as u64 || m.membership.is_removed() {
                 return Err(match read_only {
                     true => TxError::Aborted(Abort::Failure),
@@ -1086,8 +1072,8 @@ impl Coordinator {
 
     /// After `e` cut this coordinator's work in configuration `config`
     /// off (a record to a machine that failed): waits for the machine to
-    /// install a later configuration, forgetting the COMMIT-PRIMARY
-    /// records in flight (recovery decides their transactions). The error
+    /// install a later configuration, the COMMIT-PRIMARY records in
+    /// flight settled first ([`Self::land_unsettled`]). The error
     /// stands without a configuration to follow, when none comes within
     /// [`Self::gate_wait_ns`], or when this machine was removed.
     async fn wait_past<N: Nic>(
@@ -1099,6 +1085,7 @@ impl Coordinator {
         let Some(m) = self.follows.clone() else {
             return Err(e);
         };
+        self.land_unsettled(ctx).await?;
         let deadline = ctx.now_ns() + self.gate_wait_ns();
         while m.membership.epoch() <= config {
             if ctx.now_ns() >= deadline || m.membership.is_removed() {
@@ -1106,7 +1093,23 @@ impl Coordinator {
             }
             ctx.sleep(GATE_POLL_NS)?.await;
         }
-        self.unsettled.clear();
+        Ok(())
+    }
+
+    /// The COMMIT-PRIMARY records still in flight, once their completions
+    /// are in: those that landed move their senders on, so that no ring
+    /// to a machine that stays is left poisoned by a record that landed;
+    /// one that failed leaves its ring poisoned, to go again before the
+    /// next record to it in this configuration (`try_commit` heals every
+    /// ring it needs), or never (recovery decides its transaction). The
+    /// fence they held drops.
+    async fn land_unsettled<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), TxError> {
+        if !self.unsettled.is_empty() {
+            // An error is a failed record: land_what_landed tells which.
+            let _ = ctx.settle().await;
+            let ds = std::mem::take(&mut self.unsettled);
+            self.land_what_landed(ctx, &ds)?;
+        }
         self.unsettled_fence = None;
         Ok(())
     }
@@ -1466,7 +1469,6 @@ impl Coordinator {
             let need: Vec<NodeId> = plan.keys().copied().collect();
             for d in need {
                 if !self.try_heal(ctx, d).await? {
-                    self.report_if_stuck(d);
                     return Err(TxError::Aborted(Abort::Failure));
                 }
             }

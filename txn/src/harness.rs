@@ -139,9 +139,19 @@ impl<O> Report<O> {
 
     /// The first error any task met.
     pub fn first_error(&self) -> Option<&TxError> {
-        let c = self.clients.iter().filter_map(|c| c.out.as_ref().err());
-        let s = self.servers.iter().filter_map(|s| s.stats.as_ref().err());
-        let l = self.leases.iter().filter_map(|l| l.stats.as_ref().err());
+        self.first_error_on(|_| true)
+    }
+
+    /// The first error a task of a machine `on` says met: a machine
+    /// removed while alive (a link down, a partition) ends its tasks with
+    /// errors that are no failure of the cluster's.
+    pub fn first_error_on(&self, on: impl Fn(u16) -> bool) -> Option<&TxError> {
+        let c = self.clients.iter().filter(|c| on(c.machine));
+        let s = self.servers.iter().filter(|s| on(s.machine));
+        let l = self.leases.iter().filter(|l| on(l.machine));
+        let c = c.filter_map(|c| c.out.as_ref().err());
+        let s = s.filter_map(|s| s.stats.as_ref().err());
+        let l = l.filter_map(|l| l.stats.as_ref().err());
         c.chain(s).chain(l).next()
     }
 
