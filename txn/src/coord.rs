@@ -889,7 +889,7 @@ impl Coordinator {
             let mut all = true;
             for &d in ds {
                 let healed = self.try_heal(ctx, d).await?;
-                if !healed && ctx.now_ns() >= report_at && m.membership.lease_ns() > 0 {
+                if !healed && ctx.now_ns() >= report_at {
                     self.report(d);
                 }
                 all &= healed;
@@ -910,8 +910,7 @@ impl Coordinator {
     /// as unreachable (once a configuration).
     fn report(&mut self, d: NodeId) {
         let Some(m) = &self.follows else { return };
-        let cur = m.membership.current();
-        if cur.config.id == self.config as u64 && cur.config.contains(d) && m.membership.report(d) {
+        if m.membership.epoch() == self.config as u64 && m.membership.report(d) {
             log::warn!(
                 "machine {} thread {}: machine {d} unreachable; reported to the CM",
                 self.machine,

@@ -408,10 +408,14 @@ impl Membership {
     /// suspect it, and the commits cut off by the link would hold their
     /// locks for good. The reconfiguration task tells the CM, which
     /// removes one end of the link ([`crate::reconfig`]). Whether the
-    /// report is new (one per machine and configuration).
+    /// report is new (one per machine and configuration); never for a
+    /// machine outside the configuration, for this machine, once it was
+    /// removed, or without a reconfiguration task to tell the CM.
     pub fn report(&self, machine: NodeId) -> bool {
-        let config = self.epoch();
-        if machine == self.me || self.is_removed() {
+        let cur = self.current();
+        let config = cur.config.id;
+        let outside = machine == self.me || !cur.config.contains(machine);
+        if outside || self.is_removed() || self.lease_ns() == 0 {
             return false;
         }
         let mut r = self.reports.lock().expect("no panics hold it");

@@ -462,13 +462,7 @@ impl Reconfig {
         }
         let now = ctx.now_ns();
         let me = self.me();
-        let suspected: BTreeSet<NodeId> = self
-            .membership
-            .suspicions()
-            .iter()
-            .filter(|s| s.config == c.id)
-            .map(|s| s.machine)
-            .collect();
+        let suspected = self.suspected(c.id);
         let out = if suspected.contains(&by) || suspected.contains(&machine) {
             None
         } else {
@@ -615,13 +609,7 @@ impl Reconfig {
                 return Ok(());
             }
         }
-        let suspected: BTreeSet<NodeId> = self
-            .membership
-            .suspicions()
-            .iter()
-            .filter(|s| s.config == cur.config.id)
-            .map(|s| s.machine)
-            .collect();
+        let suspected = self.suspected(cur.config.id);
         let (answered, failed) = self.probe(ctx, cur, &suspected).await?;
         let n = cur.config.machines.len();
         ev.push(Event::Probed {
@@ -815,6 +803,15 @@ impl Reconfig {
                 );
             }
         }
+    }
+
+    /// The machines suspected in configuration `config`.
+    fn suspected(&self, config: u64) -> BTreeSet<NodeId> {
+        let s = self.membership.suspicions();
+        s.iter()
+            .filter(|s| s.config == config)
+            .map(|s| s.machine)
+            .collect()
     }
 
     /// This machine's place among the CM's backups: 1 for the machine

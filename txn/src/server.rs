@@ -971,8 +971,7 @@ impl Server {
         let Some(m) = &self.follows else { return };
         let since = *self.poisoned_since[to as usize].get_or_insert(now);
         let lease = m.membership.lease_ns();
-        if lease > 0
-            && now >= since.saturating_add(crate::coord::REPORT_LEASES * lease)
+        if now >= since.saturating_add(crate::coord::REPORT_LEASES * lease)
             && m.membership.report(to)
         {
             log::warn!(
