@@ -1223,6 +1223,16 @@ impl Coordinator {
                     if ctx.now_ns() >= deadline {
                         return Err(TxError::Aborted(Abort::Busy));
                     }
+                    // A lock held across a configuration change may be a
+                    // cut-off commit's, which only recovery releases, and
+                    // recovery waits for this read's transaction to leave
+                    // the old configuration: give up rather than spin out
+                    // the deadline.
+                    if let Some(m) = &self.follows {
+                        if m.membership.epoch() != self.config as u64 {
+                            return Err(TxError::Aborted(Abort::Changed));
+                        }
+                    }
                     ctx.yield_now().await;
                 }
                 Err(ObjectError::Verb(_)) if self.follows.is_some() => {
