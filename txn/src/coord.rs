@@ -177,6 +177,9 @@ pub struct CoordStats {
     /// (`crate::lease::Membership::report`): records to them did not land
     /// for [`REPORT_LEASES`] leases of resends, or they never answered.
     pub reports: u64,
+    /// Rings whose records in flight a configuration change cut off,
+    /// made void so that the ring serves again (`Coordinator::void`).
+    pub rings_voided: u64,
 }
 
 impl CoordStats {
@@ -224,6 +227,7 @@ impl std::ops::AddAssign for CoordStats {
         self.recovery_unheld += o.recovery_unheld;
         self.resends += o.resends;
         self.reports += o.reports;
+        self.rings_voided += o.rings_voided;
     }
 }
 
@@ -342,11 +346,13 @@ pub struct Coordinator {
     logs: Vec<Sender>,
     replies: Vec<Receiver>,
     /// Per machine: the configuration the records last staged to it are
-    /// of, the configuration in which a heal of its ring gave up, and
-    /// when its ring may be tried again (`Coordinator::try_heal`).
+    /// of, the configuration in which a heal of its ring gave up, when
+    /// its ring may be tried again (`Coordinator::try_heal`), and whether
+    /// the last try failed to reach it (rather than waited for it).
     staged_in: Vec<u32>,
     gave_up: Vec<u32>,
     heal_at: Vec<u64>,
+    unreached: Vec<bool>,
     /// Per machine: committed transactions whose truncation is to go there.
     pending: Vec<Vec<TxId>>,
     /// Object sizes of the allocator blocks seen (a block's size never
@@ -444,6 +450,7 @@ impl Coordinator {
             staged_in: vec![u32::MAX; geo.machines as usize],
             gave_up: vec![u32::MAX; geo.machines as usize],
             heal_at: vec![0; geo.machines as usize],
+            unreached: vec![false; geo.machines as usize],
             pending: vec![Vec::new(); geo.machines as usize],
             blocks: HashMap::new(),
             created: 0,
@@ -889,7 +896,9 @@ impl Coordinator {
             let mut all = true;
             for &d in ds {
                 let healed = self.try_heal(ctx, d).await?;
-                if !healed && ctx.now_ns() >= report_at {
+                // Reported when it cannot be reached, not while a void
+                // waits for it to drain.
+                if !healed && ctx.now_ns() >= report_at && self.unreached[d as usize] {
                     self.report(d);
                 }
                 all &= healed;
@@ -930,16 +939,17 @@ impl Coordinator {
         }
     }
 
-    /// Whether the poisoned ring to `d` may go again: its records were
-    /// staged in this coordinator's configuration, which is still the
-    /// machine's, `d` is in it, and no earlier heal gave it up.
+    /// Whether the poisoned ring to `d` may serve again: this
+    /// coordinator's configuration is still the machine's, `d` is in it,
+    /// and no heal gave it up in it. Its records go again if they were
+    /// staged in this configuration, or are made void if in an earlier
+    /// one ([`Self::void`]).
     fn healable(&self, d: NodeId) -> bool {
         let Some(m) = &self.follows else {
             return false;
         };
         let cur = m.membership.current();
         d < 64
-            && self.staged_in[d as usize] == self.config
             && self.gave_up[d as usize] != self.config
             && cur.config.id == self.config as u64
             && !m.membership.is_removed()
@@ -962,14 +972,82 @@ impl Coordinator {
         let Ok(_fence) = self.fence() else {
             return Ok(false);
         };
+        if self.staged_in[d as usize] != self.config {
+            return self.void(ctx, d).await;
+        }
         let mut b = ctx.batch();
         self.logs[d as usize].restage(ctx, &mut b)?;
         self.stats.resends += 1;
-        if b.submit().await.is_err() {
+        let failed = b.submit().await.is_err();
+        self.unreached[d as usize] = failed;
+        if failed {
             return Ok(false);
         }
         self.logs[d as usize].landed(ctx)?;
         Ok(true)
+    }
+
+    /// The ring to `d` was left poisoned by records of an earlier
+    /// configuration, which must never land now: machine `d` drained its
+    /// logs without them and recovery decided their commits. Once `d`
+    /// says it recovered this configuration (so its servers drained), the
+    /// head it persisted for this ring is where it stopped for good (no
+    /// record of the old configuration lands after the change, and this
+    /// coordinator sent nothing since). The records in flight from there
+    /// are made void (`Sender::stage_voids`): first those past the head,
+    /// then the one at it, so the receiver skips only voids and waits at
+    /// the sender's next record. Without this the ring would be lost to
+    /// this coordinator for good. Whether the ring serves again.
+    async fn void<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId) -> Result<bool, TxError> {
+        let e = self.config as u64;
+        let word = GlobalAddr::host(d, recovered_word(&self.geo, d));
+        let Some(w) = self.read_word(ctx, d, word).await else {
+            return Ok(false);
+        };
+        if w < e {
+            return Ok(false); // not drained yet
+        }
+        // Read after the word: the head it gives is the drained one.
+        let at = GlobalAddr::host(d, self.logs[d as usize].layout().receiver_head_off);
+        let Some(head) = self.read_word(ctx, d, at).await else {
+            return Ok(false);
+        };
+        for past in [true, false] {
+            let mut b = ctx.batch();
+            let n = match self.logs[d as usize].stage_voids(ctx, &mut b, head, past) {
+                Ok(n) => n,
+                Err(err) => {
+                    log::warn!(
+                        "machine {} thread {}: the ring to machine {d}: {err}",
+                        self.machine,
+                        self.thread
+                    );
+                    return Ok(false);
+                }
+            };
+            if n == 0 {
+                continue;
+            }
+            let failed = b.submit().await.is_err();
+            self.unreached[d as usize] = failed;
+            if failed {
+                return Ok(false);
+            }
+        }
+        self.logs[d as usize].landed(ctx)?;
+        self.staged_in[d as usize] = self.config;
+        self.stats.rings_voided += 1;
+        Ok(true)
+    }
+
+    /// One word of machine `d`'s memory, or `None` (and `d` marked
+    /// unreached) if the READ failed.
+    async fn read_word<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId, at: GlobalAddr) -> Option<u64> {
+        let mut b = ctx.batch();
+        let op = b.read_new(at, 8);
+        let word = b.submit().await.ok().map(|done| done.word(op));
+        self.unreached[d as usize] = word.is_none();
+        word
     }
 
     /// After a failed batch that staged records for machines `ds`: the

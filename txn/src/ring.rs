@@ -19,7 +19,10 @@
 //! The crc32c covers `pos`, the `len | PAD` word and the payload (a PAD
 //! record's payload is not written and not covered). A record that does
 //! not fit before the ring's end is preceded by a PAD record filling the
-//! rest of the lap; both go in one batch, each its own WRITE.
+//! rest of the lap; both go in one batch, each its own WRITE. A PAD
+//! shorter than the rest of the lap is a void: the receiver skips it as
+//! it skips a PAD, and a sender writes voids over records that must never
+//! be taken ([`Sender::stage_voids`]).
 //!
 //! # Why a torn or truncated record is never accepted
 //! A WRITE lands in 64-byte lines in no guaranteed order, and a sender may
@@ -365,11 +368,13 @@ impl Receiver {
             let len = lenword & LEN_MASK;
             let room = cap - self.head % cap;
             if lenword & PAD_FLAG != 0 {
-                if HEADER_BYTES + len != room || crc(pos, lenword, &[]) != want {
+                let fits = HEADER_BYTES + len <= room && len.is_multiple_of(ALIGN);
+                if !fits || crc(pos, lenword, &[]) != want {
                     self.torn_looks += partial;
                     return Ok(None); // not the PAD's whole header yet
                 }
-                self.advance(ctx, room)?;
+                // A PAD to the lap's end, or a void.
+                self.advance(ctx, HEADER_BYTES + len)?;
                 continue;
             }
             if record_bytes(len) > room || len > self.layout.max_payload() {
@@ -490,11 +495,21 @@ pub struct Sender {
     /// this sender appends no more (poisoned) — until the same WRITEs,
     /// kept below, are posted again and land ([`Sender::restage`]).
     in_flight: Option<u64>,
-    /// The WRITEs of the records in flight: ring offset and the range of
-    /// their bytes in `staged_bytes` (buffers reused, so the copy costs no
-    /// allocation once warm).
-    staged: Vec<(u64, std::ops::Range<usize>)>,
+    /// The WRITEs of the records in flight: position, ring offset, the
+    /// bytes of the ring the record takes (a PAD's whole rest of the lap)
+    /// and the range of its bytes in `staged_bytes` (buffers reused, so
+    /// the copy costs no allocation once warm).
+    staged: Vec<Staged>,
     staged_bytes: Vec<u8>,
+}
+
+/// One record in flight ([`Sender::restage`], [`Sender::stage_voids`]).
+#[derive(Clone, Debug)]
+struct Staged {
+    pos: u64,
+    off: u64,
+    takes: u64,
+    bytes: std::ops::Range<usize>,
 }
 
 /// Ring space set aside for later appends ([`Sender::reserve`]). Give what
@@ -759,19 +774,82 @@ impl Sender {
         if self.in_flight.is_none() {
             return Ok(false);
         }
-        for (off, r) in &self.staged {
-            let mut buf = ctx.alloc(r.len())?;
+        for st in &self.staged {
+            let mut buf = ctx.alloc(st.bytes.len())?;
             buf.as_mut_slice()
-                .copy_from_slice(&self.staged_bytes[r.clone()]);
-            b.write(GlobalAddr::host(self.layout.receiver, *off), buf);
+                .copy_from_slice(&self.staged_bytes[st.bytes.clone()]);
+            b.write(GlobalAddr::host(self.layout.receiver, st.off), buf);
         }
         Ok(true)
     }
 
-    fn keep(&mut self, off: u64, bytes: &[u8]) {
+    /// Where the receiver's head may stand while records are in flight:
+    /// at one of them, or past them all. `None` when nothing is in flight.
+    pub fn in_flight_positions(&self) -> Option<impl Iterator<Item = u64> + '_> {
+        let end = self.in_flight?;
+        Some(self.staged.iter().map(|st| st.pos).chain([end]))
+    }
+
+    /// Makes the records in flight void, for a receiver that will never
+    /// take them and whose head stands at `head` for good (it took every
+    /// record before and none from there: a configuration change ended
+    /// the one they were of, and the receiver drained it). Stages into
+    /// `b` a void header over each record in flight past `head` when
+    /// `past`, or over the one at `head` otherwise (a PAD to the lap's end
+    /// written again as it was). Post the first, and once it completed
+    /// the second, then call [`Sender::landed`]: the receiver then skips
+    /// from `head` over voids alone, never a record left there, and takes
+    /// the sender's next record. Void headers go where the records' own
+    /// headers went, so a receiver meets one wherever it stops. Returns
+    /// how many WRITEs it staged; [`RingError::Corrupt`] when `head` is
+    /// not where a record in flight starts or where they end.
+    pub fn stage_voids<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        b: &mut Batch<'_, N>,
+        head: u64,
+        past: bool,
+    ) -> Result<usize, RingError> {
+        let ok = self
+            .in_flight_positions()
+            .is_some_and(|mut ps| ps.any(|p| p == head));
+        if !ok {
+            return Err(RingError::Corrupt(format!(
+                "receiver head {head} is not where a record in flight starts, from tail {}",
+                self.tail
+            )));
+        }
+        let mut n = 0;
+        for st in &self.staged {
+            if (past && st.pos > head) || (!past && st.pos == head) {
+                let mut buf = ctx.alloc(HEADER_BYTES as usize)?;
+                encode(
+                    st.pos,
+                    &[],
+                    Some(st.takes - HEADER_BYTES),
+                    buf.as_mut_slice(),
+                );
+                b.write(GlobalAddr::host(self.layout.receiver, st.off), buf);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The sender's ring, where it lies.
+    pub fn layout(&self) -> &RingLayout {
+        &self.layout
+    }
+
+    fn keep(&mut self, pos: u64, off: u64, takes: u64, bytes: &[u8]) {
         let at = self.staged_bytes.len();
         self.staged_bytes.extend_from_slice(bytes);
-        self.staged.push((off, at..at + bytes.len()));
+        self.staged.push(Staged {
+            pos,
+            off,
+            takes,
+            bytes: at..at + bytes.len(),
+        });
     }
 
     /// Whether an earlier append failed mid-way (this sender appends no
@@ -826,14 +904,14 @@ impl Sender {
                 let mut pad = ctx.alloc(HEADER_BYTES as usize)?;
                 encode(pos, &[], Some(room - HEADER_BYTES), pad.as_mut_slice());
                 let off = ring_off + pos % cap;
-                self.keep(off, pad.as_slice());
+                self.keep(pos, off, room, pad.as_slice());
                 b.write(GlobalAddr::host(node, off), pad);
                 pos += room;
             }
             let mut rec = ctx.alloc(size as usize)?;
             encode(pos, payload, None, rec.as_mut_slice());
             let off = ring_off + pos % cap;
-            self.keep(off, rec.as_slice());
+            self.keep(pos, off, size, rec.as_slice());
             b.write(GlobalAddr::host(node, off), rec);
             first.get_or_insert(pos);
             pos += size;

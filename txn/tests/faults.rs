@@ -736,6 +736,87 @@ fn one_end_removed(seed: u64, run: &Run, ends: &[NodeId]) -> Vec<NodeId> {
     out
 }
 
+/// A commit's records to one machine are cut off by a link down from its
+/// coordinator's machine (just after VALIDATE), and before the link
+/// comes back a crash of a third machine changes the configuration. The
+/// records in flight, of the configuration before, must never land now:
+/// the machine they were for drained its logs without them. Once it says
+/// it recovered, the coordinator makes them void and the ring serves
+/// again (`CoordStats::rings_voided`); before, the ring was lost to that
+/// coordinator for good, and its recovery round with it. Every check
+/// holds, and the ring was made void on most seeds.
+#[test]
+fn a_ring_cut_off_by_a_configuration_change_serves_again() {
+    let name = "a_ring_cut_off_by_a_configuration_change_serves_again";
+    let (seeds, voided) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    for_each_seed(name, 10, |seed| {
+        seeds.set(seeds.get() + 1);
+        let fired = Arc::new(Mutex::new(None));
+        let nth = 1 + (seed % 4) as u32;
+        let run = run(
+            seed,
+            Vec::new(),
+            |m, t| (m == TRAPPER && t == 0).then(|| cut_then_crash(nth, fired.clone())),
+            0,
+        );
+        let victim = fired
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| panic!("seed {seed}: the trap never struck"));
+        check(seed, &run, &[victim]);
+        if run.r.coord_stats().rings_voided > 0 {
+            voided.set(voided.get() + 1);
+        }
+    });
+    println!(
+        "rings made void on {} of {} seeds",
+        voided.get(),
+        seeds.get()
+    );
+    assert!(
+        2 * voided.get() >= seeds.get(),
+        "rings made void on {} of {} seeds",
+        voided.get(),
+        seeds.get()
+    );
+}
+
+/// The trap of the test above, on the coordinator: at the `nth` commit
+/// that writes a backup on a machine `d` other than the CM's, once it
+/// validated, the link from the coordinator's machine to `d` is cut and
+/// a third machine crashes (one outside the commit where there is one);
+/// the link comes back 15 ms later, after the configuration without the
+/// crashed machine is taken and before the coordinator's tries to reach
+/// `d` have failed for the two leases that would report it.
+fn cut_then_crash(nth: u32, fired: Arc<Mutex<Option<NodeId>>>) -> Trap {
+    let mut seen = 0;
+    Box::new(move |p: &TrapPoint<'_>| {
+        if p.step != Step::Validate || fired.lock().unwrap().is_some() {
+            return;
+        }
+        let Some(&d) = p.backups.iter().find(|&&d| d >= 2) else {
+            return;
+        };
+        seen += 1;
+        if seen < nth {
+            return;
+        }
+        let outside = |v: &NodeId| !p.primaries.contains(v) && !p.backups.contains(v);
+        let victim = (2..5)
+            .filter(|&v| v != d)
+            .find(outside)
+            .unwrap_or(if d == 2 { 3 } else { 2 });
+        let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+        let (compute, memory) = (TRAPPER, d);
+        nic.inject(FaultKind::CutLink { compute, memory }).unwrap();
+        nic.inject(FaultKind::CrashMachine { machine: victim })
+            .unwrap();
+        nic.inject_after(FaultKind::HealLink { compute, memory }, 15_000_000)
+            .unwrap();
+        *fired.lock().unwrap() = Some(victim);
+    })
+}
+
 /// A link between two live machines cut for good, under load (both ways
 /// on even seeds; on odd ones only the first's verbs to the second). Both
 /// still hold their leases, so no lease suspects either; a commit whose

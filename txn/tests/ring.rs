@@ -432,6 +432,109 @@ fn sim_ring_failures_and_misuse_are_errors() {
     }
 }
 
+/// Records in flight that must never be taken are made void: a batch of
+/// three (a PAD before the last, at the lap's end) fails on a cut link;
+/// of its records the first and the last land (written here by hand) and
+/// the middle one never does, so the receiver takes the first and waits
+/// at the second for good. The sender makes the records from the
+/// receiver's head on void, past it first: the receiver skips them and
+/// takes the sender's next record, never the last record that had
+/// landed. A head where no record in flight starts is refused.
+#[test]
+fn sim_ring_records_in_flight_are_made_void() {
+    for_each_seed("sim_ring_records_in_flight_are_made_void", 10, |seed| {
+        let l = layout(1024);
+        let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+            seed,
+            memory_nodes: 2,
+            compute_nodes: 2,
+            machines: 2,
+            host_bytes: common::HOST,
+            // The sender's verbs to the receiver's memory fail from 1 ms
+            // to 10 ms.
+            faults: nicdrv::sim::parse_fault("link-cut@1ms:0-1/9ms").unwrap(),
+            ..Default::default()
+        })
+        .unwrap();
+        let cfg = nicdrv::ExecutorConfig {
+            slots: 1,
+            ..Default::default()
+        };
+        let (ts, tr) = (w.add_thread(0, cfg).unwrap(), w.add_thread(1, cfg).unwrap());
+        let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let g = got.clone();
+        let sent = Arc::new(Mutex::new(false));
+        let s2 = sent.clone();
+        w.spawn(ts, move |ctx| async move {
+            let mut s = Sender::open(&ctx, l).unwrap();
+            for i in 0..3 {
+                s.append(&ctx, &[i; 200], None).await.unwrap();
+            }
+            assert_eq!(s.tail(), 672);
+            ctx.sleep_until(2_000_000).unwrap().await;
+            let (a, b, c) = ([10u8; 100], [11u8; 150], [12u8; 50]);
+            assert!(matches!(
+                s.append_many(&ctx, &[&a, &b, &c], None).await,
+                Err(RingError::Verb(_))
+            ));
+            let at: Vec<u64> = s.in_flight_positions().unwrap().collect();
+            // A at 672, B at 800, the PAD at 976, C at 1024, the end.
+            assert_eq!(at, [672, 800, 976, 1024, 1104]);
+            ctx.sleep_until(11_000_000).unwrap().await;
+            let mut bt = ctx.batch();
+            for (pos, p) in [(672, &a[..]), (1024, &c[..])] {
+                let mut buf = ctx.alloc(record_bytes(p.len() as u64) as usize).unwrap();
+                encode(pos, p, None, buf.as_mut_slice());
+                bt.write(GlobalAddr::host(1, l.ring_off + pos % l.capacity), buf);
+            }
+            bt.submit().await.unwrap();
+            // The receiver took A and stops at B.
+            ctx.sleep_until(12_000_000).unwrap().await;
+            let mut bt = ctx.batch();
+            let op = bt.read_new(GlobalAddr::host(1, l.receiver_head_off), 8);
+            let head = bt.submit().await.unwrap().word(op);
+            assert_eq!(head, 800);
+            let mut bt = ctx.batch();
+            assert!(matches!(
+                s.stage_voids(&ctx, &mut bt, head + 16, true),
+                Err(RingError::Corrupt(_))
+            ));
+            for (past, n) in [(true, 2), (false, 1)] {
+                let mut bt = ctx.batch();
+                assert_eq!(s.stage_voids(&ctx, &mut bt, head, past).unwrap(), n);
+                bt.submit().await.unwrap();
+            }
+            s.landed(&ctx).unwrap();
+            assert!(!s.is_poisoned());
+            s.append(&ctx, b"after", None).await.unwrap();
+            *s2.lock().unwrap() = true;
+        })
+        .unwrap();
+        w.spawn(tr, move |ctx| async move {
+            let mut r = Receiver::open(&ctx, l).unwrap();
+            loop {
+                let rec = r.recv(&ctx, Some(patience(&ctx))).await.unwrap();
+                let last = rec.payload == b"after";
+                g.lock().unwrap().push(rec.payload);
+                if last {
+                    break;
+                }
+            }
+        })
+        .unwrap();
+        assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+        assert!(*sent.lock().unwrap(), "seed {seed}");
+        let want: Vec<Vec<u8>> = vec![
+            vec![0; 200],
+            vec![1; 200],
+            vec![2; 200],
+            vec![10; 100],
+            b"after".to_vec(),
+        ];
+        assert_eq!(*got.lock().unwrap(), want, "seed {seed}");
+    });
+}
+
 /// Corrupt persisted state and bad input are errors, never panics.
 fn bad_state<M: Machines>(m: &M) {
     let l = layout(1024);
