@@ -177,6 +177,10 @@ pub struct CoordStats {
     /// (`crate::lease::Membership::report`): records to them did not land
     /// for [`REPORT_LEASES`] leases of resends, or they never answered.
     pub reports: u64,
+    /// Reported commits whose COMMIT-PRIMARY records had not all landed
+    /// when they settled (`Coordinator::stuck`): truncated only once they
+    /// did, or decided by the next recovery round.
+    pub stuck_commits: u64,
     /// Rings whose records in flight a configuration change cut off,
     /// made void so that the ring serves again (`Coordinator::void`).
     pub rings_voided: u64,
@@ -228,6 +232,7 @@ impl std::ops::AddAssign for CoordStats {
         self.resends += o.resends;
         self.reports += o.reports;
         self.rings_voided += o.rings_voided;
+        self.stuck_commits += o.stuck_commits;
     }
 }
 
@@ -374,6 +379,18 @@ pub struct Coordinator {
     members: Vec<bool>,
     /// The fence of the COMMIT-PRIMARY batch still in flight.
     unsettled_fence: Option<crate::recovery::Fence>,
+    /// The transaction whose COMMIT-PRIMARY batch that is.
+    unsettled_tx: Option<TxId>,
+    /// Reported commits whose COMMIT-PRIMARY records did not land at some
+    /// machines still in the configuration (their rings left poisoned):
+    /// those machines (a mask), the machines its truncations are held
+    /// back from, and whether one of the records was made void. Until
+    /// every record landed, the commit is truncated nowhere, so the
+    /// primaries that installed it still vote commit-primary; a record
+    /// made void leaves the commit to the next recovery round, which
+    /// takes every such commit as touched by the failure and installs it
+    /// where the record never came.
+    stuck: BTreeMap<TxId, (u64, Vec<NodeId>, bool)>,
     /// Recovery's decisions on this coordinator's own transactions cut
     /// off by a failure (commit or not), until their commit call asks.
     decided: HashMap<TxId, bool>,
@@ -461,6 +478,8 @@ impl Coordinator {
             follows: None,
             members: vec![true; geo.machines as usize],
             unsettled_fence: None,
+            unsettled_tx: None,
+            stuck: BTreeMap::new(),
             decided: HashMap::new(),
             cut_off: None,
             trap: None,
@@ -700,6 +719,7 @@ impl Coordinator {
         for (t, (regions, votes, writes, decided)) in txs {
             let touched = failed.contains(&t.machine)
                 || self.cut_off == Some(t)
+                || self.stuck.contains_key(&t)
                 || decided.is_some()
                 || regions.iter().any(|r| changed.contains(r))
                 || writes.keys().any(|a| changed.contains(&a.region));
@@ -814,6 +834,11 @@ impl Coordinator {
             .filter(|r| old.is_none_or(|o| o.get(r.id).ok().map(|x| x.primary) != Some(r.primary)))
             .map(|r| (r.id, r.primary.machine))
             .collect();
+        // Every stuck commit of an earlier configuration was decided, or
+        // found nowhere to decide: its rings to the members were healed
+        // or made void before the query went.
+        let config = self.config;
+        self.stuck.retain(|t, _| t.config >= config);
         Ok(())
     }
 
@@ -984,6 +1009,7 @@ impl Coordinator {
             return Ok(false);
         }
         self.logs[d as usize].landed(ctx)?;
+        self.unstick(d, false);
         Ok(true)
     }
 
@@ -1037,6 +1063,7 @@ impl Coordinator {
         self.logs[d as usize].landed(ctx)?;
         self.staged_in[d as usize] = self.config;
         self.stats.rings_voided += 1;
+        self.unstick(d, true);
         Ok(true)
     }
 
@@ -1186,9 +1213,58 @@ impl Coordinator {
             let _ = ctx.settle().await;
             let ds = std::mem::take(&mut self.unsettled);
             self.land_what_landed(ctx, &ds)?;
+            self.hold_stuck(&ds);
         }
         self.unsettled_fence = None;
         Ok(())
+    }
+
+    /// The COMMIT-PRIMARY batch of `self.unsettled_tx` to machines `ds`
+    /// settled: where rings stay poisoned (records that did not land),
+    /// the commit is stuck until they land or are made void
+    /// ([`Self::stuck`]), and its truncations are held back.
+    fn hold_stuck(&mut self, ds: &[NodeId]) {
+        let Some(t) = self.unsettled_tx.take() else {
+            return;
+        };
+        let mask = ds
+            .iter()
+            .filter(|&&d| d < 64 && self.logs[d as usize].is_poisoned())
+            .fold(0u64, |m, &d| m | 1 << d);
+        if mask == 0 {
+            return;
+        }
+        let mut held = Vec::new();
+        for (d, p) in self.pending.iter_mut().enumerate() {
+            if let Some(i) = p.iter().position(|&x| x == t) {
+                p.remove(i);
+                held.push(d as NodeId);
+            }
+        }
+        self.stuck.insert(t, (mask, held, false));
+        self.stats.stuck_commits += 1;
+    }
+
+    /// The ring to `d` healed (`voided`: its records made void): stuck
+    /// commits no longer wait on it; one whose records all landed has
+    /// its truncations go.
+    fn unstick(&mut self, d: NodeId, voided: bool) {
+        let mut done = Vec::new();
+        for (t, (mask, _, void)) in self.stuck.iter_mut() {
+            if *mask & 1 << d != 0 {
+                *mask &= !(1 << d);
+                *void |= voided;
+                if *mask == 0 && !*void {
+                    done.push(*t);
+                }
+            }
+        }
+        for t in done {
+            let (_, held, _) = self.stuck.remove(&t).expect("just seen");
+            for d in held {
+                self.pending[d as usize].push(t);
+            }
+        }
     }
 
     /// A record outside a commit (TRUNCATE, DONE) failed with `e`: once
@@ -1584,7 +1660,11 @@ impl Coordinator {
         }
         for (&d, dest) in &plan {
             if dest.lock.is_some() || dest.backup.is_some() {
-                self.pending[d as usize].push(tx.id);
+                match self.stuck.get_mut(&tx.id) {
+                    // Held back until its COMMIT-PRIMARYs land.
+                    Some(s) => s.1.push(d),
+                    None => self.pending[d as usize].push(tx.id),
+                }
             }
         }
         for d in 0..self.geo.machines {
@@ -1796,7 +1876,7 @@ impl Coordinator {
             .filter_map(|(&d, p)| p.finish.as_ref().map(|f| (d, f.0.clone())))
             .collect();
         let n = commits.len() as u64;
-        self.send_commits(ctx, plan, commits).await?;
+        self.send_commits(ctx, plan, commits, tx.id).await?;
         self.stats.commit_records += n;
         self.spring(
             ctx,
@@ -1817,6 +1897,7 @@ impl Coordinator {
         ctx: &Ctx<N>,
         plan: &mut BTreeMap<NodeId, Dest>,
         mut msgs: Vec<(NodeId, Vec<u8>)>,
+        tx: TxId,
     ) -> Result<(), TxError> {
         let last = msgs.split_off(msgs.len().saturating_sub(RECORDS_PER_BATCH));
         self.send(ctx, plan, msgs).await?;
@@ -1848,6 +1929,7 @@ impl Coordinator {
         }
         self.unsettled.extend(last.iter().map(|m| m.0));
         self.unsettled_fence = fence;
+        self.unsettled_tx = Some(tx);
         Ok(())
     }
 
@@ -1883,6 +1965,7 @@ impl Coordinator {
         let ds = std::mem::take(&mut self.unsettled);
         match settled {
             Ok(()) => {
+                self.unsettled_tx = None;
                 for d in ds {
                     self.logs[d as usize].landed(ctx)?;
                 }
@@ -1894,7 +1977,9 @@ impl Coordinator {
             // again.
             Err(e) => {
                 self.land_what_landed(ctx, &ds)?;
-                if self.heal(ctx, &ds).await? || self.follows.is_some() {
+                let healed = self.heal(ctx, &ds).await?;
+                self.hold_stuck(&ds);
+                if healed || self.follows.is_some() {
                     Ok(())
                 } else {
                     Err(e.into())

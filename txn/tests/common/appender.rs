@@ -231,7 +231,10 @@ pub fn assert_no_commit_lost<O>(
         let bytes = &r.memory[p.node() as usize][p.offset() as usize..][..n];
         let mut payload = vec![0; LIST_BYTES];
         let header = txn::object::decode(bytes, &mut payload).unwrap();
-        assert!(header.is_ok(), "seed {seed}: list {key} is torn");
+        assert!(
+            header.is_ok(),
+            "seed {seed}: list {key} is torn: {header:?} at {p:?}"
+        );
         lists.insert(key, list_of(&payload).unwrap());
     }
     for (t, p, kind, mops) in history.lock().unwrap().iter() {
