@@ -495,10 +495,10 @@ pub struct Sender {
     /// this sender appends no more (poisoned) — until the same WRITEs,
     /// kept below, are posted again and land ([`Sender::restage`]).
     in_flight: Option<u64>,
-    /// The WRITEs of the records in flight: position, ring offset, the
-    /// bytes of the ring the record takes (a PAD's whole rest of the lap)
-    /// and the range of its bytes in `staged_bytes` (buffers reused, so
-    /// the copy costs no allocation once warm).
+    /// The WRITEs of the records in flight: position, the bytes of the
+    /// ring the record takes (a PAD's whole rest of the lap) and the
+    /// range of its bytes in `staged_bytes` (buffers reused, so the copy
+    /// costs no allocation once warm).
     staged: Vec<Staged>,
     staged_bytes: Vec<u8>,
 }
@@ -507,7 +507,6 @@ pub struct Sender {
 #[derive(Clone, Debug)]
 struct Staged {
     pos: u64,
-    off: u64,
     takes: u64,
     bytes: std::ops::Range<usize>,
 }
@@ -778,7 +777,7 @@ impl Sender {
             let mut buf = ctx.alloc(st.bytes.len())?;
             buf.as_mut_slice()
                 .copy_from_slice(&self.staged_bytes[st.bytes.clone()]);
-            b.write(GlobalAddr::host(self.layout.receiver, st.off), buf);
+            b.write(self.at(st.pos), buf);
         }
         Ok(true)
     }
@@ -829,7 +828,7 @@ impl Sender {
                     Some(st.takes - HEADER_BYTES),
                     buf.as_mut_slice(),
                 );
-                b.write(GlobalAddr::host(self.layout.receiver, st.off), buf);
+                b.write(self.at(st.pos), buf);
                 n += 1;
             }
         }
@@ -841,12 +840,17 @@ impl Sender {
         &self.layout
     }
 
-    fn keep(&mut self, pos: u64, off: u64, takes: u64, bytes: &[u8]) {
+    /// Where in the receiver's memory the record at position `pos` lies.
+    fn at(&self, pos: u64) -> GlobalAddr {
+        let l = &self.layout;
+        GlobalAddr::host(l.receiver, l.ring_off + pos % l.capacity)
+    }
+
+    fn keep(&mut self, pos: u64, takes: u64, bytes: &[u8]) {
         let at = self.staged_bytes.len();
         self.staged_bytes.extend_from_slice(bytes);
         self.staged.push(Staged {
             pos,
-            off,
             takes,
             bytes: at..at + bytes.len(),
         });
@@ -891,8 +895,6 @@ impl Sender {
             return Err(RingError::Poisoned);
         }
         let cap = self.layout.capacity;
-        let node = self.layout.receiver;
-        let ring_off = self.layout.ring_off;
         let mut pos = self.tail;
         let mut first = None;
         self.staged.clear();
@@ -903,16 +905,14 @@ impl Sender {
             if size > room {
                 let mut pad = ctx.alloc(HEADER_BYTES as usize)?;
                 encode(pos, &[], Some(room - HEADER_BYTES), pad.as_mut_slice());
-                let off = ring_off + pos % cap;
-                self.keep(pos, off, room, pad.as_slice());
-                b.write(GlobalAddr::host(node, off), pad);
+                self.keep(pos, room, pad.as_slice());
+                b.write(self.at(pos), pad);
                 pos += room;
             }
             let mut rec = ctx.alloc(size as usize)?;
             encode(pos, payload, None, rec.as_mut_slice());
-            let off = ring_off + pos % cap;
-            self.keep(pos, off, size, rec.as_slice());
-            b.write(GlobalAddr::host(node, off), rec);
+            self.keep(pos, size, rec.as_slice());
+            b.write(self.at(pos), rec);
             first.get_or_insert(pos);
             pos += size;
         }
