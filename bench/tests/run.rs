@@ -165,6 +165,63 @@ fn every_shipped_workload_runs_on_sim() {
 /// of exactly its constant length), the history of both halves together
 /// checks, the report names both, and a run with one thread in all, or an
 /// unknown half workload, is refused.
+/// `--value-size`: the trees store values of that size in larger nodes,
+/// the history of a write-heavy run with splits checks out, the JSON
+/// says what ran, and bad sizes (or the hash table) exit 2.
+#[test]
+fn value_size_widens_the_tree_values() {
+    let dir = scratch("value-size");
+    let h = dir.join("wide.jsonl");
+    let docs = run_ok(&tiny(&[
+        "--workload",
+        "write-only",
+        "--systems",
+        "sherman,fg",
+        "--value-size",
+        "1024",
+        "--ops",
+        "40",
+        "--history",
+        h.to_str().unwrap(),
+    ]));
+    for d in &docs {
+        assert_eq!(d["config"]["tree"]["value_bytes"], 1024, "{d}");
+        assert_eq!(d["config"]["tree"]["node_bytes"], 16384, "{d}");
+        assert!(count(d, "update") > 0);
+    }
+    let f = read_history(&h.with_extension("sherman.jsonl"));
+    assert_eq!(f.header["value_bytes"], 1024);
+    assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok);
+    // FG+ writes whole 16 KiB leaves back; Sherman one entry's 17 lines.
+    let written = |d: &Value| d["bytes_written_per_op"].as_f64().unwrap();
+    assert!(written(&docs[1]) > 10.0 * written(&docs[0]), "{docs:?}");
+    for (extra, needle) in [
+        (
+            vec!["--value-size", "7"],
+            "--value-size: values must be 8 to 1024 bytes",
+        ),
+        (vec!["--value-size", "2000"], "--value-size"),
+        (
+            vec![
+                "--value-size",
+                "64",
+                "--systems",
+                "cuckoo",
+                "--workload",
+                "ycsb-c",
+            ],
+            "--value-size applies to the trees",
+        ),
+    ] {
+        let args = tiny(&extra);
+        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
 #[test]
 fn half_the_threads_run_the_half_workload() {
     let dir = scratch("half");

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use index::tree::layout::widen;
 use index::tree::{Tree, TreeClient, TreeConfig, TreeError, VersionScheme};
 use nicdrv::{Ctx, Nic};
 use proptest::prelude::*;
@@ -42,11 +43,25 @@ async fn check_ops<N: Nic>(
                 c.put(ctx, k, v).await.unwrap();
                 model.insert(k, v);
             }
-            Op::Get(k) => assert_eq!(
-                c.get(ctx, k).await.unwrap(),
-                model.get(&k).copied(),
-                "op {i}: get {k}"
-            ),
+            Op::Get(k) => {
+                assert_eq!(
+                    c.get(ctx, k).await.unwrap(),
+                    model.get(&k).copied(),
+                    "op {i}: get {k}"
+                );
+                let vb = c.tree().config().value_bytes;
+                if vb > 8 {
+                    // The whole value: the put's `u64`, widened.
+                    let mut got = vec![0u8; vb];
+                    let found = c.get_value(ctx, k, &mut got).await.unwrap();
+                    assert_eq!(found, model.contains_key(&k), "op {i}: get_value {k}");
+                    if let Some(&v) = model.get(&k) {
+                        let mut want = vec![0u8; vb];
+                        widen(v, &mut want);
+                        assert_eq!(got, want, "op {i}: get_value {k}");
+                    }
+                }
+            }
             Op::Delete(k) => assert_eq!(
                 c.delete(ctx, k).await.unwrap(),
                 model.remove(&k).is_some(),
@@ -165,6 +180,100 @@ fn every_configuration_matches_btreemap() {
     }
 }
 
+/// Leaf values of 16 to 1024 bytes — within a line, a line each, and
+/// spanning up to 17 lines of 16 KiB nodes — in Sherman, FG+, the paper's
+/// versions and the two-round-trip paths: every get and scan as the
+/// model says, whole values included, through splits.
+#[test]
+fn every_value_size_matches_btreemap() {
+    let base = sherman();
+    for (i, vb) in [16usize, 52, 53, 200, 1024].into_iter().enumerate() {
+        for (j, cfg) in [
+            base.clone(),
+            TreeConfig::fg_plus(HOST),
+            TreeConfig {
+                versions: VersionScheme::FrontRear,
+                ..base.clone()
+            },
+            TreeConfig::named("sherman-2rt", HOST).unwrap(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cfg = TreeConfig {
+                value_bytes: vb,
+                ..cfg
+            };
+            let seed = (i * 4 + j) as u64;
+            let mut rng = nicdrv::rng::Rng::new(seed);
+            let ops: Vec<Op> = (0..3000)
+                .map(|_| {
+                    let k = rng.below(2500) * 7;
+                    match rng.below(10) {
+                        0..=5 => Op::Put(k, rng.next_u64()),
+                        6..=7 => Op::Get(k),
+                        8 => Op::Delete(k),
+                        _ => Op::Scan(k, k + rng.below(3000), rng.below(100) as usize),
+                    }
+                })
+                .collect();
+            run_sim_ops(cfg, ops, seed);
+        }
+    }
+}
+
+/// A value of another length than the tree's, or a tree made with values
+/// under 8 or over 1024 bytes: a clear error, nothing written.
+#[test]
+fn a_value_of_the_wrong_size_is_an_error() {
+    for vb in [0, 7, 1025] {
+        let cfg = TreeConfig {
+            value_bytes: vb,
+            ..sherman()
+        };
+        let e = Tree::new(cfg, DM).err().expect("refused");
+        assert!(e.to_string().contains("values must be"), "{e}");
+    }
+    let mut w = sim_world(2, 1, 1);
+    let cfg = TreeConfig {
+        value_bytes: 100,
+        ..sherman()
+    };
+    let tree = Tree::new(cfg, DM).unwrap();
+    assert_eq!(tree.layout().value_bytes(), 100);
+    sim_create(&mut w, &tree);
+    let tr = tree.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tr.client(1).unwrap();
+        let e = c.put_value(&ctx, 5, &[1u8; 99]).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TreeError::ValueSize {
+                    expected: 100,
+                    got: 99
+                }
+            ),
+            "{e}"
+        );
+        let mut out = [0u8; 101];
+        assert!(matches!(
+            c.get_value(&ctx, 5, &mut out).await,
+            Err(TreeError::ValueSize { .. })
+        ));
+        assert_eq!(c.get(&ctx, 5).await.unwrap(), None, "nothing was written");
+        let v: Vec<u8> = (0..100).collect();
+        c.put_value(&ctx, 5, &v).await.unwrap();
+        let mut out = [0u8; 100];
+        assert!(c.get_value(&ctx, 5, &mut out).await.unwrap());
+        assert_eq!(&out[..], &v[..]);
+        assert_eq!(
+            c.get(&ctx, 5).await.unwrap(),
+            Some(u64::from_le_bytes(v[..8].try_into().unwrap()))
+        );
+    });
+}
+
 #[test]
 fn grows_to_several_levels_and_shrinks_by_deletes() {
     let mut w = sim_world(3, 3, 1);
@@ -201,7 +310,11 @@ fn grows_to_several_levels_and_shrinks_by_deletes() {
 
 #[test]
 fn bulk_load_then_mixed_operations() {
-    for cfg in [sherman(), TreeConfig::fg_plus(HOST)] {
+    let wide = TreeConfig {
+        value_bytes: 300,
+        ..sherman()
+    };
+    for cfg in [sherman(), TreeConfig::fg_plus(HOST), wide] {
         let mut w = sim_world(5, 2, 1);
         let tree = Tree::new(cfg, DM).unwrap();
         sim_create(&mut w, &tree);

@@ -145,7 +145,9 @@ pub(crate) async fn load_part<N: Nic>(
                 let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
                 c.report_loaded(loaded);
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
-                c.bulk_load(&ctx, records_sorted(records), 36)
+                // 4/5 full: 36 of 45 entries in 1 KiB leaves.
+                let fill = t.layout().leaf_fanout() * 4 / 5;
+                c.bulk_load(&ctx, records_sorted(records), fill)
                     .await
                     .map_err(|e| e.to_string())?;
             }

@@ -32,6 +32,7 @@ use history::map::{History, Op, OpId, Ret, Verdict};
 use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::keys::{key_of, records_sorted};
+use index::tree::layout::Layout;
 use index::tree::{Tree, TreeConfig, TreeStats};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
@@ -138,6 +139,12 @@ pub struct RunArgs {
     /// window [default: 20]
     #[arg(long, value_name = "MS")]
     hash_grace_ms: Option<f64>,
+    /// Bytes of a tree leaf's value, 8 to 1024 (a put stores its unique
+    /// u64 repeated to fill them; a get returns the first 8). Nodes double
+    /// from 1 KiB until a leaf holds 8 entries: 16 KiB for 1024. The trees
+    /// only: the hash table's bench stores 8-byte values
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    value_size: usize,
     /// The run's seed (sim: the whole run; emu: the clients' streams)
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -299,6 +306,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "warmup_per_client": spec.warmup,
         "faults": spec.fault_names(),
         "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
+        "value_bytes": spec.tree.value_bytes,
     })
 }
 
@@ -382,6 +390,8 @@ struct Cli {
     warmup: u64,
     cache_mb: f64,
     hash_grace_ms: Option<f64>,
+    /// The trees' node layout (`--value-size`).
+    layout: Layout,
     seed: u64,
     json: bool,
     check_history: bool,
@@ -416,6 +426,8 @@ impl Cli {
                 .unwrap_or(if sim { 1_000_000 } else { 200_000 }),
         };
         let length = run_length(a.ops, a.seconds)?;
+        let layout =
+            Layout::new(a.value_size).map_err(|e| ArgError(format!("--value-size: {e}")))?;
         let model = sim_model(a.sim_model, sim)?;
         let mut fault_plan: Vec<Fault> = Vec::new();
         for f in &a.fault {
@@ -452,6 +464,7 @@ impl Cli {
             warmup: a.warmup.unwrap_or(if sim { 50 } else { 2_000 }),
             cache_mb: a.cache_mb,
             hash_grace_ms: a.hash_grace_ms,
+            layout,
             seed: a.seed,
             json: a.json,
             check_history: a.check_history,
@@ -525,6 +538,11 @@ impl Cli {
         if self.systems.is_empty() {
             return Err(ArgError("--systems names no system".into()));
         }
+        if self.layout.value_bytes() != 8 && self.systems.iter().any(|s| s == "cuckoo") {
+            return Err(ArgError(
+                "--value-size applies to the trees; the hash table `cuckoo` is measured with 8-byte values".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -547,7 +565,11 @@ impl Cli {
             } else {
                 0
             };
-            let host_bytes = (self.records * 1024 / 20 / mem
+            // Bulk-loaded leaves are 4/5 full, and splits leave halves:
+            // about 4/9 of a leaf's entries per node on average.
+            let per_node = (self.layout.leaf_fanout() as u64 * 4 / 9).max(1);
+            let node_bytes = self.layout.node_bytes() as u64;
+            let host_bytes = (self.records * node_bytes / per_node / mem
                 + clients * (2 << 20) / mem
                 + per_node_chunks
                 + (64 << 20))
@@ -574,6 +596,10 @@ impl Cli {
                         systems_known()
                     ))
                 })?;
+                let tree = TreeConfig {
+                    value_bytes: self.layout.value_bytes(),
+                    ..tree
+                };
                 let cuckoo = name == "cuckoo";
                 for mix in std::iter::once(&self.mix).chain(&self.half_mix) {
                     if cuckoo && mix.props[Kind::Scan.ix()] > 0.0 {

@@ -180,6 +180,8 @@ fn tree_config_json(t: &TreeConfig) -> serde_json::Value {
         "lock_table_words": t.lock_table_words,
         "cache_bytes": t.cache_bytes,
         "chunk_bytes": t.chunk.chunk_bytes,
+        "value_bytes": t.value_bytes,
+        "node_bytes": Layout::new(t.value_bytes).map_or(0, |l| l.node_bytes()),
     })
 }
 

@@ -8,7 +8,7 @@ impl TreeClient {
     /// Loads an empty tree from strictly increasing `(key, value)` pairs
     /// with one client: [`bulk_load_part`](Self::bulk_load_part) over
     /// everything, then [`bulk_load_finish`](Self::bulk_load_finish).
-    /// `fill` is the entries per leaf (clamped to 1..=45). Returns the
+    /// `fill` is the entries per leaf (clamped to 1..=the leaf fanout). Returns the
     /// number of records loaded. Fails with [`TreeError::NotCreated`]
     /// before the tree exists, `NotEmpty` if it holds data, `Unsorted` or
     /// `ReservedKey` for bad input, `Alloc` when memory runs out, `Verb`
@@ -51,14 +51,15 @@ impl TreeClient {
             return Err(TreeError::NotEmpty);
         }
         let rbuf = self.read_node(ctx, root).await?;
-        if Node(rbuf.as_slice()).entries().next().is_some() {
+        if self.node(rbuf.as_slice()).entries().next().is_some() {
             return Err(TreeError::NotEmpty);
         }
         Ok(root)
     }
 
     /// One part of a bulk load, run by any client in parallel with others:
-    /// writes leaves (filled to `fill` ≤ 45 entries, up to 8 per doorbell)
+    /// writes leaves (filled to `fill` ≤ the leaf fanout, up to 8 per doorbell, fewer
+    /// when nodes are over 8 KiB)
     /// for the strictly increasing `items`, all inside `[low, high)`; the
     /// parts of one load must tile the key space in order (the first from
     /// 0, the last to `u64::MAX`). Returns the part's leaves as (low fence,
@@ -76,7 +77,7 @@ impl TreeClient {
         high: u64,
         fill: usize,
     ) -> Result<Vec<(u64, GlobalAddr)>, TreeError> {
-        let fill = fill.clamp(1, FANOUT);
+        let fill = fill.clamp(1, self.layout.leaf_fanout());
         let mut prev: Option<u64> = None;
         for &(k, _) in &items {
             check_key(k)?;
@@ -98,12 +99,9 @@ impl TreeClient {
         };
         let mut addrs = Vec::with_capacity(groups.len());
         for _ in 0..groups.len() {
-            addrs.push(
-                self.alloc
-                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-                    .await?,
-            );
+            addrs.push(self.alloc_raw(ctx).await?);
         }
+        let mut value = vec![0u8; self.layout.value_bytes()];
         let mut out = Vec::with_capacity(groups.len());
         let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
         let mut pending_items = 0u64;
@@ -111,16 +109,17 @@ impl TreeClient {
             let lo = if i == 0 { low } else { g[0].0 };
             let hi = groups.get(i + 1).map_or(high, |nx| nx[0].0);
             let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
-            let mut buf = vec![0u8; NODE_BYTES];
-            let mut m = NodeMut(&mut buf);
+            let mut buf = vec![0u8; self.layout.node_bytes()];
+            let mut m = self.node_mut(&mut buf);
             m.init(0, lo, hi, sib, 1);
             for (j, &(k, v)) in g.iter().enumerate() {
-                m.set_entry(j, k, v);
+                layout::widen(v, &mut value);
+                m.set_entry(j, k, &value);
             }
             out.push((lo, addrs[i]));
             pending.push((addrs[i], buf));
             pending_items += g.len() as u64;
-            if pending.len() == 8 {
+            if pending.len() == self.nodes_per_doorbell() {
                 write_nodes(ctx, &mut pending).await?;
                 self.count_loaded(std::mem::take(&mut pending_items));
             }
@@ -135,7 +134,7 @@ impl TreeClient {
     /// (empty) root's address — so a client still holding that address
     /// finds a node of another level there and rereads the root word — and
     /// swings the root word. An internal node gets `fill + 1` children
-    /// (within 2..=45). Fails with [`TreeError::NotEmpty`] if the tree has
+    /// (within 2..=the internal fanout). Fails with [`TreeError::NotEmpty`] if the tree has
     /// data (or another load finished first), `NotCreated` before the tree
     /// exists, `Alloc` when memory runs out, `Verb` when a verb fails,
     /// `Corrupt` for a broken node.
@@ -145,7 +144,7 @@ impl TreeClient {
         parts: Vec<Vec<(u64, GlobalAddr)>>,
         fill: usize,
     ) -> Result<(), TreeError> {
-        let fill = fill.clamp(1, FANOUT);
+        let fill = fill.clamp(1, self.layout.leaf_fanout());
         let root = self.check_empty(ctx).await?;
         let parts: Vec<Vec<(u64, GlobalAddr)>> =
             parts.into_iter().filter(|p| !p.is_empty()).collect();
@@ -169,7 +168,7 @@ impl TreeClient {
         let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
         while level_nodes.len() > 1 {
             level += 1;
-            let per = FANOUT.min(fill + 1).max(2);
+            let per = self.layout.internal_fanout().min(fill + 1).max(2);
             let chunks: Vec<Vec<(u64, GlobalAddr)>> =
                 level_nodes.chunks(per).map(|c| c.to_vec()).collect();
             let addrs = self.node_addrs(ctx, chunks.len(), root).await?;
@@ -178,15 +177,15 @@ impl TreeClient {
                 let low = if i == 0 { 0 } else { c[0].0 };
                 let high = chunks.get(i + 1).map_or(KEY_INFINITY, |nx| nx[0].0);
                 let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
-                let mut buf = vec![0u8; NODE_BYTES];
-                let mut m = NodeMut(&mut buf);
+                let mut buf = vec![0u8; self.layout.node_bytes()];
+                let mut m = self.node_mut(&mut buf);
                 m.init(level, low, high, sib, 1);
                 let mut kids = c.clone();
                 kids[0].0 = low;
                 fill_internal(&mut m, &kids);
                 next.push((low, addrs[i]));
                 pending.push((addrs[i], buf));
-                if pending.len() == 8 {
+                if pending.len() == self.nodes_per_doorbell() {
                     write_nodes(ctx, &mut pending).await?;
                 }
             }
@@ -205,6 +204,12 @@ impl TreeClient {
 }
 
 impl TreeClient {
+    /// Nodes a bulk load writes per doorbell: 8, fewer when they are large
+    /// (at most 64 KiB of a task's scratch).
+    fn nodes_per_doorbell(&self) -> usize {
+        ((64 << 10) / self.layout.node_bytes()).clamp(1, 8)
+    }
+
     /// Addresses for `n` new nodes of one bulk-load level: the old root's
     /// when the level has a single node (the new top), fresh ones otherwise.
     async fn node_addrs<N: Nic>(
@@ -218,11 +223,7 @@ impl TreeClient {
         }
         let mut v = Vec::with_capacity(n);
         for _ in 0..n {
-            v.push(
-                self.alloc
-                    .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-                    .await?,
-            );
+            v.push(self.alloc_raw(ctx).await?);
         }
         Ok(v)
     }

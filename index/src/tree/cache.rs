@@ -286,18 +286,23 @@ impl IndexCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::layout::{NodeMut, NODE_BYTES};
+    use crate::tree::layout::{Layout, NodeMut, NODE_BYTES};
+
+    fn l() -> Layout {
+        Layout::new(8).unwrap()
+    }
 
     /// An internal node at `level` over `[low, high)` whose children start
     /// at `low`, `low + step`, ..., named `base + i`.
     fn node(level: u8, low: u64, high: u64, step: u64, base: u64) -> Vec<u8> {
         let mut b = vec![0u8; NODE_BYTES];
-        let mut n = NodeMut(&mut b);
+        let mut n = NodeMut::new(l(), &mut b);
         n.init(level, low, high, GlobalAddr::NULL, 1);
         n.set_leftmost(GlobalAddr::from_raw(base << 10));
         let mut i = 1;
         while low + i * step < high && i < 20 {
-            n.set_entry(i as usize - 1, low + i * step, (base + i) << 10);
+            let child = GlobalAddr::from_raw((base + i) << 10);
+            n.set_child(i as usize - 1, low + i * step, child);
             i += 1;
         }
         n.set_count(i as usize - 1);
@@ -308,8 +313,8 @@ mod tests {
     fn routes_find_the_deepest_covering_node_and_forget_on_invalidate() {
         let c = IndexCache::new(1 << 20);
         let at = |x: u64| GlobalAddr::from_raw(x << 10);
-        c.insert(at(1), &Node(&node(2, 0, 1000, 100, 10)));
-        c.insert(at(2), &Node(&node(1, 100, 200, 10, 50)));
+        c.insert(at(1), &Node::new(l(), &node(2, 0, 1000, 100, 10)));
+        c.insert(at(2), &Node::new(l(), &node(1, 100, 200, 10, 50)));
         // Level 1 covers 150: its child for 150 (children at 100, 110, ...).
         let r = c.route(150, 1, u8::MAX).unwrap();
         assert_eq!((r.level, r.node, r.child), (1, at(2), at(55)));
@@ -327,7 +332,7 @@ mod tests {
         c.invalidate_covering(1, 199);
         assert_eq!(c.route(150, 1, u8::MAX).unwrap().level, 2);
         // A node replacing another at the same low fence.
-        c.insert(at(3), &Node(&node(2, 0, 1000, 100, 70)));
+        c.insert(at(3), &Node::new(l(), &node(2, 0, 1000, 100, 70)));
         assert_eq!(c.route(250, 1, u8::MAX).unwrap().child, at(72));
     }
 
@@ -346,7 +351,7 @@ mod tests {
         for i in 0..50u64 {
             c.insert(
                 GlobalAddr::from_raw((i + 1) << 10),
-                &Node(&node(1, i * 1000, (i + 1) * 1000, 100, i * 100)),
+                &Node::new(l(), &node(1, i * 1000, (i + 1) * 1000, 100, i * 100)),
             );
             assert!(c.bytes() <= 5 * one, "{} bytes after {i}", c.bytes());
         }

@@ -57,6 +57,10 @@ pub struct TreeConfig {
     pub cache_bytes: usize,
     /// How memory nodes are cut into chunks for node allocation.
     pub chunk: ChunkConfig,
+    /// Bytes of a leaf's value, 8 to 1024: fixed for the tree's life (it
+    /// shapes the nodes, [`super::layout`]); every compute node must use
+    /// the same.
+    pub value_bytes: usize,
 }
 
 impl TreeConfig {
@@ -80,6 +84,7 @@ impl TreeConfig {
                 chunk_bytes: 1 << 20,
                 ..ChunkConfig::new(node_bytes)
             },
+            value_bytes: 8,
         }
     }
 
@@ -154,8 +159,12 @@ impl TreeConfig {
         if self.handover_page && !self.handover {
             return Err("handing the page over needs handover".into());
         }
-        if self.chunk.chunk_bytes < 4096 {
-            return Err("chunks must hold at least a few nodes (4 KiB)".into());
+        let layout = super::layout::Layout::new(self.value_bytes)?;
+        if self.chunk.chunk_bytes < 4 * layout.node_bytes() as u64 {
+            return Err(format!(
+                "chunks must hold at least a few nodes ({} bytes)",
+                4 * layout.node_bytes()
+            ));
         }
         self.chunk.validate().map_err(|e| e.to_string())
     }

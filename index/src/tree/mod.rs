@@ -35,7 +35,7 @@ pub use config::{TreeConfig, VersionScheme};
 
 use cache::IndexCache;
 use hocl::{Local, LocalLocks, LockRef};
-use layout::{Node, NodeMut, ENTRY_BYTES, ENTRY_WRITE_BYTES, FANOUT, KEY_INFINITY, NODE_BYTES};
+use layout::{Layout, LeafItems, Node, NodeMut, KEY_INFINITY};
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};
 use std::fmt;
@@ -45,7 +45,7 @@ use std::sync::Arc;
 /// The well-known word on memory node 0 holding the root's address and
 /// level (nodes are 1 KiB aligned, so the level fits in the low bits).
 pub const ROOT_WORD: GlobalAddr = GlobalAddr::host(0, TREE_ROOT_OFF);
-const LEVEL_MASK: u64 = (NODE_BYTES as u64) - 1;
+const LEVEL_MASK: u64 = layout::NODE_ALIGN - 1;
 /// READ retries of one node before giving up on it as corrupt.
 const MAX_READ_RETRIES: u32 = 100_000;
 /// Restarts of one operation before reporting a livelock.
@@ -60,6 +60,14 @@ pub enum TreeError {
     Alloc(AllocError),
     /// `u64::MAX` is reserved as +∞.
     ReservedKey,
+    /// A value (or a buffer for one) that is not the tree's `value_bytes`
+    /// long.
+    ValueSize {
+        /// The tree's `value_bytes`.
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
     /// No tree at the root word: call `create` first.
     NotCreated,
     /// Bulk load needs an empty tree.
@@ -92,6 +100,9 @@ impl fmt::Display for TreeError {
             TreeError::Verb(e) => write!(f, "tree verb failed: {e}"),
             TreeError::Alloc(e) => write!(f, "tree node allocation failed: {e}"),
             TreeError::ReservedKey => write!(f, "key u64::MAX is reserved"),
+            TreeError::ValueSize { expected, got } => {
+                write!(f, "values are {expected} bytes in this tree, not {got}")
+            }
             TreeError::NotCreated => write!(f, "no tree exists yet (create it first)"),
             TreeError::NotEmpty => write!(f, "bulk load needs an empty tree"),
             TreeError::Unsorted { prev, key } => {
@@ -173,6 +184,7 @@ impl std::ops::AddAssign for TreeStats {
 /// table and the index cache, shared by the node's threads.
 pub struct Tree {
     cfg: TreeConfig,
+    layout: Layout,
     locks: LocalLocks,
     cache: IndexCache,
     table_words: u64,
@@ -192,7 +204,9 @@ impl Tree {
                 "locks in device memory, but the memory nodes have none".into(),
             ));
         }
+        let layout = Layout::new(cfg.value_bytes).map_err(TreeError::Config)?;
         Ok(Arc::new(Tree {
+            layout,
             locks: LocalLocks::new(table_words.max(64) as usize),
             cache: IndexCache::new(cfg.cache_bytes),
             table_words: table_words.max(1),
@@ -203,6 +217,11 @@ impl Tree {
     /// The configuration the tree was made with.
     pub fn config(&self) -> &TreeConfig {
         &self.cfg
+    }
+
+    /// The node layout the configuration's value size gives.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// This compute node's index cache, shared by its clients.
@@ -227,7 +246,8 @@ impl Tree {
             id,
             stats: TreeStats::default(),
             root_hint: 0,
-            leaf_fill_16: (FANOUT as u32 / 2) << 4,
+            leaf_fill_16: (self.layout.leaf_fanout() as u32 / 2) << 4,
+            layout: self.layout,
             loaded: None,
         })
     }
@@ -284,6 +304,8 @@ pub struct TreeClient {
     /// What this client counted; callers read it and may reset it.
     pub stats: TreeStats,
     root_hint: u64,
+    /// The tree's node layout (a copy of [`Tree::layout`]).
+    layout: Layout,
     /// Entries per leaf this client's scans have seen, in 1/16ths (a
     /// moving mean): how many leaves a scan's first parallel read takes.
     leaf_fill_16: u32,
@@ -312,6 +334,22 @@ impl TreeClient {
         &self.tree
     }
 
+    /// A view of a node's bytes in this tree's layout.
+    fn node<'b>(&self, b: &'b [u8]) -> Node<'b> {
+        Node::new(self.layout, b)
+    }
+
+    /// A mutable view of a node's bytes in this tree's layout.
+    fn node_mut<'b>(&self, b: &'b mut [u8]) -> NodeMut<'b> {
+        NodeMut::new(self.layout, b)
+    }
+
+    /// Allocates a node in memory-node memory.
+    async fn alloc_raw<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<GlobalAddr, TreeError> {
+        let nb = self.layout.node_bytes() as u64;
+        Ok(self.alloc.alloc(ctx, nb, layout::NODE_ALIGN).await?)
+    }
+
     /// Creates an empty tree (one leaf) unless one exists. Idempotent:
     /// racing creators agree on the first (the others' leaves are left
     /// unused). Fails with `Alloc` when no memory node has room for the
@@ -320,12 +358,9 @@ impl TreeClient {
         if ctx.read(ROOT_WORD, 8).await?.u64_at(0) != 0 {
             return Ok(());
         }
-        let leaf = self
-            .alloc
-            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-            .await?;
-        let mut buf = ctx.alloc(NODE_BYTES)?;
-        NodeMut(buf.as_mut_slice()).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        let leaf = self.alloc_raw(ctx).await?;
+        let mut buf = ctx.alloc(self.layout.node_bytes())?;
+        NodeMut::new(self.layout, buf.as_mut_slice()).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
         let mut b = ctx.batch();
         b.write(leaf, buf);
         b.submit().await?;
@@ -354,9 +389,9 @@ impl TreeClient {
 /// is the node's low fence), the rest are (separator, child) in order.
 fn fill_internal(m: &mut NodeMut<'_>, kids: &[(u64, GlobalAddr)]) {
     m.set_leftmost(kids[0].1);
-    for i in 0..FANOUT {
+    for i in 0..m.view().fanout() {
         match kids.get(i + 1) {
-            Some(&(k, c)) => m.set_entry(i, k, c.raw()),
+            Some(&(k, c)) => m.set_child(i, k, c),
             None => m.clear_entry(i),
         }
     }

@@ -11,7 +11,7 @@ impl TreeClient {
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<Buf, TreeError> {
-        let buf = ctx.alloc_for_read(NODE_BYTES)?;
+        let buf = ctx.alloc_for_read(self.layout.node_bytes())?;
         self.read_node_into(ctx, addr, buf).await
     }
 
@@ -42,7 +42,7 @@ impl TreeClient {
     /// configured scheme (false: torn, read it again); a consistent copy
     /// that is not a tree node is an error.
     pub(super) fn check_node(&self, addr: GlobalAddr, buf: &Buf) -> Result<bool, TreeError> {
-        let n = Node(buf.as_slice());
+        let n = self.node(buf.as_slice());
         let consistent = match self.tree.cfg.versions {
             VersionScheme::Lines => n.lines_agree(),
             VersionScheme::FrontRear => n.front_rear_agree(),
@@ -56,7 +56,7 @@ impl TreeClient {
                 why: "not a tree node",
             });
         }
-        if n.low() >= n.high() || n.count() > FANOUT {
+        if n.low() >= n.high() || n.count() > n.fanout() {
             return Err(TreeError::Corrupt {
                 addr,
                 why: "impossible fences or count",
@@ -104,7 +104,7 @@ impl TreeClient {
                     return Ok(addr);
                 }
                 let buf = self.read_node(ctx, addr).await?;
-                let n = Node(buf.as_slice());
+                let n = self.node(buf.as_slice());
                 if n.level() != at || key < n.low() {
                     self.tree.cache.invalidate_covering(at, key);
                     continue 'restart;
@@ -135,14 +135,32 @@ impl TreeClient {
     /// [`TreeError::ReservedKey`] for `u64::MAX`, `NotCreated` before the
     /// tree exists, `Verb` when a verb fails, `Corrupt` for a broken node
     /// or endless restarts.
+    /// With values wider than 8 bytes, the value's first eight bytes as a
+    /// little-endian `u64` ([`Self::get_value`] gives all of it).
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, TreeError> {
-        crate::scratch_scoped(ctx, self.get_unscoped(ctx, key)).await
+        crate::scratch_scoped(ctx, self.get_unscoped(ctx, key, None)).await
     }
 
+    /// The whole value of `key` (the tree's `value_bytes`) into `out`, if
+    /// present; whether it was. Fails as [`Self::get`] does, and with
+    /// [`TreeError::ValueSize`] when `out` is not `value_bytes` long.
+    pub async fn get_value<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        out: &mut [u8],
+    ) -> Result<bool, TreeError> {
+        self.check_value_size(out.len())?;
+        let r = crate::scratch_scoped(ctx, self.get_unscoped(ctx, key, Some(out))).await;
+        r.map(|v| v.is_some())
+    }
+
+    /// A lookup; the whole value goes to `out` when given.
     pub(super) async fn get_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         key: u64,
+        out: Option<&mut [u8]>,
     ) -> Result<Option<u64>, TreeError> {
         check_key(key)?;
         self.stats.lookups += 1;
@@ -151,7 +169,7 @@ impl TreeClient {
         let mut clean = true;
         for _ in 0..MAX_RESTARTS {
             let buf = self.read_node(ctx, addr).await?;
-            let n = Node(buf.as_slice());
+            let n = self.node(buf.as_slice());
             if !n.is_leaf() || key < n.low() {
                 self.tree.cache.invalidate_covering(1, key);
                 self.root_hint = 0;
@@ -169,7 +187,11 @@ impl TreeClient {
             if clean && self.stats.read_retries == retries0 {
                 self.stats.clean_lookups += 1;
             }
-            return Ok(n.find(key).map(|i| n.value(i)));
+            let slot = n.find(key);
+            if let (Some(i), Some(out)) = (slot, out) {
+                n.value_into(i, out);
+            }
+            return Ok(slot.map(|i| n.value(i)));
         }
         Err(TreeError::Corrupt {
             addr,
@@ -178,9 +200,23 @@ impl TreeClient {
     }
 }
 
-/// A node pointer must be non-null and node-aligned.
+impl TreeClient {
+    /// A value buffer must be the tree's `value_bytes` long.
+    pub(super) fn check_value_size(&self, len: usize) -> Result<(), TreeError> {
+        if len != self.layout.value_bytes() {
+            return Err(TreeError::ValueSize {
+                expected: self.layout.value_bytes(),
+                got: len,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A node pointer must be non-null and aligned as nodes are (1 KiB,
+/// whatever their size).
 pub(super) fn check_node_addr(addr: GlobalAddr) -> Result<(), TreeError> {
-    if addr.is_null() || !addr.offset().is_multiple_of(NODE_BYTES as u64) {
+    if addr.is_null() || !addr.offset().is_multiple_of(layout::NODE_ALIGN) {
         return Err(TreeError::Corrupt {
             addr,
             why: "pointer is null or not node-aligned",

@@ -127,7 +127,7 @@ impl TreeClient {
         let mut bufs: Vec<Buf> = Vec::with_capacity(addrs.len());
         for &a in addrs {
             check_node_addr(a)?;
-            match ctx.alloc_for_read(NODE_BYTES) {
+            match ctx.alloc_for_read(self.layout.node_bytes()) {
                 Ok(buf) => bufs.push(buf),
                 // A small scratch window reads fewer leaves at once.
                 Err(_) if !bufs.is_empty() => break,
@@ -155,7 +155,7 @@ impl TreeClient {
                 self.stats.read_retries += 1;
                 self.read_node_into(ctx, addr, buf).await?
             };
-            let n = Node(buf.as_slice());
+            let n = self.node(buf.as_slice());
             let from = st.from;
             if !n.is_leaf() || from < n.low() || from >= n.high() {
                 // Go on along a link: this leaf's when it ended before
@@ -177,7 +177,7 @@ impl TreeClient {
             }
             taken += 1;
             st.leaves += 1;
-            let mut part: Vec<(u64, u64)> = Vec::with_capacity(FANOUT);
+            let mut part: Vec<(u64, u64)> = Vec::with_capacity(n.fanout());
             for (k, v) in n.entries() {
                 st.entries += 1;
                 if k >= from && k < st.high {

@@ -12,38 +12,25 @@ impl TreeClient {
         held: Held,
         addr: GlobalAddr,
         buf: &mut Buf,
-        entries: Vec<(u64, u64)>,
+        entries: LeafItems,
     ) -> Result<(), TreeError> {
         let mid = entries.len() / 2;
-        let sep = entries[mid].0;
+        let sep = entries.key(mid);
         let (low, high, sibling, version, lock_word) = {
-            let n = Node(buf.as_slice());
-            (
-                n.low(),
-                n.high(),
-                n.sibling(),
-                n.version(),
-                u64::from_le_bytes(
-                    buf.as_slice()[layout::OFF_LOCK..layout::OFF_LOCK + 8]
-                        .try_into()
-                        .expect("8"),
-                ),
-            )
+            let n = self.node(buf.as_slice());
+            (n.low(), n.high(), n.sibling(), n.version(), n.lock_word())
         };
         let (held, right_addr) = self.alloc_node(ctx, held).await?;
-        let mut right = vec![0u8; NODE_BYTES];
-        let mut r = NodeMut(&mut right);
+        let nb = self.layout.node_bytes();
+        let mut right = vec![0u8; nb];
+        let mut r = self.node_mut(&mut right);
         r.init(0, sep, high, sibling, version.wrapping_add(1));
-        for (i, &(k, v)) in entries[mid..].iter().enumerate() {
-            r.set_entry(i, k, v);
-        }
-        let mut left = vec![0u8; NODE_BYTES];
-        let mut l = NodeMut(&mut left);
+        entries.fill(&mut r, mid..entries.len());
+        let mut left = vec![0u8; nb];
+        let mut l = self.node_mut(&mut left);
         l.init(0, low, sep, right_addr, version.wrapping_add(1));
         l.set_lock_word(lock_word);
-        for (i, &(k, v)) in entries[..mid].iter().enumerate() {
-            l.set_entry(i, k, v);
-        }
+        entries.fill(&mut l, 0..mid);
         self.stats.splits += 1;
         self.write_split(ctx, held, addr, &left, right_addr, &right)
             .await?;
@@ -103,7 +90,7 @@ impl TreeClient {
             let mut addr = self.find_level(ctx, sep, level).await?;
             loop {
                 let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
-                let n = Node(buf.as_slice());
+                let n = self.node(buf.as_slice());
                 if n.level() != level || sep < n.low() {
                     self.write_and_release(ctx, held, &[], buf.as_slice())
                         .await?;
@@ -128,8 +115,8 @@ impl TreeClient {
                 kids.insert(pos, (sep, child));
                 let (low, high, sibling, version) = (n.low(), n.high(), n.sibling(), n.version());
                 self.tree.cache.invalidate(level, low);
-                if kids.len() - 1 <= FANOUT {
-                    let mut m = NodeMut(buf.as_mut_slice());
+                if kids.len() - 1 <= n.fanout() {
+                    let mut m = self.node_mut(buf.as_mut_slice());
                     fill_internal(&mut m, &kids);
                     m.set_version(version.wrapping_add(1));
                     let data = buf.as_slice().to_vec();
@@ -141,12 +128,9 @@ impl TreeClient {
                 let mid = kids.len() / 2;
                 let up = kids[mid].0;
                 let (held, right_addr) = self.alloc_node(ctx, held).await?;
-                let lock_word = u64::from_le_bytes(
-                    buf.as_slice()[layout::OFF_LOCK..layout::OFF_LOCK + 8]
-                        .try_into()
-                        .expect("8"),
-                );
+                let lock_word = self.node(buf.as_slice()).lock_word();
                 let (lbuf, right) = internal_halves(
+                    self.layout,
                     Fences {
                         level,
                         low,
@@ -182,15 +166,12 @@ impl TreeClient {
         left: GlobalAddr,
         old: u64,
     ) -> Result<bool, TreeError> {
-        let new_root = self
-            .alloc
-            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-            .await?;
-        let mut buf = vec![0u8; NODE_BYTES];
-        let mut n = NodeMut(&mut buf);
+        let new_root = self.alloc_raw(ctx).await?;
+        let mut buf = vec![0u8; self.layout.node_bytes()];
+        let mut n = self.node_mut(&mut buf);
         n.init(level, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
         n.set_leftmost(left);
-        n.set_entry(0, sep, child.raw());
+        n.set_child(0, sep, child);
         n.set_count(1);
         ctx.write(new_root, &buf).await?;
         let new = new_root.raw() | level as u64;
@@ -217,6 +198,7 @@ struct Fences {
 /// pointing at the right) and the right (at `right_addr`, from the middle
 /// separator to the old high fence and sibling).
 fn internal_halves(
+    layout: Layout,
     f: Fences,
     lock_word: u64,
     kids: &[(u64, GlobalAddr)],
@@ -224,12 +206,12 @@ fn internal_halves(
 ) -> (Vec<u8>, Vec<u8>) {
     let mid = kids.len() / 2;
     let up = kids[mid].0;
-    let mut right = vec![0u8; NODE_BYTES];
-    let mut r = NodeMut(&mut right);
+    let mut right = vec![0u8; layout.node_bytes()];
+    let mut r = NodeMut::new(layout, &mut right);
     r.init(f.level, up, f.high, f.sibling, f.version);
     fill_internal(&mut r, &kids[mid..]);
-    let mut left = vec![0u8; NODE_BYTES];
-    let mut l = NodeMut(&mut left);
+    let mut left = vec![0u8; layout.node_bytes()];
+    let mut l = NodeMut::new(layout, &mut left);
     l.init(f.level, f.low, up, right_addr, f.version);
     l.set_lock_word(lock_word);
     fill_internal(&mut l, &kids[..mid]);

@@ -67,7 +67,8 @@ impl TreeClient {
         held: Held,
     ) -> Result<(Held, Buf), TreeError> {
         let node = held.node;
-        let buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(NODE_BYTES)?)) {
+        let nb = self.layout.node_bytes();
+        let buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(nb)?)) {
             Ok(b) => b,
             Err(e) => {
                 self.abandon(ctx, held, false).await;
@@ -139,7 +140,7 @@ impl TreeClient {
         let (held, handed) = self.queue(ctx, addr).await?;
         let cfg = &self.tree.cfg;
         if handed && cfg.handover_page {
-            let mut buf = match ctx.alloc(NODE_BYTES) {
+            let mut buf = match ctx.alloc(self.layout.node_bytes()) {
                 Ok(b) => b,
                 Err(e) => {
                     self.abandon(ctx, held, true).await;
@@ -222,15 +223,11 @@ impl TreeClient {
         ctx: &Ctx<N>,
         held: Held,
     ) -> Result<(Held, GlobalAddr), TreeError> {
-        match self
-            .alloc
-            .alloc(ctx, NODE_BYTES as u64, NODE_BYTES as u64)
-            .await
-        {
+        match self.alloc_raw(ctx).await {
             Ok(a) => Ok((held, a)),
             Err(e) => {
                 self.abandon(ctx, held, true).await;
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -301,16 +298,42 @@ impl TreeClient {
     }
 
     /// Inserts `key` or replaces its value; splits the leaf (and its
-    /// parents) when full. Fails with [`TreeError::ReservedKey`] for
-    /// `u64::MAX`, `NotCreated` before the tree exists, `Alloc` when a
-    /// split finds no memory for a new node, `Verb` when a verb fails,
-    /// `Corrupt` for a broken node or endless restarts.
+    /// parents) when full. With values wider than 8 bytes the value stored
+    /// is `value`'s eight little-endian bytes repeated ([`layout::widen`];
+    /// [`Self::put_value`] stores any bytes). Fails with
+    /// [`TreeError::ReservedKey`] for `u64::MAX`, `NotCreated` before the
+    /// tree exists, `Alloc` when a split finds no memory for a new node,
+    /// `Verb` when a verb fails, `Corrupt` for a broken node or endless
+    /// restarts.
     pub async fn put<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         key: u64,
         value: u64,
     ) -> Result<(), TreeError> {
+        let vb = self.layout.value_bytes();
+        let (small, wide);
+        let v: &[u8] = if vb == 8 {
+            small = value.to_le_bytes();
+            &small
+        } else {
+            let mut w = vec![0u8; vb];
+            layout::widen(value, &mut w);
+            wide = w;
+            &wide
+        };
+        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, v)).await
+    }
+
+    /// [`Self::put`] of a whole value, `value_bytes` long; fails also with
+    /// [`TreeError::ValueSize`] for a value of another length.
+    pub async fn put_value<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: u64,
+        value: &[u8],
+    ) -> Result<(), TreeError> {
+        self.check_value_size(value.len())?;
         crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
     }
 
@@ -318,7 +341,7 @@ impl TreeClient {
         &mut self,
         ctx: &Ctx<N>,
         key: u64,
-        value: u64,
+        value: &[u8],
     ) -> Result<(), TreeError> {
         check_key(key)?;
         self.modify(ctx, key, Some(value)).await.map(drop)
@@ -347,13 +370,13 @@ impl TreeClient {
         &mut self,
         ctx: &Ctx<N>,
         key: u64,
-        value: Option<u64>,
+        value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
             let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
             let (leaf, low, high, sibling) = {
-                let n = Node(buf.as_slice());
+                let n = self.node(buf.as_slice());
                 (n.is_leaf(), n.low(), n.high(), n.sibling())
             };
             if !leaf || key < low || key >= high {
@@ -389,50 +412,42 @@ impl TreeClient {
         addr: GlobalAddr,
         buf: &mut Buf,
         key: u64,
-        value: Option<u64>,
+        value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
         let whole = self.tree.cfg.whole_node_writes;
-        let entry_len = match self.tree.cfg.versions {
-            VersionScheme::Lines => ENTRY_WRITE_BYTES,
-            VersionScheme::FrontRear => ENTRY_BYTES,
-        };
-        let slot = Node(buf.as_slice()).find(key);
+        let rear = self.tree.cfg.versions == VersionScheme::FrontRear;
+        let slot = self.node(buf.as_slice()).find(key);
         let present = slot.is_some();
         if whole {
             // FG+: keep the leaf sorted and write it back whole.
-            let mut entries: Vec<(u64, u64)> = Node(buf.as_slice()).entries().collect();
-            entries.retain(|&(k, _)| k != key);
+            let mut items = LeafItems::of(&self.node(buf.as_slice()));
+            items.remove(key);
             if let Some(v) = value {
-                entries.push((key, v));
+                items.push(key, v);
             }
-            entries.sort_unstable();
-            if entries.len() > FANOUT {
+            items.sort();
+            if items.len() > self.layout.leaf_fanout() {
                 return self
-                    .split_leaf(ctx, held, addr, buf, entries)
+                    .split_leaf(ctx, held, addr, buf, items)
                     .await
                     .map(|_| present);
             }
-            let mut m = NodeMut(buf.as_mut_slice());
+            let mut m = self.node_mut(buf.as_mut_slice());
             let v = m.view().version().wrapping_add(1);
-            for i in 0..FANOUT {
-                match entries.get(i) {
-                    Some(&(k, val)) => m.set_entry(i, k, val),
-                    None => m.clear_entry(i),
-                }
-            }
+            items.fill(&mut m, 0..items.len());
             m.set_version(v);
-            let page = buf.as_slice();
+            let page = self.node(buf.as_slice()).bytes();
             self.write_and_release(ctx, held, &[(addr, page)], page)
                 .await?;
             return Ok(present);
         }
         let target = match (slot, value) {
             (Some(i), Some(v)) => {
-                NodeMut(buf.as_mut_slice()).set_entry(i, key, v);
+                self.node_mut(buf.as_mut_slice()).set_entry(i, key, v);
                 i
             }
             (Some(i), None) => {
-                NodeMut(buf.as_mut_slice()).clear_entry(i);
+                self.node_mut(buf.as_mut_slice()).clear_entry(i);
                 i
             }
             (None, None) => {
@@ -440,24 +455,24 @@ impl TreeClient {
                     .await?;
                 return Ok(false);
             }
-            (None, Some(v)) => match Node(buf.as_slice()).free_slot() {
+            (None, Some(v)) => match self.node(buf.as_slice()).free_slot() {
                 Some(i) => {
-                    NodeMut(buf.as_mut_slice()).set_entry(i, key, v);
+                    self.node_mut(buf.as_mut_slice()).set_entry(i, key, v);
                     i
                 }
                 None => {
-                    let mut entries: Vec<(u64, u64)> = Node(buf.as_slice()).entries().collect();
-                    entries.push((key, v));
-                    entries.sort_unstable();
+                    let mut items = LeafItems::of(&self.node(buf.as_slice()));
+                    items.push(key, v);
+                    items.sort();
                     return self
-                        .split_leaf(ctx, held, addr, buf, entries)
+                        .split_leaf(ctx, held, addr, buf, items)
                         .await
                         .map(|_| false);
                 }
             },
         };
-        let off = layout::entry_off(target);
-        let entry = &buf.as_slice()[off..off + entry_len];
+        let (off, len) = self.layout.leaf_entry_write(target, rear);
+        let entry = &buf.as_slice()[off..off + len];
         let page = buf.as_slice();
         self.write_and_release(ctx, held, &[(addr.add(off as u64), entry)], page)
             .await?;
