@@ -68,10 +68,11 @@ pub async fn load<N: Nic>(
 ) {
     let r = async {
         match &index {
-            AnyIndex::Tree(t) => {
-                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
+            AnyIndex::Tree(_) | AnyIndex::Wide(_) => {
+                let mut c = index.client(u64::MAX - 1).map_err(|e| e.to_string())?;
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
-                c.bulk_load(&ctx, records_sorted(records), 36)
+                let loaded = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                c.bulk_load(&ctx, records_sorted(records), loaded)
                     .await
                     .map_err(|e| e.to_string())?;
             }

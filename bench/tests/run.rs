@@ -222,6 +222,57 @@ fn value_size_widens_the_tree_values() {
     }
 }
 
+/// `--key-size`: a tree of 256-byte keys (fences in lines of their own,
+/// entries spanning five lines of 4 KiB nodes) runs a mix with inserts and
+/// scans whose history checks out against the
+/// bulk-loaded records; bad widths (or the hash table) exit 2.
+#[test]
+fn key_size_widens_the_tree_keys() {
+    let dir = scratch("key-size");
+    let h = dir.join("keys.jsonl");
+    let docs = run_ok(&tiny(&[
+        "--workload",
+        "ycsb-e",
+        "--systems",
+        "sherman",
+        "--key-size",
+        "256",
+        "--ops",
+        "30",
+        "--history",
+        h.to_str().unwrap(),
+    ]));
+    let d = &docs[0];
+    assert_eq!(d["config"]["tree"]["key_bytes"], 256, "{d}");
+    assert_eq!(d["config"]["tree"]["node_bytes"], 4096, "{d}");
+    assert!(count(d, "scan") > 0 && count(d, "insert") > 0, "{d}");
+    let f = read_history(&h);
+    assert_eq!(f.header["key_bytes"], 256);
+    assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok);
+    for (extra, needle) in [
+        (vec!["--key-size", "12"], "--key-size must be 8 or one of"),
+        (vec!["--key-size", "2048"], "--key-size must be 8 or one of"),
+        (
+            vec![
+                "--key-size",
+                "16",
+                "--systems",
+                "cuckoo",
+                "--workload",
+                "ycsb-c",
+            ],
+            "--key-size applies to the trees",
+        ),
+    ] {
+        let args = tiny(&extra);
+        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
 #[test]
 fn half_the_threads_run_the_half_workload() {
     let dir = scratch("half");

@@ -1,12 +1,15 @@
 //! One client interface over both indexes, for code that runs the same
 //! workload on either: the benchmark (`--systems sherman,cuckoo`) and the
 //! demo. Keys and values are `u64`; the hash table stores them as 8-byte
-//! little-endian keys and values.
+//! little-endian keys and values; a tree of wider keys ([`WideTree`])
+//! stores key `k` as [`wide_key`]`(k)`.
 
 use crate::cuckoo::{Cuckoo, CuckooClient, CuckooError};
-use crate::tree::{Tree, TreeClient, TreeError, TreeStats};
+use crate::tree::key::{narrow_key, wide_key};
+use crate::tree::{Tree, TreeClient, TreeClientOf, TreeConfig, TreeError, TreeOf, TreeStats};
 use nicdrv::{Ctx, Nic};
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// A compute node's handle on either index.
@@ -14,8 +17,78 @@ use std::sync::Arc;
 pub enum AnyIndex {
     /// The Sherman B+tree (or its FG+ baseline).
     Tree(Arc<Tree>),
+    /// The tree with keys wider than 8 bytes.
+    Wide(WideTree),
     /// The Nessie cuckoo hash table.
     Hash(Arc<Cuckoo>),
+}
+
+/// Generates [`WideTree`] and [`WideClient`], one variant per key width,
+/// and `wide!`, which runs an expression on whichever variant a value is.
+macro_rules! wide_trees {
+    ($($v:ident = $n:literal),*) => {
+        /// Key widths besides 8 that [`AnyIndex::tree`] makes trees for.
+        pub const WIDE_KEY_BYTES: &[usize] = &[$($n),*];
+
+        /// A tree of `[u8; N]` keys, for each width of [`WIDE_KEY_BYTES`].
+        #[derive(Clone)]
+        pub enum WideTree {
+            $(#[doc = concat!("Keys of ", $n, " bytes.")] $v(Arc<TreeOf<[u8; $n]>>),)*
+        }
+
+        /// A client of a [`WideTree`] (boxed).
+        pub enum WideClient {
+            $(#[doc = concat!("Keys of ", $n, " bytes.")] $v(Box<TreeClientOf<[u8; $n]>>),)*
+        }
+
+        impl WideTree {
+            fn new(key_bytes: usize, cfg: TreeConfig, dm_bytes: u64) -> Option<Result<WideTree, TreeError>> {
+                match key_bytes {
+                    $($n => Some(TreeOf::new(cfg, dm_bytes).map(WideTree::$v)),)*
+                    _ => None,
+                }
+            }
+            fn client(&self, id: u64) -> Result<WideClient, TreeError> {
+                Ok(match self {
+                    $(WideTree::$v(t) => WideClient::$v(Box::new(t.client(id)?)),)*
+                })
+            }
+        }
+
+        macro_rules! wide {
+            ($e:expr, $c:ident => $body:expr) => {
+                match $e {
+                    $(WideClient::$v($c) => $body,)*
+                }
+            };
+        }
+    };
+}
+
+wide_trees!(
+    K16 = 16,
+    K32 = 32,
+    K64 = 64,
+    K128 = 128,
+    K256 = 256,
+    K512 = 512,
+    K1024 = 1024
+);
+
+impl AnyIndex {
+    /// A tree for `key_bytes`-byte keys (8, or one of [`WIDE_KEY_BYTES`]);
+    /// [`TreeOf::new`]'s errors, and `Config` for another width.
+    pub fn tree(key_bytes: usize, cfg: TreeConfig, dm_bytes: u64) -> Result<AnyIndex, TreeError> {
+        if key_bytes == 8 {
+            return Ok(AnyIndex::Tree(Tree::new(cfg, dm_bytes)?));
+        }
+        match WideTree::new(key_bytes, cfg, dm_bytes) {
+            Some(t) => Ok(AnyIndex::Wide(t?)),
+            None => Err(TreeError::Config(format!(
+                "keys of {key_bytes} bytes: this interface runs 8 or one of {WIDE_KEY_BYTES:?}"
+            ))),
+        }
+    }
 }
 
 /// Why an operation through [`AnyClient`] failed.
@@ -27,6 +100,8 @@ pub enum AnyError {
     Hash(CuckooError),
     /// A scan of the hash table, which keeps no order.
     NoScans,
+    /// A bulk load of the hash table, which has none (put the records).
+    NoBulkLoad,
 }
 
 impl fmt::Display for AnyError {
@@ -35,6 +110,7 @@ impl fmt::Display for AnyError {
             AnyError::Tree(e) => e.fmt(f),
             AnyError::Hash(e) => e.fmt(f),
             AnyError::NoScans => write!(f, "the hash table has no scans"),
+            AnyError::NoBulkLoad => write!(f, "the hash table has no bulk load"),
         }
     }
 }
@@ -60,6 +136,7 @@ impl AnyIndex {
     pub fn client(&self, id: u64) -> Result<AnyClient, AnyError> {
         Ok(match self {
             AnyIndex::Tree(t) => AnyClient::Tree(Box::new(t.client(id)?)),
+            AnyIndex::Wide(t) => AnyClient::Wide(t.client(id)?),
             AnyIndex::Hash(h) => AnyClient::Hash(Box::new(h.client()?)),
         })
     }
@@ -76,6 +153,8 @@ impl AnyIndex {
 pub enum AnyClient {
     /// A client of the tree (boxed).
     Tree(Box<TreeClient>),
+    /// A client of a tree of wider keys.
+    Wide(WideClient),
     /// A client of the hash table (boxed).
     Hash(Box<CuckooClient>),
 }
@@ -93,6 +172,7 @@ impl AnyClient {
     pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.create(ctx).await?),
+            AnyClient::Wide(w) => wide!(w, c => Ok(c.create(ctx).await?)),
             AnyClient::Hash(c) => Ok(c.create(ctx).await?),
         }
     }
@@ -103,6 +183,7 @@ impl AnyClient {
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.get(ctx, key).await?),
+            AnyClient::Wide(w) => wide!(w, c => Ok(c.get(ctx, wide_key(key)).await?)),
             AnyClient::Hash(c) => Ok(c.get(ctx, &key.to_le_bytes()).await?.map(|v| word(&v))),
         }
     }
@@ -118,6 +199,7 @@ impl AnyClient {
     ) -> Result<(), AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.put(ctx, key, value).await?),
+            AnyClient::Wide(w) => wide!(w, c => Ok(c.put(ctx, wide_key(key), value).await?)),
             AnyClient::Hash(c) => Ok(c.put(ctx, &key.to_le_bytes(), &value.to_le_bytes()).await?),
         }
     }
@@ -126,6 +208,7 @@ impl AnyClient {
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.delete(ctx, key).await?),
+            AnyClient::Wide(w) => wide!(w, c => Ok(c.delete(ctx, wide_key(key)).await?)),
             AnyClient::Hash(c) => Ok(c.delete(ctx, &key.to_le_bytes()).await?),
         }
     }
@@ -142,6 +225,11 @@ impl AnyClient {
     ) -> Result<Vec<(u64, u64)>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.scan(ctx, low, high, limit).await?),
+            AnyClient::Wide(w) => wide!(w, c => {
+                let (low, high) = (wide_key(low), wide_key(high));
+                let got = c.scan(ctx, low, high, limit).await?;
+                Ok(got.into_iter().map(|(k, v)| (narrow_key(&k), v)).collect())
+            }),
             AnyClient::Hash(_) => Err(AnyError::NoScans),
         }
     }
@@ -150,6 +238,7 @@ impl AnyClient {
     pub fn splits(&self) -> u64 {
         match self {
             AnyClient::Tree(c) => c.stats.splits,
+            AnyClient::Wide(w) => wide!(w, c => c.stats.splits),
             AnyClient::Hash(_) => 0,
         }
     }
@@ -158,6 +247,7 @@ impl AnyClient {
     pub fn reset_stats(&mut self) {
         match self {
             AnyClient::Tree(c) => c.stats = TreeStats::default(),
+            AnyClient::Wide(w) => wide!(w, c => c.stats = TreeStats::default()),
             AnyClient::Hash(c) => c.stats = Default::default(),
         }
     }
@@ -169,6 +259,7 @@ impl AnyClient {
     pub fn tree_stats(&self) -> TreeStats {
         match self {
             AnyClient::Tree(c) => c.stats,
+            AnyClient::Wide(w) => wide!(w, c => c.stats),
             AnyClient::Hash(c) => TreeStats {
                 read_retries: c.stats.retries,
                 lookups: c.stats.gets,
@@ -176,6 +267,33 @@ impl AnyClient {
                 cache_misses: c.stats.gets.saturating_sub(c.stats.cache_hits),
                 ..TreeStats::default()
             },
+        }
+    }
+
+    /// Loads an empty tree from `records` (`(key, value)`, keys strictly
+    /// increasing) by one client's bulk load, leaves 4/5 full (36 of 45
+    /// entries in 1 KiB leaves), counting the records landed into
+    /// `loaded`; the number loaded ([`TreeClientOf::bulk_load`]). The hash
+    /// table has no bulk load: `NoBulkLoad`, nothing loaded.
+    pub async fn bulk_load<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        records: Vec<(u64, u64)>,
+        loaded: Arc<AtomicU64>,
+    ) -> Result<u64, AnyError> {
+        match self {
+            AnyClient::Tree(c) => {
+                c.report_loaded(loaded);
+                let fill = c.tree().layout().leaf_fanout() * 4 / 5;
+                Ok(c.bulk_load(ctx, records, fill).await?)
+            }
+            AnyClient::Wide(w) => wide!(w, c => {
+                c.report_loaded(loaded);
+                let fill = c.tree().layout().leaf_fanout() * 4 / 5;
+                let items = records.into_iter().map(|(k, v)| (wide_key(k), v));
+                Ok(c.bulk_load(ctx, items, fill).await?)
+            }),
+            AnyClient::Hash(_) => Err(AnyError::NoBulkLoad),
         }
     }
 }

@@ -8,8 +8,9 @@ mod common;
 
 use common::*;
 use history::map::{History, Op, Recorder, Ret};
+use index::tree::key::{narrow_key, wide_key};
 use index::tree::layout::{is_widened, widen};
-use index::tree::{Tree, TreeClient, TreeConfig, TreeError, VersionScheme};
+use index::tree::{Tree, TreeClientOf, TreeConfig, TreeError, TreeKey, TreeOf, VersionScheme};
 use nicdrv::sim::{for_each_seed, RunEnd, World};
 use nicdrv::{Ctx, Nic};
 use std::cell::RefCell;
@@ -40,13 +41,38 @@ impl Rec {
     }
 }
 
+/// The keys the histories use, as the tree's key type: `u64` itself, or
+/// its [`wide_key`] (the history keeps the `u64`).
+trait TestKey: TreeKey {
+    fn of(k: u64) -> Self;
+    fn back(&self) -> u64;
+}
+
+impl TestKey for u64 {
+    fn of(k: u64) -> u64 {
+        k
+    }
+    fn back(&self) -> u64 {
+        *self
+    }
+}
+
+impl<const N: usize> TestKey for [u8; N] {
+    fn of(k: u64) -> [u8; N] {
+        wide_key(k)
+    }
+    fn back(&self) -> u64 {
+        narrow_key(self)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 /// Random gets, puts, deletes and scans on `keys` keys, recorded. Times
 /// come from `clock`: the turn clock (invocations are recorded no later and
 /// completions no earlier than they really happened).
-async fn random_client<N: Nic>(
+async fn random_client<N: Nic, K: TestKey>(
     ctx: Ctx<N>,
-    mut c: TreeClient,
+    mut c: TreeClientOf<K>,
     rec: Rec,
     me: u32,
     seed: u64,
@@ -65,18 +91,19 @@ async fn random_client<N: Nic>(
                 let v = (me as u64) << 32 | rng.below(1 << 30);
                 let id = rec.invoke(me, Op::Put(k, v), clock(&ctx));
                 if vb == 8 {
-                    (id, c.put(&ctx, k, v).await.map(|_| Ret::Put))
+                    (id, c.put(&ctx, K::of(k), v).await.map(|_| Ret::Put))
                 } else {
                     widen(v, &mut value);
-                    (id, c.put_value(&ctx, k, &value).await.map(|_| Ret::Put))
+                    let r = c.put_value(&ctx, K::of(k), &value).await;
+                    (id, r.map(|_| Ret::Put))
                 }
             }
             4..=6 => {
                 let id = rec.invoke(me, Op::Get(k), clock(&ctx));
                 if vb == 8 {
-                    (id, c.get(&ctx, k).await.map(Ret::Get))
+                    (id, c.get(&ctx, K::of(k)).await.map(Ret::Get))
                 } else {
-                    let r = c.get_value(&ctx, k, &mut value).await;
+                    let r = c.get_value(&ctx, K::of(k), &mut value).await;
                     // A value is one put's bytes, whole: never parts of two.
                     let torn = matches!(r, Ok(true)) && !is_widened(&value);
                     assert!(!torn, "client {me}: key {k} read torn: {value:?}");
@@ -86,7 +113,8 @@ async fn random_client<N: Nic>(
             }
             7..=8 => {
                 let id = rec.invoke(me, Op::Delete(k), clock(&ctx));
-                (id, c.delete(&ctx, k).await.map(|b| Ret::Delete(Some(b))))
+                let r = c.delete(&ctx, K::of(k)).await;
+                (id, r.map(|b| Ret::Delete(Some(b))))
             }
             _ => {
                 let hi = k + 1 + rng.below(keys);
@@ -100,7 +128,9 @@ async fn random_client<N: Nic>(
                     },
                     clock(&ctx),
                 );
-                (id, c.scan(&ctx, k, hi, limit).await.map(Ret::Scan))
+                let r = c.scan(&ctx, K::of(k), K::of(hi), limit).await;
+                let back = |v: Vec<(K, u64)>| v.into_iter().map(|(k, v)| (k.back(), v)).collect();
+                (id, r.map(|v| Ret::Scan(back(v))))
             }
         };
         match r {
@@ -123,7 +153,7 @@ fn wall_clock<N: Nic>(_: &Ctx<N>) -> u64 {
 
 /// A simulated cluster of `cns` compute nodes × `per` clients running a
 /// random recorded workload; returns the history.
-fn sim_history(
+fn sim_history<K: TestKey>(
     seed: u64,
     cfg: &TreeConfig,
     cns: usize,
@@ -132,8 +162,8 @@ fn sim_history(
     keys: u64,
 ) -> History {
     let mut w: World = sim_world(seed, 3, cns);
-    let trees: Vec<Arc<Tree>> = (0..cns)
-        .map(|_| Tree::new(cfg.clone(), DM).unwrap())
+    let trees: Vec<Arc<TreeOf<K>>> = (0..cns)
+        .map(|_| TreeOf::new(cfg.clone(), DM).unwrap())
         .collect();
     sim_create(&mut w, &trees[0]);
     let h = Rc::new(RefCell::new(History::new()));
@@ -164,7 +194,7 @@ fn sim_history(
 fn histories_are_linearizable_on_sim() {
     for_each_seed("histories_are_linearizable_on_sim", 8, |seed| {
         // Few keys: heavy contention, many splits early on, deletes.
-        let h = sim_history(seed, &sherman(), 3, 6, 150, 120);
+        let h = sim_history::<u64>(seed, &sherman(), 3, 6, 150, 120);
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
     });
@@ -180,7 +210,7 @@ fn two_round_trip_histories_are_linearizable_on_sim() {
         "two_round_trip_histories_are_linearizable_on_sim",
         300,
         |seed| {
-            let h = sim_history(seed, &cfg, 3, 6, 150, 120);
+            let h = sim_history::<u64>(seed, &cfg, 3, 6, 150, 120);
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
         },
@@ -190,7 +220,7 @@ fn two_round_trip_histories_are_linearizable_on_sim() {
 #[test]
 fn fg_plus_histories_are_linearizable_on_sim() {
     for_each_seed("fg_plus_histories_are_linearizable_on_sim", 4, |seed| {
-        let h = sim_history(seed, &TreeConfig::fg_plus(HOST), 2, 6, 120, 120);
+        let h = sim_history::<u64>(seed, &TreeConfig::fg_plus(HOST), 2, 6, 120, 120);
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
     });
@@ -211,7 +241,7 @@ fn wide_value_histories_are_linearizable_on_sim() {
             "wide_value_histories_are_linearizable_on_sim",
             100,
             |seed| {
-                let h = sim_history(seed, &cfg, 3, 6, 120, 120);
+                let h = sim_history::<u64>(seed, &cfg, 3, 6, 120, 120);
                 let v = h.check(&BTreeMap::new());
                 assert!(v.is_ok(), "{name}, {vb}-byte values, seed {seed}: {v:?}");
             },
@@ -219,28 +249,61 @@ fn wide_value_histories_are_linearizable_on_sim() {
     }
 }
 
+/// Keys of 16, 64 and 1024 bytes (fences in lines of their own; 1 KiB
+/// keys spanning 17 lines of 16 KiB nodes, compared and gathered across
+/// lines), with 100-byte values for the 64-byte keys: per-key
+/// linearizable, 100 seeds each.
+#[test]
+fn wide_key_histories_are_linearizable_on_sim() {
+    let name = "wide_key_histories_are_linearizable_on_sim";
+    let cfg = |system: &str, vb: usize| TreeConfig {
+        value_bytes: vb,
+        ..TreeConfig::named(system, HOST).unwrap()
+    };
+    let (s16, s64, s1k) = (cfg("sherman", 8), cfg("sherman-2rt", 100), cfg("fg", 8));
+    for_each_seed(name, 100, |seed| {
+        let h = sim_history::<[u8; 16]>(seed, &s16, 3, 6, 120, 120);
+        assert!(
+            h.check(&BTreeMap::new()).is_ok(),
+            "16-byte keys, seed {seed}"
+        );
+        let h = sim_history::<[u8; 64]>(seed, &s64, 3, 6, 120, 120);
+        assert!(
+            h.check(&BTreeMap::new()).is_ok(),
+            "64-byte keys, seed {seed}"
+        );
+        let h = sim_history::<[u8; 1024]>(seed, &s1k, 2, 4, 100, 120);
+        assert!(h.check(&BTreeMap::new()).is_ok(), "1 KiB keys, seed {seed}");
+    });
+}
+
 #[test]
 fn wide_value_histories_are_linearizable_on_emu_threads() {
-    emu_history(TreeConfig {
+    emu_history::<u64>(TreeConfig {
         value_bytes: 1024,
         ..sherman()
     });
 }
 
 #[test]
+fn wide_key_histories_are_linearizable_on_emu_threads() {
+    emu_history::<[u8; 256]>(sherman());
+}
+
+#[test]
 fn histories_are_linearizable_on_emu_threads() {
-    emu_history(sherman());
+    emu_history::<u64>(sherman());
 }
 
 #[test]
 fn two_round_trip_histories_are_linearizable_on_emu_threads() {
-    emu_history(TreeConfig::named("sherman-2rt", HOST).unwrap());
+    emu_history::<u64>(TreeConfig::named("sherman-2rt", HOST).unwrap());
 }
 
 /// Two emu cores of four clients each on one tree, recorded and checked.
-fn emu_history(cfg: TreeConfig) {
+fn emu_history<K: TestKey>(cfg: TreeConfig) {
     let emu = emu_cluster(2);
-    let tree = Tree::new(cfg, DM).unwrap();
+    let tree = TreeOf::<K>::new(cfg, DM).unwrap();
     {
         let mut ex = emu_executor(&emu, 1);
         let tr = tree.clone();

@@ -110,15 +110,11 @@ pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
                     .map(IndexHandle::Hash)
                     .map_err(|e| e.to_string())
             } else {
-                Tree::new(
-                    TreeConfig {
-                        cache_bytes: spec.cache_bytes,
-                        ..spec.tree.clone()
-                    },
-                    256 << 10,
-                )
-                .map(IndexHandle::Tree)
-                .map_err(|e| e.to_string())
+                let cfg = TreeConfig {
+                    cache_bytes: spec.cache_bytes,
+                    ..spec.tree.clone()
+                };
+                IndexHandle::tree(spec.key_bytes, cfg, 256 << 10).map_err(|e| e.to_string())
             }
         })
         .collect()
@@ -141,13 +137,10 @@ pub(crate) async fn load_part<N: Nic>(
 ) {
     let r = async {
         match &h {
-            IndexHandle::Tree(t) => {
-                let mut c = t.client(u64::MAX - 1).map_err(|e| e.to_string())?;
-                c.report_loaded(loaded);
+            IndexHandle::Tree(_) | IndexHandle::Wide(_) => {
+                let mut c = h.client(u64::MAX - 1).map_err(|e| e.to_string())?;
                 c.create(&ctx).await.map_err(|e| e.to_string())?;
-                // 4/5 full: 36 of 45 entries in 1 KiB leaves.
-                let fill = t.layout().leaf_fanout() * 4 / 5;
-                c.bulk_load(&ctx, records_sorted(records), fill)
+                c.bulk_load(&ctx, records_sorted(records), loaded)
                     .await
                     .map_err(|e| e.to_string())?;
             }

@@ -5,12 +5,11 @@
 use super::*;
 
 pub(crate) fn exec_cfg(spec: &RunSpec) -> ExecutorConfig {
-    // A split holds the node read, its two halves being written and the
-    // parent's: six nodes' worth leaves room (64 KiB for 1 KiB nodes).
-    let node_bytes = Layout::new(spec.tree.value_bytes).map_or(1024, |l| l.node_bytes());
+    // 64 KiB, or what a tree operation on larger nodes may need.
+    let op = Layout::new(spec.key_bytes, spec.tree.value_bytes).map_or(0, |l| l.op_scratch_bytes());
     ExecutorConfig {
         slots: spec.coroutines,
-        scratch_bytes_per_slot: (6 * node_bytes).max(64 << 10),
+        scratch_bytes_per_slot: op.max(64 << 10),
         poll_batch: 32,
     }
 }

@@ -33,7 +33,7 @@ use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::keys::{key_of, records_sorted};
 use index::tree::layout::Layout;
-use index::tree::{Tree, TreeConfig, TreeStats};
+use index::tree::{TreeConfig, TreeStats};
 use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{parse_fault, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
@@ -145,6 +145,12 @@ pub struct RunArgs {
     /// only: the hash table's bench stores 8-byte values
     #[arg(long, value_name = "N", default_value_t = 8)]
     value_size: usize,
+    /// Bytes of a tree key: 8, 16, 32, 64, 128, 256, 512 or 1024 (record
+    /// key k becomes its 8 big-endian bytes repeated, so the order and the
+    /// spread are those of the 8-byte keys). Nodes double from 1 KiB until
+    /// a node holds 8 entries. The trees only
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    key_size: usize,
     /// The run's seed (sim: the whole run; emu: the clients' streams)
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -306,6 +312,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "warmup_per_client": spec.warmup,
         "faults": spec.fault_names(),
         "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
+        "key_bytes": spec.key_bytes,
         "value_bytes": spec.tree.value_bytes,
     })
 }
@@ -427,7 +434,16 @@ impl Cli {
         };
         let length = run_length(a.ops, a.seconds)?;
         let layout =
-            Layout::new(a.value_size).map_err(|e| ArgError(format!("--value-size: {e}")))?;
+            Layout::new(8, a.value_size).map_err(|e| ArgError(format!("--value-size: {e}")))?;
+        if a.key_size != 8 && !index::any::WIDE_KEY_BYTES.contains(&a.key_size) {
+            return Err(ArgError(format!(
+                "--key-size must be 8 or one of {:?}, got {}",
+                index::any::WIDE_KEY_BYTES,
+                a.key_size
+            )));
+        }
+        let layout = Layout::new(a.key_size, layout.value_bytes())
+            .map_err(|e| ArgError(format!("--key-size: {e}")))?;
         let model = sim_model(a.sim_model, sim)?;
         let mut fault_plan: Vec<Fault> = Vec::new();
         for f in &a.fault {
@@ -543,6 +559,11 @@ impl Cli {
                 "--value-size applies to the trees; the hash table `cuckoo` is measured with 8-byte values".into(),
             ));
         }
+        if self.layout.key_bytes() != 8 && self.systems.iter().any(|s| s == "cuckoo") {
+            return Err(ArgError(
+                "--key-size applies to the trees; the hash table `cuckoo` is measured with 8-byte keys".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -616,6 +637,7 @@ impl Cli {
                     zipf: self.zipf,
                     system: name.clone(),
                     tree,
+                    key_bytes: self.layout.key_bytes(),
                     memory_nodes: self.memory_nodes,
                     compute_nodes: self.compute_nodes,
                     threads,

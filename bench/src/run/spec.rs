@@ -135,6 +135,9 @@ pub struct RunSpec {
     pub zipf: f64,
     pub system: String,
     pub tree: TreeConfig,
+    /// Bytes of a tree key (`--key-size`): 8, or a width
+    /// `index::any::WIDE_KEY_BYTES` lists.
+    pub key_bytes: usize,
     pub memory_nodes: usize,
     pub compute_nodes: usize,
     pub threads: usize,

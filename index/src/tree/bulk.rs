@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Loads an empty tree from strictly increasing `(key, value)` pairs
     /// with one client: [`bulk_load_part`](Self::bulk_load_part) over
     /// everything, then [`bulk_load_finish`](Self::bulk_load_finish).
@@ -16,14 +16,14 @@ impl TreeClient {
     pub async fn bulk_load<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        items: impl IntoIterator<Item = (u64, u64)>,
+        items: impl IntoIterator<Item = (K, u64)>,
         fill: usize,
     ) -> Result<u64, TreeError> {
         self.check_empty(ctx).await?;
-        let items: Vec<(u64, u64)> = items.into_iter().collect();
+        let items: Vec<(K, u64)> = items.into_iter().collect();
         let n = items.len() as u64;
         let leaves = self
-            .bulk_load_part(ctx, items, 0, KEY_INFINITY, fill)
+            .bulk_load_part(ctx, items, K::MIN, K::INFINITY, fill)
             .await?;
         self.bulk_load_finish(ctx, vec![leaves], fill).await?;
         Ok(n)
@@ -72,27 +72,30 @@ impl TreeClient {
     pub async fn bulk_load_part<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        items: Vec<(u64, u64)>,
-        low: u64,
-        high: u64,
+        items: Vec<(K, u64)>,
+        low: K,
+        high: K,
         fill: usize,
-    ) -> Result<Vec<(u64, GlobalAddr)>, TreeError> {
+    ) -> Result<Vec<(K, GlobalAddr)>, TreeError> {
         let fill = fill.clamp(1, self.layout.leaf_fanout());
-        let mut prev: Option<u64> = None;
+        let mut prev: Option<K> = None;
         for &(k, _) in &items {
             check_key(k)?;
             if prev.is_some_and(|p| k <= p) {
                 return Err(TreeError::Unsorted {
-                    prev: prev.unwrap_or(0),
-                    key: k,
+                    prev: format!("{:?}", prev.unwrap_or(K::MIN)),
+                    key: format!("{k:?}"),
                 });
             }
             if k < low || k >= high {
-                return Err(TreeError::Unsorted { prev: low, key: k });
+                return Err(TreeError::Unsorted {
+                    prev: format!("{low:?}"),
+                    key: format!("{k:?}"),
+                });
             }
             prev = Some(k);
         }
-        let groups: Vec<&[(u64, u64)]> = if items.is_empty() {
+        let groups: Vec<&[(K, u64)]> = if items.is_empty() {
             vec![&items[..]]
         } else {
             items.chunks(fill).collect()
@@ -141,12 +144,12 @@ impl TreeClient {
     pub async fn bulk_load_finish<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        parts: Vec<Vec<(u64, GlobalAddr)>>,
+        parts: Vec<Vec<(K, GlobalAddr)>>,
         fill: usize,
     ) -> Result<(), TreeError> {
         let fill = fill.clamp(1, self.layout.leaf_fanout());
         let root = self.check_empty(ctx).await?;
-        let parts: Vec<Vec<(u64, GlobalAddr)>> =
+        let parts: Vec<Vec<(K, GlobalAddr)>> =
             parts.into_iter().filter(|p| !p.is_empty()).collect();
         if parts.is_empty() {
             return Ok(());
@@ -157,7 +160,7 @@ impl TreeClient {
             b.write_u64(last.add(layout::OFF_SIBLING as u64), w[1][0].1.raw());
         }
         b.submit().await?;
-        let mut level_nodes: Vec<(u64, GlobalAddr)> = parts.into_iter().flatten().collect();
+        let mut level_nodes: Vec<(K, GlobalAddr)> = parts.into_iter().flatten().collect();
         if level_nodes.len() == 1 {
             // A single leaf: copy it to the root's address.
             let buf = self.read_node(ctx, level_nodes[0].1).await?;
@@ -169,13 +172,13 @@ impl TreeClient {
         while level_nodes.len() > 1 {
             level += 1;
             let per = self.layout.internal_fanout().min(fill + 1).max(2);
-            let chunks: Vec<Vec<(u64, GlobalAddr)>> =
+            let chunks: Vec<Vec<(K, GlobalAddr)>> =
                 level_nodes.chunks(per).map(|c| c.to_vec()).collect();
             let addrs = self.node_addrs(ctx, chunks.len(), root).await?;
             let mut next = Vec::with_capacity(chunks.len());
             for (i, c) in chunks.iter().enumerate() {
-                let low = if i == 0 { 0 } else { c[0].0 };
-                let high = chunks.get(i + 1).map_or(KEY_INFINITY, |nx| nx[0].0);
+                let low = if i == 0 { K::MIN } else { c[0].0 };
+                let high = chunks.get(i + 1).map_or(K::INFINITY, |nx| nx[0].0);
                 let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
                 let mut buf = vec![0u8; self.layout.node_bytes()];
                 let mut m = self.node_mut(&mut buf);
@@ -203,7 +206,7 @@ impl TreeClient {
     }
 }
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Nodes a bulk load writes per doorbell: 8, fewer when they are large
     /// (at most 64 KiB of a task's scratch).
     fn nodes_per_doorbell(&self) -> usize {

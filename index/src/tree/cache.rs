@@ -9,56 +9,58 @@
 //! Shared by the compute node's threads behind a reader-writer lock (reads
 //! dominate; an uncontended read lock is two atomic operations).
 
+use super::key::TreeKey;
 use super::layout::Node;
 use nicdrv::GlobalAddr;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
-struct Cached {
+struct Cached<K> {
     addr: GlobalAddr,
     level: u8,
-    low: u64,
-    high: u64,
-    children: Vec<(u64, GlobalAddr)>,
+    low: K,
+    high: K,
+    children: Vec<(K, GlobalAddr)>,
     uses: AtomicU64,
 }
 
-impl Cached {
+impl<K: TreeKey> Cached<K> {
+    /// Bytes it counts: 48 plus its two fences, and a key and an address
+    /// per child (64 and 16 with 8-byte keys).
     fn bytes(&self) -> usize {
-        64 + self.children.len() * 16
+        48 + 2 * K::BYTES + self.children.len() * (K::BYTES + 8)
     }
 
     /// The index of the child whose range holds `key` (which the node
     /// covers).
-    fn child_at(&self, key: u64) -> usize {
+    fn child_at(&self, key: K) -> usize {
         self.children
             .partition_point(|&(k, _)| k <= key)
             .saturating_sub(1)
     }
 }
 
-#[derive(Default)]
-struct Inner {
+struct Inner<K> {
     /// Per level (index 0 unused: leaves are never cached), cached nodes
     /// by low fence. A map per level rather than one keyed by (level,
     /// low): a lookup compares one word per step, not two (the cache's
     /// search was 350 instructions of a 4,400-instruction lookup on emu).
-    by_level: Vec<BTreeMap<u64, usize>>,
-    slots: Vec<Option<Cached>>,
+    by_level: Vec<BTreeMap<K, usize>>,
+    slots: Vec<Option<Cached<K>>>,
     free: Vec<usize>,
     bytes: usize,
 }
 
-impl Inner {
+impl<K: TreeKey> Inner<K> {
     /// The low fence and slot of the cached node at `level` with the
     /// greatest low fence at or below `key`.
-    fn covering(&self, level: u8, key: u64) -> Option<(u64, usize)> {
+    fn covering(&self, level: u8, key: K) -> Option<(K, usize)> {
         let m = self.by_level.get(level as usize)?;
         m.range(..=key).next_back().map(|(&low, &slot)| (low, slot))
     }
 
-    fn insert(&mut self, level: u8, low: u64, slot: usize) {
+    fn insert(&mut self, level: u8, low: K, slot: usize) {
         let l = level as usize;
         if self.by_level.len() <= l {
             self.by_level.resize_with(l + 1, BTreeMap::new);
@@ -66,14 +68,14 @@ impl Inner {
         self.by_level[l].insert(low, slot);
     }
 
-    fn remove(&mut self, level: u8, low: u64) -> Option<usize> {
+    fn remove(&mut self, level: u8, low: K) -> Option<usize> {
         self.by_level.get_mut(level as usize)?.remove(&low)
     }
 }
 
-/// A compute node's cache of internal nodes.
-pub struct IndexCache {
-    inner: RwLock<Inner>,
+/// A compute node's cache of internal nodes of a tree with keys of `K`.
+pub struct IndexCache<K: TreeKey = u64> {
+    inner: RwLock<Inner<K>>,
     max_bytes: usize,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -91,11 +93,16 @@ pub struct Route {
     pub child: GlobalAddr,
 }
 
-impl IndexCache {
+impl<K: TreeKey> IndexCache<K> {
     /// An empty cache of at most `max_bytes` bytes (0: caches nothing).
-    pub fn new(max_bytes: usize) -> IndexCache {
+    pub fn new(max_bytes: usize) -> IndexCache<K> {
         IndexCache {
-            inner: RwLock::new(Inner::default()),
+            inner: RwLock::new(Inner {
+                by_level: Vec::new(),
+                slots: Vec::new(),
+                free: Vec::new(),
+                bytes: 0,
+            }),
             max_bytes,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -124,7 +131,7 @@ impl IndexCache {
 
     /// The deepest cached node covering `key` with a level in
     /// `min_level..=max_level`, with its child for `key`.
-    pub fn route(&self, key: u64, min_level: u8, max_level: u8) -> Option<Route> {
+    pub fn route(&self, key: K, min_level: u8, max_level: u8) -> Option<Route> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         for level in min_level..=max_level {
             let Some((_, slot)) = inner.covering(level, key) else {
@@ -149,7 +156,7 @@ impl IndexCache {
 
     /// Caches an internal node just read (replacing what covered its low
     /// fence at its level).
-    pub fn insert(&self, addr: GlobalAddr, node: &Node<'_>) {
+    pub fn insert(&self, addr: GlobalAddr, node: &Node<'_, K>) {
         if node.is_leaf() || self.max_bytes == 0 {
             return;
         }
@@ -187,7 +194,7 @@ impl IndexCache {
     }
 
     /// Forgets the cached node at `level` whose range starts at `low`.
-    pub fn invalidate(&self, level: u8, low: u64) {
+    pub fn invalidate(&self, level: u8, low: K) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         if let Some(slot) = inner.remove(level, low) {
             Self::drop_slot(&mut inner, slot);
@@ -200,7 +207,7 @@ impl IndexCache {
     /// Returns how many (0 when no cached node covers `key` at level 1).
     /// The caller checks each leaf's fences: a split since the node was
     /// cached leaves a gap, which it finds and walks around.
-    pub fn leaves_from(&self, key: u64, out: &mut [GlobalAddr]) -> usize {
+    pub fn leaves_from(&self, key: K, out: &mut [GlobalAddr]) -> usize {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let Some((_, slot)) = inner.covering(1, key) else {
             return 0;
@@ -222,7 +229,7 @@ impl IndexCache {
     }
 
     /// Forgets the cached node covering `key` at `level`, if any.
-    pub fn invalidate_covering(&self, level: u8, key: u64) {
+    pub fn invalidate_covering(&self, level: u8, key: K) {
         let low = {
             let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
             inner.covering(level, key).map(|(low, _)| low)
@@ -232,7 +239,7 @@ impl IndexCache {
         }
     }
 
-    fn drop_slot(inner: &mut Inner, slot: usize) {
+    fn drop_slot(inner: &mut Inner<K>, slot: usize) {
         if let Some(c) = inner.slots[slot].take() {
             inner.bytes -= c.bytes();
             inner.free.push(slot);
@@ -251,7 +258,7 @@ impl IndexCache {
 
     /// Power of two choices: of two random cached nodes, evict the one used
     /// less.
-    fn evict_one(&self, inner: &mut Inner) {
+    fn evict_one(&self, inner: &mut Inner<K>) {
         let n = inner.slots.len();
         let pick = || {
             for _ in 0..8 {
@@ -277,7 +284,8 @@ impl IndexCache {
         Self::drop_slot(inner, victim);
     }
 
-    /// Bytes cached now, counted as 64 per node plus 16 per child.
+    /// Bytes cached now, counted as 64 per node plus 16 per child (with
+    /// 8-byte keys; wider keys count their bytes).
     pub fn bytes(&self) -> usize {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).bytes
     }
@@ -289,7 +297,7 @@ mod tests {
     use crate::tree::layout::{Layout, NodeMut, NODE_BYTES};
 
     fn l() -> Layout {
-        Layout::new(8).unwrap()
+        Layout::new(8, 8).unwrap()
     }
 
     /// An internal node at `level` over `[low, high)` whose children start
@@ -311,7 +319,7 @@ mod tests {
 
     #[test]
     fn routes_find_the_deepest_covering_node_and_forget_on_invalidate() {
-        let c = IndexCache::new(1 << 20);
+        let c = IndexCache::<u64>::new(1 << 20);
         let at = |x: u64| GlobalAddr::from_raw(x << 10);
         c.insert(at(1), &Node::new(l(), &node(2, 0, 1000, 100, 10)));
         c.insert(at(2), &Node::new(l(), &node(1, 100, 200, 10, 50)));
@@ -347,7 +355,7 @@ mod tests {
             uses: AtomicU64::new(0),
         }
         .bytes();
-        let c = IndexCache::new(5 * one);
+        let c = IndexCache::<u64>::new(5 * one);
         for i in 0..50u64 {
             c.insert(
                 GlobalAddr::from_raw((i + 1) << 10),

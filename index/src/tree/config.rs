@@ -159,12 +159,11 @@ impl TreeConfig {
         if self.handover_page && !self.handover {
             return Err("handing the page over needs handover".into());
         }
-        let layout = super::layout::Layout::new(self.value_bytes)?;
-        if self.chunk.chunk_bytes < 4 * layout.node_bytes() as u64 {
-            return Err(format!(
-                "chunks must hold at least a few nodes ({} bytes)",
-                4 * layout.node_bytes()
-            ));
+        // The value's size; the key's comes with the tree's key type
+        // (`TreeOf::new` checks the two together).
+        super::layout::Layout::new(8, self.value_bytes)?;
+        if self.chunk.chunk_bytes < 4096 {
+            return Err("chunks must hold at least a few nodes (4 KiB)".into());
         }
         self.chunk.validate().map_err(|e| e.to_string())
     }

@@ -10,12 +10,16 @@
 //! last line        [63] rear version (paper scheme)
 //! ```
 //!
+//! That is the layout of 8-byte keys. Wider keys ([`TreeKey`], chosen per
+//! tree) keep their fences in fence lines after line 0, 63 bytes to a line
+//! from byte 1 (low, then high), and line 0's bytes 8..24 stay zero.
+//!
 //! An entry is flags (bit 0 occupied, high nibble front entry version),
-//! the 8-byte key, the value (a leaf's: `value_bytes`, chosen per tree;
-//! an internal node's: the child's address) and the rear entry version
-//! (paper scheme): `value + 10` bytes. With 8-byte values (the default,
-//! and always in internal nodes) an entry is 18 bytes, three to a line at
-//! 1, 19 and 37: 45 to a 1 KiB node.
+//! the key, the value (a leaf's: `value_bytes`, chosen per tree; an
+//! internal node's: the child's address) and the rear entry version (paper
+//! scheme): key + value + 2 bytes. With 8-byte keys and values (the
+//! default) an entry is 18 bytes, three to a line at 1, 19 and 37: 45 to a
+//! 1 KiB node.
 //!
 //! Every line starts with the node's version byte. A whole-node write bumps
 //! it in every line; a single-entry write leaves it. Since each 64-byte
@@ -25,51 +29,59 @@
 //! that entry — provided an entry write is seen whole or not at all:
 //! - An entry of up to 62 bytes never straddles a line (`62 / bytes` to a
 //!   line, from byte 1; byte 63 stays free for the rear version).
-//! - A larger entry (values over 52 bytes) spans whole lines of its own,
-//!   and each of them carries, after the line version, the entry's version
-//!   byte: bytes 2..63 hold the entry, 61 to a line. An entry write bumps
-//!   that byte in every line it writes, so a reader that sees it agree in
-//!   all the entry's lines has the entry from one write (the line version
-//!   byte's argument, entry by entry).
+//! - A larger entry spans whole lines of its own, and each of them carries,
+//!   after the line version, the entry's version byte: bytes 2..63 hold the
+//!   entry, 61 to a line. An entry write bumps that byte in every line it
+//!   writes, so a reader that sees it agree in all the entry's lines has
+//!   the entry from one write (the line version byte's argument, entry by
+//!   entry).
+//!
+//! Fences change only in whole-node writes, so the line versions cover the
+//! fence lines.
 //!
 //! Sherman packs 54 leaf / 61 internal entries into 1 KiB with 4-bit entry
 //! versions; we spend the difference on a version byte per line, which is
 //! what makes the check sound under out-of-order line writes. Nodes grow
-//! (doubling from 1 KiB) until a leaf holds [`MIN_LEAF_FANOUT`] entries:
-//! 16 KiB for 1 KiB values. Internal nodes are as large as leaves (a READ
-//! of a node whose level is not known yet needs one size), so they fan out
-//! wider.
+//! (doubling from 1 KiB) until leaves and internal nodes each hold
+//! [`MIN_FANOUT`] entries: 16 KiB for 1 KiB values or keys. Internal nodes
+//! are as large as leaves (a READ of a node whose level is not known yet
+//! needs one size).
 //!
 //! The paper's scheme (an ablation) reads only the front/rear node versions
 //! and each entry's front/rear nibbles; it is fooled when the first and
 //! last lines of a whole-node write land before a middle one.
 
+pub use super::key::TreeKey;
 use nicdrv::GlobalAddr;
+use std::marker::PhantomData;
 
-/// A node's size with the default 8-byte values.
+/// A node's size with the default 8-byte keys and values.
 pub const NODE_BYTES: usize = 1024;
 /// Every node's alignment in memory-node memory, whatever its size: lines
 /// are whole, and the root word keeps the root's level in the low bits.
 pub const NODE_ALIGN: u64 = 1024;
 pub const LINE_BYTES: usize = 64;
-/// Bytes of an entry around its value: flags, key, rear version.
-const ENTRY_OVERHEAD: usize = 10;
 /// Largest entry that stays within one line (byte 0 is the line version,
 /// byte 63 the rear version's place).
 const LINE_ENTRY_BYTES: usize = 62;
 /// Entry bytes per line of an entry that spans lines (bytes 2..63).
 const SPAN_PAYLOAD: usize = 61;
-/// Smallest and largest leaf value a tree can be made with.
+/// Fence bytes per fence line (bytes 1..64).
+const FENCE_PAYLOAD: usize = 63;
+/// Smallest and largest key or leaf value a tree can be made with.
 pub const MIN_VALUE_BYTES: usize = 8;
 pub const MAX_VALUE_BYTES: usize = 1024;
-/// Nodes double from 1 KiB until a leaf holds this many entries.
-pub const MIN_LEAF_FANOUT: usize = 8;
+pub const MIN_KEY_BYTES: usize = 8;
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Nodes double from 1 KiB until a leaf and an internal node hold this
+/// many entries.
+pub const MIN_FANOUT: usize = 8;
 
 pub const OFF_LEVEL: usize = 1;
 pub const OFF_FLAGS: usize = 2;
 pub const OFF_COUNT: usize = 3;
-pub const OFF_LOW: usize = 8;
-pub const OFF_HIGH: usize = 16;
+/// The fences of 8-byte keys: low at 8, high at 16.
+const OFF_LOW: usize = 8;
 pub const OFF_SIBLING: usize = 24;
 pub const OFF_LEFTMOST: usize = 32;
 /// The node's own lock word, used when locks live in host memory (FG+).
@@ -79,7 +91,8 @@ pub const OFF_FRONT: usize = 48;
 pub const FLAG_NODE_VALID: u8 = 1;
 pub const ENTRY_OCCUPIED: u8 = 1;
 
-/// Keys are `u64` below this value, which stands for +∞ as a high fence.
+/// Keys are `u64` below this value, which stands for +∞ as a high fence
+/// (8-byte keys; [`TreeKey::INFINITY`] in general).
 pub const KEY_INFINITY: u64 = u64::MAX;
 
 /// Where the entries of one kind of node (leaf or internal) lie.
@@ -93,18 +106,22 @@ struct Entries {
     span: u8,
     /// Entries to a node.
     fanout: u16,
+    /// The first entry line (after the header and fence lines).
+    first: u8,
 }
 
 impl Entries {
-    fn new(value_bytes: usize, lines: usize) -> Entries {
-        let bytes = value_bytes + ENTRY_OVERHEAD;
+    /// Entries of `bytes` bytes in `lines` lines from line `first`.
+    fn new(bytes: usize, first: usize, lines: usize) -> Entries {
+        let avail = lines.saturating_sub(first);
         if bytes <= LINE_ENTRY_BYTES {
             let per_line = LINE_ENTRY_BYTES / bytes;
             Entries {
                 bytes: bytes as u16,
                 per_line: per_line as u8,
                 span: 0,
-                fanout: ((lines - 1) * per_line) as u16,
+                fanout: (avail * per_line) as u16,
+                first: first as u8,
             }
         } else {
             let span = bytes.div_ceil(SPAN_PAYLOAD);
@@ -112,46 +129,84 @@ impl Entries {
                 bytes: bytes as u16,
                 per_line: 0,
                 span: span as u8,
-                fanout: ((lines - 1) / span) as u16,
+                fanout: (avail / span) as u16,
+                first: first as u8,
             }
         }
     }
 }
 
-/// A tree's node layout, fixed at creation by its leaf value size.
+/// A tree's node layout, fixed at creation by its key and value sizes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     node_bytes: u32,
+    key_bytes: u16,
     value_bytes: u16,
     leaf: Entries,
     internal: Entries,
 }
 
 impl Layout {
-    /// The layout of leaves holding `value_bytes`-byte values
-    /// ([`MIN_VALUE_BYTES`]`..=`[`MAX_VALUE_BYTES`]); an error in words
-    /// otherwise.
-    pub fn new(value_bytes: usize) -> Result<Layout, String> {
+    /// The layout of nodes with `key_bytes`-byte keys
+    /// ([`MIN_KEY_BYTES`]`..=`[`MAX_KEY_BYTES`]) and leaves holding
+    /// `value_bytes`-byte values ([`MIN_VALUE_BYTES`]`..=`[`MAX_VALUE_BYTES`]);
+    /// an error in words otherwise.
+    pub fn new(key_bytes: usize, value_bytes: usize) -> Result<Layout, String> {
         if !(MIN_VALUE_BYTES..=MAX_VALUE_BYTES).contains(&value_bytes) {
             return Err(format!(
                 "values must be {MIN_VALUE_BYTES} to {MAX_VALUE_BYTES} bytes, not {value_bytes}"
             ));
         }
+        if !(MIN_KEY_BYTES..=MAX_KEY_BYTES).contains(&key_bytes) {
+            return Err(format!(
+                "keys must be {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, not {key_bytes}"
+            ));
+        }
+        let first = 1 + Self::fence_lines(key_bytes);
+        let kinds = |lines| {
+            (
+                Entries::new(key_bytes + value_bytes + 2, first, lines),
+                Entries::new(key_bytes + 10, first, lines),
+            )
+        };
         let mut node_bytes = NODE_BYTES;
-        while Entries::new(value_bytes, node_bytes / LINE_BYTES).fanout < MIN_LEAF_FANOUT as u16 {
+        loop {
+            let (leaf, internal) = kinds(node_bytes / LINE_BYTES);
+            if leaf.fanout as usize >= MIN_FANOUT && internal.fanout as usize >= MIN_FANOUT {
+                return Ok(Layout {
+                    node_bytes: node_bytes as u32,
+                    key_bytes: key_bytes as u16,
+                    value_bytes: value_bytes as u16,
+                    leaf,
+                    internal,
+                });
+            }
             node_bytes *= 2;
         }
-        let lines = node_bytes / LINE_BYTES;
-        Ok(Layout {
-            node_bytes: node_bytes as u32,
-            value_bytes: value_bytes as u16,
-            leaf: Entries::new(value_bytes, lines),
-            internal: Entries::new(8, lines),
-        })
+    }
+    /// Lines after line 0 that hold the fences (none for 8-byte keys).
+    fn fence_lines(key_bytes: usize) -> usize {
+        if key_bytes == 8 {
+            0
+        } else {
+            (2 * key_bytes).div_ceil(FENCE_PAYLOAD)
+        }
     }
     /// Bytes of a node (a power of two, at least 1 KiB).
     pub fn node_bytes(&self) -> usize {
         self.node_bytes as usize
+    }
+    /// Task scratch one tree operation may hold at once: six nodes (a
+    /// leaf read and locked, its two halves being written, then its
+    /// parent read and, splitting, its two halves). An executor running
+    /// tree operations needs at least this per slot: 6 KiB for 1 KiB
+    /// nodes, 96 KiB for 16 KiB nodes.
+    pub fn op_scratch_bytes(&self) -> usize {
+        6 * self.node_bytes()
+    }
+    /// Bytes of a key.
+    pub fn key_bytes(&self) -> usize {
+        self.key_bytes as usize
     }
     /// Bytes of a leaf's value.
     pub fn value_bytes(&self) -> usize {
@@ -174,11 +229,12 @@ impl Layout {
     /// Byte offset of entry `i`'s first byte (its flags) in a node of
     /// kind `e`.
     fn entry_off(e: &Entries, i: usize) -> usize {
+        let first = e.first as usize;
         if e.per_line > 0 {
             let n = e.per_line as usize;
-            (1 + i / n) * LINE_BYTES + 1 + (i % n) * e.bytes as usize
+            (first + i / n) * LINE_BYTES + 1 + (i % n) * e.bytes as usize
         } else {
-            (1 + i * e.span as usize) * LINE_BYTES + 2
+            (first + i * e.span as usize) * LINE_BYTES + 2
         }
     }
     /// The bytes a leaf's entry write covers: (offset, length). An entry
@@ -191,9 +247,13 @@ impl Layout {
             let len = e.bytes as usize - usize::from(!rear);
             (Self::entry_off(e, i), len)
         } else {
-            let first = (1 + i * e.span as usize) * LINE_BYTES;
-            (first + 1, e.span as usize * LINE_BYTES - 1)
+            let off = Self::entry_off(e, i) - 1;
+            (off, e.span as usize * LINE_BYTES - 1)
         }
+    }
+    /// Where fence byte `p` lies (wide keys: fence lines from line 1).
+    fn fence_at(p: usize) -> usize {
+        (1 + p / FENCE_PAYLOAD) * LINE_BYTES + 1 + p % FENCE_PAYLOAD
     }
 }
 
@@ -205,6 +265,38 @@ fn at(e: &Entries, off: usize, p: usize) -> usize {
         off + p
     } else {
         off + (p / SPAN_PAYLOAD) * LINE_BYTES + p % SPAN_PAYLOAD
+    }
+}
+
+/// Copies entry bytes `p..p + out.len()` of the entry at `off` into `out`.
+fn gather(b: &[u8], e: &Entries, off: usize, p: usize, out: &mut [u8]) {
+    if e.per_line > 0 {
+        out.copy_from_slice(&b[off + p..off + p + out.len()]);
+        return;
+    }
+    let (mut p, mut done) = (p, 0);
+    while done < out.len() {
+        let src = at(e, off, p);
+        let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(out.len() - done);
+        out[done..done + n].copy_from_slice(&b[src..src + n]);
+        done += n;
+        p += n;
+    }
+}
+
+/// Copies `data` to entry bytes `p..` of the entry at `off`.
+fn scatter(b: &mut [u8], e: &Entries, off: usize, p: usize, data: &[u8]) {
+    if e.per_line > 0 {
+        b[off + p..off + p + data.len()].copy_from_slice(data);
+        return;
+    }
+    let (mut p, mut done) = (p, 0);
+    while done < data.len() {
+        let dst = at(e, off, p);
+        let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(data.len() - done);
+        b[dst..dst + n].copy_from_slice(&data[done..done + n]);
+        done += n;
+        p += n;
     }
 }
 
@@ -231,23 +323,65 @@ pub fn is_widened(value: &[u8]) -> bool {
     value.len() >= 8 && value.iter().enumerate().all(|(i, &x)| x == value[i % 8])
 }
 
-/// A typed view of a node's bytes (a local copy).
-#[derive(Copy, Clone)]
-pub struct Node<'a> {
-    b: &'a [u8],
-    l: Layout,
-}
-/// A mutable typed view of a node's bytes (a local copy).
-pub struct NodeMut<'a> {
-    b: &'a mut [u8],
-    l: Layout,
+/// Reads a key of `K` from a node's bytes with `read(out)` filling a
+/// buffer of `K::BYTES`: in place for keys that lie whole, else gathered.
+#[inline]
+fn key_from<K: TreeKey>(read: impl FnOnce(&mut [u8])) -> K {
+    let mut buf = [0u8; MAX_KEY_BYTES];
+    let b = &mut buf[..K::BYTES];
+    read(b);
+    K::read_from(b)
 }
 
-impl<'a> Node<'a> {
-    /// A view of `b`, a node's worth of bytes in layout `l`.
-    pub fn new(l: Layout, b: &'a [u8]) -> Node<'a> {
+/// A typed view of a node's bytes (a local copy), with keys of `K`.
+#[derive(Copy, Clone)]
+pub struct Node<'a, K: TreeKey = u64> {
+    b: &'a [u8],
+    l: Layout,
+    k: PhantomData<K>,
+}
+/// A mutable typed view of a node's bytes (a local copy).
+pub struct NodeMut<'a, K: TreeKey = u64> {
+    b: &'a mut [u8],
+    l: Layout,
+    k: PhantomData<K>,
+}
+
+/// Key `K` from entry bytes 1.. of the entry at `o` in `b`.
+#[inline]
+fn entry_key<K: TreeKey>(b: &[u8], e: &Entries, o: usize) -> K {
+    // Entry bytes 1..1 + K lie whole in the entry's first line.
+    if e.per_line > 0 || K::BYTES < SPAN_PAYLOAD {
+        K::read_from(&b[o + 1..o + 1 + K::BYTES])
+    } else {
+        key_from::<K>(|out| gather(b, e, o, 1, out))
+    }
+}
+
+/// Fence `which` (0 low, 1 high) of a node with keys of `K`.
+#[inline]
+fn fence<K: TreeKey>(b: &[u8], which: usize) -> K {
+    if K::BYTES == 8 {
+        return K::read_from(&b[OFF_LOW + 8 * which..OFF_LOW + 8 * which + 8]);
+    }
+    key_from::<K>(|out| {
+        for (i, x) in out.iter_mut().enumerate() {
+            *x = b[Layout::fence_at(which * K::BYTES + i)];
+        }
+    })
+}
+
+impl<'a, K: TreeKey> Node<'a, K> {
+    /// A view of `b`, a node's worth of bytes in layout `l` (made for
+    /// keys of `K`).
+    pub fn new(l: Layout, b: &'a [u8]) -> Node<'a, K> {
         debug_assert!(b.len() >= l.node_bytes());
-        Node { b, l }
+        debug_assert_eq!(l.key_bytes(), K::BYTES);
+        Node {
+            b,
+            l,
+            k: PhantomData,
+        }
     }
     /// The node's bytes.
     pub fn bytes(&self) -> &'a [u8] {
@@ -279,11 +413,11 @@ impl<'a> Node<'a> {
     pub fn fanout(&self) -> usize {
         self.ents().fanout as usize
     }
-    pub fn low(&self) -> u64 {
-        u64_at(self.b, OFF_LOW)
+    pub fn low(&self) -> K {
+        fence(self.b, 0)
     }
-    pub fn high(&self) -> u64 {
-        u64_at(self.b, OFF_HIGH)
+    pub fn high(&self) -> K {
+        fence(self.b, 1)
     }
     pub fn sibling(&self) -> GlobalAddr {
         GlobalAddr::from_raw(u64_at(self.b, OFF_SIBLING))
@@ -294,7 +428,7 @@ impl<'a> Node<'a> {
     pub fn lock_word(&self) -> u64 {
         u64_at(self.b, OFF_LOCK)
     }
-    pub fn covers(&self, key: u64) -> bool {
+    pub fn covers(&self, key: K) -> bool {
         key >= self.low() && key < self.high()
     }
     pub fn version(&self) -> u8 {
@@ -314,7 +448,7 @@ impl<'a> Node<'a> {
         }
         let span = e.span as usize;
         (0..e.fanout as usize).all(|i| {
-            let first = (1 + i * span) * LINE_BYTES;
+            let first = Layout::entry_off(&e, i) - 2;
             let ev = self.b[first + 1];
             (1..span).all(|s| self.b[first + s * LINE_BYTES + 1] == ev)
         })
@@ -332,37 +466,27 @@ impl<'a> Node<'a> {
     pub fn occupied(&self, i: usize) -> bool {
         self.b[self.off(i)] & ENTRY_OCCUPIED != 0
     }
-    pub fn key(&self, i: usize) -> u64 {
-        // Bytes 1..9 of an entry: always within its first line.
-        u64_at(self.b, self.off(i) + 1)
+    pub fn key(&self, i: usize) -> K {
+        entry_key(self.b, self.ents(), self.off(i))
     }
     /// A leaf value's first eight bytes (as a little-endian `u64`), or an
     /// internal entry's child address.
     pub fn value(&self, i: usize) -> u64 {
-        // Bytes 9..17: within the first line too.
-        u64_at(self.b, self.off(i) + 9)
+        let (e, o) = (self.ents(), self.off(i));
+        let p = 1 + K::BYTES;
+        if e.per_line > 0 {
+            return u64_at(self.b, o + p);
+        }
+        let mut b = [0u8; 8];
+        gather(self.b, e, o, p, &mut b);
+        u64::from_le_bytes(b)
     }
     /// Copies entry `i`'s value (all of a leaf's `value_bytes`) into `out`.
     pub fn value_into(&self, i: usize, out: &mut [u8]) {
-        let e = self.ents();
-        let o = self.off(i);
-        if e.per_line > 0 {
-            out.copy_from_slice(&self.b[o + 9..o + 9 + out.len()]);
-            return;
-        }
-        // An entry that spans lines: 61 entry bytes to a line.
-        let mut p = 9;
-        let mut done = 0;
-        while done < out.len() {
-            let src = at(e, o, p);
-            let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&self.b[src..src + n]);
-            done += n;
-            p += n;
-        }
+        gather(self.b, self.ents(), self.off(i), 1 + K::BYTES, out);
     }
     /// Leaf: the slot holding `key`.
-    pub fn find(&self, key: u64) -> Option<usize> {
+    pub fn find(&self, key: K) -> Option<usize> {
         let e = self.ents();
         if e.per_line == 0 {
             return (0..e.fanout as usize).find(|&i| self.occupied(i) && self.key(i) == key);
@@ -371,12 +495,13 @@ impl<'a> Node<'a> {
         // order as the plain scan over entry offsets, without its division
         // per entry (a lookup's scan took about 700 instructions that way).
         let (per, eb) = (e.per_line as usize, e.bytes as usize);
-        let lines = self.b[LINE_BYTES..self.l.node_bytes()].chunks_exact(LINE_BYTES);
+        let from = e.first as usize * LINE_BYTES;
+        let lines = self.b[from..self.l.node_bytes()].chunks_exact(LINE_BYTES);
         for (l, line) in lines.enumerate() {
             let line: &[u8; LINE_BYTES] = line.try_into().expect("a whole line");
             for j in 0..per {
                 let o = 1 + j * eb;
-                let k = u64::from_le_bytes(line[o + 1..o + 9].try_into().expect("8 bytes"));
+                let k = K::read_from(&line[o + 1..o + 1 + K::BYTES]);
                 if line[o] & ENTRY_OCCUPIED != 0 && k == key {
                     return Some(l * per + j);
                 }
@@ -394,12 +519,12 @@ impl<'a> Node<'a> {
     }
     /// Leaf: occupied entries (unsorted), with their values' first eight
     /// bytes.
-    pub fn entries(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = (K, u64)> + '_ {
         self.slots().map(|i| (self.key(i), self.value(i)))
     }
     /// Internal: the child covering `key` (entries sorted in slots
     /// 0..count; child i holds keys >= key i).
-    pub fn child_for(&self, key: u64) -> GlobalAddr {
+    pub fn child_for(&self, key: K) -> GlobalAddr {
         let n = self.count().min(self.fanout());
         let mut child = self.leftmost();
         for i in 0..n {
@@ -413,7 +538,7 @@ impl<'a> Node<'a> {
     }
     /// Internal: (separator, child) pairs in order, leftmost first with
     /// the node's low fence as its separator.
-    pub fn children(&self) -> Vec<(u64, GlobalAddr)> {
+    pub fn children(&self) -> Vec<(K, GlobalAddr)> {
         let n = self.count().min(self.fanout());
         let mut v = Vec::with_capacity(n + 1);
         v.push((self.low(), self.leftmost()));
@@ -424,28 +549,46 @@ impl<'a> Node<'a> {
     }
 }
 
-impl<'a> NodeMut<'a> {
-    /// A mutable view of `b`, a node's worth of bytes in layout `l`.
-    pub fn new(l: Layout, b: &'a mut [u8]) -> NodeMut<'a> {
+impl<'a, K: TreeKey> NodeMut<'a, K> {
+    /// A mutable view of `b`, a node's worth of bytes in layout `l` (made
+    /// for keys of `K`).
+    pub fn new(l: Layout, b: &'a mut [u8]) -> NodeMut<'a, K> {
         debug_assert!(b.len() >= l.node_bytes());
-        NodeMut { b, l }
+        debug_assert_eq!(l.key_bytes(), K::BYTES);
+        NodeMut {
+            b,
+            l,
+            k: PhantomData,
+        }
     }
-    pub fn view(&self) -> Node<'_> {
+    pub fn view(&self) -> Node<'_, K> {
         Node {
             b: self.b,
             l: self.l,
+            k: PhantomData,
         }
     }
     /// Formats an empty node.
-    pub fn init(&mut self, level: u8, low: u64, high: u64, sibling: GlobalAddr, version: u8) {
+    pub fn init(&mut self, level: u8, low: K, high: K, sibling: GlobalAddr, version: u8) {
         let nb = self.l.node_bytes();
         self.b[..nb].fill(0);
         self.b[OFF_LEVEL] = level;
         self.b[OFF_FLAGS] = FLAG_NODE_VALID;
-        put_u64(self.b, OFF_LOW, low);
-        put_u64(self.b, OFF_HIGH, high);
+        self.set_fence(0, low);
+        self.set_fence(1, high);
         put_u64(self.b, OFF_SIBLING, sibling.raw());
         self.set_version(version);
+    }
+    fn set_fence(&mut self, which: usize, k: K) {
+        if K::BYTES == 8 {
+            k.write_to(&mut self.b[OFF_LOW + 8 * which..OFF_LOW + 8 * which + 8]);
+            return;
+        }
+        let mut buf = [0u8; MAX_KEY_BYTES];
+        k.write_to(&mut buf[..K::BYTES]);
+        for (i, &x) in buf[..K::BYTES].iter().enumerate() {
+            self.b[Layout::fence_at(which * K::BYTES + i)] = x;
+        }
     }
     /// Sets the version byte of every line, and the paper's front and rear
     /// versions.
@@ -456,8 +599,8 @@ impl<'a> NodeMut<'a> {
         self.b[OFF_FRONT] = v;
         self.b[self.l.rear()] = v;
     }
-    pub fn set_high(&mut self, high: u64) {
-        put_u64(self.b, OFF_HIGH, high);
+    pub fn set_high(&mut self, high: K) {
+        self.set_fence(1, high);
     }
     pub fn set_sibling(&mut self, s: GlobalAddr) {
         put_u64(self.b, OFF_SIBLING, s.raw());
@@ -496,28 +639,22 @@ impl<'a> NodeMut<'a> {
     }
     /// Writes slot `i` (`value`: a leaf's `value_bytes`, or an internal
     /// entry's 8-byte child) and bumps its entry versions.
-    pub fn set_entry(&mut self, i: usize, key: u64, value: &[u8]) {
+    pub fn set_entry(&mut self, i: usize, key: K, value: &[u8]) {
         let e = self.ents();
-        debug_assert_eq!(value.len() + ENTRY_OVERHEAD, e.bytes as usize);
+        debug_assert_eq!(K::BYTES + value.len() + 2, e.bytes as usize);
         let o = Layout::entry_off(&e, i);
         self.bump(&e, o, true);
-        put_u64(self.b, o + 1, key);
-        if e.per_line > 0 {
-            self.b[o + 9..o + 9 + value.len()].copy_from_slice(value);
-            return;
+        if K::BYTES == 8 || e.per_line > 0 {
+            key.write_to(&mut self.b[o + 1..o + 1 + K::BYTES]);
+        } else {
+            let mut buf = [0u8; MAX_KEY_BYTES];
+            key.write_to(&mut buf[..K::BYTES]);
+            scatter(self.b, &e, o, 1, &buf[..K::BYTES]);
         }
-        let mut p = 9;
-        let mut done = 0;
-        while done < value.len() {
-            let dst = at(&e, o, p);
-            let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(value.len() - done);
-            self.b[dst..dst + n].copy_from_slice(&value[done..done + n]);
-            done += n;
-            p += n;
-        }
+        scatter(self.b, &e, o, 1 + K::BYTES, value);
     }
     /// Internal: writes slot `i` as separator `key` → `child`.
-    pub fn set_child(&mut self, i: usize, key: u64, child: GlobalAddr) {
+    pub fn set_child(&mut self, i: usize, key: K, child: GlobalAddr) {
         self.set_entry(i, key, &child.raw().to_le_bytes());
     }
     /// Frees slot `i` (bumping its entry versions).
@@ -530,15 +667,15 @@ impl<'a> NodeMut<'a> {
 
 /// A leaf's entries as owned bytes, to rebuild leaves from (a split, or a
 /// whole-node write): keys with their values, in any order until sorted.
-pub struct LeafItems {
+pub struct LeafItems<K: TreeKey = u64> {
     value_bytes: usize,
-    keys: Vec<(u64, u32)>,
+    keys: Vec<(K, u32)>,
     values: Vec<u8>,
 }
 
-impl LeafItems {
+impl<K: TreeKey> LeafItems<K> {
     /// The occupied entries of leaf `n`.
-    pub fn of(n: &Node<'_>) -> LeafItems {
+    pub fn of(n: &Node<'_, K>) -> LeafItems<K> {
         let vb = n.l.value_bytes();
         let mut it = LeafItems {
             value_bytes: vb,
@@ -554,14 +691,14 @@ impl LeafItems {
         it
     }
     /// Adds `key` → `value` (`value_bytes` long).
-    pub fn push(&mut self, key: u64, value: &[u8]) {
+    pub fn push(&mut self, key: K, value: &[u8]) {
         debug_assert_eq!(value.len(), self.value_bytes);
         let idx = (self.values.len() / self.value_bytes) as u32;
         self.values.extend_from_slice(value);
         self.keys.push((key, idx));
     }
     /// Drops `key`'s entries (their bytes stay, unnamed).
-    pub fn remove(&mut self, key: u64) {
+    pub fn remove(&mut self, key: K) {
         self.keys.retain(|&(k, _)| k != key);
     }
     /// Orders the entries by key.
@@ -574,7 +711,7 @@ impl LeafItems {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
-    pub fn key(&self, i: usize) -> u64 {
+    pub fn key(&self, i: usize) -> K {
         self.keys[i].0
     }
     pub fn value(&self, i: usize) -> &[u8] {
@@ -583,7 +720,7 @@ impl LeafItems {
     }
     /// Writes entries `range` into slots 0.. of leaf `m` and frees the
     /// slots after them.
-    pub fn fill(&self, m: &mut NodeMut<'_>, range: std::ops::Range<usize>) {
+    pub fn fill(&self, m: &mut NodeMut<'_, K>, range: std::ops::Range<usize>) {
         let n = range.len();
         for (slot, i) in range.enumerate() {
             m.set_entry(slot, self.key(i), self.value(i));
@@ -598,15 +735,18 @@ impl LeafItems {
 mod tests {
     use super::*;
 
+    type N<'a> = Node<'a, u64>;
+    type M<'a> = NodeMut<'a, u64>;
+
     fn leaf(l: Layout) -> Vec<u8> {
         let mut b = vec![0u8; l.node_bytes()];
-        NodeMut::new(l, &mut b).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        M::new(l, &mut b).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
         b
     }
 
     #[test]
     fn the_default_layout_is_the_1_kib_node_of_45_entries() {
-        let l = Layout::new(8).unwrap();
+        let l = Layout::new(8, 8).unwrap();
         assert_eq!(
             (l.node_bytes(), l.leaf_fanout(), l.internal_fanout()),
             (1024, 45, 45)
@@ -616,35 +756,65 @@ mod tests {
         assert_eq!(Layout::entry_off(&l.leaf, 44), 15 * 64 + 37);
         assert_eq!(l.leaf_entry_write(4, false), (2 * 64 + 19, 17));
         assert_eq!(l.leaf_entry_write(4, true), (2 * 64 + 19, 18));
-        let big = Layout::new(1024).unwrap();
+        let b = leaf(l);
+        assert_eq!(
+            &b[8..24],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
+        let big = Layout::new(8, 1024).unwrap();
         assert_eq!((big.node_bytes(), big.leaf_fanout()), (16384, 15));
-        assert!(Layout::new(7).is_err() && Layout::new(1025).is_err());
+        let wide = Layout::new(1024, 8).unwrap();
+        assert_eq!((wide.node_bytes(), wide.internal_fanout()), (16384, 13));
+        assert!(Layout::new(8, 7).is_err() && Layout::new(8, 1025).is_err());
+        assert!(Layout::new(7, 8).is_err() && Layout::new(1025, 8).is_err());
     }
 
-    /// Every value size: entries lie inside the node, clear of every line
-    /// version byte (and of the entry version byte of lines they span),
-    /// never overlapping each other or the rear version; a leaf holds at
-    /// least `MIN_LEAF_FANOUT`.
+    /// Every key and value size: entries and fences lie inside the node,
+    /// clear of every line version byte (and of the entry version byte of
+    /// lines they span), never overlapping each other, the header or the
+    /// rear version; leaves and internal nodes hold at least `MIN_FANOUT`.
     #[test]
     fn entries_fit_and_never_cover_a_version_byte() {
-        for vb in MIN_VALUE_BYTES..=MAX_VALUE_BYTES {
-            let l = Layout::new(vb).unwrap();
-            assert!(l.node_bytes().is_power_of_two() && l.leaf_fanout() >= MIN_LEAF_FANOUT);
+        let sizes = (8..=80).chain((81..=1024).step_by(7)).chain([1024]);
+        let pairs: Vec<(usize, usize)> = sizes
+            .clone()
+            .map(|v| (8, v))
+            .chain(sizes.map(|k| (k, 8)))
+            .chain([(16, 1024), (1024, 1024), (100, 100)])
+            .collect();
+        for (kb, vb) in pairs {
+            let l = Layout::new(kb, vb).unwrap();
+            let what = format!("key {kb}, value {vb}");
+            assert!(l.node_bytes().is_power_of_two(), "{what}");
+            assert!(
+                l.leaf_fanout() >= MIN_FANOUT && l.internal_fanout() >= MIN_FANOUT,
+                "{what}"
+            );
+            let mut owner = vec![usize::MAX; l.node_bytes()];
+            owner[..49].fill(100_000);
+            if kb != 8 {
+                for p in 0..2 * kb {
+                    let b = Layout::fence_at(p);
+                    assert_ne!(b % LINE_BYTES, 0, "{what}: fence on a line version");
+                    assert_eq!(owner[b], usize::MAX, "{what}: fences overlap");
+                    owner[b] = 100_001;
+                }
+            }
             for e in [l.leaf, l.internal] {
-                let mut owner = vec![usize::MAX; l.node_bytes()];
+                let mut mine = owner.clone();
                 for i in 0..e.fanout as usize {
                     let o = Layout::entry_off(&e, i);
                     for p in 0..e.bytes as usize {
                         let b = at(&e, o, p);
-                        assert!(b < l.rear(), "value {vb}: entry {i} byte {p} past the node");
-                        assert_ne!(b % LINE_BYTES, 0, "value {vb}: entry {i} on a line version");
+                        assert!(b < l.rear(), "{what}: entry {i} byte {p} past the node");
+                        assert_ne!(b % LINE_BYTES, 0, "{what}: entry {i} on a line version");
                         if e.span > 0 {
-                            assert_ne!(b % LINE_BYTES, 1, "value {vb}: on an entry version");
+                            assert_ne!(b % LINE_BYTES, 1, "{what}: on an entry version");
                         } else {
-                            assert_eq!(b / LINE_BYTES, o / LINE_BYTES, "value {vb}: straddles");
+                            assert_eq!(b / LINE_BYTES, o / LINE_BYTES, "{what}: straddles");
                         }
-                        assert_eq!(owner[b], usize::MAX, "value {vb}: entries overlap");
-                        owner[b] = i;
+                        assert_eq!(mine[b], usize::MAX, "{what}: entry {i} overlaps");
+                        mine[b] = i;
                     }
                 }
             }
@@ -653,25 +823,25 @@ mod tests {
 
     #[test]
     fn versions_detect_a_torn_whole_node_write() {
-        let l = Layout::new(8).unwrap();
+        let l = Layout::new(8, 8).unwrap();
         let a = leaf(l);
         let mut b = a.clone();
-        NodeMut::new(l, &mut b).set_version(2);
+        M::new(l, &mut b).set_version(2);
         let mut torn = b.clone();
         torn[5 * LINE_BYTES..6 * LINE_BYTES].copy_from_slice(&a[5 * LINE_BYTES..6 * LINE_BYTES]);
-        assert!(Node::new(l, &a).lines_agree() && Node::new(l, &b).lines_agree());
+        assert!(N::new(l, &a).lines_agree() && N::new(l, &b).lines_agree());
         assert!(
-            !Node::new(l, &torn).lines_agree(),
+            !N::new(l, &torn).lines_agree(),
             "line versions catch a middle line"
         );
         assert!(
-            Node::new(l, &torn).front_rear_agree(),
+            N::new(l, &torn).front_rear_agree(),
             "the paper's scheme does not"
         );
         // A single-entry write leaves the line versions alone.
         let mut c = b.clone();
-        NodeMut::new(l, &mut c).set_entry(7, 42, &4242u64.to_le_bytes());
-        let n = Node::new(l, &c);
+        M::new(l, &mut c).set_entry(7, 42, &4242u64.to_le_bytes());
+        let n = N::new(l, &c);
         assert!(n.lines_agree() && n.front_rear_agree());
         assert_eq!(n.find(42), Some(7));
         assert_eq!(n.value(7), 4242);
@@ -684,13 +854,13 @@ mod tests {
     #[test]
     fn an_entry_spanning_lines_is_seen_whole_or_torn() {
         for vb in [53, 100, 200, 1024] {
-            let l = Layout::new(vb).unwrap();
+            let l = Layout::new(8, vb).unwrap();
             let a = leaf(l);
             let mut b = a.clone();
             let mut v = vec![0u8; vb];
             widen(0x0102_0304_0506_0708, &mut v);
-            NodeMut::new(l, &mut b).set_entry(3, 99, &v);
-            let n = Node::new(l, &b);
+            M::new(l, &mut b).set_entry(3, 99, &v);
+            let n = N::new(l, &b);
             assert!(n.lines_agree() && n.front_rear_agree(), "value {vb}");
             assert_eq!(n.find(99), Some(3));
             let mut out = vec![0u8; vb];
@@ -709,24 +879,66 @@ mod tests {
             let mut torn = b.clone();
             torn[last * LINE_BYTES..(last + 1) * LINE_BYTES]
                 .copy_from_slice(&a[last * LINE_BYTES..(last + 1) * LINE_BYTES]);
-            assert!(!Node::new(l, &torn).lines_agree(), "value {vb}: torn entry");
+            assert!(!N::new(l, &torn).lines_agree(), "value {vb}: torn entry");
             // Freed, it reads as free and consistent.
-            NodeMut::new(l, &mut b).clear_entry(3);
-            let n = Node::new(l, &b);
+            M::new(l, &mut b).clear_entry(3);
+            let n = N::new(l, &b);
             assert!(n.lines_agree() && n.find(99).is_none());
         }
     }
 
+    /// Wide keys: fences and keys (spanning lines for 1 KiB keys) read
+    /// back as written, in leaves and internal nodes.
+    #[test]
+    fn wide_keys_round_trip_in_fences_and_entries() {
+        use crate::tree::key::wide_key;
+        fn check<const K: usize>(vb: usize) {
+            let l = Layout::new(K, vb).unwrap();
+            let mut b = vec![0u8; l.node_bytes()];
+            let (lo, hi) = (wide_key::<K>(100), wide_key::<K>(900));
+            let mut m = NodeMut::<[u8; K]>::new(l, &mut b);
+            m.init(0, lo, hi, GlobalAddr::NULL, 3);
+            let v = vec![7u8; vb];
+            for i in 0..l.leaf_fanout() {
+                m.set_entry(i, wide_key::<K>(200 + i as u64), &v);
+            }
+            let n = Node::<[u8; K]>::new(l, &b);
+            assert!(n.lines_agree() && n.front_rear_agree(), "key {K}");
+            assert_eq!((n.low(), n.high()), (lo, hi), "key {K}");
+            for i in 0..l.leaf_fanout() {
+                assert_eq!(n.find(wide_key::<K>(200 + i as u64)), Some(i), "key {K}");
+            }
+            let mut c = vec![0u8; l.node_bytes()];
+            let mut m = NodeMut::<[u8; K]>::new(l, &mut c);
+            m.init(1, lo, <[u8; K]>::INFINITY, GlobalAddr::NULL, 1);
+            m.set_child(0, wide_key::<K>(500), GlobalAddr::from_raw(5 << 10));
+            m.set_count(1);
+            let n = Node::<[u8; K]>::new(l, &c);
+            assert_eq!(n.high(), <[u8; K]>::INFINITY);
+            assert_eq!(
+                n.child_for(wide_key::<K>(600)),
+                GlobalAddr::from_raw(5 << 10)
+            );
+            assert_eq!(n.child_for(wide_key::<K>(400)), GlobalAddr::NULL);
+        }
+        check::<16>(8);
+        check::<60>(8);
+        check::<61>(8);
+        check::<200>(100);
+        check::<1024>(8);
+        check::<1024>(1024);
+    }
+
     #[test]
     fn leaf_items_rebuild_a_leaf_in_key_order() {
-        let l = Layout::new(100).unwrap();
+        let l = Layout::new(8, 100).unwrap();
         let mut b = leaf(l);
         let mut v = vec![0u8; 100];
         for (slot, k) in [(0, 30u64), (2, 10), (5, 20)] {
             widen(k * 7, &mut v);
-            NodeMut::new(l, &mut b).set_entry(slot, k, &v);
+            M::new(l, &mut b).set_entry(slot, k, &v);
         }
-        let mut it = LeafItems::of(&Node::new(l, &b));
+        let mut it = LeafItems::of(&N::new(l, &b));
         it.remove(20);
         widen(5, &mut v);
         it.push(5, &v);
@@ -734,8 +946,8 @@ mod tests {
         let keys: Vec<u64> = (0..it.len()).map(|i| it.key(i)).collect();
         assert_eq!(keys, [5, 10, 30]);
         let mut c = leaf(l);
-        it.fill(&mut NodeMut::new(l, &mut c), 0..it.len());
-        let n = Node::new(l, &c);
+        it.fill(&mut M::new(l, &mut c), 0..it.len());
+        let n = N::new(l, &c);
         let got: Vec<(u64, u64)> = n.entries().collect();
         assert_eq!(got, [(5, 5), (10, 70), (30, 210)]);
         let mut out = vec![0u8; 100];
@@ -753,17 +965,17 @@ mod tests {
             slots in proptest::collection::vec((0u8..3, 0u64..6), 45),
             probe in 0u64..7,
         ) {
-            let l = Layout::new(vb).unwrap();
+            let l = Layout::new(8, vb).unwrap();
             let mut b = leaf(l);
             let value = vec![0u8; vb];
             for (i, &(state, key)) in slots.iter().enumerate().take(l.leaf_fanout()) {
-                let mut m = NodeMut::new(l, &mut b);
+                let mut m = M::new(l, &mut b);
                 m.set_entry(i, key, &value);
                 if state == 0 {
                     m.clear_entry(i);
                 }
             }
-            let n = Node::new(l, &b);
+            let n = N::new(l, &b);
             let plain = (0..l.leaf_fanout()).find(|&i| n.occupied(i) && n.key(i) == probe);
             proptest::prop_assert_eq!(n.find(probe), plain);
         }

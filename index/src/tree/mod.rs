@@ -14,7 +14,9 @@
 //! Promises: get, put and delete are linearizable; a scan returns keys in
 //! order, every key present throughout the scan, and no key absent
 //! throughout (not a snapshot, as in the paper §4.4). Keys are any `u64`
-//! but `u64::MAX`. Nodes never merge: a delete frees its slot and leaves
+//! but `u64::MAX` ([`Tree`]), or, in a [`TreeOf`] made for them, any
+//! fixed-width byte string of 8 to 1024 bytes but the all-ones one
+//! ([`TreeKey`]). Nodes never merge: a delete frees its slot and leaves
 //! the node in place (underfull nodes stay).
 //!
 //! Each Sherman technique can be switched off alone ([`TreeConfig`]), and
@@ -24,6 +26,7 @@ mod bulk;
 pub mod cache;
 pub mod config;
 pub mod hocl;
+pub mod key;
 pub mod layout;
 mod read;
 use read::check_node_addr;
@@ -32,10 +35,11 @@ mod split;
 mod write;
 
 pub use config::{TreeConfig, VersionScheme};
+pub use key::TreeKey;
 
 use cache::IndexCache;
 use hocl::{Local, LocalLocks, LockRef};
-use layout::{Layout, LeafItems, Node, NodeMut, KEY_INFINITY};
+use layout::{Layout, LeafItems, Node, NodeMut};
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};
 use std::fmt;
@@ -58,7 +62,7 @@ pub enum TreeError {
     Verb(VerbError),
     /// No memory for a new node.
     Alloc(AllocError),
-    /// `u64::MAX` is reserved as +∞.
+    /// The largest key (`u64::MAX`, or all ones) is reserved as +∞.
     ReservedKey,
     /// A value (or a buffer for one) that is not the tree's `value_bytes`
     /// long.
@@ -76,10 +80,10 @@ pub enum TreeError {
     /// must lie inside its range.
     Unsorted {
         /// The key before `key`, or the part's low fence when `key` lies
-        /// outside the part's range.
-        prev: u64,
-        /// The key out of order or out of range.
-        key: u64,
+        /// outside the part's range (as `{:?}` shows it).
+        prev: String,
+        /// The key out of order or out of range (as `{:?}` shows it).
+        key: String,
     },
     /// A node that never reads consistently, or whose header is impossible;
     /// also an operation that restarted without end.
@@ -99,7 +103,9 @@ impl fmt::Display for TreeError {
         match self {
             TreeError::Verb(e) => write!(f, "tree verb failed: {e}"),
             TreeError::Alloc(e) => write!(f, "tree node allocation failed: {e}"),
-            TreeError::ReservedKey => write!(f, "key u64::MAX is reserved"),
+            TreeError::ReservedKey => {
+                write!(f, "the largest key (u64::MAX, or all ones) is reserved")
+            }
             TreeError::ValueSize { expected, got } => {
                 write!(f, "values are {expected} bytes in this tree, not {got}")
             }
@@ -181,22 +187,27 @@ impl std::ops::AddAssign for TreeStats {
 }
 
 /// A tree as one compute node sees it: configuration, the local lock
-/// table and the index cache, shared by the node's threads.
-pub struct Tree {
+/// table and the index cache, shared by the node's threads. Keys are of
+/// type `K` ([`TreeKey`]: `u64`, or `[u8; N]` for N of 8 to 1024), fixed
+/// for the tree's life: every compute node must use the same.
+pub struct TreeOf<K: TreeKey> {
     cfg: TreeConfig,
     layout: Layout,
     locks: LocalLocks,
-    cache: IndexCache,
+    cache: IndexCache<K>,
     table_words: u64,
 }
 
-impl Tree {
+/// The tree of `u64` keys.
+pub type Tree = TreeOf<u64>;
+
+impl<K: TreeKey> TreeOf<K> {
     /// The compute node's handle. `dm_bytes` is the device memory each
     /// memory node offers, in bytes; the lock table is cut down to fit it.
     /// Reads and writes nothing. Fails with [`TreeError::Config`] when
     /// `cfg.check()` rejects `cfg`, or when `cfg.lock_in_dm` is set and
     /// `dm_bytes` holds no 8-byte lock word.
-    pub fn new(cfg: TreeConfig, dm_bytes: u64) -> Result<Arc<Tree>, TreeError> {
+    pub fn new(cfg: TreeConfig, dm_bytes: u64) -> Result<Arc<TreeOf<K>>, TreeError> {
         cfg.check().map_err(TreeError::Config)?;
         let table_words = cfg.lock_table_words.min(dm_bytes / 8);
         if cfg.lock_in_dm && table_words == 0 {
@@ -204,8 +215,14 @@ impl Tree {
                 "locks in device memory, but the memory nodes have none".into(),
             ));
         }
-        let layout = Layout::new(cfg.value_bytes).map_err(TreeError::Config)?;
-        Ok(Arc::new(Tree {
+        let layout = Layout::new(K::BYTES, cfg.value_bytes).map_err(TreeError::Config)?;
+        if cfg.chunk.chunk_bytes < 4 * layout.node_bytes() as u64 {
+            return Err(TreeError::Config(format!(
+                "chunks must hold at least a few nodes ({} bytes)",
+                4 * layout.node_bytes()
+            )));
+        }
+        Ok(Arc::new(TreeOf {
             layout,
             locks: LocalLocks::new(table_words.max(64) as usize),
             cache: IndexCache::new(cfg.cache_bytes),
@@ -219,13 +236,14 @@ impl Tree {
         &self.cfg
     }
 
-    /// The node layout the configuration's value size gives.
+    /// The node layout the key type and the configuration's value size
+    /// give.
     pub fn layout(&self) -> Layout {
         self.layout
     }
 
     /// This compute node's index cache, shared by its clients.
-    pub fn cache(&self) -> &IndexCache {
+    pub fn cache(&self) -> &IndexCache<K> {
         &self.cache
     }
 
@@ -236,11 +254,11 @@ impl Tree {
     /// A client for one task. `id` must be non-zero and unique among live
     /// clients of the cluster (it marks the locks it holds). Reads and
     /// writes nothing. Fails with [`TreeError::Config`] for an `id` of 0.
-    pub fn client(self: &Arc<Tree>, id: u64) -> Result<TreeClient, TreeError> {
+    pub fn client(self: &Arc<TreeOf<K>>, id: u64) -> Result<TreeClientOf<K>, TreeError> {
         if id == 0 {
             return Err(TreeError::Config("client id must be non-zero".into()));
         }
-        Ok(TreeClient {
+        Ok(TreeClientOf {
             tree: self.clone(),
             alloc: RemoteAllocator::new(self.cfg.chunk.clone())?,
             id,
@@ -297,8 +315,8 @@ struct Held {
 ///     .unwrap();
 /// executor.run(); // until every task has finished
 /// ```
-pub struct TreeClient {
-    tree: Arc<Tree>,
+pub struct TreeClientOf<K: TreeKey> {
+    tree: Arc<TreeOf<K>>,
     alloc: RemoteAllocator,
     id: u64,
     /// What this client counted; callers read it and may reset it.
@@ -320,27 +338,30 @@ fn decode_root(w: u64) -> (GlobalAddr, u8) {
     )
 }
 
-fn check_key(key: u64) -> Result<(), TreeError> {
-    if key == KEY_INFINITY {
+/// The client of a tree of `u64` keys.
+pub type TreeClient = TreeClientOf<u64>;
+
+fn check_key<K: TreeKey>(key: K) -> Result<(), TreeError> {
+    if key == K::INFINITY {
         Err(TreeError::ReservedKey)
     } else {
         Ok(())
     }
 }
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// The tree this client works on.
-    pub fn tree(&self) -> &Arc<Tree> {
+    pub fn tree(&self) -> &Arc<TreeOf<K>> {
         &self.tree
     }
 
     /// A view of a node's bytes in this tree's layout.
-    fn node<'b>(&self, b: &'b [u8]) -> Node<'b> {
+    fn node<'b>(&self, b: &'b [u8]) -> Node<'b, K> {
         Node::new(self.layout, b)
     }
 
     /// A mutable view of a node's bytes in this tree's layout.
-    fn node_mut<'b>(&self, b: &'b mut [u8]) -> NodeMut<'b> {
+    fn node_mut<'b>(&self, b: &'b mut [u8]) -> NodeMut<'b, K> {
         NodeMut::new(self.layout, b)
     }
 
@@ -360,7 +381,8 @@ impl TreeClient {
         }
         let leaf = self.alloc_raw(ctx).await?;
         let mut buf = ctx.alloc(self.layout.node_bytes())?;
-        NodeMut::new(self.layout, buf.as_mut_slice()).init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        self.node_mut(buf.as_mut_slice())
+            .init(0, K::MIN, K::INFINITY, GlobalAddr::NULL, 1);
         let mut b = ctx.batch();
         b.write(leaf, buf);
         b.submit().await?;
@@ -387,7 +409,7 @@ impl TreeClient {
 
 /// Writes internal node contents: `kids[0]` is the leftmost child (its key
 /// is the node's low fence), the rest are (separator, child) in order.
-fn fill_internal(m: &mut NodeMut<'_>, kids: &[(u64, GlobalAddr)]) {
+fn fill_internal<K: TreeKey>(m: &mut NodeMut<'_, K>, kids: &[(K, GlobalAddr)]) {
     m.set_leftmost(kids[0].1);
     for i in 0..m.view().fanout() {
         match kids.get(i + 1) {

@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Reads a node until it is consistent under the configured scheme.
     pub(super) async fn read_node<N: Nic>(
         &mut self,
@@ -70,7 +70,7 @@ impl TreeClient {
     pub(super) async fn find_level<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         level: u8,
     ) -> Result<GlobalAddr, TreeError> {
         if let Some(r) = self.tree.cache.route(key, level + 1, u8::MAX) {
@@ -132,12 +132,12 @@ impl TreeClient {
     }
 
     /// The value of `key`, if present. Fails with
-    /// [`TreeError::ReservedKey`] for `u64::MAX`, `NotCreated` before the
+    /// [`TreeError::ReservedKey`] for the largest key, `NotCreated` before the
     /// tree exists, `Verb` when a verb fails, `Corrupt` for a broken node
     /// or endless restarts.
     /// With values wider than 8 bytes, the value's first eight bytes as a
     /// little-endian `u64` ([`Self::get_value`] gives all of it).
-    pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, TreeError> {
+    pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: K) -> Result<Option<u64>, TreeError> {
         crate::scratch_scoped(ctx, self.get_unscoped(ctx, key, None)).await
     }
 
@@ -147,7 +147,7 @@ impl TreeClient {
     pub async fn get_value<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         out: &mut [u8],
     ) -> Result<bool, TreeError> {
         self.check_value_size(out.len())?;
@@ -159,7 +159,7 @@ impl TreeClient {
     pub(super) async fn get_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         out: Option<&mut [u8]>,
     ) -> Result<Option<u64>, TreeError> {
         check_key(key)?;
@@ -200,7 +200,7 @@ impl TreeClient {
     }
 }
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// A value buffer must be the tree's `value_bytes` long.
     pub(super) fn check_value_size(&self, len: usize) -> Result<(), TreeError> {
         if len != self.layout.value_bytes() {

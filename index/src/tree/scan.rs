@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Up to `limit` entries with keys in `[low, high)`, in key order, as
     /// `(key, value)` pairs; `high = u64::MAX` reaches the last key. Not a
     /// snapshot: every key present throughout the scan is returned, none
@@ -13,20 +13,20 @@ impl TreeClient {
     pub async fn scan<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        low: u64,
-        high: u64,
+        low: K,
+        high: K,
         limit: usize,
-    ) -> Result<Vec<(u64, u64)>, TreeError> {
+    ) -> Result<Vec<(K, u64)>, TreeError> {
         crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit)).await
     }
 
     pub(super) async fn scan_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        low: u64,
-        high: u64,
+        low: K,
+        high: K,
         limit: usize,
-    ) -> Result<Vec<(u64, u64)>, TreeError> {
+    ) -> Result<Vec<(K, u64)>, TreeError> {
         let mut st = Scan {
             from: low,
             high,
@@ -49,7 +49,7 @@ impl TreeClient {
 
     /// The scan's walk over the leaves: batches of leaves named by the
     /// index cache, single leaves along sibling links or from the root.
-    async fn scan_walk<N: Nic>(&mut self, ctx: &Ctx<N>, st: &mut Scan) -> Result<(), TreeError> {
+    async fn scan_walk<N: Nic>(&mut self, ctx: &Ctx<N>, st: &mut Scan<K>) -> Result<(), TreeError> {
         // A right sibling to go on to (a leaf ended before `from`).
         let mut next: Option<GlobalAddr> = None;
         for _ in 0..MAX_RESTARTS {
@@ -122,7 +122,7 @@ impl TreeClient {
         &mut self,
         ctx: &Ctx<N>,
         addrs: &[GlobalAddr],
-        st: &mut Scan,
+        st: &mut Scan<K>,
     ) -> Result<Walk, TreeError> {
         let mut bufs: Vec<Buf> = Vec::with_capacity(addrs.len());
         for &a in addrs {
@@ -177,7 +177,7 @@ impl TreeClient {
             }
             taken += 1;
             st.leaves += 1;
-            let mut part: Vec<(u64, u64)> = Vec::with_capacity(n.fanout());
+            let mut part: Vec<(K, u64)> = Vec::with_capacity(n.fanout());
             for (k, v) in n.entries() {
                 st.entries += 1;
                 if k >= from && k < st.high {
@@ -201,18 +201,18 @@ impl TreeClient {
 }
 
 /// A scan in progress.
-struct Scan {
+struct Scan<K> {
     /// The next key wanted.
-    from: u64,
-    high: u64,
+    from: K,
+    high: K,
     limit: usize,
-    out: Vec<(u64, u64)>,
+    out: Vec<(K, u64)>,
     /// Leaves taken, and the entries they held (in range or not).
     leaves: usize,
     entries: usize,
 }
 
-/// How far [`TreeClient::scan_leaves`] got.
+/// How far [`TreeClientOf::scan_leaves`] got.
 enum Walk {
     /// The scan is complete.
     Done,

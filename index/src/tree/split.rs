@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Splits a full leaf whose new sorted contents are `entries`.
     pub(super) async fn split_leaf<N: Nic>(
         &mut self,
@@ -12,7 +12,7 @@ impl TreeClient {
         held: Held,
         addr: GlobalAddr,
         buf: &mut Buf,
-        entries: LeafItems,
+        entries: LeafItems<K>,
     ) -> Result<(), TreeError> {
         let mid = entries.len() / 2;
         let sep = entries.key(mid);
@@ -68,7 +68,7 @@ impl TreeClient {
         &mut self,
         ctx: &Ctx<N>,
         level: u8,
-        sep: u64,
+        sep: K,
         child: GlobalAddr,
         left: GlobalAddr,
     ) -> Result<(), TreeError> {
@@ -161,7 +161,7 @@ impl TreeClient {
         &mut self,
         ctx: &Ctx<N>,
         level: u8,
-        sep: u64,
+        sep: K,
         child: GlobalAddr,
         left: GlobalAddr,
         old: u64,
@@ -169,7 +169,7 @@ impl TreeClient {
         let new_root = self.alloc_raw(ctx).await?;
         let mut buf = vec![0u8; self.layout.node_bytes()];
         let mut n = self.node_mut(&mut buf);
-        n.init(level, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        n.init(level, K::MIN, K::INFINITY, GlobalAddr::NULL, 1);
         n.set_leftmost(left);
         n.set_child(0, sep, child);
         n.set_count(1);
@@ -185,10 +185,10 @@ impl TreeClient {
 
 /// What an internal node that splits keeps and hands on: its level, its
 /// fences and sibling, and the halves' version.
-struct Fences {
+struct Fences<K> {
     level: u8,
-    low: u64,
-    high: u64,
+    low: K,
+    high: K,
     sibling: GlobalAddr,
     version: u8,
 }
@@ -197,21 +197,21 @@ struct Fences {
 /// (still locked with `lock_word`, now ending at the middle separator and
 /// pointing at the right) and the right (at `right_addr`, from the middle
 /// separator to the old high fence and sibling).
-fn internal_halves(
+fn internal_halves<K: TreeKey>(
     layout: Layout,
-    f: Fences,
+    f: Fences<K>,
     lock_word: u64,
-    kids: &[(u64, GlobalAddr)],
+    kids: &[(K, GlobalAddr)],
     right_addr: GlobalAddr,
 ) -> (Vec<u8>, Vec<u8>) {
     let mid = kids.len() / 2;
     let up = kids[mid].0;
     let mut right = vec![0u8; layout.node_bytes()];
-    let mut r = NodeMut::new(layout, &mut right);
+    let mut r = NodeMut::<K>::new(layout, &mut right);
     r.init(f.level, up, f.high, f.sibling, f.version);
     fill_internal(&mut r, &kids[mid..]);
     let mut left = vec![0u8; layout.node_bytes()];
-    let mut l = NodeMut::new(layout, &mut left);
+    let mut l = NodeMut::<K>::new(layout, &mut left);
     l.init(f.level, f.low, up, right_addr, f.version);
     l.set_lock_word(lock_word);
     fill_internal(&mut l, &kids[..mid]);

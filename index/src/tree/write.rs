@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl TreeClient {
+impl<K: TreeKey> TreeClientOf<K> {
     /// Waits for its turn at `node`'s lock in the local lock table, if
     /// there is one; the lock and whether the previous local holder
     /// handed it over (held already: no remote CAS).
@@ -301,16 +301,11 @@ impl TreeClient {
     /// parents) when full. With values wider than 8 bytes the value stored
     /// is `value`'s eight little-endian bytes repeated ([`layout::widen`];
     /// [`Self::put_value`] stores any bytes). Fails with
-    /// [`TreeError::ReservedKey`] for `u64::MAX`, `NotCreated` before the
+    /// [`TreeError::ReservedKey`] for the largest key, `NotCreated` before the
     /// tree exists, `Alloc` when a split finds no memory for a new node,
     /// `Verb` when a verb fails, `Corrupt` for a broken node or endless
     /// restarts.
-    pub async fn put<N: Nic>(
-        &mut self,
-        ctx: &Ctx<N>,
-        key: u64,
-        value: u64,
-    ) -> Result<(), TreeError> {
+    pub async fn put<N: Nic>(&mut self, ctx: &Ctx<N>, key: K, value: u64) -> Result<(), TreeError> {
         let vb = self.layout.value_bytes();
         let (small, wide);
         let v: &[u8] = if vb == 8 {
@@ -330,7 +325,7 @@ impl TreeClient {
     pub async fn put_value<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         value: &[u8],
     ) -> Result<(), TreeError> {
         self.check_value_size(value.len())?;
@@ -340,7 +335,7 @@ impl TreeClient {
     pub(super) async fn put_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         value: &[u8],
     ) -> Result<(), TreeError> {
         check_key(key)?;
@@ -349,16 +344,16 @@ impl TreeClient {
 
     /// Removes `key`; returns whether it was present. The leaf stays in
     /// place however empty it gets. Fails with [`TreeError::ReservedKey`]
-    /// for `u64::MAX`, `NotCreated` before the tree exists, `Verb` when a
+    /// for the largest key, `NotCreated` before the tree exists, `Verb` when a
     /// verb fails, `Corrupt` for a broken node or endless restarts.
-    pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, TreeError> {
+    pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: K) -> Result<bool, TreeError> {
         crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
     }
 
     pub(super) async fn delete_unscoped<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
     ) -> Result<bool, TreeError> {
         check_key(key)?;
         self.modify(ctx, key, None).await
@@ -369,7 +364,7 @@ impl TreeClient {
     pub(super) async fn modify<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        key: u64,
+        key: K,
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
         let mut addr = self.find_level(ctx, key, 0).await?;
@@ -411,7 +406,7 @@ impl TreeClient {
         held: Held,
         addr: GlobalAddr,
         buf: &mut Buf,
-        key: u64,
+        key: K,
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
         let whole = self.tree.cfg.whole_node_writes;

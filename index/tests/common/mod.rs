@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use cluster::{EmuCluster, EmuClusterConfig};
-use index::tree::{Tree, TreeConfig};
+use index::tree::{TreeConfig, TreeKey, TreeOf};
 use nicdrv::emu::{EmuConfig, EmuNic};
 use nicdrv::sim::{RunEnd, SimConfig, SimNic, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig};
@@ -25,16 +25,18 @@ pub fn sim_world(seed: u64, memory_nodes: usize, compute_nodes: usize) -> World 
     .unwrap()
 }
 
+/// Executors with room for a tree operation on the largest nodes (16 KiB:
+/// `Layout::op_scratch_bytes`).
 pub fn exec_cfg(slots: usize) -> ExecutorConfig {
     ExecutorConfig {
         slots,
-        scratch_bytes_per_slot: 64 << 10,
+        scratch_bytes_per_slot: 96 << 10,
         poll_batch: 32,
     }
 }
 
 /// Creates the tree on `w` (one task on a thread of compute node 0).
-pub fn sim_create(w: &mut World, tree: &Arc<Tree>) {
+pub fn sim_create<K: TreeKey>(w: &mut World, tree: &Arc<TreeOf<K>>) {
     let t = w.add_thread(0, exec_cfg(1)).unwrap();
     let tr = tree.clone();
     w.spawn(t, move |ctx| async move {
