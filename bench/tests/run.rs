@@ -165,6 +165,19 @@ fn every_shipped_workload_runs_on_sim() {
 /// of exactly its constant length), the history of both halves together
 /// checks, the report names both, and a run with one thread in all, or an
 /// unknown half workload, is refused.
+/// Each of `cases` (TINY with these flags) exits 2, naming the problem
+/// on stderr, with nothing on stdout.
+fn exits_2_naming(cases: &[(Vec<&str>, &str)]) {
+    for (extra, needle) in cases {
+        let args = tiny(extra);
+        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
 /// `--value-size`: the trees store values of that size in larger nodes,
 /// the history of a write-heavy run with splits checks out, the JSON
 /// says what ran, and bad sizes (or the hash table) exit 2.
@@ -195,7 +208,7 @@ fn value_size_widens_the_tree_values() {
     // FG+ writes whole 16 KiB leaves back; Sherman one entry's 17 lines.
     let written = |d: &Value| d["bytes_written_per_op"].as_f64().unwrap();
     assert!(written(&docs[1]) > 10.0 * written(&docs[0]), "{docs:?}");
-    for (extra, needle) in [
+    exits_2_naming(&[
         (
             vec!["--value-size", "7"],
             "--value-size: values must be 8 to 1024 bytes",
@@ -212,20 +225,13 @@ fn value_size_widens_the_tree_values() {
             ],
             "--value-size applies to the trees",
         ),
-    ] {
-        let args = tiny(&extra);
-        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(out.status.code(), Some(2), "{extra:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(needle), "{extra:?}: {err}");
-        assert!(out.stdout.is_empty());
-    }
+    ]);
 }
 
 /// `--key-size`: a tree of 256-byte keys (fences in lines of their own,
 /// entries spanning five lines of 4 KiB nodes) runs a mix with inserts and
-/// scans whose history checks out against the
-/// bulk-loaded records; bad widths (or the hash table) exit 2.
+/// scans whose history checks out against the bulk-loaded records; bad
+/// widths (or the hash table) exit 2.
 #[test]
 fn key_size_widens_the_tree_keys() {
     let dir = scratch("key-size");
@@ -249,7 +255,7 @@ fn key_size_widens_the_tree_keys() {
     let f = read_history(&h);
     assert_eq!(f.header["key_bytes"], 256);
     assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok);
-    for (extra, needle) in [
+    exits_2_naming(&[
         (vec!["--key-size", "12"], "--key-size must be 8 or one of"),
         (vec!["--key-size", "2048"], "--key-size must be 8 or one of"),
         (
@@ -263,14 +269,7 @@ fn key_size_widens_the_tree_keys() {
             ],
             "--key-size applies to the trees",
         ),
-    ] {
-        let args = tiny(&extra);
-        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(out.status.code(), Some(2), "{extra:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(needle), "{extra:?}: {err}");
-        assert!(out.stdout.is_empty());
-    }
+    ]);
 }
 
 #[test]
