@@ -9,6 +9,8 @@ use crate::tree::key::{narrow_key, wide_key};
 use crate::tree::{Tree, TreeClient, TreeClientOf, TreeConfig, TreeError, TreeOf, TreeStats};
 use nicdrv::{Ctx, Nic};
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -74,6 +76,57 @@ wide_trees!(
     K512 = 512,
     K1024 = 1024
 );
+
+/// A wide-key operation's future, boxed: one holding a wide key is as
+/// large as the key, and a plain `async` dispatch would grow every
+/// [`AnyClient`] future (the `u64` tree's too) to the largest of them.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, TreeError>> + 'a>>;
+
+impl WideClient {
+    fn create<'a, N: Nic>(&'a mut self, ctx: &'a Ctx<N>) -> Boxed<'a, ()> {
+        wide!(self, c => Box::pin(c.create(ctx)))
+    }
+    fn get<'a, N: Nic>(&'a mut self, ctx: &'a Ctx<N>, key: u64) -> Boxed<'a, Option<u64>> {
+        wide!(self, c => Box::pin(c.get(ctx, wide_key(key))))
+    }
+    fn put<'a, N: Nic>(&'a mut self, ctx: &'a Ctx<N>, key: u64, value: u64) -> Boxed<'a, ()> {
+        wide!(self, c => Box::pin(c.put(ctx, wide_key(key), value)))
+    }
+    fn delete<'a, N: Nic>(&'a mut self, ctx: &'a Ctx<N>, key: u64) -> Boxed<'a, bool> {
+        wide!(self, c => Box::pin(c.delete(ctx, wide_key(key))))
+    }
+    fn scan<'a, N: Nic>(
+        &'a mut self,
+        ctx: &'a Ctx<N>,
+        low: u64,
+        high: u64,
+        limit: usize,
+    ) -> Boxed<'a, Vec<(u64, u64)>> {
+        wide!(self, c => Box::pin(async move {
+            let got = c.scan(ctx, wide_key(low), wide_key(high), limit).await?;
+            Ok(got.into_iter().map(|(k, v)| (narrow_key(&k), v)).collect())
+        }))
+    }
+    fn bulk_load<'a, N: Nic>(
+        &'a mut self,
+        ctx: &'a Ctx<N>,
+        records: Vec<(u64, u64)>,
+        loaded: Arc<AtomicU64>,
+    ) -> Boxed<'a, u64> {
+        wide!(self, c => Box::pin(async move {
+            c.report_loaded(loaded);
+            let fill = c.tree().layout().leaf_fanout() * 4 / 5;
+            let items = records.into_iter().map(|(k, v)| (wide_key(k), v));
+            c.bulk_load(ctx, items, fill).await
+        }))
+    }
+    fn stats(&self) -> TreeStats {
+        wide!(self, c => c.stats)
+    }
+    fn reset_stats(&mut self) {
+        wide!(self, c => c.stats = TreeStats::default())
+    }
+}
 
 impl AnyIndex {
     /// A tree for `key_bytes`-byte keys (8, or one of [`WIDE_KEY_BYTES`]);
@@ -172,7 +225,7 @@ impl AnyClient {
     pub async fn create<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<(), AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.create(ctx).await?),
-            AnyClient::Wide(w) => wide!(w, c => Ok(c.create(ctx).await?)),
+            AnyClient::Wide(w) => Ok(w.create(ctx).await?),
             AnyClient::Hash(c) => Ok(c.create(ctx).await?),
         }
     }
@@ -183,7 +236,7 @@ impl AnyClient {
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.get(ctx, key).await?),
-            AnyClient::Wide(w) => wide!(w, c => Ok(c.get(ctx, wide_key(key)).await?)),
+            AnyClient::Wide(w) => Ok(w.get(ctx, key).await?),
             AnyClient::Hash(c) => Ok(c.get(ctx, &key.to_le_bytes()).await?.map(|v| word(&v))),
         }
     }
@@ -199,7 +252,7 @@ impl AnyClient {
     ) -> Result<(), AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.put(ctx, key, value).await?),
-            AnyClient::Wide(w) => wide!(w, c => Ok(c.put(ctx, wide_key(key), value).await?)),
+            AnyClient::Wide(w) => Ok(w.put(ctx, key, value).await?),
             AnyClient::Hash(c) => Ok(c.put(ctx, &key.to_le_bytes(), &value.to_le_bytes()).await?),
         }
     }
@@ -208,7 +261,7 @@ impl AnyClient {
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<bool, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.delete(ctx, key).await?),
-            AnyClient::Wide(w) => wide!(w, c => Ok(c.delete(ctx, wide_key(key)).await?)),
+            AnyClient::Wide(w) => Ok(w.delete(ctx, key).await?),
             AnyClient::Hash(c) => Ok(c.delete(ctx, &key.to_le_bytes()).await?),
         }
     }
@@ -225,11 +278,7 @@ impl AnyClient {
     ) -> Result<Vec<(u64, u64)>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.scan(ctx, low, high, limit).await?),
-            AnyClient::Wide(w) => wide!(w, c => {
-                let (low, high) = (wide_key(low), wide_key(high));
-                let got = c.scan(ctx, low, high, limit).await?;
-                Ok(got.into_iter().map(|(k, v)| (narrow_key(&k), v)).collect())
-            }),
+            AnyClient::Wide(w) => Ok(w.scan(ctx, low, high, limit).await?),
             AnyClient::Hash(_) => Err(AnyError::NoScans),
         }
     }
@@ -238,7 +287,7 @@ impl AnyClient {
     pub fn splits(&self) -> u64 {
         match self {
             AnyClient::Tree(c) => c.stats.splits,
-            AnyClient::Wide(w) => wide!(w, c => c.stats.splits),
+            AnyClient::Wide(w) => w.stats().splits,
             AnyClient::Hash(_) => 0,
         }
     }
@@ -247,7 +296,7 @@ impl AnyClient {
     pub fn reset_stats(&mut self) {
         match self {
             AnyClient::Tree(c) => c.stats = TreeStats::default(),
-            AnyClient::Wide(w) => wide!(w, c => c.stats = TreeStats::default()),
+            AnyClient::Wide(w) => w.reset_stats(),
             AnyClient::Hash(c) => c.stats = Default::default(),
         }
     }
@@ -259,7 +308,7 @@ impl AnyClient {
     pub fn tree_stats(&self) -> TreeStats {
         match self {
             AnyClient::Tree(c) => c.stats,
-            AnyClient::Wide(w) => wide!(w, c => c.stats),
+            AnyClient::Wide(w) => w.stats(),
             AnyClient::Hash(c) => TreeStats {
                 read_retries: c.stats.retries,
                 lookups: c.stats.gets,
@@ -287,12 +336,7 @@ impl AnyClient {
                 let fill = c.tree().layout().leaf_fanout() * 4 / 5;
                 Ok(c.bulk_load(ctx, records, fill).await?)
             }
-            AnyClient::Wide(w) => wide!(w, c => {
-                c.report_loaded(loaded);
-                let fill = c.tree().layout().leaf_fanout() * 4 / 5;
-                let items = records.into_iter().map(|(k, v)| (wide_key(k), v));
-                Ok(c.bulk_load(ctx, items, fill).await?)
-            }),
+            AnyClient::Wide(w) => Ok(w.bulk_load(ctx, records, loaded).await?),
             AnyClient::Hash(_) => Err(AnyError::NoBulkLoad),
         }
     }
