@@ -983,7 +983,49 @@ mod tests {
         assert!(is_widened(&out));
     }
 
+    /// Reads every field of `b` as a node of `l` with keys of `K`, as a
+    /// reader of a torn or corrupted copy may before checking it.
+    fn read_everything<K: TreeKey>(l: Layout, b: &[u8], probe: K) {
+        let n = Node::<K>::new(l, b);
+        let _ = (n.lines_agree(), n.front_rear_agree(), n.low(), n.high());
+        let _ = (
+            n.find(probe),
+            n.free_slot(),
+            n.child_for(probe),
+            n.children(),
+        );
+        let _ = n.entries().count();
+        let mut v = vec![0u8; if n.is_leaf() { l.value_bytes() } else { 8 }];
+        for i in 0..n.fanout() {
+            n.value_into(i, &mut v);
+        }
+    }
+
     proptest::proptest! {
+        /// Any bytes at all, read as a node of any layout (a corrupted
+        /// node, a torn copy), are read without a panic: every offset a
+        /// node's fields give lies inside the node, whatever its level,
+        /// count or flags say.
+        #[test]
+        fn any_bytes_read_as_a_node_never_panic(
+            seed in proptest::collection::vec(proptest::num::u8::ANY, 64),
+            leaf in proptest::bool::ANY,
+            vb in proptest::sample::select(vec![8usize, 53, 200, 1024]),
+        ) {
+            let mut rng = nicdrv::rng::Rng::new(seed.iter().map(|&x| x as u64).sum());
+            let mut fill = |l: Layout| {
+                let mut b: Vec<u8> = (0..l.node_bytes()).map(|_| rng.below(256) as u8).collect();
+                b[OFF_LEVEL] = if leaf { 0 } else { b[OFF_LEVEL] | 1 };
+                b
+            };
+            let l = Layout::new(8, vb).unwrap();
+            read_everything::<u64>(l, &fill(l), 77);
+            let l = Layout::new(61, vb).unwrap();
+            read_everything::<[u8; 61]>(l, &fill(l), [3; 61]);
+            let l = Layout::new(1024, vb).unwrap();
+            read_everything::<[u8; 1024]>(l, &fill(l), [9; 1024]);
+        }
+
         /// `find` answers as the plain scan over the entries does: the
         /// first occupied entry with the key, on leaves with free slots
         /// holding stale keys and keys present twice.
