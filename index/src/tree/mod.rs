@@ -190,6 +190,52 @@ impl std::ops::AddAssign for TreeStats {
 /// table and the index cache, shared by the node's threads. Keys are of
 /// type `K` ([`TreeKey`]: `u64`, or `[u8; N]` for N of 8 to 1024), fixed
 /// for the tree's life: every compute node must use the same.
+///
+/// # Example
+///
+/// Byte keys and whole values: 16-byte instrument symbols (ordered byte by
+/// byte, zero-padded) mapped to 64-byte records, on an embedded emu
+/// cluster:
+///
+/// ```rust
+/// use cluster::{EmuCluster, EmuClusterConfig};
+/// use index::tree::{TreeConfig, TreeOf};
+/// use nicdrv::ExecutorConfig;
+///
+/// fn symbol(s: &str) -> [u8; 16] {
+///     let mut k = [0u8; 16];
+///     k[..s.len()].copy_from_slice(s.as_bytes());
+///     k
+/// }
+///
+/// let memory = EmuClusterConfig::default();
+/// let cluster = EmuCluster::boot(&memory).unwrap();
+/// let cfg = TreeConfig {
+///     value_bytes: 64,
+///     ..TreeConfig::sherman(memory.host_bytes)
+/// };
+/// let tree = TreeOf::<[u8; 16]>::new(cfg, memory.dm_bytes).unwrap();
+/// let mut executor = cluster.executor(ExecutorConfig::default()).unwrap();
+/// executor
+///     .spawn(move |ctx| async move {
+///         let mut t = tree.client(1).unwrap();
+///         t.create(&ctx).await.unwrap();
+///         let mut record = [0u8; 64];
+///         record[..5].copy_from_slice(b"bid=7");
+///         t.put_value(&ctx, symbol("ACME.N"), &record).await.unwrap();
+///         t.put_value(&ctx, symbol("ACME.L"), &record).await.unwrap();
+///         let mut got = [0u8; 64];
+///         assert!(t.get_value(&ctx, symbol("ACME.N"), &mut got).await.unwrap());
+///         assert_eq!(&got[..5], b"bid=7");
+///         // Every ACME listing, in symbol order.
+///         let (lo, hi) = (symbol("ACME."), symbol("ACME/"));
+///         let listed: Vec<[u8; 16]> = t.scan(&ctx, lo, hi, 10).await.unwrap()
+///             .into_iter().map(|(k, _)| k).collect();
+///         assert_eq!(listed, [symbol("ACME.L"), symbol("ACME.N")]);
+///     })
+///     .unwrap();
+/// executor.run();
+/// ```
 pub struct TreeOf<K: TreeKey> {
     cfg: TreeConfig,
     layout: Layout,
