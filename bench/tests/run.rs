@@ -180,7 +180,7 @@ fn exits_2_naming(cases: &[(Vec<&str>, &str)]) {
 
 /// `--value-size`: the trees store values of that size in larger nodes,
 /// the history of a write-heavy run with splits checks out, the JSON
-/// says what ran, and bad sizes (or the hash table) exit 2.
+/// says what ran, and bad sizes exit 2.
 #[test]
 fn value_size_widens_the_tree_values() {
     let dir = scratch("value-size");
@@ -214,24 +214,13 @@ fn value_size_widens_the_tree_values() {
             "--value-size: values must be 8 to 1024 bytes",
         ),
         (vec!["--value-size", "2000"], "--value-size"),
-        (
-            vec![
-                "--value-size",
-                "64",
-                "--systems",
-                "cuckoo",
-                "--workload",
-                "ycsb-c",
-            ],
-            "--value-size applies to the trees",
-        ),
     ]);
 }
 
 /// `--key-size`: a tree of 256-byte keys (fences in lines of their own,
 /// entries spanning five lines of 4 KiB nodes) runs a mix with inserts and
 /// scans whose history checks out against the bulk-loaded records; bad
-/// widths (or the hash table) exit 2.
+/// widths exit 2.
 #[test]
 fn key_size_widens_the_tree_keys() {
     let dir = scratch("key-size");
@@ -258,18 +247,37 @@ fn key_size_widens_the_tree_keys() {
     exits_2_naming(&[
         (vec!["--key-size", "12"], "--key-size must be 8 or one of"),
         (vec!["--key-size", "2048"], "--key-size must be 8 or one of"),
-        (
-            vec![
-                "--key-size",
-                "16",
-                "--systems",
-                "cuckoo",
-                "--workload",
-                "ycsb-c",
-            ],
-            "--key-size applies to the trees",
-        ),
     ]);
+}
+
+/// The hash table beside the tree with 64-byte keys and 100-byte values:
+/// both run YCSB-A, and both histories check out.
+#[test]
+fn key_and_value_sizes_apply_to_the_hash_table_too() {
+    let dir = scratch("hash-sizes");
+    let h = dir.join("sizes.jsonl");
+    let docs = run_ok(&tiny(&[
+        "--workload",
+        "ycsb-a",
+        "--systems",
+        "sherman,cuckoo",
+        "--key-size",
+        "64",
+        "--value-size",
+        "100",
+        "--ops",
+        "40",
+        "--history",
+        h.to_str().unwrap(),
+    ]));
+    for (d, sys) in docs.iter().zip(["sherman", "cuckoo"]) {
+        assert_eq!(d["system"], sys);
+        assert_eq!(d["config"]["tree"]["key_bytes"], 64, "{d}");
+        assert!(count(d, "update") > 0 && count(d, "read") > 0, "{d}");
+        let f = read_history(&h.with_extension(format!("{sys}.jsonl")));
+        assert_eq!(f.header["value_bytes"], 100);
+        assert_eq!(check(&events_of(&f.ops), &f.initial), Verdict::Ok, "{sys}");
+    }
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 use crate::cuckoo::{Cuckoo, CuckooClient, CuckooError};
 use crate::tree::key::{narrow_key, wide_key};
+use crate::tree::layout::widen;
 use crate::tree::{Tree, TreeClient, TreeClientOf, TreeConfig, TreeError, TreeOf, TreeStats};
 use nicdrv::{Ctx, Nic};
 use std::fmt;
@@ -212,6 +213,44 @@ pub enum AnyClient {
     Hash(Box<CuckooClient>),
 }
 
+/// A key or value as the hash table takes it: 8 bytes on the stack, or
+/// more on the heap.
+enum Bytes {
+    Word([u8; 8]),
+    Wide(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Word(w) => w,
+            Bytes::Wide(v) => v,
+        }
+    }
+}
+
+/// Key `k` in a table of `key_bytes`-byte keys: its 8 little-endian bytes
+/// (as ever), or for wider keys [`wide_key`]'s bytes: big-endian, repeated.
+fn hash_key(key_bytes: usize, k: u64) -> Bytes {
+    if key_bytes == 8 {
+        return Bytes::Word(k.to_le_bytes());
+    }
+    let b = k.to_be_bytes();
+    Bytes::Wide((0..key_bytes).map(|i| b[i % 8]).collect())
+}
+
+/// Value `v` in a table whose values are up to `max_bytes`: its 8
+/// little-endian bytes, or repeated to fill them ([`widen`]) when more.
+fn hash_value(max_bytes: usize, v: u64) -> Bytes {
+    if max_bytes <= 8 {
+        return Bytes::Word(v.to_le_bytes());
+    }
+    let mut w = vec![0u8; max_bytes];
+    widen(v, &mut w);
+    Bytes::Wide(w)
+}
+
 fn word(v: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     let n = v.len().min(8);
@@ -230,20 +269,27 @@ impl AnyClient {
         }
     }
 
-    /// The value of `key`, if present. From the hash table: the stored
-    /// value's first 8 bytes as a little-endian `u64` (a shorter value is
-    /// padded with zeros).
+    /// The value of `key`, if present (with values wider than 8 bytes,
+    /// their first 8). From the hash table: the stored value's first 8
+    /// bytes as a little-endian `u64` (a shorter value is padded with
+    /// zeros).
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: u64) -> Result<Option<u64>, AnyError> {
         match self {
             AnyClient::Tree(c) => Ok(c.get(ctx, key).await?),
             AnyClient::Wide(w) => Ok(w.get(ctx, key).await?),
-            AnyClient::Hash(c) => Ok(c.get(ctx, &key.to_le_bytes()).await?.map(|v| word(&v))),
+            AnyClient::Hash(c) => {
+                let k = hash_key(c.table().config().key_bytes, key);
+                Ok(c.get(ctx, &k).await?.map(|v| word(&v)))
+            }
         }
     }
 
-    /// Inserts `key` or replaces its value. The hash table stores both as
-    /// 8-byte little-endian words: its keys must have 8 bytes and its values
-    /// be allowed 8 (else `KeySize` or `ValueTooLarge`).
+    /// Inserts `key` or replaces its value. Wider values store `value`
+    /// repeated to fill them ([`widen`]). The hash table stores 8-byte keys
+    /// and values as little-endian words, wider keys as [`wide_key`]'s
+    /// bytes and values as wide as its largest (its keys must have 8 bytes
+    /// or more and its values be allowed 8: else `KeySize` or
+    /// `ValueTooLarge`).
     pub async fn put<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -253,7 +299,12 @@ impl AnyClient {
         match self {
             AnyClient::Tree(c) => Ok(c.put(ctx, key, value).await?),
             AnyClient::Wide(w) => Ok(w.put(ctx, key, value).await?),
-            AnyClient::Hash(c) => Ok(c.put(ctx, &key.to_le_bytes(), &value.to_le_bytes()).await?),
+            AnyClient::Hash(c) => {
+                let cfg = c.table().config();
+                let k = hash_key(cfg.key_bytes, key);
+                let v = hash_value(cfg.max_value_bytes, value);
+                Ok(c.put(ctx, &k, &v).await?)
+            }
         }
     }
 
@@ -262,7 +313,10 @@ impl AnyClient {
         match self {
             AnyClient::Tree(c) => Ok(c.delete(ctx, key).await?),
             AnyClient::Wide(w) => Ok(w.delete(ctx, key).await?),
-            AnyClient::Hash(c) => Ok(c.delete(ctx, &key.to_le_bytes()).await?),
+            AnyClient::Hash(c) => {
+                let k = hash_key(c.table().config().key_bytes, key);
+                Ok(c.delete(ctx, &k).await?)
+            }
         }
     }
 

@@ -94,7 +94,8 @@ pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
         .map(|_| {
             if spec.cuckoo {
                 let expected = spec.records + spec.clients() * spec.ops_hint();
-                let mut cfg = CuckooConfig::new(expected + expected / 4, 8, 8, spec.host_bytes);
+                let (kb, vb) = (spec.key_bytes, spec.tree.value_bytes);
+                let mut cfg = CuckooConfig::new(expected + expected / 4, kb, vb, spec.host_bytes);
                 cfg.chunk = spec.tree.chunk.clone();
                 // The index cache (`--cache-mb`) holds the location cache:
                 // 32-byte lines, a power of two of them.
