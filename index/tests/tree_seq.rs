@@ -78,6 +78,20 @@ async fn check_ops<N: Nic>(
                     want,
                     "op {i}: scan [{lo},{hi}) limit {limit}"
                 );
+                let vb = c.tree().config().value_bytes;
+                if vb > 8 {
+                    // Whole values: each the put's `u64`, widened.
+                    let wide: Vec<(u64, Vec<u8>)> = want
+                        .iter()
+                        .map(|&(k, v)| {
+                            let mut w = vec![0u8; vb];
+                            widen(v, &mut w);
+                            (k, w)
+                        })
+                        .collect();
+                    let got = c.scan_values(ctx, lo, hi, limit).await.unwrap();
+                    assert_eq!(got, wide, "op {i}: scan_values [{lo},{hi}) limit {limit}");
+                }
             }
         }
     }

@@ -17,7 +17,25 @@ impl<K: TreeKey> TreeClientOf<K> {
         high: K,
         limit: usize,
     ) -> Result<Vec<(K, u64)>, TreeError> {
-        crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit)).await
+        let st =
+            crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit, false)).await?;
+        Ok(st.out)
+    }
+
+    /// [`Self::scan`] with whole values (the tree's `value_bytes` each),
+    /// as `(key, value)` pairs in key order. Fails as `scan` does.
+    pub async fn scan_values<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        low: K,
+        high: K,
+        limit: usize,
+    ) -> Result<Vec<(K, Vec<u8>)>, TreeError> {
+        let st =
+            crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit, true)).await?;
+        let vb = self.layout.value_bytes();
+        let values = st.values.chunks_exact(vb).map(<[u8]>::to_vec);
+        Ok(st.out.into_iter().map(|(k, _)| k).zip(values).collect())
     }
 
     pub(super) async fn scan_unscoped<N: Nic>(
@@ -26,17 +44,20 @@ impl<K: TreeKey> TreeClientOf<K> {
         low: K,
         high: K,
         limit: usize,
-    ) -> Result<Vec<(K, u64)>, TreeError> {
+        whole: bool,
+    ) -> Result<Scan<K>, TreeError> {
         let mut st = Scan {
             from: low,
             high,
             limit,
             out: Vec::new(),
+            whole,
+            values: Vec::new(),
             leaves: 0,
             entries: 0,
         };
         if low >= high || limit == 0 {
-            return Ok(st.out);
+            return Ok(st);
         }
         let r = self.scan_walk(ctx, &mut st).await;
         // The fill of the leaves this scan took guides the next scan's
@@ -44,7 +65,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         if let Some(seen) = (st.entries * 16).checked_div(st.leaves) {
             self.leaf_fill_16 = (self.leaf_fill_16 * 7 + seen.max(16) as u32) / 8;
         }
-        r.map(|()| st.out)
+        r.map(|()| st)
     }
 
     /// The scan's walk over the leaves: batches of leaves named by the
@@ -177,17 +198,27 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             taken += 1;
             st.leaves += 1;
-            let mut part: Vec<(K, u64)> = Vec::with_capacity(n.fanout());
-            for (k, v) in n.entries() {
+            // (key, value's first 8 bytes, slot), in key order.
+            let mut part: Vec<(K, u64, usize)> = Vec::with_capacity(n.fanout());
+            for i in n.slots() {
                 st.entries += 1;
+                let k = n.key(i);
                 if k >= from && k < st.high {
-                    part.push((k, v));
+                    part.push((k, n.value(i), i));
                 }
             }
-            part.sort_unstable();
-            st.out.extend(part);
+            part.sort_unstable_by_key(|&(k, _, _)| k);
+            part.truncate(st.limit - st.out.len());
+            if st.whole {
+                let vb = self.layout.value_bytes();
+                for &(_, _, i) in &part {
+                    let at = st.values.len();
+                    st.values.resize(at + vb, 0);
+                    n.value_into(i, &mut st.values[at..]);
+                }
+            }
+            st.out.extend(part.into_iter().map(|(k, v, _)| (k, v)));
             if st.out.len() >= st.limit {
-                st.out.truncate(st.limit);
                 return Ok(Walk::Done);
             }
             if n.high() >= st.high || n.sibling().is_null() {
@@ -201,12 +232,16 @@ impl<K: TreeKey> TreeClientOf<K> {
 }
 
 /// A scan in progress.
-struct Scan<K> {
+pub(super) struct Scan<K> {
     /// The next key wanted.
     from: K,
     high: K,
     limit: usize,
     out: Vec<(K, u64)>,
+    /// Whether to keep whole values, and the values of `out`, one after
+    /// another (`value_bytes` each).
+    whole: bool,
+    values: Vec<u8>,
     /// Leaves taken, and the entries they held (in range or not).
     leaves: usize,
     entries: usize,
