@@ -428,6 +428,11 @@ fn bulk_load_then_mixed_operations() {
             assert_eq!(c.bulk_load(&ctx, items.clone(), 36).await.unwrap(), 20_000);
             // The progress counter saw every record land.
             assert_eq!(loaded.load(std::sync::atomic::Ordering::Relaxed), 20_000);
+            // Internal nodes are filled as the leaves are, in proportion
+            // to what they hold (189 entries against 10 with 300-byte
+            // values): two levels above the records, as with 8-byte ones.
+            let root = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+            assert_eq!(root & 1023, 2, "root level");
             let mut model: BTreeMap<u64, u64> = items.into_iter().collect();
             // A second bulk load is refused: the tree is not empty.
             assert!(matches!(

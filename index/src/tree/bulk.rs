@@ -136,8 +136,9 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// first, builds the internal levels, writes the top node at the old
     /// (empty) root's address — so a client still holding that address
     /// finds a node of another level there and rereads the root word — and
-    /// swings the root word. An internal node gets `fill + 1` children
-    /// (within 2..=the internal fanout). Fails with [`TreeError::NotEmpty`] if the tree has
+    /// swings the root word. An internal node is filled as the leaves
+    /// are: `fill + 1` children where it holds as many entries as a leaf,
+    /// in proportion where it holds more (wide values). Fails with [`TreeError::NotEmpty`] if the tree has
     /// data (or another load finished first), `NotCreated` before the tree
     /// exists, `Alloc` when memory runs out, `Verb` when a verb fails,
     /// `Corrupt` for a broken node.
@@ -171,7 +172,11 @@ impl<K: TreeKey> TreeClientOf<K> {
         let mut pending: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
         while level_nodes.len() > 1 {
             level += 1;
-            let per = self.layout.internal_fanout().min(fill + 1).max(2);
+            // As full as the leaves: `fill + 1` children where internal
+            // nodes hold as many entries as leaves (8-byte values), more
+            // where they hold more.
+            let (lf, inf) = (self.layout.leaf_fanout(), self.layout.internal_fanout());
+            let per = (inf * fill / lf + 1).clamp(2, inf);
             let chunks: Vec<Vec<(K, GlobalAddr)>> =
                 level_nodes.chunks(per).map(|c| c.to_vec()).collect();
             let addrs = self.node_addrs(ctx, chunks.len(), root).await?;
