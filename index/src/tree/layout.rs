@@ -251,52 +251,78 @@ impl Layout {
             (off, e.span as usize * LINE_BYTES - 1)
         }
     }
-    /// Where fence byte `p` lies (wide keys: fence lines from line 1).
-    fn fence_at(p: usize) -> usize {
-        (1 + p / FENCE_PAYLOAD) * LINE_BYTES + 1 + p % FENCE_PAYLOAD
-    }
 }
 
 /// The offset of entry byte `p` of an entry at `off` (the offset of its
 /// flags): within its line, or across the lines of an entry that spans.
 #[inline]
 fn at(e: &Entries, off: usize, p: usize) -> usize {
-    if e.per_line > 0 {
-        off + p
-    } else {
-        off + (p / SPAN_PAYLOAD) * LINE_BYTES + p % SPAN_PAYLOAD
-    }
+    Runs::entry(e, off).at(p)
 }
 
-/// Copies entry bytes `p..p + out.len()` of the entry at `off` into `out`.
-fn gather(b: &[u8], e: &Entries, off: usize, p: usize, out: &mut [u8]) {
-    if e.per_line > 0 {
-        out.copy_from_slice(&b[off + p..off + p + out.len()]);
-        return;
-    }
-    let (mut p, mut done) = (p, 0);
-    while done < out.len() {
-        let src = at(e, off, p);
-        let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(out.len() - done);
-        out[done..done + n].copy_from_slice(&b[src..src + n]);
-        done += n;
-        p += n;
-    }
+/// A field laid in runs of `per` bytes, one run to a line, from byte
+/// `base` of the node: an entry that spans lines (61 to a line, from byte
+/// 2 of its first line), the fences (63 to a line, from byte 1 of line 1).
+/// A field within one line is one run (`per` = `usize::MAX`).
+#[derive(Copy, Clone)]
+struct Runs {
+    base: usize,
+    per: usize,
 }
 
-/// Copies `data` to entry bytes `p..` of the entry at `off`.
-fn scatter(b: &mut [u8], e: &Entries, off: usize, p: usize, data: &[u8]) {
-    if e.per_line > 0 {
-        b[off + p..off + p + data.len()].copy_from_slice(data);
-        return;
+impl Runs {
+    /// Entry `e`'s bytes, the entry's flags at `off`.
+    fn entry(e: &Entries, off: usize) -> Runs {
+        let per = if e.per_line > 0 {
+            usize::MAX
+        } else {
+            SPAN_PAYLOAD
+        };
+        Runs { base: off, per }
     }
-    let (mut p, mut done) = (p, 0);
-    while done < data.len() {
-        let dst = at(e, off, p);
-        let n = (SPAN_PAYLOAD - p % SPAN_PAYLOAD).min(data.len() - done);
-        b[dst..dst + n].copy_from_slice(&data[done..done + n]);
-        done += n;
-        p += n;
+    /// The fences of keys wider than 8 bytes.
+    const FENCES: Runs = Runs {
+        base: LINE_BYTES + 1,
+        per: FENCE_PAYLOAD,
+    };
+    /// The node offset of field byte `p`.
+    #[inline]
+    fn at(self, p: usize) -> usize {
+        if self.per == usize::MAX {
+            return self.base + p;
+        }
+        self.base + (p / self.per) * LINE_BYTES + p % self.per
+    }
+    /// Field bytes `p..p + len` as (node offset, offset from `p`, length)
+    /// pieces, each within a run.
+    fn pieces(self, p: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            if done == len {
+                return None;
+            }
+            let q = p + done;
+            let n = if self.per == usize::MAX {
+                len - done
+            } else {
+                (self.per - q % self.per).min(len - done)
+            };
+            let piece = (self.at(q), done, n);
+            done += n;
+            Some(piece)
+        })
+    }
+    /// Copies field bytes `p..p + out.len()` into `out`.
+    fn gather(self, b: &[u8], p: usize, out: &mut [u8]) {
+        for (at, i, n) in self.pieces(p, out.len()) {
+            out[i..i + n].copy_from_slice(&b[at..at + n]);
+        }
+    }
+    /// Copies `data` to field bytes `p..`.
+    fn scatter(self, b: &mut [u8], p: usize, data: &[u8]) {
+        for (at, i, n) in self.pieces(p, data.len()) {
+            b[at..at + n].copy_from_slice(&data[i..i + n]);
+        }
     }
 }
 
@@ -355,7 +381,7 @@ fn entry_key<K: TreeKey>(b: &[u8], e: &Entries, o: usize) -> K {
     if e.per_line > 0 || K::BYTES < SPAN_PAYLOAD {
         K::read_from(&b[o + 1..o + 1 + K::BYTES])
     } else {
-        key_from::<K>(|out| gather(b, e, o, 1, out))
+        key_from::<K>(|out| Runs::entry(e, o).gather(b, 1, out))
     }
 }
 
@@ -365,11 +391,7 @@ fn fence<K: TreeKey>(b: &[u8], which: usize) -> K {
     if K::BYTES == 8 {
         return K::read_from(&b[OFF_LOW + 8 * which..OFF_LOW + 8 * which + 8]);
     }
-    key_from::<K>(|out| {
-        for (i, x) in out.iter_mut().enumerate() {
-            *x = b[Layout::fence_at(which * K::BYTES + i)];
-        }
-    })
+    key_from::<K>(|out| Runs::FENCES.gather(b, which * K::BYTES, out))
 }
 
 impl<'a, K: TreeKey> Node<'a, K> {
@@ -494,12 +516,12 @@ impl<'a, K: TreeKey> Node<'a, K> {
             return u64_at(self.b, o + p);
         }
         let mut b = [0u8; 8];
-        gather(self.b, e, o, p, &mut b);
+        Runs::entry(e, o).gather(self.b, p, &mut b);
         u64::from_le_bytes(b)
     }
     /// Copies entry `i`'s value (all of a leaf's `value_bytes`) into `out`.
     pub fn value_into(&self, i: usize, out: &mut [u8]) {
-        gather(self.b, self.ents(), self.off(i), 1 + K::BYTES, out);
+        Runs::entry(self.ents(), self.off(i)).gather(self.b, 1 + K::BYTES, out);
     }
     /// Leaf: the slot holding `key`.
     pub fn find(&self, key: K) -> Option<usize> {
@@ -614,9 +636,7 @@ impl<'a, K: TreeKey> NodeMut<'a, K> {
         }
         let mut buf = [0u8; MAX_KEY_BYTES];
         k.write_to(&mut buf[..K::BYTES]);
-        for (i, &x) in buf[..K::BYTES].iter().enumerate() {
-            self.b[Layout::fence_at(which * K::BYTES + i)] = x;
-        }
+        Runs::FENCES.scatter(self.b, which * K::BYTES, &buf[..K::BYTES]);
     }
     /// Sets the version byte of every line, and the paper's front and rear
     /// versions.
@@ -677,9 +697,9 @@ impl<'a, K: TreeKey> NodeMut<'a, K> {
         } else {
             let mut buf = [0u8; MAX_KEY_BYTES];
             key.write_to(&mut buf[..K::BYTES]);
-            scatter(self.b, &e, o, 1, &buf[..K::BYTES]);
+            Runs::entry(&e, o).scatter(self.b, 1, &buf[..K::BYTES]);
         }
-        scatter(self.b, &e, o, 1 + K::BYTES, value);
+        Runs::entry(&e, o).scatter(self.b, 1 + K::BYTES, value);
     }
     /// Internal: writes slot `i` as separator `key` → `child`.
     pub fn set_child(&mut self, i: usize, key: K, child: GlobalAddr) {
@@ -822,7 +842,7 @@ mod tests {
             owner[..49].fill(100_000);
             if kb != 8 {
                 for p in 0..2 * kb {
-                    let b = Layout::fence_at(p);
+                    let b = Runs::FENCES.at(p);
                     assert_ne!(b % LINE_BYTES, 0, "{what}: fence on a line version");
                     assert_eq!(owner[b], usize::MAX, "{what}: fences overlap");
                     owner[b] = 100_001;
