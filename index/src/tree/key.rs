@@ -54,12 +54,18 @@ impl<const N: usize> TreeKey for [u8; N] {
 /// keep their order and spread at any key size; never +∞ for `k` below
 /// `u64::MAX`.
 pub fn wide_key<const N: usize>(k: u64) -> [u8; N] {
-    let b = k.to_be_bytes();
     let mut out = [0u8; N];
+    wide_key_into(k, &mut out);
+    out
+}
+
+/// [`wide_key`] into `out`, a key of any width (the hash table's keys are
+/// sized at run time).
+pub fn wide_key_into(k: u64, out: &mut [u8]) {
+    let b = k.to_be_bytes();
     for (i, x) in out.iter_mut().enumerate() {
         *x = b[i % 8];
     }
-    out
 }
 
 /// The `u64` a [`wide_key`] stands for (its first eight bytes).
