@@ -6,7 +6,7 @@ use super::*;
 
 pub(crate) fn exec_cfg(spec: &RunSpec) -> ExecutorConfig {
     // 64 KiB, or what a tree operation on larger nodes may need.
-    let op = Layout::new(spec.key_bytes, spec.tree.value_bytes).map_or(0, |l| l.op_scratch_bytes());
+    let op = spec.layout().op_scratch_bytes();
     ExecutorConfig {
         slots: spec.coroutines,
         scratch_bytes_per_slot: op.max(64 << 10),

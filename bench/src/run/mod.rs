@@ -396,7 +396,7 @@ struct Cli {
     warmup: u64,
     cache_mb: f64,
     hash_grace_ms: Option<f64>,
-    /// The trees' node layout (`--value-size`).
+    /// The trees' node layout (`--key-size`, `--value-size`).
     layout: Layout,
     seed: u64,
     json: bool,

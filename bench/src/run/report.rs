@@ -163,7 +163,7 @@ impl Report {
 pub const SCHEMA_VERSION: u64 = 1;
 
 /// A tree configuration as JSON values, one field each.
-fn tree_config_json(t: &TreeConfig, key_bytes: usize) -> serde_json::Value {
+fn tree_config_json(t: &TreeConfig, layout: Layout) -> serde_json::Value {
     json!({
         "combine": t.combine,
         "lock_in_dm": t.lock_in_dm,
@@ -180,9 +180,9 @@ fn tree_config_json(t: &TreeConfig, key_bytes: usize) -> serde_json::Value {
         "lock_table_words": t.lock_table_words,
         "cache_bytes": t.cache_bytes,
         "chunk_bytes": t.chunk.chunk_bytes,
-        "key_bytes": key_bytes,
+        "key_bytes": layout.key_bytes(),
         "value_bytes": t.value_bytes,
-        "node_bytes": Layout::new(key_bytes, t.value_bytes).map_or(0, |l| l.node_bytes()),
+        "node_bytes": layout.node_bytes(),
     })
 }
 
@@ -294,7 +294,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
             "seed": spec.seed,
             "cache_bytes": spec.cache_bytes,
             "hash_grace_ns": spec.hash_grace_ns,
-            "tree": tree_config_json(&spec.tree, spec.key_bytes),
+            "tree": tree_config_json(&spec.tree, spec.layout()),
         },
     });
     doc["failed_ops"] = failed_ops.into();

@@ -164,6 +164,12 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
+    /// The trees' node layout: the spec's key and value sizes, which the
+    /// command line checked (`Cli::parse`).
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::new(self.key_bytes, self.tree.value_bytes)
+            .expect("key and value sizes are checked when the command line is read")
+    }
     /// The injected faults as text, for the report, the table and the
     /// history header.
     pub(crate) fn fault_names(&self) -> Vec<String> {
