@@ -27,9 +27,12 @@
 //! ```
 //!
 //! **Descriptor** (what the root word at `HASH_ROOT_OFF` of node 0 points
-//! to): line 0 holds the layout (magic, format, buckets, buckets per
-//! segment, key bytes, max value bytes, seed, segment count); line 1 is the
-//! incarnation counter that clients take their id from with one FAA;
+//! to; immutable once the root names it: a growing table publishes a new
+//! one, `grow.rs`): line 0 holds the layout (magic, format, buckets listed,
+//! buckets per segment, key bytes, max value bytes, seed, segment count);
+//! line 1 the incarnation counter that clients take their id from with one
+//! FAA (used in the first descriptor only), then the growth state (base
+//! buckets, level, phase, where the incarnation counter is, generation);
 //! segment addresses follow from byte 128.
 
 use nicdrv::{GlobalAddr, Space};
@@ -46,7 +49,7 @@ const CHECK_SEED: u64 = 0xc0ff_ee00_d15e_a5e5;
 /// Most segments a descriptor lists (it is read in one 16 KiB READ).
 pub const MAX_SEGMENTS: usize = 2032;
 pub const DESC_MAGIC: u64 = 0x4e45_5353_4945_4331; // "NESSIEC1"
-pub const DESC_FORMAT: u64 = 1;
+pub const DESC_FORMAT: u64 = 2;
 pub const DESC_HEADER_BYTES: usize = 128;
 /// Offset of the incarnation counter in the descriptor.
 pub const DESC_INCARNATION_OFF: u64 = 64;
@@ -278,17 +281,41 @@ pub fn fmix64(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
+/// Where a table stands in growing (`grow.rs`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// `base << level` buckets; keys are read and placed at `level`.
+    Stable,
+    /// Growing to `level + 1`: keys are read at both levels and placed at
+    /// `level`.
+    Reading,
+    /// Growing to `level + 1`: keys are read at both levels and placed at
+    /// `level + 1`; misplaced ones are moved up.
+    Placing,
+}
+
 /// What a descriptor says (the table's layout, shared by all clients).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desc {
     /// Where the descriptor itself lives.
     pub at: GlobalAddr,
+    /// Buckets the segments hold: `base << level`, twice that while
+    /// growing.
     pub buckets: u64,
     pub seg_buckets: u64,
     pub key_bytes: usize,
     pub max_value_bytes: usize,
     pub seed: u64,
     pub segs: Vec<GlobalAddr>,
+    /// Buckets at creation (level 0).
+    pub base_buckets: u64,
+    /// Times the table has doubled.
+    pub level: u32,
+    pub phase: Phase,
+    /// The incarnation counter: the first descriptor's.
+    pub incarnation_at: GlobalAddr,
+    /// Descriptors published before this one.
+    pub generation: u64,
 }
 
 impl Desc {
@@ -304,7 +331,25 @@ impl Desc {
     }
 
     pub fn incarnation_word(&self) -> GlobalAddr {
-        self.at.add(DESC_INCARNATION_OFF)
+        self.incarnation_at
+    }
+
+    /// Whether the table is between levels.
+    pub fn growing(&self) -> bool {
+        self.phase != Phase::Stable
+    }
+
+    /// The level new words are placed at.
+    pub fn place_level(&self) -> u32 {
+        match self.phase {
+            Phase::Stable | Phase::Reading => self.level,
+            Phase::Placing => self.level + 1,
+        }
+    }
+
+    /// Buckets at the place level.
+    pub fn place_buckets(&self) -> u64 {
+        self.base_buckets << self.place_level()
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -318,6 +363,17 @@ impl Desc {
             self.max_value_bytes as u64,
             self.seed,
             self.segs.len() as u64,
+            // Line 1: the incarnation counter (zero), then growth.
+            0,
+            self.base_buckets,
+            self.level as u64,
+            match self.phase {
+                Phase::Stable => 0,
+                Phase::Reading => 1,
+                Phase::Placing => 2,
+            },
+            self.incarnation_at.raw(),
+            self.generation,
         ];
         for (i, f) in fields.iter().enumerate() {
             v[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
@@ -356,11 +412,27 @@ impl Desc {
             segs: (0..n)
                 .map(|i| GlobalAddr::from_raw(w(DESC_HEADER_BYTES + i * 8)))
                 .collect(),
+            base_buckets: w(72),
+            level: w(80).min(64) as u32,
+            phase: match w(88) {
+                0 => Phase::Stable,
+                1 => Phase::Reading,
+                2 => Phase::Placing,
+                _ => return Err("descriptor with an unknown growth phase"),
+            },
+            incarnation_at: GlobalAddr::from_raw(w(96)),
+            generation: w(104),
         };
+        let levels = d.level + d.growing() as u32;
         if d.buckets < 2
             || d.seg_buckets == 0
             || d.buckets.div_ceil(d.seg_buckets) != n as u64
             || d.segs.iter().any(|s| s.is_null())
+            || d.base_buckets < 2
+            || !d.base_buckets.is_multiple_of(2)
+            || levels > 40
+            || d.base_buckets.checked_shl(levels) != Some(d.buckets)
+            || d.incarnation_at.is_null()
         {
             return Err("descriptor with an impossible layout");
         }
@@ -433,6 +505,11 @@ mod tests {
                 GlobalAddr::host(1, 1 << 20),
                 GlobalAddr::host(2, 1 << 20),
             ],
+            base_buckets: 10,
+            level: 0,
+            phase: Phase::Stable,
+            incarnation_at: GlobalAddr::host(0, 8192 + 64),
+            generation: 0,
         };
         let bytes = d.encode();
         assert_eq!(Desc::segments_in(&bytes[..64]), Some(3));
@@ -440,5 +517,24 @@ mod tests {
         assert_eq!(d.bucket_addr(5), GlobalAddr::host(1, (1 << 20) + 64));
         assert!(Desc::decode(d.at, &bytes[..130]).is_err());
         assert!(Desc::decode(d.at, &[0u8; 256]).is_err());
+        // Growing: twice the buckets listed, placed one level up.
+        let g = Desc {
+            buckets: 20,
+            phase: Phase::Placing,
+            segs: (0..5).map(|i| GlobalAddr::host(i, 1 << 20)).collect(),
+            generation: 2,
+            ..d.clone()
+        };
+        assert_eq!(Desc::decode(g.at, &g.encode()).unwrap(), g);
+        assert_eq!((g.place_level(), g.place_buckets()), (1, 20));
+        // A level that does not match the buckets listed is refused.
+        let bad = Desc {
+            level: 1,
+            ..g.clone()
+        };
+        assert!(Desc::decode(bad.at, &bad.encode()).is_err());
+        let mut bytes = g.encode();
+        bytes[88] = 7;
+        assert!(Desc::decode(g.at, &bytes).is_err(), "unknown phase");
     }
 }

@@ -24,9 +24,9 @@
 //! previous move emptied; any move that fails aborts the path and the
 //! insert starts over on fresh reads.
 
-use super::layout::{decode_entry, Desc, Slot, State, SLOTS};
-use super::place::{alt, locate, Loc};
-use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, POSITIONS};
+use super::layout::{decode_entry, Desc, Phase, Slot, State, SLOTS};
+use super::place::{alt_at, Loc};
+use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict};
 use super::{CuckooClient, CuckooError, PATH_HIST};
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
@@ -41,14 +41,20 @@ struct Reached {
 
 impl CuckooClient {
     /// Finishes or undoes the move whose Forward word the snapshot shows
-    /// at position `p` of `loc`'s pair (the copy it names can only lie in
-    /// the other bucket of the pair: same fingerprint, same bucket, same
-    /// other bucket).
+    /// at position `p` of `loc`'s buckets (the copy it names lies in the
+    /// other bucket of the pair, or while the table grows in a bucket of
+    /// the key at the other level: same fingerprint, so among those read).
+    ///
+    /// While new words go to the upper level (`Phase::Placing`), a copy is
+    /// turned Normal only where it belongs: in a bucket of the key at
+    /// that level. Otherwise it is cleared and the move undone (always
+    /// safe, `mod.rs`): a move begun in the `Reading` phase must not commit
+    /// into a bucket the split walk (`grow.rs`) has already passed.
     pub(super) async fn resolve<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         snap: &super::view::Snap,
         p: usize,
     ) -> Result<(), CuckooError> {
@@ -59,10 +65,23 @@ impl CuckooClient {
         }
         self.stats.helps += 1;
         let x = f.eref();
-        let copy = (0..POSITIONS)
+        let copy = (0..loc.positions())
             .find(|&q| q != p && !snap.pair.slot(q).is_empty() && snap.pair.slot(q).eref() == x);
         let at = slot_addr(desc, loc, p);
         match copy.map(|q| (q, snap.pair.slot(q).state())) {
+            Some((q, State::Tentative))
+                if desc.phase == Phase::Placing
+                    && !(loc.placeable(q) && self.known.get(x) == Some(Verdict::Key)) =>
+            {
+                // Not where the key now belongs (or not known to be this
+                // key's): undo. The next snapshot finds no copy and puts
+                // the Forward word back to Normal.
+                let t = snap.pair.slot(q);
+                let e = self.empty_word()?;
+                if self.cas(ctx, slot_addr(desc, loc, q), t, e).await? {
+                    self.stats.kills += 1;
+                }
+            }
             Some((q, State::Tentative)) => {
                 // Step 3 then 4 on the mover's behalf.
                 let t = snap.pair.slot(q);
@@ -94,9 +113,13 @@ impl CuckooClient {
 
     /// Moves the Normal word `w` at slot `from_slot` of `from_bucket` to
     /// its other bucket, into `to_slot` if that is empty, else any empty
-    /// slot there. Whether it moved; a failure leaves the table as it was
-    /// (or with a concurrent change finished).
-    async fn migrate<N: Nic>(
+    /// slot there. While the table grows, a word whose key does not
+    /// belong in `from_bucket` at the level new words go to is moved into
+    /// either bucket of the key at that level instead (the split walk's
+    /// move, `grow.rs`), and `to_slot` is only a preference. Whether it
+    /// moved; a failure leaves the table as it was (or with a concurrent
+    /// change finished).
+    pub(super) async fn migrate<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
@@ -107,11 +130,11 @@ impl CuckooClient {
     ) -> Result<bool, CuckooError> {
         let fp = w.fp();
         // The pair seen from the moving entry: its bucket first.
-        let loc = Loc {
+        let pair = Reach::pair(Loc {
             b1: from_bucket,
-            b2: alt(from_bucket, fp, desc.buckets),
+            b2: alt_at(from_bucket, fp, desc.base_buckets, desc.place_level()),
             fp,
-        };
+        });
         let s_pos = from_slot;
         let e = w.eref();
         self.known.clear();
@@ -119,7 +142,7 @@ impl CuckooClient {
         let (entry, a) = {
             let mut b = ctx.batch();
             let op = b.read_new(e.addr(), e.bytes());
-            let c = push_collect(&mut b, desc, &loc);
+            let c = push_collect(&mut b, desc, &pair);
             let mut d = b.submit().await?;
             (d.take_buf(op), take_collect(&mut d, c))
         };
@@ -133,13 +156,23 @@ impl CuckooClient {
         let key = key.to_vec();
         let copy = entry.as_slice().to_vec();
         drop(entry);
-        let home = locate(&key, desc.seed, desc.buckets);
-        if home.fp != fp || !(home.b1 == from_bucket || home.b2 == from_bucket) {
+        let home = Reach::of(desc, &key);
+        let Some(s_bucket) = home.index_of(from_bucket).filter(|_| home.fp == fp) else {
             return Err(CuckooError::Corrupt {
                 what: "an entry in a bucket its key does not hash to",
             });
-        }
-        let snap = self.snapshot(ctx, desc, &loc, &key, Some((a, t))).await?;
+        };
+        // A stable table's key has the two buckets just read (in another
+        // order: the moving entry's first). A growing one's may have more,
+        // and every one of them is snapshot in the key's own order.
+        let same =
+            home.buckets().len() == 2 && pair.buckets().iter().all(|b| home.index_of(*b).is_some());
+        let (loc, s_pos, first) = if same {
+            (pair, s_pos, Some((a, t)))
+        } else {
+            (home, s_bucket * SLOTS + from_slot, None)
+        };
+        let snap = self.snapshot(ctx, desc, &loc, &key, first).await?;
         if snap.pair.slot(s_pos) != w {
             return Ok(false);
         }
@@ -151,9 +184,19 @@ impl CuckooClient {
             }
             _ => return Ok(false),
         }
-        let d_pos = match SLOTS + to_slot {
-            p if p < POSITIONS && snap.pair.slot(p).is_empty() => p,
-            _ => match (SLOTS..POSITIONS).find(|&p| snap.pair.slot(p).is_empty()) {
+        // Where it may go: the other bucket new words go to, or (a word
+        // outside them: moving up in the split walk) either of them; the
+        // preferred slot first.
+        let to_bucket = pair.buckets()[1];
+        let dests = loc.place().map(|h| loc.buckets()[h]);
+        let allowed = |p: usize| {
+            let b = loc.buckets()[p / SLOTS];
+            b != from_bucket && dests.contains(&b) && snap.pair.slot(p).is_empty()
+        };
+        let preferred = loc.index_of(to_bucket).map(|h| h * SLOTS + to_slot);
+        let d_pos = match preferred.filter(|&p| allowed(p)) {
+            Some(p) => p,
+            None => match (0..loc.positions()).find(|&p| allowed(p)) {
                 Some(p) => p,
                 None => return Ok(false),
             },
@@ -212,7 +255,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         key: &[u8],
         (s_at, d_at): (GlobalAddr, GlobalAddr),
         tent: Slot,
@@ -243,12 +286,14 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         view: Pair,
     ) -> Result<(), CuckooError> {
         let max = self.cfg().max_search_buckets;
         let mut seen: Vec<Reached> = Vec::with_capacity(64);
-        for (h, bucket) in [loc.b1, loc.b2].into_iter().enumerate() {
+        let (base, place_level) = (desc.base_buckets, desc.place_level());
+        for h in loc.place() {
+            let bucket = loc.buckets()[h];
             let mut words = [0u64; SLOTS];
             words.copy_from_slice(&view.0[h * SLOTS..(h + 1) * SLOTS]);
             seen.push(Reached {
@@ -267,7 +312,7 @@ impl CuckooClient {
                     if s.state() != State::Normal {
                         continue;
                     }
-                    let c = alt(seen[i].bucket, s.fp(), desc.buckets);
+                    let c = alt_at(seen[i].bucket, s.fp(), base, place_level);
                     if !seen.iter().any(|r| r.bucket == c) && !next.iter().any(|n| n.0 == c) {
                         next.push((c, i, j));
                     }

@@ -752,6 +752,11 @@ impl CuckooClient {
             max_value_bytes: cfg.max_value_bytes,
             seed: cfg.seed,
             segs,
+            base_buckets: buckets,
+            level: 0,
+            phase: layout::Phase::Stable,
+            incarnation_at: at.add(layout::DESC_INCARNATION_OFF),
+            generation: 0,
         };
         let bytes = desc.encode();
         for (i, part) in bytes.chunks(4096).enumerate() {
@@ -791,7 +796,7 @@ impl CuckooClient {
                 let d = Desc::decode(at, all.as_slice())
                     .map_err(|what| CuckooError::Corrupt { what })?;
                 let cfg = &self.table.cfg;
-                if d.buckets != cfg.buckets()
+                if d.base_buckets != cfg.buckets()
                     || d.key_bytes != cfg.key_bytes
                     || d.max_value_bytes != cfg.max_value_bytes
                     || d.seed != cfg.seed
@@ -799,7 +804,7 @@ impl CuckooClient {
                     return Err(CuckooError::Config(format!(
                         "the table was created with {} buckets, {}-byte keys, values up to {} \
                          bytes and seed {:#x}; this client is configured for {}, {}, {}, {:#x}",
-                        d.buckets,
+                        d.base_buckets,
                         d.key_bytes,
                         d.max_value_bytes,
                         d.seed,

@@ -4,12 +4,12 @@
 //! is linearizable; the comments here point at its steps.
 
 use super::layout::{encode_entry, entry_lines, EntryRef, Slot, State, SLOTS};
-use super::place::{locate, Loc};
 use super::view::{
-    entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Verdict, POSITIONS,
+    entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict, POSITIONS,
 };
 use super::{CuckooClient, CuckooError, MAX_ATTEMPTS};
 use crate::cuckoo::layout::Desc;
+use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
 
 /// Rounds of displacement one put tries before answering `TableFull`
@@ -30,8 +30,8 @@ enum Ins {
 }
 
 impl CuckooClient {
-    fn locate(&self, desc: &Desc, key: &[u8]) -> Loc {
-        locate(key, desc.seed, desc.buckets)
+    fn locate(&self, desc: &Desc, key: &[u8]) -> Reach {
+        Reach::of(desc, key)
     }
 
     /// The value of `key`, appended to `out` (cleared first); whether it
@@ -86,7 +86,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
@@ -98,7 +98,7 @@ impl CuckooClient {
         let cfg = self.cfg();
         let life = cfg.reuse_grace_ns - cfg.window_ns;
         let t = ctx.now_ns();
-        if p >= POSITIONS || !s.is_committed() || s.fp() != loc.fp {
+        if p >= loc.positions() || !s.is_committed() || s.fp() != loc.fp {
             self.table.forget_place(key);
             return Ok(false);
         }
@@ -170,9 +170,15 @@ impl CuckooClient {
             let mut cands = [None::<EntryRef>; POSITIONS];
             let mut at = [0usize; POSITIONS];
             let mut n = 0;
-            for p in 0..POSITIONS {
+            for p in 0..loc.positions() {
                 let s = a.slot(p);
-                if s.is_committed() && s.fp() == loc.fp && !cands[..n].contains(&Some(s.eref())) {
+                // (At most a batch of them: more than 16 entries of one
+                // fingerprint in a key's buckets would be a 2^-100 event.)
+                if s.is_committed()
+                    && s.fp() == loc.fp
+                    && !cands[..n].contains(&Some(s.eref()))
+                    && n < MAX_BATCH
+                {
                     cands[n] = Some(s.eref());
                     at[n] = p;
                     n += 1;
@@ -282,8 +288,8 @@ impl CuckooClient {
         // "Cached gets"): where the key was last seen, else beside its
         // first bucket; an insert that claims a slot elsewhere moves it.
         let near = match self.table.place_of(key) {
-            Some(place) if place.pos < POSITIONS => slot_addr(desc, &loc, place.pos).node(),
-            _ => desc.bucket_addr(loc.b1).node(),
+            Some(place) if place.pos < loc.positions() => slot_addr(desc, &loc, place.pos).node(),
+            _ => desc.bucket_addr(loc.first()).node(),
         };
         let mut v = self.alloc_entry(ctx, lines, near).await?;
         let mut written = false;
@@ -306,7 +312,7 @@ impl CuckooClient {
                 take_collect(&mut d, c)
             };
             written = true;
-            let relevant = (0..POSITIONS).any(|p| Self::matches(&loc, a.slot(p)));
+            let relevant = (0..loc.positions()).any(|p| Self::matches(&loc, a.slot(p)));
             let outcome = if !relevant {
                 // Nothing with the key's fingerprint: claim a slot at once;
                 // the insert's own snapshot will catch a key that was
@@ -397,18 +403,20 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         key: &[u8],
         view: Pair,
         v: &mut EntryRef,
     ) -> Result<Ins, CuckooError> {
-        // The bucket with more empty slots (load balance), its first one.
+        // Of the two buckets new words go to, the one with more empty
+        // slots (load balance), its first one.
         let empties = |h: usize| {
             (0..SLOTS)
                 .filter(|&i| view.slot(h * SLOTS + i).is_empty())
                 .count()
         };
-        let half = if empties(1) > empties(0) { 1 } else { 0 };
+        let [h0, h1] = loc.place();
+        let half = if empties(h1) > empties(h0) { h1 } else { h0 };
         let Some(x) = (half * SLOTS..(half + 1) * SLOTS).find(|&p| view.slot(p).is_empty()) else {
             return self.clear_stale(ctx, desc, loc, view).await;
         };
@@ -464,7 +472,7 @@ impl CuckooClient {
             }
             // Other claims on the key: the earliest position wins.
             let mut changed = false;
-            for q in 0..POSITIONS {
+            for q in 0..loc.positions() {
                 let s = snap.pair.slot(q);
                 if q == x
                     || s.state() != State::Tentative
@@ -544,7 +552,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         key: &[u8],
-        loc: &Loc,
+        loc: &Reach,
         got: Slot,
         old_sum: Option<u64>,
         t_cas: u64,
@@ -572,7 +580,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         x: usize,
         mine: Slot,
     ) -> Result<(), CuckooError> {
@@ -587,11 +595,11 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         view: Pair,
     ) -> Result<Ins, CuckooError> {
         let mut cleared = false;
-        for p in 0..POSITIONS {
+        for p in 0..loc.positions() {
             let s = view.slot(p);
             if s.state() == State::Tentative && self.is_stale(s, ctx.now_ns()) {
                 let e = self.empty_word()?;

@@ -34,6 +34,40 @@ pub fn alt(b: u64, fp: u16, buckets: u64) -> u64 {
     }
 }
 
+/// Seed of the bits that pick a bucket's copy in a grown table.
+const GROW_SEED: u64 = 0x3c6e_f372_fe94_f82b;
+
+/// The other bucket of an entry with fingerprint `fp` found in bucket `b`
+/// of a table grown `level` times from `base` buckets (`base << level`
+/// in all). Bucket `b` is copy `b / base` of base bucket `b % base`; the
+/// other bucket is copy `(b / base) ^ mask(fp)` of the base bucket's other
+/// bucket. An involution without fixed points, like [`alt`], and at level
+/// 0 it is [`alt`]. Growing adds one bit to the copy numbers: a bucket's
+/// other bucket at level `l + 1` is its other bucket at level `l`, or that
+/// plus `base << l` (`grow.rs` rests on this).
+pub fn alt_at(b: u64, fp: u16, base: u64, level: u32) -> u64 {
+    debug_assert!(b < base << level);
+    let mask = fmix64(fp as u64 ^ GROW_SEED) & ((1u64 << level) - 1);
+    alt(b % base, fp, base) + base * ((b / base) ^ mask)
+}
+
+/// Where `key` may live in a table grown `level` times from `base`
+/// buckets: [`locate`]'s first bucket, copied as the key's hash bits above
+/// the fingerprint say, and its other bucket by [`alt_at`]. At level 0 it
+/// is [`locate`]. A key's first bucket at level `l + 1` is its first at
+/// level `l`, or that plus `base << l`.
+pub fn locate_at(key: &[u8], seed: u64, base: u64, level: u32) -> Loc {
+    let l = locate(key, seed, base);
+    let h = hash64(key, seed);
+    let copy = (h >> FP_BITS) & ((1u64 << level) - 1);
+    let b1 = l.b1 + base * copy;
+    Loc {
+        b1,
+        b2: alt_at(b1, l.fp, base, level),
+        fp: l.fp,
+    }
+}
+
 /// Where `key` may live in a table of `buckets` buckets.
 pub fn locate(key: &[u8], seed: u64, buckets: u64) -> Loc {
     let h = hash64(key, seed);
@@ -62,6 +96,44 @@ mod tests {
                     assert_ne!(a, b, "B={buckets} fp={fp} b={b}");
                     assert_eq!(alt(a, fp, buckets), b, "B={buckets} fp={fp} b={b}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn grown_pairs_split_their_parents() {
+        for base in [2u64, 6, 10, 64] {
+            for level in 0..5u32 {
+                let n = base << level;
+                for fp in (0..(1u16 << FP_BITS)).step_by(37) {
+                    for b in (0..n).step_by(((n / 40) as usize).max(1)) {
+                        let a = alt_at(b, fp, base, level);
+                        assert!(a < n && a != b);
+                        assert_eq!(alt_at(a, fp, base, level), b);
+                        if level == 0 {
+                            assert_eq!(a, alt(b, fp, base));
+                        }
+                        // One level up, the bucket and its copy pair with
+                        // this pair's other bucket or its copy.
+                        let up = alt_at(b, fp, base, level + 1);
+                        assert!(up == a || up == a + n, "base {base} level {level}");
+                        assert_eq!(alt_at(b + n, fp, base, level + 1) % n, a);
+                    }
+                }
+            }
+        }
+        for k in 0..2000u64 {
+            let key = k.to_le_bytes();
+            assert_eq!(locate_at(&key, 9, 10, 0), locate(&key, 9, 10));
+            for level in 0..6 {
+                let (lo, hi) = (
+                    locate_at(&key, 9, 10, level),
+                    locate_at(&key, 9, 10, level + 1),
+                );
+                let n = 10u64 << level;
+                assert!(hi.b1 == lo.b1 || hi.b1 == lo.b1 + n);
+                assert!(hi.b2 == lo.b2 || hi.b2 == lo.b2 + n);
+                assert_eq!(hi.fp, lo.fp);
             }
         }
     }

@@ -1,7 +1,9 @@
-//! Reading a key's two buckets: a *collect* (both buckets READ in one
-//! doorbell) and a *snapshot* (collects repeated until two in a row agree).
+//! Reading a key's buckets: a *collect* (its buckets READ in one doorbell)
+//! and a *snapshot* (collects repeated until two in a row agree). A key has
+//! two buckets; while the table grows, the two at each level, up to four
+//! ([`Reach`]).
 //!
-//! A collect is not atomic: it reads 16 words, each at its own instant.
+//! A collect is not atomic: it reads 16 to 32 words, each at its own instant.
 //! A snapshot is. Every word ever stored in a slot is unique (`mod.rs`,
 //! "Unique words"), so a slot that returned the same word to two READs
 //! held it throughout between them. When two consecutive collects agree on
@@ -17,19 +19,112 @@
 //! a verdict (this key, another key, unreadable) is kept for a short while
 //! keyed by the entry reference.
 
-use super::layout::{decode_entry, Desc, EntryRef, Slot, State, SLOTS};
-use super::place::Loc;
+use super::layout::{decode_entry, Desc, EntryRef, Phase, Slot, State, SLOTS};
+use super::place::{locate_at, Loc};
 use super::{CuckooClient, CuckooError};
+use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Batch, Ctx, Done, GlobalAddr, Nic, OpId};
 
-/// Positions in a key's canonical slot order: b1's 8 slots, then b2's.
-pub const POSITIONS: usize = 2 * SLOTS;
+/// Most buckets an operation reads: a key's two at each of two levels.
+pub const MAX_READ_BUCKETS: usize = 4;
+/// Most positions in a key's canonical slot order.
+pub const POSITIONS: usize = MAX_READ_BUCKETS * SLOTS;
+
+/// The buckets an operation on a key reads, in the key's canonical slot
+/// order, and the two among them it places new words in.
+///
+/// Stable at level l: the key's first and other bucket at l. Growing from
+/// l to l + 1 (`grow.rs`): its first bucket at l, its first at l + 1, its
+/// other at l, its other at l + 1, each once (a bucket at l + 1 is the one
+/// at l or its copy, so there are two to four). Every client of one phase
+/// reads the same order, and it keeps each level's first bucket before
+/// its other, so clients of neighbouring phases, one of which reads a
+/// single level, agree on the order of every slot both read: the insert's
+/// earliest-claim-wins rule (`mod.rs`) rests on that.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Reach {
+    buckets: [u64; MAX_READ_BUCKETS],
+    n: u8,
+    /// Indices into `buckets` of the first and other bucket at the place
+    /// level.
+    place: [u8; 2],
+    pub fp: u16,
+}
+
+impl Reach {
+    /// The plain pair of `loc` (a stable table's reach).
+    pub fn pair(loc: Loc) -> Reach {
+        Reach {
+            buckets: [loc.b1, loc.b2, 0, 0],
+            n: 2,
+            place: [0, 1],
+            fp: loc.fp,
+        }
+    }
+
+    /// Where `key` is read and placed under `desc`.
+    pub fn of(desc: &Desc, key: &[u8]) -> Reach {
+        let at = |level| locate_at(key, desc.seed, desc.base_buckets, level);
+        let lo = at(desc.level);
+        if !desc.growing() {
+            return Reach::pair(lo);
+        }
+        let hi = at(desc.level + 1);
+        let mut r = Reach {
+            buckets: [0; MAX_READ_BUCKETS],
+            n: 0,
+            place: [0, 0],
+            fp: lo.fp,
+        };
+        for b in [lo.b1, hi.b1, lo.b2, hi.b2] {
+            if !r.buckets().contains(&b) {
+                r.buckets[r.n as usize] = b;
+                r.n += 1;
+            }
+        }
+        let pl = if desc.phase == Phase::Placing { hi } else { lo };
+        r.place = [r.index_of(pl.b1), r.index_of(pl.b2)].map(|i| i.expect("read") as u8);
+        r
+    }
+
+    /// The buckets read, in order.
+    pub fn buckets(&self) -> &[u64] {
+        &self.buckets[..self.n as usize]
+    }
+
+    /// Positions: 8 per bucket read.
+    pub fn positions(&self) -> usize {
+        self.n as usize * SLOTS
+    }
+
+    /// The index of `bucket` among those read.
+    pub fn index_of(&self, bucket: u64) -> Option<usize> {
+        self.buckets().iter().position(|&b| b == bucket)
+    }
+
+    /// Indices of the first and other bucket new words go to.
+    pub fn place(&self) -> [usize; 2] {
+        self.place.map(|i| i as usize)
+    }
+
+    /// The bucket new words go to first.
+    pub fn first(&self) -> u64 {
+        self.buckets[self.place[0] as usize]
+    }
+
+    /// Whether position `p` lies in a bucket new words go to.
+    pub fn placeable(&self, p: usize) -> bool {
+        self.place().contains(&(p / SLOTS))
+    }
+}
 /// Collects in one snapshot before giving up (contention bound).
 const MAX_SNAPSHOT_ROUNDS: u32 = 100_000;
-/// Entry READs that ride along with one collect (the batch holds 16).
-const ENTRY_READS_PER_ROUND: usize = 14;
+/// Most entry READs that ride along with one collect (the batch holds
+/// 16, two to four of them the collect's).
+const ENTRY_READS_PER_ROUND: usize = MAX_BATCH - 2;
 
-/// The 16 words of a key's two buckets, b1's then b2's.
+/// The words of a key's buckets in canonical order (positions beyond
+/// the reach's are zero).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Pair(pub [u64; POSITIONS]);
 
@@ -40,33 +135,32 @@ impl Pair {
 }
 
 /// The bucket of position `p`.
-pub fn bucket_of(loc: &Loc, p: usize) -> u64 {
-    if p < SLOTS {
-        loc.b1
-    } else {
-        loc.b2
-    }
+pub fn bucket_of(loc: &Reach, p: usize) -> u64 {
+    loc.buckets()[p / SLOTS]
 }
 
 /// The address of position `p`'s word.
-pub fn slot_addr(desc: &Desc, loc: &Loc, p: usize) -> GlobalAddr {
+pub fn slot_addr(desc: &Desc, loc: &Reach, p: usize) -> GlobalAddr {
     desc.bucket_addr(bucket_of(loc, p))
         .add(8 * (p % SLOTS) as u64)
 }
 
 /// The READs of one collect, added to a batch.
 #[derive(Copy, Clone)]
-pub struct CollectOps(OpId, OpId);
+pub struct CollectOps([Option<OpId>; MAX_READ_BUCKETS]);
 
-pub fn push_collect<N: Nic>(b: &mut Batch<'_, N>, desc: &Desc, loc: &Loc) -> CollectOps {
-    let a = b.read_new(desc.bucket_addr(loc.b1), SLOTS * 8);
-    let c = b.read_new(desc.bucket_addr(loc.b2), SLOTS * 8);
-    CollectOps(a, c)
+pub fn push_collect<N: Nic>(b: &mut Batch<'_, N>, desc: &Desc, loc: &Reach) -> CollectOps {
+    let mut ops = [None; MAX_READ_BUCKETS];
+    for (op, &bucket) in ops.iter_mut().zip(loc.buckets()) {
+        *op = Some(b.read_new(desc.bucket_addr(bucket), SLOTS * 8));
+    }
+    CollectOps(ops)
 }
 
 pub fn take_collect(d: &mut Done<'_>, ops: CollectOps) -> Pair {
     let mut w = [0u64; POSITIONS];
-    for (half, op) in [ops.0, ops.1].into_iter().enumerate() {
+    for (half, op) in ops.0.into_iter().enumerate() {
+        let Some(op) = op else { break };
         let buf = d.take_buf(op);
         for i in 0..SLOTS {
             w[half * SLOTS + i] = buf.u64_at(i * 8);
@@ -164,7 +258,7 @@ pub enum Plan {
 impl CuckooClient {
     /// Whether position `p`'s word may be the key's: non-empty with the
     /// key's fingerprint.
-    pub(super) fn matches(loc: &Loc, s: Slot) -> bool {
+    pub(super) fn matches(loc: &Reach, s: Slot) -> bool {
         !s.is_empty() && s.fp() == loc.fp
     }
 
@@ -173,7 +267,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
     ) -> Result<Pair, CuckooError> {
         let mut b = ctx.batch();
         let c = push_collect(&mut b, desc, loc);
@@ -187,7 +281,7 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Desc,
-        loc: &Loc,
+        loc: &Reach,
         key: &[u8],
         first: Option<(Pair, u64)>,
     ) -> Result<Snap, CuckooError> {
@@ -204,12 +298,12 @@ impl CuckooClient {
                 .expire(t.saturating_sub(self.table.cfg.window_ns));
             let mut need = [None::<EntryRef>; ENTRY_READS_PER_ROUND];
             let mut n = 0;
-            for p in 0..POSITIONS {
+            for p in 0..loc.positions() {
                 let s = prev.slot(p);
                 if Self::matches(loc, s)
                     && self.known.get(s.eref()).is_none()
                     && !need[..n].contains(&Some(s.eref()))
-                    && n < ENTRY_READS_PER_ROUND
+                    && n < MAX_BATCH - loc.buckets().len()
                 {
                     need[n] = Some(s.eref());
                     n += 1;
@@ -232,7 +326,7 @@ impl CuckooClient {
                 self.known.put(e, v, t, entry_sum(buf.as_slice()));
             }
             let cur = take_collect(&mut d, c);
-            let judged = (0..POSITIONS).all(|p| {
+            let judged = (0..loc.positions()).all(|p| {
                 let s = cur.slot(p);
                 !Self::matches(loc, s) || self.known.get(s.eref()).is_some()
             });
@@ -252,15 +346,15 @@ impl CuckooClient {
     }
 
     /// What the key's operation must do, given a snapshot of its buckets.
-    pub(super) fn plan(&self, snap: &Snap, loc: &Loc) -> Result<Plan, CuckooError> {
-        for p in 0..POSITIONS {
+    pub(super) fn plan(&self, snap: &Snap, loc: &Reach) -> Result<Plan, CuckooError> {
+        for p in 0..loc.positions() {
             let s = snap.pair.slot(p);
             if s.state() == State::Forward && s.fp() == loc.fp {
                 return Ok(Plan::Resolve(p));
             }
         }
         let mut found = None;
-        for p in 0..POSITIONS {
+        for p in 0..loc.positions() {
             let s = snap.pair.slot(p);
             if s.state() != State::Normal || s.fp() != loc.fp {
                 continue;
