@@ -120,6 +120,52 @@ proptest! {
     }
 }
 
+/// A table made for 64 keys that may grow to 2048: random operations on
+/// 1,500 keys double it online five times, match a `HashMap` throughout,
+/// and meet `TableFull` only once it is at its largest.
+#[test]
+fn a_table_grows_instead_of_filling_up_on_sim() {
+    for seed in 0..3u64 {
+        let mut c = cfg(64, 8, 40);
+        c.max_capacity = 2048;
+        c.view_lease_ns = 50_000;
+        c.window_ns = 50_000;
+        c.reuse_grace_ns = 200_000;
+        c.stale_ns = 100_000;
+        let mut rng = nicdrv::rng::Rng::new(seed);
+        let ops: Vec<Op> = (0..4000)
+            .map(|_| {
+                let k = rng.below(1500);
+                match rng.below(10) {
+                    0..=6 => Op::Put(k, rng.below(1 << 40)),
+                    7 | 8 => Op::Get(k),
+                    _ => Op::Delete(k),
+                }
+            })
+            .collect();
+        let mut w = sim_world(seed, 3, 1);
+        let table = Cuckoo::new(c).unwrap();
+        sim_create_table(&mut w, &table);
+        let out = Rc::new(RefCell::new((CuckooStats::default(), 0u64)));
+        let (t, o) = (table.clone(), out.clone());
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = t.client().unwrap();
+            let mut model = HashMap::new();
+            let full = check_ops(&ctx, &mut c, &ops, 1500, &mut model).await;
+            assert_eq!(full, 0, "TableFull before the largest size");
+            let occ = c.occupancy(&ctx).await.unwrap();
+            *o.borrow_mut() = (c.stats, occ.slots);
+        });
+        let (stats, slots) = *out.borrow();
+        let audit = audit_sim(&w, 8);
+        assert!(audit.level >= 4, "seed {seed}: level {}", audit.level);
+        assert!(slots >= 64 << 4, "seed {seed}: {slots} slots");
+        assert!(stats.growth_steps >= 12, "seed {seed}: {stats:?}");
+        assert!(stats.walked_buckets > 0, "{stats:?}");
+        assert_eq!(audit.tentative, 0);
+    }
+}
+
 /// Fills tables with fresh random keys until the first `TableFull` and
 /// reports the load factor it stopped at; every key stays readable, the
 /// refused key stays absent, and deleting makes room again.

@@ -6,6 +6,9 @@ use super::layout::{entry_lines, Desc, BUCKET_BYTES, MAX_ENTRY_LINES, MAX_SEGMEN
 use super::reclaim::{block_bytes, class_of};
 use mempool::ChunkConfig;
 
+/// Most doublings a table may go through.
+pub const MAX_LEVEL: u32 = 30;
+
 /// Everything that shapes a table and how clients use it. Every compute
 /// node of a cluster must use the same layout values (`capacity`,
 /// `key_bytes`, `max_value_bytes`, `seed`); [`open`](super::CuckooClient)
@@ -14,8 +17,13 @@ use mempool::ChunkConfig;
 pub struct CuckooConfig {
     /// Keys the table is sized for: `ceil(capacity / 8)` buckets of 8 slots,
     /// rounded up to an even count (the alternate-bucket map pairs buckets).
-    /// Fixed at creation; a full table answers `TableFull`.
     pub capacity: u64,
+    /// Keys the table may grow to. A put that finds no room doubles the
+    /// table online (`grow.rs`) while the doubled table's slots stay
+    /// within this, and only then answers `TableFull`. Equal to
+    /// `capacity` (the default): the table never grows, and clients never
+    /// read the descriptor again after their first operation.
+    pub max_capacity: u64,
     /// Every key has exactly this many bytes.
     pub key_bytes: usize,
     /// Values have 0..=this many bytes.
@@ -34,6 +42,11 @@ pub struct CuckooConfig {
     /// word's pointer) waits before reuse. Must exceed `window_ns` by the
     /// longest a verb can be in flight; the check asks for G >= 4 W.
     pub reuse_grace_ns: u64,
+    /// R, in nanoseconds: how long a client acts on the descriptor after
+    /// it last read the root word (tables that may grow only). A
+    /// growing table publishes its phases at least R + G + W apart
+    /// (`grow.rs`).
+    pub view_lease_ns: u64,
     /// A tentative slot that stays unchanged this many nanoseconds is
     /// taken as left behind by a stopped client and may be cleared by
     /// anyone (only for progress: clearing any tentative slot is always
@@ -78,12 +91,14 @@ impl CuckooConfig {
     ) -> CuckooConfig {
         CuckooConfig {
             capacity,
+            max_capacity: capacity,
             key_bytes,
             max_value_bytes,
             seed: 0x6e65_7373_6965_0001,
             max_search_buckets: 512,
             window_ns: 2_000_000,
             reuse_grace_ns: 20_000_000,
+            view_lease_ns: 1_000_000,
             stale_ns: 5_000_000,
             chunk: ChunkConfig {
                 chunk_bytes: 1 << 20,
@@ -109,9 +124,27 @@ impl CuckooConfig {
             .max(1)
     }
 
-    /// Slots of the table.
+    /// Slots of the table as created.
     pub fn slots(&self) -> u64 {
         self.buckets() * SLOTS as u64
+    }
+
+    /// Times the table may double: the most whose slots stay within
+    /// `max_capacity` (0 when it is `capacity` or less).
+    pub fn max_level(&self) -> u32 {
+        let mut l = 0;
+        while l < MAX_LEVEL
+            && (self.buckets() << (l + 1)).saturating_mul(SLOTS as u64) <= self.max_capacity
+        {
+            l += 1;
+        }
+        l
+    }
+
+    /// How far apart a growing table's phases are published: R + G + W
+    /// (`grow.rs`).
+    pub fn phase_gap_ns(&self) -> u64 {
+        self.view_lease_ns + self.reuse_grace_ns + self.window_ns
     }
 
     /// Rejects configurations a table cannot run with; each error is one
@@ -150,6 +183,21 @@ impl CuckooConfig {
                 self.reuse_grace_ns, self.window_ns
             ));
         }
+        if self.max_capacity < self.capacity {
+            return Err(format!(
+                "max_capacity ({}) must be at least capacity ({})",
+                self.max_capacity, self.capacity
+            ));
+        }
+        if self.max_capacity > 1 << 40 {
+            return Err(format!(
+                "max_capacity {} is above the 2^40 keys a table addresses",
+                self.max_capacity
+            ));
+        }
+        if self.view_lease_ns == 0 {
+            return Err("view_lease_ns must be positive".into());
+        }
         if self.stale_ns < self.window_ns {
             return Err("stale_ns must be at least window_ns".into());
         }
@@ -163,7 +211,8 @@ impl CuckooConfig {
             return Err("chunks must be at least 4 KiB".into());
         }
         self.chunk.validate().map_err(|e| e.to_string())?;
-        let segs = self.buckets().div_ceil(self.segment_buckets());
+        // At the largest size it may grow to.
+        let segs = (self.buckets() << self.max_level()).div_ceil(self.segment_buckets());
         if segs > MAX_SEGMENTS as u64 || Desc::bytes(segs as usize) as u64 > self.chunk.chunk_bytes
         {
             return Err(format!(

@@ -316,6 +316,8 @@ pub struct Desc {
     pub incarnation_at: GlobalAddr,
     /// Descriptors published before this one.
     pub generation: u64,
+    /// Times the table may double (`CuckooConfig::max_level`).
+    pub max_level: u32,
 }
 
 impl Desc {
@@ -374,6 +376,7 @@ impl Desc {
             },
             self.incarnation_at.raw(),
             self.generation,
+            self.max_level as u64,
         ];
         for (i, f) in fields.iter().enumerate() {
             v[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
@@ -422,6 +425,7 @@ impl Desc {
             },
             incarnation_at: GlobalAddr::from_raw(w(96)),
             generation: w(104),
+            max_level: w(112).min(64) as u32,
         };
         let levels = d.level + d.growing() as u32;
         if d.buckets < 2
@@ -430,7 +434,8 @@ impl Desc {
             || d.segs.iter().any(|s| s.is_null())
             || d.base_buckets < 2
             || !d.base_buckets.is_multiple_of(2)
-            || levels > 40
+            || levels > d.max_level
+            || d.max_level > 40
             || d.base_buckets.checked_shl(levels) != Some(d.buckets)
             || d.incarnation_at.is_null()
         {
@@ -510,6 +515,7 @@ mod tests {
             phase: Phase::Stable,
             incarnation_at: GlobalAddr::host(0, 8192 + 64),
             generation: 0,
+            max_level: 3,
         };
         let bytes = d.encode();
         assert_eq!(Desc::segments_in(&bytes[..64]), Some(3));

@@ -26,7 +26,7 @@
 
 use super::layout::{decode_entry, Desc, Phase, Slot, State, SLOTS};
 use super::place::{alt_at, Loc};
-use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict};
+use super::view::{push_collect, slot_addr, take_collect, Pair, Plan, Reach};
 use super::{CuckooClient, CuckooError, PATH_HIST};
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
@@ -71,11 +71,14 @@ impl CuckooClient {
         match copy.map(|q| (q, snap.pair.slot(q).state())) {
             Some((q, State::Tentative))
                 if desc.phase == Phase::Placing
-                    && !(loc.placeable(q) && self.known.get(x) == Some(Verdict::Key)) =>
+                    && !self
+                        .known
+                        .home(x)
+                        .is_some_and(|h| h.contains(&super::view::bucket_of(loc, q))) =>
             {
-                // Not where the key now belongs (or not known to be this
-                // key's): undo. The next snapshot finds no copy and puts
-                // the Forward word back to Normal.
+                // Not where the entry's key now belongs (or not known):
+                // undo. The next snapshot finds no copy and puts the
+                // Forward word back to Normal.
                 let t = snap.pair.slot(q);
                 let e = self.empty_word()?;
                 if self.cas(ctx, slot_addr(desc, loc, q), t, e).await? {
@@ -356,7 +359,6 @@ impl CuckooClient {
             }
             level = start..seen.len();
         }
-        self.stats.table_full += 1;
         Err(CuckooError::TableFull)
     }
 

@@ -170,6 +170,7 @@
 //!   the slot holding w at ts names that same incarnation.
 
 pub mod config;
+pub mod grow;
 pub mod layout;
 pub mod migrate;
 pub mod ops;
@@ -186,7 +187,7 @@ use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, VerbError};
 use reclaim::{block_bytes, class_of, Reclaim, MAX_INCARNATION};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use view::Known;
 
 /// The well-known word on memory node 0 that points to the descriptor.
@@ -350,6 +351,11 @@ pub struct CuckooStats {
     pub search_buckets: u64,
     /// Puts that failed with [`CuckooError::TableFull`].
     pub table_full: u64,
+    /// Growth phases this client published (`grow.rs`: a start, Placing,
+    /// or the end of a doubling).
+    pub growth_steps: u64,
+    /// Buckets this client's split walks passed.
+    pub walked_buckets: u64,
     /// Entry blocks taken from the remote allocator.
     pub entries_allocated: u64,
     /// Entry blocks reused: retired ones after the grace period G, or ones
@@ -395,6 +401,8 @@ impl std::ops::AddAssign for CuckooStats {
         self.max_path_len = self.max_path_len.max(o.max_path_len);
         self.search_buckets += o.search_buckets;
         self.table_full += o.table_full;
+        self.growth_steps += o.growth_steps;
+        self.walked_buckets += o.walked_buckets;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;
@@ -426,7 +434,9 @@ impl Occupancy {
 /// the descriptor; shared by the node's threads.
 pub struct Cuckoo {
     cfg: CuckooConfig,
-    desc: OnceLock<Arc<Desc>>,
+    /// The newest descriptor a client of this node has read (replaced
+    /// only as the table grows).
+    desc: Mutex<Option<Arc<Desc>>>,
     /// The location cache: per line, the slot word a key was last found
     /// committed in, its position among the key's 16 slots with a tag of
     /// the key's hash, and when ([`Cuckoo::place_of`]).
@@ -468,7 +478,7 @@ impl Cuckoo {
             .collect();
         Ok(Arc::new(Cuckoo {
             cfg,
-            desc: OnceLock::new(),
+            desc: Mutex::new(None),
             places,
         }))
     }
@@ -620,6 +630,8 @@ impl Cuckoo {
             alloc: RemoteAllocator::new(self.cfg.chunk.clone())?,
             reclaim: Reclaim::new(self.cfg.reuse_grace_ns),
             desc: None,
+            view_ns: 0,
+            grow_seen: None,
             known: Known::default(),
             ebuf: Vec::new(),
             stale: Vec::new(),
@@ -666,6 +678,13 @@ pub struct CuckooClient {
     alloc: RemoteAllocator,
     reclaim: Reclaim,
     desc: Option<Arc<Desc>>,
+    /// When the root word was last read naming `desc`: the turn clock at
+    /// its posting (a table that may grow acts on `desc` for at most R +
+    /// W after it, `grow.rs`).
+    view_ns: u64,
+    /// The growing descriptor's generation and when this client first
+    /// knew it (after the READ that showed it completed).
+    grow_seen: Option<(u64, u64)>,
     /// Entry verdicts of the current operation ([`view::Known`]).
     known: Known,
     /// The entry being written, encoded.
@@ -728,7 +747,13 @@ impl CuckooClient {
         let mut segs = Vec::new();
         let mut b = 0;
         while b < buckets {
-            let n = per.min(buckets - b);
+            // A table that may grow gets whole segments: the buckets it
+            // grows into continue the last one (`Desc::bucket_addr`).
+            let n = if cfg.max_level() > 0 {
+                per
+            } else {
+                per.min(buckets - b)
+            };
             // Fresh chunks are zero (memory nodes zero their memory at boot
             // and the allocator never hands memory out twice), and a zero
             // word is an Empty slot with tag 0: the table starts empty
@@ -757,6 +782,7 @@ impl CuckooClient {
             phase: layout::Phase::Stable,
             incarnation_at: at.add(layout::DESC_INCARNATION_OFF),
             generation: 0,
+            max_level: cfg.max_level(),
         };
         let bytes = desc.encode();
         for (i, part) in bytes.chunks(4096).enumerate() {
@@ -771,50 +797,30 @@ impl CuckooClient {
 
     /// Reads the descriptor (once per compute node) and takes this
     /// client's incarnation (once per client). Two round trips plus one
-    /// FAA on the first operation; none after.
+    /// FAA on the first operation; none after, except that a table that
+    /// may grow has its root word read again once the view is older than
+    /// R (`CuckooConfig::view_lease_ns`), and a new descriptor read when
+    /// the root names one.
     async fn open<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Arc<Desc>, CuckooError> {
         if self.stopped {
             return Err(CuckooError::Stopped);
         }
         if let Some(d) = &self.desc {
-            return Ok(d.clone());
+            if !self.view_old(ctx) {
+                return Ok(d.clone());
+            }
+            return self.refresh(ctx).await;
         }
-        let desc = match self.table.desc.get() {
-            Some(d) => d.clone(),
-            None => {
+        let t = ctx.now_ns();
+        let shared = self.table.desc.lock().expect("descriptor lock").clone();
+        let desc = match shared {
+            Some(d) if d.max_level == 0 => d,
+            _ => {
                 let root = ctx.read(ROOT_WORD, 8).await?.u64_at(0);
                 if root == 0 {
                     return Err(CuckooError::NotCreated);
                 }
-                let at = GlobalAddr::from_raw(root);
-                let head = ctx.read(at, 64).await?;
-                let n = Desc::segments_in(head.as_slice()).ok_or(CuckooError::Corrupt {
-                    what: "the root word names no descriptor",
-                })?;
-                drop(head);
-                let all = ctx.read(at, Desc::bytes(n)).await?;
-                let d = Desc::decode(at, all.as_slice())
-                    .map_err(|what| CuckooError::Corrupt { what })?;
-                let cfg = &self.table.cfg;
-                if d.base_buckets != cfg.buckets()
-                    || d.key_bytes != cfg.key_bytes
-                    || d.max_value_bytes != cfg.max_value_bytes
-                    || d.seed != cfg.seed
-                {
-                    return Err(CuckooError::Config(format!(
-                        "the table was created with {} buckets, {}-byte keys, values up to {} \
-                         bytes and seed {:#x}; this client is configured for {}, {}, {}, {:#x}",
-                        d.base_buckets,
-                        d.key_bytes,
-                        d.max_value_bytes,
-                        d.seed,
-                        cfg.buckets(),
-                        cfg.key_bytes,
-                        cfg.max_value_bytes,
-                        cfg.seed
-                    )));
-                }
-                self.table.desc.get_or_init(|| Arc::new(d)).clone()
+                self.adopt(ctx, root).await?
             }
         };
         let inc = ctx.faa(desc.incarnation_word(), 1).await? + 1;
@@ -825,7 +831,95 @@ impl CuckooClient {
         }
         self.reclaim.set_incarnation(inc);
         self.desc = Some(desc.clone());
+        self.view_ns = t;
         Ok(desc)
+    }
+
+    /// Whether the view is past R + W: nothing may be done on it
+    /// (`in_window` refuses it) until it is confirmed.
+    pub(super) fn view_lapsed<N: Nic>(&self, ctx: &Ctx<N>) -> bool {
+        let cfg = self.cfg();
+        self.desc.as_ref().is_some_and(|d| d.max_level > 0)
+            && ctx.now_ns().saturating_sub(self.view_ns) > cfg.view_lease_ns + cfg.window_ns
+    }
+
+    /// Whether the view is past R and must be confirmed before acting.
+    pub(super) fn view_old<N: Nic>(&self, ctx: &Ctx<N>) -> bool {
+        self.desc.as_ref().is_some_and(|d| d.max_level > 0)
+            && ctx.now_ns().saturating_sub(self.view_ns) > self.cfg().view_lease_ns
+    }
+
+    /// Reads the root word; adopts the descriptor it names if it is new.
+    pub(super) async fn refresh<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<Arc<Desc>, CuckooError> {
+        let t = ctx.now_ns();
+        let root = ctx.read(ROOT_WORD, 8).await?.u64_at(0);
+        let cur = self.desc.clone().ok_or(CuckooError::NotCreated)?;
+        let desc = if root == cur.at.raw() {
+            cur
+        } else {
+            let d = self.adopt(ctx, root).await?;
+            if d.generation <= cur.generation {
+                return Err(CuckooError::Corrupt {
+                    what: "the root word went back to an older descriptor",
+                });
+            }
+            d
+        };
+        self.desc = Some(desc.clone());
+        self.view_ns = t;
+        Ok(desc)
+    }
+
+    /// The descriptor at `root`: the compute node's copy when it is that
+    /// one, else read (two READs), checked against this client's
+    /// configuration, and kept for the node if it is newer.
+    async fn adopt<N: Nic>(&mut self, ctx: &Ctx<N>, root: u64) -> Result<Arc<Desc>, CuckooError> {
+        if let Some(d) = self.table.desc.lock().expect("descriptor lock").as_ref() {
+            if d.at.raw() == root {
+                return Ok(d.clone());
+            }
+        }
+        let at = GlobalAddr::from_raw(root);
+        let head = ctx.read(at, 64).await?;
+        let n = Desc::segments_in(head.as_slice()).ok_or(CuckooError::Corrupt {
+            what: "the root word names no descriptor",
+        })?;
+        drop(head);
+        let all = ctx.read(at, Desc::bytes(n)).await?;
+        let d = Desc::decode(at, all.as_slice()).map_err(|what| CuckooError::Corrupt { what })?;
+        let cfg = &self.table.cfg;
+        if d.base_buckets != cfg.buckets()
+            || d.key_bytes != cfg.key_bytes
+            || d.max_value_bytes != cfg.max_value_bytes
+            || d.seed != cfg.seed
+            || d.max_level != cfg.max_level()
+        {
+            return Err(CuckooError::Config(format!(
+                "the table was created with {} buckets, {}-byte keys, values up to {} \
+                 bytes, seed {:#x} and up to {} doublings; this client is configured for \
+                 {}, {}, {}, {:#x} and {}",
+                d.base_buckets,
+                d.key_bytes,
+                d.max_value_bytes,
+                d.seed,
+                d.max_level,
+                cfg.buckets(),
+                cfg.key_bytes,
+                cfg.max_value_bytes,
+                cfg.seed,
+                cfg.max_level()
+            )));
+        }
+        if d.growing() {
+            // Known from now on (the READ showing it has completed).
+            self.grow_seen = Some((d.generation, ctx.now_ns()));
+        }
+        let d = Arc::new(d);
+        let mut shared = self.table.desc.lock().expect("descriptor lock");
+        if shared.as_ref().is_none_or(|s| s.generation < d.generation) {
+            *shared = Some(d.clone());
+        }
+        Ok(d)
     }
 
     /// Checks a key's size.
@@ -908,7 +1002,7 @@ impl CuckooClient {
 
     /// Called after every batch holding a CAS completes: the test hook's
     /// countdown.
-    fn after_cas(&mut self) -> Result<(), CuckooError> {
+    pub(super) fn after_cas(&mut self) -> Result<(), CuckooError> {
         if let Some(n) = self.stop_after_cas.as_mut() {
             *n -= 1;
             if *n == 0 {
@@ -922,7 +1016,13 @@ impl CuckooClient {
     /// Whether an action resting on a read posted at `t0` is still inside
     /// the window W; counts a restart if not.
     fn in_window<N: Nic>(&mut self, ctx: &Ctx<N>, t0: u64) -> bool {
-        let ok = ctx.now_ns().saturating_sub(t0) <= self.cfg().window_ns;
+        let now = ctx.now_ns();
+        let cfg = self.cfg();
+        // On a table that may grow, also within R + W of the root READ
+        // that confirmed the descriptor (`grow.rs`).
+        let ok = now.saturating_sub(t0) <= cfg.window_ns
+            && (cfg.max_level() == 0
+                || now.saturating_sub(self.view_ns) <= cfg.view_lease_ns + cfg.window_ns);
         if !ok {
             self.stats.window_restarts += 1;
         }

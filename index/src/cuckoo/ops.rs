@@ -11,6 +11,7 @@ use super::{CuckooClient, CuckooError, MAX_ATTEMPTS};
 use crate::cuckoo::layout::Desc;
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, GlobalAddr, Nic, OpId};
+use std::sync::Arc;
 
 /// Rounds of displacement one put tries before answering `TableFull`
 /// (others may take each slot a displacement frees).
@@ -25,8 +26,8 @@ enum Ins {
     /// The entry was seen in the table (Tentative) and withdrawn: it must
     /// be retired and a fresh one written.
     Burnt,
-    /// No empty slot in either bucket.
-    NoRoom(Pair),
+    /// No empty slot in either bucket (boxed: the words of up to four).
+    NoRoom(Box<Pair>),
 }
 
 impl CuckooClient {
@@ -61,7 +62,7 @@ impl CuckooClient {
         self.check_key(key)?;
         let desc = self.open(ctx).await?;
         let rt0 = ctx.counters().round_trips;
-        let r = self.get_inner(ctx, &desc, key, out).await;
+        let r = self.get_inner(ctx, desc, key, out).await;
         self.stats.gets += 1;
         self.stats.get_round_trips += ctx.counters().round_trips - rt0;
         r
@@ -149,21 +150,26 @@ impl CuckooClient {
     async fn get_inner<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        desc: &Desc,
+        mut desc: Arc<Desc>,
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
-        let loc = self.locate(desc, key);
-        if self.cached_get(ctx, desc, &loc, key, out).await? {
+        let mut loc = self.locate(&desc, key);
+        if self.cached_get(ctx, &desc, &loc, key, out).await? {
             return Ok(true);
         }
         'attempt: for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 {
                 self.stats.retries += 1;
             }
+            if self.view_old(ctx) {
+                // A table that may grow: confirm the descriptor (grow.rs).
+                desc = self.refresh(ctx).await?;
+                loc = self.locate(&desc, key);
+            }
             self.known.clear();
             let t = ctx.now_ns();
-            let a = self.collect(ctx, desc, &loc).await?;
+            let a = self.collect(ctx, &desc, &loc).await?;
             // Committed words that may be the key's, in canonical order;
             // a Forward word and the Normal word it moved to name one
             // entry, READ once. Each with the first position naming it.
@@ -224,7 +230,7 @@ impl CuckooClient {
             }
             // Not seen: only a snapshot can say absent (the key may have
             // been moving between the buckets while they were read).
-            let snap = self.snapshot(ctx, desc, &loc, key, Some((a, t))).await?;
+            let snap = self.snapshot(ctx, &desc, &loc, key, Some((a, t))).await?;
             match self.plan(&snap, &loc)? {
                 Plan::Absent if self.in_window(ctx, snap.t0) => return Ok(false),
                 Plan::Torn => self.stats.torn_entries += 1,
@@ -268,7 +274,7 @@ impl CuckooClient {
         }
         let desc = self.open(ctx).await?;
         let rt0 = ctx.counters().round_trips;
-        let r = self.put_inner(ctx, &desc, key, value).await;
+        let r = self.put_inner(ctx, desc, key, value).await;
         self.stats.puts += 1;
         self.stats.put_round_trips += ctx.counters().round_trips - rt0;
         r
@@ -277,18 +283,18 @@ impl CuckooClient {
     async fn put_inner<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        desc: &Desc,
+        mut desc: Arc<Desc>,
         key: &[u8],
         value: &[u8],
     ) -> Result<(), CuckooError> {
-        let loc = self.locate(desc, key);
+        let mut loc = self.locate(&desc, key);
         let lines = entry_lines(key.len(), value.len());
         encode_entry(&mut self.ebuf, key, value);
         // The entry goes beside the slot that will name it (mod.rs,
         // "Cached gets"): where the key was last seen, else beside its
         // first bucket; an insert that claims a slot elsewhere moves it.
         let near = match self.table.place_of(key) {
-            Some(place) if place.pos < loc.positions() => slot_addr(desc, &loc, place.pos).node(),
+            Some(place) if place.pos < loc.positions() => slot_addr(&desc, &loc, place.pos).node(),
             _ => desc.bucket_addr(loc.first()).node(),
         };
         let mut v = self.alloc_entry(ctx, lines, near).await?;
@@ -297,6 +303,11 @@ impl CuckooClient {
         for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 {
                 self.stats.retries += 1;
+            }
+            if self.view_old(ctx) {
+                // A table that may grow: confirm the descriptor (grow.rs).
+                desc = self.refresh(ctx).await?;
+                loc = self.locate(&desc, key);
             }
             self.known.clear();
             // The new entry is written out of place first, in the doorbell
@@ -307,7 +318,7 @@ impl CuckooClient {
                 if !written {
                     b.write_bytes(v.addr(), &self.ebuf);
                 }
-                let c = push_collect(&mut b, desc, &loc);
+                let c = push_collect(&mut b, &desc, &loc);
                 let mut d = b.submit().await?;
                 take_collect(&mut d, c)
             };
@@ -317,16 +328,16 @@ impl CuckooClient {
                 // Nothing with the key's fingerprint: claim a slot at once;
                 // the insert's own snapshot will catch a key that was
                 // moving past this collect.
-                self.insert(ctx, desc, &loc, key, a, &mut v).await?
+                self.insert(ctx, &desc, &loc, key, a, &mut v).await?
             } else {
-                let snap = self.snapshot(ctx, desc, &loc, key, Some((a, t))).await?;
+                let snap = self.snapshot(ctx, &desc, &loc, key, Some((a, t))).await?;
                 match self.plan(&snap, &loc)? {
                     Plan::Torn => {
                         self.stats.torn_entries += 1;
                         continue;
                     }
                     Plan::Resolve(p) => {
-                        self.resolve(ctx, desc, &loc, &snap, p).await?;
+                        self.resolve(ctx, &desc, &loc, &snap, p).await?;
                         continue;
                     }
                     Plan::Present(p) => {
@@ -335,7 +346,7 @@ impl CuckooClient {
                         // it, written just before the CAS on the slot's
                         // queue pair: it has landed when the CAS makes it
                         // visible.
-                        let at = slot_addr(desc, &loc, p);
+                        let at = slot_addr(&desc, &loc, p);
                         let moved = self.move_beside(ctx, &mut v, at).await;
                         if !self.in_window(ctx, snap.t0) {
                             // The moved entry is not written yet: the next
@@ -363,7 +374,10 @@ impl CuckooClient {
                         }
                         continue;
                     }
-                    Plan::Absent => self.insert(ctx, desc, &loc, key, snap.pair, &mut v).await?,
+                    Plan::Absent => {
+                        self.insert(ctx, &desc, &loc, key, snap.pair, &mut v)
+                            .await?
+                    }
                 }
             };
             match outcome {
@@ -378,12 +392,30 @@ impl CuckooClient {
                 Ins::NoRoom(view) => {
                     room_rounds += 1;
                     let r = if room_rounds > MAX_ROOM_ROUNDS {
-                        self.stats.table_full += 1;
                         Err(CuckooError::TableFull)
                     } else {
-                        self.make_room(ctx, desc, &loc, view).await
+                        self.make_room(ctx, &desc, &loc, *view).await
+                    };
+                    let r = match r {
+                        // Grow instead, while the table may (grow.rs),
+                        // and try again on the descriptor it leads to.
+                        Err(CuckooError::TableFull)
+                            if desc.growing() || desc.level < desc.max_level =>
+                        {
+                            room_rounds = 0;
+                            let r = self.grow(ctx, &desc).await;
+                            if r.is_ok() {
+                                desc = self.refresh(ctx).await?;
+                                loc = self.locate(&desc, key);
+                            }
+                            r
+                        }
+                        r => r,
                     };
                     if let Err(e) = r {
+                        if matches!(e, CuckooError::TableFull) {
+                            self.stats.table_full += 1;
+                        }
                         // Never seen by anyone: reusable at once.
                         self.give_back(v);
                         return Err(e);
@@ -447,6 +479,13 @@ impl CuckooClient {
         }
         let mut first = Some((c, t));
         for _ in 0..MAX_ATTEMPTS {
+            if self.view_lapsed(ctx) {
+                // A table that may grow, and this view is too old to act
+                // on (grow.rs): give the claim up; the put starts over on
+                // a confirmed one.
+                self.withdraw(ctx, desc, loc, x, mine).await?;
+                return Ok(Ins::Burnt);
+            }
             let snap = self.snapshot(ctx, desc, loc, key, first.take()).await?;
             if snap.pair.slot(x) != mine {
                 // Cleared by a competing insert or a cleaner.
@@ -612,7 +651,7 @@ impl CuckooClient {
         Ok(if cleared {
             Ins::Retry
         } else {
-            Ins::NoRoom(view)
+            Ins::NoRoom(Box::new(view))
         })
     }
 
@@ -633,7 +672,7 @@ impl CuckooClient {
         self.check_key(key)?;
         let desc = self.open(ctx).await?;
         let rt0 = ctx.counters().round_trips;
-        let r = self.delete_inner(ctx, &desc, key).await;
+        let r = self.delete_inner(ctx, desc, key).await;
         self.stats.deletes += 1;
         self.stats.delete_round_trips += ctx.counters().round_trips - rt0;
         r
@@ -642,19 +681,24 @@ impl CuckooClient {
     async fn delete_inner<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-        desc: &Desc,
+        mut desc: Arc<Desc>,
         key: &[u8],
     ) -> Result<bool, CuckooError> {
-        let loc = self.locate(desc, key);
+        let mut loc = self.locate(&desc, key);
         for attempt in 0..MAX_ATTEMPTS {
             if attempt > 0 {
                 self.stats.retries += 1;
             }
+            if self.view_old(ctx) {
+                // A table that may grow: confirm the descriptor (grow.rs).
+                desc = self.refresh(ctx).await?;
+                loc = self.locate(&desc, key);
+            }
             self.known.clear();
-            let snap = self.snapshot(ctx, desc, &loc, key, None).await?;
+            let snap = self.snapshot(ctx, &desc, &loc, key, None).await?;
             match self.plan(&snap, &loc)? {
                 Plan::Torn => self.stats.torn_entries += 1,
-                Plan::Resolve(p) => self.resolve(ctx, desc, &loc, &snap, p).await?,
+                Plan::Resolve(p) => self.resolve(ctx, &desc, &loc, &snap, p).await?,
                 Plan::Absent => {
                     if self.in_window(ctx, snap.t0) {
                         return Ok(false);
@@ -666,7 +710,7 @@ impl CuckooClient {
                     }
                     let old = snap.pair.slot(p);
                     let e = self.empty_word()?;
-                    if self.cas(ctx, slot_addr(desc, &loc, p), old, e).await? {
+                    if self.cas(ctx, slot_addr(&desc, &loc, p), old, e).await? {
                         self.retire(ctx, old.eref());
                         self.table.forget_place(key);
                         return Ok(true);

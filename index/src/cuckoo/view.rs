@@ -180,14 +180,20 @@ pub enum Verdict {
     Bad,
 }
 
-/// Verdicts by entry reference, each with the time its READ was posted
-/// and the entry's checksum. Entries are immutable while named by the
+/// Verdicts by entry reference, each with the time its READ was posted,
+/// the entry's checksum and, while the table grows, the buckets its key
+/// goes to at the place level. Entries are immutable while named by the
 /// table and not reused for G after, so a verdict stays true while it is
 /// younger than the window W.
 #[derive(Default)]
 pub struct Known {
-    items: Vec<(EntryRef, Verdict, u64, u64)>,
+    items: Vec<Judged>,
 }
+
+/// One entry judged: its reference, the verdict, when its READ was
+/// posted, its checksum, and its key's buckets at the place level (while
+/// the table grows).
+type Judged = (EntryRef, Verdict, u64, u64, Option<[u64; 2]>);
 
 impl Known {
     pub fn get(&self, e: EntryRef) -> Option<Verdict> {
@@ -200,10 +206,27 @@ impl Known {
         self.items.iter().find(|k| k.0 == e).map(|k| k.3)
     }
 
+    /// The buckets an entry's key goes to at the place level, when its
+    /// READ was judged while the table grew.
+    pub fn home(&self, e: EntryRef) -> Option<[u64; 2]> {
+        self.items.iter().find(|k| k.0 == e).and_then(|k| k.4)
+    }
+
     pub fn put(&mut self, e: EntryRef, v: Verdict, read_ns: u64, sum: u64) {
+        self.put_home(e, v, read_ns, sum, None)
+    }
+
+    pub fn put_home(
+        &mut self,
+        e: EntryRef,
+        v: Verdict,
+        read_ns: u64,
+        sum: u64,
+        home: Option<[u64; 2]>,
+    ) {
         match self.items.iter_mut().find(|k| k.0 == e) {
-            Some(k) => *k = (e, v, read_ns, sum),
-            None => self.items.push((e, v, read_ns, sum)),
+            Some(k) => *k = (e, v, read_ns, sum, home),
+            None => self.items.push((e, v, read_ns, sum, home)),
         }
     }
 
@@ -323,7 +346,18 @@ impl CuckooClient {
                 if v == Verdict::Other {
                     self.stats.fp_false_matches += 1;
                 }
-                self.known.put(e, v, t, entry_sum(buf.as_slice()));
+                // While the table grows, where the entry's key now goes
+                // (a move is finished only into those buckets: resolve).
+                let home = desc
+                    .growing()
+                    .then(|| decode_entry(buf.as_slice(), key.len()))
+                    .flatten()
+                    .map(|(k, _)| {
+                        let r = Reach::of(desc, k);
+                        r.place().map(|h| r.buckets()[h])
+                    });
+                self.known
+                    .put_home(e, v, t, entry_sum(buf.as_slice()), home);
             }
             let cur = take_collect(&mut d, c);
             let judged = (0..loc.positions()).all(|p| {

@@ -247,10 +247,14 @@ pub fn audit_sim(w: &World, key_bytes: usize) -> Audit {
             let (k, v) = decode_entry(&eb, key_bytes).unwrap_or_else(|| {
                 panic!("bucket {b} slot {i}: committed word {s:?} names a bad entry")
             });
-            let loc = index::cuckoo::place::locate(k, desc.seed, desc.buckets);
+            // The key's buckets at the table's level, or at either level
+            // while it grows.
+            let reach = index::cuckoo::view::Reach::of(&desc, k);
             assert!(
-                loc.fp == s.fp() && (loc.b1 == b || loc.b2 == b),
-                "bucket {b} slot {i}: key in a bucket it does not hash to"
+                reach.fp == s.fp() && reach.index_of(b).is_some(),
+                "bucket {b} slot {i}: key in a bucket it does not hash to ({:?} {:?})",
+                desc.phase,
+                reach.buckets()
             );
             assert!(key_bytes >= 8, "audit_sim reads u64 keys");
             let ku = u64::from_le_bytes(k[..8].try_into().unwrap());
@@ -276,6 +280,8 @@ pub fn audit_sim(w: &World, key_bytes: usize) -> Audit {
         fill,
         seed: desc.seed,
         seg_nodes: desc.segs.iter().map(|s| s.node()).collect(),
+        level: desc.level,
+        growing: desc.growing(),
     }
 }
 
@@ -293,6 +299,9 @@ pub struct Audit {
     pub seed: u64,
     /// The memory node of each segment of the table.
     pub seg_nodes: Vec<u16>,
+    /// Times the table has doubled, and whether it is doubling again.
+    pub level: u32,
+    pub growing: bool,
 }
 
 impl Audit {
