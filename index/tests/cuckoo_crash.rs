@@ -171,6 +171,93 @@ fn a_client_stopped_dead_mid_displacement_leaves_the_table_usable() {
     assert!(forward_left >= 2 && tentative_left >= 2);
 }
 
+/// A put that finds no room in a table that may grow (64 slots, up to
+/// 256) drives a doubling, and is stopped after each of its CASes in turn:
+/// the displacement attempts before it, the root swings (start, Placing,
+/// Stable), and every step of the split walk's moves. Each time another
+/// client on another compute node finds every key, finishes the growth
+/// it left (a stopped driver blocks nobody), updates, deletes and
+/// inserts, and the table's memory ends up exactly the model.
+#[test]
+fn a_client_stopped_dead_mid_growth_leaves_the_table_usable() {
+    let growing_cfg = || {
+        let mut c = quick(cfg(64, 8, 32));
+        c.max_capacity = 256;
+        c.view_lease_ns = 20_000;
+        c
+    };
+    // Dry run (the simulator is deterministic): keys go in one by one
+    // until a put has to grow the table; that key is the one stopped.
+    let (preload, x) = {
+        let mut w = sim_world(5, 2, 2);
+        let table = Cuckoo::new(growing_cfg()).unwrap();
+        sim_create_table(&mut w, &table);
+        let found = Rc::new(RefCell::new(None));
+        let (t, f) = (table.clone(), found.clone());
+        run_on(&mut w, 0, move |ctx| async move {
+            let mut c = t.client().unwrap();
+            for k in 0..100u64 {
+                put_u64(&mut c, &ctx, k, k * 3).await.unwrap();
+                if c.stats.growth_steps > 0 {
+                    *f.borrow_mut() = Some(k);
+                    return;
+                }
+            }
+        });
+        let x = found.borrow().expect("the table never grew");
+        let preload: BTreeMap<u64, u64> = (0..x).map(|k| (k, k * 3)).collect();
+        (preload, x)
+    };
+    let (mut steps, mut growing_left, mut forward_left) = (0, 0, 0);
+    for k in 1..=2000u32 {
+        let mut w = sim_world(5, 2, 2);
+        let table = Cuckoo::new(growing_cfg()).unwrap();
+        sim_create_table(&mut w, &table);
+        {
+            let (t, p) = (table.clone(), preload.clone());
+            run_on(&mut w, 0, move |ctx| async move {
+                let mut c = t.client().unwrap();
+                for (k, v) in p {
+                    put_u64(&mut c, &ctx, k, v).await.unwrap();
+                }
+            });
+        }
+        let before = audit_sim(&w, 8);
+        assert_eq!((before.map.clone(), before.level), (preload.clone(), 0));
+        let result = Rc::new(RefCell::new(None));
+        let (t, r) = (table.clone(), result.clone());
+        run_on(&mut w, 0, move |ctx| async move {
+            let mut c = t.client().unwrap();
+            c.stop_after_cas(k);
+            let out = put_u64(&mut c, &ctx, x, x * 3).await;
+            *r.borrow_mut() = Some((out, c.stats));
+        });
+        let (out, stats) = result.borrow_mut().take().unwrap();
+        let mid = audit_sim(&w, 8);
+        for (&k, &v) in &preload {
+            assert_eq!(mid.map.get(&k), Some(&v), "stop after CAS {k}: key lost");
+        }
+        growing_left += mid.growing as u32;
+        forward_left += (mid.forward > 0 && mid.growing) as u32;
+        match out {
+            Err(CuckooError::Stopped) => steps += 1,
+            Ok(()) => {
+                assert!(stats.growth_steps >= 3, "{stats:?}");
+                others_carry_on(&mut w, &table, &preload, x, x * 3);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        others_carry_on(&mut w, &table, &preload, x, x * 3);
+    }
+    eprintln!(
+        "stopped at {steps} CASes; left the table growing {growing_left} times, \
+         with a Forward word {forward_left} times"
+    );
+    assert!(steps >= 20, "a growing put took only {steps} CASes");
+    assert!(growing_left >= 10 && forward_left >= 2);
+}
+
 /// Compute node 1 crashes at a seed-chosen moment while its four clients
 /// insert and delete keys in a nearly full table (moving the others'
 /// keys); compute node 0's four clients get and update 100 preloaded keys
@@ -323,6 +410,156 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
     let n = leftovers.into_inner();
     eprintln!("crashes that left a Forward or Tentative word behind: {n}");
     assert!(n > 0, "no crash hit a move or an insert in flight");
+}
+
+/// Compute node 1's four clients insert 300 new keys into a table made
+/// for 128 that may grow to 1024, and the node crashes at a seed-chosen
+/// moment while they grow it; compute node 0's four clients get and
+/// update 100 preloaded keys throughout, recorded. Their history is
+/// linearizable, no key is lost, and a newcomer afterwards reads every
+/// key, finishes the growth the crashed node left, and fills the table.
+#[test]
+fn cuckoo_compute_node_crash_during_growth_on_sim() {
+    let left_growing = RefCell::new(0);
+    for_each_seed(
+        "cuckoo_compute_node_crash_during_growth_on_sim",
+        10,
+        |seed| {
+            let mut w = World::new(SimConfig {
+                seed,
+                memory_nodes: 2,
+                compute_nodes: 2,
+                host_bytes: HOST,
+                dm_bytes: DM,
+                ..Default::default()
+            })
+            .unwrap();
+            let mut cfg = quick(cfg(128, 8, 48));
+            cfg.max_capacity = 1024;
+            cfg.view_lease_ns = 20_000;
+            let tables = [
+                Cuckoo::new(cfg.clone()).unwrap(),
+                Cuckoo::new(cfg.clone()).unwrap(),
+            ];
+            sim_create_table(&mut w, &tables[0]);
+            let preload: BTreeMap<u64, u64> = (0..100u64).map(|k| (k, k + 7)).collect();
+            {
+                let (t, p) = (tables[0].clone(), preload.clone());
+                run_on(&mut w, 0, move |ctx| async move {
+                    let mut c = t.client().unwrap();
+                    for (k, v) in p {
+                        put_u64(&mut c, &ctx, k, v).await.unwrap();
+                    }
+                });
+            }
+            let crash_ns = w.now_ns() + 300_000 + (seed * 137_777) % 2_500_000;
+            w.add_faults(&[Fault {
+                at_ns: crash_ns,
+                kind: FaultKind::CrashComputeNode { node: 1 },
+            }])
+            .unwrap();
+            let h = Rc::new(RefCell::new(History::new()));
+            let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
+            let done = Rc::new(Cell::new(0u32));
+            let hot = Arc::new((0..100u64).collect::<Vec<_>>());
+            let growers = Arc::new((1000..1300u64).collect::<Vec<_>>());
+            let mut me = 1u32;
+            for cn in 0..2u16 {
+                for _ in 0..2 {
+                    let t = w.add_thread(cn, exec_cfg(2)).unwrap();
+                    for _ in 0..2 {
+                        let c = tables[cn as usize].client().unwrap();
+                        let wl = if cn == 0 {
+                            Workload {
+                                put: 4,
+                                get: 6,
+                                keys: hot.clone(),
+                                ops: 400,
+                            }
+                        } else {
+                            Workload {
+                                put: 9,
+                                get: 1,
+                                keys: growers.clone(),
+                                ops: 400,
+                            }
+                        };
+                        let (rec, sink, d, id) =
+                            (Rec::Local(h.clone()), sink.clone(), done.clone(), me);
+                        w.spawn(t, move |ctx| async move {
+                            random_client(ctx, c, rec, id, seed, wl, turn_clock, sink).await;
+                            if cn == 0 {
+                                d.set(d.get() + 1);
+                            }
+                        })
+                        .unwrap();
+                        me += 1;
+                    }
+                }
+            }
+            for _ in 0..10_000 {
+                if done.get() == 4 && w.now_ns() > crash_ns {
+                    break;
+                }
+                w.run_until(w.now_ns() + 1_000_000);
+            }
+            assert_eq!(
+                done.get(),
+                4,
+                "seed {seed}: the surviving clients did not finish"
+            );
+            let v = h.borrow().check(&preload);
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            let a = audit_sim(&w, 8);
+            for k in 0..100u64 {
+                assert!(a.map.contains_key(&k), "seed {seed}: key {k} lost");
+            }
+            *left_growing.borrow_mut() += a.growing as u32;
+            // A newcomer reads what memory holds, rewrites it and fills the
+            // table up: its puts drive any growth left half done.
+            let state = a.map.clone();
+            let t = tables[0].clone();
+            let model = Rc::new(RefCell::new(BTreeMap::new()));
+            let m = model.clone();
+            run_on(&mut w, 0, move |ctx| async move {
+                let mut c = t.client().unwrap();
+                let out = m;
+                let mut m = state.clone();
+                for k in (0..100u64).chain(1000..1300) {
+                    assert_eq!(
+                        get_u64(&mut c, &ctx, k).await.unwrap(),
+                        state.get(&k).copied(),
+                        "key {k}"
+                    );
+                }
+                for k in 0..100u64 {
+                    put_u64(&mut c, &ctx, k, k * 2).await.unwrap();
+                    m.insert(k, k * 2);
+                }
+                for k in 5000..6000u64 {
+                    match put_u64(&mut c, &ctx, k, 1).await {
+                        Ok(()) => {
+                            m.insert(k, 1);
+                        }
+                        Err(CuckooError::TableFull) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                *out.borrow_mut() = m;
+            });
+            let end = audit_sim(&w, 8);
+            assert_eq!(end.map, *model.borrow(), "seed {seed}");
+            assert!(!end.growing, "seed {seed}: the newcomer left it growing");
+            assert!(
+                end.map.len() >= 900,
+                "seed {seed}: only {} keys fit",
+                end.map.len()
+            );
+        },
+    );
+    let n = left_growing.into_inner();
+    eprintln!("crashes that left the table growing: {n} of the seeds");
+    assert!(n > 0, "no crash hit a growth in flight");
 }
 
 /// An update whose CAS loses to a move of its key must not count as

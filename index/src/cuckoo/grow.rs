@@ -52,6 +52,16 @@
 //!   published every committed word lies at `l + 1`, so reading only there
 //!   misses nothing.
 //!
+//! # Inserts wait
+//! A put of a new key that meets the Placing phase drives the growth to
+//! its end before it inserts. The walk must find room at `l + 1` for
+//! every word still at `l`; inserts in Placing took that room (12 clients
+//! filling a 256-slot level while its walk waited out the gap left it
+//! full, with misplaced words no move could place). Without them, level
+//! `l + 1` holds at most what level `l` could: half full, where moves
+//! always find room. Reading-phase inserts go to level `l`, which the
+//! same bound covers. Gets, updates and deletes never wait.
+//!
 //! # Who drives it
 //! A put that finds no room (the displacement search failed) while the
 //! table may still grow starts a growth (allocates the segments, publishes

@@ -356,6 +356,8 @@ pub struct CuckooStats {
     pub growth_steps: u64,
     /// Buckets this client's split walks passed.
     pub walked_buckets: u64,
+    /// Inserts that waited for a growth to end (`grow.rs`).
+    pub insert_waits: u64,
     /// Entry blocks taken from the remote allocator.
     pub entries_allocated: u64,
     /// Entry blocks reused: retired ones after the grace period G, or ones
@@ -403,6 +405,7 @@ impl std::ops::AddAssign for CuckooStats {
         self.table_full += o.table_full;
         self.growth_steps += o.growth_steps;
         self.walked_buckets += o.walked_buckets;
+        self.insert_waits += o.insert_waits;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;

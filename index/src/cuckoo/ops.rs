@@ -3,7 +3,7 @@
 //! insert: two, claim then commit). `mod.rs` states the protocol and why it
 //! is linearizable; the comments here point at its steps.
 
-use super::layout::{encode_entry, entry_lines, EntryRef, Slot, State, SLOTS};
+use super::layout::{encode_entry, entry_lines, EntryRef, Phase, Slot, State, SLOTS};
 use super::view::{
     entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict, POSITIONS,
 };
@@ -28,6 +28,10 @@ enum Ins {
     Burnt,
     /// No empty slot in either bucket (boxed: the words of up to four).
     NoRoom(Box<Pair>),
+    /// The table is placing words at its new level while the split walk
+    /// may still need that room: new keys wait for the growth to end
+    /// (`grow.rs`, "Inserts wait").
+    Wait,
 }
 
 impl CuckooClient {
@@ -389,6 +393,17 @@ impl CuckooClient {
                     written = false;
                     ctx.yield_now().await;
                 }
+                Ins::Wait => {
+                    // Drive the growth to its end (or wait for whoever
+                    // does), then insert on the new view.
+                    if let Err(e) = self.grow(ctx, &desc).await {
+                        self.give_back(v);
+                        return Err(e);
+                    }
+                    self.stats.insert_waits += 1;
+                    desc = self.refresh(ctx).await?;
+                    loc = self.locate(&desc, key);
+                }
                 Ins::NoRoom(view) => {
                     room_rounds += 1;
                     let r = if room_rounds > MAX_ROOM_ROUNDS {
@@ -440,6 +455,9 @@ impl CuckooClient {
         view: Pair,
         v: &mut EntryRef,
     ) -> Result<Ins, CuckooError> {
+        if desc.phase == Phase::Placing {
+            return Ok(Ins::Wait);
+        }
         // Of the two buckets new words go to, the one with more empty
         // slots (load balance), its first one.
         let empties = |h: usize| {
