@@ -30,6 +30,11 @@ pub struct HashLoadArgs {
     /// (rounded up to an even count)
     #[arg(long, value_name = "N", default_value_t = 65_536)]
     capacity: u64,
+    /// Let the table grow online up to N keys (it doubles when an insert
+    /// finds no room); the load factor is then that of the size new keys
+    /// go to, and the inserts that grew the table are reported apart
+    #[arg(long, value_name = "N")]
+    max_capacity: Option<u64>,
     /// Updates of present keys (drawn uniformly) after each insert
     #[arg(long, value_name = "N", default_value_t = 1)]
     updates: u64,
@@ -72,9 +77,22 @@ struct Op {
     moves: u64,
 }
 
+/// An insert that grew the table.
+#[derive(Copy, Clone)]
+struct Growth {
+    /// Load factor of the old size when it began.
+    load: f64,
+    round_trips: u64,
+    /// Virtual time it took, ns.
+    ns: u64,
+    /// Slots after.
+    slots: u64,
+}
+
 /// What the client saw.
 struct Measured {
     ops: Vec<Op>,
+    growths: Vec<Growth>,
     keys: u64,
     slots: u64,
     /// Why the last insert failed: `None` when it was the table filling up.
@@ -100,6 +118,15 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
             "--memory-nodes must be in 1..=64 (got {})",
             a.memory_nodes
         )));
+    }
+    if let Some(m) = a.max_capacity {
+        if m < a.capacity || m > 1 << 24 {
+            return Err(ArgError(format!(
+                "--max-capacity must be in {}..={} (got {m})",
+                a.capacity,
+                1u64 << 24
+            )));
+        }
     }
     if a.updates > 64 {
         return Err(ArgError(format!(
@@ -157,16 +184,24 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
                 "max_search_buckets": a.max_search_buckets,
                 "updates_per_insert": a.updates,
                 "seed": a.seed,
+                "max_capacity": a.max_capacity,
                 "keys": m.keys,
                 "full_at_load": full,
                 "buckets": rows.iter().map(Row::json).collect::<Vec<_>>(),
+                "growths": m.growths.iter().map(|g| json!({
+                    "at_load": g.load,
+                    "round_trips": g.round_trips,
+                    "virtual_ns": g.ns,
+                    "slots_after": g.slots,
+                })).collect::<Vec<_>>(),
             })
         );
     } else {
         cmdline::outln!(
-            "Nessie on sim: round trips against the load factor; 1 client, {} slots on {} memory nodes, \
+            "Nessie on sim: round trips against the load factor; 1 client, {} slots{} on {} memory nodes, \
              search bound {} buckets, {} update(s) per insert, seed {}",
             m.slots,
+            if m.growths.is_empty() { String::new() } else { format!(" (grown from {})", table_slots(&a)) },
             a.memory_nodes,
             a.max_search_buckets,
             a.updates,
@@ -187,6 +222,16 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
         for r in &rows {
             cmdline::outln!("{}", r.line());
         }
+        for g in &m.growths {
+            cmdline::outln!(
+                "grew to {} slots: the insert that found no room at load {:.4} took {} round trips, \
+                 {:.2} ms virtual (not in the rows above)",
+                g.slots,
+                g.load,
+                g.round_trips,
+                g.ns as f64 / 1e6
+            );
+        }
         cmdline::outln!(
             "full: an insert found no room at load {full:.4} ({} keys in {} slots)",
             m.keys,
@@ -196,10 +241,16 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
     Ok(crate::run::Outcome::finished())
 }
 
+/// Slots of the table as created.
+fn table_slots(a: &HashLoadArgs) -> u64 {
+    table_config(a).slots()
+}
+
 /// The table: 8-byte keys and values, the bound from the flags.
 fn table_config(a: &HashLoadArgs) -> CuckooConfig {
     let mut cfg = CuckooConfig::new(a.capacity, 8, 8, host_bytes(a));
     cfg.max_search_buckets = a.max_search_buckets;
+    cfg.max_capacity = a.max_capacity.unwrap_or(a.capacity);
     // Every update is of a key the client found before: the location cache
     // plays no part in inserts and updates.
     cfg.location_cache_lines = 0;
@@ -210,8 +261,11 @@ fn table_config(a: &HashLoadArgs) -> CuckooConfig {
 /// bytes) for each insert, each update and each move, spread over the
 /// nodes, doubled for the allocator's chunking, plus 16 MiB.
 fn host_bytes(a: &HashLoadArgs) -> u64 {
-    let entries = a.capacity * (2 + a.updates) * 64;
-    let total = 2 * (a.capacity * 8 + entries);
+    let cap = a.max_capacity.unwrap_or(a.capacity).max(a.capacity);
+    // Growing moves about half the keys at each doubling: two more
+    // entries per key covers every move.
+    let entries = cap * (4 + a.updates) * 64;
+    let total = 2 * (cap * 8 + entries);
     (total / a.memory_nodes as u64 + (16 << 20)).next_multiple_of(1 << 20)
 }
 
@@ -238,6 +292,7 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
     w.spawn(th, move |ctx| async move {
         let mut m = Measured {
             ops: Vec::new(),
+            growths: Vec::new(),
             keys: 0,
             slots,
             failure: None,
@@ -265,8 +320,16 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
             }
             // Distinct keys: a fresh draw, its rank in the low bits.
             let k = (rng.next_u64() << 24) | present.len() as u64;
-            let load = present.len() as f64 / slots as f64;
-            let (r0, m0) = (ctx.counters().round_trips, c.stats.moves);
+            // The load of the size new keys go to (it grows).
+            let now_slots = |c: &index::cuckoo::CuckooClient| c.shape().map_or(slots, |s| s.slots);
+            m.slots = now_slots(&c);
+            let load = present.len() as f64 / m.slots as f64;
+            let (r0, m0, g0) = (
+                ctx.counters().round_trips,
+                c.stats.moves,
+                c.stats.growth_steps,
+            );
+            let t0 = ctx.now_ns();
             value += 1;
             match c.put(&ctx, &k.to_le_bytes(), &value.to_le_bytes()).await {
                 Ok(()) => {}
@@ -276,14 +339,25 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
                     break;
                 }
             }
-            m.ops.push(Op {
-                load,
-                insert: true,
-                round_trips: ctx.counters().round_trips - r0,
-                moves: c.stats.moves - m0,
-            });
+            let round_trips = ctx.counters().round_trips - r0;
+            if c.stats.growth_steps > g0 {
+                m.growths.push(Growth {
+                    load,
+                    round_trips,
+                    ns: ctx.now_ns() - t0,
+                    slots: now_slots(&c),
+                });
+            } else {
+                m.ops.push(Op {
+                    load,
+                    insert: true,
+                    round_trips,
+                    moves: c.stats.moves - m0,
+                });
+            }
             present.push(k);
-            let load = present.len() as f64 / slots as f64;
+            m.slots = now_slots(&c);
+            let load = present.len() as f64 / m.slots as f64;
             for _ in 0..updates {
                 let k = present[rng.below(present.len() as u64) as usize];
                 let r0 = ctx.counters().round_trips;

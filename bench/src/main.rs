@@ -9,6 +9,7 @@
 #![recursion_limit = "256"]
 
 mod args;
+mod hash_grow;
 mod hash_load;
 mod locks;
 mod outfile;
@@ -63,6 +64,9 @@ enum Command {
     /// inserts until the table is full, updating as it goes (the Nessie
     /// slides' curve)
     HashLoad(hash_load::HashLoadArgs),
+    /// YCSB-A on the hash table while it doubles online: throughput before
+    /// and during the growth, and the longest operation during it
+    HashGrow(hash_grow::HashGrowArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         Command::Txn(a) => ("loch-bench txn", txn::run(*a)),
         Command::Locks(a) => ("loch-bench locks", locks::run(a)),
         Command::HashLoad(a) => ("loch-bench hash-load", hash_load::run(a)),
+        Command::HashGrow(a) => ("loch-bench hash-grow", hash_grow::run(a)),
     };
     match result {
         Ok(run::Outcome::Done) => ExitCode::from(EXIT_DONE),

@@ -7,7 +7,8 @@
 //! Owns the table ([`layout`]: buckets of eight 8-byte slots, out-of-place
 //! data entries, the descriptor), where keys go ([`place`]), reading
 //! buckets consistently ([`view`]), the operations ([`ops`]), moves and
-//! displacement ([`migrate`]) and entry reuse ([`reclaim`]).
+//! displacement ([`migrate`]), entry reuse ([`reclaim`]) and online
+//! growth ([`grow`]).
 //!
 //! # Promises
 //! - `get`, `put` (insert or update) and `delete` are linearizable, per key,
@@ -16,8 +17,12 @@
 //! - A key is never committed in two slots with different values, and an
 //!   operation never blocks on another client: everything another client
 //!   left half done can be finished or undone by anyone.
-//! - Capacity is fixed at creation. An insert that finds no displacement
-//!   path within [`CuckooConfig::max_search_buckets`] fails with
+//! - A table made with `max_capacity` above `capacity` grows online: a
+//!   put that finds no room doubles it while every other client keeps
+//!   reading and writing ([`grow`]); gets, updates and deletes never wait
+//!   for it, new keys wait while the split walk runs. Otherwise, or at
+//!   `max_capacity`, an insert that finds no displacement path within
+//!   [`CuckooConfig::max_search_buckets`] fails with
 //!   [`CuckooError::TableFull`]; nothing is dropped silently.
 //! - Uncontended round trips (asserted by `tests/cuckoo_seq.rs`): get 1
 //!   when the compute node's location cache knows where the key was (the
@@ -414,6 +419,17 @@ impl std::ops::AddAssign for CuckooStats {
     }
 }
 
+/// A table's size and growth as one client last confirmed them
+/// ([`CuckooClient::shape`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct TableShape {
+    /// Times the table has doubled.
+    pub level: u32,
+    pub phase: layout::Phase,
+    /// Slots of the level new keys go to.
+    pub slots: u64,
+}
+
 /// How full the table is, counted by reading every bucket.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Occupancy {
@@ -729,6 +745,17 @@ impl CuckooClient {
         self.hold = Some(gate);
     }
 
+    /// The table as this client last confirmed it (`None` before its first
+    /// operation): how often it has doubled, where it stands in growing,
+    /// and the slots new keys go to.
+    pub fn shape(&self) -> Option<TableShape> {
+        self.desc.as_ref().map(|d| TableShape {
+            level: d.level,
+            phase: d.phase,
+            slots: d.place_buckets() * SLOTS as u64,
+        })
+    }
+
     /// Entry blocks this client holds for reuse: retired ones, waiting out
     /// the grace period G or past it, and ones given back unused.
     pub fn entries_waiting(&self) -> usize {
@@ -823,7 +850,7 @@ impl CuckooClient {
                 if root == 0 {
                     return Err(CuckooError::NotCreated);
                 }
-                self.adopt(ctx, root).await?
+                self.adopt(ctx, root, false).await?
             }
         };
         let inc = ctx.faa(desc.incarnation_word(), 1).await? + 1;
@@ -860,7 +887,7 @@ impl CuckooClient {
         let desc = if root == cur.at.raw() {
             cur
         } else {
-            let d = self.adopt(ctx, root).await?;
+            let d = self.adopt(ctx, root, true).await?;
             if d.generation <= cur.generation {
                 return Err(CuckooError::Corrupt {
                     what: "the root word went back to an older descriptor",
@@ -874,12 +901,22 @@ impl CuckooClient {
     }
 
     /// The descriptor at `root`: the compute node's copy when it is that
-    /// one, else read (two READs), checked against this client's
-    /// configuration, and kept for the node if it is newer.
-    async fn adopt<N: Nic>(&mut self, ctx: &Ctx<N>, root: u64) -> Result<Arc<Desc>, CuckooError> {
-        if let Some(d) = self.table.desc.lock().expect("descriptor lock").as_ref() {
-            if d.at.raw() == root {
-                return Ok(d.clone());
+    /// one (and `shared` allows it), else read (two READs), checked
+    /// against this client's configuration, and kept for the node if it
+    /// is newer. A first open does not look again after its root READ,
+    /// as before tables could grow: its verbs, and so the simulator's
+    /// traces of tables that do not grow, stay as they were.
+    async fn adopt<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        root: u64,
+        shared: bool,
+    ) -> Result<Arc<Desc>, CuckooError> {
+        if shared {
+            if let Some(d) = self.table.desc.lock().expect("descriptor lock").as_ref() {
+                if d.at.raw() == root {
+                    return Ok(d.clone());
+                }
             }
         }
         let at = GlobalAddr::from_raw(root);
@@ -918,9 +955,12 @@ impl CuckooClient {
             self.grow_seen = Some((d.generation, ctx.now_ns()));
         }
         let d = Arc::new(d);
-        let mut shared = self.table.desc.lock().expect("descriptor lock");
-        if shared.as_ref().is_none_or(|s| s.generation < d.generation) {
-            *shared = Some(d.clone());
+        let mut node = self.table.desc.lock().expect("descriptor lock");
+        match node.as_ref() {
+            // Another client of the node got there first: share its copy.
+            Some(n) if n.generation == d.generation => return Ok(n.clone()),
+            Some(n) if n.generation > d.generation => {}
+            _ => *node = Some(d.clone()),
         }
         Ok(d)
     }

@@ -235,11 +235,10 @@ impl CuckooClient {
             // Not seen: only a snapshot can say absent (the key may have
             // been moving between the buckets while they were read).
             let snap = self.snapshot(ctx, &desc, &loc, key, Some((a, t))).await?;
-            match self.plan(&snap, &loc)? {
+            match self.presence(&snap, &loc) {
                 Plan::Absent if self.in_window(ctx, snap.t0) => return Ok(false),
                 Plan::Torn => self.stats.torn_entries += 1,
-                // Present now, or a move to finish, or the window ran out:
-                // read again (a reader never writes).
+                // Present now, or the window ran out: read again.
                 _ => {}
             }
         }

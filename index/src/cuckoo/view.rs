@@ -379,6 +379,33 @@ impl CuckooClient {
         Err(CuckooError::Contention)
     }
 
+    /// For a reader: whether the snapshot holds the key (a committed
+    /// word, Normal or Forward, naming an entry of the key), does not, or
+    /// cannot tell (an entry unjudged or unreadable: `Torn`). Unlike
+    /// [`Self::plan`], a Forward word of another key with the same
+    /// fingerprint does not matter: a reader never resolves moves, and
+    /// waiting for a writer to resolve one a stopped client left would
+    /// wait forever (found by a compute node crashing mid-growth).
+    pub(super) fn presence(&self, snap: &Snap, loc: &Reach) -> Plan {
+        let mut torn = false;
+        for p in 0..loc.positions() {
+            let s = snap.pair.slot(p);
+            if !s.is_committed() || s.fp() != loc.fp {
+                continue;
+            }
+            match self.known.get(s.eref()) {
+                Some(Verdict::Key) => return Plan::Present(p),
+                Some(Verdict::Other) => {}
+                Some(Verdict::Bad) | None => torn = true,
+            }
+        }
+        if torn {
+            Plan::Torn
+        } else {
+            Plan::Absent
+        }
+    }
+
     /// What the key's operation must do, given a snapshot of its buckets.
     pub(super) fn plan(&self, snap: &Snap, loc: &Reach) -> Result<Plan, CuckooError> {
         for p in 0..loc.positions() {
