@@ -202,6 +202,7 @@ fn help_and_version_exit_0_on_stdout() {
         vec!["run", "--help"],
         vec!["ring", "--help"],
         vec!["hash-load", "--help"],
+        vec!["hash-grow", "--help"],
         vec!["help", "run"],
     ] {
         let out = bench(&args);
@@ -803,6 +804,85 @@ fn hash_load_fills_the_table_and_reports_round_trips_per_load_factor() {
         vec!["hash-load", "--capacity", "0"],
         vec!["hash-load", "--bucket", "0"],
         vec!["hash-load", "--memory-nodes", "0"],
+        vec!["hash-load", "--capacity", "2048", "--max-capacity", "1000"],
+    ] {
+        let out = bench(&bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    }
+}
+
+/// `loch-bench hash-load --max-capacity`: the table doubles twice instead
+/// of filling up; each growing insert is reported apart, and the table
+/// ends full at four times its size.
+#[test]
+fn hash_load_grows_the_table_online() {
+    let out = bench(&[
+        "hash-load",
+        "--capacity",
+        "1024",
+        "--max-capacity",
+        "4096",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["slots"].as_u64(), Some(4096), "{v}");
+    let growths = v["growths"].as_array().unwrap();
+    assert_eq!(growths.len(), 2, "{v}");
+    for g in growths {
+        assert!(g["at_load"].as_f64().unwrap() >= 0.9, "{g}");
+        assert!(g["round_trips"].as_u64().unwrap() > 10, "{g}");
+    }
+    assert!(v["full_at_load"].as_f64().unwrap() >= 0.9, "{v}");
+}
+
+/// `loch-bench hash-grow`: YCSB-A keeps going while the table doubles
+/// (a small run: 2 compute nodes x 2 clients), and bad input exits 2.
+#[test]
+fn hash_grow_measures_ycsb_a_through_a_doubling() {
+    let out = bench(&[
+        "hash-grow",
+        "--capacity",
+        "2048",
+        "--compute-nodes",
+        "2",
+        "--threads",
+        "2",
+        "--quiet-ms",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        v["slots_after"].as_u64(),
+        Some(2 * v["slots_before"].as_u64().unwrap())
+    );
+    assert!(
+        v["ycsb_a_ops_per_sec_before"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(v["ops_during"].as_u64().unwrap() > 100, "{v}");
+    // Gets and updates never wait for the growth: none comes near the
+    // 46 ms its two phase gaps alone take.
+    assert!(
+        v["latency_max_ns_during"].as_u64().unwrap() < 1_000_000,
+        "{v}"
+    );
+    for bad in [
+        vec!["hash-grow", "--capacity", "10"],
+        vec!["hash-grow", "--fill", "1.5"],
+        vec!["hash-grow", "--threads", "0"],
+        vec!["hash-grow", "--zipf", "1"],
     ] {
         let out = bench(&bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");

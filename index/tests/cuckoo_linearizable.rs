@@ -280,6 +280,50 @@ fn cuckoo_histories_are_linearizable_on_emu_threads() {
     assert!(stats.cache_hits > 0, "{stats:?}");
 }
 
+/// Two cores × four clients put, get and delete 1,000 keys in a table
+/// made for 64 that may grow to 4096: it doubles online several times
+/// under them, on real threads and wall-clock time bounds, and the history
+/// is per-key linearizable.
+#[test]
+fn cuckoo_histories_while_the_table_grows_on_emu_threads() {
+    let emu = emu_cluster(2);
+    let mut c = cfg(64, 8, 40);
+    c.max_capacity = 4096;
+    let table = Cuckoo::new(c).unwrap();
+    emu_create_table(&emu, &table);
+    let rec = Recorder::new();
+    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
+    let keys = Arc::new((0..1000u64).collect::<Vec<_>>());
+    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        let th = th as u32;
+        let (table, rec, sink, keys) = (table.clone(), rec.clone(), sink.clone(), keys.clone());
+        for t in 0..4u32 {
+            let me = 1 + th * 4 + t;
+            let c = table.client().unwrap();
+            let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
+            let wl = Workload {
+                put: 7,
+                get: 2,
+                keys: keys.clone(),
+                ops: 800,
+            };
+            ex.spawn(move |ctx| random_client(ctx, c, r, me, 11, wl, wall_clock, sink))
+                .unwrap();
+        }
+        ex.run();
+    })
+    .unwrap();
+    let v = rec.check(&BTreeMap::new());
+    assert!(v.is_ok(), "{v:?}");
+    let stats = *sink.lock().unwrap();
+    eprintln!("{stats:?}");
+    assert!(
+        stats.growth_steps >= 9,
+        "fewer than three doublings: {stats:?}"
+    );
+    assert!(stats.walked_buckets > 0 && stats.moves > 0, "{stats:?}");
+}
+
 /// Concurrent inserts of the same key into different empty slots (the
 /// classic lock-free cuckoo hazard): 16 clients put, delete and get 3
 /// keys, so most puts are inserts racing inserts of the same key. The
