@@ -258,6 +258,59 @@ fn a_client_stopped_dead_mid_growth_leaves_the_table_usable() {
     assert!(growing_left >= 10 && forward_left >= 2);
 }
 
+/// Two threads of two clients on each of two compute nodes, recorded
+/// into one history: node 0's run `survivors`, node 1's run `doomed`
+/// (the node a test crashes). Runs the world until node 0's four clients
+/// are done and `until_ns` has passed, and returns the history.
+fn survivors_and_doomed(
+    w: &mut World,
+    tables: &[Arc<Cuckoo>; 2],
+    seed: u64,
+    survivors: Workload,
+    doomed: Workload,
+    until_ns: u64,
+) -> History {
+    let h = Rc::new(RefCell::new(History::new()));
+    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
+    let done = Rc::new(Cell::new(0u32));
+    let mut me = 1u32;
+    for cn in 0..2u16 {
+        for _ in 0..2 {
+            let t = w.add_thread(cn, exec_cfg(2)).unwrap();
+            for _ in 0..2 {
+                let c = tables[cn as usize].client().unwrap();
+                let wl = if cn == 0 {
+                    survivors.clone()
+                } else {
+                    doomed.clone()
+                };
+                let (rec, sink, d, id) = (Rec::Local(h.clone()), sink.clone(), done.clone(), me);
+                w.spawn(t, move |ctx| async move {
+                    random_client(ctx, c, rec, id, seed, wl, turn_clock, sink).await;
+                    if cn == 0 {
+                        d.set(d.get() + 1);
+                    }
+                })
+                .unwrap();
+                me += 1;
+            }
+        }
+    }
+    for _ in 0..10_000 {
+        if done.get() == 4 && w.now_ns() > until_ns {
+            break;
+        }
+        w.run_until(w.now_ns() + 1_000_000);
+    }
+    assert_eq!(
+        done.get(),
+        4,
+        "seed {seed}: the surviving clients did not finish"
+    );
+    let h = h.borrow().clone();
+    h
+}
+
 /// Compute node 1 crashes at a seed-chosen moment while its four clients
 /// insert and delete keys in a nearly full table (moving the others'
 /// keys); compute node 0's four clients get and update 100 preloaded keys
@@ -306,57 +359,27 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
                 "preload ran past the crash: {} ns",
                 w.now_ns()
             );
-            let h = Rc::new(RefCell::new(History::new()));
-            let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
-            let done = Rc::new(Cell::new(0u32));
             let hot = Arc::new((0..100u64).collect::<Vec<_>>());
             let movers = Arc::new((1000..1040u64).collect::<Vec<_>>());
-            let mut me = 1u32;
-            for cn in 0..2u16 {
-                for _ in 0..2 {
-                    let t = w.add_thread(cn, exec_cfg(2)).unwrap();
-                    for _ in 0..2 {
-                        let c = tables[cn as usize].client().unwrap();
-                        let wl = if cn == 0 {
-                            Workload {
-                                put: 4,
-                                get: 6,
-                                keys: hot.clone(),
-                                ops: 400,
-                            }
-                        } else {
-                            Workload {
-                                put: 6,
-                                get: 0,
-                                keys: movers.clone(),
-                                ops: 400,
-                            }
-                        };
-                        let (rec, sink, d, id) =
-                            (Rec::Local(h.clone()), sink.clone(), done.clone(), me);
-                        w.spawn(t, move |ctx| async move {
-                            random_client(ctx, c, rec, id, seed, wl, turn_clock, sink).await;
-                            if cn == 0 {
-                                d.set(d.get() + 1);
-                            }
-                        })
-                        .unwrap();
-                        me += 1;
-                    }
-                }
-            }
-            for _ in 0..10_000 {
-                if done.get() == 4 {
-                    break;
-                }
-                w.run_until(w.now_ns() + 1_000_000);
-            }
-            assert_eq!(
-                done.get(),
-                4,
-                "seed {seed}: the surviving clients did not finish"
+            let h = survivors_and_doomed(
+                &mut w,
+                &tables,
+                seed,
+                Workload {
+                    put: 4,
+                    get: 6,
+                    keys: hot,
+                    ops: 400,
+                },
+                Workload {
+                    put: 6,
+                    get: 0,
+                    keys: movers,
+                    ops: 400,
+                },
+                crash_ns,
             );
-            let v = h.borrow().check(&preload);
+            let v = h.check(&preload);
             assert!(v.is_ok(), "seed {seed}: {v:?}");
             let a = audit_sim(&w, 8);
             for k in 0..100u64 {
@@ -458,57 +481,27 @@ fn cuckoo_compute_node_crash_during_growth_on_sim() {
                 kind: FaultKind::CrashComputeNode { node: 1 },
             }])
             .unwrap();
-            let h = Rc::new(RefCell::new(History::new()));
-            let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
-            let done = Rc::new(Cell::new(0u32));
             let hot = Arc::new((0..100u64).collect::<Vec<_>>());
             let growers = Arc::new((1000..1300u64).collect::<Vec<_>>());
-            let mut me = 1u32;
-            for cn in 0..2u16 {
-                for _ in 0..2 {
-                    let t = w.add_thread(cn, exec_cfg(2)).unwrap();
-                    for _ in 0..2 {
-                        let c = tables[cn as usize].client().unwrap();
-                        let wl = if cn == 0 {
-                            Workload {
-                                put: 4,
-                                get: 6,
-                                keys: hot.clone(),
-                                ops: 400,
-                            }
-                        } else {
-                            Workload {
-                                put: 9,
-                                get: 1,
-                                keys: growers.clone(),
-                                ops: 400,
-                            }
-                        };
-                        let (rec, sink, d, id) =
-                            (Rec::Local(h.clone()), sink.clone(), done.clone(), me);
-                        w.spawn(t, move |ctx| async move {
-                            random_client(ctx, c, rec, id, seed, wl, turn_clock, sink).await;
-                            if cn == 0 {
-                                d.set(d.get() + 1);
-                            }
-                        })
-                        .unwrap();
-                        me += 1;
-                    }
-                }
-            }
-            for _ in 0..10_000 {
-                if done.get() == 4 && w.now_ns() > crash_ns {
-                    break;
-                }
-                w.run_until(w.now_ns() + 1_000_000);
-            }
-            assert_eq!(
-                done.get(),
-                4,
-                "seed {seed}: the surviving clients did not finish"
+            let h = survivors_and_doomed(
+                &mut w,
+                &tables,
+                seed,
+                Workload {
+                    put: 4,
+                    get: 6,
+                    keys: hot,
+                    ops: 400,
+                },
+                Workload {
+                    put: 9,
+                    get: 1,
+                    keys: growers,
+                    ops: 400,
+                },
+                crash_ns,
             );
-            let v = h.borrow().check(&preload);
+            let v = h.check(&preload);
             assert!(v.is_ok(), "seed {seed}: {v:?}");
             let a = audit_sim(&w, 8);
             for k in 0..100u64 {

@@ -243,35 +243,11 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
 /// each on 150 keys in a 128-slot table, sharing one location cache.
 #[test]
 fn cuckoo_histories_are_linearizable_on_emu_threads() {
-    let emu = emu_cluster(2);
     let table = Cuckoo::new(cfg(128, 8, 100)).unwrap();
-    emu_create_table(&emu, &table);
-    let rec = Recorder::new();
-    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
-    let keys = Arc::new((0..150u64).collect::<Vec<_>>());
-    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
-        let th = th as u32;
-        let (table, rec, sink, keys) = (table.clone(), rec.clone(), sink.clone(), keys.clone());
-        for t in 0..4u32 {
-            let me = 1 + th * 4 + t;
-            let c = table.client().unwrap();
-            let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
-            let wl = Workload {
-                put: 5,
-                get: 3,
-                keys: keys.clone(),
-                ops: 1500,
-            };
-            ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, wl, wall_clock, sink))
-                .unwrap();
-        }
-        ex.run();
-    })
-    .unwrap();
+    let (rec, stats) = emu_history(&table, 150, (5, 3), 1500, 7);
     let v = rec.check(&BTreeMap::new());
     assert!(v.is_ok(), "{v:?}");
     assert!(rec.snapshot().events().len() >= 12_000);
-    let stats = *sink.lock().unwrap();
     eprintln!("{stats:?}");
     assert!(stats.moves > 0, "no displacement happened");
     // Both threads share one table handle, so one location cache: gets
@@ -280,20 +256,21 @@ fn cuckoo_histories_are_linearizable_on_emu_threads() {
     assert!(stats.cache_hits > 0, "{stats:?}");
 }
 
-/// Two cores × four clients put, get and delete 1,000 keys in a table
-/// made for 64 that may grow to 4096: it doubles online several times
-/// under them, on real threads and wall-clock time bounds, and the history
-/// is per-key linearizable.
-#[test]
-fn cuckoo_histories_while_the_table_grows_on_emu_threads() {
+/// Two emu cores × four clients on `table` (created here), each running
+/// `ops` random operations on keys `0..keys` with put and get weights
+/// `(put, get)` of 10; the recorded history and the summed statistics.
+fn emu_history(
+    table: &Arc<Cuckoo>,
+    keys: u64,
+    (put, get): (u64, u64),
+    ops: u32,
+    seed: u64,
+) -> (Recorder, CuckooStats) {
     let emu = emu_cluster(2);
-    let mut c = cfg(64, 8, 40);
-    c.max_capacity = 4096;
-    let table = Cuckoo::new(c).unwrap();
-    emu_create_table(&emu, &table);
+    emu_create_table(&emu, table);
     let rec = Recorder::new();
     let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
-    let keys = Arc::new((0..1000u64).collect::<Vec<_>>());
+    let keys = Arc::new((0..keys).collect::<Vec<_>>());
     emu.run_cores(2, exec_cfg(4), false, |th, ex| {
         let th = th as u32;
         let (table, rec, sink, keys) = (table.clone(), rec.clone(), sink.clone(), keys.clone());
@@ -302,20 +279,33 @@ fn cuckoo_histories_while_the_table_grows_on_emu_threads() {
             let c = table.client().unwrap();
             let (r, sink) = (Rec::Shared(rec.clone()), sink.clone());
             let wl = Workload {
-                put: 7,
-                get: 2,
+                put,
+                get,
                 keys: keys.clone(),
-                ops: 800,
+                ops,
             };
-            ex.spawn(move |ctx| random_client(ctx, c, r, me, 11, wl, wall_clock, sink))
+            ex.spawn(move |ctx| random_client(ctx, c, r, me, seed, wl, wall_clock, sink))
                 .unwrap();
         }
         ex.run();
     })
     .unwrap();
+    let stats = *sink.lock().unwrap();
+    (rec, stats)
+}
+
+/// Two cores × four clients put, get and delete 1,000 keys in a table
+/// made for 64 that may grow to 4096: it doubles online several times
+/// under them, on real threads and wall-clock time bounds, and the history
+/// is per-key linearizable.
+#[test]
+fn cuckoo_histories_while_the_table_grows_on_emu_threads() {
+    let mut c = cfg(64, 8, 40);
+    c.max_capacity = 4096;
+    let table = Cuckoo::new(c).unwrap();
+    let (rec, stats) = emu_history(&table, 1000, (7, 2), 800, 11);
     let v = rec.check(&BTreeMap::new());
     assert!(v.is_ok(), "{v:?}");
-    let stats = *sink.lock().unwrap();
     eprintln!("{stats:?}");
     assert!(
         stats.growth_steps >= 9,

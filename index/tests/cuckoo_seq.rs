@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -427,6 +428,10 @@ fn use_before_create_and_mismatched_config() {
     let mut w = sim_world(3, 1, 1);
     let table = Cuckoo::new(cfg(64, 8, 16)).unwrap();
     let other = Cuckoo::new(cfg(64, 9, 16)).unwrap();
+    // A client that would let the table grow, of a table made not to.
+    let mut g = cfg(64, 8, 16);
+    g.max_capacity = 1024;
+    let growing = Cuckoo::new(g).unwrap();
     let (t, o) = (table.clone(), other.clone());
     sim_task(&mut w, move |ctx| async move {
         let mut c = t.client().unwrap();
@@ -444,7 +449,29 @@ fn use_before_create_and_mismatched_config() {
             bad.get(&ctx, &key(1, 9)).await,
             Err(CuckooError::Config(_))
         ));
+        let mut bad = growing.client().unwrap();
+        match bad.put(&ctx, &key(3, 8), b"v").await {
+            Err(CuckooError::Config(why)) => assert!(why.contains("doublings"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A configuration that cannot grow within its limits is refused.
+        let mut c = cfg(64, 8, 16);
+        c.max_capacity = 32;
+        assert!(Cuckoo::new(c).is_err());
     });
+    assert_eq!(get_after(&mut w, &table, 3), None, "the refused put wrote");
+}
+
+/// The value of key `k` read by a fresh client of `table`.
+fn get_after(w: &mut nicdrv::sim::World, table: &Arc<Cuckoo>, k: u64) -> Option<u64> {
+    let out = Rc::new(RefCell::new(None));
+    let (t, o) = (table.clone(), out.clone());
+    sim_task(w, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        *o.borrow_mut() = get_u64(&mut c, &ctx, k).await.unwrap();
+    });
+    let v = *out.borrow();
+    v
 }
 
 /// The same random operations on emu memory nodes (real shared memory).
