@@ -68,9 +68,12 @@
 //! Reading), and any put that finds no room while the table grows drives
 //! it on: it waits out the gap since it first knew the current phase,
 //! walks if it is Placing, and publishes the next phase. Racing drivers
-//! agree through the root CAS; walks are idempotent. A driver that stops
-//! blocks nobody: the next put that needs room carries on. Gets, updates
-//! and deletes never wait on growth.
+//! agree through the root CAS. Walkers share the walk: they claim groups
+//! of 8 buckets with an FAA on a line the Placing descriptor names and
+//! count the groups done with another; a walker that finds the count
+//! stuck walks every group itself, since walking a clean group again
+//! changes nothing. A driver that stops blocks nobody: the next put that
+//! needs room carries on. Gets, updates and deletes never wait on growth.
 
 use super::layout::{decode_entry, Desc, Phase, Slot, State, BUCKET_BYTES, SLOTS};
 use super::view::{Plan, Reach};
@@ -145,6 +148,8 @@ impl CuckooClient {
         let next = match desc.phase {
             Phase::Reading => Desc {
                 phase: Phase::Placing,
+                // The walk's counters: a fresh (zero) line.
+                walk_at: Some(self.alloc.alloc(ctx, 64, 64).await?),
                 ..(**desc).clone()
             },
             _ => {
@@ -154,6 +159,7 @@ impl CuckooClient {
                 Desc {
                     phase: Phase::Stable,
                     level: desc.level + 1,
+                    walk_at: None,
                     ..(**desc).clone()
                 }
             }
@@ -225,37 +231,97 @@ impl CuckooClient {
 
     /// The split walk: moves every committed word of buckets `0..B` that
     /// lies outside its key's buckets at the upper level there, and
-    /// settles every Forward word it meets outside them. True when it
-    /// passed every bucket under `desc`; false when the table moved on
-    /// meanwhile (someone else published the next phase).
+    /// settles every Forward word it meets outside them. The buckets go in
+    /// groups of 8 that walkers claim with an FAA on the descriptor's walk
+    /// line and count done with another, so every put waiting for the
+    /// growth shares the work. Once all are claimed, a walker waits for the
+    /// count; if it stops moving for a phase gap and 4 × `stale_ns` (a
+    /// walker stopped, or is slow), it walks every group itself (walking a
+    /// clean group again changes nothing). True when every group was walked under `desc`;
+    /// false when the table moved on meanwhile (someone else published the
+    /// next phase).
     async fn walk<N: Nic>(&mut self, ctx: &Ctx<N>, desc: &Arc<Desc>) -> Result<bool, CuckooError> {
-        let lower = desc.base_buckets << desc.level;
-        let mut b = 0;
-        while b < lower {
-            // One READ never crosses a segment.
-            let n = WALK_BUCKETS
-                .min(lower - b)
-                .min(desc.seg_buckets - b % desc.seg_buckets);
-            let mut clean = false;
-            for _ in 0..WALK_PASSES {
-                if self.view_old(ctx) {
-                    let d = self.refresh(ctx).await?;
-                    if d.generation != desc.generation {
+        let groups = walk_groups(desc);
+        let total = groups.len() as u64;
+        let line = desc.walk_at.ok_or(CuckooError::Corrupt {
+            what: "a Placing descriptor without its walk counters",
+        })?;
+        let (claims, done) = (line, line.add(8));
+        loop {
+            if !self.still_current(ctx, desc).await? {
+                return Ok(false);
+            }
+            let k = ctx.faa(claims, 1).await?;
+            if k >= total {
+                break;
+            }
+            let (b, n) = groups[k as usize];
+            if !self.walk_until_clean(ctx, desc, b, n).await? {
+                return Ok(false);
+            }
+            ctx.faa(done, 1).await?;
+        }
+        // Longer than a live walker takes over a group, as far as the
+        // time bounds tell: a phase gap and four stale periods.
+        let patience = self.cfg().phase_gap_ns() + 4 * self.cfg().stale_ns;
+        let (mut seen, mut since) = (u64::MAX, ctx.now_ns());
+        loop {
+            let d = ctx.read(done, 8).await?.u64_at(0);
+            if d >= total {
+                return Ok(true);
+            }
+            if d != seen {
+                (seen, since) = (d, ctx.now_ns());
+            } else if ctx.now_ns().saturating_sub(since) > patience {
+                self.stats.walk_takeovers += 1;
+                for &(b, n) in &groups {
+                    if !self.walk_until_clean(ctx, desc, b, n).await? {
                         return Ok(false);
                     }
                 }
-                if self.walk_group(ctx, desc, b, n).await? {
-                    clean = true;
-                    break;
-                }
+                return Ok(true);
             }
-            if !clean {
-                return Err(CuckooError::Contention);
+            ctx.sleep(self.cfg().view_lease_ns)
+                .map_err(|e| CuckooError::Config(format!("growth wait: {e}")))?
+                .await;
+            if !self.still_current(ctx, desc).await? {
+                return Ok(false);
             }
-            self.stats.walked_buckets += n;
-            b += n;
+        }
+    }
+
+    /// Whether `desc` is still the table's descriptor (the root word read
+    /// again once the view is older than R).
+    async fn still_current<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Desc,
+    ) -> Result<bool, CuckooError> {
+        if self.view_old(ctx) {
+            return Ok(self.refresh(ctx).await?.generation == desc.generation);
         }
         Ok(true)
+    }
+
+    /// Passes over buckets `first..first + n` until one finds nothing out
+    /// of place. False when the table moved on meanwhile.
+    async fn walk_until_clean<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Arc<Desc>,
+        first: u64,
+        n: u64,
+    ) -> Result<bool, CuckooError> {
+        for _ in 0..WALK_PASSES {
+            if !self.still_current(ctx, desc).await? {
+                return Ok(false);
+            }
+            if self.walk_group(ctx, desc, first, n).await? {
+                self.stats.walked_buckets += n;
+                return Ok(true);
+            }
+        }
+        Err(CuckooError::Contention)
     }
 
     /// One pass over buckets `first..first + n`: whether none of them
@@ -349,4 +415,20 @@ impl CuckooClient {
         }
         Ok(clean)
     }
+}
+
+/// The walk's groups of buckets `0..B` (start, count): 8 at a time, never
+/// across a segment (one READ each).
+fn walk_groups(desc: &Desc) -> Vec<(u64, u64)> {
+    let lower = desc.base_buckets << desc.level;
+    let mut groups = Vec::with_capacity(lower.div_ceil(WALK_BUCKETS) as usize);
+    let mut b = 0;
+    while b < lower {
+        let n = WALK_BUCKETS
+            .min(lower - b)
+            .min(desc.seg_buckets - b % desc.seg_buckets);
+        groups.push((b, n));
+        b += n;
+    }
+    groups
 }

@@ -32,7 +32,8 @@
 //! buckets per segment, key bytes, max value bytes, seed, segment count);
 //! line 1 the incarnation counter that clients take their id from with one
 //! FAA (used in the first descriptor only), then the growth state (base
-//! buckets, level, phase, where the incarnation counter is, generation);
+//! buckets, level, phase, where the incarnation counter is, generation,
+//! doublings allowed, and while Placing the split walk's counters' line);
 //! segment addresses follow from byte 128.
 
 use nicdrv::{GlobalAddr, Space};
@@ -318,6 +319,9 @@ pub struct Desc {
     pub generation: u64,
     /// Times the table may double (`CuckooConfig::max_level`).
     pub max_level: u32,
+    /// While new words go up (Placing): the line of the split walk's
+    /// counters (`grow.rs`): groups claimed, groups done.
+    pub walk_at: Option<GlobalAddr>,
 }
 
 impl Desc {
@@ -377,6 +381,7 @@ impl Desc {
             self.incarnation_at.raw(),
             self.generation,
             self.max_level as u64,
+            self.walk_at.map_or(0, |a| a.raw()),
         ];
         for (i, f) in fields.iter().enumerate() {
             v[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
@@ -426,6 +431,7 @@ impl Desc {
             incarnation_at: GlobalAddr::from_raw(w(96)),
             generation: w(104),
             max_level: w(112).min(64) as u32,
+            walk_at: Some(GlobalAddr::from_raw(w(120))).filter(|a| !a.is_null()),
         };
         let levels = d.level + d.growing() as u32;
         if d.buckets < 2
@@ -438,6 +444,7 @@ impl Desc {
             || d.max_level > 40
             || d.base_buckets.checked_shl(levels) != Some(d.buckets)
             || d.incarnation_at.is_null()
+            || d.walk_at.is_some() != (d.phase == Phase::Placing)
         {
             return Err("descriptor with an impossible layout");
         }
@@ -516,6 +523,7 @@ mod tests {
             incarnation_at: GlobalAddr::host(0, 8192 + 64),
             generation: 0,
             max_level: 3,
+            walk_at: None,
         };
         let bytes = d.encode();
         assert_eq!(Desc::segments_in(&bytes[..64]), Some(3));
@@ -527,6 +535,7 @@ mod tests {
         let g = Desc {
             buckets: 20,
             phase: Phase::Placing,
+            walk_at: Some(GlobalAddr::host(3, 4096)),
             segs: (0..5).map(|i| GlobalAddr::host(i, 1 << 20)).collect(),
             generation: 2,
             ..d.clone()

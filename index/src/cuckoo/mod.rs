@@ -363,6 +363,9 @@ pub struct CuckooStats {
     pub walked_buckets: u64,
     /// Inserts that waited for a growth to end (`grow.rs`).
     pub insert_waits: u64,
+    /// Split walks this client did whole because claimed groups stayed
+    /// undone (their walker stopped, or was slow).
+    pub walk_takeovers: u64,
     /// Entry blocks taken from the remote allocator.
     pub entries_allocated: u64,
     /// Entry blocks reused: retired ones after the grace period G, or ones
@@ -411,6 +414,7 @@ impl std::ops::AddAssign for CuckooStats {
         self.growth_steps += o.growth_steps;
         self.walked_buckets += o.walked_buckets;
         self.insert_waits += o.insert_waits;
+        self.walk_takeovers += o.walk_takeovers;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;
@@ -813,6 +817,7 @@ impl CuckooClient {
             incarnation_at: at.add(layout::DESC_INCARNATION_OFF),
             generation: 0,
             max_level: cfg.max_level(),
+            walk_at: None,
         };
         let bytes = desc.encode();
         for (i, part) in bytes.chunks(4096).enumerate() {
