@@ -90,8 +90,9 @@ const WALK_PASSES: u32 = 10_000;
 impl CuckooClient {
     /// Grows the table for a put that found no room under `desc`: drives
     /// the doubling under way, or starts one, until the table is stable at
-    /// a level above `desc`'s (other drivers may do steps meanwhile).
-    /// `TableFull` when the table is at its largest. Driving it to the end
+    /// a level above `desc`'s (other drivers may do steps meanwhile), and
+    /// returns that descriptor, just confirmed. `TableFull` when the table
+    /// is at its largest. Driving it to the end
     /// rather than leaving the walk to the next put that finds no room
     /// keeps the upper level from filling up while misplaced words still
     /// take room in it.
@@ -99,14 +100,14 @@ impl CuckooClient {
         &mut self,
         ctx: &Ctx<N>,
         desc: &Arc<Desc>,
-    ) -> Result<(), CuckooError> {
+    ) -> Result<Arc<Desc>, CuckooError> {
         let target = desc.level + 1;
         let mut d = desc.clone();
         while d.growing() || d.level < target {
             self.grow_step(ctx, &d).await?;
             d = self.refresh(ctx).await?;
         }
-        Ok(())
+        Ok(d)
     }
 
     /// One step of growth from `desc`: starts a growth, or waits out the
@@ -137,11 +138,7 @@ impl CuckooClient {
         // moving the table on.
         while ctx.now_ns() < since + gap {
             let step = (since + gap - ctx.now_ns()).min(self.cfg().view_lease_ns);
-            ctx.sleep(step)
-                .map_err(|e| CuckooError::Config(format!("growth wait: {e}")))?
-                .await;
-            let d = self.refresh(ctx).await?;
-            if d.generation != desc.generation {
+            if !self.nap(ctx, step, desc).await? {
                 return Ok(());
             }
         }
@@ -281,13 +278,24 @@ impl CuckooClient {
                 }
                 return Ok(true);
             }
-            ctx.sleep(self.cfg().view_lease_ns)
-                .map_err(|e| CuckooError::Config(format!("growth wait: {e}")))?
-                .await;
-            if !self.still_current(ctx, desc).await? {
+            if !self.nap(ctx, self.cfg().view_lease_ns, desc).await? {
                 return Ok(false);
             }
         }
+    }
+
+    /// Sleeps `ns` (at most a lease), then reads the root word: whether
+    /// `desc` is still the table's descriptor.
+    async fn nap<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ns: u64,
+        desc: &Desc,
+    ) -> Result<bool, CuckooError> {
+        ctx.sleep(ns)
+            .map_err(|e| CuckooError::Config(format!("growth wait: {e}")))?
+            .await;
+        Ok(self.refresh(ctx).await?.generation == desc.generation)
     }
 
     /// Whether `desc` is still the table's descriptor (the root word read
@@ -375,7 +383,7 @@ impl CuckooClient {
                 clean = false;
                 continue;
             }
-            if home.place().iter().any(|&h| home.buckets()[h] == bucket) {
+            if home.place_buckets().contains(&bucket) {
                 continue; // where it belongs
             }
             clean = false;

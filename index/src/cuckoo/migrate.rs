@@ -191,7 +191,7 @@ impl CuckooClient {
         // outside them: moving up in the split walk) either of them; the
         // preferred slot first.
         let to_bucket = pair.buckets()[1];
-        let dests = loc.place().map(|h| loc.buckets()[h]);
+        let dests = loc.place_buckets();
         let allowed = |p: usize| {
             let b = loc.buckets()[p / SLOTS];
             b != from_bucket && dests.contains(&b) && snap.pair.slot(p).is_empty()
@@ -295,8 +295,7 @@ impl CuckooClient {
         let max = self.cfg().max_search_buckets;
         let mut seen: Vec<Reached> = Vec::with_capacity(64);
         let (base, place_level) = (desc.base_buckets, desc.place_level());
-        for h in loc.place() {
-            let bucket = loc.buckets()[h];
+        for (h, bucket) in loc.place().into_iter().zip(loc.place_buckets()) {
             let mut words = [0u64; SLOTS];
             words.copy_from_slice(&view.0[h * SLOTS..(h + 1) * SLOTS]);
             seen.push(Reached {

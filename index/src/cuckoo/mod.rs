@@ -873,15 +873,19 @@ impl CuckooClient {
     /// Whether the view is past R + W: nothing may be done on it
     /// (`in_window` refuses it) until it is confirmed.
     pub(super) fn view_lapsed<N: Nic>(&self, ctx: &Ctx<N>) -> bool {
-        let cfg = self.cfg();
-        self.desc.as_ref().is_some_and(|d| d.max_level > 0)
-            && ctx.now_ns().saturating_sub(self.view_ns) > cfg.view_lease_ns + cfg.window_ns
+        self.view_older_than(ctx, self.cfg().view_lease_ns + self.cfg().window_ns)
     }
 
     /// Whether the view is past R and must be confirmed before acting.
     pub(super) fn view_old<N: Nic>(&self, ctx: &Ctx<N>) -> bool {
+        self.view_older_than(ctx, self.cfg().view_lease_ns)
+    }
+
+    /// Whether the table may grow and the root READ that confirmed the
+    /// view was posted more than `ns` ago.
+    fn view_older_than<N: Nic>(&self, ctx: &Ctx<N>, ns: u64) -> bool {
         self.desc.as_ref().is_some_and(|d| d.max_level > 0)
-            && ctx.now_ns().saturating_sub(self.view_ns) > self.cfg().view_lease_ns
+            && ctx.now_ns().saturating_sub(self.view_ns) > ns
     }
 
     /// Reads the root word; adopts the descriptor it names if it is new.
@@ -1064,13 +1068,9 @@ impl CuckooClient {
     /// Whether an action resting on a read posted at `t0` is still inside
     /// the window W; counts a restart if not.
     fn in_window<N: Nic>(&mut self, ctx: &Ctx<N>, t0: u64) -> bool {
-        let now = ctx.now_ns();
-        let cfg = self.cfg();
         // On a table that may grow, also within R + W of the root READ
         // that confirmed the descriptor (`grow.rs`).
-        let ok = now.saturating_sub(t0) <= cfg.window_ns
-            && (cfg.max_level() == 0
-                || now.saturating_sub(self.view_ns) <= cfg.view_lease_ns + cfg.window_ns);
+        let ok = ctx.now_ns().saturating_sub(t0) <= self.cfg().window_ns && !self.view_lapsed(ctx);
         if !ok {
             self.stats.window_restarts += 1;
         }

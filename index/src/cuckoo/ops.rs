@@ -298,7 +298,7 @@ impl CuckooClient {
         // first bucket; an insert that claims a slot elsewhere moves it.
         let near = match self.table.place_of(key) {
             Some(place) if place.pos < loc.positions() => slot_addr(&desc, &loc, place.pos).node(),
-            _ => desc.bucket_addr(loc.first()).node(),
+            _ => desc.bucket_addr(loc.place_buckets()[0]).node(),
         };
         let mut v = self.alloc_entry(ctx, lines, near).await?;
         let mut written = false;
@@ -395,12 +395,14 @@ impl CuckooClient {
                 Ins::Wait => {
                     // Drive the growth to its end (or wait for whoever
                     // does), then insert on the new view.
-                    if let Err(e) = self.grow(ctx, &desc).await {
-                        self.give_back(v);
-                        return Err(e);
+                    match self.grow(ctx, &desc).await {
+                        Ok(d) => desc = d,
+                        Err(e) => {
+                            self.give_back(v);
+                            return Err(e);
+                        }
                     }
                     self.stats.insert_waits += 1;
-                    desc = self.refresh(ctx).await?;
                     loc = self.locate(&desc, key);
                 }
                 Ins::NoRoom(view) => {
@@ -417,12 +419,10 @@ impl CuckooClient {
                             if desc.growing() || desc.level < desc.max_level =>
                         {
                             room_rounds = 0;
-                            let r = self.grow(ctx, &desc).await;
-                            if r.is_ok() {
-                                desc = self.refresh(ctx).await?;
+                            self.grow(ctx, &desc).await.map(|d| {
+                                desc = d;
                                 loc = self.locate(&desc, key);
-                            }
-                            r
+                            })
                         }
                         r => r,
                     };

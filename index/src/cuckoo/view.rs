@@ -107,14 +107,9 @@ impl Reach {
         self.place.map(|i| i as usize)
     }
 
-    /// The bucket new words go to first.
-    pub fn first(&self) -> u64 {
-        self.buckets[self.place[0] as usize]
-    }
-
-    /// Whether position `p` lies in a bucket new words go to.
-    pub fn placeable(&self, p: usize) -> bool {
-        self.place().contains(&(p / SLOTS))
+    /// The first and other bucket new words go to.
+    pub fn place_buckets(&self) -> [u64; 2] {
+        self.place().map(|h| self.buckets()[h])
     }
 }
 /// Collects in one snapshot before giving up (contention bound).
@@ -352,10 +347,7 @@ impl CuckooClient {
                     .growing()
                     .then(|| decode_entry(buf.as_slice(), key.len()))
                     .flatten()
-                    .map(|(k, _)| {
-                        let r = Reach::of(desc, k);
-                        r.place().map(|h| r.buckets()[h])
-                    });
+                    .map(|(k, _)| Reach::of(desc, k).place_buckets());
                 self.known
                     .put_home(e, v, t, entry_sum(buf.as_slice()), home);
             }
