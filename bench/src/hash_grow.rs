@@ -105,9 +105,9 @@ pub fn run(a: HashGrowArgs) -> Result<crate::run::Outcome, ArgError> {
             return Err(ArgError(format!("{name} must be in 1..={max} (got {v})")));
         }
     }
-    if !(a.zipf == 0.0 || (a.zipf > 0.0 && a.zipf < 5.0 && a.zipf != 1.0)) {
+    if !(a.zipf == 0.0 || crate::ycsb::zipf_constant_ok(a.zipf)) {
         return Err(ArgError(format!(
-            "--zipf must be 0 or in (0, 5) other than 1 (got {})",
+            "--zipf must be 0 (uniform) or in (0,1) or (1,5], got {}",
             a.zipf
         )));
     }

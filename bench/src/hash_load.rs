@@ -140,6 +140,7 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
     let cfg = table_config(&a);
     cfg.check()
         .map_err(|e| ArgError(format!("the table: {e}")))?;
+    let created = cfg.slots();
     let m = match measure(&a, cfg) {
         Ok(m) => m,
         Err(e) => {
@@ -201,7 +202,7 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
             "Nessie on sim: round trips against the load factor; 1 client, {} slots{} on {} memory nodes, \
              search bound {} buckets, {} update(s) per insert, seed {}",
             m.slots,
-            if m.growths.is_empty() { String::new() } else { format!(" (grown from {})", table_slots(&a)) },
+            if m.growths.is_empty() { String::new() } else { format!(" (grown from {created})") },
             a.memory_nodes,
             a.max_search_buckets,
             a.updates,
@@ -239,11 +240,6 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
         );
     }
     Ok(crate::run::Outcome::finished())
-}
-
-/// Slots of the table as created.
-fn table_slots(a: &HashLoadArgs) -> u64 {
-    table_config(a).slots()
 }
 
 /// The table: 8-byte keys and values, the bound from the flags.
@@ -320,9 +316,7 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
             }
             // Distinct keys: a fresh draw, its rank in the low bits.
             let k = (rng.next_u64() << 24) | present.len() as u64;
-            // The load of the size new keys go to (it grows).
-            let now_slots = |c: &index::cuckoo::CuckooClient| c.shape().map_or(slots, |s| s.slots);
-            m.slots = now_slots(&c);
+            // The load of the size new keys go to (`m.slots`: it grows).
             let load = present.len() as f64 / m.slots as f64;
             let (r0, m0, g0) = (
                 ctx.counters().round_trips,
@@ -340,12 +334,13 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
                 }
             }
             let round_trips = ctx.counters().round_trips - r0;
+            m.slots = c.shape().map_or(slots, |s| s.slots);
             if c.stats.growth_steps > g0 {
                 m.growths.push(Growth {
                     load,
                     round_trips,
                     ns: ctx.now_ns() - t0,
-                    slots: now_slots(&c),
+                    slots: m.slots,
                 });
             } else {
                 m.ops.push(Op {
@@ -356,7 +351,6 @@ fn measure(a: &HashLoadArgs, cfg: CuckooConfig) -> Result<Measured, String> {
                 });
             }
             present.push(k);
-            m.slots = now_slots(&c);
             let load = present.len() as f64 / m.slots as f64;
             for _ in 0..updates {
                 let k = present[rng.below(present.len() as u64) as usize];

@@ -198,7 +198,7 @@ impl LocksArgs {
                 self.locks
             )));
         }
-        if !(self.zipf == 0.0 || (self.zipf > 0.0 && self.zipf != 1.0 && self.zipf <= 5.0)) {
+        if !(self.zipf == 0.0 || crate::ycsb::zipf_constant_ok(self.zipf)) {
             return Err(ArgError(format!(
                 "--zipf must be 0 or in (0,1) or (1,5] (got {})",
                 self.zipf
