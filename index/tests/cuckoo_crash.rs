@@ -55,6 +55,17 @@ where
     panic!("task on compute node {cn} did not finish");
 }
 
+/// Puts `items` into `table` with one client on compute node 0.
+fn preload_table(w: &mut World, table: &Arc<Cuckoo>, items: &BTreeMap<u64, u64>) {
+    let (t, p) = (table.clone(), items.clone());
+    run_on(w, 0, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        for (k, v) in p {
+            put_u64(&mut c, &ctx, k, v).await.unwrap();
+        }
+    });
+}
+
 /// After a stop: another client on another compute node reads every key
 /// (the preloaded ones with their values; `x` absent or with its value,
 /// the same twice), then updates, deletes and inserts, and the table's
@@ -128,15 +139,7 @@ fn a_client_stopped_dead_mid_displacement_leaves_the_table_usable() {
         let table = Cuckoo::new(quick(cfg(64, 8, 32))).unwrap();
         sim_create_table(&mut w, &table);
         let preload: BTreeMap<u64, u64> = (0..58u64).map(|k| (k, k * 3)).collect();
-        {
-            let (t, p) = (table.clone(), preload.clone());
-            run_on(&mut w, 0, move |ctx| async move {
-                let mut c = t.client().unwrap();
-                for (k, v) in p {
-                    put_u64(&mut c, &ctx, k, v).await.unwrap();
-                }
-            });
-        }
+        preload_table(&mut w, &table, &preload);
         let before = audit_sim(&w, 8);
         assert_eq!(before.map, preload);
         let x = (10_000..).find(|&x| before.both_full(x)).unwrap();
@@ -213,15 +216,7 @@ fn a_client_stopped_dead_mid_growth_leaves_the_table_usable() {
         let mut w = sim_world(5, 2, 2);
         let table = Cuckoo::new(growing_cfg()).unwrap();
         sim_create_table(&mut w, &table);
-        {
-            let (t, p) = (table.clone(), preload.clone());
-            run_on(&mut w, 0, move |ctx| async move {
-                let mut c = t.client().unwrap();
-                for (k, v) in p {
-                    put_u64(&mut c, &ctx, k, v).await.unwrap();
-                }
-            });
-        }
+        preload_table(&mut w, &table, &preload);
         let before = audit_sim(&w, 8);
         assert_eq!((before.map.clone(), before.level), (preload.clone(), 0));
         let result = Rc::new(RefCell::new(None));
@@ -256,6 +251,34 @@ fn a_client_stopped_dead_mid_growth_leaves_the_table_usable() {
     );
     assert!(steps >= 20, "a growing put took only {steps} CASes");
     assert!(growing_left >= 10 && forward_left >= 2);
+}
+
+/// A world of two memory nodes and two compute nodes with `faults`, a
+/// handle on a table of `cfg` for each compute node, and 100 keys (value
+/// k + 7) preloaded from compute node 0.
+fn two_compute_nodes(
+    seed: u64,
+    cfg: &CuckooConfig,
+    faults: Vec<Fault>,
+) -> (World, [Arc<Cuckoo>; 2], BTreeMap<u64, u64>) {
+    let mut w = World::new(SimConfig {
+        seed,
+        memory_nodes: 2,
+        compute_nodes: 2,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        faults,
+        ..Default::default()
+    })
+    .unwrap();
+    let tables = [
+        Cuckoo::new(cfg.clone()).unwrap(),
+        Cuckoo::new(cfg.clone()).unwrap(),
+    ];
+    sim_create_table(&mut w, &tables[0]);
+    let preload: BTreeMap<u64, u64> = (0..100u64).map(|k| (k, k + 7)).collect();
+    preload_table(&mut w, &tables[0], &preload);
+    (w, tables, preload)
 }
 
 /// Two threads of two clients on each of two compute nodes, recorded
@@ -325,35 +348,12 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
         10,
         |seed| {
             let crash_ns = 1_600_000 + (seed * 37_777) % 600_000;
-            let mut w = World::new(SimConfig {
-                seed,
-                memory_nodes: 2,
-                compute_nodes: 2,
-                host_bytes: HOST,
-                dm_bytes: DM,
-                faults: vec![Fault {
-                    at_ns: crash_ns,
-                    kind: FaultKind::CrashComputeNode { node: 1 },
-                }],
-                ..Default::default()
-            })
-            .unwrap();
-            let cfg = quick(cfg(128, 8, 48));
-            let tables = [
-                Cuckoo::new(cfg.clone()).unwrap(),
-                Cuckoo::new(cfg.clone()).unwrap(),
-            ];
-            sim_create_table(&mut w, &tables[0]);
-            let preload: BTreeMap<u64, u64> = (0..100u64).map(|k| (k, k + 7)).collect();
-            {
-                let (t, p) = (tables[0].clone(), preload.clone());
-                run_on(&mut w, 0, move |ctx| async move {
-                    let mut c = t.client().unwrap();
-                    for (k, v) in p {
-                        put_u64(&mut c, &ctx, k, v).await.unwrap();
-                    }
-                });
-            }
+            let crash = Fault {
+                at_ns: crash_ns,
+                kind: FaultKind::CrashComputeNode { node: 1 },
+            };
+            let (mut w, tables, preload) =
+                two_compute_nodes(seed, &quick(cfg(128, 8, 48)), vec![crash]);
             assert!(
                 w.now_ns() < crash_ns,
                 "preload ran past the crash: {} ns",
@@ -448,33 +448,10 @@ fn cuckoo_compute_node_crash_during_growth_on_sim() {
         "cuckoo_compute_node_crash_during_growth_on_sim",
         10,
         |seed| {
-            let mut w = World::new(SimConfig {
-                seed,
-                memory_nodes: 2,
-                compute_nodes: 2,
-                host_bytes: HOST,
-                dm_bytes: DM,
-                ..Default::default()
-            })
-            .unwrap();
             let mut cfg = quick(cfg(128, 8, 48));
             cfg.max_capacity = 1024;
             cfg.view_lease_ns = 20_000;
-            let tables = [
-                Cuckoo::new(cfg.clone()).unwrap(),
-                Cuckoo::new(cfg.clone()).unwrap(),
-            ];
-            sim_create_table(&mut w, &tables[0]);
-            let preload: BTreeMap<u64, u64> = (0..100u64).map(|k| (k, k + 7)).collect();
-            {
-                let (t, p) = (tables[0].clone(), preload.clone());
-                run_on(&mut w, 0, move |ctx| async move {
-                    let mut c = t.client().unwrap();
-                    for (k, v) in p {
-                        put_u64(&mut c, &ctx, k, v).await.unwrap();
-                    }
-                });
-            }
+            let (mut w, tables, preload) = two_compute_nodes(seed, &cfg, vec![]);
             let crash_ns = w.now_ns() + 300_000 + (seed * 137_777) % 2_500_000;
             w.add_faults(&[Fault {
                 at_ns: crash_ns,
@@ -570,13 +547,7 @@ fn an_update_racing_a_move_of_its_key_retries() {
     let setup = |w: &mut World| {
         let table = Cuckoo::new(cfg(64, 8, 32)).unwrap();
         sim_create_table(w, &table);
-        let (t, p) = (table.clone(), preload.clone());
-        run_on(w, 0, move |ctx| async move {
-            let mut c = t.client().unwrap();
-            for (k, v) in p {
-                put_u64(&mut c, &ctx, k, v).await.unwrap();
-            }
-        });
+        preload_table(w, &table, &preload);
         let x = (10_000..).find(|&x| audit_sim(w, 8).both_full(x)).unwrap();
         (table, x)
     };
