@@ -57,8 +57,13 @@ pub fn alt_at(b: u64, fp: u16, base: u64, level: u32) -> u64 {
 /// is [`locate`]. A key's first bucket at level `l + 1` is its first at
 /// level `l`, or that plus `base << l`.
 pub fn locate_at(key: &[u8], seed: u64, base: u64, level: u32) -> Loc {
-    let l = locate(key, seed, base);
-    let h = hash64(key, seed);
+    locate_hash_at(hash64(key, seed), base, level)
+}
+
+/// [`locate_at`] of a key whose hash (`hash64` under the table's seed) is
+/// `h`: a reader placing one key at two levels hashes it once.
+pub fn locate_hash_at(h: u64, base: u64, level: u32) -> Loc {
+    let l = locate_hash(h, base);
     let copy = (h >> FP_BITS) & ((1u64 << level) - 1);
     let b1 = l.b1 + base * copy;
     Loc {
@@ -70,7 +75,11 @@ pub fn locate_at(key: &[u8], seed: u64, base: u64, level: u32) -> Loc {
 
 /// Where `key` may live in a table of `buckets` buckets.
 pub fn locate(key: &[u8], seed: u64, buckets: u64) -> Loc {
-    let h = hash64(key, seed);
+    locate_hash(hash64(key, seed), buckets)
+}
+
+/// [`locate`] of a key whose hash is `h`.
+fn locate_hash(h: u64, buckets: u64) -> Loc {
     // The bucket from the high bits (multiply-shift), the fingerprint from
     // the low bits: independent enough, one hash per key.
     let b1 = ((h as u128 * buckets as u128) >> 64) as u64;

@@ -19,8 +19,8 @@
 //! a verdict (this key, another key, unreadable) is kept for a short while
 //! keyed by the entry reference.
 
-use super::layout::{decode_entry, Desc, EntryRef, Phase, Slot, State, SLOTS};
-use super::place::{locate_at, Loc};
+use super::layout::{decode_entry, hash64, Desc, EntryRef, Phase, Slot, State, SLOTS};
+use super::place::{locate_hash_at, Loc};
 use super::{CuckooClient, CuckooError};
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Batch, Ctx, Done, GlobalAddr, Nic, OpId};
@@ -64,7 +64,8 @@ impl Reach {
 
     /// Where `key` is read and placed under `desc`.
     pub fn of(desc: &Desc, key: &[u8]) -> Reach {
-        let at = |level| locate_at(key, desc.seed, desc.base_buckets, level);
+        let h = hash64(key, desc.seed);
+        let at = |level| locate_hash_at(h, desc.base_buckets, level);
         let lo = at(desc.level);
         if !desc.growing() {
             return Reach::pair(lo);
