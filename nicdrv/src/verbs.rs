@@ -42,7 +42,14 @@ pub struct Sge {
 }
 
 /// The operation a work request carries (`ibv_wr_opcode` plus its fields).
+///
+/// `repr(C, u8)`, with `remote`, `rkey` and `local` first in every variant,
+/// puts those three at the same offsets whatever the operation, so
+/// [`WrOp::remote`], [`WrOp::rkey`] and [`WrOp::local`] are single loads
+/// rather than a `match` each. A post reaches them several times per
+/// request (the caps check, the responder's checks, the counters).
 #[derive(Copy, Clone, Debug)]
+#[repr(C, u8)]
 pub enum WrOp {
     /// RDMA READ of `local.len` bytes from `remote` into `local`.
     Read {
@@ -63,27 +70,27 @@ pub enum WrOp {
     Cas {
         remote: GlobalAddr,
         rkey: RKey,
+        local: Sge,
         compare: u64,
         swap: u64,
-        local: Sge,
     },
     /// 8-byte fetch-and-add; the old value lands in `local` (8 bytes).
     Faa {
         remote: GlobalAddr,
         rkey: RKey,
-        add: u64,
         local: Sge,
+        add: u64,
     },
     /// Masked compare-and-swap (an optional capability): compares only the
     /// bits in `compare_mask`, and replaces only the bits in `swap_mask`.
     MaskedCas {
         remote: GlobalAddr,
         rkey: RKey,
+        local: Sge,
         compare: u64,
         compare_mask: u64,
         swap: u64,
         swap_mask: u64,
-        local: Sge,
     },
 }
 

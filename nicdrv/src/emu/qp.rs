@@ -354,6 +354,7 @@ impl EmuQp {
         &self.peer
     }
 
+    #[inline]
     fn push(&mut self, wr: &WorkRequest, status: WcStatus, due_ns: u64) {
         let retire = self.unsignaled + 1;
         self.unsignaled = 0;
