@@ -33,9 +33,15 @@ pub(crate) fn finish(
     }
     let kinds = std::mem::take(&mut *sh.kinds.borrow_mut());
     let ops = kinds.iter().map(|k| k.count).sum();
+    let mut all_latency = latency_histogram();
+    for k in &kinds {
+        all_latency
+            .add(&k.latency)
+            .map_err(|e| format!("merging latency histograms: {e:?}"))?;
+    }
     Ok(Report {
         kinds,
-        all_latency: sh.all.borrow().clone(),
+        all_latency,
         elapsed_ns,
         tree: *sh.tree.borrow(),
         ops,

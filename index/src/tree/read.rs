@@ -3,26 +3,45 @@
 //! lookups.
 
 use super::*;
+use std::future::Future;
 
 impl<K: TreeKey> TreeClientOf<K> {
     /// Reads a node until it is consistent under the configured scheme.
-    pub(super) async fn read_node<N: Nic>(
-        &mut self,
-        ctx: &Ctx<N>,
+    ///
+    /// This and [`Self::read_node_into`] are plain functions handing out
+    /// [`Self::read_node_with`]'s future, not `async fn`s awaiting it: every
+    /// nested `async fn` is a state machine of its own, resumed on each
+    /// poll and copied into its caller's, and a lookup awaited three.
+    pub(super) fn read_node<'a, N: Nic>(
+        &'a mut self,
+        ctx: &'a Ctx<N>,
         addr: GlobalAddr,
-    ) -> Result<Buf, TreeError> {
-        let buf = ctx.alloc_for_read(self.layout.node_bytes())?;
-        self.read_node_into(ctx, addr, buf).await
+    ) -> impl Future<Output = Result<Buf, TreeError>> + 'a {
+        self.read_node_with(ctx, addr, None)
     }
 
     /// [`Self::read_node`] into `buf`, a node's worth of scratch.
-    pub(super) async fn read_node_into<N: Nic>(
+    pub(super) fn read_node_into<'a, N: Nic>(
+        &'a mut self,
+        ctx: &'a Ctx<N>,
+        addr: GlobalAddr,
+        buf: Buf,
+    ) -> impl Future<Output = Result<Buf, TreeError>> + 'a {
+        self.read_node_with(ctx, addr, Some(buf))
+    }
+
+    /// [`Self::read_node`] into `buf`, or into a fresh buffer when `None`.
+    pub(super) async fn read_node_with<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         addr: GlobalAddr,
-        mut buf: Buf,
+        buf: Option<Buf>,
     ) -> Result<Buf, TreeError> {
         check_node_addr(addr)?;
+        let mut buf = match buf {
+            Some(b) => b,
+            None => ctx.alloc_for_read(self.layout.node_bytes())?,
+        };
         for _ in 0..MAX_READ_RETRIES {
             let mut b = ctx.batch();
             let op = b.read(addr, buf);
@@ -73,15 +92,34 @@ impl<K: TreeKey> TreeClientOf<K> {
         key: K,
         level: u8,
     ) -> Result<GlobalAddr, TreeError> {
-        if let Some(r) = self.tree.cache.route(key, level + 1, u8::MAX) {
-            if r.level == level + 1 {
-                if level == 0 {
-                    self.stats.cache_hits += 1;
-                    self.tree.cache.count_hit(true);
-                }
-                return Ok(r.child);
-            }
+        match self.cached_child(key, level) {
+            Some(a) => Ok(a),
+            None => self.descend(ctx, key, level).await,
         }
+    }
+
+    /// The node at `level` covering `key` by the index cache alone, when
+    /// it holds that node's parent (a hit, counted at level 0).
+    fn cached_child(&mut self, key: K, level: u8) -> Option<GlobalAddr> {
+        let r = self.tree.cache.route(key, level + 1, u8::MAX)?;
+        if r.level != level + 1 {
+            return None;
+        }
+        if level == 0 {
+            self.stats.cache_hits += 1;
+            self.tree.cache.count_hit(true);
+        }
+        Some(r.child)
+    }
+
+    /// [`Self::find_level`] past a cache miss: from the root, or from the
+    /// deepest cached node above `level`.
+    async fn descend<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        key: K,
+        level: u8,
+    ) -> Result<GlobalAddr, TreeError> {
         if level == 0 {
             self.stats.cache_misses += 1;
             self.tree.cache.count_hit(false);
@@ -138,7 +176,13 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// With values wider than 8 bytes, the value's first eight bytes as a
     /// little-endian `u64` ([`Self::get_value`] gives all of it).
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: K) -> Result<Option<u64>, TreeError> {
-        crate::scratch_scoped(ctx, self.get_unscoped(ctx, key, None)).await
+        // `crate::scratch_scoped` spelt out: the lookup's future is made
+        // where it is awaited, not moved into the scope's future and then
+        // into its await (two copies of the whole state per lookup).
+        let before = ctx.scratch_used();
+        let r = self.get_unscoped(ctx, key, None).await;
+        ctx.scratch_balanced(before);
+        r
     }
 
     /// The whole value of `key` (the tree's `value_bytes`) into `out`, if
@@ -165,7 +209,12 @@ impl<K: TreeKey> TreeClientOf<K> {
         check_key(key)?;
         self.stats.lookups += 1;
         let retries0 = self.stats.read_retries;
-        let mut addr = self.find_level(ctx, key, 0).await?;
+        // A cache hit is the common case: settled here, with no descent's
+        // future to make and await.
+        let mut addr = match self.cached_child(key, 0) {
+            Some(a) => a,
+            None => self.descend(ctx, key, 0).await?,
+        };
         let mut clean = true;
         for _ in 0..MAX_RESTARTS {
             let buf = self.read_node(ctx, addr).await?;

@@ -173,10 +173,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         held: Held,
         buf: Option<Buf>,
     ) -> Result<(Held, Buf), TreeError> {
-        let read = match buf {
-            Some(b) => self.read_node_into(ctx, held.node, b).await,
-            None => self.read_node(ctx, held.node).await,
-        };
+        let read = self.read_node_with(ctx, held.node, buf).await;
         match read {
             Ok(b) => Ok((held, b)),
             Err(e) => {

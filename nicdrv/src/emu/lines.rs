@@ -427,8 +427,19 @@ impl LineMem {
         // As in `read_line`: a writer whose store any copy above read has
         // its odd sequence store made visible to the reloads below.
         fence(Ordering::Acquire);
+        // Relaxed: ordered after the copies by the fence above. One pass
+        // without branches says whether any line needs the careful path;
+        // almost always none does.
+        let mut bad = 0u32;
+        for (s, q) in s1[..n].iter().zip(seqs) {
+            bad |= (s & 1) | (q.load(Ordering::Relaxed) ^ s);
+        }
+        if bad == 0 {
+            return;
+        }
         for k in 0..n {
-            // Relaxed: ordered after the copies by the fence above.
+            // Relaxed: as above; a line that passed stays accepted (its
+            // reload here is later, and only a changed one is read again).
             if s1[k] & 1 == 1 || seqs[k].load(Ordering::Relaxed) != s1[k] {
                 let line = first + k as u64;
                 // SAFETY: line k of the READ, within dst's n lines.
@@ -456,7 +467,8 @@ impl LineMem {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let (first, last) = (off / LINE_BYTES, (end - 1) / LINE_BYTES);
-            for line in first..=last {
+            // An exclusive range: `..=` costs a second test per line.
+            for line in first..last + 1 {
                 // SAFETY: a prefetch is a hint: it never faults, whatever
                 // the address, and changes no memory. The line lies in
                 // `data` (the caller checked the range is in bounds).
