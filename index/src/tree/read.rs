@@ -107,7 +107,6 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         if level == 0 {
             self.stats.cache_hits += 1;
-            self.tree.cache.count_hit(true);
         }
         Some(r.child)
     }
@@ -122,7 +121,6 @@ impl<K: TreeKey> TreeClientOf<K> {
     ) -> Result<GlobalAddr, TreeError> {
         if level == 0 {
             self.stats.cache_misses += 1;
-            self.tree.cache.count_hit(false);
         }
         let mut fresh = false;
         'restart: for _ in 0..MAX_RESTARTS {
