@@ -138,7 +138,12 @@ impl fmt::Display for ExecError {
 impl std::error::Error for ExecError {}
 
 pub(crate) struct Slot {
+    /// Set by wakers, which may be on any thread.
     pub(crate) wake: Arc<SlotWake>,
+    /// Set by the executor's own wakes (a completion routed, a spawn, a
+    /// deadline passed): a plain store, where the shared flag costs the
+    /// turn a locked swap to clear, once per verb on emu.
+    pub(crate) woken_here: Cell<bool>,
     pub(crate) arena: Rc<SlotArena>,
     /// Sequence number of the slot's current batch.
     pub(crate) seq: Cell<u16>,
@@ -236,11 +241,11 @@ impl<N: Nic> Core<N> {
                 debug_assert!(p > 0);
                 slot.pending.set(p.saturating_sub(1));
                 if p == 1 || slot.wake_each.get() {
-                    slot.wake.wake();
+                    slot.woken_here.set(true);
                 }
             } else if slot.arena.inflight() == 0 {
                 // A task waiting to post after a dropped batch may go on.
-                slot.wake.wake();
+                slot.woken_here.set(true);
             }
         }
     }
@@ -353,6 +358,7 @@ impl<N: Nic> Executor<N> {
                         wake: Arc::new(SlotWake {
                             woken: std::sync::atomic::AtomicBool::new(false),
                         }),
+                        woken_here: Cell::new(false),
                         arena: Rc::new(SlotArena::new(arena_base, arena_len, lkey, keep.clone())),
                         seq: Cell::new(0),
                         pending: Cell::new(0),
@@ -425,7 +431,7 @@ impl<N: Nic> Executor<N> {
         let ctx = Ctx::new(self.core.clone(), ix);
         self.tasks[ix] = Some(Box::pin(f(ctx)));
         self.live += 1;
-        self.core.slots[ix].wake.wake();
+        self.core.slots[ix].woken_here.set(true);
         Ok(ix)
     }
 
@@ -434,7 +440,7 @@ impl<N: Nic> Executor<N> {
         self.core
             .slots
             .iter()
-            .any(|s| s.wake.woken.load(std::sync::atomic::Ordering::Relaxed))
+            .any(|s| s.woken_here.get() || s.wake.woken.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Tasks that have not finished.
@@ -470,13 +476,15 @@ impl<N: Nic> Executor<N> {
             let now = core.now_ns.get();
             for (i, s) in core.slots.iter().enumerate() {
                 if s.wait_due(&core.nic, i, now) {
-                    s.wake.wake();
+                    s.woken_here.set(true);
                 }
             }
         }
         let mut polls = 0;
         for i in 0..self.tasks.len() {
-            if !core.slots[i].wake.take() {
+            let s = &core.slots[i];
+            // Both flags cleared (`|`, not `||`): one poll answers both.
+            if !(s.woken_here.replace(false) | s.wake.take()) {
                 continue;
             }
             let Some(task) = self.tasks[i].as_mut() else {
