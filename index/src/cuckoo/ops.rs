@@ -54,7 +54,7 @@ impl CuckooClient {
         key: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, CuckooError> {
-        crate::scratch_scoped(ctx, self.get_into_unscoped(ctx, key, out)).await
+        crate::scratch_scoped!(ctx, self.get_into_unscoped(ctx, key, out))
     }
 
     async fn get_into_unscoped<N: Nic>(
@@ -258,7 +258,7 @@ impl CuckooClient {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), CuckooError> {
-        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
+        crate::scratch_scoped!(ctx, self.put_unscoped(ctx, key, value))
     }
 
     async fn put_unscoped<N: Nic>(
@@ -678,7 +678,7 @@ impl CuckooClient {
     /// [`get_into`](Self::get_into) does otherwise; after a `Verb` error
     /// the delete's effect is unknown.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: &[u8]) -> Result<bool, CuckooError> {
-        crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
+        crate::scratch_scoped!(ctx, self.delete_unscoped(ctx, key))
     }
 
     async fn delete_unscoped<N: Nic>(

@@ -174,13 +174,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// With values wider than 8 bytes, the value's first eight bytes as a
     /// little-endian `u64` ([`Self::get_value`] gives all of it).
     pub async fn get<N: Nic>(&mut self, ctx: &Ctx<N>, key: K) -> Result<Option<u64>, TreeError> {
-        // `crate::scratch_scoped` spelt out: the lookup's future is made
-        // where it is awaited, not moved into the scope's future and then
-        // into its await (two copies of the whole state per lookup).
-        let before = ctx.scratch_used();
-        let r = self.get_unscoped(ctx, key, None).await;
-        ctx.scratch_balanced(before);
-        r
+        crate::scratch_scoped!(ctx, self.get_unscoped(ctx, key, None))
     }
 
     /// The whole value of `key` (the tree's `value_bytes`) into `out`, if
@@ -193,7 +187,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         out: &mut [u8],
     ) -> Result<bool, TreeError> {
         self.check_value_size(out.len())?;
-        let r = crate::scratch_scoped(ctx, self.get_unscoped(ctx, key, Some(out))).await;
+        let r = crate::scratch_scoped!(ctx, self.get_unscoped(ctx, key, Some(out)));
         r.map(|v| v.is_some())
     }
 

@@ -17,8 +17,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         high: K,
         limit: usize,
     ) -> Result<Vec<(K, u64)>, TreeError> {
-        let st =
-            crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit, false)).await?;
+        let st = crate::scratch_scoped!(ctx, self.scan_unscoped(ctx, low, high, limit, false))?;
         Ok(st.out)
     }
 
@@ -31,8 +30,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         high: K,
         limit: usize,
     ) -> Result<Vec<(K, Vec<u8>)>, TreeError> {
-        let st =
-            crate::scratch_scoped(ctx, self.scan_unscoped(ctx, low, high, limit, true)).await?;
+        let st = crate::scratch_scoped!(ctx, self.scan_unscoped(ctx, low, high, limit, true))?;
         let vb = self.layout.value_bytes();
         let values = st.values.chunks_exact(vb).map(<[u8]>::to_vec);
         Ok(st.out.into_iter().map(|(k, _)| k).zip(values).collect())

@@ -314,7 +314,7 @@ impl<K: TreeKey> TreeClientOf<K> {
             wide = w;
             &wide
         };
-        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, v)).await
+        crate::scratch_scoped!(ctx, self.put_unscoped(ctx, key, v))
     }
 
     /// [`Self::put`] of a whole value, `value_bytes` long; fails also with
@@ -326,7 +326,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         value: &[u8],
     ) -> Result<(), TreeError> {
         self.check_value_size(value.len())?;
-        crate::scratch_scoped(ctx, self.put_unscoped(ctx, key, value)).await
+        crate::scratch_scoped!(ctx, self.put_unscoped(ctx, key, value))
     }
 
     pub(super) async fn put_unscoped<N: Nic>(
@@ -344,7 +344,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// for the largest key, `NotCreated` before the tree exists, `Verb` when a
     /// verb fails, `Corrupt` for a broken node or endless restarts.
     pub async fn delete<N: Nic>(&mut self, ctx: &Ctx<N>, key: K) -> Result<bool, TreeError> {
-        crate::scratch_scoped(ctx, self.delete_unscoped(ctx, key)).await
+        crate::scratch_scoped!(ctx, self.delete_unscoped(ctx, key))
     }
 
     pub(super) async fn delete_unscoped<N: Nic>(
