@@ -89,22 +89,19 @@ impl Slot {
         unsafe { (*self.storage.wrs.get())[ix].op.opcode() }
     }
 
-    /// Takes request `ix`'s buffer. Taking the highest stored one lowers
-    /// the high-water mark past the empty entries below it, so a batch
-    /// whose results were all taken leaves nothing to clear.
+    /// Takes request `ix`'s buffer, and lowers the high-water mark past
+    /// the empty entries at its top, so a batch whose results were all
+    /// taken leaves nothing to clear.
     #[inline]
     pub(crate) fn take_buf(&self, ix: usize) -> Option<Buf> {
         // SAFETY: see the module comment.
         let bufs = unsafe { &mut *self.storage.bufs.get() };
         let b = bufs[ix].take();
-        let used = &self.storage.used;
-        if ix + 1 == used.get() as usize {
-            let mut n = ix;
-            while n > 0 && bufs[n - 1].is_none() {
-                n -= 1;
-            }
-            used.set(n as u8);
+        let mut used = self.storage.used.get() as usize;
+        while used > 0 && bufs[used - 1].is_none() {
+            used -= 1;
         }
+        self.storage.used.set(used as u8);
         b
     }
 

@@ -1,5 +1,7 @@
 //! Wakers for task slots: a flag per slot, set by whoever wakes the task and
-//! swapped clear by the executor before it polls the slot.
+//! swapped clear by the executor before it polls the slot. The executor's
+//! own wakes (completions, spawns, deadlines) set `Slot::woken_here`
+//! instead, a plain cell that needs no locked swap to clear.
 //!
 //! The flags live in an `Arc` so that a `Waker` stored anywhere stays valid
 //! after the executor is gone (std requires wakers to be `Send + Sync` and
