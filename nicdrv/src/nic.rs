@@ -44,6 +44,18 @@ pub trait Nic: Clone + 'static {
     /// builds too: the simulator's, so its seed sweeps can trip them.
     const ASSERTS_INVARIANTS: bool = false;
 
+    /// Whether every signaled request's completion is in its completion
+    /// queue by the time `post_send` returns: the emulator without injected
+    /// delay, which does a request's work while posting it. The executor
+    /// then polls the queue right after posting and goes on with the task
+    /// (a bounded number of times a turn), where it would otherwise return
+    /// to its loop and find the completion at the next turn. No real NIC
+    /// or simulated one does: a poll straight after a post would find
+    /// nothing.
+    fn completes_at_post(&self) -> bool {
+        false
+    }
+
     /// Whether dropping an executor must first wait for its requests in
     /// flight. The simulator cancels them itself when its world ends.
     fn drain_on_drop(&self) -> bool {

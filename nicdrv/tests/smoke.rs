@@ -76,3 +76,86 @@ fn bad_executor_configs_are_errors_not_panics() {
         }
     }
 }
+
+/// `tasks` tasks of `each` sequential FAAs on an emu executor: the log of
+/// (task, i) in completion order, and the turns run.
+fn faa_tasks(cfg: EmuConfig, tasks: u8, each: u64) -> (Vec<(u8, u64)>, u64) {
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 1,
+        host_bytes: 1 << 20,
+        dm_bytes: 4096,
+        backing: Backing::Memfd,
+    })
+    .unwrap();
+    node.register_all().unwrap();
+    let nic = EmuNic::new(cfg);
+    let ecfg = ExecutorConfig::default();
+    let cq = nic.create_cq(1024).unwrap();
+    let qp = nic
+        .create_qp(&cq, ecfg.qp_depth())
+        .unwrap()
+        .connect(&node.endpoint());
+    let mr = nic
+        .register(
+            HeapMem::zeroed(ecfg.scratch_bytes()).unwrap(),
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    let mut ex = Executor::new(nic.clone(), cq, vec![qp], mr, ecfg).unwrap();
+    let log = Rc::new(std::cell::RefCell::new(Vec::new()));
+    for t in 0..tasks {
+        let (log, nic) = (log.clone(), nic.clone());
+        ex.spawn(move |ctx| async move {
+            let a = GlobalAddr::host(1, 64 * (t as u64 + 1));
+            for i in 0..each {
+                let posted = nic.now_ns();
+                assert_eq!(ctx.faa(a, 1).await.unwrap(), i, "task {t}");
+                // The clock a task stamps with is never before its last
+                // completed batch was posted.
+                assert!(ctx.now_ns() >= posted, "task {t}, FAA {i}: stale clock");
+                log.borrow_mut().push((t, i));
+            }
+        })
+        .unwrap();
+    }
+    ex.run();
+    let turns = ex.turns();
+    let log = log.borrow().clone();
+    (log, turns)
+}
+
+#[test]
+fn a_lone_task_sees_batches_complete_at_post_within_a_budget() {
+    let each = 320;
+    let (log, turns) = faa_tasks(EmuConfig::default(), 1, each);
+    assert_eq!(log.len() as u64, each);
+    // A poll sees up to INLINE_BUDGET batches complete at their post and
+    // leaves the next to the turn: about one turn per budget, not one per
+    // batch, and never fewer.
+    let budget = exec::INLINE_BUDGET as u64;
+    assert!(
+        (each / (budget + 1)..=each / budget + 2).contains(&turns),
+        "{turns} turns for {each} batches"
+    );
+}
+
+#[test]
+fn batches_wait_for_a_turn_among_tasks_or_when_the_nic_delays() {
+    let each = 60;
+    let (log, turns) = faa_tasks(EmuConfig::default(), 2, each);
+    assert_eq!(log.len() as u64, 2 * each);
+    assert!(
+        turns >= each,
+        "{turns} turns: two tasks' batches went inline"
+    );
+    let delayed = EmuConfig {
+        latency_ns_one_way: 1_000,
+        ..EmuConfig::default()
+    };
+    let (log, turns) = faa_tasks(delayed, 1, each);
+    assert_eq!(log.len() as u64, each);
+    assert!(
+        turns >= each,
+        "{turns} turns: a delayed batch completed at its post"
+    );
+}

@@ -224,6 +224,12 @@ impl Nic for EmuNic {
         crate::clock::now_ns()
     }
 
+    /// `post_send` executes each request and queues its completion due at
+    /// once unless a delay is injected.
+    fn completes_at_post(&self) -> bool {
+        !self.inner.cfg.injects_delay()
+    }
+
     fn register<M: RegisterableMemory>(
         &self,
         mem: M,

@@ -89,7 +89,9 @@ impl<N: Nic> Ctx<N> {
     }
 
     /// The time at the start of the current executor turn (ns): wall clock
-    /// on real backends, virtual in the simulator. Reading it is free.
+    /// on real backends, virtual in the simulator; on a NIC that completes
+    /// at post, read again after each batch the task saw complete so.
+    /// Reading it is free.
     pub fn now_ns(&self) -> u64 {
         self.core.now_ns.get()
     }
@@ -743,6 +745,13 @@ impl<'a, N: Nic> Posting<'a, N> {
                 return Poll::Pending;
             }
             stage = self.post(slot);
+            // On a NIC that completes at post, the results are in the
+            // queue already: a task alone on its core routes them now and
+            // falls through to the wait (`Core::inline_now`).
+            let core = self.ctx.core_ref();
+            if core.inline_now.get() && slot.pending.get() > 0 {
+                core.complete_inline(slot);
+            }
         }
         if stage == Stage::First {
             if slot.pending.get() >= b.groups.get() as u32 {
