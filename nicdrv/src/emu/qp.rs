@@ -285,7 +285,13 @@ impl CompletionQueue for EmuCq {
         } else {
             q.len().min(out.len())
         };
-        for (o, p) in out[..n].iter_mut().zip(q.drain(..n)) {
+        // `pop_front` rather than `drain`: a drain builds and drops an
+        // iterator over the ring's two halves, 50 instructions for one
+        // completion.
+        for o in &mut out[..n] {
+            let Some(p) = q.pop_front() else {
+                unreachable!("counted above")
+            };
             let sh = &qps[p.qp_slot as usize];
             debug_assert!(sh.outstanding.get() >= p.retire);
             sh.outstanding.set(sh.outstanding.get() - p.retire);
