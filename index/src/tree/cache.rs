@@ -9,10 +9,10 @@
 //! Shared by the compute node's threads behind a reader-writer lock (reads
 //! dominate; an uncontended read lock is two atomic operations).
 
+use super::floor::FloorMap;
 use super::key::TreeKey;
 use super::layout::Node;
 use nicdrv::GlobalAddr;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
@@ -56,7 +56,7 @@ struct Inner<K> {
     /// by low fence. A map per level rather than one keyed by (level,
     /// low): a lookup compares one word per step, not two (the cache's
     /// search was 350 instructions of a 4,400-instruction lookup on emu).
-    by_level: Vec<BTreeMap<K, usize>>,
+    by_level: Vec<FloorMap<K>>,
     slots: Vec<Option<Cached<K>>>,
     free: Vec<usize>,
     bytes: usize,
@@ -66,20 +66,19 @@ impl<K: TreeKey> Inner<K> {
     /// The low fence and slot of the cached node at `level` with the
     /// greatest low fence at or below `key`.
     fn covering(&self, level: u8, key: K) -> Option<(K, usize)> {
-        let m = self.by_level.get(level as usize)?;
-        m.range(..=key).next_back().map(|(&low, &slot)| (low, slot))
+        self.by_level.get(level as usize)?.floor(key)
     }
 
     fn insert(&mut self, level: u8, low: K, slot: usize) {
         let l = level as usize;
         if self.by_level.len() <= l {
-            self.by_level.resize_with(l + 1, BTreeMap::new);
+            self.by_level.resize_with(l + 1, FloorMap::new);
         }
         self.by_level[l].insert(low, slot);
     }
 
     fn remove(&mut self, level: u8, low: K) -> Option<usize> {
-        self.by_level.get_mut(level as usize)?.remove(&low)
+        self.by_level.get_mut(level as usize)?.remove(low)
     }
 }
 
@@ -351,7 +350,7 @@ mod tests {
             assert!(c.bytes() <= 5 * one, "{} bytes after {i}", c.bytes());
         }
         let inner = c.inner.read().unwrap();
-        let mapped: usize = inner.by_level.iter().map(BTreeMap::len).sum();
+        let mapped: usize = inner.by_level.iter().map(FloorMap::len).sum();
         let live = inner.slots.iter().filter(|s| s.is_some()).count();
         assert_eq!(mapped, live, "maps and slots in step");
         assert_eq!(live, 5);

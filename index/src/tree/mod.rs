@@ -25,6 +25,7 @@
 mod bulk;
 pub mod cache;
 pub mod config;
+mod floor;
 pub mod hocl;
 pub mod key;
 pub mod layout;
