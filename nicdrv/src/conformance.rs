@@ -101,19 +101,53 @@ where
     F: FnOnce(Ctx<H::N>) -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
 {
+    run_task_in_company(h, false, f)
+}
+
+/// As [`run_task`], with a second task on the same thread that only
+/// yields until the first is done. A task alone may see a batch complete
+/// at its post ([`Nic::completes_at_post`]); one with company returns to
+/// its executor after every post, so a case that holds a batch in flight
+/// finds it in flight on every backend.
+pub fn run_task_among<H: Harness, T, F, Fut>(h: &H, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(Ctx<H::N>) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+{
+    run_task_in_company(h, true, f)
+}
+
+fn run_task_in_company<H: Harness, T, F, Fut>(h: &H, company: bool, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(Ctx<H::N>) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+{
     let f = Mutex::new(Some(f));
     let out: Arc<Mutex<Option<T>>> = Arc::new(Mutex::new(None));
-    let o = out.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let (o, d) = (out.clone(), done.clone());
     h.parallel(
         1,
-        1,
-        Arc::new(move |ctx, _, _| {
+        1 + company as usize,
+        Arc::new(move |ctx, _, task| {
+            // Relaxed: both tasks run on this one executor thread.
+            let d = d.clone();
+            if task == 1 {
+                return Box::pin(async move {
+                    while !d.load(Relaxed) {
+                        ctx.yield_now().await;
+                    }
+                });
+            }
             let f = f.lock().unwrap().take().expect("run_task's task runs once");
             let o = o.clone();
             let fut = f(ctx);
             Box::pin(async move {
                 let v = fut.await;
                 *o.lock().unwrap() = Some(v);
+                d.store(true, Relaxed);
             })
         }),
     );
@@ -220,7 +254,7 @@ pub fn batch_semantics<H: Harness>(h: &H) {
 pub fn batch_lifecycle<H: Harness>(h: &H) {
     let (a, b) = two_nodes(h);
     let word = |node, i: u64| GlobalAddr::host(node, 8192 + 8 * i);
-    run_task(h, move |ctx| async move {
+    run_task_among(h, move |ctx| async move {
         let base = ctx.scratch_used();
         let before = ctx.counters();
         // Superseded: the older batch's FAA never runs.
@@ -303,6 +337,104 @@ pub fn batch_lifecycle<H: Harness>(h: &H) {
         let y = check.read_new(word(b, 5), 8);
         let d = check.submit().await.expect("read back");
         assert_eq!((d.word(x), d.word(y)), (11, 12));
+        drop(d);
+        assert_eq!(ctx.scratch_used(), base, "every buffer came back");
+    });
+}
+
+/// [`Ctx::read_into`] is a batch of one READ: the same bytes, counters and
+/// errors. It starts a batch as `Ctx::batch` does: it supersedes one being
+/// built, is refused while one is in flight and refuses others while it
+/// is; dropped in flight, the next batch waits for it, and its buffer
+/// comes back.
+pub fn read_into<H: Harness>(h: &H) {
+    let (a, b) = two_nodes(h);
+    let x = GlobalAddr::host(a, 0xc000);
+    let word = move |i: u64| GlobalAddr::host(b, 0xc000 + 8 * i);
+    let host = h.host_bytes(a);
+    run_task_among(h, move |ctx| async move {
+        let base = ctx.scratch_used();
+        let data: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
+        ctx.write(x, &data).await.unwrap();
+        let before = ctx.counters();
+        let buf = ctx.read_into(x, ctx.alloc(256).unwrap()).await.unwrap();
+        assert_eq!(buf.as_slice(), &data[..]);
+        let alone = ctx.counters() - before;
+        let before = ctx.counters();
+        let mut bt = ctx.batch();
+        let op = bt.read(x, buf);
+        let buf = bt.submit().await.unwrap().take_buf(op);
+        assert_eq!(alone, ctx.counters() - before, "counted as a batch of one");
+        drop(buf);
+        // The responder's error, as a READ's; then it works again.
+        let e = ctx
+            .read_into(GlobalAddr::host(a, host - 8), ctx.alloc(16).unwrap())
+            .await
+            .expect_err("out of bounds");
+        assert_eq!(e.status(), Some(WcStatus::RemoteAccess), "{e}");
+        assert!(
+            matches!(e, VerbError::Failed { node, op: 0, opcode: Opcode::Read, .. } if node == a),
+            "{e:?}"
+        );
+        let buf = ctx.read_into(x, ctx.alloc(8).unwrap()).await.unwrap();
+        assert_eq!(buf.as_slice(), &data[..8]);
+        // A batch being built is superseded; its FAA never runs.
+        let mut old = ctx.batch();
+        old.faa(word(0), 1);
+        let buf = ctx.read_into(x, buf).await.unwrap();
+        assert_eq!(old.submit().await.err(), Some(VerbError::BatchSuperseded));
+        drop(buf);
+        // Refused while a batch is in flight.
+        let mut first = ctx.batch();
+        first.faa(word(1), 5);
+        let mut fut = std::pin::pin!(first.submit());
+        let mut polled = false;
+        std::future::poll_fn(|cx| {
+            if !polled {
+                polled = true;
+                assert!(fut.as_mut().poll(cx).is_pending(), "posted, not done");
+                let mut r = std::pin::pin!(ctx.read_into(x, ctx.alloc(8).unwrap()));
+                match r.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => {
+                        assert_eq!(r.err(), Some(VerbError::BatchInProgress))
+                    }
+                    std::task::Poll::Pending => panic!("a refused READ waits for nothing"),
+                }
+            }
+            fut.as_mut().poll(cx).map(|r| {
+                r.expect("the batch runs");
+            })
+        })
+        .await;
+        // In flight, it refuses a batch; dropped, the next batch waits for
+        // it and runs.
+        let mut r = Box::pin(ctx.read_into(x, ctx.alloc(64).unwrap()));
+        std::future::poll_fn(|cx| {
+            assert!(r.as_mut().poll(cx).is_pending(), "posted, not done");
+            let mut second = ctx.batch();
+            second.faa(word(2), 1);
+            let mut s = std::pin::pin!(second.submit());
+            match s.as_mut().poll(cx) {
+                std::task::Poll::Ready(r) => {
+                    assert_eq!(r.err(), Some(VerbError::BatchInProgress))
+                }
+                std::task::Poll::Pending => panic!("a refused batch waits for nothing"),
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        drop(r);
+        let mut after = ctx.batch();
+        after.faa(word(3), 9);
+        after
+            .submit()
+            .await
+            .expect("the batch after a dropped READ");
+        let mut check = ctx.batch();
+        let ops: Vec<_> = (0..4).map(|i| check.read_new(word(i), 8)).collect();
+        let d = check.submit().await.expect("read back");
+        let got: Vec<u64> = ops.into_iter().map(|op| d.word(op)).collect();
+        assert_eq!(got, vec![0, 5, 0, 9], "only the posted FAAs ran");
         drop(d);
         assert_eq!(ctx.scratch_used(), base, "every buffer came back");
     });
@@ -1039,6 +1171,10 @@ macro_rules! conformance_suite {
         #[test]
         fn conformance_batch_lifecycle() {
             $crate::conformance::batch_lifecycle(&$make);
+        }
+        #[test]
+        fn conformance_read_into() {
+            $crate::conformance::read_into(&$make);
         }
         #[test]
         fn conformance_selective_signaling() {

@@ -43,9 +43,7 @@ impl<K: TreeKey> TreeClientOf<K> {
             None => ctx.alloc_for_read(self.layout.node_bytes())?,
         };
         for _ in 0..MAX_READ_RETRIES {
-            let mut b = ctx.batch();
-            let op = b.read(addr, buf);
-            buf = b.submit().await?.take_buf(op);
+            buf = ctx.read_into(addr, buf).await?;
             if self.check_node(addr, &buf)? {
                 return Ok(buf);
             }

@@ -21,7 +21,7 @@ mod wait;
 mod waker;
 
 pub use arena::Buf;
-pub use ctx::{Batch, Ctx, Done, OpId, Submit, SubmitFirst, YieldNow, MAX_BATCH};
+pub use ctx::{Batch, Ctx, Done, OpId, ReadInto, Submit, SubmitFirst, YieldNow, MAX_BATCH};
 pub use error::VerbError;
 pub use wait::{Local, Sleep, WaitWrite};
 

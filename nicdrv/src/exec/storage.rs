@@ -43,6 +43,38 @@ impl BatchStorage {
 const SEQ_MASK: u64 = 0xffff << 32;
 
 impl Slot {
+    /// Starts the post of a batch: the slot is busy until its result, with
+    /// a fresh sequence number (returned) and no failures or nodes yet.
+    pub(crate) fn begin_post(&self) -> u16 {
+        debug_assert!(self.pending.get() == 0);
+        self.busy.set(true);
+        let seq = self.seq.get().wrapping_add(1);
+        self.seq.set(seq);
+        self.failure.set(None);
+        self.posted_nodes.set(0);
+        self.failed_nodes.set(0);
+        self.wide.set(false);
+        seq
+    }
+
+    /// Accounts for a group `g` just posted to `node`: the node, the
+    /// arena's count in flight, the counters.
+    #[inline(always)]
+    pub(crate) fn posted(&self, node: NodeId, g: &[WorkRequest]) {
+        if node < 64 {
+            self.posted_nodes.set(self.posted_nodes.get() | 1 << node);
+        } else {
+            self.wide.set(true);
+        }
+        self.arena.posted_group();
+        self.bump(|c: &mut VerbCounters| {
+            c.doorbells += 1;
+            for w in g {
+                c.count(w.op.opcode(), w.op.len());
+            }
+        });
+    }
+
     /// Drops the buffers a previous batch left (untaken results, or those of
     /// a batch that was never submitted). Every batch starts and ends with
     /// one, mostly over storage its results were already taken from: that
@@ -139,18 +171,7 @@ impl Slot {
             g[last].signaled = true;
             g[last].wr_id |= LAST_BIT;
             post(node, g)?;
-            if node < 64 {
-                self.posted_nodes.set(self.posted_nodes.get() | 1 << node);
-            } else {
-                self.wide.set(true);
-            }
-            self.arena.posted_group();
-            self.bump(|c: &mut VerbCounters| {
-                c.doorbells += 1;
-                for w in g.iter() {
-                    c.count(w.op.opcode(), w.op.len());
-                }
-            });
+            self.posted(node, g);
             Ok::<(), VerbError>(())
         };
         let first = nodes[0];
