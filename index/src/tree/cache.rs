@@ -9,7 +9,7 @@
 //! Shared by the compute node's threads behind a reader-writer lock (reads
 //! dominate; an uncontended read lock is two atomic operations).
 
-use super::floor::FloorMap;
+use super::floor::{FloorMap, Sampled};
 use super::key::TreeKey;
 use super::layout::Node;
 use nicdrv::GlobalAddr;
@@ -21,15 +21,19 @@ struct Cached<K> {
     level: u8,
     low: K,
     high: K,
-    children: Vec<(K, GlobalAddr)>,
+    /// The children's low fences (the first is the node's) and addresses.
+    keys: Sampled<K>,
+    children: Vec<GlobalAddr>,
     uses: AtomicU64,
 }
 
 impl<K: TreeKey> Cached<K> {
-    /// Bytes it counts: 48 plus its two fences, and a key and an address
-    /// per child (64 and 16 with 8-byte keys).
+    /// Bytes it counts: 48 plus its two fences, a key and an address per
+    /// child, and a key per eight children, the search's samples (64, 16
+    /// and 8 with 8-byte keys).
     fn bytes(&self) -> usize {
-        48 + 2 * K::BYTES + self.children.len() * (K::BYTES + 8)
+        let samples = self.children.len() / 8;
+        48 + 2 * K::BYTES + self.children.len() * (K::BYTES + 8) + samples * K::BYTES
     }
 
     /// Counts a use for eviction. A load and a store, not a
@@ -45,9 +49,7 @@ impl<K: TreeKey> Cached<K> {
     /// The index of the child whose range holds `key` (which the node
     /// covers).
     fn child_at(&self, key: K) -> usize {
-        self.children
-            .partition_point(|&(k, _)| k <= key)
-            .saturating_sub(1)
+        self.keys.count_le(key).saturating_sub(1)
     }
 }
 
@@ -130,7 +132,7 @@ impl<K: TreeKey> IndexCache<K> {
                 continue;
             }
             c.note_use();
-            let child = c.children[c.child_at(key)].1;
+            let child = c.children[c.child_at(key)];
             return Some(Route {
                 node: c.addr,
                 level,
@@ -146,12 +148,14 @@ impl<K: TreeKey> IndexCache<K> {
         if node.is_leaf() || self.max_bytes == 0 {
             return;
         }
+        let (keys, children) = node.children().into_iter().unzip();
         let c = Cached {
             addr,
             level: node.level(),
             low: node.low(),
             high: node.high(),
-            children: node.children(),
+            keys: Sampled::new(keys),
+            children,
             uses: AtomicU64::new(1),
         };
         let need = c.bytes();
@@ -208,7 +212,7 @@ impl<K: TreeKey> IndexCache<K> {
         c.note_use();
         let first = c.child_at(key);
         let n = (c.children.len() - first).min(out.len());
-        for (o, &(_, child)) in out.iter_mut().zip(&c.children[first..first + n]) {
+        for (o, &child) in out.iter_mut().zip(&c.children[first..first + n]) {
             *o = child;
         }
         n
@@ -270,8 +274,8 @@ impl<K: TreeKey> IndexCache<K> {
         Self::drop_slot(inner, victim);
     }
 
-    /// Bytes cached now, counted as 64 per node plus 16 per child (with
-    /// 8-byte keys; wider keys count their bytes).
+    /// Bytes cached now, counted as 64 per node, 16 per child and 8 per
+    /// eight children (with 8-byte keys; wider keys count their bytes).
     pub fn bytes(&self) -> usize {
         self.inner.read().unwrap_or_else(|p| p.into_inner()).bytes
     }
@@ -337,7 +341,8 @@ mod tests {
             level: 1,
             low: 0,
             high: 1,
-            children: vec![(0, GlobalAddr::NULL); 11],
+            keys: Sampled::new(vec![0; 11]),
+            children: vec![GlobalAddr::NULL; 11],
             uses: AtomicU64::new(0),
         }
         .bytes();
