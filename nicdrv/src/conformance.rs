@@ -294,13 +294,7 @@ pub fn batch_lifecycle<H: Harness>(h: &H) {
                 }
                 let mut second = ctx.batch();
                 second.faa(word(b, 3), 1);
-                let mut s = std::pin::pin!(second.submit());
-                match s.as_mut().poll(cx) {
-                    std::task::Poll::Ready(r) => {
-                        assert_eq!(r.err(), Some(VerbError::BatchInProgress))
-                    }
-                    std::task::Poll::Pending => panic!("a refused batch waits for nothing"),
-                }
+                assert_refused(second.submit(), cx, "batch");
             }
             fut.as_mut().poll(cx).map(|r| {
                 r.expect("the first batch runs");
@@ -340,6 +334,22 @@ pub fn batch_lifecycle<H: Harness>(h: &H) {
         drop(d);
         assert_eq!(ctx.scratch_used(), base, "every buffer came back");
     });
+}
+
+/// Polls `f` once: it must be refused at once (`BatchInProgress`), another
+/// batch of the task being in flight.
+fn assert_refused<T>(
+    f: impl Future<Output = Result<T, VerbError>>,
+    cx: &mut std::task::Context<'_>,
+    what: &str,
+) {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(cx) {
+        std::task::Poll::Ready(r) => {
+            assert_eq!(r.err(), Some(VerbError::BatchInProgress), "a {what}")
+        }
+        std::task::Poll::Pending => panic!("a refused {what} waits for nothing"),
+    }
 }
 
 /// [`Ctx::read_into`] is a batch of one READ: the same bytes, counters and
@@ -393,13 +403,7 @@ pub fn read_into<H: Harness>(h: &H) {
             if !polled {
                 polled = true;
                 assert!(fut.as_mut().poll(cx).is_pending(), "posted, not done");
-                let mut r = std::pin::pin!(ctx.read_into(x, ctx.alloc(8).unwrap()));
-                match r.as_mut().poll(cx) {
-                    std::task::Poll::Ready(r) => {
-                        assert_eq!(r.err(), Some(VerbError::BatchInProgress))
-                    }
-                    std::task::Poll::Pending => panic!("a refused READ waits for nothing"),
-                }
+                assert_refused(ctx.read_into(x, ctx.alloc(8).unwrap()), cx, "READ");
             }
             fut.as_mut().poll(cx).map(|r| {
                 r.expect("the batch runs");
@@ -413,13 +417,7 @@ pub fn read_into<H: Harness>(h: &H) {
             assert!(r.as_mut().poll(cx).is_pending(), "posted, not done");
             let mut second = ctx.batch();
             second.faa(word(2), 1);
-            let mut s = std::pin::pin!(second.submit());
-            match s.as_mut().poll(cx) {
-                std::task::Poll::Ready(r) => {
-                    assert_eq!(r.err(), Some(VerbError::BatchInProgress))
-                }
-                std::task::Poll::Pending => panic!("a refused batch waits for nothing"),
-            }
+            assert_refused(second.submit(), cx, "batch");
             std::task::Poll::Ready(())
         })
         .await;

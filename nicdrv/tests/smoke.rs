@@ -3,8 +3,9 @@ use nicdrv::*;
 use std::cell::Cell;
 use std::rc::Rc;
 
-#[test]
-fn smoke() {
+/// An executor on an emu device made with `cfg`, with a queue pair to a
+/// memory node of its own (node 1, 1 MiB), which the caller keeps alive.
+fn emu_executor(cfg: EmuConfig) -> (EmuNode, EmuNic, Executor<EmuNic>) {
     let node = EmuNode::create(&EmuNodeConfig {
         id: 1,
         host_bytes: 1 << 20,
@@ -13,20 +14,26 @@ fn smoke() {
     })
     .unwrap();
     node.register_all().unwrap();
-    let nic = EmuNic::new(EmuConfig::default());
-    let cfg = ExecutorConfig::default();
+    let nic = EmuNic::new(cfg);
+    let ecfg = ExecutorConfig::default();
     let cq = nic.create_cq(1024).unwrap();
     let qp = nic
-        .create_qp(&cq, cfg.qp_depth())
+        .create_qp(&cq, ecfg.qp_depth())
         .unwrap()
         .connect(&node.endpoint());
     let mr = nic
         .register(
-            HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+            HeapMem::zeroed(ecfg.scratch_bytes()).unwrap(),
             Access::LOCAL_WRITE,
         )
         .unwrap();
-    let mut ex = Executor::new(nic, cq, vec![qp], mr, cfg).unwrap();
+    let ex = Executor::new(nic.clone(), cq, vec![qp], mr, ecfg).unwrap();
+    (node, nic, ex)
+}
+
+#[test]
+fn smoke() {
+    let (_node, _, mut ex) = emu_executor(EmuConfig::default());
     let out = Rc::new(Cell::new(0u64));
     let o = out.clone();
     ex.spawn(move |ctx| async move {
@@ -80,28 +87,7 @@ fn bad_executor_configs_are_errors_not_panics() {
 /// `tasks` tasks of `each` sequential FAAs on an emu executor: the log of
 /// (task, i) in completion order, and the turns run.
 fn faa_tasks(cfg: EmuConfig, tasks: u8, each: u64) -> (Vec<(u8, u64)>, u64) {
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 1,
-        host_bytes: 1 << 20,
-        dm_bytes: 4096,
-        backing: Backing::Memfd,
-    })
-    .unwrap();
-    node.register_all().unwrap();
-    let nic = EmuNic::new(cfg);
-    let ecfg = ExecutorConfig::default();
-    let cq = nic.create_cq(1024).unwrap();
-    let qp = nic
-        .create_qp(&cq, ecfg.qp_depth())
-        .unwrap()
-        .connect(&node.endpoint());
-    let mr = nic
-        .register(
-            HeapMem::zeroed(ecfg.scratch_bytes()).unwrap(),
-            Access::LOCAL_WRITE,
-        )
-        .unwrap();
-    let mut ex = Executor::new(nic.clone(), cq, vec![qp], mr, ecfg).unwrap();
+    let (_node, nic, mut ex) = emu_executor(cfg);
     let log = Rc::new(std::cell::RefCell::new(Vec::new()));
     for t in 0..tasks {
         let (log, nic) = (log.clone(), nic.clone());

@@ -937,6 +937,7 @@ impl<N: Nic> Future for ReadInto<'_, N> {
         assert!(!this.over, "a READ future polled after it returned");
         if this.gen == 0 {
             if slot.busy.get() {
+                this.over = true;
                 return Poll::Ready(Err(VerbError::BatchInProgress));
             }
             // An earlier batch's doorbells (a dropped future's, or a
@@ -946,6 +947,7 @@ impl<N: Nic> Future for ReadInto<'_, N> {
                 return Poll::Pending;
             }
             if let Err(e) = this.post(slot) {
+                this.over = true;
                 return Poll::Ready(Err(e));
             }
         }
