@@ -773,7 +773,13 @@ mod tests {
             let _stop = Stop(&stop);
             let mut buf = [0u8; 256];
             let mut mixed = 0;
-            for _ in 0..200_000 {
+            // At least 200,000 READs, and on until B's head was seen over
+            // A's line (for at most 20 s): on two loaded cores the writers
+            // may not run at all during the first 200,000 (0.06 s).
+            let since = std::time::Instant::now();
+            let mut reads = 0u64;
+            while reads < 200_000 || (mixed == 0 && since.elapsed().as_secs() < 20) {
+                reads += 1;
                 r.mem.read(at, &mut buf);
                 for l in buf.chunks(64) {
                     let (h, t) = (l[0], l[40]);
