@@ -104,20 +104,11 @@ where
     run_task_in_company(h, false, f)
 }
 
-/// As [`run_task`], with a second task on the same thread that only
-/// yields until the first is done. A task alone may see a batch complete
-/// at its post ([`Nic::completes_at_post`]); one with company returns to
-/// its executor after every post, so a case that holds a batch in flight
-/// finds it in flight on every backend.
-pub fn run_task_among<H: Harness, T, F, Fut>(h: &H, f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce(Ctx<H::N>) -> Fut + Send + 'static,
-    Fut: Future<Output = T> + 'static,
-{
-    run_task_in_company(h, true, f)
-}
-
+/// [`run_task`], with `company`: a second task on the same thread that
+/// only yields until the first is done. A task alone may see a batch
+/// complete at its post ([`Nic::completes_at_post`]); one with company
+/// returns to its executor after every post, so a case that holds a
+/// batch in flight finds it in flight on every backend.
 fn run_task_in_company<H: Harness, T, F, Fut>(h: &H, company: bool, f: F) -> T
 where
     T: Send + 'static,
@@ -126,8 +117,7 @@ where
 {
     let f = Mutex::new(Some(f));
     let out: Arc<Mutex<Option<T>>> = Arc::new(Mutex::new(None));
-    let done = Arc::new(AtomicBool::new(false));
-    let (o, d) = (out.clone(), done.clone());
+    let (o, d) = (out.clone(), Arc::new(AtomicBool::new(false)));
     h.parallel(
         1,
         1 + company as usize,
@@ -254,7 +244,7 @@ pub fn batch_semantics<H: Harness>(h: &H) {
 pub fn batch_lifecycle<H: Harness>(h: &H) {
     let (a, b) = two_nodes(h);
     let word = |node, i: u64| GlobalAddr::host(node, 8192 + 8 * i);
-    run_task_among(h, move |ctx| async move {
+    run_task_in_company(h, true, move |ctx| async move {
         let base = ctx.scratch_used();
         let before = ctx.counters();
         // Superseded: the older batch's FAA never runs.
@@ -362,7 +352,7 @@ pub fn read_into<H: Harness>(h: &H) {
     let x = GlobalAddr::host(a, 0xc000);
     let word = move |i: u64| GlobalAddr::host(b, 0xc000 + 8 * i);
     let host = h.host_bytes(a);
-    run_task_among(h, move |ctx| async move {
+    run_task_in_company(h, true, move |ctx| async move {
         let base = ctx.scratch_used();
         let data: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
         ctx.write(x, &data).await.unwrap();

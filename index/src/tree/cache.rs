@@ -32,7 +32,7 @@ impl<K: TreeKey> Cached<K> {
     /// child, and a key per eight children, the search's samples (64, 16
     /// and 8 with 8-byte keys).
     fn bytes(&self) -> usize {
-        let samples = self.children.len() / 8;
+        let samples = self.keys.sample_count();
         48 + 2 * K::BYTES + self.children.len() * (K::BYTES + 8) + samples * K::BYTES
     }
 

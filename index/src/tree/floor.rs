@@ -54,6 +54,11 @@ impl<K: Copy + Ord> Sampled<K> {
         self.keys.len()
     }
 
+    /// Keys copied as samples (one per full group).
+    pub(super) fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
     /// How many keys are at or below `key`. The samples at or below it are
     /// a prefix (the keys ascend), `g` of them: every key of the first `g`
     /// groups is at or below it, and of group `g` some first part.
@@ -96,7 +101,6 @@ pub(super) struct FloorMap<K> {
     /// The first key of each block, ascending; never an empty block.
     firsts: Vec<K>,
     blocks: Vec<Block<K>>,
-    len: usize,
 }
 
 impl<K: Copy + Ord> FloorMap<K> {
@@ -104,13 +108,12 @@ impl<K: Copy + Ord> FloorMap<K> {
         FloorMap {
             firsts: Vec::new(),
             blocks: Vec::new(),
-            len: 0,
         }
     }
 
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.blocks.iter().map(|b| b.keys.len()).sum()
     }
 
     /// The block that holds `key` if anything does: the last whose first
@@ -139,7 +142,6 @@ impl<K: Copy + Ord> FloorMap<K> {
                 keys: Sampled::new(vec![key]),
                 vals: vec![val],
             });
-            self.len = 1;
             return None;
         };
         let b = &mut self.blocks[bi];
@@ -149,7 +151,6 @@ impl<K: Copy + Ord> FloorMap<K> {
         };
         b.keys.insert(i, key);
         b.vals.insert(i, val);
-        self.len += 1;
         if i == 0 {
             self.firsts[bi] = key;
         }
@@ -172,7 +173,6 @@ impl<K: Copy + Ord> FloorMap<K> {
         let i = b.keys.search(key).ok()?;
         b.keys.remove(i);
         let val = b.vals.remove(i);
-        self.len -= 1;
         if b.keys.len() == 0 {
             self.firsts.remove(bi);
             self.blocks.remove(bi);

@@ -406,10 +406,7 @@ impl<'a, N: Nic> Batch<'a, N> {
             // storage must not be touched.
             return Batch { ctx, gen: 0 };
         }
-        // Generation 0 marks a refused batch, so the count skips it.
-        let gen = slot.gen.get().wrapping_add(1).max(1);
-        slot.gen.set(gen);
-        slot.clear_storage();
+        let gen = slot.start_batch();
         let b = &slot.building;
         b.len.set(0);
         b.error.set(None);
@@ -762,11 +759,8 @@ impl<'a, N: Nic> Posting<'a, N> {
             stage = self.post(slot);
             // On a NIC that completes at post, the results are in the
             // queue already: a task alone on its core routes them now and
-            // falls through to the wait (`Core::inline_now`).
-            let core = self.ctx.core_ref();
-            if core.inline_now.get() && slot.pending.get() > 0 {
-                core.complete_inline(slot);
-            }
+            // falls through to the wait.
+            self.ctx.core_ref().complete_inline(slot);
         }
         if stage == Stage::First {
             if slot.pending.get() >= b.groups.get() as u32 {
@@ -890,11 +884,7 @@ impl<N: Nic> ReadInto<'_, N> {
         let buf = self.buf.as_ref().expect("a READ posts its buffer once");
         let local = buf.sge();
         let rkey = ctx.rkey_for(self.addr, local.len as u64)?;
-        // As `Batch::new`: what an earlier batch left goes, and its
-        // results stop being valid.
-        slot.clear_storage();
-        let gen = slot.gen.get().wrapping_add(1).max(1);
-        slot.gen.set(gen);
+        let gen = slot.start_batch();
         let seq = slot.begin_post();
         let wr = [WorkRequest {
             wr_id: encode_wr_id(ctx.slot, seq, 0, true),
@@ -919,10 +909,7 @@ impl<N: Nic> ReadInto<'_, N> {
         slot.bump(|c| c.round_trips += 1);
         slot.pending.set(1);
         self.gen = gen;
-        let core = ctx.core_ref();
-        if core.inline_now.get() {
-            core.complete_inline(slot);
-        }
+        ctx.core_ref().complete_inline(slot);
         Ok(())
     }
 }

@@ -248,19 +248,21 @@ impl<N: Nic> Core<N> {
         n
     }
 
-    /// After a task posted on a NIC that completes at post: routes the
-    /// queue's completions, then reads the clock again, so that what the
-    /// task stamps next is not earlier than what it just did. Bounded by
-    /// the task's budget; false when spent (the task waits for a turn).
-    pub(crate) fn complete_inline(&self, slot: &Slot) -> bool {
+    /// After a task posted: on a NIC that completes at post, with the
+    /// task alone on its core (`inline_now`) and something of its batch
+    /// in flight, routes the queue's completions, then reads the clock
+    /// again, so that what the task stamps next is not earlier than what
+    /// it just did. Bounded by the task's budget; once it is spent the
+    /// task waits for a turn like any other.
+    #[inline]
+    pub(crate) fn complete_inline(&self, slot: &Slot) {
         let left = slot.inline_left.get();
-        if left == 0 {
-            return false;
+        if !self.inline_now.get() || slot.pending.get() == 0 || left == 0 {
+            return;
         }
         slot.inline_left.set(left - 1);
         self.poll_cq();
         self.now_ns.set(self.nic.now_ns());
-        true
     }
 
     /// Routes one completion to the slot that posted it.

@@ -43,6 +43,17 @@ impl BatchStorage {
 const SEQ_MASK: u64 = 0xffff << 32;
 
 impl Slot {
+    /// Starts a batch (a `Batch`, or a lone READ): a new generation, so
+    /// the previous batch's results and futures are no longer its, and
+    /// what that batch left in the storage freed. Returns the generation
+    /// (never 0: 0 marks a refused batch, so the count skips it).
+    pub(crate) fn start_batch(&self) -> u32 {
+        let gen = self.gen.get().wrapping_add(1).max(1);
+        self.gen.set(gen);
+        self.clear_storage();
+        gen
+    }
+
     /// Starts the post of a batch: the slot is busy until its result, with
     /// a fresh sequence number (returned) and no failures or nodes yet.
     pub(crate) fn begin_post(&self) -> u16 {
