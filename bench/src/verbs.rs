@@ -9,14 +9,17 @@
 //! default) is one verb per doorbell. Tasks reuse their registered buffers,
 //! so nothing is allocated or zeroed per verb. Every verb targets its own
 //! 64-byte-aligned slot on a memory node (round robin over nodes) unless
-//! `--contended` puts them all on one word. Latency is per doorbell,
-//! measured with the executor's per-turn clock.
+//! `--contended` puts them all on one word, or `--span` sends each to a
+//! random slot of a larger area, so that on emu its target is not in the
+//! CPU's caches (what a Sherman lookup's leaf READ meets). Latency is per
+//! doorbell, measured with the executor's per-turn clock.
 
 pub use crate::args::Backend;
 use crate::args::{size_value, ArgError};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
+use nicdrv::rng::{Domain, Rng};
 use nicdrv::{Buf, Ctx, ExecutorConfig, GlobalAddr, Nic, Opcode, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
@@ -41,6 +44,10 @@ pub struct VerbSpec {
     pub compute_nodes: usize,
     pub latency_ns: u64,
     pub contended: bool,
+    /// Bytes per memory node that the verbs' targets are drawn from,
+    /// uniformly over its stride-aligned slots, one draw per verb; None:
+    /// a slot per verb of the batch, the same every round.
+    pub span: Option<u64>,
     pub pin: bool,
     pub seed: u64,
 }
@@ -121,6 +128,14 @@ pub struct VerbsArgs {
     /// Every verb on one word instead of a slot of its own
     #[arg(long)]
     contended: bool,
+    /// Every verb to a random slot (the size rounded up to 64 bytes) of
+    /// this many bytes per memory node instead of a slot of its own, a new
+    /// draw each time (1m, 4608k): on emu, past the CPU's caches, a READ
+    /// pays for memory as a Sherman leaf READ does (its leaves take about
+    /// 4.4 MiB at 200,000 records). At most 16 GiB, allocated on the
+    /// memory nodes and faulted in as the verbs first touch it
+    #[arg(long, value_parser = size_value, value_name = "BYTES", conflicts_with = "contended")]
+    span: Option<usize>,
     /// Do not pin the emu threads to cores
     #[arg(long)]
     no_pin: bool,
@@ -153,7 +168,7 @@ pub fn run(args: VerbsArgs) -> Result<crate::run::Outcome, ArgError> {
         let mut v = Vec::new();
         for (verb, size) in [
             (Opcode::Read, 8),
-            (Opcode::Read, 1024),
+            (Opcode::Read, MATRIX_LARGEST),
             (Opcode::Write, 8),
             (Opcode::Cas, 8),
             (Opcode::Faa, 8),
@@ -271,6 +286,16 @@ impl VerbsArgs {
         } else if size == 0 || size > 16 << 20 {
             return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
         }
+        if let Some(span) = self.span {
+            // The largest verb of the points this runs must fit a slot.
+            let largest = if self.matrix { MATRIX_LARGEST } else { size };
+            let least = (largest as u64).next_multiple_of(64);
+            if (span as u64) < least || span as u64 > MAX_SPAN {
+                return Err(ArgError(format!(
+                    "--span must be {least} B (the verb's size, in whole lines) ..= 16 GiB, got {span}"
+                )));
+            }
+        }
         let base = VerbSpec {
             backend,
             verb,
@@ -284,6 +309,7 @@ impl VerbsArgs {
             compute_nodes,
             latency_ns: self.latency_ns,
             contended: self.contended,
+            span: self.span.map(|b| b as u64),
             pin: !self.no_pin,
             seed: self.seed,
         };
@@ -345,14 +371,41 @@ pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
     })
 }
 
+/// The largest verb `--matrix` measures (bytes).
+const MATRIX_LARGEST: usize = 1024;
+
+/// The largest `--span`: memory the emu nodes map, so bounded well below
+/// what a machine running this has.
+pub const MAX_SPAN: u64 = 16 << 30;
+
 fn stride(spec: &VerbSpec) -> u64 {
     spec.size.next_multiple_of(64).max(64) as u64
 }
 
 fn host_bytes(spec: &VerbSpec) -> u64 {
     let slots_total = (spec.threads * spec.depth * spec.batch) as u64;
-    let per_node = slots_total.div_ceil(spec.memory_nodes as u64);
-    (mempool::SUPERBLOCK_BYTES + per_node * stride(spec)).next_multiple_of(1 << 20)
+    let per_node = slots_total.div_ceil(spec.memory_nodes as u64) * stride(spec);
+    let area = per_node.max(spec.span.unwrap_or(0));
+    (mempool::SUPERBLOCK_BYTES + area).next_multiple_of(1 << 20)
+}
+
+/// Where verb `k` of the run (the task's first plus its place in the
+/// batch) goes: its node round robin; within the node its own slot, or
+/// under `--span` a slot drawn from `rng`.
+fn target(spec: &VerbSpec, k: u64, rng: &mut Rng) -> GlobalAddr {
+    let nodes = spec.memory_nodes as u64;
+    let stride = stride(spec);
+    if spec.contended {
+        return GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES);
+    }
+    let slot = match spec.span {
+        Some(span) => rng.below(span / stride),
+        None => k / nodes,
+    };
+    GlobalAddr::host(
+        (k % nodes) as u16,
+        mempool::SUPERBLOCK_BYTES + slot * stride,
+    )
 }
 
 fn exec_config(spec: &VerbSpec) -> ExecutorConfig {
@@ -432,22 +485,11 @@ impl Workload for VerbWork<'_> {
 /// One task: `batch` verbs per doorbell until the deadline or the budget.
 /// Generic over the backend: the same code runs on emu and sim.
 async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Tally>) {
-    let nodes = spec.memory_nodes as u64;
-    let stride = stride(&spec);
-    // The addresses are the same every round: worked out once, so the
-    // measured loop costs what the executor and the NIC do.
-    let addrs: Vec<GlobalAddr> = (0..spec.batch)
-        .map(|i| {
-            let k = first + i as u64;
-            if spec.contended {
-                GlobalAddr::host(0, mempool::SUPERBLOCK_BYTES)
-            } else {
-                GlobalAddr::host(
-                    (k % nodes) as u16,
-                    mempool::SUPERBLOCK_BYTES + (k / nodes) * stride,
-                )
-            }
-        })
+    let mut rng = Rng::stream(spec.seed, Domain::Client, first);
+    // Without `--span` the addresses are the same every round: worked out
+    // once, so the measured loop costs what the executor and the NIC do.
+    let mut addrs: Vec<GlobalAddr> = (0..spec.batch)
+        .map(|i| target(&spec, first + i as u64, &mut rng))
         .collect();
     let deadline = ctx.nic().now_ns() + spec.duration_ns;
     let mut bufs: Vec<Option<Buf>> = Vec::with_capacity(spec.batch);
@@ -466,6 +508,11 @@ async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Ta
         && tally.ops.get() < tally.budget
         && !cmdline::signals::stop_requested()
     {
+        if spec.span.is_some() {
+            for (i, a) in addrs.iter_mut().enumerate() {
+                *a = target(&spec, first + i as u64, &mut rng);
+            }
+        }
         let t = ctx.now_ns();
         let mut b = ctx.batch();
         for (i, buf) in bufs.iter_mut().enumerate() {
@@ -561,6 +608,7 @@ pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
         "memory_nodes": s.memory_nodes,
         "injected_latency_ns_one_way": s.latency_ns,
         "contended": s.contended,
+        "span": s.span,
         "ops": r.ops,
         "elapsed_ns": r.elapsed_ns,
         "ops_per_sec": r.ops_per_sec(),
@@ -589,4 +637,59 @@ pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
         v["sim_verbs_per_wall_sec"] = json!(m.sim_verbs as f64 / m.sim_wall_sec.max(1e-9));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(size: usize, memory_nodes: usize, span: Option<u64>) -> VerbSpec {
+        VerbSpec {
+            backend: Backend::Emu,
+            verb: Opcode::Read,
+            size,
+            depth: 1,
+            batch: 1,
+            threads: 1,
+            duration_ns: 1,
+            max_ops: 0,
+            memory_nodes,
+            compute_nodes: 1,
+            latency_ns: 0,
+            contended: false,
+            span,
+            pin: false,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn a_span_spreads_verbs_over_its_aligned_slots_and_stays_inside() {
+        let (span, size) = (64 << 10, 1000);
+        let s = spec(size, 2, Some(span));
+        let mut rng = Rng::new(7);
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..4000u64 {
+            let a = target(&s, k, &mut rng);
+            assert_eq!(a.node() as u64, k % 2, "nodes round robin");
+            let off = a.offset() - mempool::SUPERBLOCK_BYTES;
+            assert_eq!(off % 1024, 0, "whole slots: the size in lines");
+            assert!(off + 1024 <= span, "inside the span: {off}");
+            seen.insert((a.node(), off));
+        }
+        // 64 slots a node, 4000 draws: every slot is hit.
+        assert_eq!(seen.len(), 2 * 64);
+        assert!(host_bytes(&s) >= mempool::SUPERBLOCK_BYTES + span);
+    }
+
+    #[test]
+    fn without_a_span_each_verb_keeps_its_own_slot() {
+        let s = spec(8, 2, None);
+        let mut rng = Rng::new(7);
+        let a: Vec<GlobalAddr> = (0..6).map(|k| target(&s, k, &mut rng)).collect();
+        let b: Vec<GlobalAddr> = (0..6).map(|k| target(&s, k, &mut rng)).collect();
+        assert_eq!(a, b, "the same every round");
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert_eq!(distinct.len(), 6);
+    }
 }

@@ -48,6 +48,44 @@ fn verbs_json_has_the_promised_keys() {
     }
 }
 
+/// `--span`: the point says its span, its READs land (no errors, every
+/// byte counted) on emu and on sim, and a sim run is reproducible.
+#[test]
+fn verbs_spread_over_a_span_run_and_say_so() {
+    for backend in ["emu", "sim"] {
+        let out = bench(&[
+            "verbs",
+            "--backend",
+            backend,
+            "--size",
+            "1k",
+            "--span",
+            "2m",
+            "--depth",
+            "2",
+            "--threads",
+            "2",
+            "--ops",
+            "4000",
+            "--json",
+            "--no-pin",
+        ]);
+        assert!(
+            out.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = &serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")[0];
+        assert_eq!(v["span"].as_u64(), Some(2 << 20), "{v}");
+        assert!(v["ops"].as_u64().unwrap() >= 4000, "{v}");
+        assert_eq!(v["errors"].as_u64(), Some(0));
+        assert_eq!(v["bytes_read_per_op"].as_f64(), Some(1024.0));
+    }
+    let plain = bench(&["verbs", "--ops", "100", "--json", "--no-pin"]);
+    let v = &serde_json::from_slice::<serde_json::Value>(&plain.stdout).expect("JSON")[0];
+    assert!(v["span"].is_null(), "no span unless asked: {v}");
+}
+
 #[test]
 fn sim_json_has_the_seed_and_the_simulator_speed_and_is_reproducible() {
     let run = || {
@@ -112,6 +150,13 @@ fn bad_input_exits_2_with_a_clear_line() {
         (
             vec!["verbs", "--backend", "sim", "--memory-nodes", "0"],
             "--memory-nodes",
+        ),
+        (vec!["verbs", "--size", "1k", "--span", "512"], "--span"),
+        (vec!["verbs", "--matrix", "--span", "1000"], "--span"),
+        (vec!["verbs", "--span", "17g"], "--span"),
+        (
+            vec!["verbs", "--span", "1m", "--contended"],
+            "cannot be used with",
         ),
         (
             vec!["run", "--systems", "cuckoo", "--hash-grace-ms", "1"],
