@@ -394,6 +394,14 @@ pub fn read_into<H: Harness>(h: &H) {
                 polled = true;
                 assert!(fut.as_mut().poll(cx).is_pending(), "posted, not done");
                 assert_refused(ctx.read_into(x, ctx.alloc(8).unwrap()), cx, "READ");
+                // Refused as such even with no scratch left for its buffer.
+                let free = match ctx.alloc(usize::MAX >> 1) {
+                    Err(VerbError::Scratch { free, .. }) => free,
+                    other => panic!("{other:?}"),
+                };
+                let hog = ctx.alloc(free).expect("the rest of the scratch");
+                assert_refused(ctx.read(x, 8), cx, "READ with a buffer to find");
+                drop(hog);
             }
             fut.as_mut().poll(cx).map(|r| {
                 r.expect("the batch runs");
@@ -424,8 +432,133 @@ pub fn read_into<H: Harness>(h: &H) {
         let got: Vec<u64> = ops.into_iter().map(|op| d.word(op)).collect();
         assert_eq!(got, vec![0, 5, 0, 9], "only the posted FAAs ran");
         drop(d);
+        // Refused for want of a route, it still supersedes a batch being
+        // built, as `Ctx::batch` does.
+        let mut old = ctx.batch();
+        old.faa(word(4), 1);
+        let e = ctx
+            .read_into(GlobalAddr::host(999, 0), ctx.alloc(8).unwrap())
+            .await
+            .expect_err("no queue pair to node 999");
+        assert_eq!(e, VerbError::NoRoute { node: 999 });
+        assert_eq!(old.submit().await.err(), Some(VerbError::BatchSuperseded));
+        // Behind a batch dropped in flight it waits for that doorbell,
+        // then reads what the batch did.
+        let mut bt = ctx.batch();
+        bt.faa(word(5), 3);
+        let mut sub = Box::pin(bt.submit());
+        std::future::poll_fn(|cx| {
+            assert!(sub.as_mut().poll(cx).is_pending(), "posted, not done");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        drop(sub);
+        let mut r = Box::pin(ctx.read_into(word(5), ctx.alloc(8).unwrap()));
+        std::future::poll_fn(|cx| {
+            let waits = r.as_mut().poll(cx).is_pending();
+            assert!(waits, "waits for the dropped batch's doorbell");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        assert_eq!(r.await.unwrap().u64_at(0), 3);
+        // Behind `submit_first`'s doorbells still in flight, likewise.
+        let mut bt = ctx.batch();
+        bt.faa(GlobalAddr::host(a, 0xd000), 1);
+        bt.faa(word(6), 4);
+        bt.submit_first().await.expect("the first doorbell");
+        let buf = ctx.read_into(word(6), ctx.alloc(8).unwrap()).await;
+        assert_eq!(buf.unwrap().u64_at(0), 4);
+        // Dropped in flight and failing, it is reported by `settle` as the
+        // READ it was, whatever the slot's previous batch held.
+        ctx.faa(word(7), 1).await.unwrap();
+        let bad = GlobalAddr::host(a, host - 8);
+        let mut r = Box::pin(ctx.read_into(bad, ctx.alloc(16).unwrap()));
+        std::future::poll_fn(|cx| {
+            assert!(r.as_mut().poll(cx).is_pending(), "posted, not done");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        drop(r);
+        let e = ctx.settle().await.expect_err("the dropped READ failed");
+        assert!(
+            matches!(
+                e,
+                VerbError::Failed {
+                    op: 0,
+                    opcode: Opcode::Read,
+                    status: WcStatus::RemoteAccess,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         assert_eq!(ctx.scratch_used(), base, "every buffer came back");
     });
+}
+
+/// A task's verbs take only buffers it allocated: another task's
+/// buffers, handed over on the same executor, are refused by a lone READ
+/// and by a batch, and nothing is posted. (Posted and then dropped in
+/// flight, such a buffer would go back to its owner's arena, which knows
+/// nothing of the READ, and be handed out while the NIC may still write
+/// it.)
+pub fn foreign_buffers<H: Harness>(h: &H) {
+    let (a, _) = two_nodes(h);
+    let x = GlobalAddr::host(a, 0xe000);
+    thread_local! {
+        static HANDED: std::cell::RefCell<Vec<crate::exec::Buf>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let seen: Arc<Mutex<Vec<Option<VerbError>>>> = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let (s, d) = (seen.clone(), done.clone());
+    h.parallel(
+        1,
+        2,
+        Arc::new(move |ctx, _, task| {
+            let (s, d) = (s.clone(), d.clone());
+            Box::pin(async move {
+                if task == 0 {
+                    // The owner: two buffers handed over; once the other
+                    // task is done with them, all its scratch is back.
+                    let base = ctx.scratch_used();
+                    let bufs = [ctx.alloc(8).unwrap(), ctx.alloc(8).unwrap()];
+                    HANDED.with(|h| h.borrow_mut().extend(bufs));
+                    // Relaxed: both tasks run on this one executor thread.
+                    while !d.load(Relaxed) {
+                        ctx.yield_now().await;
+                    }
+                    assert_eq!(ctx.scratch_used(), base, "the owner's bytes are free");
+                    return;
+                }
+                let (b1, b2) = loop {
+                    let got = HANDED.with(|h| {
+                        let mut h = h.borrow_mut();
+                        (h.len() == 2).then(|| (h.remove(0), h.remove(0)))
+                    });
+                    if let Some(b) = got {
+                        break b;
+                    }
+                    ctx.yield_now().await;
+                };
+                let before = ctx.counters();
+                let lone = ctx.read_into(x, b1).await.err();
+                let mut bt = ctx.batch();
+                bt.read(x, b2);
+                let batch = bt.submit().await.err();
+                let posted = ctx.counters() - before;
+                assert_eq!(posted.doorbells, 0, "nothing posted: {posted:?}");
+                s.lock().unwrap().extend([lone, batch]);
+                d.store(true, Relaxed);
+            })
+        }),
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![Some(VerbError::ForeignBuffer); 2],
+        "a lone READ, then a batch"
+    );
 }
 
 fn sge<N: Nic>(rig: &RawRig<N>, off: usize, len: u32) -> Sge {
@@ -1164,6 +1297,12 @@ macro_rules! conformance_suite {
         fn conformance_read_into() {
             $crate::conformance::read_into(&$make);
         }
+
+        #[test]
+        fn conformance_foreign_buffers() {
+            $crate::conformance::foreign_buffers(&$make);
+        }
+
         #[test]
         fn conformance_selective_signaling() {
             $crate::conformance::selective_signaling(&$make);

@@ -210,6 +210,13 @@ pub struct Buf {
 }
 
 impl Buf {
+    /// Whether the buffer was allocated from `arena`: the only arena that
+    /// keeps its bytes from reuse while a verb of its slot is in flight.
+    #[inline]
+    pub(crate) fn is_of(&self, arena: &Rc<SlotArena>) -> bool {
+        Rc::ptr_eq(&self.arena, arena)
+    }
+
     pub fn len(&self) -> usize {
         self.len as usize
     }

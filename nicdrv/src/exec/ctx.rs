@@ -218,6 +218,11 @@ impl<N: Nic> Ctx<N> {
 
     /// READ of `len` bytes at `addr`, in one round trip.
     pub async fn read(&self, addr: GlobalAddr, len: usize) -> Result<Buf, VerbError> {
+        // The refusal `read_into` would give, before a buffer is sought
+        // (which might fail first, for a different reason).
+        if self.s().busy.get() {
+            return Err(VerbError::BatchInProgress);
+        }
         self.read_into(addr, self.alloc_for_read(len)?).await
     }
 
@@ -459,6 +464,12 @@ impl<'a, N: Nic> Batch<'a, N> {
         let ix = b.len.get() as usize;
         if ix == MAX_BATCH {
             return self.fail(VerbError::BatchFull { max: MAX_BATCH });
+        }
+        // Another slot's buffer would be freed for reuse by that slot's
+        // arena, which knows nothing of this batch, while the NIC may
+        // still write it (a dropped batch).
+        if buf.as_ref().is_some_and(|b| !b.is_of(&slot.arena)) {
+            return self.fail(VerbError::ForeignBuffer);
         }
         let rkey = match self.ctx.rkey_for(addr, len) {
             Ok(k) => k,
@@ -881,10 +892,17 @@ impl<N: Nic> ReadInto<'_, N> {
     /// Posts the READ; the error of a refused post (nothing in flight).
     fn post(&mut self, slot: &Slot) -> Result<(), VerbError> {
         let ctx = self.ctx;
+        // First, as `Ctx::batch` does: whatever follows, a batch being
+        // built is superseded.
+        let gen = slot.start_batch();
         let buf = self.buf.as_ref().expect("a READ posts its buffer once");
+        // As in `Batch::push`: only this slot's arena holds a buffer's
+        // bytes back while a READ into it may be in flight.
+        if !buf.is_of(&slot.arena) {
+            return Err(VerbError::ForeignBuffer);
+        }
         let local = buf.sge();
         let rkey = ctx.rkey_for(self.addr, local.len as u64)?;
-        let gen = slot.start_batch();
         let seq = slot.begin_post();
         let wr = [WorkRequest {
             wr_id: encode_wr_id(ctx.slot, seq, 0, true),
@@ -906,6 +924,10 @@ impl<N: Nic> ReadInto<'_, N> {
             return Err(e);
         }
         slot.posted(node, &wr);
+        // Kept where a batch keeps its requests, so that a failure
+        // reported later (`Ctx::settle` after this future was dropped)
+        // names a READ.
+        slot.with_wr(0, |w| *w = wr[0]);
         slot.bump(|c| c.round_trips += 1);
         slot.pending.set(1);
         self.gen = gen;

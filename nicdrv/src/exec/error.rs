@@ -30,6 +30,10 @@ pub enum VerbError {
     BatchSuperseded,
     /// The task's scratch memory cannot hold another buffer.
     Scratch { requested: usize, free: usize },
+    /// A buffer of another task's scratch was given to a verb: a task's
+    /// verbs use the buffers it allocated, whose bytes its own slot keeps
+    /// from reuse while the NIC may still write them.
+    ForeignBuffer,
 }
 
 impl VerbError {
@@ -89,6 +93,11 @@ impl fmt::Display for VerbError {
                 f,
                 "task scratch exhausted: {requested} bytes requested, {free} free \
                  (raise scratch_bytes_per_slot)"
+            ),
+            VerbError::ForeignBuffer => write!(
+                f,
+                "a buffer allocated by another task was given to this task's verb \
+                 (a task posts only buffers it allocated)"
             ),
         }
     }
