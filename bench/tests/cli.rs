@@ -10,6 +10,17 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("run loch-bench")
 }
 
+/// The first point of a `--json` run that must succeed.
+fn first_point(args: &[&str]) -> serde_json::Value {
+    let out = bench(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON array")[0].clone()
+}
+
 #[test]
 fn verbs_json_has_the_promised_keys() {
     for verb in ["read", "write", "cas", "faa", "masked-cas"] {
@@ -53,7 +64,7 @@ fn verbs_json_has_the_promised_keys() {
 #[test]
 fn verbs_spread_over_a_span_run_and_say_so() {
     for backend in ["emu", "sim"] {
-        let out = bench(&[
+        let v = &first_point(&[
             "verbs",
             "--backend",
             backend,
@@ -70,26 +81,19 @@ fn verbs_spread_over_a_span_run_and_say_so() {
             "--json",
             "--no-pin",
         ]);
-        assert!(
-            out.status.success(),
-            "{backend}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v = &serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")[0];
         assert_eq!(v["span"].as_u64(), Some(2 << 20), "{v}");
         assert!(v["ops"].as_u64().unwrap() >= 4000, "{v}");
         assert_eq!(v["errors"].as_u64(), Some(0));
         assert_eq!(v["bytes_read_per_op"].as_f64(), Some(1024.0));
     }
-    let plain = bench(&["verbs", "--ops", "100", "--json", "--no-pin"]);
-    let v = &serde_json::from_slice::<serde_json::Value>(&plain.stdout).expect("JSON")[0];
+    let v = &first_point(&["verbs", "--ops", "100", "--json", "--no-pin"]);
     assert!(v["span"].is_null(), "no span unless asked: {v}");
 }
 
 #[test]
 fn sim_json_has_the_seed_and_the_simulator_speed_and_is_reproducible() {
     let run = || {
-        let out = bench(&[
+        first_point(&[
             "verbs",
             "--backend",
             "sim",
@@ -106,13 +110,7 @@ fn sim_json_has_the_seed_and_the_simulator_speed_and_is_reproducible() {
             "--seed",
             "4",
             "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON array")[0].clone()
+        ])
     };
     let (a, b) = (run(), run());
     assert_eq!(a["seed"].as_u64(), Some(4));
@@ -629,15 +627,7 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
 /// timeline (and its chart).
 #[test]
 fn txn_reports_leases_and_fault_timelines() {
-    let json = |args: &[&str]| -> serde_json::Value {
-        let out = bench(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")[0].clone()
-    };
+    let json = first_point;
     let a = json(&[
         "txn",
         "--machines",
