@@ -22,6 +22,7 @@
 //! the registration), so a buffer can never dangle, not even one that
 //! outlives its executor.
 
+use super::error::VerbError;
 use crate::verbs::LKey;
 use std::any::Any;
 use std::cell::Cell;
@@ -210,13 +211,6 @@ pub struct Buf {
 }
 
 impl Buf {
-    /// Whether the buffer was allocated from `arena`: the only arena that
-    /// keeps its bytes from reuse while a verb of its slot is in flight.
-    #[inline]
-    pub(crate) fn is_of(&self, arena: &Rc<SlotArena>) -> bool {
-        Rc::ptr_eq(&self.arena, arena)
-    }
-
     pub fn len(&self) -> usize {
         self.len as usize
     }
@@ -241,12 +235,22 @@ impl Buf {
         u64::from_le_bytes(self.as_slice()[at..at + 8].try_into().expect("8 bytes"))
     }
 
-    pub(crate) fn sge(&self) -> crate::verbs::Sge {
-        crate::verbs::Sge {
+    /// The buffer as the local side of a verb posted by the slot that
+    /// owns `arena`. Only a buffer of that arena: it alone keeps the
+    /// bytes from reuse while a verb of its slot is in flight, so another
+    /// slot's buffer, freed by its owner's arena (which knows nothing of
+    /// this verb) after a dropped batch, could be handed out while the
+    /// NIC still writes it.
+    #[inline]
+    pub(crate) fn sge_for(&self, arena: &Rc<SlotArena>) -> Result<crate::verbs::Sge, VerbError> {
+        if !Rc::ptr_eq(&self.arena, arena) {
+            return Err(VerbError::ForeignBuffer);
+        }
+        Ok(crate::verbs::Sge {
             addr: self.ptr,
             len: self.len,
             lkey: self.arena.lkey,
-        }
+        })
     }
 
     /// Shortens the buffer (the bytes stay reserved until it drops).

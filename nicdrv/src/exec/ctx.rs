@@ -465,24 +465,21 @@ impl<'a, N: Nic> Batch<'a, N> {
         if ix == MAX_BATCH {
             return self.fail(VerbError::BatchFull { max: MAX_BATCH });
         }
-        // Another slot's buffer would be freed for reuse by that slot's
-        // arena, which knows nothing of this batch, while the NIC may
-        // still write it (a dropped batch).
-        if buf.as_ref().is_some_and(|b| !b.is_of(&slot.arena)) {
-            return self.fail(VerbError::ForeignBuffer);
-        }
-        let rkey = match self.ctx.rkey_for(addr, len) {
-            Ok(k) => k,
-            Err(e) => return self.fail(e),
-        };
         let local = match &buf {
-            Some(b) => b.sge(),
+            Some(b) => match b.sge_for(&slot.arena) {
+                Ok(sge) => sge,
+                Err(e) => return self.fail(e),
+            },
             None => Sge {
                 // SAFETY: word `ix` of the slot's MAX_BATCH-word atomics area.
                 addr: unsafe { slot.atomics.add(ix) } as *mut u8,
                 len: 8,
                 lkey: self.ctx.core.lkey,
             },
+        };
+        let rkey = match self.ctx.rkey_for(addr, len) {
+            Ok(k) => k,
+            Err(e) => return self.fail(e),
         };
         let wr = WorkRequest {
             wr_id: encode_wr_id(self.ctx.slot, 0, ix, false),
@@ -896,12 +893,7 @@ impl<N: Nic> ReadInto<'_, N> {
         // built is superseded.
         let gen = slot.start_batch();
         let buf = self.buf.as_ref().expect("a READ posts its buffer once");
-        // As in `Batch::push`: only this slot's arena holds a buffer's
-        // bytes back while a READ into it may be in flight.
-        if !buf.is_of(&slot.arena) {
-            return Err(VerbError::ForeignBuffer);
-        }
-        let local = buf.sge();
+        let local = buf.sge_for(&slot.arena)?;
         let rkey = ctx.rkey_for(self.addr, local.len as u64)?;
         let seq = slot.begin_post();
         let wr = [WorkRequest {
