@@ -45,9 +45,10 @@
 //!         s2 = seq (Relaxed); accept iff s1 == s2
 //! ```
 //!
-//! The data accesses are atomics (shm.rs), so a reader racing a writer is
-//! not undefined behaviour: it may copy an inconsistent line, which the
-//! recheck rejects. Why an accepted copy is consistent: if any load of the
+//! The data accesses are atomics (shm.rs; a READ's whole-line copy is an
+//! asm block that does only what relaxed atomic loads may), so a reader
+//! racing a writer is not undefined behaviour: it may copy an inconsistent
+//! line, which the recheck rejects. Why an accepted copy is consistent: if any load of the
 //! copy read a store of a writer W, W's release fence (after its odd store)
 //! synchronizes with the reader's acquire fence (before `s2`), so W's odd
 //! store happens-before `s2`, which then reads it or later, never `s1` —

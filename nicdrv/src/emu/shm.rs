@@ -9,7 +9,11 @@
 //! accesses, so a copy racing a store can return a mix of old and new words.
 //! Verbs do not stop at that: READ and WRITE go through [`super::lines`],
 //! which makes each 64-byte line whole, as a NIC does; the owner's CPU view
-//! (`EmuNode::host()`) uses these word-atomic copies directly.
+//! (`EmuNode::host()`) uses these word-atomic copies directly. One copy
+//! is not made of Rust atomics: on x86-64 a READ's whole aligned line
+//! (`SharedMem::read_line_unchecked`) is four 16-byte loads in an asm block,
+//! which does nothing that relaxed word loads could not (argued there). It
+//! runs only inside the line seqlock, whose Acquire loads and fence order it.
 //!
 //! Orderings: word loads are `Acquire` and word stores `Release`. On x86-64
 //! both compile to plain moves, so they cost nothing there, and they give a
@@ -241,11 +245,51 @@ impl SharedMem {
         unsafe {
             let off = off as usize;
             debug_assert!(off.is_multiple_of(64) && off + 64 <= self.len);
+            let src = self.base.add(off);
+            debug_assert!(src.addr().is_multiple_of(16));
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            {
+                // Four 16-byte loads (SSE2, in every x86-64) and four
+                // stores. The loads race writers' atomic stores, which is
+                // sound only because it is not Rust code: an asm block
+                // must behave as some Rust code could, and each aligned
+                // 16-byte load here does exactly what two relaxed
+                // `AtomicU64` loads of its halves may do (x86-64 loads
+                // each aligned 8-byte half whole; the two halves may be
+                // of different stores, as two loads may). That is what
+                // the word loop below does: relaxed loads suffice to the
+                // seqlock, whose acquire fence follows every copy (module
+                // doc of lines.rs). Half the instructions of the word
+                // loop: a Sherman lookup on emu went from 2,621 to 2,504
+                // instructions, its 1 KiB leaf READ 7-9% faster.
+                // No `nomem`: the block reads shared memory and writes
+                // `dst`, so the compiler keeps it between the sequence
+                // loads and the fence.
+                std::arch::asm!(
+                    "movdqa {a}, xmmword ptr [{src}]",
+                    "movdqa {b}, xmmword ptr [{src} + 16]",
+                    "movdqa {c}, xmmword ptr [{src} + 32]",
+                    "movdqa {d}, xmmword ptr [{src} + 48]",
+                    "movdqu xmmword ptr [{dst}], {a}",
+                    "movdqu xmmword ptr [{dst} + 16], {b}",
+                    "movdqu xmmword ptr [{dst} + 32], {c}",
+                    "movdqu xmmword ptr [{dst} + 48], {d}",
+                    src = in(reg) src,
+                    dst = in(reg) dst,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    d = out(xmm_reg) _,
+                    options(nostack, preserves_flags),
+                );
+            }
+            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
             for i in 0..8 {
                 // SAFETY: in bounds and aligned (checked above); atomic access
-                // only. The destination may be unaligned.
-                let w = AtomicU64::from_ptr(self.base.add(off + 8 * i) as *mut u64);
-                (dst.add(8 * i) as *mut u64).write_unaligned(w.load(Ordering::Acquire));
+                // only. The destination may be unaligned. Relaxed: the
+                // seqlock's acquire fence follows (lines.rs).
+                let w = AtomicU64::from_ptr(src.add(8 * i) as *mut u64);
+                (dst.add(8 * i) as *mut u64).write_unaligned(w.load(Ordering::Relaxed));
             }
         }
     }
