@@ -755,7 +755,7 @@ mod tests {
         let r = rig(2048);
         // Lines 14..18 straddle the two blocks.
         let at = 14 * 64;
-        let stop = AtomicBool::new(false);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut v = 0u8;
@@ -774,13 +774,7 @@ mod tests {
                 }
             });
             // Stops the writers however the reader ends, panics included.
-            struct Stop<'a>(&'a AtomicBool);
-            impl Drop for Stop<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, Ordering::Relaxed);
-                }
-            }
-            let _stop = Stop(&stop);
+            let _stop = crate::conformance::StopOnDrop(stop.clone());
             let mut buf = [0u8; 256];
             let mut mixed = 0;
             // At least 200,000 READs, and on until B's head was seen over

@@ -3,10 +3,16 @@
 //! An emu memory node is a `MAP_SHARED` mapping that any number of threads
 //! and processes read and write at once, exactly as NICs and CPUs touch a
 //! real memory node. Rust makes a plain load racing a store undefined
-//! behaviour, so every access here is atomic: aligned 8-byte words go
-//! through `AtomicU64`, the unaligned head and tail of a range through
-//! `AtomicU8`. A multi-word copy here is a sequence of independent word
-//! accesses, so a copy racing a store can return a mix of old and new words.
+//! behaviour, so every access here is atomic; and it makes racing atomic
+//! accesses of different sizes undefined too unless all of them are reads,
+//! so every access is of a whole aligned 8-byte word, through `AtomicU64`
+//! (the NIC atomics are words already). The unaligned head and tail of a
+//! range are a load of their word, or for a WRITE a compare-and-swap that
+//! replaces only their bytes. (Only the last bytes of a window whose length
+//! is not a multiple of 8, which no word covers, are bytes, `AtomicU8`:
+//! nothing wider ever touches them.) A multi-word copy here is a sequence
+//! of independent word accesses, so a copy racing a store can return a mix
+//! of old and new words, never a word half written.
 //! Verbs do not stop at that: READ and WRITE go through [`super::lines`],
 //! which makes each 64-byte line whole, as a NIC does; the owner's CPU view
 //! (`EmuNode::host()`) uses these word-atomic copies directly. One copy
@@ -162,25 +168,100 @@ impl SharedMem {
             let mut off = off as usize;
             let end = off + len;
             let mut d = dst;
-            while off < end && !off.is_multiple_of(8) {
-                // SAFETY: d stays within dst..dst+len (one byte per source byte).
-                d.write(self.byte(off).load(Ordering::Acquire));
-                d = d.add(1);
-                off += 1;
+            if off < end && !off.is_multiple_of(8) {
+                let stop = ((off | 7) + 1).min(end);
+                // SAFETY: d..d+(stop-off) lies in dst..dst+len.
+                self.read_edge(off, d, stop - off);
+                d = d.add(stop - off);
+                off = stop;
             }
             while off + 8 <= end {
                 let v = self.word(off).load(Ordering::Acquire);
-                // SAFETY: as above; the destination may be unaligned.
+                // SAFETY: d..d+8 lies in dst..dst+len; it may be unaligned.
                 (d as *mut u64).write_unaligned(v);
                 d = d.add(8);
                 off += 8;
             }
-            while off < end {
-                d.write(self.byte(off).load(Ordering::Acquire));
-                d = d.add(1);
-                off += 1;
+            if off < end {
+                // SAFETY: as for the head.
+                self.read_edge(off, d, end - off);
             }
         }
+    }
+
+    /// Copies the `n` bytes at `off..off+n`, within one aligned word, to
+    /// `d`: from one load of the whole word (module doc: no access to node
+    /// memory narrower than a word), or byte by byte in the last bytes of
+    /// a window whose length is not a multiple of 8, which no word covers.
+    ///
+    /// # Safety
+    /// `d..d+n` must be valid for writes and not aliased by any live
+    /// reference.
+    unsafe fn read_edge(&self, off: usize, d: *mut u8, n: usize) {
+        debug_assert!(n > 0 && off % 8 + n <= 8);
+        match self.edge_word(off) {
+            Some(w) => {
+                let b = w.load(Ordering::Acquire).to_ne_bytes();
+                let at = off % 8;
+                // SAFETY: the caller's contract; b[at..at+n] is in the word.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr().add(at), d, n) };
+            }
+            None => {
+                for i in 0..n {
+                    // SAFETY: the caller's contract, i < n.
+                    unsafe { d.add(i).write(self.byte(off + i).load(Ordering::Acquire)) };
+                }
+            }
+        }
+    }
+
+    /// Stores `n` bytes from `s` at `off..off+n`, within one aligned word:
+    /// one compare-and-swap of the whole word, so that the other bytes of
+    /// the word stay as they are (another writer's, or a NIC atomic's) and
+    /// a reader of the word sees it before or after, never half of it. In
+    /// the last bytes of a window whose length is not a multiple of 8,
+    /// which no word covers, byte by byte.
+    ///
+    /// # Safety
+    /// `s..s+n` must be valid for reads and not mutably aliased.
+    unsafe fn write_edge(&self, off: usize, s: *const u8, n: usize) {
+        debug_assert!(n > 0 && off % 8 + n <= 8);
+        let at = off % 8;
+        match self.edge_word(off) {
+            Some(w) => {
+                // Relaxed: only the value is needed; the CAS below orders.
+                let mut cur = w.load(Ordering::Relaxed);
+                loop {
+                    let mut b = cur.to_ne_bytes();
+                    // SAFETY: the caller's contract; b[at..at+n] is in the word.
+                    unsafe { std::ptr::copy_nonoverlapping(s, b.as_mut_ptr().add(at), n) };
+                    // Release, as every store here (module doc); Relaxed on
+                    // failure: the word seen is only the next try's base.
+                    match w.compare_exchange_weak(
+                        cur,
+                        u64::from_ne_bytes(b),
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return,
+                        Err(seen) => cur = seen,
+                    }
+                }
+            }
+            None => {
+                for i in 0..n {
+                    // SAFETY: the caller's contract, i < n.
+                    self.byte(off + i)
+                        .store(unsafe { s.add(i).read() }, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// The aligned word holding byte `off`, if the window holds all of it.
+    fn edge_word(&self, off: usize) -> Option<&AtomicU64> {
+        let w = off & !7;
+        (w + 8 <= self.len).then(|| self.word(w))
     }
 
     /// Copies `len` bytes from `src` to `off`.
@@ -196,21 +277,23 @@ impl SharedMem {
             let mut off = off as usize;
             let end = off + len;
             let mut s = src;
-            while off < end && !off.is_multiple_of(8) {
-                self.byte(off).store(s.read(), Ordering::Release);
-                s = s.add(1);
-                off += 1;
+            if off < end && !off.is_multiple_of(8) {
+                let stop = ((off | 7) + 1).min(end);
+                // SAFETY: s..s+(stop-off) lies in src..src+len.
+                self.write_edge(off, s, stop - off);
+                s = s.add(stop - off);
+                off = stop;
             }
             while off + 8 <= end {
+                // SAFETY: s..s+8 lies in src..src+len; it may be unaligned.
                 let v = (s as *const u64).read_unaligned();
                 self.word(off).store(v, Ordering::Release);
                 s = s.add(8);
                 off += 8;
             }
-            while off < end {
-                self.byte(off).store(s.read(), Ordering::Release);
-                s = s.add(1);
-                off += 1;
+            if off < end {
+                // SAFETY: as for the head.
+                self.write_edge(off, s, end - off);
             }
         }
     }
@@ -256,7 +339,9 @@ impl SharedMem {
                 // 16-byte load here does exactly what two relaxed
                 // `AtomicU64` loads of its halves may do (x86-64 loads
                 // each aligned 8-byte half whole; the two halves may be
-                // of different stores, as two loads may). That is what
+                // of different stores, as two loads may). Every store to
+                // node memory is a whole `AtomicU64` (module doc), so no
+                // sizes are mixed either. That is what
                 // the word loop below does: relaxed loads suffice to the
                 // seqlock, whose acquire fence follows every copy (module
                 // doc of lines.rs). Half the instructions of the word
@@ -362,6 +447,85 @@ mod tests {
             "compare fails"
         );
         assert_eq!(m.load_u64(104), 0xab00);
+        drop(backing);
+    }
+
+    /// Every piece of a word, at every offset, round-trips and leaves the
+    /// word's other bytes alone; so do the last bytes of a window whose
+    /// length is not a multiple of 8 (no word covers them).
+    #[test]
+    fn word_edges_round_trip_and_keep_their_neighbours() {
+        let mut backing = vec![0u64; 4];
+        // SAFETY: the vector outlives `m` and is only touched through `m`;
+        // 29 bytes: three words, then five bytes no word covers.
+        let m = unsafe { SharedMem::new(backing.as_mut_ptr() as *mut u8, 29) };
+        let mut want = [0u8; 29];
+        let mut next = 1u8;
+        for off in 0..29 {
+            for n in 1..=(29 - off).min(9) {
+                let src: Vec<u8> = (0..n).map(|i| next.wrapping_add(i as u8)).collect();
+                next = next.wrapping_add(37);
+                m.write(off as u64, &src);
+                want[off..off + n].copy_from_slice(&src);
+                let mut all = [0u8; 29];
+                m.read(0, &mut all);
+                assert_eq!(all, want, "after writing {n} bytes at {off}");
+                let mut part = vec![0u8; n];
+                m.read(off as u64, &mut part);
+                assert_eq!(part, src);
+            }
+        }
+        drop(backing);
+    }
+
+    /// Two threads write different bytes of one word (seven and one), a
+    /// third loads the word whole: each load sees the seven bytes of one
+    /// WRITE, never a mix of two, and at the end the word holds both
+    /// writers' last bytes. Byte stores failed the first check; a plain
+    /// load-modify-store of the word failed the second.
+    #[test]
+    fn edge_writes_are_whole_and_lose_no_neighbour() {
+        use std::sync::{atomic::AtomicBool, Arc};
+        let mut backing = vec![0u64; 2];
+        // SAFETY: the vector outlives `m` (the scope below ends first) and
+        // is only touched through `m`.
+        let m = unsafe { SharedMem::new(backing.as_mut_ptr() as *mut u8, 16) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut seen, mut changes) = (0u64, 0u64);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut i = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    i = i.wrapping_add(1);
+                    m.write(9, &[(i % 251) as u8 + 1; 7]);
+                }
+                m.write(9, &[0xAA; 7]);
+            });
+            s.spawn(|| {
+                let mut i = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    i = i.wrapping_add(1);
+                    m.write(8, &[(i % 13) as u8]);
+                }
+                m.write(8, &[0x55]);
+            });
+            // Stops the writers however the reader ends, panics included.
+            let _stop = crate::conformance::StopOnDrop(stop.clone());
+            // Until the writers were seen at work for a while (on two
+            // loaded cores they may not run at first), for at most 20 s.
+            let since = std::time::Instant::now();
+            while changes < 100_000 && since.elapsed().as_secs() < 20 {
+                let w = m.load_u64(8).to_ne_bytes();
+                assert!(w[1..].iter().all(|&b| b == w[1]), "a torn word: {w:?}");
+                changes += (w != seen.to_ne_bytes()) as u64;
+                seen = u64::from_ne_bytes(w);
+            }
+        });
+        let w = m.load_u64(8).to_ne_bytes();
+        assert_eq!(w[0], 0x55, "the one-byte writer's last byte");
+        assert_eq!(&w[1..], &[0xAA; 7], "the seven-byte writer's last bytes");
+        assert_eq!(m.load_u64(0), 0, "the word before untouched");
+        assert!(changes > 0, "the reader never saw a write");
         drop(backing);
     }
 }
