@@ -329,9 +329,12 @@ impl SharedMem {
             let off = off as usize;
             debug_assert!(off.is_multiple_of(64) && off + 64 <= self.len);
             let src = self.base.add(off);
-            debug_assert!(src.addr().is_multiple_of(16));
+            // `movdqa` needs 16-byte alignment: node windows are page
+            // aligned, but a window is only promised 8 (`new`), so one that
+            // is not takes the word loop (a test the compiler hoists out of
+            // a READ's loop over its lines).
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            {
+            if src.addr().is_multiple_of(16) {
                 // Four 16-byte loads (SSE2, in every x86-64) and four
                 // stores. The loads race writers' atomic stores, which is
                 // sound only because it is not Rust code: an asm block
@@ -341,15 +344,15 @@ impl SharedMem {
                 // each aligned 8-byte half whole; the two halves may be
                 // of different stores, as two loads may). Every store to
                 // node memory is a whole `AtomicU64` (module doc), so no
-                // sizes are mixed either. That is what
-                // the word loop below does: relaxed loads suffice to the
-                // seqlock, whose acquire fence follows every copy (module
-                // doc of lines.rs). Half the instructions of the word
-                // loop: a Sherman lookup on emu went from 2,621 to 2,504
-                // instructions, its 1 KiB leaf READ 7-9% faster.
-                // No `nomem`: the block reads shared memory and writes
-                // `dst`, so the compiler keeps it between the sequence
-                // loads and the fence.
+                // sizes are mixed either. That is what the word loop
+                // below does: relaxed loads suffice to the seqlock, whose
+                // acquire fence follows every copy (module doc of
+                // lines.rs). Half the instructions of the word loop: a
+                // Sherman lookup on emu went from 2,621 to 2,511
+                // instructions, its 1 KiB leaf READ 7-9% faster. No
+                // `nomem`: the block reads shared memory and writes `dst`,
+                // so the compiler keeps it between the sequence loads and
+                // the fence.
                 std::arch::asm!(
                     "movdqa {a}, xmmword ptr [{src}]",
                     "movdqa {b}, xmmword ptr [{src} + 16]",
@@ -367,8 +370,8 @@ impl SharedMem {
                     d = out(xmm_reg) _,
                     options(nostack, preserves_flags),
                 );
+                return;
             }
-            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
             for i in 0..8 {
                 // SAFETY: in bounds and aligned (checked above); atomic access
                 // only. The destination may be unaligned. Relaxed: the
@@ -475,6 +478,34 @@ mod tests {
                 assert_eq!(part, src);
             }
         }
+        drop(backing);
+    }
+
+    /// A window only 8-byte aligned copies its lines whole too: the
+    /// 16-byte loads need 16, and a window that lacks it takes the word
+    /// loop (`movdqa` there would fault).
+    #[test]
+    fn lines_of_a_window_aligned_only_to_8_copy_whole() {
+        let mut backing = vec![0u64; 32];
+        let skip = if backing.as_ptr().addr().is_multiple_of(16) {
+            1
+        } else {
+            0
+        };
+        // SAFETY: the vector outlives `m` and is only touched through `m`;
+        // the window (two lines) starts `skip` words in, 8 mod 16.
+        let m = unsafe { SharedMem::new(backing.as_mut_ptr().add(skip) as *mut u8, 128) };
+        assert_eq!(m.base().addr() % 16, 8);
+        let src: Vec<u8> = (0..128u8).map(|i| i.wrapping_mul(7)).collect();
+        m.write(0, &src);
+        let mut dst = [0u8; 128];
+        // SAFETY: dst holds 128 bytes: the first line's 64, then the
+        // second's from 64 on.
+        unsafe {
+            m.read_line_into(0, dst.as_mut_ptr());
+            m.read_line_into(64, dst.as_mut_ptr().add(64));
+        }
+        assert_eq!(&dst[..], &src[..]);
         drop(backing);
     }
 
