@@ -48,8 +48,8 @@
 //! The data accesses are atomics (shm.rs; a READ's whole-line copy is an
 //! asm block that does only what relaxed atomic loads may), so a reader
 //! racing a writer is not undefined behaviour: it may copy an inconsistent
-//! line, which the recheck rejects. Why an accepted copy is consistent: if any load of the
-//! copy read a store of a writer W, W's release fence (after its odd store)
+//! line, which the recheck rejects. Why an accepted copy is consistent: if
+//! any load of the copy read a store of a writer W, W's release fence (after its odd store)
 //! synchronizes with the reader's acquire fence (before `s2`), so W's odd
 //! store happens-before `s2`, which then reads it or later, never `s1` —
 //! unless W had finished the line before `s1`. And `s1` (Acquire) reads the
@@ -560,6 +560,12 @@ impl LineMem {
                     seq.store(s.wrapping_add(1), Ordering::Release);
                 }
                 self.copy_out(at, d, n);
+                // The copy's loads are relaxed (shm.rs): this fence gives
+                // them Acquire, as the optimistic paths' fence does, for
+                // what they read of stores that bypass the seqlock (NIC
+                // atomics, aligned 8-byte WRITEs), which the lock's
+                // Acquire does not order.
+                fence(Ordering::Acquire);
                 if self.unlock(word, held) {
                     return;
                 }

@@ -18,10 +18,11 @@
 //! (`EmuNode::host()`) uses these word-atomic copies directly. One copy
 //! is not made of Rust atomics: on x86-64 a READ's whole aligned line
 //! (`SharedMem::read_line_unchecked`) is four 16-byte loads in an asm block,
-//! which does nothing that relaxed word loads could not (argued there). It
-//! runs only inside the line seqlock, whose Acquire loads and fence order it.
+//! which does nothing that relaxed word loads could not (argued there).
 //!
-//! Orderings: word loads are `Acquire` and word stores `Release`. On x86-64
+//! Orderings: word loads are `Acquire` and word stores `Release`, but for
+//! that whole-line copy, relaxed (asm or word loop): its callers in
+//! [`super::lines`] follow every copy with an Acquire fence. On x86-64
 //! both compile to plain moves, so they cost nothing there, and they give a
 //! WRITE that releases a lock (Sherman writes 0 to its lock word) the
 //! publish semantics its protocol needs against a later acquiring CAS.
@@ -298,8 +299,9 @@ impl SharedMem {
         }
     }
 
-    /// Copies the aligned 64-byte line at `off` into `dst`: eight word
-    /// loads, no edges (the common case of line-atomic READs).
+    /// Copies the aligned 64-byte line at `off` into `dst`: relaxed loads
+    /// (the caller fences), no edges (the common case of line-atomic
+    /// READs).
     ///
     /// # Safety
     /// `dst..dst+64` must be valid for writes and not aliased by any live
