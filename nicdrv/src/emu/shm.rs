@@ -16,8 +16,9 @@
 //! Verbs do not stop at that: READ and WRITE go through [`super::lines`],
 //! which makes each 64-byte line whole, as a NIC does; the owner's CPU view
 //! (`EmuNode::host()`) uses these word-atomic copies directly. One copy
-//! is not made of Rust atomics: on x86-64 a READ's whole aligned line
-//! (`SharedMem::read_line_unchecked`) is four 16-byte loads in an asm block,
+//! is not made of Rust atomics: on x86-64 CPUs with AVX, which make an
+//! aligned 16-byte load atomic, a READ's whole aligned line
+//! (`SharedMem::read_line_unchecked`) is four such loads in an asm block,
 //! which does nothing that relaxed word loads could not (argued there).
 //!
 //! Orderings: word loads are `Acquire` and word stores `Release`, but for
@@ -30,11 +31,30 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
+/// Whether an aligned 16-byte SSE load (`movdqa`) is one atomic access
+/// here. The x86-64 manuals guarantee it on every CPU that reports AVX
+/// (CPUID.01H:ECX bit 28): Intel's SDM vol. 3A, "Guaranteed Atomic
+/// Operations", names `movdqa` among the 16-byte operations always carried
+/// out atomically there, and AMD's APM vol. 2, "Access Atomicity", extends
+/// single aligned cacheable loads from a quadword to a double quadword.
+/// Without AVX an SSE access wider than a quadword may be split into
+/// several accesses of unspecified width, so nothing is promised and the
+/// word loop is used.
+fn wide_loads_are_atomic() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    return std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    false
+}
+
 /// A window of shared memory accessed only through atomics.
 #[derive(Copy, Clone, Debug)]
 pub struct SharedMem {
     base: *mut u8,
     len: usize,
+    /// An aligned 16-byte load is one atomic access on this CPU, so a
+    /// line may be copied with them (`read_line_unchecked`).
+    wide: bool,
 }
 
 // SAFETY: SharedMem is a pointer to memory that is only ever accessed through
@@ -50,7 +70,11 @@ impl SharedMem {
     /// aligned (page-aligned mappings are).
     pub unsafe fn new(base: *mut u8, len: usize) -> SharedMem {
         debug_assert_eq!(base as usize % 8, 0);
-        SharedMem { base, len }
+        SharedMem {
+            base,
+            len,
+            wide: wide_loads_are_atomic(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -334,27 +358,27 @@ impl SharedMem {
             // `movdqa` needs 16-byte alignment: node windows are page
             // aligned, but a window is only promised 8 (`new`), so one that
             // is not takes the word loop (a test the compiler hoists out of
-            // a READ's loop over its lines).
+            // a READ's loop over its lines). `wide`: the CPU makes each
+            // such load atomic (`wide_loads_are_atomic`).
             #[cfg(all(target_arch = "x86_64", not(miri)))]
-            if src.addr().is_multiple_of(16) {
-                // Four 16-byte loads (SSE2, in every x86-64) and four
-                // stores. The loads race writers' atomic stores, which is
-                // sound only because it is not Rust code: an asm block
-                // must behave as some Rust code could, and each aligned
-                // 16-byte load here does exactly what two relaxed
-                // `AtomicU64` loads of its halves may do (x86-64 loads
-                // each aligned 8-byte half whole; the two halves may be
-                // of different stores, as two loads may). Every store to
-                // node memory is a whole `AtomicU64` (module doc), so no
-                // sizes are mixed either. That is what the word loop
-                // below does: relaxed loads suffice to the seqlock, whose
-                // acquire fence follows every copy (module doc of
-                // lines.rs). Half the instructions of the word loop: a
-                // Sherman lookup on emu went from 2,621 to 2,511
-                // instructions, its 1 KiB leaf READ 7-9% faster. No
-                // `nomem`: the block reads shared memory and writes `dst`,
-                // so the compiler keeps it between the sequence loads and
-                // the fence.
+            if self.wide && src.addr().is_multiple_of(16) {
+                // Four 16-byte loads and four stores. The loads race
+                // writers' atomic stores, which is sound only because it
+                // is not Rust code: an asm block must behave as some Rust
+                // code could, and each aligned 16-byte load here, atomic
+                // on this CPU (`wide`), returns what two relaxed
+                // `AtomicU64` loads of its halves may return: both halves
+                // whole, and as of one moment, which two loads allow too
+                // (nothing orders them apart). Every store to node memory
+                // is a whole `AtomicU64` (module doc), so no sizes are
+                // mixed either. That is what the word loop below does:
+                // relaxed loads suffice to the seqlock, whose acquire
+                // fence follows every copy (module doc of lines.rs). Half
+                // the instructions of the word loop: a Sherman lookup on
+                // emu went from 2,621 to 2,511 instructions, its 1 KiB
+                // leaf READ 7-9% faster. No `nomem`: the block reads
+                // shared memory and writes `dst`, so the compiler keeps it
+                // between the sequence loads and the fence.
                 std::arch::asm!(
                     "movdqa {a}, xmmword ptr [{src}]",
                     "movdqa {b}, xmmword ptr [{src} + 16]",
@@ -425,6 +449,7 @@ impl SharedMem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{atomic::AtomicBool, Arc};
 
     #[test]
     fn unaligned_copies_round_trip() {
@@ -511,54 +536,112 @@ mod tests {
         drop(backing);
     }
 
-    /// Two threads write different bytes of one word (seven and one), a
-    /// third loads the word whole: each load sees the seven bytes of one
-    /// WRITE, never a mix of two, and at the end the word holds both
-    /// writers' last bytes. Byte stores failed the first check; a plain
-    /// load-modify-store of the word failed the second.
+    /// A line copied with the 16-byte loads (a source 16-byte aligned, on
+    /// a CPU with AVX), to destinations at every alignment, while another
+    /// thread rewrites its words: each word arrives whole, never two
+    /// writes' halves, and the last copy is exact.
+    #[test]
+    fn wide_line_copies_are_whole_to_any_destination() {
+        #[repr(C, align(64))]
+        struct Lines([u64; 16]);
+        let mut backing = Lines([0; 16]);
+        // SAFETY: `backing` outlives `m` (both live to the end of the test)
+        // and is only touched through `m`.
+        let m = unsafe { SharedMem::new(backing.0.as_mut_ptr() as *mut u8, 128) };
+        assert_eq!(m.base().addr() % 64, 0);
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        assert_eq!(m.wide, std::arch::is_x86_feature_detected!("avx"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut dst = [0u8; 64 + 16];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Every word of a write holds its number in both halves.
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 1) & 0xffff_ffff;
+                    for w in 0..8 {
+                        m.word(64 + 8 * w).store(i << 32 | i, Ordering::Relaxed);
+                    }
+                }
+            });
+            let _stop = crate::conformance::StopOnDrop(stop.clone());
+            for k in 0..100_000usize {
+                let at = k % 16;
+                // SAFETY: dst[at..at + 64] lies in dst; the line is in
+                // bounds and aligned.
+                unsafe { m.read_line_into(64, dst.as_mut_ptr().add(at)) };
+                for w in dst[at..at + 64].chunks_exact(8) {
+                    let v = u64::from_ne_bytes(w.try_into().unwrap());
+                    assert_eq!(v >> 32, v & 0xffff_ffff, "a torn word {v:#x}");
+                }
+            }
+        });
+        let src: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(11) ^ 0x5a).collect();
+        m.write(64, &src);
+        for at in 0..16 {
+            // SAFETY: as above.
+            unsafe { m.read_line_into(64, dst.as_mut_ptr().add(at)) };
+            assert_eq!(
+                &dst[at..at + 64],
+                &src[..],
+                "to a destination at {at} mod 16"
+            );
+        }
+    }
+
+    /// Two threads write different bytes of one word, each checking,
+    /// before every write, that the word still holds its own last write
+    /// whole: the first thread a 4-byte count, the second 4 equal bytes.
+    /// A write that put back an older copy of its neighbour's bytes (a
+    /// load-modify-store of the word) is found by that neighbour at its
+    /// next write, every time it happens; a word seen half written (byte
+    /// stores) by a check of the other's bytes. At the end the word holds
+    /// both threads' last writes.
     #[test]
     fn edge_writes_are_whole_and_lose_no_neighbour() {
-        use std::sync::{atomic::AtomicBool, Arc};
         let mut backing = vec![0u64; 2];
         // SAFETY: the vector outlives `m` (the scope below ends first) and
         // is only touched through `m`.
         let m = unsafe { SharedMem::new(backing.as_mut_ptr() as *mut u8, 16) };
         let stop = Arc::new(AtomicBool::new(false));
-        let (mut seen, mut changes) = (0u64, 0u64);
+        let count = |w: [u8; 8]| u32::from_ne_bytes(w[..4].try_into().unwrap());
+        let mut n = 0u32;
+        let mut changes = 0u64;
         std::thread::scope(|s| {
             s.spawn(|| {
-                let mut i = 0u32;
+                let _stop = crate::conformance::StopOnDrop(stop.clone());
+                let (mut mine, mut most) = (0u8, 0u32);
                 while !stop.load(Ordering::Relaxed) {
-                    i = i.wrapping_add(1);
-                    m.write(9, &[(i % 251) as u8 + 1; 7]);
+                    let w = m.load_u64(8).to_ne_bytes();
+                    assert_eq!(&w[4..], &[mine; 4], "my last write was lost or torn");
+                    assert!(count(w) >= most, "the count went back: {w:?}");
+                    most = count(w);
+                    mine = mine % 251 + 1;
+                    m.write(12, &[mine; 4]);
                 }
-                m.write(9, &[0xAA; 7]);
+                m.write(12, &[0xAA; 4]);
             });
-            s.spawn(|| {
-                let mut i = 0u32;
-                while !stop.load(Ordering::Relaxed) {
-                    i = i.wrapping_add(1);
-                    m.write(8, &[(i % 13) as u8]);
-                }
-                m.write(8, &[0x55]);
-            });
-            // Stops the writers however the reader ends, panics included.
+            // Stops the writer however this thread ends, panics included.
             let _stop = crate::conformance::StopOnDrop(stop.clone());
-            // Until the writers were seen at work for a while (on two
-            // loaded cores they may not run at first), for at most 20 s.
+            // Until the other writer was seen at work for a while (on two
+            // loaded cores it may not run at first), for at most 20 s.
             let since = std::time::Instant::now();
+            let mut seen = [0u8; 4];
             while changes < 100_000 && since.elapsed().as_secs() < 20 {
                 let w = m.load_u64(8).to_ne_bytes();
-                assert!(w[1..].iter().all(|&b| b == w[1]), "a torn word: {w:?}");
-                changes += (w != seen.to_ne_bytes()) as u64;
-                seen = u64::from_ne_bytes(w);
+                assert_eq!(count(w), n, "my last count was lost or torn: {w:?}");
+                assert!(w[5..].iter().all(|&b| b == w[4]), "a torn word: {w:?}");
+                changes += (w[4..] != seen) as u64;
+                seen.copy_from_slice(&w[4..]);
+                n += 1;
+                m.write(8, &n.to_ne_bytes());
             }
         });
         let w = m.load_u64(8).to_ne_bytes();
-        assert_eq!(w[0], 0x55, "the one-byte writer's last byte");
-        assert_eq!(&w[1..], &[0xAA; 7], "the seven-byte writer's last bytes");
+        assert_eq!(count(w), n, "the counter's last write");
+        assert_eq!(&w[4..], &[0xAA; 4], "the other writer's last bytes");
         assert_eq!(m.load_u64(0), 0, "the word before untouched");
-        assert!(changes > 0, "the reader never saw a write");
+        assert!(changes > 0, "never saw the other writer write");
         drop(backing);
     }
 }
