@@ -49,13 +49,13 @@
 //! asm block that does only what relaxed atomic loads may), so a reader
 //! racing a writer is not undefined behaviour: it may copy an inconsistent
 //! line, which the recheck rejects. Why an accepted copy is consistent: if
-//! any load of the copy read a store of a writer W, W's release fence (after its odd store)
-//! synchronizes with the reader's acquire fence (before `s2`), so W's odd
-//! store happens-before `s2`, which then reads it or later, never `s1` —
-//! unless W had finished the line before `s1`. And `s1` (Acquire) reads the
-//! last even store, whose Release carries that writer's stores and, through
-//! the block lock's Acquire/Release chain, every earlier writer's: the copy
-//! is the latest whole line.
+//! any load of the copy read a store of a writer W, W's release fence
+//! (after its odd store) synchronizes with the reader's acquire fence
+//! (before `s2`), so W's odd store happens-before `s2`, which then reads it
+//! or later, never `s1` — unless W had finished the line before `s1`. And
+//! `s1` (Acquire) reads the last even store, whose Release carries that
+//! writer's stores and, through the block lock's Acquire/Release chain,
+//! every earlier writer's: the copy is the latest whole line.
 //!
 //! Slow reads. A reader that sees a line odd for [`SPINS`] spins, or fails
 //! its recheck [`OPTIMISTIC_TRIES`] times (a stream of writers), reads
@@ -357,7 +357,8 @@ impl LineMem {
                     self.read_lines_into(off / LINE_BYTES, dst, len / LINE_BYTES as usize);
                     return;
                 }
-                // At most the first FAST_LINES lines or so (`prefetch`).
+                // Its first 2 KiB at most (`prefetch`): 32 lines, 33 when
+                // `off` is not line-aligned.
                 self.prefetch(off, end.min(off + FAST_LINES * LINE_BYTES));
             }
             let mut at = off;
@@ -493,11 +494,13 @@ impl LineMem {
     /// command: Sherman's median 3.02 → 3.29 Mops/s, the bare 1 KiB READ
     /// over 5.5 MiB 5.54 → 6.13.
     ///
-    /// A READ asks for its first 2 KiB ([`FAST_LINES`] lines) at most: a
-    /// larger READ's later lines would arrive long before their copy, and
-    /// as an NTA prefetch brings a line only to L1, they could be evicted
-    /// unused and fetched twice. The copy walks the rest in order, which
-    /// the CPU's stream prefetchers follow.
+    /// A READ asks for its first 2 KiB ([`FAST_LINES`] lines) at most (its
+    /// caller bounds `end`; a `min` here cost the fast path, whose READs
+    /// are never longer, 50 instructions a READ): a larger READ's later
+    /// lines would arrive long before their copy, and as an NTA prefetch
+    /// brings a line only to L1, they could be evicted unused and fetched
+    /// twice. The copy walks the rest in order, which the CPU's stream
+    /// prefetchers follow.
     #[inline]
     fn prefetch(&self, off: u64, end: u64) {
         #[cfg(target_arch = "x86_64")]
@@ -823,13 +826,9 @@ mod tests {
                     &buf[..256]
                 } else {
                     r.mem.read(8 * 64, &mut buf);
-                    let (around, racing) =
-                        ([&buf[..6 * 64], &buf[10 * 64..]], &buf[6 * 64..10 * 64]);
-                    assert!(
-                        around.iter().all(|b| b.iter().all(|&x| x == 0)),
-                        "lines no one writes"
-                    );
-                    racing
+                    let mut untouched = buf[..6 * 64].iter().chain(&buf[10 * 64..]);
+                    assert!(untouched.all(|&x| x == 0), "lines no one writes");
+                    &buf[6 * 64..10 * 64]
                 };
                 for l in lines.chunks(64) {
                     let (h, t) = (l[0], l[40]);
