@@ -16,8 +16,8 @@
 //! Verbs do not stop at that: READ and WRITE go through [`super::lines`],
 //! which makes each 64-byte line whole, as a NIC does; the owner's CPU view
 //! (`EmuNode::host()`) uses these word-atomic copies directly. One copy
-//! is not made of Rust atomics: on x86-64 CPUs with AVX, which make an
-//! aligned 16-byte load atomic, a READ's whole aligned line
+//! is not made of Rust atomics: on Intel and AMD CPUs with AVX, whose
+//! manuals make an aligned 16-byte load atomic, a READ's whole aligned line
 //! (`SharedMem::read_line_unchecked`) is four such loads in an asm block,
 //! which does nothing that relaxed word loads could not (argued there).
 //!
@@ -32,18 +32,30 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Whether an aligned 16-byte SSE load (`movdqa`) is one atomic access
-/// here. The x86-64 manuals guarantee it on every CPU that reports AVX
-/// (CPUID.01H:ECX bit 28): Intel's SDM vol. 3A, "Guaranteed Atomic
-/// Operations", names `movdqa` among the 16-byte operations always carried
-/// out atomically there, and AMD's APM vol. 2, "Access Atomicity", extends
-/// single aligned cacheable loads from a quadword to a double quadword.
-/// Without AVX an SSE access wider than a quadword may be split into
-/// several accesses of unspecified width, so nothing is promised and the
-/// word loop is used.
+/// here. Each vendor's manual promises it for its own processors that
+/// report AVX (CPUID.01H:ECX bit 28): Intel's SDM vol. 3A, "Guaranteed
+/// Atomic Operations", names `movdqa` among the 16-byte operations always
+/// carried out atomically there, and AMD's APM vol. 2, "Access Atomicity",
+/// extends single aligned cacheable loads from a quadword to a double
+/// quadword. Neither speaks for other vendors' CPUs, so those (and CPUs
+/// without AVX, whose SSE accesses wider than a quadword may be split into
+/// accesses of unspecified width) take the word loop.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 fn wide_loads_are_atomic() -> bool {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    return std::arch::is_x86_feature_detected!("avx");
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    // CPUID leaf 0 names the vendor in EBX, EDX, ECX, four ASCII bytes
+    // each, little-endian.
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID exists on every x86-64 CPU and only reads
+    // identification registers; leaf 0 is always valid.
+    let id = unsafe { std::arch::x86_64::__cpuid(0) };
+    let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes);
+    let named = |s: &[u8; 12]| vendor.concat() == s;
+    (named(b"GenuineIntel") || named(b"AuthenticAMD")) && std::arch::is_x86_feature_detected!("avx")
+}
+
+/// Elsewhere no 16-byte load is used (`read_line_unchecked`).
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+fn wide_loads_are_atomic() -> bool {
     false
 }
 
@@ -95,11 +107,17 @@ impl SharedMem {
             .is_some_and(|end| end <= self.len as u64)
     }
 
+    /// Whether the window holds the aligned `n`-byte unit at `off`. The
+    /// end is a checked sum: `off + n` wrapping past zero (an offset near
+    /// `u64::MAX` from a caller) would pass a plain comparison and point
+    /// before the window.
+    #[inline]
+    fn holds(&self, off: usize, n: usize) -> bool {
+        off.is_multiple_of(n) && off.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
     fn word(&self, off: usize) -> &AtomicU64 {
-        assert!(
-            off.is_multiple_of(8) && off + 8 <= self.len,
-            "word access out of bounds"
-        );
+        assert!(self.holds(off, 8), "word access out of bounds");
         // SAFETY: in bounds and 8-byte aligned (checked above; base is
         // aligned); the memory is valid for the window's lifetime and only
         // accessed atomically.
@@ -122,10 +140,7 @@ impl SharedMem {
     /// [`super::lines`]).
     pub(crate) fn word32_at(&self, off: u64) -> &AtomicU32 {
         let off = off as usize;
-        assert!(
-            off.is_multiple_of(4) && off + 4 <= self.len,
-            "word access out of bounds"
-        );
+        assert!(self.holds(off, 4), "word access out of bounds");
         // SAFETY: in bounds and 4-byte aligned (checked above; base is
         // aligned); the memory is valid for the window's lifetime and only
         // accessed atomically.
@@ -332,10 +347,7 @@ impl SharedMem {
     /// reference. The line must be in bounds (asserted).
     #[inline]
     pub(crate) unsafe fn read_line_into(&self, off: u64, dst: *mut u8) {
-        assert!(
-            off.is_multiple_of(64) && off + 64 <= self.len as u64,
-            "line out of bounds"
-        );
+        assert!(self.holds(off as usize, 64), "line out of bounds");
         // SAFETY: the line is in bounds and aligned (asserted); the rest
         // is the caller's contract.
         unsafe { self.read_line_unchecked(off, dst) }
@@ -420,10 +432,7 @@ impl SharedMem {
         // what every unsafe operation below relies on (each argued in place).
         unsafe {
             let off = off as usize;
-            assert!(
-                off.is_multiple_of(64) && off + 64 <= self.len,
-                "line out of bounds"
-            );
+            assert!(self.holds(off, 64), "line out of bounds");
             for i in 0..8 {
                 let v = (src.add(8 * i) as *const u64).read_unaligned();
                 // SAFETY: as in `read_line_into`.
@@ -450,6 +459,48 @@ impl SharedMem {
 mod tests {
     use super::*;
     use std::sync::{atomic::AtomicBool, Arc};
+
+    /// Offsets near `u64::MAX` are out of bounds, not wrapped: a check of
+    /// `off + 8 <= len` passes when the sum wraps, and the access lands
+    /// before the window (in a node file, on the window below it).
+    #[test]
+    fn offsets_near_the_top_are_refused_not_wrapped() {
+        let mut backing = vec![0u64; 16];
+        // SAFETY: the vector outlives `m` and is only touched through `m`.
+        let m = unsafe { SharedMem::new(backing.as_mut_ptr() as *mut u8, 128) };
+        let refused = |what: &str, f: &dyn Fn()| {
+            let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .expect_err(&format!("{what}: accepted an offset past the window"));
+            let msg = e
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| e.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            assert!(msg.contains("out of bounds"), "{what}: {msg}");
+        };
+        let top = u64::MAX - 7;
+        refused("load", &|| {
+            let _ = m.load_u64(top);
+        });
+        refused("store", &|| m.store_u64(top, 1));
+        refused("cas", &|| {
+            let _ = m.cas_u64(top, 0, 1);
+        });
+        refused("faa", &|| {
+            let _ = m.faa_u64(top, 1);
+        });
+        refused("masked cas", &|| {
+            let _ = m.masked_cas_u64(top, 0, !0, 1, !0);
+        });
+        refused("word32", &|| {
+            let _ = m.word32_at(u64::MAX - 3);
+        });
+        let mut line = [0u8; 64];
+        let dst = line.as_mut_ptr();
+        // SAFETY: `dst` is 64 writable bytes; the call must refuse first.
+        refused("line", &|| unsafe { m.read_line_into(u64::MAX - 63, dst) });
+        assert!(backing.iter().all(|&w| w == 0), "nothing was written");
+    }
 
     #[test]
     fn unaligned_copies_round_trip() {
@@ -537,7 +588,7 @@ mod tests {
     }
 
     /// A line copied with the 16-byte loads (a source 16-byte aligned, on
-    /// a CPU with AVX), to destinations at every alignment, while another
+    /// an Intel or AMD CPU with AVX), to destinations at every alignment, while another
     /// thread rewrites its words: each word arrives whole, never two
     /// writes' halves, and the last copy is exact.
     #[test]
@@ -549,8 +600,20 @@ mod tests {
         // and is only touched through `m`.
         let m = unsafe { SharedMem::new(backing.0.as_mut_ptr() as *mut u8, 128) };
         assert_eq!(m.base().addr() % 64, 0);
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        assert_eq!(m.wide, std::arch::is_x86_feature_detected!("avx"));
+        // The wide path is taken exactly where the manuals promise it, as
+        // the kernel reports the CPU (an oracle apart from CPUID).
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+        {
+            let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+            let field = |name: &str| {
+                let line = info.lines().find(|l| l.starts_with(name));
+                line.and_then(|l| l.split(':').nth(1)).unwrap_or("").trim()
+            };
+            let vendor = field("vendor_id");
+            let avx = field("flags").split(' ').any(|f| f == "avx");
+            let promised = avx && (vendor == "GenuineIntel" || vendor == "AuthenticAMD");
+            assert_eq!(m.wide, promised, "vendor {vendor}, avx {avx}");
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let mut dst = [0u8; 64 + 16];
         std::thread::scope(|s| {
