@@ -80,7 +80,9 @@ pub fn check_range(off: u64, len: u64, size: u64, word: bool) -> Result<(), Loca
 
 /// The local view over memory that is really shared (emu's mapping,
 /// mlx5's registered region): every access an atomic one, checked first.
-#[derive(Copy, Clone, Debug)]
+/// Not `Clone`, for the reason [`SharedMem`] is not; [`MachineMemory`],
+/// which keeps the memory mapped, is.
+#[derive(Debug)]
 pub struct SharedLocal {
     mem: SharedMem,
     /// Emu's line words, through which range writes go so that each line
@@ -95,9 +97,26 @@ impl SharedLocal {
 
     /// The view over an emu window with its line seqlock.
     pub fn with_lines(lines: crate::emu::lines::LineMem) -> SharedLocal {
+        // SAFETY: the alias lives beside `lines`, whose window it is, and
+        // goes with it.
+        let mem = unsafe { lines.data().alias() };
         SharedLocal {
-            mem: *lines.data(),
+            mem,
             lines: Some(lines),
+        }
+    }
+
+    /// A second view onto the same memory.
+    ///
+    /// # Safety
+    /// As for [`SharedMem::alias`]: not used once the memory is unmapped.
+    unsafe fn alias(&self) -> SharedLocal {
+        // SAFETY: the caller's contract is the aliases' one.
+        unsafe {
+            SharedLocal {
+                mem: self.mem.alias(),
+                lines: self.lines.as_ref().map(|l| l.alias()),
+            }
         }
     }
 
@@ -148,10 +167,20 @@ impl SharedLocal {
 /// A machine's memory as a device clone holds it (emu, mlx5): the view,
 /// and whatever keeps that memory mapped and registered for as long as
 /// any clone lives.
-#[derive(Clone)]
 pub struct MachineMemory {
     view: SharedLocal,
     _keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl Clone for MachineMemory {
+    fn clone(&self) -> Self {
+        MachineMemory {
+            // SAFETY: the clone holds `_keep` too, which keeps the memory
+            // valid while the view lives (`new`).
+            view: unsafe { self.view.alias() },
+            _keep: self._keep.clone(),
+        }
+    }
 }
 
 impl MachineMemory {

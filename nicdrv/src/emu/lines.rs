@@ -228,8 +228,8 @@ impl Wait {
 }
 
 /// One memory window (host or device memory) with its lock and sequence
-/// words.
-#[derive(Copy, Clone, Debug)]
+/// words. Not `Clone`, for the reason [`SharedMem`] is not.
+#[derive(Debug)]
 pub struct LineMem {
     data: SharedMem,
     blocks: SharedMem,
@@ -239,8 +239,11 @@ pub struct LineMem {
 
 impl LineMem {
     /// `blocks` and `lines` hold the words [`table_bytes`] sizes for `data`;
-    /// `me` is this process's pid, written into lock words it holds.
-    pub fn new(data: SharedMem, blocks: SharedMem, lines: SharedMem, me: u32) -> LineMem {
+    /// `me` is this process's pid, written into lock words it holds. The
+    /// three windows must not overlap (the node layout keeps them apart):
+    /// sequence words are 4-byte atomics, and atomics of different sizes on
+    /// the same bytes are undefined behaviour. Hence crate-private.
+    pub(crate) fn new(data: SharedMem, blocks: SharedMem, lines: SharedMem, me: u32) -> LineMem {
         let (b, l) = table_bytes(data.len() as u64);
         assert!(
             blocks.len() as u64 >= b && lines.len() as u64 >= l,
@@ -251,6 +254,22 @@ impl LineMem {
             blocks,
             lines,
             me,
+        }
+    }
+
+    /// A second handle onto the same window and words.
+    ///
+    /// # Safety
+    /// As for [`SharedMem::alias`]: not used once the memory is unmapped.
+    pub(crate) unsafe fn alias(&self) -> LineMem {
+        // SAFETY: the caller's contract is the aliases' one.
+        unsafe {
+            LineMem {
+                data: self.data.alias(),
+                blocks: self.blocks.alias(),
+                lines: self.lines.alias(),
+                me: self.me,
+            }
         }
     }
 

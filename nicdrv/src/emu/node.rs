@@ -286,12 +286,17 @@ impl NodeMap {
             window(l.dm_off, dm_bytes),
         );
         let host_lines = LineMem::new(
-            host,
+            window(l.host_off, host_bytes),
             window(hb, l.host_tables.0),
             window(hl, l.host_tables.1),
             me,
         );
-        let dm_lines = LineMem::new(dm, window(db, l.dm_tables.0), window(dl, l.dm_tables.1), me);
+        let dm_lines = LineMem::new(
+            window(l.dm_off, dm_bytes),
+            window(db, l.dm_tables.0),
+            window(dl, l.dm_tables.1),
+            me,
+        );
         Ok(NodeMap {
             host_lines,
             dm_lines,
@@ -551,13 +556,32 @@ impl EmuNode {
 
     /// The owner's own CPU view of its host memory (FaRM's receivers poll
     /// their rings through it).
-    pub fn host(&self) -> SharedMem {
-        self.map.host
+    ///
+    /// Borrowed: the view cannot outlive the node, whose drop unmaps the
+    /// memory, nor be copied out of it.
+    ///
+    /// ```compile_fail,E0505
+    /// use nicdrv::emu::{Backing, EmuNode, EmuNodeConfig};
+    /// let cfg = EmuNodeConfig { id: 0, host_bytes: 4096, dm_bytes: 4096, backing: Backing::Memfd };
+    /// let node = EmuNode::create(&cfg).unwrap();
+    /// let host = node.host();
+    /// drop(node);
+    /// host.load_u64(0); // a read of unmapped memory, were it allowed
+    /// ```
+    ///
+    /// ```compile_fail,E0507
+    /// use nicdrv::emu::{Backing, EmuNode, EmuNodeConfig};
+    /// let cfg = EmuNodeConfig { id: 0, host_bytes: 4096, dm_bytes: 4096, backing: Backing::Memfd };
+    /// let node = EmuNode::create(&cfg).unwrap();
+    /// let host = *node.host(); // a copy would outlive the node
+    /// ```
+    pub fn host(&self) -> &SharedMem {
+        &self.map.host
     }
 
     /// The owner's own CPU view of its device memory.
-    pub fn device(&self) -> SharedMem {
-        self.map.dm
+    pub fn device(&self) -> &SharedMem {
+        &self.map.dm
     }
 
     /// The endpoint in-process queue pairs connect to.
@@ -788,7 +812,9 @@ impl EmuEndpoint {
             false,
         )?;
         if !same_process {
-            let wd = Watchdog::start(pidfd, lock_fd, map.header, HDR_STATE)
+            // SAFETY: the map drops its watchdog before it unmaps (Drop).
+            let header = unsafe { map.header.alias() };
+            let wd = Watchdog::start(pidfd, lock_fd, header, HDR_STATE)
                 .map_err(io_err(path, "cannot start watchdog for"))?;
             *map.watchdog.lock().unwrap_or_else(|p| p.into_inner()) = Some(wd);
         }

@@ -75,7 +75,10 @@ impl EmuNic {
         EmuNic {
             inner: self.inner.clone(),
             local: Some(crate::local::MachineMemory::new(
-                crate::local::SharedLocal::with_lines(*node.map.lines(crate::Space::Host)),
+                // SAFETY: the Arc beside it keeps the node mapped.
+                crate::local::SharedLocal::with_lines(unsafe {
+                    node.map.lines(crate::Space::Host).alias()
+                }),
                 Arc::new(node.clone()),
             )),
         }

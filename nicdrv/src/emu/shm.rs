@@ -60,7 +60,12 @@ fn wide_loads_are_atomic() -> bool {
 }
 
 /// A window of shared memory accessed only through atomics.
-#[derive(Copy, Clone, Debug)]
+///
+/// Not `Clone`: a window must not outlive its mapping, and a copy handed
+/// out by value would (an `EmuNode`'s views are borrowed from it). Code in
+/// this crate that keeps a second window onto memory it keeps mapped says
+/// so with `SharedMem::alias`.
+#[derive(Debug)]
 pub struct SharedMem {
     base: *mut u8,
     len: usize,
@@ -86,6 +91,19 @@ impl SharedMem {
             base,
             len,
             wide: wide_loads_are_atomic(),
+        }
+    }
+
+    /// A second window onto the same memory.
+    ///
+    /// # Safety
+    /// The alias must not be used once the memory is unmapped: its holder
+    /// keeps the mapping alive, or is dropped before it goes.
+    pub(crate) unsafe fn alias(&self) -> SharedMem {
+        SharedMem {
+            base: self.base,
+            len: self.len,
+            wide: self.wide,
         }
     }
 
