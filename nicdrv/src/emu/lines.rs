@@ -22,6 +22,17 @@
 //! - The owner's CPU view (`EmuNode::host()`) is word-atomic only: a memory
 //!   node's own CPU is not its NIC.
 //!
+//! What skipping the words gives up: real-time order against a line WRITE
+//! in progress. A WRITE's stores into a line take time; an atomic or
+//! 8-byte WRITE that lands between them, and one that lands on another
+//! word of the line after it, can both be ordered around that WRITE so
+//! that the first seems to follow it and the second to precede it, though
+//! the first had completed before the second was posted. Each line still
+//! ends as some order of its WRITEs left it (the promise above), and no
+//! word is torn. A protocol that needs the real-time order must not mix
+//! the two on one line while both are in flight (a NIC landing each line
+//! as one event would keep it; this emulation does not promise it).
+//!
 //! Words. A line's sequence (`u32`) is even while the line is stable and odd
 //! while a WRITE is storing into it. Only the holder of the line's block
 //! lock changes it, so it needs no read-modify-write. A block's lock word
