@@ -1,12 +1,14 @@
 //! `loch-bench locks`: Sherman's lock techniques alone. Clients acquire
 //! and release locks drawn zipfian (or uniformly) from a set of lock
 //! words, through the tree's own lock code ([`index::tree::TreeClient::lock_node`]),
-//! with the variants side by side: CAS on a word in host memory (FG+),
-//! CAS on a word in the memory node's device memory (on-chip), plus the
-//! local lock table (each compute node queues its own threads FIFO per
-//! lock, one remote CAS spinner per lock and compute node), plus handover
-//! (a releasing holder passes the lock to the next local waiter without a
-//! remote release, up to 8 times in a row). Reported: acquisitions per
+//! with the variants side by side, Sherman §5.7's steps: CAS on a word in
+//! host memory (FG+), CAS on a word in the memory node's device memory
+//! (on-chip), plus the local lock table (a compute node's threads take a
+//! lock locally first, so one remote CAS spinner per lock and compute
+//! node), plus wait queues (local waiters served FIFO, not whoever tries
+//! first), plus handover (a releasing holder passes the lock to the next
+//! local waiter without a remote release, up to 8 times in a row).
+//! Reported: acquisitions per
 //! second, acquisition latency (from asking to holding) percentiles, and
 //! remote CAS attempts per acquisition.
 
@@ -32,11 +34,12 @@ pub struct LocksArgs {
     /// host, one compute node whose cores are threads, wall clock
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
     backend: Backend,
-    /// Variants side by side: host, dm, dm+local, dm+local+handover
+    /// Variants side by side: host, dm, dm+local, dm+local+queue,
+    /// dm+local+queue+handover
     #[arg(
         long,
         value_name = "A,B,...",
-        default_value = "host,dm,dm+local,dm+local+handover"
+        default_value = "host,dm,dm+local,dm+local+queue,dm+local+queue+handover"
     )]
     variants: String,
     /// Lock words, spread over the memory nodes
@@ -77,29 +80,38 @@ pub struct LocksArgs {
 
 const LOCKS_AFTER_HELP: &str = "\
 Variants: host (CAS on the lock word in host memory, FG+), dm (CAS on a word in the memory
-node's device memory), dm+local (plus the local lock table: a compute node's threads queue
-FIFO per lock, so one of them spins remotely), dm+local+handover (plus handover: Sherman's
-HOCL). The local table is its FIFO wait queue: the two come as one.
+node's device memory), dm+local (plus the local lock table: a compute node's threads take a
+lock locally first, so one of them spins remotely; locally, whoever tries first after a
+release), dm+local+queue (plus wait queues: local waiters served FIFO),
+dm+local+queue+handover (plus handover: Sherman's HOCL).
 Columns: variant, acquisitions, Macq/s, acquisition latency p50/p99/p999 in microseconds
 (asking to holding), remote CAS attempts per acquisition, share handed over.
 Exit codes: 0 done; 1 the benchmark failed (a verb failed, the cluster did not boot); 2 bad
 input (one line naming it; nothing run); 130 stopped by SIGINT or SIGTERM.";
 
 /// The variants, by name, as tree configurations.
-const VARIANTS: [&str; 4] = ["host", "dm", "dm+local", "dm+local+handover"];
+const VARIANTS: [&str; 5] = [
+    "host",
+    "dm",
+    "dm+local",
+    "dm+local+queue",
+    "dm+local+queue+handover",
+];
 
 fn variant(name: &str, host_bytes: u64) -> Option<TreeConfig> {
     let base = TreeConfig::sherman(host_bytes);
-    let (lock_in_dm, local_lock_table, handover) = match name {
-        "host" => (false, false, false),
-        "dm" => (true, false, false),
-        "dm+local" => (true, true, false),
-        "dm+local+handover" => (true, true, true),
+    let (lock_in_dm, local_lock_table, local_wait_queue, handover) = match name {
+        "host" => (false, false, false, false),
+        "dm" => (true, false, false, false),
+        "dm+local" => (true, true, false, false),
+        "dm+local+queue" => (true, true, true, false),
+        "dm+local+queue+handover" => (true, true, true, true),
         _ => return None,
     };
     Some(TreeConfig {
         lock_in_dm,
         local_lock_table,
+        local_wait_queue,
         handover,
         ..base
     })
@@ -474,7 +486,7 @@ fn print_header(s: &LockSpec) {
         s.hold_ns
     );
     cmdline::outln!(
-        "{:<20} {:>12} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
+        "{:<23} {:>12} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
         "variant",
         "acquisitions",
         "Macq/s",
@@ -492,7 +504,7 @@ fn print_row(j: &serde_json::Value) {
         None => format!("{:>width$}", "n/a"),
     };
     cmdline::outln!(
-        "{:<20} {:>12} {} {} {} {} {} {}",
+        "{:<23} {:>12} {} {} {} {} {} {}",
         j["variant"].as_str().unwrap_or("?"),
         j["acquisitions"],
         f(&j["acquisitions_per_sec"], 1e-6, 9, 3),
@@ -511,10 +523,15 @@ mod tests {
     #[test]
     fn every_variant_names_a_valid_configuration_adding_one_technique() {
         let on = |c: &TreeConfig| {
-            [c.lock_in_dm, c.local_lock_table, c.handover]
-                .iter()
-                .filter(|&&b| b)
-                .count()
+            [
+                c.lock_in_dm,
+                c.local_lock_table,
+                c.local_wait_queue,
+                c.handover,
+            ]
+            .iter()
+            .filter(|&&b| b)
+            .count()
         };
         let counts: Vec<usize> = VARIANTS
             .iter()
@@ -524,7 +541,7 @@ mod tests {
                 on(&c)
             })
             .collect();
-        assert_eq!(counts, [0, 1, 2, 3]);
+        assert_eq!(counts, [0, 1, 2, 3, 4]);
         assert!(variant("nope", 1 << 20).is_none());
     }
 }

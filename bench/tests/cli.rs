@@ -753,7 +753,16 @@ fn locks_compares_the_lock_variants() {
         .iter()
         .map(|r| r["variant"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["host", "dm", "dm+local", "dm+local+handover"]);
+    assert_eq!(
+        names,
+        [
+            "host",
+            "dm",
+            "dm+local",
+            "dm+local+queue",
+            "dm+local+queue+handover"
+        ]
+    );
     let cas = |r: &serde_json::Value| r["remote_cas_per_acquisition"].as_f64().unwrap();
     for r in rows {
         assert_eq!(r["schema_version"].as_u64(), Some(1));
@@ -763,16 +772,17 @@ fn locks_compares_the_lock_variants() {
             r["latency_ns"]["p99"].as_u64().unwrap() >= r["latency_ns"]["p50"].as_u64().unwrap()
         );
         let handed = r["handed_over"].as_f64().unwrap();
-        if r["variant"] == "dm+local+handover" {
+        if r["variant"] == "dm+local+queue+handover" {
             assert!(handed > 0.0, "{r}");
         } else {
             assert_eq!(handed, 0.0, "{r}");
             assert!(cas(r) >= 1.0, "{r}");
         }
     }
-    // Four hot locks, twelve clients: the local table leaves one remote
-    // spinner per compute node and lock.
+    // Four hot locks, twelve clients: the local table, with wait queues
+    // or without, leaves one remote spinner per compute node and lock.
     assert!(cas(&rows[2]) < cas(&rows[1]), "{rows:?}");
+    assert!(cas(&rows[3]) < cas(&rows[1]), "{rows:?}");
     let emu = bench(&[
         "locks",
         "--backend",

@@ -217,6 +217,31 @@ fn two_round_trip_histories_are_linearizable_on_sim() {
     );
 }
 
+/// Sherman's local lock table without wait queues (the step before them
+/// in Sherman §5.7): a compute node's clients take a lock through a
+/// test-and-set word, whoever tries first after a release; no handover.
+fn test_and_set_local_locks() -> TreeConfig {
+    TreeConfig {
+        local_wait_queue: false,
+        handover: false,
+        ..sherman()
+    }
+}
+
+#[test]
+fn test_and_set_local_lock_histories_are_linearizable_on_sim() {
+    let cfg = test_and_set_local_locks();
+    for_each_seed(
+        "test_and_set_local_lock_histories_are_linearizable_on_sim",
+        40,
+        |seed| {
+            let h = sim_history::<u64>(seed, &cfg, 3, 6, 150, 120);
+            let v = h.check(&BTreeMap::new());
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+        },
+    );
+}
+
 #[test]
 fn fg_plus_histories_are_linearizable_on_sim() {
     for_each_seed("fg_plus_histories_are_linearizable_on_sim", 4, |seed| {
@@ -229,7 +254,8 @@ fn fg_plus_histories_are_linearizable_on_sim() {
 /// Values of 40 bytes (one entry to a line) and of 200 (entries spanning
 /// four lines, whose writes land line by line): per-key linearizable, and
 /// every value read is one put's bytes whole (`random_client` checks).
-/// Sherman and FG+, 100 seeds each.
+/// Sherman and FG+ with 200-byte values, two-round-trip Sherman with
+/// 40-byte ones, 100 seeds each.
 #[test]
 fn wide_value_histories_are_linearizable_on_sim() {
     for (vb, name) in [(200, "sherman"), (40, "sherman-2rt"), (200, "fg")] {
@@ -293,6 +319,11 @@ fn wide_key_histories_are_linearizable_on_emu_threads() {
 #[test]
 fn histories_are_linearizable_on_emu_threads() {
     emu_history::<u64>(sherman());
+}
+
+#[test]
+fn test_and_set_local_lock_histories_are_linearizable_on_emu_threads() {
+    emu_history::<u64>(test_and_set_local_locks());
 }
 
 #[test]

@@ -148,6 +148,12 @@ fn every_configuration_matches_btreemap() {
         },
         TreeConfig {
             local_lock_table: false,
+            local_wait_queue: false,
+            handover: false,
+            ..base.clone()
+        },
+        TreeConfig {
+            local_wait_queue: false,
             handover: false,
             ..base.clone()
         },

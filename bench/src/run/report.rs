@@ -168,6 +168,7 @@ fn tree_config_json(t: &TreeConfig, layout: Layout) -> serde_json::Value {
         "combine": t.combine,
         "lock_in_dm": t.lock_in_dm,
         "local_lock_table": t.local_lock_table,
+        "local_wait_queue": t.local_wait_queue,
         "handover": t.handover,
         "max_handover": t.max_handover,
         "lock_with_read": t.lock_with_read,

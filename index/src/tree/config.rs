@@ -25,10 +25,17 @@ pub struct TreeConfig {
     /// The global lock table lives in the NIC's device memory (on-chip
     /// locks); otherwise each node's own lock word in host memory is used.
     pub lock_in_dm: bool,
-    /// A local lock table per compute node queues its threads (HOCL).
+    /// A local lock table per compute node: its threads take a lock there
+    /// before any of them tries the global word (HOCL).
     pub local_lock_table: bool,
+    /// The local lock table serves a lock's waiters in FIFO order (a
+    /// ticket queue per entry, Sherman's wait queues); otherwise an entry
+    /// is a test-and-set word that whichever local thread tries first
+    /// after a release takes (Sherman §5.7's step before wait queues).
+    /// Needs `local_lock_table`.
+    pub local_wait_queue: bool,
     /// A releasing holder hands the lock to the next local waiter without a
-    /// remote release.
+    /// remote release. Needs `local_wait_queue` (a next waiter).
     pub handover: bool,
     /// Handovers in a row before a remote release: 8, as Sherman's code
     /// (`define::kMaxHandOverTime`; the paper's text says 4). With 4, the
@@ -72,6 +79,7 @@ impl TreeConfig {
             combine: true,
             lock_in_dm: true,
             local_lock_table: true,
+            local_wait_queue: true,
             handover: true,
             max_handover: 8,
             lock_with_read: false,
@@ -96,6 +104,7 @@ impl TreeConfig {
             combine: false,
             lock_in_dm: false,
             local_lock_table: false,
+            local_wait_queue: false,
             handover: false,
             whole_node_writes: true,
             ..TreeConfig::sherman(node_bytes)
@@ -136,6 +145,7 @@ impl TreeConfig {
                 combine: true,
                 lock_in_dm: true,
                 local_lock_table: true,
+                local_wait_queue: true,
                 handover: true,
                 ..fg
             },
@@ -153,8 +163,11 @@ impl TreeConfig {
         if self.lock_table_words == 0 {
             return Err("lock_table_words must be positive".into());
         }
-        if self.handover && !self.local_lock_table {
-            return Err("handover needs the local lock table".into());
+        if self.local_wait_queue && !self.local_lock_table {
+            return Err("wait queues need the local lock table".into());
+        }
+        if self.handover && !self.local_wait_queue {
+            return Err("handover needs the local lock table's wait queues".into());
         }
         if self.handover_page && !self.handover {
             return Err("handing the page over needs handover".into());
@@ -195,5 +208,27 @@ mod tests {
             .map(|n| techniques(TreeConfig::named(n, 1 << 20).unwrap()))
             .collect();
         assert_eq!(steps, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn wait_queues_need_the_local_table_and_handover_needs_them() {
+        let sherman = TreeConfig::sherman(1 << 20);
+        let no_table = TreeConfig {
+            local_lock_table: false,
+            handover: false,
+            ..sherman.clone()
+        };
+        assert!(no_table.check().unwrap_err().contains("wait queues"));
+        let no_queue = TreeConfig {
+            local_wait_queue: false,
+            ..sherman.clone()
+        };
+        assert!(no_queue.check().unwrap_err().contains("handover"));
+        TreeConfig {
+            handover: false,
+            ..no_queue
+        }
+        .check()
+        .unwrap();
     }
 }

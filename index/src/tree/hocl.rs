@@ -1,10 +1,14 @@
 //! HOCL, Sherman's hierarchical on-chip lock (§4.2): a global table of
 //! 8-byte lock words in each memory node's device memory, taken by one
-//! remote CAS, and a local table per compute node that queues the node's own
-//! threads so they do not fight over the NIC: waiters are served in FIFO
-//! order, and a releasing holder can hand the lock to the next local waiter
-//! without releasing it remotely — up to `max_handover` times in a row, then
-//! it releases remotely so other compute nodes are not starved.
+//! remote CAS, and a local table per compute node through which the node's
+//! own threads take a lock before any of them tries remotely, so they do
+//! not fight over the NIC. With wait queues (as Sherman) waiters are served
+//! in FIFO order, and a releasing holder can hand the lock to the next
+//! local waiter without releasing it remotely — up to `max_handover` times
+//! in a row, then it releases remotely so other compute nodes are not
+//! starved. Without them (the step before wait queues in Sherman §5.7) an
+//! entry is a test-and-set word: whichever local thread tries first after a
+//! release takes it, a newcomer as well as one that waited.
 //!
 //! A lock protects a tree node; lock index = hash(node address) mod table
 //! size, so unrelated nodes may share a lock (never a problem: a client
@@ -34,6 +38,9 @@ pub const LOCAL_NODE_SLOTS: usize = 16;
 struct LocalLock {
     next_ticket: AtomicU32,
     now_serving: AtomicU32,
+    /// The entry's test-and-set word, without wait queues: held by a local
+    /// thread.
+    taken: AtomicBool,
     /// This compute node holds the global lock on behalf of its queue.
     remote_held: AtomicBool,
     /// The global lock word held (raw address) while `remote_held`.
@@ -41,8 +48,9 @@ struct LocalLock {
     handovers: AtomicU32,
     /// The node a holder handing the lock over left with it (raw address
     /// and bytes as they are at the memory node), when the configuration
-    /// hands pages over. Set by every handover, taken by the next holder:
-    /// one buffer per entry that ever handed a page over, reused.
+    /// hands pages over. Set by a handover, taken (and freed) by the next
+    /// holder, so a page lives only while the lock it came with is held:
+    /// a compute node holds at most one page per client holding a lock.
     page: Mutex<Page>,
 }
 
@@ -79,6 +87,7 @@ impl LocalLocks {
                 .map(|_| LocalLock {
                     next_ticket: AtomicU32::new(0),
                     now_serving: AtomicU32::new(0),
+                    taken: AtomicBool::new(false),
                     remote_held: AtomicBool::new(false),
                     held_word: AtomicU64::new(0),
                     handovers: AtomicU32::new(0),
@@ -132,6 +141,15 @@ pub fn lock_of(
     }
 }
 
+/// How a client holds its local entry.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Ticket `t` of the entry's FIFO wait queue, now served.
+    Ticket(u32),
+    /// The entry's test-and-set word (no wait queues).
+    Taken,
+}
+
 /// What a local acquire found.
 pub enum Local {
     /// The previous local holder handed the global lock over: no remote CAS.
@@ -149,6 +167,17 @@ impl LocalLocks {
         // Relaxed: the ticket counter only orders waiters among themselves;
         // the hand-off itself is published through now_serving.
         self.at(i).next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes entry `i`'s test-and-set word if it is free (no wait queues);
+    /// the caller retries later when not.
+    pub fn try_take(&self, i: usize) -> bool {
+        // Acquire pairs with the Release in `pass`, as `is_turn` does.
+        // Relaxed on failure: nothing is read under a lock not taken.
+        self.at(i)
+            .taken
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// True when ticket `t` may go.
@@ -179,16 +208,22 @@ impl LocalLocks {
         l.remote_held.store(true, Ordering::Relaxed);
     }
 
-    /// Decides how the holder of ticket `t` releases: true to hand over
-    /// (keep the global lock for the next local waiter), false to release
+    /// Decides how the holder of `turn` releases: true to hand over (keep
+    /// the global lock for the next local waiter), false to release
     /// remotely. Call before writing back; then call [`pass`](Self::pass).
-    pub fn plan_release(&self, i: usize, t: u32, max_handover: u32, handover: bool) -> bool {
+    /// Only a queue has a next waiter: a test-and-set holder never hands
+    /// over.
+    pub fn plan_release(&self, i: usize, turn: Turn, max_handover: u32, handover: bool) -> bool {
         let l = self.at(i);
-        let waiters = l
-            .next_ticket
-            .load(Ordering::Relaxed)
-            .wrapping_sub(t.wrapping_add(1))
-            > 0;
+        let waiters = match turn {
+            Turn::Ticket(t) => {
+                l.next_ticket
+                    .load(Ordering::Relaxed)
+                    .wrapping_sub(t.wrapping_add(1))
+                    > 0
+            }
+            Turn::Taken => false,
+        };
         let give = handover && waiters && l.handovers.load(Ordering::Relaxed) < max_handover;
         if give {
             l.handovers.fetch_add(1, Ordering::Relaxed);
@@ -211,36 +246,66 @@ impl LocalLocks {
                 p.bytes.clear();
                 p.bytes.extend_from_slice(bytes);
             }
-            None => p.node = 0,
+            None => *p = Page::default(),
         }
     }
 
     /// The node a handing-over holder left with entry `i`, copied into
     /// `into`, if it is the node at `node` (a lock covers every node its
-    /// word hashes from); the page is gone afterwards either way.
+    /// word hashes from); the page is gone, its buffer freed, afterwards
+    /// either way.
     pub fn take_page(&self, i: usize, node: GlobalAddr, into: &mut [u8]) -> bool {
-        let mut p = self.at(i).page.lock().expect("no panics hold a page");
+        let p = std::mem::take(&mut *self.at(i).page.lock().expect("no panics hold a page"));
         let ours = p.node == node.raw() && p.node != 0 && p.bytes.len() == into.len();
         if ours {
             into.copy_from_slice(&p.bytes);
         }
-        p.node = 0;
         ours
     }
 
-    /// Lets the next local waiter go (after the holder's writes completed).
-    pub fn pass(&self, i: usize, t: u32) {
-        // Release: the next holder (Acquire in is_turn) sees our updates of
-        // remote_held and handovers.
+    /// Whether entry `i` holds a page's buffer (for tests of the bound).
+    #[cfg(test)]
+    fn holds_page(&self, i: usize) -> bool {
         self.at(i)
-            .now_serving
-            .store(t.wrapping_add(1), Ordering::Release);
+            .page
+            .lock()
+            .expect("no panics hold a page")
+            .bytes
+            .capacity()
+            > 0
+    }
+
+    /// Lets the next local waiter go (after the holder's writes completed).
+    pub fn pass(&self, i: usize, turn: Turn) {
+        // Release: the next holder (Acquire in is_turn or try_take) sees
+        // our updates of remote_held and handovers.
+        let l = self.at(i);
+        match turn {
+            Turn::Ticket(t) => l.now_serving.store(t.wrapping_add(1), Ordering::Release),
+            Turn::Taken => l.taken.store(false, Ordering::Release),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_test_and_set_entry_is_held_once_and_never_handed_over() {
+        let locks = LocalLocks::new(4);
+        let w = GlobalAddr::new(1, Space::Device, 8);
+        assert!(locks.try_take(2));
+        assert!(!locks.try_take(2), "held");
+        assert!(locks.try_take(3), "entries are apart");
+        // Without a queue there is no next waiter to hand over to: the
+        // holder releases the global word, and the next taker takes it.
+        locks.set_remote_held(2, w);
+        assert!(!locks.plan_release(2, Turn::Taken, 8, true));
+        locks.pass(2, Turn::Taken);
+        assert!(locks.try_take(2), "free again");
+        assert!(matches!(locks.on_turn(2, w), Local::MustAcquire));
+    }
 
     #[test]
     fn a_page_goes_once_to_a_waiter_for_its_own_node() {
@@ -265,5 +330,11 @@ mod tests {
         // A page of another size is not taken.
         locks.leave_page(3, Some((a, &[1u8; 4])));
         assert!(!locks.take_page(3, a, &mut into));
+        // No buffer outlives its page: taken, refused or withdrawn.
+        assert!(!locks.holds_page(3));
+        locks.leave_page(3, Some((a, &[5u8; 8])));
+        assert!(locks.holds_page(3));
+        locks.leave_page(3, None);
+        assert!(!locks.holds_page(3));
     }
 }

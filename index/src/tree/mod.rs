@@ -39,7 +39,7 @@ pub use config::{TreeConfig, VersionScheme};
 pub use key::TreeKey;
 
 use cache::IndexCache;
-use hocl::{Local, LocalLocks, LockRef};
+use hocl::{Local, LocalLocks, LockRef, Turn};
 use layout::{Layout, LeafItems, Node, NodeMut};
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};
@@ -327,7 +327,8 @@ pub struct NodeLock(Held);
 #[must_use = "a held lock must be released (write_and_release or abandon)"]
 struct Held {
     lock: LockRef,
-    ticket: Option<u32>,
+    /// How the local lock table entry is held (None: no local table).
+    local: Option<Turn>,
     /// The tree node the lock was taken for.
     node: GlobalAddr,
 }

@@ -17,19 +17,27 @@ impl<K: TreeKey> TreeClientOf<K> {
         if !self.tree.cfg.local_lock_table {
             let held = Held {
                 lock,
-                ticket: None,
+                local: None,
                 node,
             };
             return Ok((held, false));
         }
         let locks = &self.tree.locks;
-        let t = locks.ticket(lock.local);
-        while !locks.is_turn(lock.local, t) {
-            ctx.yield_now().await;
-        }
+        let turn = if self.tree.cfg.local_wait_queue {
+            let t = locks.ticket(lock.local);
+            while !locks.is_turn(lock.local, t) {
+                ctx.yield_now().await;
+            }
+            Turn::Ticket(t)
+        } else {
+            while !locks.try_take(lock.local) {
+                ctx.yield_now().await;
+            }
+            Turn::Taken
+        };
         let held = Held {
             lock,
-            ticket: Some(t),
+            local: Some(turn),
             node,
         };
         match locks.on_turn(lock.local, lock.word) {
@@ -119,7 +127,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                 }
             }
         }
-        if held.ticket.is_some() {
+        if held.local.is_some() {
             self.tree
                 .locks
                 .set_remote_held(held.lock.local, held.lock.word);
@@ -143,6 +151,8 @@ impl<K: TreeKey> TreeClientOf<K> {
             let mut buf = match ctx.alloc(self.layout.node_bytes()) {
                 Ok(b) => b,
                 Err(e) => {
+                    // The page goes with the hold (hocl.rs: bounded pages).
+                    self.tree.locks.leave_page(held.lock.local, None);
                     self.abandon(ctx, held, true).await;
                     return Err(e.into());
                 }
@@ -195,6 +205,11 @@ impl<K: TreeKey> TreeClientOf<K> {
         check_node_addr(node)?;
         let (held, handed) = self.queue(ctx, node).await?;
         let held = if handed {
+            if self.tree.cfg.handover_page {
+                // Nothing here reads the node: a page handed over with the
+                // lock is dropped, not left to outlive the hold.
+                self.tree.locks.leave_page(held.lock.local, None);
+            }
             held
         } else {
             self.acquire(ctx, held).await?
@@ -236,7 +251,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         if remote {
             let _ = ctx.write(held.lock.word, &0u64.to_le_bytes()).await;
         }
-        if let Some(t) = held.ticket {
+        if let Some(t) = held.local {
             let locks = &self.tree.locks;
             let _ = locks.plan_release(held.lock.local, t, 0, false);
             locks.pass(held.lock.local, t);
@@ -256,7 +271,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         page: &[u8],
     ) -> Result<(), TreeError> {
         let cfg = self.tree.cfg.clone();
-        let hand_over = match held.ticket {
+        let hand_over = match held.local {
             Some(t) => {
                 self.tree
                     .locks
@@ -283,7 +298,7 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             other => other,
         };
-        if let Some(t) = held.ticket {
+        if let Some(t) = held.local {
             if hand_over && cfg.handover_page {
                 // A failed write leaves the node unknown: no page.
                 let page = (r.is_ok() && !page.is_empty()).then_some((held.node, page));
