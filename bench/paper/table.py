@@ -66,6 +66,12 @@ def round_trips(rows, out):
         "sherman-2rt": "beyond the paper (issue target: ≥ 90% within 2; p99 ≤ 6)",
         "fg": "94% need 4; p99 453; whole node",
     }
+    # The paper's §5.5 figures and the issue's target are for the
+    # write-intensive mix; other mixes get none beside them.
+    if rows and rows[0].get("workload") != "write-intensive":
+        paper = {
+            "sherman-2rt": "beyond the paper (the target above is for write-intensive; inserts also split)",
+        }
     for r in rows:
         out.append(
             f"| {r['system']} | {pct(r.get('writes_within_2_round_trips'), 2)} | {pct(r['writes_within_3_round_trips'], 2)} | {num(r['write_round_trips_p99'], 0)} | "
@@ -193,7 +199,13 @@ handed over, so the mean lies between 17 and 25. sherman-2rt is not in the
 paper: the lock CAS and the leaf READ share a doorbell (2 round trips a
 write) and a handed-over lock comes with the node (1 round trip); its
 writes beyond 2 are lock retries against other compute nodes, splits and
-stale routes.""",
+stale routes. Insert-only (not in the paper's §5.5), new keys fill
+leaves until they split: 28,548 splits in 528,000 inserts (5.4%), and a
+split insert takes several round trips more (the new node's allocation
+and write, the parent's lock and update). The bumps at 6 and 7 round
+trips in sherman-2rt's insert histogram hold 4.1% of its inserts, so
+88.7% of them finish within 2 round trips, where 96% of updates do; the
+issue's target (≥ 90%, p99 ≤ 6) is for the write-intensive mix.""",
     "scalability": """
 Why ours differ: 8 compute nodes × 6…66 threads gives 48…528 client threads
 (the paper starts at 44). FG+ collapses under skew from the simulated CAS
