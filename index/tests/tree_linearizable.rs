@@ -190,14 +190,19 @@ fn sim_history<K: TestKey>(
     out
 }
 
-#[test]
-fn histories_are_linearizable_on_sim() {
-    for_each_seed("histories_are_linearizable_on_sim", 8, |seed| {
-        // Few keys: heavy contention, many splits early on, deletes.
-        let h = sim_history::<u64>(seed, &sherman(), 3, 6, 150, 120);
+/// `seeds` sim histories of `cfg` (3 compute nodes × 6 clients, few keys:
+/// heavy contention, many splits early on, deletes), each checked.
+fn sim_histories_check(name: &str, seeds: u64, cfg: &TreeConfig) {
+    for_each_seed(name, seeds, |seed| {
+        let h = sim_history::<u64>(seed, cfg, 3, 6, 150, 120);
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
     });
+}
+
+#[test]
+fn histories_are_linearizable_on_sim() {
+    sim_histories_check("histories_are_linearizable_on_sim", 8, &sherman());
 }
 
 /// The paths beyond the paper: the lock and the leaf READ in one
@@ -205,15 +210,10 @@ fn histories_are_linearizable_on_sim() {
 /// node's six clients. 300 seeds (about 15 s).
 #[test]
 fn two_round_trip_histories_are_linearizable_on_sim() {
-    let cfg = TreeConfig::named("sherman-2rt", HOST).unwrap();
-    for_each_seed(
+    sim_histories_check(
         "two_round_trip_histories_are_linearizable_on_sim",
         300,
-        |seed| {
-            let h = sim_history::<u64>(seed, &cfg, 3, 6, 150, 120);
-            let v = h.check(&BTreeMap::new());
-            assert!(v.is_ok(), "seed {seed}: {v:?}");
-        },
+        &TreeConfig::named("sherman-2rt", HOST).unwrap(),
     );
 }
 
@@ -230,15 +230,10 @@ fn test_and_set_local_locks() -> TreeConfig {
 
 #[test]
 fn test_and_set_local_lock_histories_are_linearizable_on_sim() {
-    let cfg = test_and_set_local_locks();
-    for_each_seed(
+    sim_histories_check(
         "test_and_set_local_lock_histories_are_linearizable_on_sim",
         40,
-        |seed| {
-            let h = sim_history::<u64>(seed, &cfg, 3, 6, 150, 120);
-            let v = h.check(&BTreeMap::new());
-            assert!(v.is_ok(), "seed {seed}: {v:?}");
-        },
+        &test_and_set_local_locks(),
     );
 }
 
