@@ -2,7 +2,7 @@
 """Turns loch-bench JSON into the paper-comparison markdown tables.
 
 usage: table.py KIND OUT.md RESULT.json [RESULT.json ...]
-KIND: breakdown | round-trips | scalability | cache | range | gets | key-size
+KIND: breakdown | round-trips | scalability | cache | range | gets | key-size | locks
 """
 import json
 import sys
@@ -81,6 +81,32 @@ def round_trips(rows, out):
         rt = r["round_trips"]
         for kind, v in rt.items():
             out.append(f"\n{r['system']} {kind}: round-trip histogram (index = round trips) {v['hist']}")
+
+
+def locks(rows, out):
+    out.append("| variant | Macq/s | p50 µs | p99 µs | remote CAS / acquisition | handed over | × the step before: throughput, p50, p99 | paper (§5.7, the same step) |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    paper = {
+        "dm": "2.89× throughput, 3.01× p50, 2.88× p99",
+        "dm+local": "3.85× throughput, 5.39× p50, 3.65× p99",
+        "dm+local+queue": "p99 414 → 372 µs (1.11×)",
+        "dm+local+queue+handover": "2.34× throughput, 3.19× p99",
+    }
+    before = None
+    for r in rows:
+        lat = r["latency_ns"]
+        step = ""
+        if before is not None:
+            b = before["latency_ns"]
+            step = (
+                f"{r['acquisitions_per_sec'] / before['acquisitions_per_sec']:.2f}×, "
+                f"{b['p50'] / lat['p50']:.2f}×, {b['p99'] / lat['p99']:.2f}×"
+            )
+        out.append(
+            f"| {r['variant']} | {r['acquisitions_per_sec'] / 1e6:.3f} | {lat['p50'] / 1e3:.2f} | {lat['p99'] / 1e3:.1f} | "
+            f"{r['remote_cas_per_acquisition']:.3f} | {pct(r['handed_over'], 1)} | {step} | {paper.get(r['variant'], '')} |"
+        )
+        before = r
 
 
 def scalability(rows, out):
@@ -206,6 +232,18 @@ and write, the parent's lock and update). The bumps at 6 and 7 round
 trips in sherman-2rt's insert histogram hold 4.1% of its inserts, so
 88.7% of them finish within 2 round trips, where 96% of updates do; the
 issue's target (≥ 90%, p99 ≤ 6) is for the write-intensive mix.""",
+    "locks": """
+Why ours differ: every step moves throughput and p99 the way the paper's
+does, and by more; p50 moves less. The paper's text does not give this
+experiment's lock count, skew or critical section; ours are 1000 lock
+words at zipf 0.99, released at once, so the median acquisition meets no
+contention (its p50 moves only with on-chip locks, whose CAS skips the
+memory node's PCIe) while the hottest words are very hot: without wait
+queues a released lock goes to whichever local thread tries first, not
+the longest waiting (p99 1003 µs, against 398 µs served in order), and
+handover serves a hot lock's local queue without a remote round trip per
+holder (26% of acquisitions here). These are predictions of the
+simulator as it stands; no parameter was changed to approach the paper.""",
     "scalability": """
 Why ours differ: 8 compute nodes × 6…66 threads gives 48…528 client threads
 (the paper starts at 44). FG+ collapses under skew from the simulated CAS
@@ -269,7 +307,7 @@ def main():
     kind, dest, *paths = sys.argv[1:]
     rows = load(paths)
     out = []
-    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size}[kind](rows, out)
+    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size, "locks": locks}[kind](rows, out)
     try:
         with open(dest) as f:
             said = "Why ours differ" in f.read()
