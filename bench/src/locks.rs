@@ -232,6 +232,12 @@ impl LocksArgs {
         if memory_nodes > u16::MAX as usize / 2 {
             return Err(ArgError("--memory-nodes is too large".into()));
         }
+        let ops = self.ops.unwrap_or(if sim { 2000 } else { 200_000 });
+        if ops == 0 {
+            // Nothing measured would make every rate 0 and every ratio
+            // undefined.
+            return Err(ArgError("--ops must be positive (got 0)".into()));
+        }
         Ok(names
             .into_iter()
             .map(|variant| LockSpec {
@@ -243,7 +249,7 @@ impl LocksArgs {
                 compute_nodes,
                 threads,
                 coroutines: self.coroutines,
-                ops: self.ops.unwrap_or(if sim { 2000 } else { 200_000 }),
+                ops,
                 hold_ns: self.hold_ns,
                 seed: self.seed,
                 pin: !self.no_pin,

@@ -810,6 +810,10 @@ fn locks_compares_the_lock_variants() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("unknown lock variant `spin`"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    let none = bench(&["locks", "--ops", "0"]);
+    assert_eq!(none.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(err.contains("--ops must be positive"), "{err}");
 }
 
 /// `loch-bench hash-load`: the table fills past 90% with one client; an

@@ -198,6 +198,10 @@ impl LocalLocks {
         } else {
             l.remote_held.store(false, Ordering::Relaxed);
             l.handovers.store(0, Ordering::Relaxed);
+            // A page the previous holder left is of its own node, under a
+            // lock this holder now gives up: it goes too (pages live only
+            // while their lock is held).
+            *l.page.lock().expect("no panics hold a page") = Page::default();
             Local::ReleaseFirst(held)
         }
     }
@@ -335,6 +339,16 @@ mod tests {
         locks.leave_page(3, Some((a, &[5u8; 8])));
         assert!(locks.holds_page(3));
         locks.leave_page(3, None);
+        assert!(!locks.holds_page(3));
+        // Handed an entry holding another node's word (entries shared
+        // across memory nodes): the page of that word's node goes with it.
+        let (wa, wb) = (
+            GlobalAddr::new(1, Space::Device, 8),
+            GlobalAddr::new(17, Space::Device, 8),
+        );
+        locks.set_remote_held(3, wa);
+        locks.leave_page(3, Some((a, &[5u8; 8])));
+        assert!(matches!(locks.on_turn(3, wb), Local::ReleaseFirst(w) if w == wa));
         assert!(!locks.holds_page(3));
     }
 }
