@@ -48,17 +48,31 @@ struct LocalLock {
     handovers: AtomicU32,
     /// The node a holder handing the lock over left with it (raw address
     /// and bytes as they are at the memory node), when the configuration
-    /// hands pages over. Set by a handover, taken (and freed) by the next
-    /// holder, so a page lives only while the lock it came with is held:
-    /// a compute node holds at most one page per client holding a lock.
+    /// hands pages over. Set by a handover and moved out to the next
+    /// holder at its turn (`on_turn`), whatever it does with it, so a page
+    /// lives only while the lock it came with is held: a compute node holds
+    /// at most one page per client holding a lock.
     page: Mutex<Page>,
 }
 
+/// A node's bytes handed over with its lock.
 #[derive(Default)]
-struct Page {
+pub struct Page {
     /// Raw address of the node `bytes` holds; 0: none.
     node: u64,
     bytes: Vec<u8>,
+}
+
+impl Page {
+    /// Copies the page into `into` if it is of the node at `node` (a lock
+    /// covers every node its word hashes from) and of `into`'s size.
+    pub fn copy_to(&self, node: GlobalAddr, into: &mut [u8]) -> bool {
+        let ours = self.node == node.raw() && self.node != 0 && self.bytes.len() == into.len();
+        if ours {
+            into.copy_from_slice(&self.bytes);
+        }
+        ours
+    }
 }
 
 /// The local lock table of one compute node: `entries` per memory-node
@@ -152,8 +166,9 @@ pub enum Turn {
 
 /// What a local acquire found.
 pub enum Local {
-    /// The previous local holder handed the global lock over: no remote CAS.
-    HandedOver,
+    /// The previous local holder handed the global lock over: no remote
+    /// CAS; with the page it left, if any.
+    HandedOver(Option<Page>),
     /// This thread must take the global lock itself.
     MustAcquire,
     /// The entry holds another global word (a hash collision across memory
@@ -182,7 +197,7 @@ impl LocalLocks {
 
     /// True when ticket `t` may go.
     pub fn is_turn(&self, i: usize, t: u32) -> bool {
-        // Acquire pairs with the Release in `release`, so the new holder
+        // Acquire pairs with the Release in `pass`, so the new holder
         // sees remote_held/handovers as the previous holder left them.
         self.at(i).now_serving.load(Ordering::Acquire) == t
     }
@@ -192,16 +207,15 @@ impl LocalLocks {
         if !l.remote_held.load(Ordering::Relaxed) {
             return Local::MustAcquire;
         }
+        // Handed over: whatever page came with the entry leaves it now, to
+        // this holder (dropped with it, unless it is the node it locks).
+        let page = std::mem::take(&mut *l.page.lock().expect("no panics hold a page"));
         let held = GlobalAddr::from_raw(l.held_word.load(Ordering::Relaxed));
         if held == word {
-            Local::HandedOver
+            Local::HandedOver((page.node != 0).then_some(page))
         } else {
             l.remote_held.store(false, Ordering::Relaxed);
             l.handovers.store(0, Ordering::Relaxed);
-            // A page the previous holder left is of its own node, under a
-            // lock this holder now gives up: it goes too (pages live only
-            // while their lock is held).
-            *l.page.lock().expect("no panics hold a page") = Page::default();
             Local::ReleaseFirst(held)
         }
     }
@@ -254,19 +268,6 @@ impl LocalLocks {
         }
     }
 
-    /// The node a handing-over holder left with entry `i`, copied into
-    /// `into`, if it is the node at `node` (a lock covers every node its
-    /// word hashes from); the page is gone, its buffer freed, afterwards
-    /// either way.
-    pub fn take_page(&self, i: usize, node: GlobalAddr, into: &mut [u8]) -> bool {
-        let p = std::mem::take(&mut *self.at(i).page.lock().expect("no panics hold a page"));
-        let ours = p.node == node.raw() && p.node != 0 && p.bytes.len() == into.len();
-        if ours {
-            into.copy_from_slice(&p.bytes);
-        }
-        ours
-    }
-
     /// Whether entry `i` holds a page's buffer (for tests of the bound).
     #[cfg(test)]
     fn holds_page(&self, i: usize) -> bool {
@@ -317,23 +318,36 @@ mod tests {
         let a = GlobalAddr::new(1, Space::Host, 1024);
         let b = GlobalAddr::new(1, Space::Host, 2048);
         let mut into = [0u8; 8];
+        let (wa, wb) = (
+            GlobalAddr::new(1, Space::Device, 8),
+            GlobalAddr::new(17, Space::Device, 8),
+        );
+        // The turn of a holder handed entry 3 for word `wa`: the page it
+        // gets, which leaves the entry then.
+        let handed = || {
+            locks.set_remote_held(3, wa);
+            match locks.on_turn(3, wa) {
+                Local::HandedOver(page) => page,
+                _ => panic!("handed over"),
+            }
+        };
         // Nothing left yet.
-        assert!(!locks.take_page(3, a, &mut into));
+        assert!(handed().is_none());
         locks.leave_page(3, Some((a, &[7u8; 8])));
         // Another node sharing the lock gets nothing, and the page is gone.
-        assert!(!locks.take_page(3, b, &mut into));
-        assert!(!locks.take_page(3, a, &mut into));
+        assert!(!handed().unwrap().copy_to(b, &mut into));
+        assert!(handed().is_none());
         locks.leave_page(3, Some((a, &[9u8; 8])));
-        assert!(locks.take_page(3, a, &mut into));
+        assert!(handed().unwrap().copy_to(a, &mut into));
         assert_eq!(into, [9u8; 8]);
-        assert!(!locks.take_page(3, a, &mut into), "taken once");
+        assert!(handed().is_none(), "taken once");
         // A holder whose writes failed leaves none.
         locks.leave_page(3, Some((a, &[1u8; 8])));
         locks.leave_page(3, None);
-        assert!(!locks.take_page(3, a, &mut into));
+        assert!(handed().is_none());
         // A page of another size is not taken.
         locks.leave_page(3, Some((a, &[1u8; 4])));
-        assert!(!locks.take_page(3, a, &mut into));
+        assert!(!handed().unwrap().copy_to(a, &mut into));
         // No buffer outlives its page: taken, refused or withdrawn.
         assert!(!locks.holds_page(3));
         locks.leave_page(3, Some((a, &[5u8; 8])));
@@ -342,10 +356,6 @@ mod tests {
         assert!(!locks.holds_page(3));
         // Handed an entry holding another node's word (entries shared
         // across memory nodes): the page of that word's node goes with it.
-        let (wa, wb) = (
-            GlobalAddr::new(1, Space::Device, 8),
-            GlobalAddr::new(17, Space::Device, 8),
-        );
         locks.set_remote_held(3, wa);
         locks.leave_page(3, Some((a, &[5u8; 8])));
         assert!(matches!(locks.on_turn(3, wb), Local::ReleaseFirst(w) if w == wa));

@@ -39,7 +39,7 @@ pub use config::{TreeConfig, VersionScheme};
 pub use key::TreeKey;
 
 use cache::IndexCache;
-use hocl::{Local, LocalLocks, LockRef, Turn};
+use hocl::{Local, LocalLocks, LockRef, Page, Turn};
 use layout::{Layout, LeafItems, Node, NodeMut};
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};

@@ -6,13 +6,14 @@ use super::*;
 
 impl<K: TreeKey> TreeClientOf<K> {
     /// Waits for its turn at `node`'s lock in the local lock table, if
-    /// there is one; the lock and whether the previous local holder
-    /// handed it over (held already: no remote CAS).
+    /// there is one; the lock, and `Some` when the previous local holder
+    /// handed it over (held already: no remote CAS), with the page it
+    /// left, if any.
     async fn queue<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         node: GlobalAddr,
-    ) -> Result<(Held, bool), TreeError> {
+    ) -> Result<(Held, Option<Option<Page>>), TreeError> {
         let lock = self.tree.lock_of(node);
         if !self.tree.cfg.local_lock_table {
             let held = Held {
@@ -20,7 +21,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                 local: None,
                 node,
             };
-            return Ok((held, false));
+            return Ok((held, None));
         }
         let locks = &self.tree.locks;
         let turn = if self.tree.cfg.local_wait_queue {
@@ -41,11 +42,11 @@ impl<K: TreeKey> TreeClientOf<K> {
             node,
         };
         match locks.on_turn(lock.local, lock.word) {
-            Local::HandedOver => {
+            Local::HandedOver(page) => {
                 self.stats.handovers += 1;
-                Ok((held, true))
+                Ok((held, Some(page)))
             }
-            Local::MustAcquire => Ok((held, false)),
+            Local::MustAcquire => Ok((held, None)),
             Local::ReleaseFirst(other) => {
                 // The previous holder finished its writes before passing
                 // the entry on, so releasing its word now is safe.
@@ -53,7 +54,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                     self.abandon(ctx, held, false).await;
                     return Err(e.into());
                 }
-                Ok((held, false))
+                Ok((held, None))
             }
         }
     }
@@ -147,25 +148,25 @@ impl<K: TreeKey> TreeClientOf<K> {
     ) -> Result<(Held, Buf), TreeError> {
         let (held, handed) = self.queue(ctx, addr).await?;
         let cfg = &self.tree.cfg;
-        if handed && cfg.handover_page {
+        if let (Some(page), true) = (&handed, cfg.handover_page) {
             let mut buf = match ctx.alloc(self.layout.node_bytes()) {
                 Ok(b) => b,
                 Err(e) => {
-                    // The page goes with the hold (hocl.rs: bounded pages).
-                    self.tree.locks.leave_page(held.lock.local, None);
                     self.abandon(ctx, held, true).await;
                     return Err(e.into());
                 }
             };
-            let local = held.lock.local;
-            if self.tree.locks.take_page(local, addr, buf.as_mut_slice()) {
+            if page
+                .as_ref()
+                .is_some_and(|p| p.copy_to(addr, buf.as_mut_slice()))
+            {
                 self.stats.pages_handed_over += 1;
                 return Ok((held, buf));
             }
             // Another node's page, or none: the buffer takes the READ.
             return self.read_held(ctx, held, Some(buf)).await;
         }
-        let held = if handed {
+        let held = if handed.is_some() {
             held
         } else if cfg.lock_with_read {
             return self.acquire_reading(ctx, held).await;
@@ -204,12 +205,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     ) -> Result<NodeLock, TreeError> {
         check_node_addr(node)?;
         let (held, handed) = self.queue(ctx, node).await?;
-        let held = if handed {
-            if self.tree.cfg.handover_page {
-                // Nothing here reads the node: a page handed over with the
-                // lock is dropped, not left to outlive the hold.
-                self.tree.locks.leave_page(held.lock.local, None);
-            }
+        let held = if handed.is_some() {
             held
         } else {
             self.acquire(ctx, held).await?
