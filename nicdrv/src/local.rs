@@ -83,26 +83,32 @@ pub fn check_range(off: u64, len: u64, size: u64, word: bool) -> Result<(), Loca
 /// Not `Clone`, for the reason [`SharedMem`] is not; [`MachineMemory`],
 /// which keeps the memory mapped, is.
 #[derive(Debug)]
-pub struct SharedLocal {
-    mem: SharedMem,
-    /// Emu's line words, through which range writes go so that each line
-    /// is whole to concurrent READ verbs (None: a plain atomic copy).
-    lines: Option<crate::emu::lines::LineMem>,
+pub struct SharedLocal(View);
+
+#[derive(Debug)]
+enum View {
+    /// Plain atomic copies.
+    Plain(SharedMem),
+    /// Emu's window with its line words, through which range writes go so
+    /// that each line is whole to concurrent READ verbs.
+    Lines(crate::emu::lines::LineMem),
 }
 
 impl SharedLocal {
     pub fn new(mem: SharedMem) -> SharedLocal {
-        SharedLocal { mem, lines: None }
+        SharedLocal(View::Plain(mem))
     }
 
     /// The view over an emu window with its line seqlock.
     pub fn with_lines(lines: crate::emu::lines::LineMem) -> SharedLocal {
-        // SAFETY: the alias lives beside `lines`, whose window it is, and
-        // goes with it.
-        let mem = unsafe { lines.data().alias() };
-        SharedLocal {
-            mem,
-            lines: Some(lines),
+        SharedLocal(View::Lines(lines))
+    }
+
+    /// The memory itself (for an emu window, the one its words guard).
+    fn mem(&self) -> &SharedMem {
+        match &self.0 {
+            View::Plain(m) => m,
+            View::Lines(l) => l.data(),
         }
     }
 
@@ -113,19 +119,19 @@ impl SharedLocal {
     unsafe fn alias(&self) -> SharedLocal {
         // SAFETY: the caller's contract is the aliases' one.
         unsafe {
-            SharedLocal {
-                mem: self.mem.alias(),
-                lines: self.lines.as_ref().map(|l| l.alias()),
-            }
+            SharedLocal(match &self.0 {
+                View::Plain(m) => View::Plain(m.alias()),
+                View::Lines(l) => View::Lines(l.alias()),
+            })
         }
     }
 
     pub fn len(&self) -> u64 {
-        self.mem.len() as u64
+        self.mem().len() as u64
     }
 
     pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
+        self.mem().is_empty()
     }
 
     fn check(&self, off: u64, len: u64, word: bool) -> Result<(), LocalError> {
@@ -134,31 +140,31 @@ impl SharedLocal {
 
     pub fn load(&self, off: u64) -> Result<u64, LocalError> {
         self.check(off, 8, true)?;
-        Ok(self.mem.load_u64(off))
+        Ok(self.mem().load_u64(off))
     }
 
     pub fn store(&self, off: u64, v: u64) -> Result<(), LocalError> {
         self.check(off, 8, true)?;
-        self.mem.store_u64(off, v);
+        self.mem().store_u64(off, v);
         Ok(())
     }
 
     pub fn cas(&self, off: u64, compare: u64, swap: u64) -> Result<u64, LocalError> {
         self.check(off, 8, true)?;
-        Ok(self.mem.cas_u64(off, compare, swap))
+        Ok(self.mem().cas_u64(off, compare, swap))
     }
 
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), LocalError> {
         self.check(off, buf.len() as u64, false)?;
-        self.mem.read(off, buf);
+        self.mem().read(off, buf);
         Ok(())
     }
 
     pub fn write(&self, off: u64, data: &[u8]) -> Result<(), LocalError> {
         self.check(off, data.len() as u64, false)?;
-        match &self.lines {
-            Some(l) => l.write(off, data),
-            None => self.mem.write(off, data),
+        match &self.0 {
+            View::Lines(l) => l.write(off, data),
+            View::Plain(m) => m.write(off, data),
         }
         Ok(())
     }

@@ -125,13 +125,13 @@ impl SharedMem {
             .is_some_and(|end| end <= self.len as u64)
     }
 
-    /// Whether the window holds the aligned `n`-byte unit at `off`. The
-    /// end is a checked sum: `off + n` wrapping past zero (an offset near
-    /// `u64::MAX` from a caller) would pass a plain comparison and point
-    /// before the window.
+    /// Whether the window holds the aligned `n`-byte unit at `off`
+    /// (`in_bounds`' checked sum: `off + n` wrapping past zero, an offset
+    /// near `u64::MAX` from a caller, would pass a plain comparison and
+    /// point before the window).
     #[inline]
     fn holds(&self, off: usize, n: usize) -> bool {
-        off.is_multiple_of(n) && off.checked_add(n).is_some_and(|end| end <= self.len)
+        off.is_multiple_of(n) && self.in_bounds(off as u64, n as u64)
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
