@@ -259,7 +259,7 @@ storm (see breakdown.md); the paper's FG+ collapses the same way.""",
     "cache": """
 Why ours differ: the tree holds 1 million records, not 1 billion, so cache
 sizes are scaled by 1000 (0.4 MB here stands for 400 MB there). At 0.4 MB
-we get about 82% hits, not the paper's 98%: our internal nodes for 1
+we get about 78% hits, not the paper's 98%: our internal nodes for 1
 million bulk-loaded records take between 0.4 and 0.8 MB, so 0.4 MB cannot
 hold the whole level above the leaves (bench/paper/README.md).""",
     "gets": """
