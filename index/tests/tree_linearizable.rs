@@ -300,34 +300,52 @@ fn wide_key_histories_are_linearizable_on_sim() {
 
 #[test]
 fn wide_value_histories_are_linearizable_on_emu_threads() {
-    emu_history::<u64>(TreeConfig {
-        value_bytes: 1024,
-        ..sherman()
-    });
+    emu_history::<u64>(
+        TreeConfig {
+            value_bytes: 1024,
+            ..sherman()
+        },
+        150,
+    );
 }
 
 #[test]
 fn wide_key_histories_are_linearizable_on_emu_threads() {
-    emu_history::<[u8; 256]>(sherman());
+    emu_history::<[u8; 256]>(sherman(), 150);
 }
 
 #[test]
 fn histories_are_linearizable_on_emu_threads() {
-    emu_history::<u64>(sherman());
+    emu_history::<u64>(sherman(), 150);
+}
+
+/// An index cache of about one node, shared by both cores: with 3,000
+/// keys there are several nodes above the leaves, so fills evict all the
+/// time while the other core's lookups route through the cache.
+#[test]
+fn histories_are_linearizable_on_emu_threads_under_cache_eviction() {
+    emu_history::<u64>(
+        TreeConfig {
+            cache_bytes: 1024,
+            ..sherman()
+        },
+        3000,
+    );
 }
 
 #[test]
 fn test_and_set_local_lock_histories_are_linearizable_on_emu_threads() {
-    emu_history::<u64>(test_and_set_local_locks());
+    emu_history::<u64>(test_and_set_local_locks(), 150);
 }
 
 #[test]
 fn two_round_trip_histories_are_linearizable_on_emu_threads() {
-    emu_history::<u64>(TreeConfig::named("sherman-2rt", HOST).unwrap());
+    emu_history::<u64>(TreeConfig::named("sherman-2rt", HOST).unwrap(), 150);
 }
 
-/// Two emu cores of four clients each on one tree, recorded and checked.
-fn emu_history<K: TestKey>(cfg: TreeConfig) {
+/// Two emu cores of four clients each on one tree, over `keys` keys,
+/// recorded and checked.
+fn emu_history<K: TestKey>(cfg: TreeConfig, keys: u64) {
     let emu = emu_cluster(2);
     let tree = TreeOf::<K>::new(cfg, DM).unwrap();
     {
@@ -345,7 +363,7 @@ fn emu_history<K: TestKey>(cfg: TreeConfig) {
             let me = 1 + th * 4 + t;
             let c = tree.client(me as u64).unwrap();
             let r = Rec::Shared(rec.clone());
-            ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, 1500, 150, wall_clock))
+            ex.spawn(move |ctx| random_client(ctx, c, r, me, 7, 1500, keys, wall_clock))
                 .unwrap();
         }
         ex.run();
