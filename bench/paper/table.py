@@ -246,12 +246,13 @@ does, and by more; p50 moves less. The paper's text does not give this
 experiment's lock count, skew or critical section; the script's defaults
 (the figures here) are 1000 lock words at zipf 0.99, released at once,
 so the median acquisition meets no contention (its p50 moves only with
-on-chip locks, whose CAS skips the memory node's PCIe) while the hottest words are very hot: without wait
-queues a released lock goes to whichever local thread tries first, not
-the longest waiting (p99 1003 µs, against 398 µs served in order), and
-handover serves a hot lock's local queue without a remote round trip per
-holder (26% of acquisitions here). These are predictions of the
-simulator as it stands; no parameter was changed to approach the paper.""",
+on-chip locks, whose CAS skips the memory node's PCIe) while the hottest
+words are very hot: without wait queues a released lock goes to
+whichever local thread tries first, not the longest waiting (p99 1003
+µs, against 398 µs served in order), and handover serves a hot lock's
+local queue without a remote round trip per holder (26% of acquisitions
+here). These are predictions of the simulator as it stands; no parameter
+was changed to approach the paper.""",
     "scalability": """
 Why ours differ: 8 compute nodes × 6…66 threads gives 48…528 client threads
 (the paper starts at 44). FG+ collapses under skew from the simulated CAS

@@ -8,9 +8,8 @@
 //! node), plus wait queues (local waiters served FIFO, not whoever tries
 //! first), plus handover (a releasing holder passes the lock to the next
 //! local waiter without a remote release, up to 8 times in a row).
-//! Reported: acquisitions per
-//! second, acquisition latency (from asking to holding) percentiles, and
-//! remote CAS attempts per acquisition.
+//! Reported: acquisitions per second, acquisition latency (from asking to
+//! holding) percentiles, and remote CAS attempts per acquisition.
 
 use crate::args::{ArgError, Backend};
 use crate::workload::Zipfian;
