@@ -231,6 +231,15 @@ impl LocksArgs {
         if memory_nodes > u16::MAX as usize / 2 {
             return Err(ArgError("--memory-nodes is too large".into()));
         }
+        // A sleep further ahead than the executor's timer horizon fails
+        // every client at its first hold: bad input, refused before any run.
+        let horizon = nicdrv::local::TIMER_HORIZON_NS;
+        if self.hold_ns > horizon {
+            return Err(ArgError(format!(
+                "--hold-ns must be at most {horizon} (an hour; got {})",
+                self.hold_ns
+            )));
+        }
         let ops = self.ops.unwrap_or(if sim { 2000 } else { 200_000 });
         if ops == 0 {
             // Nothing measured would make every rate 0 and every ratio

@@ -164,6 +164,16 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["run", "--systems", "sherman", "--hash-grace-ms", "50"],
             "add cuckoo",
         ),
+        // Counts whose sum with the warm-up, or product with the
+        // clients, would wrap: once a run of no operations, reported.
+        (
+            vec!["run", "--ops", "18446744073709551615"],
+            "--ops must be at most",
+        ),
+        (
+            vec!["run", "--ops", "10", "--warmup", "18446744073709551615"],
+            "--warmup must be at most",
+        ),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -814,6 +824,13 @@ fn locks_compares_the_lock_variants() {
     assert_eq!(none.status.code(), Some(2));
     let err = String::from_utf8_lossy(&none.stderr);
     assert!(err.contains("--ops must be positive"), "{err}");
+    // A hold past the timer horizon (an hour) is bad input, not a run
+    // whose every client fails.
+    let long = bench(&["locks", "--hold-ns", "3600000000001"]);
+    assert_eq!(long.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&long.stderr);
+    assert!(err.contains("--hold-ns must be at most"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 /// `loch-bench hash-load`: the table fills past 90% with one client; an

@@ -348,6 +348,27 @@ fn half_the_threads_run_the_half_workload() {
     );
 }
 
+/// A workload file's operation count past what a run can count (its sum
+/// with the warm-up, times the clients, would wrap) is bad input.
+#[test]
+fn a_workload_file_with_too_many_operations_is_refused() {
+    let dir = scratch("huge");
+    let f = dir.join("huge.properties");
+    std::fs::write(
+        &f,
+        "operationcount=18446744073709551615\nreadproportion=1\n",
+    )
+    .unwrap();
+    let out = bench(&["run", "--workload-file", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the workload file's operationcount must be at most"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn a_workload_file_sets_the_run_and_flags_override_it() {
     let dir = scratch("file");

@@ -229,7 +229,9 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
             last_print = t;
             let done: u64 = sh.kinds.borrow().iter().map(|k| k.count).sum();
             let target = match spec.length {
-                Length::Ops(n) => format!("~{} measured ops", (spec.warmup + n) * spec.clients()),
+                // `done` counts measured operations only: warm-ups are not
+                // in the target either.
+                Length::Ops(n) => format!("~{} measured ops", n * spec.clients()),
                 Length::Nanos(d) => format!("{:.1} measured virtual ms", d as f64 / 1e6),
             };
             eprintln!(

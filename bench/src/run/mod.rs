@@ -210,6 +210,12 @@ Files are written only after every run succeeded, each whole (written aside, the
 /// The measured window below which an emu figure is not to be trusted,
 /// and the default length of an emu run.
 const EMU_WINDOW_NS: u64 = 1_000_000_000;
+/// The most operations a client may be asked for, measured or warm-up
+/// (`--ops`, `--warmup`, a workload file's `operationcount`): hours of
+/// work for one client at any rate seen here, and far enough below 2^64
+/// that both added and multiplied by the clients (at most
+/// 256 × 1024 × 64 = 2^24) stay below 2^63.
+const MAX_OPS: u64 = 100_000_000_000;
 
 /// How `run` ended, when it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -528,6 +534,23 @@ impl Cli {
                 "--records must be 1..=100000000, got {}",
                 self.records
             )));
+        }
+        for (what, n) in [
+            (
+                "--ops",
+                match self.length {
+                    Some(Length::Ops(n)) => Some(n),
+                    _ => None,
+                },
+            ),
+            ("--warmup", Some(self.warmup)),
+            ("the workload file's operationcount", self.operation_count),
+        ] {
+            if let Some(n) = n.filter(|&n| n > MAX_OPS) {
+                return Err(ArgError(format!(
+                    "{what} must be at most {MAX_OPS}, got {n}"
+                )));
+            }
         }
         if self.cache_mb.is_nan() || self.cache_mb < 0.0 {
             return Err(ArgError("--cache-mb must be non-negative".into()));
