@@ -33,7 +33,11 @@ pub struct TxnPhase {
 
 impl TxnPhase {
     pub fn ok(&self) -> bool {
-        self.bad_audits == 0 && self.total_ok && self.backups_differ == 0 && self.committed > 0
+        // A phase a signal cut short may have committed nothing yet.
+        self.bad_audits == 0
+            && self.total_ok
+            && self.backups_differ == 0
+            && (self.committed > 0 || cmdline::signals::stop_requested())
     }
 }
 
@@ -81,6 +85,7 @@ pub fn run(cfg: &DemoConfig, txs: u64) -> Result<TxnPhase, String> {
         seed: cfg.seed.wrapping_mul(7919) ^ ((m as u64) << 8 | t as u64),
         txs,
         process: (m * geo.threads + t) as u64,
+        stop: Some(cmdline::signals::stop_requested),
     };
     let report = match cfg.backend {
         DemoBackend::Sim => {

@@ -151,6 +151,9 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
             seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
             txs,
             process: (mc * geo.threads + t) as u64,
+            // SIGINT/SIGTERM: each core ends its transaction in flight and
+            // starts no more; the checks below still run (exit 130).
+            stop: Some(cmdline::signals::stop_requested),
         },
     )
     .map_err(failed)?;
@@ -161,6 +164,10 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     for c in &report.clients {
         out.merge(c.out.as_ref().expect("no errors"));
     }
+    // A run a signal cut short is still checked: the machines meet, node 0
+    // reads the bank, and they part (each wait bounded by the barrier
+    // timeout).
+    let keep = crate::node::SignalsKeepWaits::new();
     rv.barrier("txn-done")
         .map_err(|e| failed(crate::node::channel_problem(e)))?;
     let bank = if o.id == 0 {
@@ -171,6 +178,7 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     rv.barrier("txn-checked")
         .map_err(|e| failed(crate::node::channel_problem(e)))?;
     rv.close();
+    drop(keep);
     let total = ACCOUNTS as i64 * BANK_START;
     let bad_audits = out.audits.iter().filter(|&&a| a != total).count();
     let mut h = latency_histogram();
@@ -182,7 +190,8 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     let bank_ok = bank.as_ref().is_none_or(|b| {
         b.sum == total && b.negative == 0 && b.unreadable == 0 && b.backups_differ == 0
     });
-    let ok = bad_audits == 0 && bank_ok && out.committed > 0;
+    let stopped = cmdline::signals::stop_requested();
+    let ok = bad_audits == 0 && bank_ok && (out.committed > 0 || stopped);
     let line = json!({
         "workload": "txn",
         "machine": o.id,
@@ -222,7 +231,13 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     ));
     cmdline::outln!("{line}");
     drop(own);
-    Ok(if ok { 0 } else { 1 })
+    Ok(if !ok {
+        cmdline::EXIT_FAILED
+    } else if stopped {
+        cmdline::EXIT_INTERRUPTED
+    } else {
+        cmdline::EXIT_DONE
+    })
 }
 
 /// `--workload txn --etcd URL`: the bank for `--seconds` with FaRM's
@@ -284,6 +299,9 @@ fn run_recovering(
                 seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
                 txs: 0,
                 process: (mc * geo.threads + t) as u64,
+                // Bounded by --seconds; a machine that stopped early
+                // would look failed to the others' leases.
+                stop: None,
             },
             until_ns,
             batch: 32,

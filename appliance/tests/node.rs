@@ -861,17 +861,31 @@ fn one_failure_test() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[test]
-fn machines_in_processes_run_the_bank_and_node_0_checks_it() {
-    let dir = PrivateDir::new("txn").unwrap();
+/// Three machine processes run the bank with `--txs TXS`; with
+/// `interrupt`, each gets SIGINT a second after they all started their
+/// role. Checks each machine's result line and exit code (0, or 130 when
+/// interrupted), node 0's check of the bank, and that they committed.
+fn bank_of_three(name: &str, txs: &str, interrupt: bool) {
+    let dir = PrivateDir::new(name).unwrap();
     let file = machines(&dir, 3);
-    let flags = ["--workload", "txn", "--txs", "200"];
+    let flags = ["--workload", "txn", "--txs", txs];
     let mut r = Reaper((0..3).map(|i| spawn_node(&file, i, &flags)).collect());
-    let (tx, _rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::channel();
     let logs: Vec<_> = (0..3)
-        .map(|i| collect(&mut r.0[i], "", tx.clone()))
+        .map(|i| collect(&mut r.0[i], "machine role: a bank of", tx.clone()))
         .collect();
     let outs: Vec<_> = (0..3).map(|i| read_all(&mut r.0[i])).collect();
+    if interrupt {
+        for _ in 0..3 {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("a machine never started its role");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        for c in &r.0 {
+            // SAFETY: kill(2) on a child we started and have not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+        }
+    }
     let by = Instant::now() + Duration::from_secs(60);
     let status: Vec<_> = (0..3)
         .map(|i| wait_until(&mut r.0[i], by).expect("a machine hung"))
@@ -880,7 +894,8 @@ fn machines_in_processes_run_the_bank_and_node_0_checks_it() {
     let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
     let mut committed = 0;
     for (id, ((s, log), out)) in status.iter().zip(&logs).zip(&outs).enumerate() {
-        assert!(s.success(), "machine {id}: {s}\n{log}");
+        let code = if interrupt { 130 } else { 0 };
+        assert_eq!(s.code(), Some(code), "machine {id}: {s}\n{log}");
         assert!(log.contains("machine role: a bank of"), "{log}");
         let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or(""))
             .unwrap_or_else(|e| panic!("machine {id}: no result line ({e}): {out}\n{log}"));
@@ -911,6 +926,20 @@ fn machines_in_processes_run_the_bank_and_node_0_checks_it() {
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn machines_in_processes_run_the_bank_and_node_0_checks_it() {
+    bank_of_three("txn", "200", false);
+}
+
+/// SIGINT to every machine of a bank asked for more transactions than it
+/// could run: each ends its transaction in flight and starts no more,
+/// node 0 still checks the bank, and each exits 130 (the run was cut
+/// short) with its result line.
+#[test]
+fn machines_in_processes_stop_the_bank_on_sigint_and_still_check_it() {
+    bank_of_three("txn-int", "100000000000", true);
 }
 
 /// The ports of a cluster file's nodes, in order.

@@ -120,7 +120,13 @@ pub fn run(a: HashGrowArgs) -> Result<crate::run::Outcome, ArgError> {
     let cfg = table_config(&a);
     cfg.check()
         .map_err(|e| ArgError(format!("the table: {e}")))?;
-    let seen = match measure(&a, cfg) {
+    let seen = measure(&a, cfg);
+    if cmdline::signals::stop_requested() {
+        // Nothing is reported before the growth was measured whole.
+        eprintln!("loch-bench hash-grow: {STOPPED}");
+        return Ok(crate::run::Outcome::Interrupted);
+    }
+    let seen = match seen {
         Ok(s) => s,
         Err(e) => {
             return Ok(crate::run::Outcome::Failed(format!(
@@ -272,7 +278,8 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
                 Err(e) => return fail(&s, e.to_string()),
             };
             let mut k = cn as u64;
-            while k < records {
+            // SIGINT/SIGTERM: the preload ends, and with it the run.
+            while k < records && !cmdline::signals::stop_requested() {
                 if let Err(e) = c.put(&ctx, &k.to_le_bytes(), &k.to_le_bytes()).await {
                     return fail(&s, format!("preload of key {k}: {e}"));
                 }
@@ -307,7 +314,7 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
                 };
                 let mut rng = Rng::new(seed);
                 let mut v = seed;
-                while ctx.now_ns() < stop.get() {
+                while ctx.now_ns() < stop.get() && !cmdline::signals::stop_requested() {
                     let k = dist.next(&mut rng);
                     let t0 = ctx.now_ns();
                     let r = if rng.below(2) == 0 {
@@ -339,6 +346,9 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
             }
             let mut k = 1u64 << 40;
             loop {
+                if cmdline::signals::stop_requested() {
+                    return Err(STOPPED.to_string());
+                }
                 let t0 = ctx.now_ns();
                 let steps = c.stats.growth_steps;
                 match c.put(&ctx, &k.to_le_bytes(), &k.to_le_bytes()).await {
@@ -372,6 +382,9 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
     let mut s = seen.borrow_mut();
     Ok(std::mem::take(&mut *s))
 }
+
+/// Why a run that a signal stopped reports nothing.
+const STOPPED: &str = "stopped by SIGINT/SIGTERM before the growth was measured";
 
 fn run_all(w: &mut World) -> Result<(), String> {
     match w.run() {

@@ -75,8 +75,14 @@ fn layout(capacity: u64) -> RingLayout {
     }
 }
 
+/// The number an end record carries in place of its sequence number: the
+/// sender stopped early (SIGINT/SIGTERM) and sends no more.
+const END: u64 = u64::MAX;
+
 /// What one run measured.
 struct Measured {
+    /// Records received (fewer than asked if the run was stopped).
+    records: u64,
     latency: Histogram<u64>,
     elapsed_ns: u64,
     sender_waits: u64,
@@ -85,7 +91,8 @@ struct Measured {
 
 /// The sender: `n` records of `size` bytes, `batch` per doorbell, each
 /// stamped with the clock and numbered; returns how often the ring had no
-/// room for a doorbell's records at once.
+/// room for a doorbell's records at once. Stopped by a signal, it sends
+/// one record numbered [`END`] instead of the rest.
 async fn send<N: Nic>(
     ctx: &Ctx<N>,
     l: RingLayout,
@@ -98,6 +105,12 @@ async fn send<N: Nic>(
     let mut waits = 0;
     let mut i = 0;
     while i < n {
+        if cmdline::signals::stop_requested() {
+            bufs[0][8..16].copy_from_slice(&END.to_le_bytes());
+            s.append_many(ctx, &[&bufs[0]], Some(ctx.now_ns() + PATIENCE_NS))
+                .await?;
+            break;
+        }
         let k = batch.min((n - i) as usize);
         let need: u64 = bufs[..k].iter().map(|b| record_bytes(b.len() as u64)).sum();
         waits += u64::from(s.free(ctx)? < need);
@@ -115,14 +128,15 @@ async fn send<N: Nic>(
     Ok(waits)
 }
 
-/// The receiver: `n` records, checked in order, latencies recorded;
-/// returns (latencies, first arrival, last arrival, torn looks).
+/// The receiver: `n` records (fewer if an [`END`] record comes first),
+/// checked in order, latencies recorded; returns (records, latencies,
+/// first arrival, last arrival, torn looks).
 async fn receive<N: Nic>(
     ctx: &Ctx<N>,
     l: RingLayout,
     n: u64,
     size: usize,
-) -> Result<(Histogram<u64>, u64, u64, u64), String> {
+) -> Result<Received, String> {
     let mut r = Receiver::open(ctx, l).map_err(|e| e.to_string())?;
     let mut h = latency_histogram();
     let (mut first, mut last) = (0, 0);
@@ -135,6 +149,9 @@ async fn receive<N: Nic>(
         if p.len() != size {
             return Err(format!("record {i}: {} bytes, not {size}", p.len()));
         }
+        if p[8..16] == END.to_le_bytes() {
+            return Ok((i, h, first, last, r.torn_looks()));
+        }
         if p[8..16] != i.to_le_bytes() {
             return Err(format!("record {i} arrived out of order or altered"));
         }
@@ -145,8 +162,12 @@ async fn receive<N: Nic>(
         }
         last = now;
     }
-    Ok((h, first, last, r.torn_looks()))
+    Ok((n, h, first, last, r.torn_looks()))
 }
+
+/// What the receiver returns: (records, latencies, first arrival, last
+/// arrival, torn looks).
+type Received = (u64, Histogram<u64>, u64, u64, u64);
 
 fn run_sim(
     seed: u64,
@@ -187,8 +208,9 @@ fn run_sim(
         return Err("the simulated sender and receiver did not finish".into());
     }
     let sender_waits = waits.replace(Ok(0))?;
-    let (latency, first, last, torn_looks) = got.replace(Err(String::new()))?;
+    let (records, latency, first, last, torn_looks) = got.replace(Err(String::new()))?;
     Ok(Measured {
+        records,
         latency,
         elapsed_ns: last - first,
         sender_waits,
@@ -258,9 +280,10 @@ fn run_emu(
         }
     });
     let sender_waits = std::mem::replace(&mut *waits.lock().expect("not poisoned"), Ok(0))?;
-    let (latency, first, last, torn_looks) =
+    let (records, latency, first, last, torn_looks) =
         std::mem::replace(&mut *got.lock().expect("not poisoned"), Err(String::new()))?;
     Ok(Measured {
+        records,
         latency,
         elapsed_ns: last.saturating_sub(first),
         sender_waits,
@@ -310,7 +333,7 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
         Ok(m) => m,
         Err(why) => return Ok(crate::run::Outcome::Failed(why)),
     };
-    let rate = n as f64 * 1e9 / m.elapsed_ns.max(1) as f64;
+    let rate = m.records as f64 * 1e9 / m.elapsed_ns.max(1) as f64;
     let q = |p: f64| m.latency.value_at_quantile(p) as f64 / 1e3;
     let backend = if sim { "sim" } else { "emu" };
     let model = SimModel::default();
@@ -333,7 +356,7 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
             "payload_bytes": a.size,
             "records_per_doorbell": a.batch,
             "capacity_bytes": a.capacity,
-            "records": n,
+            "records": m.records,
             "records_per_sec": rate,
             "latency_us": {
                 "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999),
@@ -363,7 +386,7 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
             "{:<7} {:>6} {:>10} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1} {:>9} {:>9}",
             backend,
             a.size,
-            n,
+            m.records,
             rate / 1e6,
             q(0.5),
             q(0.9),
@@ -385,5 +408,5 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
             );
         }
     }
-    Ok(crate::run::Outcome::Done)
+    Ok(crate::run::Outcome::finished())
 }

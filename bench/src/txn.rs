@@ -212,6 +212,9 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         seed: seed.wrapping_mul(1_000_003) ^ ((mc as u64) << 16 | t as u64),
         txs,
         process: (mc as u64) * a.threads as u64 + t as u64,
+        // SIGINT/SIGTERM: each coordinator ends its transaction in flight
+        // and starts no more; what ran is reported (exit 130).
+        stop: Some(cmdline::signals::stop_requested),
     };
     let (report, sim_info) = if sim {
         match run_sim_with(geo, seed, SimModel::default(), &opts, clients) {
@@ -253,7 +256,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         }
     }
     print(&a, geo, &report, &out, sim_info, leases);
-    Ok(crate::run::Outcome::Done)
+    Ok(crate::run::Outcome::finished())
 }
 
 fn run_emu(
@@ -477,6 +480,13 @@ fn print_summary<R>(runs: &[R], steps: &[Step<'_, R>]) {
     }
 }
 
+/// `--seeds` seeds from `--seed` on, wrapping past `u64::MAX` (a range
+/// `seed..seed + seeds` would be empty or overflow there).
+fn seeds(a: &TxnArgs) -> impl Iterator<Item = u64> {
+    let first = a.seed;
+    (0..a.seeds).map(move |i| first.wrapping_add(i))
+}
+
 /// `--fault`: detection and reconfiguration over seeds.
 fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     use txn::harness::{run_leases_sim, LeaseSim};
@@ -524,7 +534,10 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     // probes' timeouts and the acknowledgements' lease, twice over.
     let until = first + timing.renew_ns + 10 * timing.lease_ns + machines as u64 * 2_000_000;
     let mut runs = Vec::new();
-    for seed in a.seed..a.seed + a.seeds {
+    for seed in seeds(a) {
+        if cmdline::signals::stop_requested() {
+            break;
+        }
         // Each run's faults come at a point of the renewal cycle of its
         // seed's choosing, as a crash would (times are from there).
         let shift = nicdrv::rng::Rng::new(seed).below(timing.renew_ns);
@@ -582,6 +595,10 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         }
         runs.push((seed, t));
     }
+    if runs.is_empty() {
+        // Stopped before the first seed's run ended: nothing to report.
+        return Ok(crate::run::Outcome::Interrupted);
+    }
     let rows: [Step<'_, (u64, FaultTimes)>; 3] = [
         ("suspected", &|r| r.1.suspected),
         ("configuration stored", &|r| r.1.stored),
@@ -617,7 +634,7 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             "summary": summary_json(&runs, &rows),
         }]);
         cmdline::outln!("{doc}");
-        return Ok(crate::run::Outcome::Done);
+        return Ok(crate::run::Outcome::finished());
     }
     cmdline::outln!(
         "sim, {machines} machines, {}-way replication, {ms} ms leases renewed every {} ms; faults {}, each run's shifted by up to a renewal; no workload (leases and reconfiguration only)",
@@ -644,5 +661,5 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         );
     }
     print_summary(&runs, &rows);
-    Ok(crate::run::Outcome::Done)
+    Ok(crate::run::Outcome::finished())
 }

@@ -387,49 +387,94 @@ fn a_closed_stdout_ends_the_output_quietly() {
     );
 }
 
-#[test]
-fn sigint_ends_a_run_with_its_results_and_exit_130() {
+/// Runs `loch-bench ARGS`, sends SIGINT after two seconds, and returns
+/// its output; it must stop within ten seconds, with exit code 130.
+fn interrupted(args: &[&str]) -> std::process::Output {
     use std::process::Stdio;
-    let child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
-        .args([
-            "run",
-            "--backend",
-            "emu",
-            "--systems",
-            "sherman",
-            "--records",
-            "20000",
-            "--threads",
-            "1",
-            "--warmup",
-            "10",
-            "--seconds",
-            "60",
-            "--json",
-        ])
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let t0 = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
     // SAFETY: kill(2) on our own child, not yet waited for.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    // Its output is a few KiB at the end, within a pipe's buffer: waiting
+    // without reading cannot block it.
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} did not stop within 10 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let out = child.wait_with_output().unwrap();
-    assert!(
-        t0.elapsed().as_secs() < 10,
-        "took {:?} to stop",
-        t0.elapsed()
-    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    // The results of what ran: a measured window shorter than asked.
+    assert_eq!(out.status.code(), Some(130), "{args:?}: {err}");
+    out
+}
+
+/// [`interrupted`]'s first JSON result.
+fn interrupted_json(args: &[&str]) -> serde_json::Value {
+    let out = interrupted(args);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the results");
-    let run = &v[0];
+    v[0].clone()
+}
+
+#[test]
+fn sigint_ends_a_run_with_its_results_and_exit_130() {
+    let run = interrupted_json(&[
+        "run",
+        "--backend",
+        "emu",
+        "--systems",
+        "sherman",
+        "--records",
+        "20000",
+        "--threads",
+        "1",
+        "--warmup",
+        "10",
+        "--seconds",
+        "60",
+        "--json",
+    ]);
+    // The results of what ran: a measured window shorter than asked.
     assert!(run["ops"].as_u64().unwrap() > 0, "{run}");
     assert!(
         run["elapsed_ns"].as_u64().unwrap() < 30_000_000_000,
         "{run}"
+    );
+}
+
+/// `txn`, `ring` and `hash-grow` stop on SIGINT too (they once ran on to
+/// the end, their signal swallowed): each coordinator ends its transaction
+/// in flight, the ring's sender sends an end record, and what ran is
+/// reported.
+#[test]
+fn sigint_ends_txn_ring_and_hash_grow_runs_with_exit_130() {
+    let lots = "100000000000";
+    let txn = interrupted_json(&["txn", "--txs", lots, "--json"]);
+    let committed = txn["committed"].as_u64().unwrap();
+    assert!(committed > 0, "{txn}");
+    // Far fewer than asked: 16 coordinators × 10^11.
+    assert!(committed < 1_000_000_000, "{txn}");
+    let ring = interrupted_json(&["ring", "--backend", "sim", "-n", lots, "--json"]);
+    let records = ring["records"].as_u64().unwrap();
+    assert!(records > 0 && records < 1_000_000_000, "{ring}");
+    assert!(ring["records_per_sec"].as_f64().unwrap() > 0.0, "{ring}");
+    // hash-grow (about a minute at this capacity) has no partial figure:
+    // it says so and prints nothing.
+    let grow = interrupted(&["hash-grow", "--capacity", "4194304", "--json"]);
+    assert!(grow.stdout.is_empty());
+    let err = String::from_utf8_lossy(&grow.stderr);
+    assert!(
+        err.contains("stopped by SIGINT/SIGTERM before the growth"),
+        "{err}"
     );
 }
 
@@ -679,6 +724,28 @@ fn txn_reports_leases_and_fault_timelines() {
         assert!(s > 0.0 && s <= st && st <= cm && cm < 30.0, "{r}");
     }
     assert_eq!(f["summary"]["NEW-CONFIG-COMMIT"]["runs"].as_u64(), Some(5));
+    // Seeds from --seed on wrap past u64::MAX (the range once came out
+    // empty there: no runs, and a panic under a workload).
+    let w = json(&[
+        "txn",
+        "--machines",
+        "4",
+        "--fault",
+        "machine-crash@20ms:0",
+        "--seed",
+        "18446744073709551615",
+        "--seeds",
+        "2",
+        "--detection-only",
+        "--json",
+    ]);
+    let seeds: Vec<u64> = w["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, [u64::MAX, 0], "{w}");
     // Under a workload: the bank holds (or the run fails), throughput
     // comes back, and the timeline covers the window.
     let plot = std::env::temp_dir().join(format!("loch-fault-plot-{}.svg", std::process::id()));

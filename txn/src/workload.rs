@@ -142,6 +142,11 @@ pub struct WorkClient {
     pub txs: u64,
     /// The history's process number (Append).
     pub process: u64,
+    /// Asked before each transaction: once it answers true the client
+    /// starts no more and returns what it did (a command line's SIGINT,
+    /// say). A transaction begun always ends (commits or aborts) first.
+    /// `None`: all `txs` run.
+    pub stop: Option<fn() -> bool>,
 }
 
 fn word(b: &[u8]) -> i64 {
@@ -162,6 +167,9 @@ impl<N: Nic> Client<N> for WorkClient {
         let mut out = WorkOut::default();
         let mut next_value = 0u64;
         for _ in 0..self.txs {
+            if self.stopped() {
+                break;
+            }
             let start = ctx.now_ns();
             let (r, kind) = match self.mix {
                 Mix::Tatp { subscribers } => self.tatp(ctx, c, &mut rng, subscribers).await,
@@ -215,7 +223,7 @@ impl<N: Nic> Client<N> for Timed {
     async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<WorkOut, TxError> {
         let mut out = WorkOut::default();
         let mut k = 0u64;
-        while ctx.now_ns() < self.until_ns {
+        while ctx.now_ns() < self.until_ns && !self.work.stopped() {
             let w = WorkClient {
                 seed: self.work.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 txs: self.batch.max(1),
@@ -237,6 +245,11 @@ fn give_up() -> TxError {
 }
 
 impl WorkClient {
+    /// Whether [`WorkClient::stop`] says to start no more transactions.
+    pub fn stopped(&self) -> bool {
+        self.stop.is_some_and(|f| f())
+    }
+
     async fn read8<N: Nic>(
         &self,
         ctx: &Ctx<N>,

@@ -36,6 +36,7 @@ fn work(g: Geometry, mix: Mix, seed: u64, txs: u64, m: u16, t: u16) -> WorkClien
         seed: seed.wrapping_mul(1_000_003) ^ ((m as u64) << 16 | t as u64),
         txs,
         process: m as u64 * g.threads as u64 + t as u64,
+        stop: None,
     }
 }
 

@@ -66,6 +66,7 @@ impl<N: Nic> Client<N> for Rounds {
             seed,
             txs,
             process: 0,
+            stop: None,
         };
         let first = round(self.seed, self.txs[0]).run(ctx, c).await?;
         // Every truncation out: backups hold every commit of the round.

@@ -78,7 +78,13 @@ pub(super) fn run(
         )));
     }
     let mut runs = Vec::new();
-    for seed in a.seed..a.seed + a.seeds {
+    // SIGINT/SIGTERM: the seed in progress finishes (a run is a bounded
+    // stretch of virtual time), the rest are not run, and what ran is
+    // reported (exit 130).
+    for seed in super::seeds(a) {
+        if cmdline::signals::stop_requested() {
+            break;
+        }
         let shift = nicdrv::rng::Rng::new(seed).below(timing.renew_ns);
         let first = first + shift;
         let faults: Vec<Fault> = faults
@@ -103,6 +109,7 @@ pub(super) fn run(
                 seed: seed.wrapping_mul(1_000_003) ^ ((mc as u64) << 16 | t as u64),
                 txs: 0,
                 process: mc as u64 * a.threads as u64 + t as u64,
+                stop: None,
             },
             until_ns,
             batch: 16,
@@ -141,7 +148,14 @@ pub(super) fn run(
         }
         runs.push(figures(seed, first, &r, &out));
     }
-    report(a, machines, timing, &runs)
+    if runs.is_empty() {
+        // Stopped before the first seed's run ended: nothing to report.
+        return Ok(crate::run::Outcome::Interrupted);
+    }
+    Ok(match report(a, machines, timing, &runs)? {
+        crate::run::Outcome::Done => crate::run::Outcome::finished(),
+        other => other,
+    })
 }
 
 fn figures(seed: u64, first: u64, r: &txn::harness::Report<WorkOut>, out: &WorkOut) -> RunFigures {
