@@ -87,6 +87,11 @@ fn demo_refuses_bad_flags_with_exit_2() {
         &["demo", "--backend", "sim", "--fault", "meltdown@1ms:0"],
         &["demo", "--fault", "memory-crash@1ms:0"],
         &["demo", "--fault-seed", "3"],
+        // Once a panic (a bulk load's buffer of 2^64 records) and a
+        // latency that wrapped to none.
+        &["demo", "--tree-records", "18446744073709551615"],
+        &["demo", "--latency-ns", "18446744073709551615"],
+        &["demo", "--backend", "sim", "--latency-ns", "1000000001"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_loch"))
             .args(args)

@@ -150,6 +150,11 @@ fn bad_input_exits_2_with_a_clear_line() {
             "--memory-nodes",
         ),
         (vec!["verbs", "--size", "1k", "--span", "512"], "--span"),
+        // Once wrapped to no latency at all on emu.
+        (
+            vec!["verbs", "--latency-ns", "18446744073709551615"],
+            "--latency-ns must be at most",
+        ),
         (vec!["verbs", "--matrix", "--span", "1000"], "--span"),
         (vec!["verbs", "--span", "17g"], "--span"),
         (

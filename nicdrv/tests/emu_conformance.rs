@@ -412,6 +412,39 @@ fn latency_injection_delays_completions() {
     );
 }
 
+/// A latency past u64's nanoseconds (no front end allows one; the library
+/// does) saturates to never: it once wrapped to "due already", and the
+/// verb completed at once.
+#[test]
+fn a_latency_past_the_clock_never_completes() {
+    let h = EmuHarness::with_config(EmuConfig {
+        latency_ns_one_way: u64::MAX,
+        ..Default::default()
+    });
+    let mut rig = h.raw(0, 64);
+    let rkey = rig.qp.remote_regions()[0].rkey;
+    let wr = WorkRequest {
+        wr_id: 1,
+        signaled: true,
+        op: WrOp::Read {
+            remote: GlobalAddr::host(0, 0),
+            rkey,
+            local: Sge {
+                addr: rig.mr.as_ptr(),
+                len: 8,
+                lkey: rig.mr.lkey(),
+            },
+        },
+    };
+    // SAFETY: the SGE lies in rig.mr, which outlives the QP's use of it.
+    unsafe { rig.qp.post_send(&[wr]) }.unwrap();
+    let mut wc = [Completion::EMPTY; 1];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(20) {
+        assert_eq!(rig.cq.poll(&mut wc), 0, "completed: {:?}", wc[0]);
+    }
+}
+
 #[test]
 fn owner_cpu_sees_remote_writes_and_vice_versa() {
     let h = EmuHarness::new();

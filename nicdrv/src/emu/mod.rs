@@ -54,6 +54,13 @@ impl Default for EmuConfig {
     }
 }
 
+/// The longest one-way latency a front end lets a user inject: a second,
+/// far past any network's, and short enough that a run stopped by a
+/// signal (which waits for its verbs in flight) still ends within
+/// seconds. The emulated NIC itself saturates (a latency past u64's
+/// nanoseconds never completes).
+pub const MAX_LATENCY_NS: u64 = 1_000_000_000;
+
 impl EmuConfig {
     pub fn injects_delay(&self) -> bool {
         self.latency_ns_one_way != 0 || self.bandwidth_bytes_per_sec != 0

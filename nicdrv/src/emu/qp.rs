@@ -403,8 +403,11 @@ impl EmuQp {
         } else {
             (len as u128 * 1_000_000_000 / cfg.bandwidth_bytes_per_sec as u128) as u64
         };
-        self.busy_until_ns = self.busy_until_ns.max(now_ns) + xfer;
-        self.busy_until_ns + 2 * cfg.latency_ns_one_way
+        // Saturating: a latency or transfer past u64's nanoseconds means
+        // never, not a wrap to "already due".
+        self.busy_until_ns = self.busy_until_ns.max(now_ns).saturating_add(xfer);
+        self.busy_until_ns
+            .saturating_add(cfg.latency_ns_one_way.saturating_mul(2))
     }
 
     /// Executes one request against the peer's memory: the responder's
