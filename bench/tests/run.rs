@@ -356,7 +356,7 @@ fn a_workload_file_with_too_many_operations_is_refused() {
     let f = dir.join("huge.properties");
     std::fs::write(
         &f,
-        "operationcount=18446744073709551615\nreadproportion=1\n",
+        "operationcount=18446744073709551615\nreadproportion=1\nupdateproportion=0\n",
     )
     .unwrap();
     let out = bench(&["run", "--workload-file", f.to_str().unwrap()]);
