@@ -185,6 +185,10 @@ pub struct NodeOptions {
 pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?;
+    if !matches!(o.workload, Workload::Txn | Workload::Leases) {
+        // What `loch node` would refuse is not ok here either.
+        check_flags(o)?;
+    }
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
     let fits = if matches!(o.workload, Workload::Txn | Workload::Leases) {
@@ -696,6 +700,14 @@ pub(crate) fn preflight_passes(cfg: &ClusterConfig, id: u32) -> Result<(), NodeE
 /// whether the memory nodes can hold the workload; the layout of their
 /// memory.
 fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<Layout, NodeError> {
+    check_flags(o)?;
+    preflight_passes(cfg, o.id)?;
+    workload_fits(o, cfg, node)
+}
+
+/// The flags of the verb and index workloads, as `loch node` and
+/// `loch check` both check them.
+fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
         return Err(NodeError::Usage(format!(
             "--tasks must be 1..={TASKS_PER_CORE_MAX}"
@@ -708,13 +720,16 @@ fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<
             )));
         }
     }
-    preflight_passes(cfg, o.id)?;
     if o.records == 0 || o.records > RECORDS_MAX {
         return Err(NodeError::Usage(format!(
             "--records must be 1..={RECORDS_MAX}"
         )));
     }
-    workload_fits(o, cfg, node)
+    // Written after the run: a path that cannot become a file fails now.
+    if let Some(p) = &o.histogram {
+        cmdline::check_file_target("--histogram", p).map_err(NodeError::Usage)?;
+    }
+    Ok(())
 }
 
 /// Whether the memory nodes can hold the verb areas of every core of the

@@ -471,23 +471,37 @@ fn node_rejects_bad_input_with_exit_2() {
     let dir = PrivateDir::new("nodebad").unwrap();
     let (file, _) = cluster(&dir, 1);
     for args in [
-        vec!["--id", "1", "--tasks", "0"],
-        vec!["--id", "1", "--seconds", "-1"],
-        vec!["--id", "9"],
-        vec!["--id", "x"],
-        vec!["--id", "1", "--bogus"],
-        vec!["--id", "1", "--workload", "btree"],
-        vec!["--id", "1", "--records", "0"],
+        vec!["node", "--id", "1", "--tasks", "0"],
+        vec!["node", "--id", "1", "--seconds", "-1"],
+        vec!["node", "--id", "9"],
+        vec!["node", "--id", "x"],
+        vec!["node", "--id", "1", "--bogus"],
+        vec!["node", "--id", "1", "--workload", "btree"],
+        vec!["node", "--id", "1", "--records", "0"],
+        // Once found only after the run, when the file was written.
+        vec![
+            "node",
+            "--id",
+            "1",
+            "--histogram",
+            "/nonexistent/dir/h.json",
+        ],
+        // `loch check` refuses what `loch node` refuses (it once said a
+        // cluster held --records 2^64 - 1).
+        vec!["check", "--id", "1", "--records", "18446744073709551615"],
+        vec!["check", "--id", "1", "--records", "0"],
     ] {
         let out = Command::new(LOCH)
-            .args(["node", "--config"])
+            .args([args[0], "--config"])
             .arg(&file)
-            .args(&args)
+            .args(&args[1..])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.starts_with("loch node: "), "{args:?}: {stderr}");
+        let prefix = format!("loch {}: ", args[0]);
+        assert!(stderr.starts_with(&prefix), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
     }
     let mlx5 = std::fs::read_to_string(&file)
         .unwrap()

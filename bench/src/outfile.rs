@@ -5,33 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-/// The folder a new file `path` would go in ("" means the current one).
-fn parent_of(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    }
-}
-
-/// Checks that `path` can become a file: its folder exists and it is not a
-/// folder itself. `flag` names the option in the message.
-pub fn check_file_target(flag: &str, path: &Path) -> Result<(), String> {
-    if path.as_os_str().is_empty() {
-        return Err(format!("{flag}: empty path"));
-    }
-    if path.is_dir() {
-        return Err(format!("{flag}: `{}` is a folder", path.display()));
-    }
-    let parent = parent_of(path);
-    if !parent.is_dir() {
-        return Err(format!(
-            "{flag}: folder `{}` does not exist",
-            parent.display()
-        ));
-    }
-    Ok(())
-}
-
 /// Checks that `dir` is a folder, or can be made one in an existing folder.
 pub fn check_dir_target(flag: &str, dir: &Path) -> Result<(), String> {
     if dir.as_os_str().is_empty() {
@@ -46,7 +19,7 @@ pub fn check_dir_target(flag: &str, dir: &Path) -> Result<(), String> {
             dir.display()
         ));
     }
-    let parent = parent_of(dir);
+    let parent = cmdline::parent_dir(dir);
     if !parent.is_dir() {
         return Err(format!(
             "{flag}: folder `{}` does not exist",
@@ -68,7 +41,7 @@ pub fn tagged(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-pub use cmdline::write_atomic;
+pub use cmdline::{check_file_target, write_atomic};
 
 #[cfg(test)]
 mod tests {

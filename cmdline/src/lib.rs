@@ -68,6 +68,34 @@ pub fn write_atomic(path: &std::path::Path, contents: &[u8]) -> Result<(), Strin
     })
 }
 
+/// The folder a new file `path` would go in ("" means the current one).
+pub fn parent_dir(path: &std::path::Path) -> &std::path::Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    }
+}
+
+/// Checks, before a run, that `path` can become a file: its folder exists
+/// and it is not a folder itself (so a bad path fails at once, not after
+/// the run). `flag` names the option in the message.
+pub fn check_file_target(flag: &str, path: &std::path::Path) -> Result<(), String> {
+    if path.as_os_str().is_empty() {
+        return Err(format!("{flag}: empty path"));
+    }
+    if path.is_dir() {
+        return Err(format!("{flag}: `{}` is a folder", path.display()));
+    }
+    let parent = parent_dir(path);
+    if !parent.is_dir() {
+        return Err(format!(
+            "{flag}: folder `{}` does not exist",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
 /// CPUs online on this machine (at least 1).
 pub fn cpus_online() -> usize {
     // SAFETY: sysconf takes no pointers and only reads system state.
