@@ -139,6 +139,12 @@ fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
     if n < 2 {
         return Err(ArgError(format!("--keys {n}: at least 2")));
     }
+    // Far past the 8 GiB a machine may hold (refused below with its
+    // size), and low enough that the regions' sizes cannot wrap (they once
+    // did, and the run failed on an object past its region's end).
+    if n > 1 << 32 {
+        return Err(ArgError(format!("--keys {n}: at most {}", 1u64 << 32)));
+    }
     if let Mix::YcsbT { keys, ops, writes } = m {
         if ops == 0 || ops as u64 > keys || writes > ops {
             return Err(ArgError(format!(

@@ -656,6 +656,8 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
         vec!["txn", "--workload", "tatp", "--history", "/tmp/x"],
         vec!["txn", "--workload", "ycsb-t", "--ops", "3", "--writes", "4"],
         vec!["txn", "--keys", "1"],
+        vec!["txn", "--keys", "18446744073709551615"],
+        vec!["txn", "--keys", "4294967296"],
         vec!["txn", "--log-bytes", "1000"],
         vec!["txn", "--lease-ms", "0"],
         vec!["txn", "--fault", "nonsense"],
