@@ -282,14 +282,7 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
     if !(cfg.seconds > 0.0 && cfg.seconds <= 60.0) {
         return Err(format!("seconds must be in (0, 60], got {}", cfg.seconds));
     }
-    if cfg.latency_ns > nicdrv::emu::MAX_LATENCY_NS {
-        // Why a second: `MAX_LATENCY_NS`'s doc.
-        return Err(format!(
-            "--latency-ns must be at most {} (a second), got {}",
-            nicdrv::emu::MAX_LATENCY_NS,
-            cfg.latency_ns
-        ));
-    }
+    nicdrv::emu::check_latency(cfg.latency_ns).map_err(|e| format!("--latency-ns {e}"))?;
     if cfg.tree_records > crate::node::RECORDS_MAX {
         // `loch node --records`' bound; far more than the demo's memory
         // nodes hold, which the load then says.

@@ -185,13 +185,14 @@ pub struct NodeOptions {
 pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?;
-    if !matches!(o.workload, Workload::Txn | Workload::Leases) {
+    let machines = matches!(o.workload, Workload::Txn | Workload::Leases);
+    if !machines {
         // What `loch node` would refuse is not ok here either.
         check_flags(o)?;
     }
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
-    let fits = if matches!(o.workload, Workload::Txn | Workload::Leases) {
+    let fits = if machines {
         crate::node_txn::geometry(o, &cfg).map(|_| ())
     } else {
         workload_fits(o, &cfg, node).map(|_| ())

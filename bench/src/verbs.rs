@@ -286,13 +286,8 @@ impl VerbsArgs {
         } else if size == 0 || size > 16 << 20 {
             return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
         }
-        if self.latency_ns > nicdrv::emu::MAX_LATENCY_NS {
-            return Err(ArgError(format!(
-                "--latency-ns must be at most {} (a second), got {}",
-                nicdrv::emu::MAX_LATENCY_NS,
-                self.latency_ns
-            )));
-        }
+        nicdrv::emu::check_latency(self.latency_ns)
+            .map_err(|e| ArgError(format!("--latency-ns {e}")))?;
         if let Some(span) = self.span {
             // The largest verb of the points this runs must fit a slot.
             let largest = if self.matrix { MATRIX_LARGEST } else { size };

@@ -61,6 +61,17 @@ impl Default for EmuConfig {
 /// nanoseconds never completes).
 pub const MAX_LATENCY_NS: u64 = 1_000_000_000;
 
+/// Checks a one-way latency a user asked to inject against
+/// [`MAX_LATENCY_NS`]; the error reads after the flag's name.
+pub fn check_latency(ns: u64) -> Result<(), String> {
+    if ns > MAX_LATENCY_NS {
+        return Err(format!(
+            "must be at most {MAX_LATENCY_NS} (a second), got {ns}"
+        ));
+    }
+    Ok(())
+}
+
 impl EmuConfig {
     pub fn injects_delay(&self) -> bool {
         self.latency_ns_one_way != 0 || self.bandwidth_bytes_per_sec != 0
