@@ -6,7 +6,10 @@
 //! coordinator of the cluster said DONE; then, at "txn-done", node 0
 //! checks the bank as memory holds it (the total, no negative balance,
 //! every backup equal to its primary) while the others keep their memory
-//! up until "txn-checked".
+//! up until "txn-checked". On mlx5 the memory is registered and each core
+//! reaches every machine over queue pairs ([`crate::node_mlx5::run_txn`]);
+//! the bank itself ([`run_bank`]) is the same code on both backends.
+//! Leases and failure handling (`--etcd`) run on emu only so far.
 
 use crate::demo_txn::ACCOUNTS;
 use crate::node::{
@@ -14,13 +17,15 @@ use crate::node::{
 };
 use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
 use bootstrap::etcd::EtcdStore;
+use bootstrap::Rendezvous;
 use cluster::emu::EmuCluster;
 use cluster::stats::latency_histogram;
-use nicdrv::emu::{EmuConfig, EmuNic};
+use nicdrv::emu::EmuConfig;
+use nicdrv::Executor;
 use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
-use txn::harness::{core_config, run_machine};
+use txn::harness::{core_config, run_machine, ExecutorFactory};
 use txn::object::{self, object_bytes};
 use txn::records::ObjAddr;
 use txn::regions::RegionMap;
@@ -39,8 +44,17 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
         "txn"
     };
     let usage = |s: String| Err(NodeError::Usage(format!("--workload {name}: {s}")));
-    if !matches!(cfg.backend, Backend::Emu) {
-        return usage("transactions across processes run on the emu backend only so far".into());
+    // The bank runs on real NICs too; leases and failure handling
+    // across processes (`--workload leases`, `--etcd`) on emu only so far.
+    if !matches!(cfg.backend, Backend::Emu) && (name == "leases" || o.etcd.is_some()) {
+        let what = if name == "leases" {
+            "--workload leases"
+        } else {
+            "--workload txn --etcd"
+        };
+        return Err(NodeError::Usage(format!(
+            "{what} runs on the emu backend only so far (--workload txn without --etcd runs on mlx5 too)"
+        )));
     }
     let n = cfg.nodes.len();
     if n < 2 {
@@ -117,10 +131,12 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     }
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
+    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
+        return crate::node_mlx5::run_txn(o, cfg, node, geo);
+    }
     let me = format!("loch node {}", o.id);
     let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let agreement = Some(format!("--workload txn --txs {}", o.txs));
-    let (boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, agreement(o))?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,
@@ -130,6 +146,33 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     machines.sort_by_key(|x| x.id);
     let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    let code = run_bank(o, geo, &me, rv, cluster.machine_executors(), || {
+        cluster
+            .machine_executor(0, core_config())
+            .map_err(|e| e.to_string())
+    })?;
+    drop(own);
+    Ok(code)
+}
+
+/// What every machine of a bank run must agree on at "memory-ready".
+pub fn agreement(o: &NodeOptions) -> Option<String> {
+    Some(format!("--workload txn --txs {}", o.txs))
+}
+
+/// The bank on this machine's cores, on any backend, once the cluster is
+/// booted and connected (`rv` past "memory-ready"): `executors` makes each
+/// core's executor on this machine; `checker` one more core of machine 0,
+/// which node 0 alone asks for, after the run, to read the bank. Prints
+/// the summary line and the JSON line; returns the exit code.
+pub fn run_bank<N: nicdrv::Nic>(
+    o: &NodeOptions,
+    geo: Geometry,
+    me: &str,
+    mut rv: Rendezvous,
+    executors: impl ExecutorFactory<N>,
+    checker: impl FnOnce() -> Result<Executor<N>, String>,
+) -> Result<u8, NodeError> {
     say(format_args!(
         "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {} transactions a core",
         geo.machines,
@@ -140,22 +183,16 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     let m = o.id as u16;
     let seed = o.seed;
     let txs = o.txs;
-    let report = run_machine(
+    let report = run_machine(geo, m, &Default::default(), executors, |mc, t| WorkClient {
         geo,
-        m,
-        &Default::default(),
-        cluster.machine_executors(),
-        |mc, t| WorkClient {
-            geo,
-            mix: MIX,
-            seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
-            txs,
-            process: (mc * geo.threads + t) as u64,
-            // SIGINT/SIGTERM: each core ends its transaction in flight and
-            // starts no more; the checks below still run (exit 130).
-            stop: Some(cmdline::signals::stop_requested),
-        },
-    )
+        mix: MIX,
+        seed: seed.wrapping_mul(7919) ^ ((mc as u64) << 8 | t as u64),
+        txs,
+        process: (mc * geo.threads + t) as u64,
+        // SIGINT/SIGTERM: each core ends its transaction in flight and
+        // starts no more; the checks below still run (exit 130).
+        stop: Some(cmdline::signals::stop_requested),
+    })
     .map_err(failed)?;
     if let Some(e) = report.first_error() {
         return Err(failed(format!("a core failed: {e}")));
@@ -171,7 +208,7 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     rv.barrier("txn-done")
         .map_err(|e| failed(crate::node::channel_problem(e)))?;
     let bank = if o.id == 0 {
-        Some(read_bank(&cluster, geo)?)
+        Some(read_bank(checker().map_err(failed)?, geo)?)
     } else {
         None
     };
@@ -230,7 +267,6 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         }
     ));
     cmdline::outln!("{line}");
-    drop(own);
     Ok(if !ok {
         cmdline::EXIT_FAILED
     } else if stopped {
@@ -415,10 +451,9 @@ fn run_recovering(
 
 /// Every account's primary copy, lock-free, and every backup copy beside
 /// it, read with one-sided READs from a core of machine 0.
-fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError> {
+fn read_bank<N: nicdrv::Nic>(mut ex: Executor<N>, geo: Geometry) -> Result<BankState, NodeError> {
     let map = geo.region_map().map_err(failed)?;
     let objects = MIX.objects(&geo);
-    let mut ex = cluster.machine_executor(0, core_config()).map_err(failed)?;
     run_task(&mut ex, move |ctx| async move {
         let mut st = BankState {
             sum: 0,
@@ -445,10 +480,10 @@ fn read_bank(cluster: &EmuCluster, geo: Geometry) -> Result<BankState, NodeError
 }
 
 /// Runs `task` alone on `ex` until it ends, and returns what it returned.
-fn run_task<T, F, Fut>(ex: &mut nicdrv::Executor<EmuNic>, task: F) -> Result<T, NodeError>
+fn run_task<N: nicdrv::Nic, T, F, Fut>(ex: &mut Executor<N>, task: F) -> Result<T, NodeError>
 where
     T: 'static,
-    F: FnOnce(nicdrv::Ctx<EmuNic>) -> Fut,
+    F: FnOnce(nicdrv::Ctx<N>) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>> + 'static,
 {
     let result: Rc<RefCell<Option<Result<T, String>>>> = Rc::new(RefCell::new(None));

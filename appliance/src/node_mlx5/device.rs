@@ -329,13 +329,23 @@ pub fn core_executor(
 
 /// Opens, joins and connects: the whole boot of an mlx5 node, through
 /// "memory-ready"; the rendezvous stays open for "index-ready".
+/// `extra_lane`: a compute node that connects one set of queue pairs
+/// more than it has cores, for work beside the cores' (the bank's check
+/// on node 0); every node of the cluster must name the same one.
 pub fn boot(
     cfg: &ClusterConfig,
     node: &NodeConfig,
     exec: &ExecutorConfig,
     workload: Option<String>,
+    extra_lane: Option<u32>,
 ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
-    let local = Mlx5Local::open(cfg, node, exec)?;
+    let mut local = Mlx5Local::open(cfg, node, exec)?;
+    if let Some(id) = extra_lane {
+        local.top = local.top.with_extra_lane(id).map_err(NodeError::Usage)?;
+        if id == node.id {
+            local.lanes += 1;
+        }
+    }
     let me = format!("loch node {}", node.id);
     let p = local.nic.port();
     say(format_args!(
@@ -403,7 +413,7 @@ pub fn run(
     layout: Layout,
 ) -> Result<u8, NodeError> {
     let exec = node_compute::exec_config(o);
-    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node))?;
+    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node), None)?;
     let me = format!("loch node {}", node.id);
     let code = if node.roles.compute {
         let c = Compute {
@@ -474,6 +484,20 @@ struct Mlx5Cores {
     cores: Mutex<Vec<Option<Mlx5CoreQps>>>,
 }
 
+impl Mlx5Cores {
+    /// An executor over the first core's queue pairs no thread took yet.
+    fn next_executor(&self, cfg: ExecutorConfig) -> Result<Executor<Mlx5Nic>, String> {
+        let core = self
+            .cores
+            .lock()
+            .map_err(|_| "a core thread panicked while taking its queue pairs".to_string())?
+            .iter_mut()
+            .find_map(Option::take)
+            .ok_or("every core's queue pairs are taken")?;
+        core_executor(&self.nic, core, cfg)
+    }
+}
+
 impl CoreSource<Mlx5Nic> for Mlx5Cores {
     fn now_ns(&self) -> u64 {
         self.nic.now_ns()
@@ -495,4 +519,56 @@ impl CoreSource<Mlx5Nic> for Mlx5Cores {
         // nothing else says so sooner.
         Box::new(|_| true)
     }
+}
+
+/// `loch node --workload txn` on mlx5: this node is a machine — its
+/// memory registered, a queue pair from each of its cores to every
+/// machine (its own too, in loopback) — running the bank with
+/// [`crate::node_txn::run_bank`], each core's executor over its queue
+/// pairs with the registered memory as its local view. Node 0 connects
+/// one core's worth more, for reading the bank after the run. The caller
+/// has checked the geometry and preflight and installed the signal
+/// handlers.
+pub fn run_txn(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    geo: txn::Geometry,
+) -> Result<u8, NodeError> {
+    let exec = txn::harness::core_config();
+    let agreement = crate::node_txn::agreement(o);
+    let (booted, rv, _times) = boot(cfg, node, &exec, agreement, Some(0))?;
+    let me = format!("loch node {}", node.id);
+    let memory = booted.memory.as_ref().ok_or_else(|| {
+        NodeError::Usage(format!("node {}: a machine needs the memory role", node.id))
+    })?;
+    // The cores see their machine's registered memory as local memory.
+    let nic = booted.nic.on_machine(memory);
+    let mut lanes = booted.cores;
+    let check = if node.id == 0 { lanes.pop() } else { None };
+    let cores = Mlx5Cores {
+        nic: nic.clone(),
+        cores: Mutex::new(lanes.into_iter().map(Some).collect()),
+    };
+    let m = node.id;
+    let code = crate::node_txn::run_bank(
+        o,
+        geo,
+        &me,
+        rv,
+        |machine: u16, cfg: ExecutorConfig| {
+            if u32::from(machine) != m {
+                return Err(format!(
+                    "machine {machine} runs elsewhere: this is machine {m}"
+                ));
+            }
+            cores.next_executor(cfg)
+        },
+        || {
+            let core = check.ok_or("only node 0 reads the bank")?;
+            core_executor(&nic, core, exec)
+        },
+    )?;
+    say(format_args!("{me}: stopping"));
+    Ok(code)
 }

@@ -48,6 +48,14 @@
 //!    ([`lock_table_bytes`]), as a NIC may offer less device memory than
 //!    `lock_table_words` asks for.
 //!
+//! 6. `--workload txn` ([`run_txn`]): every node a machine, both roles.
+//!    The same steps 0–3, with each machine's cores connecting to every
+//!    machine, its own memory in loopback; node 0 connects one lane more
+//!    than its cores ([`Topology::with_extra_lane`], which every node
+//!    applies alike), the core that reads the bank after the run. Then the
+//!    bank of [`crate::node_txn::run_bank`], as on emu, each core's
+//!    executor seeing its machine's registered memory as local memory.
+//!
 //! Every wait on the control channel ends within 100 ms of SIGINT/SIGTERM
 //! ([`crate::node::join`] sets the channel's cancel hook).
 //!
@@ -86,6 +94,18 @@ pub fn run(
     _cfg: &ClusterConfig,
     _node: &bootstrap::config::NodeConfig,
     _layout: crate::node_work::Layout,
+) -> Result<u8, NodeError> {
+    Err(NodeError::Usage(NO_FEATURE.into()))
+}
+
+/// `loch node --workload txn` on the mlx5 backend; in this build (no
+/// `mlx5` feature) always the usage error [`NO_FEATURE`].
+#[cfg(not(feature = "mlx5"))]
+pub fn run_txn(
+    _o: &crate::node::NodeOptions,
+    _cfg: &ClusterConfig,
+    _node: &bootstrap::config::NodeConfig,
+    _geo: txn::Geometry,
 ) -> Result<u8, NodeError> {
     Err(NodeError::Usage(NO_FEATURE.into()))
 }

@@ -269,6 +269,19 @@ impl Topology {
         Ok(Topology { memory, compute })
     }
 
+    /// The same cluster with one lane more on compute node `id` (a lane
+    /// for work beside the cores', which every node must count alike),
+    /// checked again.
+    pub fn with_extra_lane(self, id: u32) -> Result<Topology, String> {
+        let mut compute = self.compute;
+        let c = compute
+            .iter_mut()
+            .find(|(c, _)| *c == id)
+            .ok_or_else(|| format!("node {id} has no compute role to connect a lane more"))?;
+        c.1 += 1;
+        Topology::new(self.memory, compute).map_err(|e| e.to_string())
+    }
+
     pub fn is_memory(&self, id: u32) -> bool {
         self.memory.binary_search(&id).is_ok()
     }

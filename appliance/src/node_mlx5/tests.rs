@@ -502,7 +502,43 @@ impl Fabric for FakeFabric {
 #[test]
 fn the_protocol_connects_every_link_once() {
     let top = Topology::new(vec![0, 1, 3], vec![(2, 2), (3, 3)]).unwrap();
-    let ids = [0u32, 1, 2, 3];
+    assert_eq!(connect_every_link_once(&top, &[0, 1, 2, 3]), 15);
+}
+
+/// A bank across processes: three machines (both roles, 2 cores each),
+/// node 0 with a lane more for reading the bank; each lane connects to
+/// every machine, its own in loopback.
+#[test]
+fn the_protocol_connects_machines_and_the_extra_lane() {
+    let top = Topology::new(vec![0, 1, 2], vec![(0, 2), (1, 2), (2, 2)])
+        .unwrap()
+        .with_extra_lane(0)
+        .unwrap();
+    assert_eq!(top.cores_of(0), Some(3));
+    assert_eq!(top.cores_of(1), Some(2));
+    assert_eq!(connect_every_link_once(&top, &[0, 1, 2]), 7 * 3);
+    assert!(top
+        .links()
+        .any(|l| l.compute == 0 && l.lane == 2 && l.memory == 0));
+}
+
+#[test]
+fn an_extra_lane_needs_a_compute_node_and_fits_the_records() {
+    let top = Topology::new(vec![0, 1], vec![(2, 2)]).unwrap();
+    let e = top.clone().with_extra_lane(0).unwrap_err();
+    assert!(e.contains("node 0 has no compute role"), "{e}");
+    assert!(top.clone().with_extra_lane(7).is_err());
+    // At the most records a node may publish, a lane more is refused.
+    let full = Topology::new(vec![0], vec![(1, RECORDS_MAX as u32)]).unwrap();
+    let e = full.with_extra_lane(1).unwrap_err();
+    assert!(e.contains("records"), "{e}");
+}
+
+/// Runs the protocol for every node of `ids` on threads and checks that
+/// each link of `top` got its two queue pairs connected to each other,
+/// each compute queue pair with its memory node's regions; returns the
+/// number of links.
+fn connect_every_link_once(top: &Topology, ids: &[u32]) -> usize {
     let hub = Arc::new(Hub {
         barrier: Barrier::new(ids.len()),
         rounds: Mutex::new(Vec::new()),
@@ -512,7 +548,7 @@ fn the_protocol_connects_every_link_once() {
         let hs: Vec<_> = ids
             .iter()
             .map(|&id| {
-                let (top, hub, log) = (&top, hub.clone(), log.clone());
+                let (hub, log) = (hub.clone(), log.clone());
                 s.spawn(move || {
                     let mut cp = HubMember {
                         hub,
@@ -545,22 +581,24 @@ fn the_protocol_connects_every_link_once() {
     for (r, barriers, rounds) in results {
         let regions = r.unwrap();
         assert_eq!(
-            regions.iter().map(|r| r.node).collect::<Vec<_>>(),
-            [0, 1, 3]
+            regions
+                .iter()
+                .map(|r| u32::from(r.node))
+                .collect::<Vec<_>>(),
+            top.memory
         );
         assert!(regions.iter().all(|r| r.device.is_some()));
         assert_eq!((barriers, rounds), (vec![QPS_READY.to_string()], 2));
     }
     let log = log.lock().unwrap();
     let links: Vec<Link> = top.links().collect();
-    assert_eq!(links.len(), 15);
     // Each memory node retired once, after exchange 1, before accepting:
     // nothing (a first run).
     let retired: Vec<&Event> = log
         .iter()
         .filter(|e| matches!(e, Event::Retired { .. }))
         .collect();
-    assert_eq!(retired.len(), 3);
+    assert_eq!(retired.len(), top.memory.len());
     assert!(retired
         .iter()
         .all(|e| matches!(e, Event::Retired { count: 0, .. })));
@@ -569,6 +607,7 @@ fn the_protocol_connects_every_link_once() {
         .filter(|e| !matches!(e, Event::Retired { .. }))
         .collect();
     assert_eq!(log.len(), 3 * links.len());
+    let count = links.len();
     for l in links {
         let made = log
             .iter()
@@ -597,6 +636,7 @@ fn the_protocol_connects_every_link_once() {
         assert_eq!(acc[0].1 / 1000, l.memory, "{l}: made by the memory node");
         assert_eq!(made[0] / 1000, l.compute, "{l}: made by the compute node");
     }
+    count
 }
 
 /// Hands out canned directories; errors when the script runs out.
@@ -931,14 +971,34 @@ fn topology_of_a_cluster_file() {
 /// build without the feature) fails at once with one clear error.
 #[test]
 fn booting_without_a_device_fails_promptly_and_clearly() {
-    if std::path::Path::new("/sys/class/infiniband").exists() {
-        eprintln!("skipped: this machine has RDMA devices");
+    if has_rdma_devices() {
         return;
     }
     let (cfg, o) = mlx5_cluster();
     let t = Instant::now();
     let layout = crate::node_work::Layout::new(8 << 20, 128).unwrap();
     let e = run(&o, &cfg, &cfg.nodes[0].clone(), layout).unwrap_err();
+    fails_without_a_device(&e, t);
+    if cfg!(feature = "mlx5") {
+        assert!(supported(&cfg).is_ok());
+    } else {
+        assert_eq!(supported(&cfg).unwrap_err().to_string(), NO_FEATURE);
+    }
+}
+
+/// Whether this host has RDMA devices (a no-device test then skips).
+fn has_rdma_devices() -> bool {
+    let has = std::path::Path::new("/sys/class/infiniband").exists();
+    if has {
+        eprintln!("skipped: this machine has RDMA devices");
+    }
+    has
+}
+
+/// `e`, begun at `t`, is the prompt, clear failure of a host without an
+/// RDMA device: "no RDMA device" (exit 1) in an mlx5 build, the missing
+/// feature (exit 2) in others.
+fn fails_without_a_device(e: &NodeError, t: Instant) {
     assert!(
         t.elapsed() < Duration::from_secs(10),
         "took {:?}",
@@ -948,10 +1008,66 @@ fn booting_without_a_device_fails_promptly_and_clearly() {
     if cfg!(feature = "mlx5") {
         assert!(msg.starts_with("no RDMA device"), "{msg}");
         assert_eq!(e.exit_code(), 1);
-        assert!(supported(&cfg).is_ok());
     } else {
         assert_eq!(msg, NO_FEATURE);
         assert_eq!(e.exit_code(), 2);
-        assert_eq!(supported(&cfg).unwrap_err().to_string(), NO_FEATURE);
     }
+}
+
+/// Three machines on mlx5 (both roles, 2 cores each), `--workload txn`.
+fn mlx5_machines() -> (ClusterConfig, crate::node::NodeOptions) {
+    let (mut cfg, mut o) = mlx5_cluster();
+    cfg.nodes = (0..3)
+        .map(|id| NodeConfig {
+            id,
+            roles: Roles {
+                memory: true,
+                compute: true,
+            },
+            address: format!("127.0.0.1:{}", 47_100 + id),
+            cores: vec![0, 1],
+            memory_bytes: 256 << 20,
+        })
+        .collect();
+    o.workload = crate::node::Workload::Txn;
+    (cfg, o)
+}
+
+/// The bank runs on mlx5 machines; leases and failure handling across
+/// processes are refused there with what does run.
+#[test]
+fn the_bank_runs_on_mlx5_machines_leases_and_recovery_on_emu_only() {
+    let (cfg, mut o) = mlx5_machines();
+    let g = crate::node_txn::geometry(&o, &cfg).unwrap();
+    assert_eq!((g.machines, g.threads, g.f), (3, 2, 2));
+    o.etcd = Some("http://127.0.0.1:2379".into());
+    let e = crate::node_txn::geometry(&o, &cfg).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert_eq!(
+        e.to_string(),
+        "--workload txn --etcd runs on the emu backend only so far (--workload txn without --etcd runs on mlx5 too)"
+    );
+    o.etcd = None;
+    o.workload = crate::node::Workload::Leases;
+    let e = crate::node_txn::geometry(&o, &cfg).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(
+        e.to_string()
+            .starts_with("--workload leases runs on the emu backend only so far"),
+        "{e}"
+    );
+}
+
+/// A bank machine on a host without an RDMA device (or a build without
+/// the feature) fails at once with one clear error.
+#[test]
+fn a_bank_machine_without_a_device_fails_promptly_and_clearly() {
+    if has_rdma_devices() {
+        return;
+    }
+    let (cfg, o) = mlx5_machines();
+    let geo = crate::node_txn::geometry(&o, &cfg).unwrap();
+    let t = Instant::now();
+    let e = run_txn(&o, &cfg, &cfg.nodes[0].clone(), geo).unwrap_err();
+    fails_without_a_device(&e, t);
 }
