@@ -80,10 +80,9 @@ struct NodeArgs {
     /// Compute role: what to run: verbs, tree, hash, txn (every node a
     /// machine with both roles, running a replicated bank of FaRM
     /// transactions; with --etcd for --seconds, with FaRM's failure
-    /// handling: kill a machine and the others go on; emu only), or
-    /// leases (every node a machine, FaRM's failure detection and
-    /// reconfiguration alone, the configuration in etcd: --etcd,
-    /// --lease-ms, --seconds; emu only);
+    /// handling: kill a machine and the others go on), or leases (every
+    /// node a machine, FaRM's failure detection and reconfiguration
+    /// alone, the configuration in etcd: --etcd, --lease-ms, --seconds);
     /// every compute node of a cluster must get the same
     #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
     workload: Workload,

@@ -11,23 +11,32 @@
 use crate::node::{
     attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
 };
-use bootstrap::config::{ClusterConfig, NodeConfig};
+use crate::node_mlx5::MachineWork;
+use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
 use bootstrap::etcd::{EtcdStore, DEFAULT_KEY};
+use bootstrap::Rendezvous;
 use cluster::emu::EmuCluster;
 use nicdrv::emu::EmuConfig;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use txn::config::establish;
-use txn::harness::{first_stored, run_machine_leases};
+use txn::harness::{first_stored, run_machine_leases, ExecutorFactory};
 use txn::lease::LeaseConfig;
+
+/// The failure-handling flags of a `--workload`, checked.
+pub struct StoreFlags {
+    /// The configuration store at `--etcd`.
+    pub store: Arc<EtcdStore>,
+    pub url: String,
+    pub timing: LeaseConfig,
+    /// How long the run lasts (`--seconds`, 5 when not given).
+    pub seconds: f64,
+}
 
 /// The failure-handling flags of `--workload NAME`: the etcd store at
 /// `--etcd`, the lease, the run's seconds.
-pub(crate) fn store_flags(
-    o: &NodeOptions,
-    name: &str,
-) -> Result<(EtcdStore, LeaseConfig, f64), NodeError> {
+pub(crate) fn store_flags(o: &NodeOptions, name: &str) -> Result<StoreFlags, NodeError> {
     let usage = |s: String| NodeError::Usage(format!("--workload {name}: {s}"));
     let url = o
         .etcd
@@ -37,7 +46,12 @@ pub(crate) fn store_flags(
     let timing = LeaseConfig::from_ms(ms).map_err(|e| usage(format!("--lease-ms {ms}: {e}")))?;
     let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
         .map_err(|e| usage(e.to_string()))?;
-    Ok((store, timing, o.seconds.unwrap_or(5.0)))
+    Ok(StoreFlags {
+        store: Arc::new(store),
+        url: url.to_string(),
+        timing,
+        seconds: o.seconds.unwrap_or(5.0),
+    })
 }
 
 /// Configuration 1 of `geo` in `store` (every machine stores it, one of
@@ -63,21 +77,46 @@ pub(crate) fn first_configuration(
 
 pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
     let geo = crate::node_txn::geometry(o, cfg)?;
-    let (store, timing, seconds) = store_flags(o, "leases")?;
-    let (url, ms) = (o.etcd.as_deref().unwrap_or_default(), o.lease_ms);
+    let flags = store_flags(o, "leases")?;
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
+    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
+        return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Leases(&flags));
+    }
     let me = format!("loch node {}", o.id);
     let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let agreement = Some(format!(
-        "--workload leases --lease-ms {ms} --seconds {seconds} --etcd {url}"
-    ));
-    let (_boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, agreement(&flags, o))?;
     let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
     machines.sort_by_key(|x| x.id);
-    let eps = attach_all(cfg, &machines, own.as_ref(), &_boot.directory)?;
+    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    let current = first_configuration(&store, geo, url, "leases")?;
+    let code = run_leases(o, geo, &me, &flags, rv, cluster.machine_executors())?;
+    drop(own);
+    Ok(code)
+}
+
+/// What every machine of a leases run must agree on at "memory-ready".
+pub fn agreement(flags: &StoreFlags, o: &NodeOptions) -> Option<String> {
+    Some(format!(
+        "--workload leases --lease-ms {} --seconds {} --etcd {}",
+        o.lease_ms, flags.seconds, flags.url
+    ))
+}
+
+/// Leases and reconfiguration on this machine, on any backend, once the
+/// cluster is booted and connected (`rv` past "memory-ready"):
+/// `executors` makes the lease core's and the reconfiguration core's
+/// executors. Prints the JSON line; returns the exit code.
+pub fn run_leases<N: nicdrv::Nic>(
+    o: &NodeOptions,
+    geo: txn::Geometry,
+    me: &str,
+    flags: &StoreFlags,
+    mut rv: Rendezvous,
+    executors: impl ExecutorFactory<N>,
+) -> Result<u8, NodeError> {
+    let (url, ms, timing, seconds) = (&flags.url, o.lease_ms, flags.timing, flags.seconds);
+    let current = first_configuration(&flags.store, geo, url, "leases")?;
     rv.barrier("leases-configured").map_err(failed)?;
     say(format_args!(
         "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s",
@@ -89,9 +128,9 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         geo,
         m,
         timing,
-        Arc::new(store),
+        flags.store.clone(),
         current,
-        cluster.machine_executors(),
+        executors,
         (seconds * 1e9) as u64,
     )
     .map_err(failed)?;
@@ -134,6 +173,5 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         "ok": ok,
     });
     cmdline::outln!("{line}");
-    drop(own);
     Ok(if ok { 0 } else { 1 })
 }

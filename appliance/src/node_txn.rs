@@ -7,14 +7,17 @@
 //! checks the bank as memory holds it (the total, no negative balance,
 //! every backup equal to its primary) while the others keep their memory
 //! up until "txn-checked". On mlx5 the memory is registered and each core
-//! reaches every machine over queue pairs ([`crate::node_mlx5::run_txn`]);
-//! the bank itself ([`run_bank`]) is the same code on both backends.
-//! Leases and failure handling (`--etcd`) run on emu only so far.
+//! reaches every machine over queue pairs ([`crate::node_mlx5::run_machine`]);
+//! the bank itself
+//! ([`run_bank`], [`run_bank_recovering`]) is the same code on both
+//! backends.
 
 use crate::demo_txn::ACCOUNTS;
 use crate::node::{
     attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
 };
+use crate::node_leases::StoreFlags;
+use crate::node_mlx5::MachineWork;
 use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
 use bootstrap::etcd::EtcdStore;
 use bootstrap::Rendezvous;
@@ -44,18 +47,6 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
         "txn"
     };
     let usage = |s: String| Err(NodeError::Usage(format!("--workload {name}: {s}")));
-    // The bank runs on real NICs too; leases and failure handling
-    // across processes (`--workload leases`, `--etcd`) on emu only so far.
-    if !matches!(cfg.backend, Backend::Emu) && (name == "leases" || o.etcd.is_some()) {
-        let what = if name == "leases" {
-            "--workload leases"
-        } else {
-            "--workload txn --etcd"
-        };
-        return Err(NodeError::Usage(format!(
-            "{what} runs on the emu backend only so far (--workload txn without --etcd runs on mlx5 too)"
-        )));
-    }
     let n = cfg.nodes.len();
     if n < 2 {
         return usage("a cluster of at least 2 machines".into());
@@ -132,7 +123,7 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
     if matches!(cfg.backend, Backend::Mlx5 { .. }) {
-        return crate::node_mlx5::run_txn(o, cfg, node, geo);
+        return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Bank);
     }
     let me = format!("loch node {}", o.id);
     let (own, regions) = memory_role(o, cfg, node, &me)?;
@@ -291,21 +282,54 @@ fn run_recovering(
     node: &NodeConfig,
     geo: Geometry,
 ) -> Result<u8, NodeError> {
-    let (store, timing, seconds) = crate::node_leases::store_flags(o, "txn")?;
-    let store = std::sync::Arc::new(store);
-    let (url, ms) = (o.etcd.as_deref().unwrap_or_default(), o.lease_ms);
+    let flags = crate::node_leases::store_flags(o, "txn")?;
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
+    if matches!(cfg.backend, Backend::Mlx5 { .. }) {
+        return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Recovering(&flags));
+    }
     let me = format!("loch node {}", o.id);
     let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let agreement = Some(format!(
-        "--workload txn --lease-ms {ms} --seconds {seconds} --etcd {url}"
-    ));
-    let (boot, mut rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, recovering_agreement(&flags, o))?;
     let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
     machines.sort_by_key(|x| x.id);
     let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
+    let code = run_bank_recovering(o, geo, &me, &flags, rv, cluster.machine_executors(), || {
+        cluster
+            .machine_executor(o.id as usize, core_config())
+            .map_err(|e| e.to_string())
+    })?;
+    drop(own);
+    Ok(code)
+}
+
+/// What every machine of a bank run with failure handling must agree on
+/// at "memory-ready".
+pub fn recovering_agreement(flags: &StoreFlags, o: &NodeOptions) -> Option<String> {
+    Some(format!(
+        "--workload txn --lease-ms {} --seconds {} --etcd {}",
+        o.lease_ms, flags.seconds, flags.url
+    ))
+}
+
+/// The bank with failure handling on this machine, on any backend, once
+/// the cluster is booted and connected (`rv` past "memory-ready"):
+/// `executors` makes each core's executor on this machine (and its lease
+/// and recovery cores'); `checker` one more, asked for after the run to
+/// compare this machine's accounts with their backups. Prints the
+/// summary line and the JSON line; returns the exit code.
+pub fn run_bank_recovering<N: nicdrv::Nic>(
+    o: &NodeOptions,
+    geo: Geometry,
+    me: &str,
+    flags: &StoreFlags,
+    mut rv: Rendezvous,
+    executors: impl ExecutorFactory<N>,
+    checker: impl FnOnce() -> Result<Executor<N>, String>,
+) -> Result<u8, NodeError> {
+    let (store, timing, seconds) = (&flags.store, flags.timing, flags.seconds);
+    let (url, ms) = (&flags.url, o.lease_ms);
     crate::node_leases::first_configuration(store.as_ref(), geo, url, "txn")?;
     rv.barrier("txn-configured").map_err(failed)?;
     say(format_args!(
@@ -327,7 +351,7 @@ fn run_recovering(
         serve_until_ns: Some(until_ns + 10_000_000_000),
         ..Default::default()
     };
-    let report = run_machine(geo, m, &opts, cluster.machine_executors(), |mc, t| {
+    let report = run_machine(geo, m, &opts, executors, |mc, t| {
         txn::workload::Timed {
             work: WorkClient {
                 geo,
@@ -385,10 +409,12 @@ fn run_recovering(
     // on the other processes (those re-replicated after the failure too).
     let copies = match mr {
         Some(m) if !removed => {
-            let r = compare_replicas(&cluster, geo, m.machine, &m.map);
+            let r = checker()
+                .map_err(failed)
+                .and_then(|ex| compare_replicas(ex, geo, m.machine, &m.map));
             // Its memory stays up until the machines its check and theirs
             // read have checked too.
-            if let Err(e) = meet_checked(&store, m) {
+            if let Err(e) = meet_checked(store, m) {
                 say(format_args!("{me}: {e}"));
             }
             match r {
@@ -445,7 +471,6 @@ fn run_recovering(
         if ok { ": ok" } else { ": FAILED" }
     ));
     cmdline::outln!("{line}");
-    drop(own);
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -580,15 +605,12 @@ fn meet_checked(store: &EtcdStore, m: &txn::harness::MachineReport) -> Result<()
 /// this machine is the primary of in its last configuration `map`,
 /// compared with each of its backups' copies across the processes, read
 /// again until all agree or [`AGREE_WAIT`] passed.
-fn compare_replicas(
-    cluster: &EmuCluster,
+fn compare_replicas<N: nicdrv::Nic>(
+    mut ex: Executor<N>,
     geo: Geometry,
     me: u16,
     map: &RegionMap,
 ) -> Result<Replicas, NodeError> {
-    let mut ex = cluster
-        .machine_executor(me as usize, core_config())
-        .map_err(failed)?;
     let deadline = std::time::Instant::now() + AGREE_WAIT;
     loop {
         let map = map.clone();

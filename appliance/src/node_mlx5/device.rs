@@ -329,22 +329,23 @@ pub fn core_executor(
 
 /// Opens, joins and connects: the whole boot of an mlx5 node, through
 /// "memory-ready"; the rendezvous stays open for "index-ready".
-/// `extra_lane`: a compute node that connects one set of queue pairs
-/// more than it has cores, for work beside the cores' (the bank's check
-/// on node 0); every node of the cluster must name the same one.
+/// `extra_lanes(id)`: how many sets of queue pairs compute node `id`
+/// connects beyond one a core, for work beside the cores' (a machine's
+/// lease cores, the bank's check); every node must count alike.
 pub fn boot(
     cfg: &ClusterConfig,
     node: &NodeConfig,
     exec: &ExecutorConfig,
     workload: Option<String>,
-    extra_lane: Option<u32>,
+    extra_lanes: &dyn Fn(u32) -> u32,
 ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
     let mut local = Mlx5Local::open(cfg, node, exec)?;
-    if let Some(id) = extra_lane {
-        local.top = local.top.with_extra_lane(id).map_err(NodeError::Usage)?;
-        if id == node.id {
-            local.lanes += 1;
-        }
+    local.top = local
+        .top
+        .with_extra_lanes(extra_lanes)
+        .map_err(NodeError::Usage)?;
+    if node.roles.compute {
+        local.lanes += extra_lanes(node.id) as usize;
     }
     let me = format!("loch node {}", node.id);
     let p = local.nic.port();
@@ -413,7 +414,7 @@ pub fn run(
     layout: Layout,
 ) -> Result<u8, NodeError> {
     let exec = node_compute::exec_config(o);
-    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node), None)?;
+    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node), &|_| 0)?;
     let me = format!("loch node {}", node.id);
     let code = if node.roles.compute {
         let c = Compute {
@@ -521,54 +522,100 @@ impl CoreSource<Mlx5Nic> for Mlx5Cores {
     }
 }
 
-/// `loch node --workload txn` on mlx5: this node is a machine — its
-/// memory registered, a queue pair from each of its cores to every
-/// machine (its own too, in loopback) — running the bank with
-/// [`crate::node_txn::run_bank`], each core's executor over its queue
-/// pairs with the registered memory as its local view. Node 0 connects
-/// one core's worth more, for reading the bank after the run. The caller
-/// has checked the geometry and preflight and installed the signal
-/// handlers.
-pub fn run_txn(
+/// A machine on mlx5 (a node with both roles, in a cluster of them): its
+/// registered memory, and its lanes of queue pairs connected to every
+/// machine (its own in loopback), each lane taken once by an executor
+/// that sees the machine's registered memory as local memory.
+pub struct Mlx5Machine {
+    id: u32,
+    lanes: Mlx5Cores,
+    /// Kept registered while the machine runs (the lanes' device holds
+    /// it too).
+    _memory: Arc<Mlx5MemoryNode>,
+}
+
+impl Mlx5Machine {
+    /// Boots machine `node`: the device, its memory registered, the
+    /// control channel through "memory-ready" with `agreement`, and a lane
+    /// per core plus `extra_lanes(id)` (every node counts alike), each
+    /// queue pair deep enough for an executor of `exec`'s slots.
+    pub fn boot(
+        cfg: &ClusterConfig,
+        node: &NodeConfig,
+        exec: &ExecutorConfig,
+        agreement: Option<String>,
+        extra_lanes: &dyn Fn(u32) -> u32,
+    ) -> Result<(Mlx5Machine, Rendezvous), NodeError> {
+        let (booted, rv, _times) = boot(cfg, node, exec, agreement, extra_lanes)?;
+        let memory = booted.memory.clone().ok_or_else(|| {
+            NodeError::Usage(format!("node {}: a machine needs the memory role", node.id))
+        })?;
+        // The cores see their machine's registered memory as local memory.
+        let nic = booted.nic.on_machine(&memory);
+        let lanes = Mlx5Cores {
+            nic,
+            cores: Mutex::new(booted.cores.into_iter().map(Some).collect()),
+        };
+        Ok((
+            Mlx5Machine {
+                id: node.id,
+                lanes,
+                _memory: memory,
+            },
+            rv,
+        ))
+    }
+
+    /// An executor of `cfg` on the next lane no executor took yet.
+    pub fn executor(&self, cfg: ExecutorConfig) -> Result<Executor<Mlx5Nic>, String> {
+        self.lanes.next_executor(cfg)
+    }
+
+    /// The txn harness's executors: this machine's only.
+    pub fn executors(&self) -> impl txn::harness::ExecutorFactory<Mlx5Nic> + '_ {
+        move |machine: u16, cfg: ExecutorConfig| {
+            if u32::from(machine) != self.id {
+                return Err(format!(
+                    "machine {machine} runs elsewhere: this is machine {}",
+                    self.id
+                ));
+            }
+            self.executor(cfg)
+        }
+    }
+}
+
+/// `loch node` on an mlx5 machine ([`MachineWork`]): boots it with the
+/// lanes and queue-pair depth the work needs, then runs the work's
+/// backend-independent half. The caller has checked the geometry and
+/// preflight and installed the signal handlers.
+pub fn run_machine(
     o: &NodeOptions,
     cfg: &ClusterConfig,
     node: &NodeConfig,
     geo: txn::Geometry,
+    work: MachineWork,
 ) -> Result<u8, NodeError> {
-    let exec = txn::harness::core_config();
-    let agreement = crate::node_txn::agreement(o);
-    let (booted, rv, _times) = boot(cfg, node, &exec, agreement, Some(0))?;
-    let me = format!("loch node {}", node.id);
-    let memory = booted.memory.as_ref().ok_or_else(|| {
-        NodeError::Usage(format!("node {}: a machine needs the memory role", node.id))
-    })?;
-    // The cores see their machine's registered memory as local memory.
-    let nic = booted.nic.on_machine(memory);
-    let mut lanes = booted.cores;
-    let check = if node.id == 0 { lanes.pop() } else { None };
-    let cores = Mlx5Cores {
-        nic: nic.clone(),
-        cores: Mutex::new(lanes.into_iter().map(Some).collect()),
+    use crate::{node_leases, node_txn};
+    let exec = work.deepest(geo);
+    let (agreement, extra): (_, &dyn Fn(u32) -> u32) = match work {
+        // Node 0's core that reads the bank after the run.
+        MachineWork::Bank => (node_txn::agreement(o), &|id| u32::from(id == 0)),
+        // The lease, recovery and replica-check cores.
+        MachineWork::Recovering(f) => (node_txn::recovering_agreement(f, o), &|_| 3),
+        // The lease and reconfiguration cores (the cores' lanes idle).
+        MachineWork::Leases(f) => (node_leases::agreement(f, o), &|_| 2),
     };
-    let m = node.id;
-    let code = crate::node_txn::run_bank(
-        o,
-        geo,
-        &me,
-        rv,
-        |machine: u16, cfg: ExecutorConfig| {
-            if u32::from(machine) != m {
-                return Err(format!(
-                    "machine {machine} runs elsewhere: this is machine {m}"
-                ));
-            }
-            cores.next_executor(cfg)
-        },
-        || {
-            let core = check.ok_or("only node 0 reads the bank")?;
-            core_executor(&nic, core, exec)
-        },
-    )?;
+    let (machine, rv) = Mlx5Machine::boot(cfg, node, &exec, agreement, extra)?;
+    let me = format!("loch node {}", node.id);
+    let check = || machine.executor(txn::harness::core_config());
+    let code = match work {
+        MachineWork::Bank => node_txn::run_bank(o, geo, &me, rv, machine.executors(), check),
+        MachineWork::Recovering(f) => {
+            node_txn::run_bank_recovering(o, geo, &me, f, rv, machine.executors(), check)
+        }
+        MachineWork::Leases(f) => node_leases::run_leases(o, geo, &me, f, rv, machine.executors()),
+    }?;
     say(format_args!("{me}: stopping"));
     Ok(code)
 }

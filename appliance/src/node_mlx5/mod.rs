@@ -48,13 +48,17 @@
 //!    ([`lock_table_bytes`]), as a NIC may offer less device memory than
 //!    `lock_table_words` asks for.
 //!
-//! 6. `--workload txn` ([`run_txn`]): every node a machine, both roles.
-//!    The same steps 0–3, with each machine's cores connecting to every
-//!    machine, its own memory in loopback; node 0 connects one lane more
-//!    than its cores ([`Topology::with_extra_lane`], which every node
-//!    applies alike), the core that reads the bank after the run. Then the
-//!    bank of [`crate::node_txn::run_bank`], as on emu, each core's
-//!    executor seeing its machine's registered memory as local memory.
+//! 6. Every node a machine (both roles), [`run_machine`]: `--workload txn`,
+//!    `txn --etcd` and `leases` ([`MachineWork`]). The same steps 0–3,
+//!    with each machine's lanes connecting to every machine, its own
+//!    memory in loopback, and lanes beyond the cores for the work beside
+//!    them ([`Topology::with_extra_lanes`], which every node applies
+//!    alike): node 0's bank check; each machine's lease, recovery and
+//!    replica-check cores; the lease and reconfiguration cores. Every
+//!    lane's queue pairs are deep enough for the deepest executor the
+//!    machine makes ([`MachineWork::deepest`]). Then the same code as on
+//!    emu, each executor seeing its machine's registered memory as local
+//!    memory.
 //!
 //! Every wait on the control channel ends within 100 ms of SIGINT/SIGTERM
 //! ([`crate::node::join`] sets the channel's cancel hook).
@@ -84,6 +88,7 @@ mod tests;
 
 use crate::node::NodeError;
 use bootstrap::config::{Backend, ClusterConfig};
+use nicdrv::ExecutorConfig;
 
 /// `loch node` on the mlx5 backend: see the module docs. Exit codes as
 /// [`crate::node::run`]'s; in this build (no `mlx5` feature) always the
@@ -98,16 +103,54 @@ pub fn run(
     Err(NodeError::Usage(NO_FEATURE.into()))
 }
 
-/// `loch node --workload txn` on the mlx5 backend; in this build (no
-/// `mlx5` feature) always the usage error [`NO_FEATURE`].
+/// What an mlx5 machine runs, every node of the cluster a machine.
+#[derive(Copy, Clone)]
+pub enum MachineWork<'a> {
+    /// `--workload txn`: [`crate::node_txn::run_bank`].
+    Bank,
+    /// `--workload txn --etcd`: [`crate::node_txn::run_bank_recovering`].
+    Recovering(&'a crate::node_leases::StoreFlags),
+    /// `--workload leases`: [`crate::node_leases::run_leases`].
+    Leases(&'a crate::node_leases::StoreFlags),
+}
+
+impl MachineWork<'_> {
+    /// The config of the deepest executor a machine makes for this work
+    /// ([`deepest`]): each core's (server and coordinator), the lease
+    /// core's (a lease a peer), the recovery core's (reconfiguration and
+    /// re-replication), the reconfiguration core's.
+    pub fn deepest(self, geo: txn::Geometry) -> ExecutorConfig {
+        use txn::harness::{core_config, lease_core_config};
+        let leases = lease_core_config(usize::from(geo.machines.saturating_sub(1)));
+        match self {
+            MachineWork::Bank => core_config(),
+            MachineWork::Recovering(_) => deepest(&[core_config(), leases, lease_core_config(2)]),
+            MachineWork::Leases(_) => deepest(&[leases, lease_core_config(1)]),
+        }
+    }
+}
+
+/// `loch node` on an mlx5 machine; in this build (no `mlx5` feature)
+/// always the usage error [`NO_FEATURE`].
 #[cfg(not(feature = "mlx5"))]
-pub fn run_txn(
+pub fn run_machine(
     _o: &crate::node::NodeOptions,
     _cfg: &ClusterConfig,
     _node: &bootstrap::config::NodeConfig,
     _geo: txn::Geometry,
+    _work: MachineWork,
 ) -> Result<u8, NodeError> {
     Err(NodeError::Usage(NO_FEATURE.into()))
+}
+
+/// An executor config with the most task slots of `configs`: queue pairs
+/// made for it are deep enough for an executor of any of them.
+pub fn deepest(configs: &[ExecutorConfig]) -> ExecutorConfig {
+    let slots = configs.iter().map(|c| c.slots).max().unwrap_or(1);
+    ExecutorConfig {
+        slots,
+        ..txn::harness::core_config()
+    }
 }
 
 /// Whether this build can run the backend `cfg` names: an error (exit 2)

@@ -269,16 +269,20 @@ impl Topology {
         Ok(Topology { memory, compute })
     }
 
-    /// The same cluster with one lane more on compute node `id` (a lane
-    /// for work beside the cores', which every node must count alike),
-    /// checked again.
-    pub fn with_extra_lane(self, id: u32) -> Result<Topology, String> {
-        let mut compute = self.compute;
-        let c = compute
-            .iter_mut()
-            .find(|(c, _)| *c == id)
-            .ok_or_else(|| format!("node {id} has no compute role to connect a lane more"))?;
-        c.1 += 1;
+    /// The same cluster with `extra(id)` lanes more on each compute node
+    /// `id` (lanes for work beside the cores', which every node must
+    /// count alike), checked again.
+    pub fn with_extra_lanes(self, extra: &dyn Fn(u32) -> u32) -> Result<Topology, String> {
+        let compute = self
+            .compute
+            .into_iter()
+            .map(|(c, lanes)| {
+                lanes
+                    .checked_add(extra(c))
+                    .map(|l| (c, l))
+                    .ok_or_else(|| format!("node {c}: too many lanes"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         Topology::new(self.memory, compute).map_err(|e| e.to_string())
     }
 

@@ -509,10 +509,11 @@ fn the_protocol_connects_every_link_once() {
 /// node 0 with a lane more for reading the bank; each lane connects to
 /// every machine, its own in loopback.
 #[test]
-fn the_protocol_connects_machines_and_the_extra_lane() {
-    let top = Topology::new(vec![0, 1, 2], vec![(0, 2), (1, 2), (2, 2)])
-        .unwrap()
-        .with_extra_lane(0)
+fn the_protocol_connects_machines_and_their_extra_lanes() {
+    let machines = Topology::new(vec![0, 1, 2], vec![(0, 2), (1, 2), (2, 2)]).unwrap();
+    let top = machines
+        .clone()
+        .with_extra_lanes(&|id| u32::from(id == 0))
         .unwrap();
     assert_eq!(top.cores_of(0), Some(3));
     assert_eq!(top.cores_of(1), Some(2));
@@ -520,17 +521,22 @@ fn the_protocol_connects_machines_and_the_extra_lane() {
     assert!(top
         .links()
         .any(|l| l.compute == 0 && l.lane == 2 && l.memory == 0));
+    // With failure handling: three lanes more on every machine.
+    let top = machines.with_extra_lanes(&|_| 3).unwrap();
+    assert_eq!(connect_every_link_once(&top, &[0, 1, 2]), 15 * 3);
 }
 
 #[test]
-fn an_extra_lane_needs_a_compute_node_and_fits_the_records() {
+fn extra_lanes_go_to_compute_nodes_within_the_limits() {
     let top = Topology::new(vec![0, 1], vec![(2, 2)]).unwrap();
-    let e = top.clone().with_extra_lane(0).unwrap_err();
-    assert!(e.contains("node 0 has no compute role"), "{e}");
-    assert!(top.clone().with_extra_lane(7).is_err());
+    // A memory-only node has no lanes to add to.
+    let more = top.clone().with_extra_lanes(&|_| 1).unwrap();
+    assert_eq!((more.cores_of(0), more.cores_of(2)), (None, Some(3)));
+    let e = top.with_extra_lanes(&|_| u32::MAX).unwrap_err();
+    assert!(e.contains("too many lanes"), "{e}");
     // At the most records a node may publish, a lane more is refused.
     let full = Topology::new(vec![0], vec![(1, RECORDS_MAX as u32)]).unwrap();
-    let e = full.with_extra_lane(1).unwrap_err();
+    let e = full.with_extra_lanes(&|_| 1).unwrap_err();
     assert!(e.contains("records"), "{e}");
 }
 
@@ -1033,29 +1039,49 @@ fn mlx5_machines() -> (ClusterConfig, crate::node::NodeOptions) {
     (cfg, o)
 }
 
-/// The bank runs on mlx5 machines; leases and failure handling across
-/// processes are refused there with what does run.
+/// The bank, with and without failure handling, and leases alone run on
+/// mlx5 machines: the cluster file's geometry is accepted for each.
 #[test]
-fn the_bank_runs_on_mlx5_machines_leases_and_recovery_on_emu_only() {
+fn mlx5_machines_take_every_machine_workload() {
     let (cfg, mut o) = mlx5_machines();
     let g = crate::node_txn::geometry(&o, &cfg).unwrap();
     assert_eq!((g.machines, g.threads, g.f), (3, 2, 2));
+    assert_eq!(g.spare_regions_per_machine, 0);
     o.etcd = Some("http://127.0.0.1:2379".into());
-    let e = crate::node_txn::geometry(&o, &cfg).unwrap_err();
-    assert_eq!(e.exit_code(), 2);
-    assert_eq!(
-        e.to_string(),
-        "--workload txn --etcd runs on the emu backend only so far (--workload txn without --etcd runs on mlx5 too)"
-    );
-    o.etcd = None;
+    let g = crate::node_txn::geometry(&o, &cfg).unwrap();
+    assert_eq!(g.spare_regions_per_machine, 1);
     o.workload = crate::node::Workload::Leases;
-    let e = crate::node_txn::geometry(&o, &cfg).unwrap_err();
-    assert_eq!(e.exit_code(), 2);
-    assert!(
-        e.to_string()
-            .starts_with("--workload leases runs on the emu backend only so far"),
-        "{e}"
-    );
+    assert!(crate::node_txn::geometry(&o, &cfg).is_ok());
+}
+
+#[test]
+fn the_deepest_config_fits_every_executor_of_a_machine() {
+    use txn::harness::{core_config, lease_core_config};
+    let d = deepest(&[core_config(), lease_core_config(5), lease_core_config(1)]);
+    assert_eq!(d.slots, 5);
+    assert_eq!(d.qp_depth(), lease_core_config(5).qp_depth());
+    assert!(d.qp_depth() >= core_config().qp_depth());
+    let (cfg, mut o) = mlx5_machines();
+    let geo = |o: &crate::node::NodeOptions| crate::node_txn::geometry(o, &cfg).unwrap();
+    // Three machines: a lease core holds two leases; the cores hold two
+    // tasks each, as does the recovery core.
+    assert_eq!(MachineWork::Bank.deepest(geo(&o)).slots, 2);
+    o.etcd = Some("http://127.0.0.1:1".into());
+    let flags = crate::node_leases::store_flags(&o, "txn").unwrap();
+    assert_eq!(MachineWork::Recovering(&flags).deepest(geo(&o)).slots, 2);
+    assert_eq!(MachineWork::Leases(&flags).deepest(geo(&o)).slots, 2);
+    // Six machines: five leases on the lease core.
+    let (mut cfg6, o6) = (cfg.clone(), o.clone());
+    cfg6.nodes = (0..6)
+        .map(|id| NodeConfig {
+            id,
+            address: format!("127.0.0.1:{}", 47_200 + id),
+            ..cfg.nodes[0].clone()
+        })
+        .collect();
+    let g6 = crate::node_txn::geometry(&o6, &cfg6).unwrap();
+    assert_eq!(MachineWork::Recovering(&flags).deepest(g6).slots, 5);
+    assert_eq!(MachineWork::Leases(&flags).deepest(g6).slots, 5);
 }
 
 /// A bank machine on a host without an RDMA device (or a build without
@@ -1065,9 +1091,19 @@ fn a_bank_machine_without_a_device_fails_promptly_and_clearly() {
     if has_rdma_devices() {
         return;
     }
-    let (cfg, o) = mlx5_machines();
+    let (cfg, mut o) = mlx5_machines();
+    let node = cfg.nodes[0].clone();
     let geo = crate::node_txn::geometry(&o, &cfg).unwrap();
     let t = Instant::now();
-    let e = run_txn(&o, &cfg, &cfg.nodes[0].clone(), geo).unwrap_err();
+    let e = run_machine(&o, &cfg, &node, geo, MachineWork::Bank).unwrap_err();
     fails_without_a_device(&e, t);
+    // With failure handling, and leases alone: the flags are checked
+    // (no etcd is reached before the device is opened).
+    o.etcd = Some("http://127.0.0.1:1".into());
+    let flags = crate::node_leases::store_flags(&o, "txn").unwrap();
+    let geo = crate::node_txn::geometry(&o, &cfg).unwrap();
+    for work in [MachineWork::Recovering(&flags), MachineWork::Leases(&flags)] {
+        let t = Instant::now();
+        fails_without_a_device(&run_machine(&o, &cfg, &node, geo, work).unwrap_err(), t);
+    }
 }
