@@ -23,14 +23,37 @@ pub enum Backend {
     Emu,
     // The deterministic cluster simulator, in virtual time.
     Sim,
+    // This host's RDMA device in loopback (a `--features mlx5` build):
+    // memory nodes registered here, pinned threads, the wall clock.
+    Mlx5,
 }
 
+/// What `--backend mlx5` builds need to run it.
+pub const NO_MLX5: &str = "--backend mlx5: this loch-bench was built without the mlx5 feature (cargo build --release -p bench --features mlx5)";
+
 impl Backend {
-    /// The cluster backend this choice boots: emu threads (pinned with
-    /// `pin`), or a simulated world of `compute_nodes` compute nodes with
-    /// `seed`, the default model and no faults.
-    pub fn cluster(self, pin: bool, seed: u64, compute_nodes: usize) -> cluster::Backend {
+    /// As the command line and the JSON reports name it.
+    pub fn name(self) -> &'static str {
         match self {
+            Backend::Emu => "emu",
+            Backend::Sim => "sim",
+            Backend::Mlx5 => "mlx5",
+        }
+    }
+
+    /// The cluster backend this choice boots: emu threads (pinned with
+    /// `pin`), a simulated world of `compute_nodes` compute nodes with
+    /// `seed`, the default model and no faults, or threads on the RDMA
+    /// device `device` names (an error in a build without the `mlx5`
+    /// feature).
+    pub fn cluster(
+        self,
+        pin: bool,
+        seed: u64,
+        compute_nodes: usize,
+        device: &DeviceArgs,
+    ) -> Result<cluster::Backend, String> {
+        Ok(match self {
             Backend::Emu => cluster::Backend::Emu { pin },
             Backend::Sim => cluster::Backend::Sim {
                 seed,
@@ -38,6 +61,79 @@ impl Backend {
                 model: nicdrv::sim::SimModel::default(),
                 faults: Vec::new(),
             },
+            #[cfg(feature = "mlx5")]
+            Backend::Mlx5 => cluster::Backend::Mlx5 {
+                device: device.config(),
+                pin,
+            },
+            #[cfg(not(feature = "mlx5"))]
+            Backend::Mlx5 => {
+                let _ = device;
+                return Err(NO_MLX5.into());
+            }
+        })
+    }
+
+    /// Whether this build runs this backend: mlx5 needs the `mlx5`
+    /// feature.
+    pub fn available(self) -> Result<(), ArgError> {
+        if self == Backend::Mlx5 && !cfg!(feature = "mlx5") {
+            return Err(ArgError(NO_MLX5.into()));
+        }
+        Ok(())
+    }
+
+    /// For a command that runs on emu and sim only: mlx5 is bad input.
+    pub fn emu_or_sim(self, command: &str) -> Result<(), ArgError> {
+        match self {
+            Backend::Mlx5 => Err(ArgError(format!(
+                "--backend mlx5: {command} runs on emu and sim (on a real NIC: loch-bench verbs and locks, or loch node)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Which RDMA device, port and GID `--backend mlx5` uses.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DeviceArgs {
+    /// --backend mlx5: the RDMA device, as ibv_devices lists it (default:
+    /// the first)
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+    /// --backend mlx5: the device's port (default 1)
+    #[arg(long, value_name = "N")]
+    pub port: Option<u8>,
+    /// --backend mlx5: the port's GID table entry RoCE routes by (default
+    /// 0; show_gids lists them)
+    #[arg(long, value_name = "N")]
+    pub gid_index: Option<u8>,
+}
+
+impl DeviceArgs {
+    /// The device flags belong to `--backend mlx5`.
+    pub fn check(&self, backend: Backend) -> Result<(), ArgError> {
+        let given = [
+            ("--device", self.device.is_some()),
+            ("--port", self.port.is_some()),
+            ("--gid-index", self.gid_index.is_some()),
+        ];
+        match given.iter().find(|g| g.1) {
+            Some((flag, _)) if backend != Backend::Mlx5 => Err(ArgError(format!(
+                "{flag} is for --backend mlx5, not {}",
+                backend.name()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(feature = "mlx5")]
+    fn config(&self) -> nicdrv::mlx5::DeviceConfig {
+        let d = nicdrv::mlx5::DeviceConfig::default();
+        nicdrv::mlx5::DeviceConfig {
+            name: self.device.clone(),
+            port: self.port.unwrap_or(d.port),
+            gid_index: self.gid_index.unwrap_or(d.gid_index),
         }
     }
 }

@@ -11,7 +11,7 @@
 //! Reported: acquisitions per second, acquisition latency (from asking to
 //! holding) percentiles, and remote CAS attempts per acquisition.
 
-use crate::args::{ArgError, Backend};
+use crate::args::{ArgError, Backend, DeviceArgs};
 use crate::workload::Zipfian;
 use cluster::stats::latency_histogram;
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
@@ -30,9 +30,13 @@ use std::time::Instant;
 #[command(after_help = LOCKS_AFTER_HELP)]
 pub struct LocksArgs {
     /// sim: a simulated cluster, virtual time; emu: memory nodes on this
-    /// host, one compute node whose cores are threads, wall clock
+    /// host, one compute node whose cores are threads, wall clock; mlx5:
+    /// as emu, through this host's RDMA device in loopback (a --features
+    /// mlx5 build)
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
     backend: Backend,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Variants side by side: host, dm, dm+local, dm+local+queue,
     /// dm+local+queue+handover
     #[arg(
@@ -48,13 +52,13 @@ pub struct LocksArgs {
     /// (1,5]
     #[arg(long, value_name = "THETA", default_value_t = 0.99)]
     zipf: f64,
-    /// Memory nodes [default: sim 8, emu 2]
+    /// Memory nodes [default: sim 8, emu and mlx5 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute nodes (sim; emu is one)
+    /// Compute nodes (sim; emu and mlx5 are one)
     #[arg(long, value_name = "N", default_value_t = 8)]
     compute_nodes: usize,
-    /// Client threads per compute node [default: sim 22, emu 1]
+    /// Client threads per compute node [default: sim 22, emu and mlx5 1]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Clients per thread (coroutines)
@@ -138,6 +142,7 @@ struct LockSpec {
     hold_ns: u64,
     seed: u64,
     pin: bool,
+    device: DeviceArgs,
 }
 
 impl LockSpec {
@@ -154,7 +159,7 @@ impl LockSpec {
 
 pub fn run(args: LocksArgs) -> Result<crate::run::Outcome, ArgError> {
     let specs = args.specs()?;
-    if specs[0].backend == Backend::Emu {
+    if specs[0].backend != Backend::Sim {
         cmdline::warn_if_oversubscribed("loch-bench locks", "threads", specs[0].threads);
     }
     if !args.json {
@@ -189,6 +194,8 @@ pub fn run(args: LocksArgs) -> Result<crate::run::Outcome, ArgError> {
 impl LocksArgs {
     fn specs(&self) -> Result<Vec<LockSpec>, ArgError> {
         let sim = self.backend == Backend::Sim;
+        self.backend.available()?;
+        self.device.check(self.backend)?;
         let names: Vec<String> = self
             .variants
             .split(',')
@@ -261,6 +268,7 @@ impl LocksArgs {
                 hold_ns: self.hold_ns,
                 seed: self.seed,
                 pin: !self.no_pin,
+                device: self.device.clone(),
             })
             .collect())
     }
@@ -279,7 +287,7 @@ fn measure(spec: &LockSpec) -> Result<Measured, String> {
     let cfg = variant(&spec.variant, host_bytes).ok_or("unknown variant")?;
     let backend = spec
         .backend
-        .cluster(spec.pin, spec.seed, spec.compute_nodes);
+        .cluster(spec.pin, spec.seed, spec.compute_nodes, &spec.device)?;
     let mut c = Cluster::boot(&ClusterSpec {
         machines: 0,
         memory_nodes: spec.memory_nodes,
@@ -304,8 +312,9 @@ fn measure(spec: &LockSpec) -> Result<Measured, String> {
         .into_iter()
         .collect::<Result<Vec<_>, String>>()?;
     let elapsed_ns = match &c {
-        Cluster::Emu { .. } => groups.iter().map(|g| g.elapsed_ns).max().unwrap_or(0),
         Cluster::Sim(w) => w.now_ns(),
+        // emu and mlx5: each core's wall clock.
+        _ => groups.iter().map(|g| g.elapsed_ns).max().unwrap_or(0),
     };
     let mut latency_ns = latency_histogram();
     let mut tree = TreeStats::default();
@@ -462,7 +471,7 @@ fn report_json(s: &LockSpec, m: &Measured) -> serde_json::Value {
     json!({
         "schema_version": crate::run::SCHEMA_VERSION,
         "variant": s.variant,
-        "backend": if s.backend == Backend::Sim { "sim" } else { "emu" },
+        "backend": s.backend.name(),
         "simulated": s.backend == Backend::Sim,
         "locks": s.locks,
         "zipf": s.zipf,
@@ -489,7 +498,7 @@ fn report_json(s: &LockSpec, m: &Measured) -> serde_json::Value {
 fn print_header(s: &LockSpec) {
     cmdline::outln!(
         "lock acquisitions on {} ({}): {} lock words, zipf {}, {} memory nodes, {} compute nodes x {} threads x {} clients, hold {} ns",
-        if s.backend == Backend::Sim { "sim" } else { "emu" },
+        s.backend.name(),
         if s.backend == Backend::Sim { "virtual time" } else { "wall clock" },
         s.locks,
         s.zipf,

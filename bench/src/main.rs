@@ -26,13 +26,20 @@ use clap::{Parser, Subcommand};
 use cmdline::{EXIT_BAD_INPUT, EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED};
 use std::process::ExitCode;
 
+#[cfg(feature = "mlx5")]
+const BACKENDS: &[&str] = &["emu", "sim", "mlx5"];
+#[cfg(not(feature = "mlx5"))]
+const BACKENDS: &[&str] = &["emu", "sim"];
+
 /// Loch's benchmarks: single verbs perftest-style, and index workloads
 /// with systems side by side, on the emu backend (this host, wall clock)
-/// or the sim backend (a simulated cluster, virtual time).
+/// or the sim backend (a simulated cluster, virtual time); verbs and
+/// locks also on this host's RDMA device in loopback (mlx5, a --features
+/// mlx5 build).
 #[derive(Parser, Debug)]
 #[command(
     name = "loch-bench",
-    version = cmdline::version(&["emu", "sim"]),
+    version = cmdline::version(BACKENDS),
     propagate_version = true,
     after_help = cmdline::EXIT_CODES_HELP
 )]

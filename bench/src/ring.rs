@@ -292,6 +292,7 @@ fn run_emu(
 }
 
 pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
+    a.backend.emu_or_sim("loch-bench ring")?;
     let sim = a.backend == Backend::Sim;
     let l = layout(a.capacity as u64);
     l.check()

@@ -156,6 +156,7 @@ fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
 }
 
 pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
+    a.backend.emu_or_sim("loch-bench txn")?;
     if !a.fault.is_empty() {
         return run_faults(&a);
     }

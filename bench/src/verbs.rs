@@ -15,7 +15,7 @@
 //! doorbell, measured with the executor's per-turn clock.
 
 pub use crate::args::Backend;
-use crate::args::{size_value, ArgError};
+use crate::args::{size_value, ArgError, DeviceArgs};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
@@ -48,6 +48,8 @@ pub struct VerbSpec {
     /// uniformly over its stride-aligned slots, one draw per verb; None:
     /// a slot per verb of the batch, the same every round.
     pub span: Option<u64>,
+    /// The RDMA device of `--backend mlx5`.
+    pub device: DeviceArgs,
     pub pin: bool,
     pub seed: u64,
 }
@@ -78,9 +80,13 @@ pub const SWEEP_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 #[command(after_help = VERBS_AFTER_HELP, allow_negative_numbers = true)]
 pub struct VerbsArgs {
     /// emu: this host, wall clock, 1 memory node; sim: virtual time, the
-    /// Sherman paper's setup (8 memory nodes, 8 compute nodes, 176 threads)
+    /// Sherman paper's setup (8 memory nodes, 8 compute nodes, 176 threads);
+    /// mlx5: this host's RDMA device in loopback, wall clock, 1 memory node
+    /// (a --features mlx5 build)
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Emu)]
     backend: Backend,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// The verb: read, write, cas, faa or masked-cas (any case)
     #[arg(long, value_parser = verb_value, default_value = "read")]
     verb: Opcode,
@@ -97,11 +103,11 @@ pub struct VerbsArgs {
     /// Verbs per doorbell, perftest's post list (latency is per doorbell)
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Client threads: emu pinned cores (default 1); sim simulated threads
+    /// Client threads: emu and mlx5 pinned cores (default 1); sim simulated threads
     /// over --compute-nodes (default 176)
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Seconds to measure: emu wall (default 2); sim virtual (default 0.01)
+    /// Seconds to measure: emu and mlx5 wall (default 2); sim virtual (default 0.01)
     #[arg(short = 'D', long, value_name = "SECS")]
     duration: Option<f64>,
     /// Stop after N verbs in all (0: run for --duration), perftest's -n
@@ -122,7 +128,8 @@ pub struct VerbsArgs {
     /// The simulation's seed
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Extra one-way link latency (emu), or the link latency itself (sim)
+    /// Extra one-way link latency (emu), or the link latency itself (sim);
+    /// none on mlx5
     #[arg(long, value_name = "NS", default_value_t = 0)]
     latency_ns: u64,
     /// Every verb on one word instead of a slot of its own
@@ -288,6 +295,14 @@ impl VerbsArgs {
         }
         nicdrv::emu::check_latency(self.latency_ns)
             .map_err(|e| ArgError(format!("--latency-ns {e}")))?;
+        backend.available()?;
+        self.device.check(backend)?;
+        if backend == Backend::Mlx5 && self.latency_ns != 0 {
+            return Err(ArgError(
+                "--latency-ns: a latency cannot be injected on a real NIC (emu and sim only)"
+                    .into(),
+            ));
+        }
         if let Some(span) = self.span {
             // The largest verb of the points this runs must fit a slot.
             let largest = if self.matrix { MATRIX_LARGEST } else { size };
@@ -312,6 +327,7 @@ impl VerbsArgs {
             latency_ns: self.latency_ns,
             contended: self.contended,
             span: self.span.map(|b| b as u64),
+            device: self.device.clone(),
             pin: !self.no_pin,
             seed: self.seed,
         };
@@ -330,7 +346,7 @@ pub struct Measured {
 pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
     let backend = spec
         .backend
-        .cluster(spec.pin, spec.seed, spec.compute_nodes);
+        .cluster(spec.pin, spec.seed, spec.compute_nodes, &spec.device)?;
     let mut c = Cluster::boot(&ClusterSpec {
         machines: 0,
         memory_nodes: spec.memory_nodes,
@@ -341,10 +357,10 @@ pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
     })?;
     // --ops is the whole run's: each emu core (its own group) takes its
     // share, the simulated world (one group) all of it.
-    let budget = match (spec.max_ops, &c) {
-        (0, _) => u64::MAX,
-        (n, Cluster::Emu { .. }) => n.div_ceil(spec.threads as u64),
-        (n, Cluster::Sim(_)) => n,
+    let budget = match spec.max_ops {
+        0 => u64::MAX,
+        n if c.on_threads() => n.div_ceil(spec.threads as u64),
+        n => n,
     };
     let wall = Instant::now();
     let groups = c
@@ -352,14 +368,6 @@ pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
         .into_iter()
         .collect::<Result<Vec<_>, String>>()?;
     Ok(match &c {
-        Cluster::Emu { .. } => {
-            let elapsed = groups.iter().map(|c| c.1).max().unwrap_or(0);
-            Measured {
-                stats: RunStats::merge(groups.into_iter().map(|c| c.0).collect(), elapsed),
-                sim_wall_sec: 0.0,
-                sim_verbs: 0,
-            }
-        }
         Cluster::Sim(w) => {
             let sim_wall_sec = wall.elapsed().as_secs_f64();
             let mut stats = RunStats::merge(groups.into_iter().map(|c| c.0).collect(), w.now_ns());
@@ -368,6 +376,15 @@ pub fn measure(spec: &VerbSpec) -> Result<Measured, String> {
                 stats,
                 sim_wall_sec,
                 sim_verbs: w.verbs(),
+            }
+        }
+        // emu and mlx5: each core's wall clock.
+        _ => {
+            let elapsed = groups.iter().map(|c| c.1).max().unwrap_or(0);
+            Measured {
+                stats: RunStats::merge(groups.into_iter().map(|c| c.0).collect(), elapsed),
+                sim_wall_sec: 0.0,
+                sim_verbs: 0,
             }
         }
     })
@@ -600,7 +617,7 @@ pub fn report_json(s: &VerbSpec, m: &Measured) -> serde_json::Value {
     let r = &m.stats;
     let mut v = json!({
         "schema_version": crate::run::SCHEMA_VERSION,
-        "backend": if s.backend == Backend::Sim { "sim" } else { "emu" },
+        "backend": s.backend.name(),
         "simulated": s.backend == Backend::Sim,
         "verb": s.verb.name(),
         "size": s.size,
@@ -662,6 +679,7 @@ mod tests {
             span,
             pin: false,
             seed: 1,
+            device: DeviceArgs::default(),
         }
     }
 

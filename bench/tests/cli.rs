@@ -179,6 +179,31 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["run", "--ops", "10", "--warmup", "18446744073709551615"],
             "--warmup must be at most",
         ),
+        // mlx5 runs verbs and locks only; its device flags belong to it.
+        (
+            vec!["run", "--backend", "mlx5"],
+            "loch-bench run runs on emu and sim",
+        ),
+        (
+            vec!["ring", "--backend", "MLX5"],
+            "loch-bench ring runs on emu and sim",
+        ),
+        (
+            vec!["txn", "--backend", "mlx5", "--fault", "crash"],
+            "loch-bench txn runs on emu and sim",
+        ),
+        (
+            vec!["verbs", "--device", "mlx5_0"],
+            "--device is for --backend mlx5, not emu",
+        ),
+        (
+            vec!["locks", "--port", "2"],
+            "--port is for --backend mlx5, not sim",
+        ),
+        (
+            vec!["verbs", "--backend", "sim", "--gid-index", "3"],
+            "--gid-index is for --backend mlx5, not sim",
+        ),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -1028,4 +1053,40 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
     }
+}
+
+/// `--backend mlx5` on verbs and locks: without the feature, bad input
+/// naming the build that runs it; with it, on a host without an RDMA
+/// device, a failure at once naming the cause; a latency cannot be
+/// injected into a real NIC.
+#[test]
+fn mlx5_verbs_and_locks_say_what_they_need() {
+    for cmd in ["verbs", "locks"] {
+        let out = bench(&[cmd, "--backend", "mlx5", "--device", "mlx5_0"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if cfg!(feature = "mlx5") {
+            if std::path::Path::new("/sys/class/infiniband").exists() {
+                eprintln!("skipped: this machine has RDMA devices");
+                return;
+            }
+            assert_eq!(out.status.code(), Some(1), "{cmd}: {err}");
+            assert!(err.contains("no RDMA device"), "{cmd}: {err}");
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+            assert!(
+                err.contains("built without the mlx5 feature"),
+                "{cmd}: {err}"
+            );
+            assert!(out.stdout.is_empty());
+        }
+    }
+    let out = bench(&["verbs", "--backend", "mlx5", "--latency-ns", "100"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = if cfg!(feature = "mlx5") {
+        "cannot be injected on a real NIC"
+    } else {
+        "built without the mlx5 feature"
+    };
+    assert!(err.contains(want), "{err}");
 }

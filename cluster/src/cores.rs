@@ -128,6 +128,39 @@ pub fn run_task_factory<N: nicdrv::Nic>(
     .expect("conformance threads");
 }
 
+/// Runs `work` on `cores` cores as threads (module docs of
+/// [`crate::work`]), on any NIC backend: core `i` pinned to CPU `i mod
+/// cpus` when `pin`, on machine `machine_of(i)` when there is one, with
+/// the executor `executor(i)` makes on its thread; one group per core,
+/// its tasks spawned, run to the end and finished there. What each core's
+/// group reported, in core order.
+pub fn run_workload<N: nicdrv::Nic, W: crate::Workload>(
+    work: &W,
+    cores: usize,
+    pin: bool,
+    machine_of: impl Fn(usize) -> Option<usize> + Sync,
+    executor: impl Fn(usize) -> Result<nicdrv::Executor<N>, String> + Sync,
+) -> Result<Vec<W::Out>, String> {
+    let pin = if pin {
+        Pinning::RoundRobin
+    } else {
+        Pinning::None
+    };
+    run_threads(cores, pin, executor, |core, ex| {
+        let group = work.group(core, cores);
+        let place = crate::Place {
+            core,
+            compute_node: machine_of(core).unwrap_or(0),
+        };
+        work.spawn(place, &group, ex)
+            .map_err(|e| format!("core {core}: {e}"))?;
+        ex.run();
+        Ok(work.finish(group, ex.counters()))
+    })?
+    .into_iter()
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! node. Also the compute side of a cluster whose memory nodes other
 //! processes own ([`EmuCluster::attach`]).
 
-use crate::work::{Place, Workload};
+use crate::work::Workload;
 use mempool::CorePool;
 use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
 use nicdrv::{Executor, ExecutorConfig};
@@ -273,18 +273,14 @@ impl EmuCluster {
         cfg: ExecutorConfig,
         pin: bool,
     ) -> Result<Vec<W::Out>, ClusterError> {
-        self.run_cores(cores, cfg, pin, |core, ex| {
-            let group = work.group(core, cores);
-            let place = Place {
-                core,
-                compute_node: self.machine_of(core).unwrap_or(0),
-            };
-            work.spawn(place, &group, ex)
-                .map_err(|e| ClusterError::Core(format!("core {core}: {e}")))?;
-            ex.run();
-            Ok(work.finish(group, ex.counters()))
-        })?
-        .into_iter()
-        .collect()
+        let machine_of = |core| self.machine_of(core);
+        crate::cores::run_workload(work, cores, pin, machine_of, |core| {
+            match machine_of(core) {
+                Some(m) => self.machine_executor(m, cfg),
+                None => self.executor(cfg),
+            }
+            .map_err(|e| e.to_string())
+        })
+        .map_err(ClusterError::Core)
     }
 }

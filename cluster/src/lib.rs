@@ -3,7 +3,8 @@
 //! One description ([`ClusterSpec`]) boots either backend ([`Cluster`]):
 //! an emu cluster on this host ([`emu::EmuCluster`]: memory nodes as
 //! shared mappings, compute cores as pinned threads) or a simulated world
-//! (`nicdrv::sim::World`). A [`work::Workload`] says once what runs on
+//! (`nicdrv::sim::World`), or, with the `mlx5` feature, memory nodes and
+//! cores on this host's RDMA device in loopback (`mlx5::Mlx5Cluster`). A [`work::Workload`] says once what runs on
 //! each core; [`emu::EmuCluster::run`] and [`sim::spawn`]/[`sim::run`] run
 //! it, and [`stats`] merges what the cores measured. [`cores::run_threads`]
 //! runs cores as threads on any NIC backend; [`processes`] runs a cluster
@@ -12,6 +13,8 @@
 
 pub mod cores;
 pub mod emu;
+#[cfg(feature = "mlx5")]
+pub mod mlx5;
 pub mod processes;
 pub mod sim;
 pub mod stats;
@@ -37,6 +40,14 @@ pub enum Backend {
         model: SimModel,
         faults: Vec<Fault>,
     },
+    /// Memory nodes registered on this host's RDMA device, and one compute
+    /// node (this process) whose cores are threads (pinned when `pin`)
+    /// reaching them through it in loopback.
+    #[cfg(feature = "mlx5")]
+    Mlx5 {
+        device: nicdrv::mlx5::DeviceConfig,
+        pin: bool,
+    },
 }
 
 /// One cluster description for either backend.
@@ -60,8 +71,16 @@ pub struct ClusterSpec {
 
 /// A booted cluster.
 pub enum Cluster {
-    Emu { cluster: EmuCluster, pin: bool },
+    Emu {
+        cluster: EmuCluster,
+        pin: bool,
+    },
     Sim(Box<World>),
+    #[cfg(feature = "mlx5")]
+    Mlx5 {
+        cluster: mlx5::Mlx5Cluster,
+        pin: bool,
+    },
 }
 
 impl Cluster {
@@ -106,7 +125,29 @@ impl Cluster {
                 .map_err(|e| e.to_string())?;
                 Ok(Cluster::Sim(Box::new(w)))
             }
+            #[cfg(feature = "mlx5")]
+            Backend::Mlx5 { device, pin } => {
+                if spec.latency_ns != 0 {
+                    return Err(
+                        "a latency cannot be injected on a real NIC (emu and sim only)".into(),
+                    );
+                }
+                let cluster = mlx5::Mlx5Cluster::boot(
+                    device,
+                    spec.memory_nodes,
+                    spec.host_bytes,
+                    spec.dm_bytes,
+                    spec.machines,
+                )?;
+                Ok(Cluster::Mlx5 { cluster, pin: *pin })
+            }
         }
+    }
+
+    /// Whether the run's cores are threads that each report their own
+    /// group (emu, mlx5), not one simulated world (sim).
+    pub fn on_threads(&self) -> bool {
+        !matches!(self, Cluster::Sim(_))
     }
 
     /// Runs `work` on `cores` cores to the end: on emu one group per core
@@ -125,6 +166,8 @@ impl Cluster {
             Cluster::Sim(w) => {
                 sim::run(w, work, cores, cfg, sim::Placement::RoundRobin).map(|out| vec![out])
             }
+            #[cfg(feature = "mlx5")]
+            Cluster::Mlx5 { cluster, pin } => cluster.run(work, cores, cfg, *pin),
         }
     }
 
@@ -142,6 +185,8 @@ impl Cluster {
                 (offset.checked_add(8)? <= mem.len() as u64).then(|| mem.load_u64(offset))
             }
             Cluster::Sim(w) => w.read_u64(node, space, offset),
+            #[cfg(feature = "mlx5")]
+            Cluster::Mlx5 { cluster, .. } => cluster.read_u64(node, space, offset),
         }
     }
 }

@@ -81,7 +81,38 @@ fn cfg(slots: usize) -> ExecutorConfig {
 
 #[test]
 fn one_workload_runs_on_emu_cores_with_a_group_each() {
-    let mut c = Cluster::boot(&spec(Backend::Emu { pin: false })).unwrap();
+    runs_on_cores_with_a_group_each(Backend::Emu { pin: false });
+}
+
+/// The same on this host's RDMA device in loopback; where it has none,
+/// booting fails at once with one clear error.
+#[cfg(feature = "mlx5")]
+#[test]
+fn one_workload_runs_on_mlx5_cores_with_a_group_each() {
+    let device = nicdrv::mlx5::DeviceConfig::from_env().expect("the LOCH_MLX5_* variables");
+    let mlx5 = Backend::Mlx5 { device, pin: false };
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        runs_on_cores_with_a_group_each(mlx5);
+        return;
+    }
+    let t = std::time::Instant::now();
+    let e = Cluster::boot(&spec(mlx5.clone())).err().expect("no device");
+    assert!(e.starts_with("no RDMA device"), "{e}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    // A latency cannot be injected into a real NIC: refused before the
+    // device is opened.
+    let e = Cluster::boot(&ClusterSpec {
+        latency_ns: 1000,
+        ..spec(mlx5)
+    })
+    .err()
+    .expect("refused");
+    assert!(e.contains("cannot be injected on a real NIC"), "{e}");
+}
+
+fn runs_on_cores_with_a_group_each(backend: Backend) {
+    let mut c = Cluster::boot(&spec(backend)).unwrap();
+    assert!(c.on_threads());
     let work = Adds {
         tasks: 3,
         per_task: 500,
@@ -114,6 +145,7 @@ fn one_workload_runs_in_a_world_with_one_group_placed_round_robin() {
         faults: Vec::new(),
     };
     let mut c = Cluster::boot(&spec(sim)).unwrap();
+    assert!(!c.on_threads());
     let work = Adds {
         tasks: 2,
         per_task: 100,

@@ -18,6 +18,8 @@ pub fn measure(spec: &RunSpec) -> Result<Report, String> {
     match spec.backend {
         Backend::Sim => measure_sim(spec),
         Backend::Emu => measure_emu(spec),
+        // Refused with the flags (RunArgs::check).
+        Backend::Mlx5 => Err("loch-bench run runs on emu and sim".into()),
     }
 }
 

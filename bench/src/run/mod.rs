@@ -501,6 +501,7 @@ impl Cli {
 
     /// The checks that look at several flags at once.
     fn check(&self) -> Result<(), ArgError> {
+        self.backend.emu_or_sim("loch-bench run")?;
         let sim = self.backend == Backend::Sim;
         if !sim && (!self.fault_plan.is_empty() || self.fault_seed.is_some()) {
             return Err(ArgError(
