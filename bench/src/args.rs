@@ -87,7 +87,7 @@ impl Backend {
     pub fn emu_or_sim(self, command: &str) -> Result<(), ArgError> {
         match self {
             Backend::Mlx5 => Err(ArgError(format!(
-                "--backend mlx5: {command} runs on emu and sim (on a real NIC: loch-bench verbs and locks, or loch node)"
+                "--backend mlx5: {command} runs on emu and sim (on a real NIC: loch-bench verbs, locks and run, or loch node)"
             ))),
             _ => Ok(()),
         }
@@ -128,7 +128,7 @@ impl DeviceArgs {
     }
 
     #[cfg(feature = "mlx5")]
-    fn config(&self) -> nicdrv::mlx5::DeviceConfig {
+    pub fn config(&self) -> nicdrv::mlx5::DeviceConfig {
         let d = nicdrv::mlx5::DeviceConfig::default();
         nicdrv::mlx5::DeviceConfig {
             name: self.device.clone(),

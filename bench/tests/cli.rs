@@ -179,11 +179,7 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["run", "--ops", "10", "--warmup", "18446744073709551615"],
             "--warmup must be at most",
         ),
-        // mlx5 runs verbs and locks only; its device flags belong to it.
-        (
-            vec!["run", "--backend", "mlx5"],
-            "loch-bench run runs on emu and sim",
-        ),
+        // mlx5 runs verbs, locks and run; its device flags belong to it.
         (
             vec!["ring", "--backend", "MLX5"],
             "loch-bench ring runs on emu and sim",
@@ -1055,13 +1051,13 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
     }
 }
 
-/// `--backend mlx5` on verbs and locks: without the feature, bad input
+/// `--backend mlx5` on verbs, locks and run: without the feature, bad input
 /// naming the build that runs it; with it, on a host without an RDMA
 /// device, a failure at once naming the cause; a latency cannot be
 /// injected into a real NIC.
 #[test]
-fn mlx5_verbs_and_locks_say_what_they_need() {
-    for cmd in ["verbs", "locks"] {
+fn mlx5_verbs_locks_and_run_say_what_they_need() {
+    for cmd in ["verbs", "locks", "run"] {
         let out = bench(&[cmd, "--backend", "mlx5", "--device", "mlx5_0"]);
         let err = String::from_utf8_lossy(&out.stderr);
         if cfg!(feature = "mlx5") {
@@ -1080,6 +1076,9 @@ fn mlx5_verbs_and_locks_say_what_they_need() {
             assert!(out.stdout.is_empty());
         }
     }
+    let out = bench(&["run", "--backend", "emu", "--gid-index", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gid-index is for --backend mlx5"));
     let out = bench(&["verbs", "--backend", "mlx5", "--latency-ns", "100"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);

@@ -303,7 +303,8 @@ pub(crate) async fn client_task<N: Nic>(
 ) {
     let mut rng = Rng::stream(spec.seed, Domain::Client, me);
     let mut values = Values::new(me);
-    let emu = spec.backend == Backend::Emu;
+    // emu and mlx5: the wall clock, read as the executor reads it.
+    let emu = spec.backend != Backend::Sim;
     let faulty = !spec.faults.is_empty();
     // Under `--seconds` every client measures the same window: it starts
     // once every client is past its warm-up. Clients warm up at their own

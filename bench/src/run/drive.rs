@@ -17,9 +17,7 @@ pub(crate) fn exec_cfg(spec: &RunSpec) -> ExecutorConfig {
 pub fn measure(spec: &RunSpec) -> Result<Report, String> {
     match spec.backend {
         Backend::Sim => measure_sim(spec),
-        Backend::Emu => measure_emu(spec),
-        // Refused with the flags (RunArgs::check).
-        Backend::Mlx5 => Err("loch-bench run runs on emu and sim".into()),
+        Backend::Emu | Backend::Mlx5 => measure_threads(spec),
     }
 }
 
@@ -326,14 +324,65 @@ fn client_faults(spec: &RunSpec, start: u64, first_client_thread: u32) -> Vec<Fa
 /// ending and no fault still to come, before it stops the clients left.
 pub(crate) const FAULT_QUIET_NS: u64 = 20_000_000;
 
-pub(crate) fn measure_emu(spec: &RunSpec) -> Result<Report, String> {
-    let cluster = EmuCluster::boot(&EmuClusterConfig {
-        memory_nodes: spec.memory_nodes,
-        host_bytes: spec.host_bytes,
-        dm_bytes: 256 << 10,
-        emu: EmuConfig::default(),
-    })
-    .map_err(|e| e.to_string())?;
+/// Memory nodes on this host and one compute node (this process) whose
+/// cores are threads: emu, or this host's RDMA device in loopback.
+enum Threads {
+    Emu(EmuCluster),
+    #[cfg(feature = "mlx5")]
+    Mlx5(cluster::mlx5::Mlx5Cluster),
+}
+
+/// Device memory per memory node: the default 32 Ki lock words.
+const DM_BYTES: u64 = 256 << 10;
+
+impl Threads {
+    fn boot(spec: &RunSpec) -> Result<Threads, String> {
+        match spec.backend {
+            #[cfg(feature = "mlx5")]
+            Backend::Mlx5 => {
+                let device = spec.device.config();
+                cluster::mlx5::Mlx5Cluster::boot(
+                    &device,
+                    spec.memory_nodes,
+                    spec.host_bytes,
+                    DM_BYTES,
+                    0,
+                )
+                .map(Threads::Mlx5)
+            }
+            Backend::Sim => Err("the sim backend runs in a world, not on threads".into()),
+            _ => {
+                spec.backend.available().map_err(|e| e.to_string())?;
+                EmuCluster::boot(&EmuClusterConfig {
+                    memory_nodes: spec.memory_nodes,
+                    host_bytes: spec.host_bytes,
+                    dm_bytes: DM_BYTES,
+                    emu: EmuConfig::default(),
+                })
+                .map(Threads::Emu)
+                .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn run<W: Workload>(
+        &self,
+        work: &W,
+        cores: usize,
+        cfg: ExecutorConfig,
+        pin: bool,
+    ) -> Result<Vec<W::Out>, String> {
+        match self {
+            Threads::Emu(c) => c.run(work, cores, cfg, pin).map_err(|e| e.to_string()),
+            #[cfg(feature = "mlx5")]
+            Threads::Mlx5(c) => c.run(work, cores, cfg, pin),
+        }
+    }
+}
+
+/// A run on threads of this host (emu, mlx5), wall clock.
+pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
+    let cluster = Threads::boot(spec)?;
     // One compute node: this process; its cores share one index handle.
     let trees = handles(spec)?;
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);

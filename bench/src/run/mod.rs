@@ -65,9 +65,12 @@ pub(crate) use spec::*;
 #[command(after_help = RUN_AFTER_HELP, allow_negative_numbers = true)]
 pub struct RunArgs {
     /// sim: virtual time, the Sherman paper's scale by default; emu: this
-    /// host, wall clock
+    /// host, wall clock; mlx5: this host's RDMA device in loopback, wall
+    /// clock (a --features mlx5 build)
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
     backend: Backend,
+    #[command(flatten)]
+    device: crate::args::DeviceArgs,
     /// A shipped workload, bench/workloads/NAME: read-intensive,
     /// write-intensive, write-only, insert-only, ycsb-a .. ycsb-f,
     /// range-100, range-1000 [default: write-intensive]
@@ -307,7 +310,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "version": 1,
         "system": spec.system,
         "index": if spec.cuckoo { "hash" } else { "tree" },
-        "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        "backend": spec.backend.name(),
         "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns (CLOCK_MONOTONIC)" },
         "workload": spec.mix.name,
         "half_workload": spec.half_mix.as_ref().map(|h| h.name.clone()),
@@ -383,6 +386,7 @@ pub(crate) struct SystemRun {
 /// The command line of `loch-bench run`, read and checked.
 struct Cli {
     backend: Backend,
+    device: crate::args::DeviceArgs,
     mix: Mix,
     /// The odd-numbered threads' mix (`--half-workload`).
     half_mix: Option<Mix>,
@@ -464,6 +468,7 @@ impl Cli {
         };
         let cli = Cli {
             backend,
+            device: a.device,
             mix: Mix::from_file(&wname, &wfile, zipf),
             half_mix,
             zipf,
@@ -501,7 +506,8 @@ impl Cli {
 
     /// The checks that look at several flags at once.
     fn check(&self) -> Result<(), ArgError> {
-        self.backend.emu_or_sim("loch-bench run")?;
+        self.backend.available()?;
+        self.device.check(self.backend)?;
         let sim = self.backend == Backend::Sim;
         if !sim && (!self.fault_plan.is_empty() || self.fault_seed.is_some()) {
             return Err(ArgError(
@@ -516,7 +522,8 @@ impl Cli {
         }
         if !sim && c != 1 {
             return Err(ArgError(
-                "--compute-nodes: the emu backend runs one compute node (this process)".into(),
+                "--compute-nodes: the emu and mlx5 backends run one compute node (this process)"
+                    .into(),
             ));
         }
         if self.half_mix.is_some() && self.thread_list.iter().any(|&t| t * self.compute_nodes < 2) {
@@ -645,6 +652,7 @@ impl Cli {
                 }
                 specs.push(RunSpec {
                     backend: self.backend,
+                    device: self.device.clone(),
                     mix: self.mix.clone(),
                     half_mix: self.half_mix.clone(),
                     zipf: self.zipf,
@@ -717,7 +725,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     for w in &cli.warnings {
         eprintln!("loch-bench run: warning: {w}");
     }
-    if cli.backend == Backend::Emu {
+    if cli.backend != Backend::Sim {
         let most = cli.thread_list.iter().copied().max().unwrap_or(1);
         cmdline::warn_if_oversubscribed("loch-bench run", "client threads", most);
     }
@@ -725,7 +733,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
         Ok(done) => done,
         Err(why) => return Ok(Outcome::Failed(why)),
     };
-    for d in done.iter().filter(|d| d.spec.backend == Backend::Emu) {
+    for d in done.iter().filter(|d| d.spec.backend != Backend::Sim) {
         if d.report.elapsed_ns < EMU_WINDOW_NS {
             eprintln!(
                 "loch-bench run: warning: {} at {} threads measured for {:.3} s of wall clock, under \
@@ -737,7 +745,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
             );
         }
     }
-    if cli.backend == Backend::Emu {
+    if cli.backend != Backend::Sim {
         // A reference measured in the same run: the same records and key
         // distribution, looked up in a local BTreeMap on one thread.
         let rate = btreemap_lookup_rate(cli.records, cli.zipf, cli.seed);

@@ -20,10 +20,10 @@ pub(crate) fn write_plots(
         } else {
             format!("zipf {}", first.zipf)
         },
-        if first.backend == Backend::Sim {
-            "sim (virtual time)"
-        } else {
-            "emu (wall clock)"
+        match first.backend {
+            Backend::Sim => "sim (virtual time)",
+            Backend::Emu => "emu (wall clock)",
+            Backend::Mlx5 => "mlx5 (wall clock)",
         }
     );
     // parse_threads rejects repeats, so each point is one run per system.
@@ -103,7 +103,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
     cmdline::outln!(
         "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
         spec.workload_label(),
-        if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        spec.backend.name(),
         if spec.backend == Backend::Sim { "virtual time" } else { "wall clock" },
         spec.memory_nodes,
         spec.compute_nodes,

@@ -245,7 +245,7 @@ pub fn report_json(spec: &RunSpec, r: &Report) -> serde_json::Value {
         "schema_version": SCHEMA_VERSION,
         "system": spec.system,
         "index": if tree { "tree" } else { "hash" },
-        "backend": if spec.backend == Backend::Sim { "sim" } else { "emu" },
+        "backend": spec.backend.name(),
         "simulated": spec.backend == Backend::Sim,
         "workload": spec.mix.name,
         "half_workload": spec.half_mix.as_ref().map(|h| h.name.clone()),

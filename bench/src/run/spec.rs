@@ -128,6 +128,9 @@ pub enum Length {
 #[derive(Clone, Debug)]
 pub struct RunSpec {
     pub backend: Backend,
+    /// The RDMA device of `--backend mlx5` (read by mlx5 builds only).
+    #[cfg_attr(not(feature = "mlx5"), allow(dead_code))]
+    pub device: crate::args::DeviceArgs,
     pub mix: Mix,
     /// The mix of the odd-numbered client threads (cores 1, 3, ... over
     /// the run), when it differs (`--half-workload`).
