@@ -82,16 +82,6 @@ impl Backend {
         }
         Ok(())
     }
-
-    /// For a command that runs on emu and sim only: mlx5 is bad input.
-    pub fn emu_or_sim(self, command: &str) -> Result<(), ArgError> {
-        match self {
-            Backend::Mlx5 => Err(ArgError(format!(
-                "--backend mlx5: {command} runs on emu and sim (on a real NIC: loch-bench verbs, locks and run, or loch node)"
-            ))),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// Which RDMA device, port and GID `--backend mlx5` uses.

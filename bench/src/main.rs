@@ -33,9 +33,9 @@ const BACKENDS: &[&str] = &["emu", "sim"];
 
 /// Loch's benchmarks: single verbs perftest-style, and index workloads
 /// with systems side by side, on the emu backend (this host, wall clock)
-/// or the sim backend (a simulated cluster, virtual time); verbs, locks
-/// and run also on this host's RDMA device in loopback (mlx5, a
-/// --features mlx5 build).
+/// or the sim backend (a simulated cluster, virtual time); and, with
+/// --backend mlx5 (a --features mlx5 build), on this host's RDMA device in
+/// loopback.
 #[derive(Parser, Debug)]
 #[command(
     name = "loch-bench",

@@ -8,7 +8,6 @@
 use crate::args::{size_value, ArgError, Backend};
 use cluster::stats::latency_histogram;
 use hdrhistogram::Histogram;
-use nicdrv::emu::EmuNic;
 use nicdrv::sim::{RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, Executor, ExecutorConfig, Nic};
 use serde_json::json;
@@ -22,9 +21,12 @@ use txn::ring::{record_bytes, Receiver, RingError, RingLayout, Sender};
 #[command(after_help = RING_AFTER_HELP)]
 pub struct RingArgs {
     /// emu: two machines on this host, two pinned cores, wall clock; sim:
-    /// two simulated machines, virtual time
+    /// two simulated machines, virtual time; mlx5: as emu, through this
+    /// host's RDMA device in loopback (a --features mlx5 build)
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Emu)]
     backend: Backend,
+    #[command(flatten)]
+    device: crate::args::DeviceArgs,
     /// Payload bytes per record (at least 16: the sender's timestamp and
     /// the record's number)
     #[arg(short = 's', long, value_parser = size_value, default_value = "64")]
@@ -218,13 +220,25 @@ fn run_sim(
     })
 }
 
-fn run_emu(
+/// The two machines on this host (emu), or on its RDMA device in
+/// loopback (mlx5), each core on a thread of its own.
+fn run_on_threads(
+    a: &RingArgs,
     l: RingLayout,
     n: u64,
     size: usize,
     batch: usize,
-    pin: bool,
 ) -> Result<Measured, String> {
+    let cfg = ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let pin = !a.no_pin;
+    #[cfg(feature = "mlx5")]
+    if a.backend == Backend::Mlx5 {
+        let cluster = cluster::mlx5::Mlx5Cluster::boot(&a.device.config(), 2, HOST, 4096, 2)?;
+        return run_pair(l, n, size, batch, pin, |m| cluster.executor(Some(m), cfg));
+    }
     let cluster = cluster::EmuCluster::boot(&cluster::emu::EmuClusterConfig {
         memory_nodes: 2,
         host_bytes: HOST,
@@ -232,13 +246,21 @@ fn run_emu(
         emu: Default::default(),
     })
     .map_err(|e| e.to_string())?;
-    let cfg = ExecutorConfig {
-        slots: 1,
-        ..Default::default()
-    };
-    let executor = |m: usize| -> Result<Executor<EmuNic>, String> {
+    run_pair(l, n, size, batch, pin, |m| {
         cluster.machine_executor(m, cfg).map_err(|e| e.to_string())
-    };
+    })
+}
+
+/// The sender on machine 0's thread and the receiver on machine 1's,
+/// each with the executor `executor(machine)` makes there.
+fn run_pair<N: Nic>(
+    l: RingLayout,
+    n: u64,
+    size: usize,
+    batch: usize,
+    pin: bool,
+    executor: impl Fn(usize) -> Result<Executor<N>, String> + Sync,
+) -> Result<Measured, String> {
     let waits = Arc::new(Mutex::new(Err("the sender did not finish".to_string())));
     let got = Arc::new(Mutex::new(Err("the receiver did not finish".to_string())));
     std::thread::scope(|s| {
@@ -292,7 +314,8 @@ fn run_emu(
 }
 
 pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
-    a.backend.emu_or_sim("loch-bench ring")?;
+    a.backend.available()?;
+    a.device.check(a.backend)?;
     let sim = a.backend == Backend::Sim;
     let l = layout(a.capacity as u64);
     l.check()
@@ -329,14 +352,14 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     let m = match if sim {
         run_sim(a.seed, l, n, a.size, a.batch)
     } else {
-        run_emu(l, n, a.size, a.batch, !a.no_pin)
+        run_on_threads(&a, l, n, a.size, a.batch)
     } {
         Ok(m) => m,
         Err(why) => return Ok(crate::run::Outcome::Failed(why)),
     };
     let rate = m.records as f64 * 1e9 / m.elapsed_ns.max(1) as f64;
     let q = |p: f64| m.latency.value_at_quantile(p) as f64 / 1e3;
-    let backend = if sim { "sim" } else { "emu" };
+    let backend = a.backend.name();
     let model = SimModel::default();
     // One record, as the model has it: the doorbell, one way on the link,
     // the transfer, then the receiver's turn (a step and its local reads).

@@ -39,9 +39,12 @@ pub enum TxnWorkload {
 #[command(after_help = TXN_AFTER_HELP)]
 pub struct TxnArgs {
     /// sim: a simulated cluster, virtual time; emu: machines on this host,
-    /// one OS thread per core, wall clock
+    /// one OS thread per core, wall clock; mlx5: as emu, through this
+    /// host's RDMA device in loopback (a --features mlx5 build)
     #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Sim)]
     backend: Backend,
+    #[command(flatten)]
+    device: crate::args::DeviceArgs,
     #[arg(long, value_enum, default_value_t = TxnWorkload::Tatp)]
     workload: TxnWorkload,
     /// Machines (default sim 16, emu 3)
@@ -156,7 +159,8 @@ fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
 }
 
 pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
-    a.backend.emu_or_sim("loch-bench txn")?;
+    a.backend.available()?;
+    a.device.check(a.backend)?;
     if !a.fault.is_empty() {
         return run_faults(&a);
     }
@@ -229,7 +233,7 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             Err(e) => return Ok(crate::run::Outcome::Failed(e.to_string())),
         }
     } else {
-        match run_emu(geo, &opts, clients) {
+        match run_on_threads(&a, geo, &opts, clients) {
             Ok(r) => (r, None),
             Err(e) => return Ok(crate::run::Outcome::Failed(e)),
         }
@@ -266,12 +270,29 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     Ok(crate::run::Outcome::finished())
 }
 
-fn run_emu(
+/// The run with one OS thread per core: machines on this host (emu), or
+/// on its RDMA device in loopback (mlx5).
+fn run_on_threads(
+    a: &TxnArgs,
     geo: Geometry,
     opts: &RunOptions,
     clients: impl FnMut(u16, u16) -> WorkClient,
 ) -> Result<Report<WorkOut>, String> {
     let host = geo.host_bytes().expect("checked");
+    #[cfg(feature = "mlx5")]
+    if a.backend == Backend::Mlx5 {
+        let n = geo.machines as usize;
+        let cluster = cluster::mlx5::Mlx5Cluster::boot(&a.device.config(), n, host, 4096, n)?;
+        return run_threads(
+            geo,
+            opts,
+            |m: u16, cfg| cluster.executor(Some(usize::from(m)), cfg),
+            |_| Vec::new(),
+            clients,
+        )
+        .map_err(|e| e.to_string());
+    }
+    let _ = a;
     let cluster =
         cluster::EmuCluster::machines(geo.machines as usize, host).map_err(|e| e.to_string())?;
     run_threads(
@@ -320,11 +341,7 @@ fn print(
     let ss = r.server_stats().unwrap_or_default();
     let messages = cs.record_writes() + ss.replies;
     let per = |x: u64| x as f64 / out.committed.max(1) as f64;
-    let backend = if a.backend == Backend::Sim {
-        "sim"
-    } else {
-        "emu"
-    };
+    let backend = a.backend.name();
     let workload = txn::workload::Mix::name(&mix(a).expect("checked"));
     let leases = timing.map(|l| (l, r.lease_stats().unwrap_or_default()));
     if a.json {

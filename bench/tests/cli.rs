@@ -179,15 +179,7 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["run", "--ops", "10", "--warmup", "18446744073709551615"],
             "--warmup must be at most",
         ),
-        // mlx5 runs verbs, locks and run; its device flags belong to it.
-        (
-            vec!["ring", "--backend", "MLX5"],
-            "loch-bench ring runs on emu and sim",
-        ),
-        (
-            vec!["txn", "--backend", "mlx5", "--fault", "crash"],
-            "loch-bench txn runs on emu and sim",
-        ),
+        // The device flags belong to --backend mlx5.
         (
             vec!["verbs", "--device", "mlx5_0"],
             "--device is for --backend mlx5, not emu",
@@ -1051,13 +1043,14 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
     }
 }
 
-/// `--backend mlx5` on verbs, locks and run: without the feature, bad input
+/// `--backend mlx5` on every command that takes a backend: without the
+/// feature, bad input
 /// naming the build that runs it; with it, on a host without an RDMA
 /// device, a failure at once naming the cause; a latency cannot be
 /// injected into a real NIC.
 #[test]
-fn mlx5_verbs_locks_and_run_say_what_they_need() {
-    for cmd in ["verbs", "locks", "run"] {
+fn mlx5_commands_say_what_they_need() {
+    for cmd in ["verbs", "locks", "run", "txn", "ring"] {
         let out = bench(&[cmd, "--backend", "mlx5", "--device", "mlx5_0"]);
         let err = String::from_utf8_lossy(&out.stderr);
         if cfg!(feature = "mlx5") {
@@ -1076,16 +1069,29 @@ fn mlx5_verbs_locks_and_run_say_what_they_need() {
             assert!(out.stdout.is_empty());
         }
     }
+    // Bad input either way: failures on seeds run on the simulator only;
+    // a latency cannot be injected into a real NIC.
+    for (args, with_mlx5) in [
+        (
+            ["txn", "--backend", "mlx5", "--fault", "crash"],
+            "--fault runs on --backend sim",
+        ),
+        (
+            ["verbs", "--backend", "mlx5", "--latency-ns", "100"],
+            "cannot be injected on a real NIC",
+        ),
+    ] {
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = if cfg!(feature = "mlx5") {
+            with_mlx5
+        } else {
+            "built without the mlx5 feature"
+        };
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
     let out = bench(&["run", "--backend", "emu", "--gid-index", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gid-index is for --backend mlx5"));
-    let out = bench(&["verbs", "--backend", "mlx5", "--latency-ns", "100"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    let want = if cfg!(feature = "mlx5") {
-        "cannot be injected on a real NIC"
-    } else {
-        "built without the mlx5 feature"
-    };
-    assert!(err.contains(want), "{err}");
 }
