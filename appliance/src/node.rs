@@ -49,7 +49,6 @@ use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfi
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Task slots reserved per core in the memory layout, whatever `--tasks`
@@ -276,39 +275,13 @@ fn channel_failed(what: &str, e: ChannelError) -> NodeError {
     failed(format!("{what}: {}", channel_problem(e)))
 }
 
-/// Whether a signal ends the control channel's waits: it does, but for
-/// the barriers at which machines whose bank run a signal cut short still
-/// check the bank together ([`SignalsKeepWaits`]); those waits end at the
-/// barrier timeout if a peer is gone.
-static SIGNALS_END_WAITS: AtomicBool = AtomicBool::new(true);
-
-/// While alive, a signal does not end the control channel's waits.
-pub(crate) struct SignalsKeepWaits(());
-
-impl SignalsKeepWaits {
-    pub(crate) fn new() -> SignalsKeepWaits {
-        // Relaxed: a flag read by the same thread's later waits (and
-        // polled again every 100 ms); it orders no other memory.
-        SIGNALS_END_WAITS.store(false, Ordering::Relaxed);
-        SignalsKeepWaits(())
-    }
-}
-
-impl Drop for SignalsKeepWaits {
-    fn drop(&mut self) {
-        SIGNALS_END_WAITS.store(true, Ordering::Relaxed);
-    }
-}
-
 /// The channel options of node `id`: the cluster secret, and waits that a
 /// signal ends within their 100 ms poll; quiet while waiting (a serving
 /// memory node may wait for hours between runs).
 pub fn channel_options(cfg: &ClusterConfig, id: u32) -> Result<ChannelOptions, NodeError> {
     let secret = cfg.secret().map_err(|e| NodeError::Usage(e.to_string()))?;
     let mut opts = ChannelOptions::new(id, secret);
-    opts.cancel = Some(Cancel::new(|| {
-        signals::stop_requested() && SIGNALS_END_WAITS.load(Ordering::Relaxed)
-    }));
+    opts.cancel = Some(Cancel::new(signals::stop_requested));
     Ok(opts)
 }
 

@@ -193,20 +193,18 @@ pub fn run_bank<N: nicdrv::Nic>(
         out.merge(c.out.as_ref().expect("no errors"));
     }
     // A run a signal cut short is still checked: the machines meet, node 0
-    // reads the bank, and they part (each wait bounded by the barrier
-    // timeout).
-    let keep = crate::node::SignalsKeepWaits::new();
-    rv.barrier("txn-done")
+    // reads the bank, and they part (barriers a stop does not end, each
+    // bounded by the barrier timeout).
+    rv.barrier_past_stop("txn-done")
         .map_err(|e| failed(crate::node::channel_problem(e)))?;
     let bank = if o.id == 0 {
         Some(read_bank(checker().map_err(failed)?, geo)?)
     } else {
         None
     };
-    rv.barrier("txn-checked")
+    rv.barrier_past_stop("txn-checked")
         .map_err(|e| failed(crate::node::channel_problem(e)))?;
     rv.close();
-    drop(keep);
     let total = ACCOUNTS as i64 * BANK_START;
     let bad_audits = out.audits.iter().filter(|&&a| a != total).count();
     let mut h = latency_histogram();

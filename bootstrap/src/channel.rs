@@ -838,6 +838,29 @@ impl Rendezvous {
         }
     }
 
+    /// As [`barrier`](Self::barrier), but a stop request
+    /// ([`ChannelOptions::cancel`]) does not end its waits; the barrier
+    /// timeout still does. For the meetings a run that was stopped still
+    /// needs (its nodes check together what it left); the channels'
+    /// cancel hooks hold again afterwards.
+    pub fn barrier_past_stop(&mut self, name: &str) -> Result<(), ChannelError> {
+        let held: Vec<Option<Cancel>> = self.channels().map(|ch| ch.cancel.take()).collect();
+        let r = self.barrier(name);
+        for (ch, cancel) in self.channels().zip(held) {
+            ch.cancel = cancel;
+        }
+        r
+    }
+
+    /// The channels this node waits on: the coordinator's to each member,
+    /// or a member's to the coordinator.
+    fn channels(&mut self) -> Box<dyn Iterator<Item = &mut ControlChannel> + '_> {
+        match &mut self.role {
+            Role::Coordinator { members } => Box::new(members.iter_mut()),
+            Role::Member { coordinator } => Box::new(std::iter::once(coordinator)),
+        }
+    }
+
     /// Returns once every node has called `barrier` with the same name (and
     /// the same number of earlier barriers/exchanges); errors if a node
     /// arrives at a different barrier, leaves, or is later than the barrier

@@ -750,6 +750,49 @@ fn a_cancelled_barrier_stops_waiting_for_the_release() {
     coord.join().unwrap();
 }
 
+/// A barrier past a stop: with the stop already requested on both sides,
+/// the meeting still happens (the member waits for a late coordinator and
+/// the coordinator for a late member), and the next plain barrier ends on
+/// the stop again.
+#[test]
+fn a_barrier_past_stop_waits_through_a_stop_request() {
+    let (l, addr) = listener();
+    let (mut mo, mflag) = cancellable(1);
+    mo.barrier_timeout = Duration::from_secs(30);
+    let coord = thread::spawn(move || {
+        let (mut co, cflag) = cancellable(0);
+        co.barrier_timeout = Duration::from_secs(30);
+        let mut rv = Rendezvous::coordinate(&l, &[0, 1], &co, Duration::from_secs(5)).unwrap();
+        // Release pairs with the Acquire load in `cancellable`.
+        cflag.store(true, Ordering::Release);
+        // Late: the member waits at the first barrier past its stop.
+        thread::sleep(Duration::from_millis(400));
+        rv.barrier_past_stop("checked-1").unwrap();
+        // Early: this side waits for the late member.
+        rv.barrier_past_stop("checked-2").unwrap();
+        let t = Instant::now();
+        let r = rv.barrier("plain");
+        assert!(matches!(r, Err(ChannelError::Cancelled)), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    });
+    let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
+    mflag.store(true, Ordering::Release);
+    let t = Instant::now();
+    rv.barrier_past_stop("checked-1").unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "it waited for the coordinator"
+    );
+    thread::sleep(Duration::from_millis(400));
+    rv.barrier_past_stop("checked-2").unwrap();
+    // The hooks hold again: a plain barrier ends on the stop.
+    let t = Instant::now();
+    let r = rv.barrier("plain");
+    assert!(matches!(r, Err(ChannelError::Cancelled)), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    coord.join().unwrap();
+}
+
 /// Nodes 0..values.len() meet at an `agree` barrier, node i holding
 /// `values[i]`; what each returned.
 fn agree_among(values: &[Option<&'static str>]) -> Vec<Result<Option<String>, ChannelError>> {
