@@ -376,10 +376,16 @@ pub fn boot(
     booted.listener = listener;
     node::memory_ready(&mut rv, workload)?;
     let exchange_ns = t.elapsed().as_nanos() as u64;
+    // Lanes beyond the cores serve the work beside them.
+    let lanes = booted.cores.len();
+    let beside = match lanes.saturating_sub(node.cores.len()) {
+        0 => String::new(),
+        n => format!(" (and {n} lanes beside them)"),
+    };
     say(format_args!(
-        "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores × {} memory nodes connected in {:.1} ms",
+        "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores{beside} × {} memory nodes connected in {:.1} ms",
         join_ns as f64 / 1e6,
-        booted.cores.len(),
+        lanes.min(node.cores.len()),
         booted.regions.len(),
         exchange_ns as f64 / 1e6
     ));
