@@ -248,7 +248,8 @@ impl Workload for Marks {
 /// every mark is in its machine's memory afterwards.
 #[test]
 fn cores_on_machines_reach_their_own_memory_on_both_backends() {
-    for backend in [
+    #[allow(unused_mut)]
+    let mut backends = vec![
         Backend::Emu { pin: false },
         Backend::Sim {
             seed: 3,
@@ -256,7 +257,14 @@ fn cores_on_machines_reach_their_own_memory_on_both_backends() {
             model: SimModel::default(),
             faults: Vec::new(),
         },
-    ] {
+    ];
+    // And through the RDMA device in loopback, where this host has one.
+    #[cfg(feature = "mlx5")]
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        let device = nicdrv::mlx5::DeviceConfig::from_env().expect("the LOCH_MLX5_* variables");
+        backends.push(Backend::Mlx5 { device, pin: false });
+    }
+    for backend in backends {
         let sim = matches!(backend, Backend::Sim { .. });
         let mut c = Cluster::boot(&ClusterSpec {
             machines: 2,
