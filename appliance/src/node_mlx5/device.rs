@@ -329,23 +329,21 @@ pub fn core_executor(
 
 /// Opens, joins and connects: the whole boot of an mlx5 node, through
 /// "memory-ready"; the rendezvous stays open for "index-ready".
-/// `extra_lanes(id)`: how many sets of queue pairs compute node `id`
-/// connects beyond one a core, for work beside the cores' (a machine's
-/// lease cores, the bank's check); every node must count alike.
+/// `lanes(id, cores)`: how many sets of queue pairs compute node `id`, of
+/// `cores` configured cores, connects: one a core, and more for work beside
+/// the cores' (a machine's lease cores, the bank's check), or fewer where
+/// the work runs beside no core's; every node must count alike.
 pub fn boot(
     cfg: &ClusterConfig,
     node: &NodeConfig,
     exec: &ExecutorConfig,
     workload: Option<String>,
-    extra_lanes: &dyn Fn(u32) -> u32,
+    lanes: &dyn Fn(u32, u32) -> u32,
 ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
     let mut local = Mlx5Local::open(cfg, node, exec)?;
-    local.top = local
-        .top
-        .with_extra_lanes(extra_lanes)
-        .map_err(NodeError::Usage)?;
-    if node.roles.compute {
-        local.lanes += extra_lanes(node.id) as usize;
+    local.top = local.top.with_lanes(lanes).map_err(NodeError::Usage)?;
+    if let Some(n) = local.top.cores_of(node.id) {
+        local.lanes = n as usize;
     }
     let me = format!("loch node {}", node.id);
     let p = local.nic.port();
@@ -376,16 +374,14 @@ pub fn boot(
     booted.listener = listener;
     node::memory_ready(&mut rv, workload)?;
     let exchange_ns = t.elapsed().as_nanos() as u64;
-    // Lanes beyond the cores serve the work beside them.
-    let lanes = booted.cores.len();
-    let beside = match lanes.saturating_sub(node.cores.len()) {
-        0 => String::new(),
-        n => format!(" (and {n} lanes beside them)"),
+    // A lane a core, unless the work runs lanes of its own.
+    let lanes = match (booted.cores.len(), node.cores.len()) {
+        (l, c) if l == c => format!("{l} cores"),
+        (l, c) => format!("{l} lanes ({c} cores configured)"),
     };
     say(format_args!(
-        "{me}: control channel: joined in {:.1} ms; queue pairs: {} cores{beside} × {} memory nodes connected in {:.1} ms",
+        "{me}: control channel: joined in {:.1} ms; queue pairs: {lanes} × {} memory nodes connected in {:.1} ms",
         join_ns as f64 / 1e6,
-        lanes.min(node.cores.len()),
         booted.regions.len(),
         exchange_ns as f64 / 1e6
     ));
@@ -420,7 +416,13 @@ pub fn run(
     layout: Layout,
 ) -> Result<u8, NodeError> {
     let exec = node_compute::exec_config(o);
-    let (booted, rv, times) = boot(cfg, node, &exec, node::workload_agreement(o, node), &|_| 0)?;
+    let (booted, rv, times) = boot(
+        cfg,
+        node,
+        &exec,
+        node::workload_agreement(o, node),
+        &|_, cores| cores,
+    )?;
     let me = format!("loch node {}", node.id);
     let code = if node.roles.compute {
         let c = Compute {
@@ -542,17 +544,17 @@ pub struct Mlx5Machine {
 
 impl Mlx5Machine {
     /// Boots machine `node`: the device, its memory registered, the
-    /// control channel through "memory-ready" with `agreement`, and a lane
-    /// per core plus `extra_lanes(id)` (every node counts alike), each
+    /// control channel through "memory-ready" with `agreement`, and
+    /// `lanes(id, cores)` lanes (every node counts alike, [`boot`]), each
     /// queue pair deep enough for an executor of `exec`'s slots.
     pub fn boot(
         cfg: &ClusterConfig,
         node: &NodeConfig,
         exec: &ExecutorConfig,
         agreement: Option<String>,
-        extra_lanes: &dyn Fn(u32) -> u32,
+        lanes: &dyn Fn(u32, u32) -> u32,
     ) -> Result<(Mlx5Machine, Rendezvous), NodeError> {
-        let (booted, rv, _times) = boot(cfg, node, exec, agreement, extra_lanes)?;
+        let (booted, rv, _times) = boot(cfg, node, exec, agreement, lanes)?;
         let memory = booted.memory.clone().ok_or_else(|| {
             NodeError::Usage(format!("node {}: a machine needs the memory role", node.id))
         })?;
@@ -604,15 +606,19 @@ pub fn run_machine(
 ) -> Result<u8, NodeError> {
     use crate::{node_leases, node_txn};
     let exec = work.deepest(geo);
-    let (agreement, extra): (_, &dyn Fn(u32) -> u32) = match work {
+    let (agreement, lanes): (_, &dyn Fn(u32, u32) -> u32) = match work {
         // Node 0's core that reads the bank after the run.
-        MachineWork::Bank => (node_txn::agreement(o), &|id| u32::from(id == 0)),
+        MachineWork::Bank => (node_txn::agreement(o), &|id, cores| {
+            cores.saturating_add(u32::from(id == 0))
+        }),
         // The lease, recovery and replica-check cores.
-        MachineWork::Recovering(f) => (node_txn::recovering_agreement(f, o), &|_| 3),
-        // The lease and reconfiguration cores (the cores' lanes idle).
-        MachineWork::Leases(f) => (node_leases::agreement(f, o), &|_| 2),
+        MachineWork::Recovering(f) => (node_txn::recovering_agreement(f, o), &|_, cores| {
+            cores.saturating_add(3)
+        }),
+        // The lease and reconfiguration cores alone.
+        MachineWork::Leases(f) => (node_leases::agreement(f, o), &|_, _| 2),
     };
-    let (machine, rv) = Mlx5Machine::boot(cfg, node, &exec, agreement, extra)?;
+    let (machine, rv) = Mlx5Machine::boot(cfg, node, &exec, agreement, lanes)?;
     let me = format!("loch node {}", node.id);
     let check = || machine.executor(txn::harness::core_config());
     let code = match work {

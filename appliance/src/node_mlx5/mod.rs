@@ -52,9 +52,10 @@
 //!    `txn --etcd` and `leases` ([`MachineWork`]). The same steps 0–3,
 //!    with each machine's lanes connecting to every machine, its own
 //!    memory in loopback, and lanes beyond the cores for the work beside
-//!    them ([`Topology::with_extra_lanes`], which every node applies
+//!    them ([`Topology::with_lanes`], which every node applies
 //!    alike): node 0's bank check; each machine's lease, recovery and
-//!    replica-check cores; the lease and reconfiguration cores. Every
+//!    replica-check cores; for leases alone, the lease and
+//!    reconfiguration cores in place of the cores' lanes. Every
 //!    lane's queue pairs are deep enough for the deepest executor the
 //!    machine makes ([`MachineWork::deepest`]). Then the same code as on
 //!    emu, each executor seeing its machine's registered memory as local

@@ -269,20 +269,16 @@ impl Topology {
         Ok(Topology { memory, compute })
     }
 
-    /// The same cluster with `extra(id)` lanes more on each compute node
-    /// `id` (lanes for work beside the cores', which every node must
-    /// count alike), checked again.
-    pub fn with_extra_lanes(self, extra: &dyn Fn(u32) -> u32) -> Result<Topology, String> {
+    /// The same cluster with `lanes(id, cores)` lanes on each compute node
+    /// `id` of `cores` configured cores, in place of one a core: lanes for
+    /// work beside the cores', or instead of them, which every node must
+    /// count alike. Checked again (a count past the limits is an error).
+    pub fn with_lanes(self, lanes: &dyn Fn(u32, u32) -> u32) -> Result<Topology, String> {
         let compute = self
             .compute
             .into_iter()
-            .map(|(c, lanes)| {
-                lanes
-                    .checked_add(extra(c))
-                    .map(|l| (c, l))
-                    .ok_or_else(|| format!("node {c}: too many lanes"))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+            .map(|(c, cores)| (c, lanes(c, cores)))
+            .collect();
         Topology::new(self.memory, compute).map_err(|e| e.to_string())
     }
 

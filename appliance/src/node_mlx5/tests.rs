@@ -513,7 +513,7 @@ fn the_protocol_connects_machines_and_their_extra_lanes() {
     let machines = Topology::new(vec![0, 1, 2], vec![(0, 2), (1, 2), (2, 2)]).unwrap();
     let top = machines
         .clone()
-        .with_extra_lanes(&|id| u32::from(id == 0))
+        .with_lanes(&|id, cores| cores + u32::from(id == 0))
         .unwrap();
     assert_eq!(top.cores_of(0), Some(3));
     assert_eq!(top.cores_of(1), Some(2));
@@ -522,21 +522,24 @@ fn the_protocol_connects_machines_and_their_extra_lanes() {
         .links()
         .any(|l| l.compute == 0 && l.lane == 2 && l.memory == 0));
     // With failure handling: three lanes more on every machine.
-    let top = machines.with_extra_lanes(&|_| 3).unwrap();
+    let top = machines.clone().with_lanes(&|_, cores| cores + 3).unwrap();
     assert_eq!(connect_every_link_once(&top, &[0, 1, 2]), 15 * 3);
+    // Leases alone: two lanes a machine, whatever its cores.
+    let top = machines.with_lanes(&|_, _| 2).unwrap();
+    assert_eq!(connect_every_link_once(&top, &[0, 1, 2]), 6 * 3);
 }
 
 #[test]
-fn extra_lanes_go_to_compute_nodes_within_the_limits() {
+fn lanes_go_to_compute_nodes_within_the_limits() {
     let top = Topology::new(vec![0, 1], vec![(2, 2)]).unwrap();
-    // A memory-only node has no lanes to add to.
-    let more = top.clone().with_extra_lanes(&|_| 1).unwrap();
+    // A memory-only node has no lanes to count.
+    let more = top.clone().with_lanes(&|_, cores| cores + 1).unwrap();
     assert_eq!((more.cores_of(0), more.cores_of(2)), (None, Some(3)));
-    let e = top.with_extra_lanes(&|_| u32::MAX).unwrap_err();
-    assert!(e.contains("too many lanes"), "{e}");
+    let e = top.with_lanes(&|_, _| u32::MAX).unwrap_err();
+    assert!(e.contains("cores"), "{e}");
     // At the most records a node may publish, a lane more is refused.
     let full = Topology::new(vec![0], vec![(1, RECORDS_MAX as u32)]).unwrap();
-    let e = full.with_extra_lanes(&|_| 1).unwrap_err();
+    let e = full.with_lanes(&|_, cores| cores + 1).unwrap_err();
     assert!(e.contains("records"), "{e}");
 }
 
