@@ -73,15 +73,6 @@ impl Backend {
             }
         })
     }
-
-    /// Whether this build runs this backend: mlx5 needs the `mlx5`
-    /// feature.
-    pub fn available(self) -> Result<(), ArgError> {
-        if self == Backend::Mlx5 && !cfg!(feature = "mlx5") {
-            return Err(ArgError(NO_MLX5.into()));
-        }
-        Ok(())
-    }
 }
 
 /// Which RDMA device, port and GID `--backend mlx5` uses.
@@ -101,8 +92,13 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// The device flags belong to `--backend mlx5`.
+    /// Whether this build runs `backend` (mlx5 needs the `mlx5` feature),
+    /// and the device flags belong to `--backend mlx5`: every command with
+    /// a backend asks once.
     pub fn check(&self, backend: Backend) -> Result<(), ArgError> {
+        if backend == Backend::Mlx5 && !cfg!(feature = "mlx5") {
+            return Err(ArgError(NO_MLX5.into()));
+        }
         let given = [
             ("--device", self.device.is_some()),
             ("--port", self.port.is_some()),

@@ -12,6 +12,7 @@
 //! holding) percentiles, and remote CAS attempts per acquisition.
 
 use crate::args::{ArgError, Backend, DeviceArgs};
+use crate::run::DM_BYTES;
 use crate::workload::Zipfian;
 use cluster::stats::latency_histogram;
 use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
@@ -125,8 +126,6 @@ fn variant(name: &str, host_bytes: u64) -> Option<TreeConfig> {
 /// node's lock offset).
 const BASE: u64 = 1 << 20;
 const SLOT: u64 = 1024;
-/// Device memory per memory node: the default 32 Ki lock words.
-const DM_BYTES: u64 = 256 << 10;
 
 #[derive(Clone, Debug)]
 struct LockSpec {
@@ -194,7 +193,6 @@ pub fn run(args: LocksArgs) -> Result<crate::run::Outcome, ArgError> {
 impl LocksArgs {
     fn specs(&self) -> Result<Vec<LockSpec>, ArgError> {
         let sim = self.backend == Backend::Sim;
-        self.backend.available()?;
         self.device.check(self.backend)?;
         let names: Vec<String> = self
             .variants

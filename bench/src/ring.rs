@@ -314,7 +314,6 @@ fn run_pair<N: Nic>(
 }
 
 pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
-    a.backend.available()?;
     a.device.check(a.backend)?;
     let sim = a.backend == Backend::Sim;
     let l = layout(a.capacity as u64);

@@ -159,7 +159,6 @@ fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
 }
 
 pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
-    a.backend.available()?;
     a.device.check(a.backend)?;
     if !a.fault.is_empty() {
         return run_faults(&a);

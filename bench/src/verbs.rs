@@ -295,7 +295,6 @@ impl VerbsArgs {
         }
         nicdrv::emu::check_latency(self.latency_ns)
             .map_err(|e| ArgError(format!("--latency-ns {e}")))?;
-        backend.available()?;
         self.device.check(backend)?;
         if backend == Backend::Mlx5 && self.latency_ns != 0 {
             return Err(ArgError(

@@ -159,15 +159,34 @@ impl Cluster {
         cores: usize,
         cfg: ExecutorConfig,
     ) -> Result<Vec<W::Out>, String> {
+        let pin = match self {
+            Cluster::Emu { pin, .. } => *pin,
+            Cluster::Sim(_) => false,
+            #[cfg(feature = "mlx5")]
+            Cluster::Mlx5 { pin, .. } => *pin,
+        };
+        self.run_pinned(work, cores, cfg, pin)
+    }
+
+    /// As [`run`](Self::run), the cores' threads pinned or not as `pin`
+    /// says rather than as the backend was booted with (a simulated world
+    /// has no threads to pin).
+    pub fn run_pinned<W: Workload>(
+        &mut self,
+        work: &W,
+        cores: usize,
+        cfg: ExecutorConfig,
+        pin: bool,
+    ) -> Result<Vec<W::Out>, String> {
         match self {
-            Cluster::Emu { cluster, pin } => cluster
-                .run(work, cores, cfg, *pin)
+            Cluster::Emu { cluster, .. } => cluster
+                .run(work, cores, cfg, pin)
                 .map_err(|e| e.to_string()),
             Cluster::Sim(w) => {
                 sim::run(w, work, cores, cfg, sim::Placement::RoundRobin).map(|out| vec![out])
             }
             #[cfg(feature = "mlx5")]
-            Cluster::Mlx5 { cluster, pin } => cluster.run(work, cores, cfg, *pin),
+            Cluster::Mlx5 { cluster, .. } => cluster.run(work, cores, cfg, pin),
         }
     }
 

@@ -184,7 +184,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         memory_nodes: spec.memory_nodes,
         compute_nodes: spec.compute_nodes,
         host_bytes: spec.host_bytes,
-        dm_bytes: 256 << 10,
+        dm_bytes: DM_BYTES,
         model: spec.model.clone(),
         ..Default::default()
     })
@@ -324,65 +324,18 @@ fn client_faults(spec: &RunSpec, start: u64, first_client_thread: u32) -> Vec<Fa
 /// ending and no fault still to come, before it stops the clients left.
 pub(crate) const FAULT_QUIET_NS: u64 = 20_000_000;
 
-/// Memory nodes on this host and one compute node (this process) whose
-/// cores are threads: emu, or this host's RDMA device in loopback.
-enum Threads {
-    Emu(EmuCluster),
-    #[cfg(feature = "mlx5")]
-    Mlx5(cluster::mlx5::Mlx5Cluster),
-}
-
-/// Device memory per memory node: the default 32 Ki lock words.
-const DM_BYTES: u64 = 256 << 10;
-
-impl Threads {
-    fn boot(spec: &RunSpec) -> Result<Threads, String> {
-        match spec.backend {
-            #[cfg(feature = "mlx5")]
-            Backend::Mlx5 => {
-                let device = spec.device.config();
-                cluster::mlx5::Mlx5Cluster::boot(
-                    &device,
-                    spec.memory_nodes,
-                    spec.host_bytes,
-                    DM_BYTES,
-                    0,
-                )
-                .map(Threads::Mlx5)
-            }
-            Backend::Sim => Err("the sim backend runs in a world, not on threads".into()),
-            _ => {
-                spec.backend.available().map_err(|e| e.to_string())?;
-                EmuCluster::boot(&EmuClusterConfig {
-                    memory_nodes: spec.memory_nodes,
-                    host_bytes: spec.host_bytes,
-                    dm_bytes: DM_BYTES,
-                    emu: EmuConfig::default(),
-                })
-                .map(Threads::Emu)
-                .map_err(|e| e.to_string())
-            }
-        }
-    }
-
-    fn run<W: Workload>(
-        &self,
-        work: &W,
-        cores: usize,
-        cfg: ExecutorConfig,
-        pin: bool,
-    ) -> Result<Vec<W::Out>, String> {
-        match self {
-            Threads::Emu(c) => c.run(work, cores, cfg, pin).map_err(|e| e.to_string()),
-            #[cfg(feature = "mlx5")]
-            Threads::Mlx5(c) => c.run(work, cores, cfg, pin),
-        }
-    }
-}
-
 /// A run on threads of this host (emu, mlx5), wall clock.
 pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
-    let cluster = Threads::boot(spec)?;
+    // The loader's core is not pinned, the clients' are.
+    let backend = spec.backend.cluster(false, spec.seed, 1, &spec.device)?;
+    let mut cluster = Cluster::boot(&ClusterSpec {
+        memory_nodes: spec.memory_nodes,
+        host_bytes: spec.host_bytes,
+        dm_bytes: DM_BYTES,
+        latency_ns: 0,
+        machines: 0,
+        backend,
+    })?;
     // One compute node: this process; its cores share one index handle.
     let trees = handles(spec)?;
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
@@ -412,7 +365,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
                     }
                 });
             }
-            let r = cluster.run(&load, 1, cfg, false);
+            let r = cluster.run_pinned(&load, 1, cfg, false);
             loading.store(false, Ordering::Relaxed);
             r
         });
@@ -427,7 +380,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
     // measured operation of any core, and --seconds counts from there.
     let clients = ClientWork::new(spec, &trees);
     let reports = cluster
-        .run(&clients, spec.threads, exec_cfg(spec), true)
+        .run_pinned(&clients, spec.threads, exec_cfg(spec), true)
         .map_err(|e| e.to_string())?;
     let wall_sec = wall.elapsed().as_secs_f64();
     let mut merged: Option<Report> = None;

@@ -26,7 +26,7 @@ use crate::workload::{KeyDist, Zipfian};
 use crate::ycsb::{self, RequestDist, ScanLengthDist, WorkloadFile};
 use cluster::sim::{self as simrun, Flow, Placement};
 use cluster::stats::latency_histogram;
-use cluster::{EmuCluster, EmuClusterConfig, Place, Spawn, Workload};
+use cluster::{Cluster, ClusterSpec, Place, Spawn, Workload};
 use hdrhistogram::Histogram;
 use history::map::{History, Op, OpId, Ret, Verdict};
 use index::any::{AnyClient as Client, AnyIndex as IndexHandle};
@@ -34,7 +34,6 @@ use index::cuckoo::{Cuckoo, CuckooConfig};
 use index::keys::{key_of, records_sorted};
 use index::tree::layout::Layout;
 use index::tree::{TreeConfig, TreeStats};
-use nicdrv::emu::EmuConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::{parse_fault, Fault, FaultKind, RunEnd, SimConfig, SimModel, World};
 use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
@@ -213,6 +212,9 @@ Files are written only after every run succeeded, each whole (written aside, the
 /// The measured window below which an emu figure is not to be trusted,
 /// and the default length of an emu run.
 const EMU_WINDOW_NS: u64 = 1_000_000_000;
+/// Device memory per memory node, on every backend: the default 32 Ki
+/// lock words.
+pub(crate) const DM_BYTES: u64 = 256 << 10;
 /// The most operations a client may be asked for, measured or warm-up
 /// (`--ops`, `--warmup`, a workload file's `operationcount`): hours of
 /// work for one client at any rate seen here, and far enough below 2^64
@@ -506,7 +508,6 @@ impl Cli {
 
     /// The checks that look at several flags at once.
     fn check(&self) -> Result<(), ArgError> {
-        self.backend.available()?;
         self.device.check(self.backend)?;
         let sim = self.backend == Backend::Sim;
         if !sim && (!self.fault_plan.is_empty() || self.fault_seed.is_some()) {
