@@ -8,15 +8,11 @@
 //! ended in, its suspicions and its reconfiguration events with their
 //! wall-clock times. `--workload txn --etcd` runs the bank beside it.
 
-use crate::node::{
-    attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
-};
+use crate::node::{failed, preflight_passes, say, NodeError, NodeOptions};
 use crate::node_mlx5::MachineWork;
 use bootstrap::config::{Backend, ClusterConfig, NodeConfig};
 use bootstrap::etcd::{EtcdStore, DEFAULT_KEY};
 use bootstrap::Rendezvous;
-use cluster::emu::EmuCluster;
-use nicdrv::emu::EmuConfig;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,15 +80,9 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Leases(&flags));
     }
     let me = format!("loch node {}", o.id);
-    let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, agreement(&flags, o))?;
-    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
-    machines.sort_by_key(|x| x.id);
-    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
-    let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    let code = run_leases(o, geo, &me, &flags, rv, cluster.machine_executors())?;
-    drop(own);
-    Ok(code)
+    let (machine, rv, _boot) =
+        crate::node_txn::EmuMachine::boot(o, cfg, node, &me, agreement(&flags, o))?;
+    run_leases(o, geo, &me, &flags, rv, machine.cluster.machine_executors())
 }
 
 /// What every machine of a leases run must agree on at "memory-ready".

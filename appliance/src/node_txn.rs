@@ -14,7 +14,8 @@
 
 use crate::demo_txn::ACCOUNTS;
 use crate::node::{
-    attach_all, failed, memory_role, preflight_passes, rendezvous, say, NodeError, NodeOptions,
+    attach_all, failed, memory_role, preflight_passes, rendezvous, say, Boot, NodeError,
+    NodeOptions,
 };
 use crate::node_leases::StoreFlags;
 use crate::node_mlx5::MachineWork;
@@ -23,7 +24,7 @@ use bootstrap::etcd::EtcdStore;
 use bootstrap::Rendezvous;
 use cluster::emu::EmuCluster;
 use cluster::stats::latency_histogram;
-use nicdrv::emu::EmuConfig;
+use nicdrv::emu::{EmuConfig, EmuNode};
 use nicdrv::Executor;
 use serde_json::json;
 use std::cell::RefCell;
@@ -126,24 +127,50 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
         return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Bank);
     }
     let me = format!("loch node {}", o.id);
-    let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, agreement(o))?;
+    let (machine, rv, boot) = EmuMachine::boot(o, cfg, node, &me, agreement(o))?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,
         boot.exchange_ns as f64 / 1e6
     ));
-    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
-    machines.sort_by_key(|x| x.id);
-    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
-    let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    let code = run_bank(o, geo, &me, rv, cluster.machine_executors(), || {
+    let cluster = &machine.cluster;
+    run_bank(o, geo, &me, rv, cluster.machine_executors(), || {
         cluster
             .machine_executor(0, core_config())
             .map_err(|e| e.to_string())
-    })?;
-    drop(own);
-    Ok(code)
+    })
+}
+
+/// A machine on emu: its memory node, and every machine's memory
+/// attached.
+pub(crate) struct EmuMachine {
+    /// Every machine's memory, this machine's the local view of its cores.
+    pub(crate) cluster: EmuCluster,
+    /// This machine's memory node: dropping it removes its file, once the
+    /// run is over.
+    _own: Option<EmuNode>,
+}
+
+impl EmuMachine {
+    /// Creates machine `node`'s memory node, joins the cluster through
+    /// "memory-ready" with `agreement`, and attaches every machine's
+    /// memory; the machine, the rendezvous, and the control channel's
+    /// figures.
+    pub(crate) fn boot(
+        o: &NodeOptions,
+        cfg: &ClusterConfig,
+        node: &NodeConfig,
+        me: &str,
+        agreement: Option<String>,
+    ) -> Result<(EmuMachine, Rendezvous, Boot), NodeError> {
+        let (own, regions) = memory_role(o, cfg, node, me)?;
+        let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, agreement)?;
+        let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
+        machines.sort_by_key(|x| x.id);
+        let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
+        let cluster = EmuCluster::attach(eps, EmuConfig::default());
+        Ok((EmuMachine { cluster, _own: own }, rv, boot))
+    }
 }
 
 /// What every machine of a bank run must agree on at "memory-ready".
@@ -287,19 +314,14 @@ fn run_recovering(
         return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Recovering(&flags));
     }
     let me = format!("loch node {}", o.id);
-    let (own, regions) = memory_role(o, cfg, node, &me)?;
-    let (boot, rv, _listener) = rendezvous(cfg, o.id, regions, recovering_agreement(&flags, o))?;
-    let mut machines: Vec<&NodeConfig> = cfg.nodes.iter().collect();
-    machines.sort_by_key(|x| x.id);
-    let eps = attach_all(cfg, &machines, own.as_ref(), &boot.directory)?;
-    let cluster = EmuCluster::attach(eps, EmuConfig::default());
-    let code = run_bank_recovering(o, geo, &me, &flags, rv, cluster.machine_executors(), || {
+    let agreement = recovering_agreement(&flags, o);
+    let (machine, rv, _boot) = EmuMachine::boot(o, cfg, node, &me, agreement)?;
+    let cluster = &machine.cluster;
+    run_bank_recovering(o, geo, &me, &flags, rv, cluster.machine_executors(), || {
         cluster
             .machine_executor(o.id as usize, core_config())
             .map_err(|e| e.to_string())
-    })?;
-    drop(own);
-    Ok(code)
+    })
 }
 
 /// What every machine of a bank run with failure handling must agree on
