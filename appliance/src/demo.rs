@@ -9,6 +9,7 @@
 //! The workload grows with Loch: later capabilities (the B+tree, the hash
 //! table, transactions) join it.
 
+use crate::index_work::{index_bytes_needed, Sizes};
 use crate::verb_mix::{self, Mix, Target, Verb};
 use cluster::sim::{self as simrun, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
@@ -50,6 +51,8 @@ pub struct DemoConfig {
     pub pin: bool,
     /// Records bulk-loaded into the tree phase's B+tree (0 skips the phase).
     pub tree_records: u64,
+    /// The index phases' key and value sizes.
+    pub sizes: Sizes,
     /// Transactions each coordinator of the transactions phase runs (0
     /// skips the phase).
     pub txn_txs: u64,
@@ -73,6 +76,7 @@ impl Default for DemoConfig {
             latency_ns: 0,
             pin: true,
             tree_records: 100_000,
+            sizes: Sizes::default(),
             txn_txs: 2000,
             faults: Vec::new(),
         }
@@ -81,6 +85,8 @@ impl Default for DemoConfig {
 
 /// Words each task owns and checks (64 bytes apart, one per cache line).
 const TASK_WORDS: u64 = 512;
+/// Host memory of each memory node, unless the index phases need more
+/// ([`host_bytes`]).
 const HOST_BYTES: u64 = 64 << 20;
 const CHUNK_BYTES: u64 = 256 << 10;
 /// The shared FAA counter lives in node 0's superblock spare space
@@ -261,11 +267,49 @@ async fn demo_task<N: Nic>(
     sh.progress.fetch_add(local_ops % 1024, Ordering::Relaxed);
 }
 
-fn chunk_config() -> ChunkConfig {
+/// Host memory of each memory node: 64 MiB, or what the index
+/// phases take ([`index_bytes_needed`]) when that is more. Emu maps it
+/// lazily and the simulator's is calloc'd, so only what the records
+/// touch is used.
+pub fn host_bytes(cfg: &DemoConfig) -> u64 {
+    let tasks = (cfg.cores * cfg.tasks_per_core) as u64;
+    let mem = cfg.memory_nodes as u64;
+    index_bytes_needed(cfg.sizes, cfg.tree_records, tasks, mem, CHUNK_BYTES).max(HOST_BYTES)
+}
+
+fn chunk_config(host_bytes: u64) -> ChunkConfig {
     ChunkConfig {
         chunk_bytes: CHUNK_BYTES,
-        ..ChunkConfig::new(HOST_BYTES)
+        ..ChunkConfig::new(host_bytes)
     }
+}
+
+/// Refuses memory nodes of `want` bytes in all, for `records` records of
+/// `sizes`, when this host has less memory than that: the records would
+/// not fit once loaded.
+pub fn fits_this_host(want: u64, sizes: Sizes, records: u64) -> Result<(), String> {
+    match physical_memory() {
+        Some(have) if want > have => Err(format!(
+            "{records} records of {}-byte keys and {}-byte values need about {} MiB of memory nodes, more than this host's {} MiB; lower --tree-records",
+            sizes.key_bytes(),
+            sizes.value_bytes(),
+            want >> 20,
+            have >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// This host's memory, in bytes (`sysconf`); `None` where it says none.
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration values.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
 }
 
 /// Checks the demo's options (bad input: `loch demo` exits 2 on an error).
@@ -292,8 +336,16 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
             cfg.tree_records
         ));
     }
+    let host = host_bytes(cfg);
+    if cfg.tree_records > 0 {
+        fits_this_host(
+            host.saturating_mul(cfg.memory_nodes as u64),
+            cfg.sizes,
+            cfg.tree_records,
+        )?;
+    }
     let tasks = cfg.cores * cfg.tasks_per_core;
-    let chunks_per_node = (HOST_BYTES - SUPERBLOCK_BYTES) / CHUNK_BYTES;
+    let chunks_per_node = (host - SUPERBLOCK_BYTES) / CHUNK_BYTES;
     if tasks as u64 > chunks_per_node * cfg.memory_nodes as u64 {
         return Err(format!(
             "{tasks} tasks need more than the {} chunks the memory nodes hold",
@@ -498,7 +550,8 @@ impl Workload for VerbPhase<'_> {
         let mut seeds = Rng::stream(self.cfg.seed, Domain::Core, place.core as u64);
         for _ in 0..self.cfg.tasks_per_core {
             let (rng, sh2, duration_ns) = (seeds.fork(), sh.clone(), self.duration_ns);
-            let alloc = RemoteAllocator::new(chunk_config()).map_err(|e| e.to_string())?;
+            let alloc = RemoteAllocator::new(chunk_config(host_bytes(self.cfg)))
+                .map_err(|e| e.to_string())?;
             let cw = cas_word(place.core, self.cfg.memory_nodes);
             on.spawn_task(move |ctx| demo_task(ctx, rng, alloc, cw, duration_ns, sh2))?;
         }
@@ -525,17 +578,18 @@ fn exec_config(cfg: &DemoConfig) -> ExecutorConfig {
 }
 
 fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
+    let host = host_bytes(cfg);
     eprintln!(
         "loch demo: booting an emu cluster on this host: {} memory nodes × {} MiB host + 256 KiB device memory, {} compute cores × {} tasks",
         cfg.memory_nodes,
-        HOST_BYTES >> 20,
+        host >> 20,
         cfg.cores,
         cfg.tasks_per_core
     );
     let boot = Instant::now();
     let cluster = EmuCluster::boot(&EmuClusterConfig {
         memory_nodes: cfg.memory_nodes,
-        host_bytes: HOST_BYTES,
+        host_bytes: host,
         dm_bytes: 256 << 10,
         emu: EmuConfig {
             latency_ns_one_way: cfg.latency_ns,
@@ -602,7 +656,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo summary (emu backend, {} memory nodes, {} cores × {} tasks)",
         cfg.memory_nodes, cfg.cores, cfg.tasks_per_core
     );
-    let tree = crate::demo_index::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+    let tree = crate::demo_index::run_phases(cfg, host, &chunk_config(host), |tcfg, kind| {
         crate::demo_index::run_emu(&cluster, tcfg, cfg, kind)
     })?;
     Ok((
@@ -615,6 +669,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
 }
 
 fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
+    let host = host_bytes(cfg);
     let mut model = SimModel::default();
     if cfg.latency_ns != 0 {
         model.link_latency_ns_one_way = cfg.latency_ns;
@@ -623,7 +678,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo: simulating a cluster (seed {}): {} memory nodes × {} MiB, {} compute nodes, {} threads × {} tasks, {} virtual ms",
         cfg.seed,
         cfg.memory_nodes,
-        HOST_BYTES >> 20,
+        host >> 20,
         cfg.compute_nodes,
         cfg.cores,
         cfg.tasks_per_core,
@@ -632,7 +687,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     let mut w = World::new(SimConfig {
         seed: cfg.seed,
         memory_nodes: cfg.memory_nodes,
-        host_bytes: HOST_BYTES,
+        host_bytes: host,
         dm_bytes: 256 << 10,
         compute_nodes: cfg.compute_nodes,
         machines: 0,
@@ -689,7 +744,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.verbs() as f64 / wall_s.max(1e-9) / 1e6,
         w.trace_hash()
     );
-    let tree = crate::demo_index::run_phases(cfg, HOST_BYTES, &chunk_config(), |tcfg, kind| {
+    let tree = crate::demo_index::run_phases(cfg, host, &chunk_config(host), |tcfg, kind| {
         crate::demo_index::run_sim(&mut w, tcfg, cfg, kind)
     })?;
     Ok((stats, tally, (faa_counter, cas_total), header, tree))

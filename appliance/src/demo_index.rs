@@ -9,7 +9,7 @@
 //! shadow; every scan must be in order.
 
 use crate::demo::DemoConfig;
-use crate::index_work::{index_handle, load, mixed_op, tree_config, IndexKind, OwnKeys};
+use crate::index_work::{index_handle, load, mixed_op, tree_config, IndexKind, OwnKeys, Sizes};
 use cluster::sim::{self as simrun, Flow, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{EmuCluster, Place, Spawn, Workload};
@@ -27,10 +27,17 @@ use std::rc::Rc;
 fn demo_index(
     kind: IndexKind,
     tree_cfg: &TreeConfig,
-    records: u64,
-    tasks: u64,
+    cfg: &DemoConfig,
 ) -> Result<AnyIndex, String> {
-    index_handle(kind, tree_cfg, records, tasks, 256 << 10)
+    let tasks = (cfg.cores * cfg.tasks_per_core) as u64;
+    index_handle(
+        kind,
+        tree_cfg,
+        cfg.sizes,
+        cfg.tree_records,
+        tasks,
+        256 << 10,
+    )
 }
 
 /// What an index phase measured and checked.
@@ -39,6 +46,8 @@ pub struct IndexPhase {
     pub stats: RunStats,
     pub tree: TreeStats,
     pub records: u64,
+    /// The records' key and value sizes.
+    pub sizes: Sizes,
     pub mismatches: u64,
     pub failures: u64,
     /// Faults were injected: failed operations are allowed.
@@ -215,7 +224,7 @@ impl Workload for PhaseTasks<'_> {
 fn phase_exec_config(cfg: &DemoConfig) -> ExecutorConfig {
     ExecutorConfig {
         slots: cfg.tasks_per_core,
-        scratch_bytes_per_slot: 64 << 10,
+        scratch_bytes_per_slot: cfg.sizes.scratch_bytes_per_slot(),
         poll_batch: 32,
     }
 }
@@ -229,12 +238,7 @@ pub fn run_emu(
     kind: IndexKind,
 ) -> Result<IndexPhase, String> {
     let records = cfg.tree_records;
-    let index = demo_index(
-        kind,
-        &tree_cfg,
-        records,
-        (cfg.cores * cfg.tasks_per_core) as u64,
-    )?;
+    let index = demo_index(kind, &tree_cfg, cfg)?;
     let exec = phase_exec_config(cfg);
     let load = LoadTask {
         index: &index,
@@ -268,6 +272,7 @@ pub fn run_emu(
         stats: RunStats::merge(cores_stats, elapsed),
         tree: ts,
         records,
+        sizes: cfg.sizes,
         mismatches: mism,
         failures: fail,
         faulty: false,
@@ -285,7 +290,7 @@ pub fn run_sim(
 ) -> Result<IndexPhase, String> {
     let (cores, tasks, records) = (cfg.cores, cfg.tasks_per_core, cfg.tree_records);
     let indexes: Vec<AnyIndex> = (0..w.compute_nodes())
-        .map(|_| demo_index(kind, &tree_cfg, records, (cores * tasks) as u64))
+        .map(|_| demo_index(kind, &tree_cfg, cfg))
         .collect::<Result<_, _>>()?;
     let exec = phase_exec_config(cfg);
     let load = LoadTask {
@@ -305,6 +310,7 @@ pub fn run_sim(
         stats: RunStats::merge(Vec::new(), 0),
         tree: TreeStats::default(),
         records,
+        sizes: cfg.sizes,
         mismatches: 0,
         failures: 0,
         faulty,
@@ -370,6 +376,7 @@ pub fn run_sim(
         stats,
         tree,
         records,
+        sizes: cfg.sizes,
         mismatches,
         failures,
         faulty,
@@ -390,8 +397,10 @@ pub fn run_phases(
         return Ok(None);
     }
     eprintln!(
-        "loch demo: index phases: a B+tree and a hash table of {} records each, then a mixed workload",
-        cfg.tree_records
+        "loch demo: index phases: a B+tree and a hash table of {} records each ({}-byte keys, {}-byte values), then a mixed workload",
+        cfg.tree_records,
+        cfg.sizes.key_bytes(),
+        cfg.sizes.value_bytes()
     );
     let tcfg = tree_config(host_bytes, chunk);
     let mut phases = Vec::new();
@@ -436,7 +445,7 @@ fn summary_ran(p: &IndexPhase, name: &str, failed: &str) -> String {
     let hits = t.cache_hits + t.cache_misses;
     let ok = |b: bool| if b { "ok" } else { "FAILED" };
     format!(
-        "  {} ({} records loaded, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})\n\
+        "  {} ({} records loaded ({}-byte keys, {}-byte values), then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})\n\
          \x20   operations          {}\n\
          \x20   operations/s        {:.0}\n\
          \x20   round trips/op      {:.3}\n\
@@ -452,6 +461,8 @@ fn summary_ran(p: &IndexPhase, name: &str, failed: &str) -> String {
          \x20   {failed}\n",
         name,
         p.records,
+        p.sizes.key_bytes(),
+        p.sizes.value_bytes(),
         if p.kind == IndexKind::Hash { "; no scans in a hash table: skipped" } else { "" },
         s.ops,
         s.ops_per_sec(),

@@ -7,7 +7,8 @@
 use index::any::{AnyClient, AnyError, AnyIndex};
 use index::cuckoo::{Cuckoo, CuckooConfig};
 pub use index::keys::{key_of, records_sorted};
-use index::tree::{Tree, TreeConfig};
+use index::tree::layout::Layout;
+use index::tree::TreeConfig;
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
 use nicdrv::{Ctx, Nic};
@@ -24,24 +25,112 @@ pub enum IndexKind {
     Hash,
 }
 
+/// The size of a record's key and value (`--key-size`, `--value-size`):
+/// record `i`'s key is [`key_of`]`(i)` widened to the key size
+/// ([`index::tree::key::wide_key`]: its 8 bytes repeated, so the order
+/// is kept), its value the `u64` repeated to fill the value.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    key_bytes: usize,
+    value_bytes: usize,
+    layout: Layout,
+}
+
+impl Default for Sizes {
+    /// 8-byte keys and values, the papers' setting.
+    fn default() -> Sizes {
+        Sizes::new(8, 8).expect("8-byte keys and values are valid")
+    }
+}
+
+impl Sizes {
+    /// Keys of 8 bytes or one of [`index::any::WIDE_KEY_BYTES`], values of
+    /// 8 to 1024 bytes; else the error, in the flags' words.
+    pub fn new(key_bytes: usize, value_bytes: usize) -> Result<Sizes, String> {
+        let layout = index::any::record_layout(key_bytes, value_bytes)
+            .map_err(|e| e.for_flags("--key-size", "--value-size"))?;
+        Ok(Sizes {
+            key_bytes,
+            value_bytes,
+            layout,
+        })
+    }
+    pub fn key_bytes(&self) -> usize {
+        self.key_bytes
+    }
+    pub fn value_bytes(&self) -> usize {
+        self.value_bytes
+    }
+    /// The tree's node layout for these sizes (nodes grow past 1 KiB for
+    /// wide records).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// Scratch an executor slot needs to run either index's operations:
+    /// the tree's six nodes at once, and never less than the 64 KiB the
+    /// hash table's operations and the loader's clearing take.
+    pub fn scratch_bytes_per_slot(&self) -> usize {
+        self.layout.op_scratch_bytes().max(64 << 10)
+    }
+    /// The flags that give these sizes, for a summary line or a node's
+    /// command line; empty for the default.
+    pub fn flags(&self) -> String {
+        if *self == Sizes::default() {
+            String::new()
+        } else {
+            format!(
+                " --key-size {} --value-size {}",
+                self.key_bytes, self.value_bytes
+            )
+        }
+    }
+}
+
+/// Host bytes of each of `memory_nodes` memory nodes that the index
+/// workload takes: `records` loaded records and [`OWN_KEYS`] for each of
+/// `tasks` tasks, of `sizes`, as the tree's nodes hold them
+/// ([`Layout::bytes_for_records`]; the hash table's entries take less),
+/// plus a chunk of `chunk_bytes` for every task on every node (the hash
+/// table's clients each carve one there) and 32 MiB for the rest
+/// (internal nodes, the superblock, a partly used chunk per allocator).
+/// Each index starts afresh, so this is what the larger of the two takes.
+pub fn index_bytes_needed(
+    sizes: Sizes,
+    records: u64,
+    tasks: u64,
+    memory_nodes: u64,
+    chunk_bytes: u64,
+) -> u64 {
+    let keys = records.saturating_add(tasks * OWN_KEYS);
+    (sizes.layout.bytes_for_records(keys) / memory_nodes.max(1))
+        .saturating_add(tasks * chunk_bytes + (32 << 20))
+        .next_multiple_of(1 << 20)
+}
+
 /// A compute node's handle on the index of a phase: `records` loaded keys
-/// plus [`OWN_KEYS`] for each of `tasks` tasks; `dm_bytes` is the device
-/// memory each memory node offers (the tree's lock table must fit it).
-/// Every compute node of a cluster must pass the same values.
+/// plus [`OWN_KEYS`] for each of `tasks` tasks, of `sizes`; `dm_bytes` is
+/// the device memory each memory node offers (the tree's lock table must
+/// fit it). Every compute node of a cluster must pass the same values.
 pub fn index_handle(
     kind: IndexKind,
     tree_cfg: &TreeConfig,
+    sizes: Sizes,
     records: u64,
     tasks: u64,
     dm_bytes: u64,
 ) -> Result<AnyIndex, String> {
     Ok(match kind {
         IndexKind::Tree => {
-            AnyIndex::Tree(Tree::new(tree_cfg.clone(), dm_bytes).map_err(|e| e.to_string())?)
+            let cfg = TreeConfig {
+                value_bytes: sizes.value_bytes,
+                ..tree_cfg.clone()
+            };
+            AnyIndex::tree(sizes.key_bytes, cfg, dm_bytes).map_err(|e| e.to_string())?
         }
         IndexKind::Hash => {
             let keys = records + tasks * OWN_KEYS;
-            let mut cfg = CuckooConfig::new(keys + keys / 4, 8, 8, tree_cfg.chunk.node_bytes);
+            let (kb, vb) = (sizes.key_bytes, sizes.value_bytes);
+            let mut cfg = CuckooConfig::new(keys + keys / 4, kb, vb, tree_cfg.chunk.node_bytes);
             cfg.chunk = tree_cfg.chunk.clone();
             AnyIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
         }
@@ -154,5 +243,59 @@ pub async fn mixed_op<N: Nic>(
                 Err(e) => Err(e),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::demo::{host_bytes, DemoConfig};
+    use crate::processes::{memory_bytes, ProcessesConfig};
+
+    #[test]
+    fn sizes_say_their_flags_and_their_scratch() {
+        let d = Sizes::default();
+        assert_eq!(
+            (d.key_bytes(), d.value_bytes(), d.flags()),
+            (8, 8, String::new())
+        );
+        assert_eq!(d.scratch_bytes_per_slot(), 64 << 10);
+        let w = Sizes::new(64, 128).unwrap();
+        assert_eq!(w.flags(), " --key-size 64 --value-size 128");
+        // 1 KiB records: 32 KiB nodes, six of them for one tree operation.
+        let big = Sizes::new(1024, 1024).unwrap();
+        assert_eq!(big.layout().node_bytes(), 32 << 10);
+        assert_eq!(big.scratch_bytes_per_slot(), 6 * (32 << 10));
+        assert!(Sizes::new(12, 8)
+            .unwrap_err()
+            .starts_with("--key-size must be"));
+        assert!(Sizes::new(8, 0).unwrap_err().starts_with("--value-size: "));
+    }
+
+    /// The demo's memory nodes keep their 64 MiB for the default records
+    /// and grow for records that would not fit, by what the tree's nodes
+    /// take; so do `--processes`' memory nodes.
+    #[test]
+    fn memory_nodes_grow_with_the_records_they_must_hold() {
+        let cfg = DemoConfig::default();
+        assert_eq!(host_bytes(&cfg), 64 << 20);
+        let wide = DemoConfig {
+            sizes: Sizes::new(1024, 1024).unwrap(),
+            ..DemoConfig::default()
+        };
+        let tasks = (wide.cores * wide.tasks_per_core) as u64;
+        let tree = wide
+            .sizes
+            .layout()
+            .bytes_for_records(wide.tree_records + tasks * OWN_KEYS);
+        let host = host_bytes(&wide);
+        assert!(host >= tree / 2 && host.is_multiple_of(1 << 20), "{host}");
+        assert!(host < tree / 2 + (64 << 20), "{host}");
+        assert_eq!(memory_bytes(&ProcessesConfig::default()), 64 << 20);
+        let p = ProcessesConfig {
+            sizes: wide.sizes,
+            ..ProcessesConfig::default()
+        };
+        assert!(memory_bytes(&p) >= tree / 2, "{}", memory_bytes(&p));
     }
 }

@@ -4,6 +4,7 @@
 //! system failed, 2 bad input.
 
 use appliance::demo::{self, DemoBackend, DemoConfig};
+use appliance::index_work::Sizes;
 use appliance::node::{self, NodeOptions, Workload};
 use appliance::processes::{self, ProcessesConfig};
 use clap::{Parser, Subcommand};
@@ -101,6 +102,8 @@ struct NodeArgs {
     /// a cluster must get the same
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     records: u64,
+    #[command(flatten)]
+    sizes: SizeArgs,
     /// Compute role: also write the raw latency histogram to FILE, as JSON
     /// [[value_ns, count], ...] (the result line on stdout has the
     /// percentiles)
@@ -119,9 +122,46 @@ struct CheckArgs {
     /// The records to check room for, as `loch node --records`
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     records: u64,
+    #[command(flatten)]
+    sizes: SizeArgs,
     /// As `loch node --txs`
     #[arg(long, value_name = "N", default_value_t = 2000)]
     txs: u64,
+}
+
+/// The index workloads' record sizes.
+#[derive(clap::Args, Debug)]
+struct SizeArgs {
+    /// Index workloads: bytes of a key, 8, 16, 32, 64, 128, 256, 512 or
+    /// 1024 (record key k becomes its 8 big-endian bytes repeated, so the
+    /// order is kept); tree nodes double from 1 KiB until one holds 8
+    /// entries. Every compute node of a cluster must get the same
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    key_size: usize,
+    /// Index workloads: bytes of a value, 8 to 1024 (a put stores its u64
+    /// repeated to fill them). Every compute node of a cluster must get
+    /// the same
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    value_size: usize,
+}
+
+impl SizeArgs {
+    fn sizes(&self) -> Result<Sizes, String> {
+        Sizes::new(self.key_size, self.value_size)
+    }
+
+    /// `loch node`'s and `loch check`'s: sizes other than 8 only with an
+    /// index workload.
+    fn for_workload(&self, w: Workload) -> Result<Sizes, String> {
+        let sizes = self.sizes()?;
+        if sizes != Sizes::default() && w.index().is_none() {
+            return Err(format!(
+                "--key-size and --value-size apply to the index workloads (tree, hash), not {}",
+                w.name()
+            ));
+        }
+        Ok(sizes)
+    }
 }
 
 fn workload_value(s: &str) -> Result<Workload, String> {
@@ -170,6 +210,8 @@ struct DemoArgs {
     /// Records bulk-loaded into each index phase (0 skips them)
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     tree_records: u64,
+    #[command(flatten)]
+    sizes: SizeArgs,
     /// Transactions each coordinator of the transactions phase runs (a
     /// replicated bank of transfers and audits; 0 skips it; not with
     /// faults)
@@ -223,6 +265,7 @@ impl DemoArgs {
             tasks_per_core: self.tasks,
             pin: !self.no_pin,
             tree_records: self.tree_records,
+            sizes: self.sizes.sizes()?,
             txn_txs: self.txn_txs,
             ..DemoConfig::default()
         };
@@ -284,6 +327,7 @@ impl DemoArgs {
             tasks_per_core: self.tasks,
             pin: !self.no_pin,
             records: self.tree_records,
+            sizes: self.sizes.sizes()?,
             ..ProcessesConfig::default()
         };
         cfg.seconds = self.seconds.unwrap_or(cfg.seconds);
@@ -298,6 +342,10 @@ impl DemoArgs {
         }
         if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
             return Err("--cores and --tasks must be at least 1".into());
+        }
+        if cfg.workloads.iter().any(|w| w.index().is_some()) {
+            let all = processes::memory_bytes(&cfg).saturating_mul(cfg.memory_nodes as u64);
+            demo::fits_this_host(all, cfg.sizes, cfg.records)?;
         }
         Ok(cfg)
     }
@@ -376,6 +424,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Demo(a) => demo_main(a),
         Command::Node(a) => {
+            let sizes = match a.sizes.for_workload(a.workload) {
+                Ok(s) => s,
+                Err(e) => return bad_input("node", &e),
+            };
             let o = NodeOptions {
                 config: a.node.config,
                 id: a.node.id,
@@ -385,6 +437,7 @@ fn main() -> ExitCode {
                 seed: a.seed,
                 workload: a.workload,
                 records: a.records,
+                sizes,
                 histogram: a.histogram,
                 txs: a.txs,
                 etcd: a.etcd,
@@ -393,6 +446,10 @@ fn main() -> ExitCode {
             node_main("node", &o, false)
         }
         Command::Check(a) => {
+            let sizes = match a.sizes.for_workload(a.workload) {
+                Ok(s) => s,
+                Err(e) => return bad_input("check", &e),
+            };
             let o = NodeOptions {
                 config: a.node.config,
                 id: a.node.id,
@@ -402,6 +459,7 @@ fn main() -> ExitCode {
                 seed: 1,
                 workload: a.workload,
                 records: a.records,
+                sizes,
                 histogram: None,
                 txs: a.txs,
                 etcd: None,

@@ -34,7 +34,7 @@
 //! derive it, attach, and check the attached node's registered regions
 //! against the Region records the node published.
 
-use crate::index_work::IndexKind;
+use crate::index_work::{IndexKind, Sizes};
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
 use crate::node_work::{self, Layout};
@@ -103,7 +103,7 @@ impl Workload {
         }
     }
 
-    pub(crate) fn index(self) -> Option<IndexKind> {
+    pub fn index(self) -> Option<IndexKind> {
         match self {
             Workload::Verbs | Workload::Txn | Workload::Leases => None,
             Workload::Tree => Some(IndexKind::Tree),
@@ -166,6 +166,9 @@ pub struct NodeOptions {
     /// Index workloads: records the loader loads (every compute node must
     /// be given the same number).
     pub records: u64,
+    /// Index workloads: the records' key and value sizes (every compute
+    /// node must be given the same).
+    pub sizes: Sizes,
     /// Compute role: write the raw latency histogram here (JSON) besides
     /// the summary line.
     pub histogram: Option<PathBuf>,
@@ -358,7 +361,12 @@ fn workload_flags(o: &NodeOptions) -> String {
         return format!("--workload leases --lease-ms {}", o.lease_ms);
     }
     match o.workload.index() {
-        Some(_) => format!("--workload {} --records {}", o.workload.name(), o.records),
+        Some(_) => format!(
+            "--workload {} --records {}{}",
+            o.workload.name(),
+            o.records,
+            o.sizes.flags()
+        ),
         None => format!("--workload {}", o.workload.name()),
     }
 }
@@ -372,7 +380,7 @@ pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(),
     match rv.agree(MEMORY_READY, workload.as_deref()) {
         Ok(_) => Ok(()),
         Err(ChannelError::Disagreed(why)) => Err(NodeError::Usage(format!(
-            "the compute nodes were given different workloads ({why}); give every compute node the same --workload and --records"
+            "the compute nodes were given different workloads ({why}); give every compute node the same --workload, --records, --key-size and --value-size"
         ))),
         Err(e) => Err(channel_failed("barrier memory-ready", e)),
     }

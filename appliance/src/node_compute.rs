@@ -61,7 +61,7 @@ pub fn exec_config(o: &NodeOptions) -> ExecutorConfig {
     ExecutorConfig {
         slots: o.tasks_per_core,
         scratch_bytes_per_slot: if o.workload.index().is_some() {
-            64 << 10
+            o.sizes.scratch_bytes_per_slot()
         } else {
             4096
         },
@@ -229,6 +229,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             node_index::handle(
                 kind,
                 c.layout.index_bytes,
+                o.sizes,
                 o.records,
                 (cores_total * TASKS_PER_CORE_MAX) as u64,
                 c.dm_bytes,
@@ -639,6 +640,8 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
         "backend": c.backend,
         "workload": o.workload.name(),
         "records": if indexed { o.records } else { 0 },
+        "key_bytes": if indexed { o.sizes.key_bytes() } else { 0 },
+        "value_bytes": if indexed { o.sizes.value_bytes() } else { 0 },
         "ops": ops,
         "elapsed_ns": elapsed_ns,
         "ops_per_sec": if elapsed_ns == 0 { 0.0 } else { ops as f64 * 1e9 / elapsed_ns as f64 },
@@ -796,6 +799,7 @@ mod tests {
             seed: 1,
             workload: crate::node::Workload::Verbs,
             records: 10,
+            sizes: crate::index_work::Sizes::default(),
             histogram: None,
             txs: 2000,
             etcd: None,
@@ -807,5 +811,13 @@ mod tests {
         let hash = exec_config(&o);
         assert_eq!((hash.slots, hash.scratch_bytes_per_slot), (5, 64 << 10));
         assert!(hash.check().is_ok() && verbs.check().is_ok());
+        // Wide records: a tree operation's six nodes, 32 KiB each for
+        // 1 KiB keys and values.
+        o.workload = crate::node::Workload::Tree;
+        o.sizes = crate::index_work::Sizes::new(1024, 1024).unwrap();
+        let wide = exec_config(&o);
+        assert_eq!(o.sizes.layout().node_bytes(), 32 << 10);
+        assert_eq!(wide.scratch_bytes_per_slot, 6 * (32 << 10));
+        assert!(wide.check().is_ok());
     }
 }

@@ -20,7 +20,7 @@
 //! [`Layout::index_bytes`](crate::node_work::Layout), so they never touch
 //! the verb workload's areas.
 
-use crate::index_work::{index_handle, mixed_op, tree_config, IndexKind, OwnKeys};
+use crate::index_work::{index_handle, mixed_op, tree_config, IndexKind, OwnKeys, Sizes};
 use crate::stats::OpTally;
 use index::any::AnyClient;
 use index::tree::TreeStats;
@@ -53,12 +53,13 @@ pub fn chunk_config(index_bytes: u64) -> ChunkConfig {
 pub fn handle(
     kind: IndexKind,
     index_bytes: u64,
+    sizes: Sizes,
     records: u64,
     tasks: u64,
     dm_bytes: u64,
 ) -> Result<AnyIndex, String> {
     let tcfg = tree_config(index_bytes, &chunk_config(index_bytes));
-    index_handle(kind, &tcfg, records, tasks, dm_bytes)
+    index_handle(kind, &tcfg, sizes, records, tasks, dm_bytes)
 }
 
 /// What the tasks of one core share (one thread, so `Cell`s).

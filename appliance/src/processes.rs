@@ -12,7 +12,8 @@
 //! the memory nodes with SIGTERM and prints a summary with checks. Every
 //! path out kills what it started and removes its files.
 
-use crate::node::{emu_node_path, Workload};
+use crate::index_work::{index_bytes_needed, Sizes};
+use crate::node::{emu_node_path, Workload, TASKS_PER_CORE_MAX};
 use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
 use cluster::processes::{free_ports, PrivateDir, Processes};
@@ -44,6 +45,8 @@ pub struct ProcessesConfig {
     pub workloads: Vec<Workload>,
     /// Records loaded into each index.
     pub records: u64,
+    /// Their key and value sizes.
+    pub sizes: Sizes,
 }
 
 impl Default for ProcessesConfig {
@@ -57,6 +60,7 @@ impl Default for ProcessesConfig {
             pin: true,
             workloads: vec![Workload::Verbs, Workload::Tree, Workload::Hash],
             records: 100_000,
+            sizes: Sizes::default(),
         }
     }
 }
@@ -84,6 +88,23 @@ impl Drop for Launch {
             let _ = std::fs::remove_file(f);
         }
     }
+}
+
+/// Memory of each memory node: 64 MiB, or more when the index workloads
+/// need it: the verb areas of every task slot `loch node` reserves, and
+/// the index below them ([`index_bytes_needed`]).
+pub fn memory_bytes(cfg: &ProcessesConfig) -> u64 {
+    let cores = (cfg.compute_nodes * cfg.cores_per_compute) as u64;
+    let areas = crate::node_work::host_bytes_needed(cores * TASKS_PER_CORE_MAX as u64);
+    let tasks = cores * cfg.tasks_per_core as u64;
+    let index = index_bytes_needed(
+        cfg.sizes,
+        cfg.records,
+        tasks,
+        cfg.memory_nodes as u64,
+        crate::node_index::CHUNK_BYTES,
+    );
+    (areas + index).next_multiple_of(1 << 20).max(64 << 20)
 }
 
 fn secret_bytes() -> Result<[u8; 32], String> {
@@ -121,7 +142,11 @@ pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), Str
             "\n[[nodes]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\n"
         );
         if memory {
-            toml.push_str("roles = [\"memory\"]\nmemory = \"64MiB\"\n");
+            let _ = write!(
+                toml,
+                "roles = [\"memory\"]\nmemory = \"{}MiB\"\n",
+                memory_bytes(cfg) >> 20
+            );
         } else {
             // Spread compute cores over the CPUs, distinct within a node.
             let k = id - cfg.memory_nodes;
@@ -364,6 +389,8 @@ fn start_nodes(
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
                 .args(["--workload", w.name()])
                 .args(["--records", &cfg.records.to_string()])
+                .args(["--key-size", &cfg.sizes.key_bytes().to_string()])
+                .args(["--value-size", &cfg.sizes.value_bytes().to_string()])
                 .arg("--histogram")
                 .arg(file.with_file_name(format!("latency-{}.json", n.id)))
                 .stdout(Stdio::piped());
@@ -543,13 +570,15 @@ fn section_stats(cfg: &ProcessesConfig, w: Workload, t: &Totals) -> String {
     } else {
         let _ = writeln!(
             text,
-            "  {} ({} records loaded by one compute node in {:.1} ms, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})",
+            "  {} ({} records loaded ({}-byte keys, {}-byte values) by one compute node in {:.1} ms, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})",
             if w == Workload::Tree {
                 "B+tree (Sherman, bulk load)"
             } else {
                 "hash table (Nessie, puts)"
             },
             cfg.records,
+            cfg.sizes.key_bytes(),
+            cfg.sizes.value_bytes(),
             t.load_ns as f64 / 1e6,
             if w == Workload::Hash {
                 "; no scans in a hash table: skipped"

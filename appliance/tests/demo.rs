@@ -103,6 +103,107 @@ fn demo_refuses_bad_flags_with_exit_2() {
     }
 }
 
+/// `--key-size` and `--value-size`: the index phases load and check
+/// records of those sizes (trees of wider nodes), on emu and on sim, and
+/// the summary says which; sizes the indexes do not take, or records this
+/// host could not hold, are refused before anything boots.
+#[test]
+fn demo_runs_its_index_phases_with_wide_records() {
+    let emu = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args(["demo", "--seconds", "0.3", "--no-pin", "--txn-txs", "0"])
+        .args([
+            "--tree-records",
+            "3000",
+            "--key-size",
+            "1024",
+            "--value-size",
+            "1024",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&emu.stdout);
+    assert!(
+        emu.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&emu.stderr)
+    );
+    let sizes = "3000 records loaded (1024-byte keys, 1024-byte values)";
+    assert_eq!(stdout.matches(sizes).count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("0 mismatches: ok").count(), 3, "{stdout}");
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+    // A 1 KiB record cannot share a 1 KiB node: the tree split its wider
+    // leaves as the tasks inserted their own keys.
+    let splits: u64 = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("splits"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("a splits line");
+    assert!(splits > 0, "{stdout}");
+
+    let run = || {
+        let s = demo_sim(&[
+            "--seed",
+            "4",
+            "--seconds",
+            "0.002",
+            "--txn-txs",
+            "0",
+            "--tree-records",
+            "2000",
+            "--key-size",
+            "64",
+            "--value-size",
+            "200",
+        ]);
+        assert_eq!(
+            s.matches("(64-byte keys, 200-byte values)").count(),
+            2,
+            "{s}"
+        );
+        assert!(!s.contains("FAILED"), "{s}");
+        seeded_lines(&s)
+    };
+    assert_eq!(run(), run());
+
+    for (args, says) in [
+        (
+            &["--key-size", "12"][..],
+            "--key-size must be 8 or one of [16, 32, 64, 128, 256, 512, 1024], got 12",
+        ),
+        (
+            &["--value-size", "7"],
+            "--value-size: values must be 8 to 1024 bytes, not 7",
+        ),
+        (&["--key-size", "2048"], "--key-size must be 8 or one of"),
+        (
+            &[
+                "--tree-records",
+                "10000000",
+                "--key-size",
+                "1024",
+                "--value-size",
+                "1024",
+            ],
+            "records of 1024-byte keys and 1024-byte values need about",
+        ),
+        (&["--processes", "--key-size", "24"], "--key-size must be"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_loch"))
+            .arg("demo")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with("loch demo: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
 /// Faults from the command line: the demo goes on with the tasks that can,
 /// counts what failed, keeps the checks that still hold, and replays.
 #[test]

@@ -275,6 +275,29 @@ fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
     assert!(hits > 0.0 && hits <= 1.0, "{tree}");
 }
 
+/// `loch demo --processes` with wide records: every compute node is given
+/// the sizes, the memory nodes are sized for them, and the index checks
+/// itself as with 8-byte records.
+#[test]
+fn demo_processes_runs_the_indexes_with_wide_records() {
+    for (workload, records) in [("tree", "4000"), ("hash", "2000")] {
+        let out = Command::new(LOCH)
+            .args(["demo", "--processes", "--no-pin", "--seconds", "0.5"])
+            .args(["--workload", workload, "--tree-records", records])
+            .args(["--key-size", "256", "--value-size", "1000"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let says = format!("{records} records loaded (256-byte keys, 1000-byte values)");
+        assert!(stdout.contains(&says), "{stdout}");
+        assert!(stdout.contains(": 0 mismatches: ok"), "{stdout}");
+        assert!(figure(&stdout, "operations ") > 100.0, "{stdout}");
+        assert!(!stdout.contains("FAILED"), "{stdout}");
+    }
+}
+
 /// The line of `summary` containing `head` and the lines indented under it.
 fn section(summary: &str, head: &str) -> String {
     let mut lines = summary.lines().skip_while(|l| !l.contains(head));
@@ -478,6 +501,28 @@ fn node_rejects_bad_input_with_exit_2() {
         vec!["node", "--id", "1", "--bogus"],
         vec!["node", "--id", "1", "--workload", "btree"],
         vec!["node", "--id", "1", "--records", "0"],
+        vec!["node", "--id", "1", "--key-size", "12"],
+        vec!["node", "--id", "1", "--value-size", "1025"],
+        // Sizes are the index workloads' only.
+        vec![
+            "node",
+            "--id",
+            "1",
+            "--workload",
+            "verbs",
+            "--key-size",
+            "16",
+        ],
+        vec![
+            "check",
+            "--id",
+            "1",
+            "--workload",
+            "txn",
+            "--value-size",
+            "64",
+        ],
+        vec!["check", "--id", "1", "--key-size", "0"],
         // Once found only after the run, when the file was written.
         vec![
             "node",
@@ -803,20 +848,38 @@ fn memory_nodes_serve_one_compute_run_after_another() {
 
 #[test]
 fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
-    let dir = PrivateDir::new("mismatch").unwrap();
+    refused_at_the_barrier(
+        "mismatch",
+        ["--workload", "tree"],
+        ["--workload", "hash"],
+        [
+            "node 1: --workload tree --records 100000",
+            "node 2: --workload hash --records 100000",
+        ],
+    );
+    // The same index of other record sizes is another workload too.
+    refused_at_the_barrier(
+        "mismatch-sizes",
+        ["--key-size", "8"],
+        ["--key-size", "64"],
+        [
+            "node 1: --workload tree --records 100000",
+            "node 2: --workload tree --records 100000 --key-size 64 --value-size 8",
+        ],
+    );
+}
+
+/// A memory node and two compute nodes, given `one` and `two`: all three
+/// exit 2 before anything is loaded, with one line naming who was given
+/// what (`says`).
+fn refused_at_the_barrier(name: &str, one: [&str; 2], two: [&str; 2], says: [&str; 2]) {
+    let dir = PrivateDir::new(name).unwrap();
     let (file, _) = cluster_of(&dir, 1, 2);
+    let run = ["--seconds", "5", "--no-pin"];
     let mut r = Reaper(vec![
         spawn_node(&file, 0, &[]),
-        spawn_node(
-            &file,
-            1,
-            &["--workload", "tree", "--seconds", "5", "--no-pin"],
-        ),
-        spawn_node(
-            &file,
-            2,
-            &["--workload", "hash", "--seconds", "5", "--no-pin"],
-        ),
+        spawn_node(&file, 1, &[&one[..], &run].concat()),
+        spawn_node(&file, 2, &[&two[..], &run].concat()),
     ]);
     let (tx, _rx) = std::sync::mpsc::channel();
     let logs: Vec<_> = (0..3)
@@ -840,8 +903,7 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
             .find(|l| l.contains("different workloads"))
             .unwrap_or_else(|| panic!("node {id}: {log}"));
         assert!(
-            line.contains("node 1: --workload tree --records 100000")
-                && line.contains("node 2: --workload hash --records 100000"),
+            line.contains(says[0]) && line.contains(says[1]),
             "node {id}: {line}"
         );
         assert!(

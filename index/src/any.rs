@@ -6,7 +6,7 @@
 
 use crate::cuckoo::{Cuckoo, CuckooClient, CuckooError};
 use crate::tree::key::{narrow_key, wide_key, wide_key_into};
-use crate::tree::layout::widen;
+use crate::tree::layout::{widen, Layout};
 use crate::tree::{
     Tree, TreeClient, TreeClientOf, TreeConfig, TreeError, TreeKey, TreeOf, TreeStats,
 };
@@ -140,6 +140,41 @@ async fn load_tree<N: Nic, K: TreeKey>(
     c.report_loaded(loaded);
     let fill = c.tree().layout().leaf_fanout() * 4 / 5;
     c.bulk_load(ctx, items, fill).await
+}
+
+/// Why a workload's record sizes are refused ([`record_layout`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizeError {
+    /// Keys of this many bytes: neither 8 nor one of [`WIDE_KEY_BYTES`].
+    Key(usize),
+    /// The values' size, in words ([`Layout::new`]'s).
+    Value(String),
+}
+
+impl SizeError {
+    /// The error as a command line says it, naming its own flags.
+    pub fn for_flags(&self, key_flag: &str, value_flag: &str) -> String {
+        match self {
+            SizeError::Key(n) => {
+                format!("{key_flag} must be 8 or one of {WIDE_KEY_BYTES:?}, got {n}")
+            }
+            SizeError::Value(m) => format!("{value_flag}: {m}"),
+        }
+    }
+}
+
+/// The node layout of the tree that records of `key_bytes`-byte keys and
+/// `value_bytes`-byte values take through this interface (the hash table
+/// takes the same sizes): keys of 8 bytes or one of [`WIDE_KEY_BYTES`],
+/// values of 8 to 1024 bytes.
+pub fn record_layout(key_bytes: usize, value_bytes: usize) -> Result<Layout, SizeError> {
+    Layout::new(8, value_bytes).map_err(SizeError::Value)?;
+    if key_bytes != 8 && !WIDE_KEY_BYTES.contains(&key_bytes) {
+        return Err(SizeError::Key(key_bytes));
+    }
+    // Both sizes are in range now, so this cannot fail; its message
+    // would be the key's.
+    Layout::new(key_bytes, value_bytes).map_err(|_| SizeError::Key(key_bytes))
 }
 
 impl AnyIndex {
@@ -403,5 +438,35 @@ impl AnyClient {
             AnyClient::Wide(w) => Ok(w.bulk_load(ctx, records, loaded).await?),
             AnyClient::Hash(_) => Err(AnyError::NoBulkLoad),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_layouts_take_the_sizes_the_interface_runs() {
+        assert_eq!(record_layout(8, 8).unwrap().node_bytes(), 1024);
+        for &k in WIDE_KEY_BYTES {
+            let l = record_layout(k, 1024).unwrap();
+            assert_eq!((l.key_bytes(), l.value_bytes()), (k, 1024));
+        }
+        // A size between the widths, or past them, is the key's error; a
+        // value out of range is the value's, whatever the key.
+        for k in [0, 7, 12, 24, 2048] {
+            assert_eq!(record_layout(k, 8), Err(SizeError::Key(k)));
+        }
+        for v in [0, 7, 1025] {
+            assert!(matches!(record_layout(12, v), Err(SizeError::Value(_))));
+        }
+        assert_eq!(
+            SizeError::Key(12).for_flags("--key-size", "--value-size"),
+            "--key-size must be 8 or one of [16, 32, 64, 128, 256, 512, 1024], got 12"
+        );
+        assert_eq!(
+            record_layout(8, 7).unwrap_err().for_flags("-k", "-v"),
+            "-v: values must be 8 to 1024 bytes, not 7"
+        );
     }
 }

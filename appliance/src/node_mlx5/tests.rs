@@ -949,6 +949,7 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
         seed: 1,
         workload: crate::node::Workload::Verbs,
         records: 1000,
+        sizes: crate::index_work::Sizes::default(),
         histogram: None,
         txs: 2000,
         etcd: None,

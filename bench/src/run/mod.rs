@@ -444,17 +444,8 @@ impl Cli {
                 .unwrap_or(if sim { 1_000_000 } else { 200_000 }),
         };
         let length = run_length(a.ops, a.seconds)?;
-        let layout =
-            Layout::new(8, a.value_size).map_err(|e| ArgError(format!("--value-size: {e}")))?;
-        if a.key_size != 8 && !index::any::WIDE_KEY_BYTES.contains(&a.key_size) {
-            return Err(ArgError(format!(
-                "--key-size must be 8 or one of {:?}, got {}",
-                index::any::WIDE_KEY_BYTES,
-                a.key_size
-            )));
-        }
-        let layout = Layout::new(a.key_size, layout.value_bytes())
-            .map_err(|e| ArgError(format!("--key-size: {e}")))?;
+        let layout = index::any::record_layout(a.key_size, a.value_size)
+            .map_err(|e| ArgError(e.for_flags("--key-size", "--value-size")))?;
         let model = sim_model(a.sim_model, sim)?;
         let mut fault_plan: Vec<Fault> = Vec::new();
         for f in &a.fault {
@@ -607,11 +598,7 @@ impl Cli {
             } else {
                 0
             };
-            // Bulk-loaded leaves are 4/5 full, and splits leave halves:
-            // about 4/9 of a leaf's entries per node on average.
-            let per_node = (self.layout.leaf_fanout() as u64 * 4 / 9).max(1);
-            let node_bytes = self.layout.node_bytes() as u64;
-            let host_bytes = (self.records * node_bytes / per_node / mem
+            let host_bytes = (self.layout.bytes_for_records(self.records) / mem
                 + clients * (2 << 20) / mem
                 + per_node_chunks
                 + (64 << 20))

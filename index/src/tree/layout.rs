@@ -212,6 +212,15 @@ impl Layout {
     pub fn value_bytes(&self) -> usize {
         self.value_bytes as usize
     }
+    /// Bytes of tree nodes that `records` records take, to size memory
+    /// nodes by: bulk-loaded leaves are 4/5 full and a split leaves two
+    /// halves, so a leaf holds about 4/9 of its entries on average
+    /// (internal nodes, a fanout's fraction of the leaves, are in the
+    /// margin that rounding down the entries a leaf leaves).
+    pub fn bytes_for_records(&self, records: u64) -> u64 {
+        let per_node = (self.leaf_fanout() as u64 * 4 / 9).max(1);
+        records * self.node_bytes() as u64 / per_node
+    }
     /// Entries to a leaf.
     pub fn leaf_fanout(&self) -> usize {
         self.leaf.fanout as usize
@@ -815,6 +824,18 @@ mod tests {
         assert_eq!((wide.node_bytes(), wide.internal_fanout()), (16384, 13));
         assert!(Layout::new(8, 7).is_err() && Layout::new(8, 1025).is_err());
         assert!(Layout::new(7, 8).is_err() && Layout::new(1025, 8).is_err());
+    }
+
+    /// Memory for records: 45-entry leaves hold 20 records on average (4/9
+    /// of them), so a million take 50,000 nodes of 1 KiB; 1 KiB values
+    /// take 15-entry leaves of 16 KiB, 6 records each.
+    #[test]
+    fn records_take_four_ninths_of_a_leaf_each_on_average() {
+        let l = Layout::new(8, 8).unwrap();
+        assert_eq!(l.bytes_for_records(1_000_000), 50_000 * 1024);
+        assert_eq!(l.bytes_for_records(0), 0);
+        let big = Layout::new(8, 1024).unwrap();
+        assert_eq!(big.bytes_for_records(60), 10 * 16384);
     }
 
     /// Every key and value size: entries and fences lie inside the node,
