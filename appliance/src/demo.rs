@@ -9,7 +9,7 @@
 //! The workload grows with Loch: later capabilities (the B+tree, the hash
 //! table, transactions) join it.
 
-use crate::index_work::{index_bytes_needed, Sizes};
+use crate::index_work::{check_tree, index_bytes_needed, Sizes, DEFAULT_TREE};
 use crate::verb_mix::{self, Mix, Target, Verb};
 use cluster::sim::{self as simrun, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
@@ -53,6 +53,8 @@ pub struct DemoConfig {
     pub tree_records: u64,
     /// The index phases' key and value sizes.
     pub sizes: Sizes,
+    /// The tree phase's tree, by [`index::tree::TreeConfig::named`] name.
+    pub tree: String,
     /// Transactions each coordinator of the transactions phase runs (0
     /// skips the phase).
     pub txn_txs: u64,
@@ -77,6 +79,7 @@ impl Default for DemoConfig {
             pin: true,
             tree_records: 100_000,
             sizes: Sizes::default(),
+            tree: DEFAULT_TREE.into(),
             txn_txs: 2000,
             faults: Vec::new(),
         }
@@ -336,6 +339,7 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
             cfg.tree_records
         ));
     }
+    check_tree(&cfg.tree)?;
     let host = host_bytes(cfg);
     if cfg.tree_records > 0 {
         fits_this_host(

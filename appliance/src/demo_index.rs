@@ -9,7 +9,9 @@
 //! shadow; every scan must be in order.
 
 use crate::demo::DemoConfig;
-use crate::index_work::{index_handle, load, mixed_op, tree_config, IndexKind, OwnKeys, Sizes};
+use crate::index_work::{
+    index_handle, load, mixed_op, tree_config, tree_title, IndexKind, OwnKeys, Sizes,
+};
 use cluster::sim::{self as simrun, Flow, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
 use cluster::{EmuCluster, Place, Spawn, Workload};
@@ -43,6 +45,8 @@ fn demo_index(
 /// What an index phase measured and checked.
 pub struct IndexPhase {
     pub kind: IndexKind,
+    /// The tree's name (the tree phase's; the hash phase has none).
+    pub tree_name: String,
     pub stats: RunStats,
     pub tree: TreeStats,
     pub records: u64,
@@ -269,6 +273,7 @@ pub fn run_emu(
     }
     Ok(IndexPhase {
         kind,
+        tree_name: cfg.tree.clone(),
         stats: RunStats::merge(cores_stats, elapsed),
         tree: ts,
         records,
@@ -307,6 +312,7 @@ pub fn run_sim(
     let faulty = !cfg.faults.is_empty();
     let skip = |why: String| IndexPhase {
         kind,
+        tree_name: cfg.tree.clone(),
         stats: RunStats::merge(Vec::new(), 0),
         tree: TreeStats::default(),
         records,
@@ -373,6 +379,7 @@ pub fn run_sim(
     stats.threads = cores;
     Ok(IndexPhase {
         kind,
+        tree_name: cfg.tree.clone(),
         stats,
         tree,
         records,
@@ -402,7 +409,7 @@ pub fn run_phases(
         cfg.sizes.key_bytes(),
         cfg.sizes.value_bytes()
     );
-    let tcfg = tree_config(host_bytes, chunk);
+    let tcfg = tree_config(&cfg.tree, host_bytes, chunk)?;
     let mut phases = Vec::new();
     for kind in [IndexKind::Tree, IndexKind::Hash] {
         if cmdline::signals::stop_requested() {
@@ -416,9 +423,10 @@ pub fn run_phases(
 /// The summary lines of the phase.
 pub fn summary(p: &IndexPhase) -> String {
     let name = match p.kind {
-        IndexKind::Tree => "B+tree (Sherman, bulk load)",
-        IndexKind::Hash => "hash table (Nessie, puts)",
+        IndexKind::Tree => tree_title(&p.tree_name),
+        IndexKind::Hash => "hash table (Nessie, puts)".into(),
     };
+    let name = name.as_str();
     if let Some(why) = &p.skipped {
         return format!("  {name}: skipped under faults: {why}\n");
     }

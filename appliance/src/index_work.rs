@@ -137,13 +137,41 @@ pub fn index_handle(
     })
 }
 
-/// The tree configuration of the index workload: Sherman, with the given chunks
-/// (every user of a memory node must cut it into the same chunks).
-pub fn tree_config(host_bytes: u64, chunk: &ChunkConfig) -> TreeConfig {
-    TreeConfig {
+/// The tree the index workloads run when not told (`--tree`): Sherman as
+/// the paper builds it.
+pub const DEFAULT_TREE: &str = "sherman";
+
+/// Checks a `--tree` name: one of [`TreeConfig::NAMES`].
+pub fn check_tree(name: &str) -> Result<(), String> {
+    match TreeConfig::named(name, 0) {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "--tree: unknown tree `{name}` (known: {})",
+            TreeConfig::NAMES
+        )),
+    }
+}
+
+/// The tree configuration of the index workload: the tree named `name`
+/// ([`TreeConfig::named`]: Sherman, Sherman writing in two round trips,
+/// the FG+ baseline, ...), with the given chunks (every user of a memory
+/// node must cut it into the same chunks).
+pub fn tree_config(name: &str, host_bytes: u64, chunk: &ChunkConfig) -> Result<TreeConfig, String> {
+    check_tree(name)?;
+    let named = TreeConfig::named(name, host_bytes).expect("checked above");
+    Ok(TreeConfig {
         chunk: chunk.clone(),
         cache_bytes: 16 << 20,
-        ..TreeConfig::sherman(host_bytes)
+        ..named
+    })
+}
+
+/// The summary's name of the tree phase or workload.
+pub fn tree_title(name: &str) -> String {
+    if name == DEFAULT_TREE {
+        "B+tree (Sherman, bulk load)".into()
+    } else {
+        format!("B+tree ({name}, bulk load)")
     }
 }
 

@@ -4,7 +4,7 @@
 //! system failed, 2 bad input.
 
 use appliance::demo::{self, DemoBackend, DemoConfig};
-use appliance::index_work::Sizes;
+use appliance::index_work::{check_tree, Sizes, DEFAULT_TREE};
 use appliance::node::{self, NodeOptions, Workload};
 use appliance::processes::{self, ProcessesConfig};
 use clap::{Parser, Subcommand};
@@ -104,6 +104,14 @@ struct NodeArgs {
     records: u64,
     #[command(flatten)]
     sizes: SizeArgs,
+    /// --workload tree: the tree, one of sherman (as the paper builds it),
+    /// sherman-2rt (the lock and the leaf read in one doorbell, the page
+    /// handed over with the lock: writes in two round trips),
+    /// sherman-paper-versions, fg (the FG+ baseline), fg+comb,
+    /// fg+comb+onchip, fg+comb+onchip+hier; every compute node of a
+    /// cluster must get the same
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_TREE)]
+    tree: String,
     /// Compute role: also write the raw latency histogram to FILE, as JSON
     /// [[value_ns, count], ...] (the result line on stdout has the
     /// percentiles)
@@ -164,6 +172,18 @@ impl SizeArgs {
     }
 }
 
+/// `loch node --tree`: a known tree, named only with `--workload tree`.
+fn tree_for_workload(tree: &str, w: Workload) -> Result<(), String> {
+    check_tree(tree)?;
+    if tree != DEFAULT_TREE && w != Workload::Tree {
+        return Err(format!(
+            "--tree applies to --workload tree, not {}",
+            w.name()
+        ));
+    }
+    Ok(())
+}
+
 fn workload_value(s: &str) -> Result<Workload, String> {
     Workload::parse(&s.to_ascii_lowercase())
         .ok_or_else(|| format!("`{s}` is not one of verbs, tree, hash, txn, leases"))
@@ -212,6 +232,11 @@ struct DemoArgs {
     tree_records: u64,
     #[command(flatten)]
     sizes: SizeArgs,
+    /// The tree phase's tree, one of sherman (as the paper builds it),
+    /// sherman-2rt (writes in two round trips), sherman-paper-versions, fg
+    /// (the FG+ baseline), fg+comb, fg+comb+onchip, fg+comb+onchip+hier
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_TREE)]
+    tree: String,
     /// Transactions each coordinator of the transactions phase runs (a
     /// replicated bank of transfers and audits; 0 skips it; not with
     /// faults)
@@ -266,6 +291,7 @@ impl DemoArgs {
             pin: !self.no_pin,
             tree_records: self.tree_records,
             sizes: self.sizes.sizes()?,
+            tree: self.tree.clone(),
             txn_txs: self.txn_txs,
             ..DemoConfig::default()
         };
@@ -328,6 +354,7 @@ impl DemoArgs {
             pin: !self.no_pin,
             records: self.tree_records,
             sizes: self.sizes.sizes()?,
+            tree: self.tree.clone(),
             ..ProcessesConfig::default()
         };
         cfg.seconds = self.seconds.unwrap_or(cfg.seconds);
@@ -343,6 +370,7 @@ impl DemoArgs {
         if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
             return Err("--cores and --tasks must be at least 1".into());
         }
+        check_tree(&cfg.tree)?;
         if cfg.workloads.iter().any(|w| w.index().is_some()) {
             let all = processes::memory_bytes(&cfg).saturating_mul(cfg.memory_nodes as u64);
             demo::fits_this_host(all, cfg.sizes, cfg.records)?;
@@ -428,6 +456,9 @@ fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(e) => return bad_input("node", &e),
             };
+            if let Err(e) = tree_for_workload(&a.tree, a.workload) {
+                return bad_input("node", &e);
+            }
             let o = NodeOptions {
                 config: a.node.config,
                 id: a.node.id,
@@ -438,6 +469,7 @@ fn main() -> ExitCode {
                 workload: a.workload,
                 records: a.records,
                 sizes,
+                tree: a.tree,
                 histogram: a.histogram,
                 txs: a.txs,
                 etcd: a.etcd,
@@ -460,6 +492,7 @@ fn main() -> ExitCode {
                 workload: a.workload,
                 records: a.records,
                 sizes,
+                tree: DEFAULT_TREE.into(),
                 histogram: None,
                 txs: a.txs,
                 etcd: None,

@@ -34,7 +34,7 @@
 //! derive it, attach, and check the attached node's registered regions
 //! against the Region records the node published.
 
-use crate::index_work::{IndexKind, Sizes};
+use crate::index_work::{IndexKind, Sizes, DEFAULT_TREE};
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
 use crate::node_work::{self, Layout};
@@ -169,6 +169,9 @@ pub struct NodeOptions {
     /// Index workloads: the records' key and value sizes (every compute
     /// node must be given the same).
     pub sizes: Sizes,
+    /// `--workload tree`: the tree, by [`index::tree::TreeConfig::named`]
+    /// name (every compute node must be given the same).
+    pub tree: String,
     /// Compute role: write the raw latency histogram here (JSON) besides
     /// the summary line.
     pub histogram: Option<PathBuf>,
@@ -362,10 +365,15 @@ fn workload_flags(o: &NodeOptions) -> String {
     }
     match o.workload.index() {
         Some(_) => format!(
-            "--workload {} --records {}{}",
+            "--workload {} --records {}{}{}",
             o.workload.name(),
             o.records,
-            o.sizes.flags()
+            o.sizes.flags(),
+            if o.tree == DEFAULT_TREE {
+                String::new()
+            } else {
+                format!(" --tree {}", o.tree)
+            }
         ),
         None => format!("--workload {}", o.workload.name()),
     }
@@ -380,7 +388,7 @@ pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(),
     match rv.agree(MEMORY_READY, workload.as_deref()) {
         Ok(_) => Ok(()),
         Err(ChannelError::Disagreed(why)) => Err(NodeError::Usage(format!(
-            "the compute nodes were given different workloads ({why}); give every compute node the same --workload, --records, --key-size and --value-size"
+            "the compute nodes were given different workloads ({why}); give every compute node the same --workload, --records, --key-size, --value-size and --tree"
         ))),
         Err(e) => Err(channel_failed("barrier memory-ready", e)),
     }

@@ -228,6 +228,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         .map(|kind| {
             node_index::handle(
                 kind,
+                &o.tree,
                 c.layout.index_bytes,
                 o.sizes,
                 o.records,
@@ -640,6 +641,7 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
         "backend": c.backend,
         "workload": o.workload.name(),
         "records": if indexed { o.records } else { 0 },
+        "tree": (o.workload == crate::node::Workload::Tree).then_some(&o.tree),
         "key_bytes": if indexed { o.sizes.key_bytes() } else { 0 },
         "value_bytes": if indexed { o.sizes.value_bytes() } else { 0 },
         "ops": ops,
@@ -800,6 +802,7 @@ mod tests {
             workload: crate::node::Workload::Verbs,
             records: 10,
             sizes: crate::index_work::Sizes::default(),
+            tree: "sherman".into(),
             histogram: None,
             txs: 2000,
             etcd: None,

@@ -50,15 +50,17 @@ pub fn chunk_config(index_bytes: u64) -> ChunkConfig {
 /// number of task slots of the whole cluster and `dm_bytes` the device
 /// memory of each memory node; with the other arguments they come from the
 /// cluster file and the flags, so every compute node builds the same.
+#[allow(clippy::too_many_arguments)]
 pub fn handle(
     kind: IndexKind,
+    tree: &str,
     index_bytes: u64,
     sizes: Sizes,
     records: u64,
     tasks: u64,
     dm_bytes: u64,
 ) -> Result<AnyIndex, String> {
-    let tcfg = tree_config(index_bytes, &chunk_config(index_bytes));
+    let tcfg = tree_config(tree, index_bytes, &chunk_config(index_bytes))?;
     index_handle(kind, &tcfg, sizes, records, tasks, dm_bytes)
 }
 

@@ -12,7 +12,7 @@
 //! the memory nodes with SIGTERM and prints a summary with checks. Every
 //! path out kills what it started and removes its files.
 
-use crate::index_work::{index_bytes_needed, Sizes};
+use crate::index_work::{index_bytes_needed, tree_title, Sizes, DEFAULT_TREE};
 use crate::node::{emu_node_path, Workload, TASKS_PER_CORE_MAX};
 use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
@@ -47,6 +47,8 @@ pub struct ProcessesConfig {
     pub records: u64,
     /// Their key and value sizes.
     pub sizes: Sizes,
+    /// The tree workload's tree, by name.
+    pub tree: String,
 }
 
 impl Default for ProcessesConfig {
@@ -61,6 +63,7 @@ impl Default for ProcessesConfig {
             workloads: vec![Workload::Verbs, Workload::Tree, Workload::Hash],
             records: 100_000,
             sizes: Sizes::default(),
+            tree: DEFAULT_TREE.into(),
         }
     }
 }
@@ -391,6 +394,10 @@ fn start_nodes(
                 .args(["--records", &cfg.records.to_string()])
                 .args(["--key-size", &cfg.sizes.key_bytes().to_string()])
                 .args(["--value-size", &cfg.sizes.value_bytes().to_string()])
+                .args(match w {
+                    Workload::Tree => vec!["--tree", cfg.tree.as_str()],
+                    _ => vec![],
+                })
                 .arg("--histogram")
                 .arg(file.with_file_name(format!("latency-{}.json", n.id)))
                 .stdout(Stdio::piped());
@@ -572,9 +579,9 @@ fn section_stats(cfg: &ProcessesConfig, w: Workload, t: &Totals) -> String {
             text,
             "  {} ({} records loaded ({}-byte keys, {}-byte values) by one compute node in {:.1} ms, then 40% lookup / 25% put / 10% delete / 15% own lookup / 10% scan{})",
             if w == Workload::Tree {
-                "B+tree (Sherman, bulk load)"
+                tree_title(&cfg.tree)
             } else {
-                "hash table (Nessie, puts)"
+                "hash table (Nessie, puts)".into()
             },
             cfg.records,
             cfg.sizes.key_bytes(),

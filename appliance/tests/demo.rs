@@ -92,6 +92,8 @@ fn demo_refuses_bad_flags_with_exit_2() {
         &["demo", "--tree-records", "18446744073709551615"],
         &["demo", "--latency-ns", "18446744073709551615"],
         &["demo", "--backend", "sim", "--latency-ns", "1000000001"],
+        &["demo", "--tree", "btree"],
+        &["demo", "--processes", "--tree", "fg++"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_loch"))
             .args(args)
@@ -202,6 +204,34 @@ fn demo_runs_its_index_phases_with_wide_records() {
         );
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// `--tree`: the tree phase runs the tree named, here Sherman writing in
+/// two round trips, checks itself and replays; the summary names it.
+#[test]
+fn demo_runs_the_tree_named() {
+    let run = || {
+        let s = demo_sim(&[
+            "--seed",
+            "5",
+            "--seconds",
+            "0.002",
+            "--txn-txs",
+            "0",
+            "--tree-records",
+            "3000",
+            "--tree",
+            "sherman-2rt",
+        ]);
+        assert!(
+            s.contains("  B+tree (sherman-2rt, bulk load) (3000 records"),
+            "{s}"
+        );
+        assert_eq!(s.matches("0 mismatches: ok").count(), 3, "{s}");
+        assert!(!s.contains("FAILED"), "{s}");
+        seeded_lines(&s)
+    };
+    assert_eq!(run(), run());
 }
 
 /// Faults from the command line: the demo goes on with the tasks that can,

@@ -280,17 +280,23 @@ fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
 /// itself as with 8-byte records.
 #[test]
 fn demo_processes_runs_the_indexes_with_wide_records() {
-    for (workload, records) in [("tree", "4000"), ("hash", "2000")] {
+    // The tree workload as Sherman writing in two round trips: every
+    // compute node is given the tree too.
+    for (workload, records, title) in [
+        ("tree", "4000", "B+tree (sherman-2rt, bulk load)"),
+        ("hash", "2000", "hash table (Nessie, puts)"),
+    ] {
         let out = Command::new(LOCH)
             .args(["demo", "--processes", "--no-pin", "--seconds", "0.5"])
             .args(["--workload", workload, "--tree-records", records])
             .args(["--key-size", "256", "--value-size", "1000"])
+            .args(["--tree", "sherman-2rt"])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stdout}\n{stderr}");
-        let says = format!("{records} records loaded (256-byte keys, 1000-byte values)");
+        let says = format!("{title} ({records} records loaded (256-byte keys, 1000-byte values)");
         assert!(stdout.contains(&says), "{stdout}");
         assert!(stdout.contains(": 0 mismatches: ok"), "{stdout}");
         assert!(figure(&stdout, "operations ") > 100.0, "{stdout}");
@@ -523,6 +529,9 @@ fn node_rejects_bad_input_with_exit_2() {
             "64",
         ],
         vec!["check", "--id", "1", "--key-size", "0"],
+        vec!["node", "--id", "1", "--tree", "sherman-3rt"],
+        // The tree is the tree workload's only.
+        vec!["node", "--id", "1", "--workload", "hash", "--tree", "fg"],
         // Once found only after the run, when the file was written.
         vec![
             "node",
@@ -857,7 +866,17 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
             "node 2: --workload hash --records 100000",
         ],
     );
-    // The same index of other record sizes is another workload too.
+    // The same index as another tree, or of other record sizes, is
+    // another workload too.
+    refused_at_the_barrier(
+        "mismatch-tree",
+        ["--tree", "sherman"],
+        ["--tree", "sherman-2rt"],
+        [
+            "node 1: --workload tree --records 100000",
+            "node 2: --workload tree --records 100000 --tree sherman-2rt",
+        ],
+    );
     refused_at_the_barrier(
         "mismatch-sizes",
         ["--key-size", "8"],

@@ -950,6 +950,7 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
         workload: crate::node::Workload::Verbs,
         records: 1000,
         sizes: crate::index_work::Sizes::default(),
+        tree: "sherman".into(),
         histogram: None,
         txs: 2000,
         etcd: None,
