@@ -101,10 +101,39 @@ pub fn index_bytes_needed(
     memory_nodes: u64,
     chunk_bytes: u64,
 ) -> u64 {
-    let keys = records.saturating_add(tasks * OWN_KEYS);
-    (sizes.layout.bytes_for_records(keys) / memory_nodes.max(1))
-        .saturating_add(tasks * chunk_bytes + (32 << 20))
+    let at = Layout::bytes_for_records;
+    index_bytes(at, sizes, records, tasks, memory_nodes, chunk_bytes)
+        .saturating_add(32 << 20)
         .next_multiple_of(1 << 20)
+}
+
+/// The least host bytes of each of `memory_nodes` memory nodes that the
+/// index workload can run in: as [`index_bytes_needed`], with the records
+/// as a bulk load lays them out ([`Layout::bytes_loaded`]) and no margin.
+/// Less than this cannot hold the load.
+pub fn index_bytes_least(
+    sizes: Sizes,
+    records: u64,
+    tasks: u64,
+    memory_nodes: u64,
+    chunk_bytes: u64,
+) -> u64 {
+    let at = Layout::bytes_loaded;
+    index_bytes(at, sizes, records, tasks, memory_nodes, chunk_bytes)
+}
+
+/// `bytes` of the records and the tasks' own keys, spread over the memory
+/// nodes, plus a chunk a task on each.
+fn index_bytes(
+    bytes: fn(&Layout, u64) -> u64,
+    sizes: Sizes,
+    records: u64,
+    tasks: u64,
+    memory_nodes: u64,
+    chunk_bytes: u64,
+) -> u64 {
+    let keys = records.saturating_add(tasks * OWN_KEYS);
+    (bytes(&sizes.layout, keys) / memory_nodes.max(1)).saturating_add(tasks * chunk_bytes)
 }
 
 /// A compute node's handle on the index of a phase: `records` loaded keys

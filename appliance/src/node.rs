@@ -758,6 +758,29 @@ fn workload_fits(
                 node_index::CHUNK_BYTES
             )));
         }
+        // Records that cannot fit are refused now, not by a load that
+        // runs out of chunks part way. Tasks as this node runs them on
+        // every core of the cluster (the hash table's clients each carve
+        // a chunk on every memory node).
+        let tasks = (cores_total * o.tasks_per_core) as u64;
+        let least = crate::index_work::index_bytes_least(
+            o.sizes,
+            o.records,
+            tasks,
+            memory.len() as u64,
+            node_index::CHUNK_BYTES,
+        );
+        if least > layout.index_bytes {
+            return Err(NodeError::Usage(format!(
+                "{} records of {}-byte keys and {}-byte values need at least {} MiB of each of the {} memory nodes for the index, and they leave {} MiB below the verb areas; give them more memory or load fewer records",
+                o.records,
+                o.sizes.key_bytes(),
+                o.sizes.value_bytes(),
+                least.div_ceil(1 << 20),
+                memory.len(),
+                layout.index_bytes >> 20
+            )));
+        }
         if !memory.iter().any(|m| m.id == 0) {
             return Err(NodeError::Usage(
                 "the index workloads need a memory node with id 0 (its superblock holds the index root)"

@@ -42,16 +42,21 @@ fn cluster_of(dir: &PrivateDir, memory: usize, compute: usize) -> (PathBuf, Vec<
     (write(dir, "cluster.toml", &t), ports)
 }
 
+/// `loch CMD --config FILE ARGS...`, run to its end.
+fn loch_on(cmd: &str, file: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(LOCH)
+        .args([cmd, "--config"])
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn check_prints_every_check_and_exits_0_or_1() {
     let dir = PrivateDir::new("check").unwrap();
     let (file, _) = cluster(&dir, 2);
-    let out = Command::new(LOCH)
-        .args(["check", "--config"])
-        .arg(&file)
-        .args(["--id", "2"])
-        .output()
-        .unwrap();
+    let out = loch_on("check", &file, &["--id", "2"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 5, "{stdout}");
@@ -83,12 +88,7 @@ fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
         .unwrap()
         .replace("memory = \"16MiB\"", "memory = \"1MiB\"");
     let small = write(&dir, "small.toml", &text);
-    let out = Command::new(LOCH)
-        .args(["check", "--config"])
-        .arg(&small)
-        .args(["--id", "1"])
-        .output()
-        .unwrap();
+    let out = loch_on("check", &small, &["--id", "1"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     let line = stdout.lines().last().unwrap();
@@ -97,14 +97,34 @@ fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
         "{line}"
     );
     // And loch node refuses it the same way, before starting.
-    let out = Command::new(LOCH)
-        .args(["node", "--config"])
-        .arg(&small)
-        .args(["--id", "1", "--seconds", "1"])
-        .output()
-        .unwrap();
+    let out = loch_on("node", &small, &["--id", "1", "--seconds", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs"));
+
+    // 16 MiB holds 100,000 records of 8 bytes, not of 1 KiB keys and
+    // values (32 KiB leaves of 11 when loaded): both refuse the records
+    // before any load runs out of chunks.
+    let wide = ["--key-size", "1024", "--value-size", "1024"];
+    let fits = loch_on("check", &file, &["--id", "1"]);
+    let stdout = String::from_utf8_lossy(&fits.stdout);
+    assert!(stdout.contains("ok   workload"), "{stdout}");
+    let out = loch_on("check", &file, &[&["--id", "1"][..], &wide].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout.lines().last().unwrap();
+    assert!(
+        line.starts_with("node 1 FAIL workload   100000 records of 1024-byte keys")
+            && line.contains("need at least 292 MiB of each of the 1 memory nodes"),
+        "{line}"
+    );
+    let out = loch_on(
+        "node",
+        &file,
+        &[&["--id", "1", "--seconds", "1"][..], &wide].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("need at least 292 MiB"), "{stderr}");
 }
 
 #[test]
@@ -137,12 +157,7 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
     ];
     for (name, text, expect) in cases {
         let f = write(&dir, name, &text);
-        let out = Command::new(LOCH)
-            .args(["check", "--config"])
-            .arg(&f)
-            .args(["--id", "0"])
-            .output()
-            .unwrap();
+        let out = loch_on("check", &f, &["--id", "0"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
         assert!(out.stdout.is_empty(), "{name}");
@@ -158,12 +173,7 @@ fn check_on_a_bad_config_exits_2_with_one_line() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let out = Command::new(LOCH)
-        .args(["check", "--config"])
-        .arg(&good)
-        .args(["--id", "0"])
-        .output()
-        .unwrap();
+    let out = loch_on("check", &good, &["--id", "0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("chmod 600"), "{stderr}");
@@ -561,12 +571,7 @@ fn node_rejects_bad_input_with_exit_2() {
         .unwrap()
         .replace("kind = \"emu\"", "kind = \"mlx5\"\ndevice = \"mlx5_0\"");
     let f = write(&dir, "mlx5.toml", &mlx5);
-    let out = Command::new(LOCH)
-        .args(["node", "--config"])
-        .arg(&f)
-        .args(["--id", "0"])
-        .output()
-        .unwrap();
+    let out = loch_on("node", &f, &["--id", "0"]);
     // This build has no mlx5 feature (the workspace default): one clear
     // sentence saying how to get one.
     assert_eq!(out.status.code(), Some(2));
@@ -777,12 +782,7 @@ fn check_passes_the_shipped_emu_example() {
     let file = write(&dir, "emu.toml", &text);
     write(&dir, "secret", "0123456789abcdef0123456789abcdef-test");
     for id in ["0", "2"] {
-        let out = Command::new(LOCH)
-            .args(["check", "--config"])
-            .arg(&file)
-            .args(["--id", id])
-            .output()
-            .unwrap();
+        let out = loch_on("check", &file, &["--id", id]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         // Exit 0, or 1 where this machine lacks something the file asks
         // for (a CPU of `cores`): never bad input.
@@ -859,8 +859,8 @@ fn memory_nodes_serve_one_compute_run_after_another() {
 fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
     refused_at_the_barrier(
         "mismatch",
-        ["--workload", "tree"],
-        ["--workload", "hash"],
+        &["--workload", "tree"],
+        &["--workload", "hash"],
         [
             "node 1: --workload tree --records 100000",
             "node 2: --workload hash --records 100000",
@@ -870,8 +870,8 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
     // another workload too.
     refused_at_the_barrier(
         "mismatch-tree",
-        ["--tree", "sherman"],
-        ["--tree", "sherman-2rt"],
+        &["--tree", "sherman"],
+        &["--tree", "sherman-2rt"],
         [
             "node 1: --workload tree --records 100000",
             "node 2: --workload tree --records 100000 --tree sherman-2rt",
@@ -879,11 +879,11 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
     );
     refused_at_the_barrier(
         "mismatch-sizes",
-        ["--key-size", "8"],
-        ["--key-size", "64"],
+        &["--records", "20000", "--key-size", "8"],
+        &["--records", "20000", "--key-size", "64"],
         [
-            "node 1: --workload tree --records 100000",
-            "node 2: --workload tree --records 100000 --key-size 64 --value-size 8",
+            "node 1: --workload tree --records 20000",
+            "node 2: --workload tree --records 20000 --key-size 64 --value-size 8",
         ],
     );
 }
@@ -891,14 +891,14 @@ fn compute_nodes_given_different_workloads_are_refused_at_the_barrier() {
 /// A memory node and two compute nodes, given `one` and `two`: all three
 /// exit 2 before anything is loaded, with one line naming who was given
 /// what (`says`).
-fn refused_at_the_barrier(name: &str, one: [&str; 2], two: [&str; 2], says: [&str; 2]) {
+fn refused_at_the_barrier(name: &str, one: &[&str], two: &[&str], says: [&str; 2]) {
     let dir = PrivateDir::new(name).unwrap();
     let (file, _) = cluster_of(&dir, 1, 2);
     let run = ["--seconds", "5", "--no-pin"];
     let mut r = Reaper(vec![
         spawn_node(&file, 0, &[]),
-        spawn_node(&file, 1, &[&one[..], &run].concat()),
-        spawn_node(&file, 2, &[&two[..], &run].concat()),
+        spawn_node(&file, 1, &[one, &run].concat()),
+        spawn_node(&file, 2, &[two, &run].concat()),
     ]);
     let (tx, _rx) = std::sync::mpsc::channel();
     let logs: Vec<_> = (0..3)
@@ -1052,22 +1052,16 @@ fn the_txn_workload_refuses_clusters_it_cannot_run_with_exit_2() {
     let dir = PrivateDir::new("txn-bad").unwrap();
     // Memory-only and compute-only nodes: not machines.
     let (file, _) = cluster(&dir, 2);
-    let out = Command::new(LOCH)
-        .args(["node", "--config"])
-        .arg(&file)
-        .args(["--id", "0", "--workload", "txn"])
-        .output()
-        .unwrap();
+    let out = loch_on("node", &file, &["--id", "0", "--workload", "txn"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("both roles"), "{err}");
     let file = machines(&dir, 2);
-    let out = Command::new(LOCH)
-        .args(["node", "--config"])
-        .arg(&file)
-        .args(["--id", "0", "--workload", "txn", "--txs", "0"])
-        .output()
-        .unwrap();
+    let out = loch_on(
+        "node",
+        &file,
+        &["--id", "0", "--workload", "txn", "--txs", "0"],
+    );
     assert_eq!(
         out.status.code(),
         Some(2),

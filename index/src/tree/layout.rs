@@ -221,6 +221,13 @@ impl Layout {
         let per_node = (self.leaf_fanout() as u64 * 4 / 9).max(1);
         records * self.node_bytes() as u64 / per_node
     }
+    /// Bytes of the leaves a bulk load of `records` records writes (4/5
+    /// full), the least the records take; [`Self::bytes_for_records`] is
+    /// what they take once inserts have split leaves in halves.
+    pub fn bytes_loaded(&self, records: u64) -> u64 {
+        let per_leaf = (self.leaf_fanout() as u64 * 4 / 5).max(1);
+        records.div_ceil(per_leaf) * self.node_bytes() as u64
+    }
     /// Entries to a leaf.
     pub fn leaf_fanout(&self) -> usize {
         self.leaf.fanout as usize
@@ -836,6 +843,10 @@ mod tests {
         assert_eq!(l.bytes_for_records(0), 0);
         let big = Layout::new(8, 1024).unwrap();
         assert_eq!(big.bytes_for_records(60), 10 * 16384);
+        // Loaded 4/5 full: 36 records a 1 KiB leaf, 12 a 16 KiB one.
+        assert_eq!(l.bytes_loaded(36_000), 1000 * 1024);
+        assert_eq!(l.bytes_loaded(36_001), 1001 * 1024);
+        assert_eq!(big.bytes_loaded(60), 5 * 16384);
     }
 
     /// Every key and value size: entries and fences lie inside the node,
