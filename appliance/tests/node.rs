@@ -357,11 +357,7 @@ impl Drop for Reaper {
 fn a_memory_node_killed_with_sigkill_fails_its_operations_only() {
     let dir = PrivateDir::new("kill").unwrap();
     let (file, ports) = cluster(&dir, 2);
-    let node_file = |id: u32| {
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{id}", ports[0]))
-    };
+    let node_file = |id: u32| node_file(ports[0], id);
     let mut r = Reaper(vec![
         spawn_node(&file, 0, &[]),
         spawn_node(&file, 1, &[]),
@@ -612,11 +608,7 @@ fn read_all(c: &mut Child) -> std::thread::JoinHandle<String> {
 fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
     let dir = PrivateDir::new("tree").unwrap();
     let (file, ports) = cluster_of(&dir, 2, 2);
-    let node_file = |id: u32| {
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{id}", ports[0]))
-    };
+    let node_file = |id: u32| node_file(ports[0], id);
     let flags = [
         "--workload",
         "tree",
@@ -704,9 +696,7 @@ fn a_cluster_of_processes_runs_the_tree_workload_and_checks_itself() {
 fn sigterm_ends_a_node_waiting_for_its_peers_within_a_second() {
     let dir = PrivateDir::new("lone").unwrap();
     let (file, ports) = cluster(&dir, 1);
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    let node0 = PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node0", ports[0]));
+    let node0 = node_file(ports[0], 0);
     // First the memory node (the coordinator) waiting at accept, then,
     // with the coordinator gone, the compute node redialing it.
     for (id, waiting) in [(0u32, "memory role"), (1, "")] {
@@ -801,11 +791,7 @@ fn memory_nodes_serve_one_compute_run_after_another() {
     // joining the same memory nodes; every run checks itself.
     let dir = PrivateDir::new("service").unwrap();
     let (file, ports) = cluster_of(&dir, 2, 1);
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    let files: Vec<PathBuf> = (0..2)
-        .map(|k| PathBuf::from(format!("/dev/shm/loch-u{uid}-p{}-node{k}", ports[0])))
-        .collect();
+    let files: Vec<PathBuf> = (0..2).map(|k| node_file(ports[0], k)).collect();
     let mut memory = Reaper(vec![spawn_node(&file, 0, &[]), spawn_node(&file, 1, &[])]);
     let (tx, _rx) = std::sync::mpsc::channel();
     let mem_log = collect(&mut memory.0[0], "", tx);
@@ -1037,6 +1023,25 @@ fn machines_in_processes_stop_the_bank_on_sigint_and_still_check_it() {
     bank_of_three("txn-int", "100000000000", true);
 }
 
+/// The emu node file of memory node `id` of the cluster whose coordinator
+/// (its first node) listens on `port`, as `loch node` names it.
+fn node_file(port: u16, id: u32) -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/dev/shm/loch-u{uid}-p{port}-node{id}"))
+}
+
+/// Removes a file when dropped, the test passed or not: a node killed
+/// with SIGKILL cannot remove its node file, and one left behind would be
+/// taken for its own by a later run whose coordinator got the same port.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The ports of a cluster file's nodes, in order.
 fn ports_of(file: &Path) -> Vec<u16> {
     std::fs::read_to_string(file)
@@ -1092,6 +1097,7 @@ fn machines_in_processes_reconfigure_through_etcd_when_one_is_killed() {
         let etcd = LocalEtcd::start(Duration::from_secs(20)).expect("etcd starts");
         let dir = PrivateDir::new(&format!("leases{victim}")).unwrap();
         let file = machines(&dir, 4);
+        let _killed = RemoveOnDrop(node_file(ports_of(&file)[0], victim));
         // Long leases: four processes of two spinning cores each share two
         // CPUs here, beside the other tests of this binary (300 ms let a
         // starved machine be suspected falsely once in CI).
@@ -1201,6 +1207,7 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
         let etcd = LocalEtcd::start(Duration::from_secs(20)).expect("etcd starts");
         let dir = PrivateDir::new(&format!("recover{victim}")).unwrap();
         let file = machines(&dir, 4);
+        let _killed = RemoveOnDrop(node_file(ports_of(&file)[0], victim));
         // Long leases: four processes of four spinning threads each share
         // two CPUs here, beside the other tests' processes.
         let flags = [
