@@ -93,6 +93,25 @@ impl Drop for Launch {
     }
 }
 
+/// The flags of workload `w`'s index, as its compute nodes take them: the
+/// record sizes for either index, the tree for the tree (`loch node`
+/// refuses them with a workload that has no index).
+fn index_flags(cfg: &ProcessesConfig, w: Workload) -> Vec<String> {
+    let mut flags = Vec::new();
+    if w.index().is_some() {
+        flags.extend([
+            "--key-size".to_string(),
+            cfg.sizes.key_bytes().to_string(),
+            "--value-size".to_string(),
+            cfg.sizes.value_bytes().to_string(),
+        ]);
+    }
+    if w == Workload::Tree {
+        flags.extend(["--tree".to_string(), cfg.tree.clone()]);
+    }
+    flags
+}
+
 /// Memory of each memory node: 64 MiB, or more when the index workloads
 /// need it: the verb areas of every task slot `loch node` reserves, and
 /// the index below them ([`index_bytes_needed`]).
@@ -392,12 +411,7 @@ fn start_nodes(
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
                 .args(["--workload", w.name()])
                 .args(["--records", &cfg.records.to_string()])
-                .args(["--key-size", &cfg.sizes.key_bytes().to_string()])
-                .args(["--value-size", &cfg.sizes.value_bytes().to_string()])
-                .args(match w {
-                    Workload::Tree => vec!["--tree", cfg.tree.as_str()],
-                    _ => vec![],
-                })
+                .args(index_flags(cfg, w))
                 .arg("--histogram")
                 .arg(file.with_file_name(format!("latency-{}.json", n.id)))
                 .stdout(Stdio::piped());
