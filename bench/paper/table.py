@@ -2,7 +2,7 @@
 """Turns loch-bench JSON into the paper-comparison markdown tables.
 
 usage: table.py KIND OUT.md RESULT.json [RESULT.json ...]
-KIND: breakdown | round-trips | scalability | cache | range | gets | key-size | locks
+KIND: breakdown | round-trips | scalability | cache | range | gets | key-size | locks | read-path
 """
 import json
 import sys
@@ -115,6 +115,56 @@ def locks(rows, out):
             f"| {r['variant']} | {r['acquisitions_per_sec'] / 1e6:.3f} | {lat['p50'] / 1e3:.2f} | {lat['p99'] / 1e3:.1f} | "
             f"{num(r['remote_cas_per_acquisition'], 3)} | {pct(r['handed_over'], 1)} | {step} | {paper.get(r['variant'], '')} |"
         )
+
+
+def read_path(rows, out):
+    """Rounds of the emu read path: each `loch-bench run` file gives a
+    sherman and an fg row with the same run's BTreeMap reference, each
+    `loch-bench verbs` file a read row; the median and range of each ratio
+    over the rounds, beside issue 17's targets."""
+    sh = [r for r in rows if r.get("system") == "sherman"]
+    fg = [r for r in rows if r.get("system") == "fg"]
+    verbs = [r for r in rows if r.get("verb") == "read"]
+    rounds = list(zip(sh, fg))
+    if not rounds or len(sh) != len(fg):
+        raise SystemExit("read-path: every run needs a sherman and an fg row")
+
+    def median(v):
+        v = sorted(v)
+        n = len(v)
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    def line(name, target, v, fmt, met):
+        m = median(v)
+        out.append(
+            f"| {name} | {target} | **{fmt(m)}** ({'met' if met(m) else 'not met'}) | "
+            f"{fmt(min(v))}–{fmt(max(v))} |"
+        )
+
+    out.append(f"{len(rounds)} rounds of `loch-bench run --threads 1 --workload ycsb-c --zipf 0`"
+               f" and {len(verbs)} of `loch-bench verbs --depth 16 -D 1` (backend {sh[0]['backend']})."
+               " Per round: Sherman and FG+ lookups per second, and the BTreeMap reference of the same run.")
+    out.append("")
+    out.append("| round | Sherman Mops/s | FG+ Mops/s | BTreeMap Mops/s | Sherman / FG+ | Sherman / BTreeMap | CPU ns a READ |")
+    out.append("|---|---|---|---|---|---|---|")
+    for i, (s, f) in enumerate(rounds):
+        bt = s["btreemap_lookups_per_sec"]
+        cpu = f"{verbs[i]['ns_per_op']:.1f}" if i < len(verbs) else ""
+        out.append(
+            f"| {i + 1} | {s['ops_per_sec'] / 1e6:.3f} | {f['ops_per_sec'] / 1e6:.3f} | {bt / 1e6:.3f} | "
+            f"{s['ops_per_sec'] / f['ops_per_sec']:.3f} | {s['ops_per_sec'] / bt:.3f} | {cpu} |"
+        )
+    out.append("")
+    out.append("| figure (issue 17) | target | median | range |")
+    out.append("|---|---|---|---|")
+    three = lambda x: f"{x:.3f}"
+    line("Sherman / FG+ lookups per second (item 6)", "≥ 1",
+         [s["ops_per_sec"] / f["ops_per_sec"] for s, f in rounds], three, lambda m: m >= 1)
+    line("Sherman / BTreeMap lookups per second (item 6)", "≥ 0.5",
+         [s["ops_per_sec"] / s["btreemap_lookups_per_sec"] for s, _ in rounds], three, lambda m: m >= 0.5)
+    if verbs:
+        line("CPU ns a verb: one core, 8-byte READ, depth 16, one verb a doorbell (item 7)", "≤ 100",
+             [v["ns_per_op"] for v in verbs], lambda x: f"{x:.1f}", lambda m: m <= 100)
 
 
 def scalability(rows, out):
@@ -316,13 +366,13 @@ def main():
     kind, dest, *paths = sys.argv[1:]
     rows = load(paths)
     out = []
-    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size, "locks": locks}[kind](rows, out)
+    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size, "locks": locks, "read-path": read_path}[kind](rows, out)
     try:
         with open(dest) as f:
             said = "Why ours differ" in f.read()
     except FileNotFoundError:
         said = False
-    if not said:
+    if not said and kind in WHY:
         out.append(WHY[kind])
     with open(dest, "a") as f:
         f.write("\n".join(out) + "\n")

@@ -1095,3 +1095,101 @@ fn mlx5_commands_say_what_they_need() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gid-index is for --backend mlx5"));
 }
+
+/// `bench/paper/read_path.sh`'s table from real runs: two rounds of the
+/// issue's emu run and of the verbs point, through `table.py read-path`:
+/// every round's row, and each figure's median beside its target.
+#[test]
+fn the_read_path_table_reads_the_runs_it_is_given() {
+    let dir = std::env::temp_dir().join(format!("loch-read-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    for (name, args) in [
+        (
+            "run",
+            &[
+                "run",
+                "--backend",
+                "emu",
+                "--threads",
+                "1",
+                "--workload",
+                "ycsb-c",
+                "--zipf",
+                "0",
+                "--records",
+                "20000",
+                "-D",
+                "0.1",
+                "--json",
+            ][..],
+        ),
+        (
+            "verbs",
+            &["verbs", "--depth", "16", "-D", "0.1", "--no-pin", "--json"],
+        ),
+    ] {
+        for round in 0..2 {
+            let out = bench(args);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let f = dir.join(format!("{name}-{round}.json"));
+            std::fs::write(&f, &out.stdout).unwrap();
+            files.push(f);
+        }
+    }
+    let md = dir.join("read_path.md");
+    let table = concat!(env!("CARGO_MANIFEST_DIR"), "/paper/table.py");
+    let out = Command::new("python3")
+        .arg(table)
+        .arg("read-path")
+        .arg(&md)
+        .args(&files)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&md).unwrap();
+    let lone = std::fs::read_to_string(&files[0]).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(text.contains("2 rounds of `loch-bench run"), "{text}");
+    assert!(
+        text.contains("\n| 1 | ") && text.contains("\n| 2 | "),
+        "{text}"
+    );
+    for figure in [
+        "| Sherman / FG+ lookups per second (item 6) | ≥ 1 | **",
+        "| Sherman / BTreeMap lookups per second (item 6) | ≥ 0.5 | **",
+        "| CPU ns a verb: one core, 8-byte READ, depth 16, one verb a doorbell (item 7) | ≤ 100 | **",
+    ] {
+        assert!(text.contains(figure), "{figure}: {text}");
+    }
+    // A run without its FG+ row is refused, not tabled.
+    let v: serde_json::Value = serde_json::from_str(&lone).unwrap();
+    let only: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["system"] == "sherman")
+        .collect();
+    let dir2 = std::env::temp_dir().join(format!("loch-read-path-lone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir2).unwrap();
+    let f = dir2.join("run.json");
+    std::fs::write(&f, serde_json::to_vec(&only).unwrap()).unwrap();
+    let out = Command::new("python3")
+        .arg(table)
+        .args(["read-path"])
+        .arg(dir2.join("t.md"))
+        .arg(&f)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir2).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a sherman and an fg row"));
+}
