@@ -9,7 +9,7 @@
 //! The workload grows with Loch: later capabilities (the B+tree, the hash
 //! table, transactions) join it.
 
-use crate::index_work::{check_tree, index_bytes_needed, Sizes, DEFAULT_TREE};
+use crate::index_work::{check_tree, IndexLoad, Sizes, DEFAULT_TREE};
 use crate::verb_mix::{self, Mix, Target, Verb};
 use cluster::sim::{self as simrun, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
@@ -271,13 +271,18 @@ async fn demo_task<N: Nic>(
 }
 
 /// Host memory of each memory node: 64 MiB, or what the index
-/// phases take ([`index_bytes_needed`]) when that is more. Emu maps it
+/// phases take ([`IndexLoad::needed`]) when that is more. Emu maps it
 /// lazily and the simulator's is calloc'd, so only what the records
 /// touch is used.
 pub fn host_bytes(cfg: &DemoConfig) -> u64 {
-    let tasks = (cfg.cores * cfg.tasks_per_core) as u64;
-    let mem = cfg.memory_nodes as u64;
-    index_bytes_needed(cfg.sizes, cfg.tree_records, tasks, mem, CHUNK_BYTES).max(HOST_BYTES)
+    let load = IndexLoad {
+        sizes: cfg.sizes,
+        records: cfg.tree_records,
+        tasks: (cfg.cores * cfg.tasks_per_core) as u64,
+        memory_nodes: cfg.memory_nodes as u64,
+        chunk_bytes: CHUNK_BYTES,
+    };
+    load.needed().max(HOST_BYTES)
 }
 
 fn chunk_config(host_bytes: u64) -> ChunkConfig {

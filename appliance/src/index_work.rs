@@ -28,13 +28,10 @@ pub enum IndexKind {
 /// The size of a record's key and value (`--key-size`, `--value-size`):
 /// record `i`'s key is [`key_of`]`(i)` widened to the key size
 /// ([`index::tree::key::wide_key`]: its 8 bytes repeated, so the order
-/// is kept), its value the `u64` repeated to fill the value.
+/// is kept), its value the `u64` repeated to fill the value. Held as the
+/// tree's node layout for them, which knows both sizes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Sizes {
-    key_bytes: usize,
-    value_bytes: usize,
-    layout: Layout,
-}
+pub struct Sizes(Layout);
 
 impl Default for Sizes {
     /// 8-byte keys and values, the papers' setting.
@@ -47,93 +44,89 @@ impl Sizes {
     /// Keys of 8 bytes or one of [`index::any::WIDE_KEY_BYTES`], values of
     /// 8 to 1024 bytes; else the error, in the flags' words.
     pub fn new(key_bytes: usize, value_bytes: usize) -> Result<Sizes, String> {
-        let layout = index::any::record_layout(key_bytes, value_bytes)
-            .map_err(|e| e.for_flags("--key-size", "--value-size"))?;
-        Ok(Sizes {
-            key_bytes,
-            value_bytes,
-            layout,
-        })
+        index::any::record_layout(key_bytes, value_bytes)
+            .map(Sizes)
+            .map_err(|e| e.for_flags("--key-size", "--value-size"))
     }
     pub fn key_bytes(&self) -> usize {
-        self.key_bytes
+        self.0.key_bytes()
     }
     pub fn value_bytes(&self) -> usize {
-        self.value_bytes
+        self.0.value_bytes()
     }
     /// The tree's node layout for these sizes (nodes grow past 1 KiB for
     /// wide records).
     pub fn layout(&self) -> Layout {
-        self.layout
+        self.0
     }
     /// Scratch an executor slot needs to run either index's operations:
     /// the tree's six nodes at once, and never less than the 64 KiB the
     /// hash table's operations and the loader's clearing take.
     pub fn scratch_bytes_per_slot(&self) -> usize {
-        self.layout.op_scratch_bytes().max(64 << 10)
-    }
-    /// The flags that give these sizes, for a summary line or a node's
-    /// command line; empty for the default.
-    pub fn flags(&self) -> String {
-        if *self == Sizes::default() {
-            String::new()
-        } else {
-            format!(
-                " --key-size {} --value-size {}",
-                self.key_bytes, self.value_bytes
-            )
-        }
+        self.0.op_scratch_bytes().max(64 << 10)
     }
 }
 
-/// Host bytes of each of `memory_nodes` memory nodes that the index
-/// workload takes: `records` loaded records and [`OWN_KEYS`] for each of
-/// `tasks` tasks, of `sizes`, as the tree's nodes hold them
-/// ([`Layout::bytes_for_records`]; the hash table's entries take less),
-/// plus a chunk of `chunk_bytes` for every task on every node (the hash
-/// table's clients each carve one there) and 32 MiB for the rest
-/// (internal nodes, the superblock, a partly used chunk per allocator).
-/// Each index starts afresh, so this is what the larger of the two takes.
-pub fn index_bytes_needed(
-    sizes: Sizes,
-    records: u64,
-    tasks: u64,
-    memory_nodes: u64,
-    chunk_bytes: u64,
-) -> u64 {
-    let at = Layout::bytes_for_records;
-    index_bytes(at, sizes, records, tasks, memory_nodes, chunk_bytes)
-        .saturating_add(32 << 20)
-        .next_multiple_of(1 << 20)
+/// The flags `loch node` takes for index workload `kind` of records of
+/// `sizes` on tree `tree`, defaults left out: the sizes for either index,
+/// the tree for the tree. What compute nodes agree on, and what
+/// `--processes` gives them.
+pub fn index_args(kind: IndexKind, sizes: Sizes, tree: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    if sizes != Sizes::default() {
+        args.extend([
+            "--key-size".to_string(),
+            sizes.key_bytes().to_string(),
+            "--value-size".to_string(),
+            sizes.value_bytes().to_string(),
+        ]);
+    }
+    if kind == IndexKind::Tree && tree != DEFAULT_TREE {
+        args.extend(["--tree".to_string(), tree.to_string()]);
+    }
+    args
 }
 
-/// The least host bytes of each of `memory_nodes` memory nodes that the
-/// index workload can run in: as [`index_bytes_needed`], with the records
-/// as a bulk load lays them out ([`Layout::bytes_loaded`]) and no margin.
-/// Less than this cannot hold the load.
-pub fn index_bytes_least(
-    sizes: Sizes,
-    records: u64,
-    tasks: u64,
-    memory_nodes: u64,
-    chunk_bytes: u64,
-) -> u64 {
-    let at = Layout::bytes_loaded;
-    index_bytes(at, sizes, records, tasks, memory_nodes, chunk_bytes)
+/// An index workload's records, as memory nodes must hold them:
+/// `records` loaded records and [`OWN_KEYS`] for each of `tasks` tasks, of
+/// `sizes`, over `memory_nodes` memory nodes, each task's client carving
+/// chunks of `chunk_bytes` on every node (the hash table's do).
+#[derive(Copy, Clone, Debug)]
+pub struct IndexLoad {
+    pub sizes: Sizes,
+    pub records: u64,
+    pub tasks: u64,
+    pub memory_nodes: u64,
+    pub chunk_bytes: u64,
 }
 
-/// `bytes` of the records and the tasks' own keys, spread over the memory
-/// nodes, plus a chunk a task on each.
-fn index_bytes(
-    bytes: fn(&Layout, u64) -> u64,
-    sizes: Sizes,
-    records: u64,
-    tasks: u64,
-    memory_nodes: u64,
-    chunk_bytes: u64,
-) -> u64 {
-    let keys = records.saturating_add(tasks * OWN_KEYS);
-    (bytes(&sizes.layout, keys) / memory_nodes.max(1)).saturating_add(tasks * chunk_bytes)
+impl IndexLoad {
+    /// Host bytes of each memory node the workload takes: the records as
+    /// the tree's nodes hold them once inserts split leaves
+    /// ([`Layout::bytes_for_records`]; the hash table's entries take
+    /// less), a chunk a task, and 32 MiB for the rest (internal nodes, the
+    /// superblock, a partly used chunk per allocator). Each index starts
+    /// afresh, so this is what the larger of the two takes.
+    pub fn needed(&self) -> u64 {
+        self.bytes(Layout::bytes_for_records)
+            .saturating_add(32 << 20)
+            .next_multiple_of(1 << 20)
+    }
+
+    /// The least host bytes of each memory node the workload can run in:
+    /// the records as a bulk load lays them out ([`Layout::bytes_loaded`])
+    /// and a chunk a task, no margin. Less than this cannot hold the load.
+    pub fn least(&self) -> u64 {
+        self.bytes(Layout::bytes_loaded)
+    }
+
+    /// `bytes` of the records and the tasks' own keys, spread over the
+    /// memory nodes, plus a chunk a task on each.
+    fn bytes(&self, bytes: fn(&Layout, u64) -> u64) -> u64 {
+        let keys = self.records.saturating_add(self.tasks * OWN_KEYS);
+        (bytes(&self.sizes.0, keys) / self.memory_nodes.max(1))
+            .saturating_add(self.tasks * self.chunk_bytes)
+    }
 }
 
 /// A compute node's handle on the index of a phase: `records` loaded keys
@@ -151,14 +144,14 @@ pub fn index_handle(
     Ok(match kind {
         IndexKind::Tree => {
             let cfg = TreeConfig {
-                value_bytes: sizes.value_bytes,
+                value_bytes: sizes.value_bytes(),
                 ..tree_cfg.clone()
             };
-            AnyIndex::tree(sizes.key_bytes, cfg, dm_bytes).map_err(|e| e.to_string())?
+            AnyIndex::tree(sizes.key_bytes(), cfg, dm_bytes).map_err(|e| e.to_string())?
         }
         IndexKind::Hash => {
             let keys = records + tasks * OWN_KEYS;
-            let (kb, vb) = (sizes.key_bytes, sizes.value_bytes);
+            let (kb, vb) = (sizes.key_bytes(), sizes.value_bytes());
             let mut cfg = CuckooConfig::new(keys + keys / 4, kb, vb, tree_cfg.chunk.node_bytes);
             cfg.chunk = tree_cfg.chunk.clone();
             AnyIndex::Hash(Cuckoo::new(cfg).map_err(|e| e.to_string())?)
@@ -172,13 +165,18 @@ pub const DEFAULT_TREE: &str = "sherman";
 
 /// Checks a `--tree` name: one of [`TreeConfig::NAMES`].
 pub fn check_tree(name: &str) -> Result<(), String> {
-    match TreeConfig::named(name, 0) {
-        Some(_) => Ok(()),
-        None => Err(format!(
+    named_tree(name, 0).map(drop)
+}
+
+/// The tree named `name` ([`TreeConfig::named`]) for memory nodes of
+/// `host_bytes`, or the error naming the trees there are.
+fn named_tree(name: &str, host_bytes: u64) -> Result<TreeConfig, String> {
+    TreeConfig::named(name, host_bytes).ok_or_else(|| {
+        format!(
             "--tree: unknown tree `{name}` (known: {})",
             TreeConfig::NAMES
-        )),
-    }
+        )
+    })
 }
 
 /// The tree configuration of the index workload: the tree named `name`
@@ -186,12 +184,10 @@ pub fn check_tree(name: &str) -> Result<(), String> {
 /// the FG+ baseline, ...), with the given chunks (every user of a memory
 /// node must cut it into the same chunks).
 pub fn tree_config(name: &str, host_bytes: u64, chunk: &ChunkConfig) -> Result<TreeConfig, String> {
-    check_tree(name)?;
-    let named = TreeConfig::named(name, host_bytes).expect("checked above");
     Ok(TreeConfig {
         chunk: chunk.clone(),
         cache_bytes: 16 << 20,
-        ..named
+        ..named_tree(name, host_bytes)?
     })
 }
 
@@ -312,13 +308,20 @@ mod tests {
     #[test]
     fn sizes_say_their_flags_and_their_scratch() {
         let d = Sizes::default();
-        assert_eq!(
-            (d.key_bytes(), d.value_bytes(), d.flags()),
-            (8, 8, String::new())
-        );
+        assert_eq!((d.key_bytes(), d.value_bytes()), (8, 8));
+        assert!(index_args(IndexKind::Tree, d, DEFAULT_TREE).is_empty());
         assert_eq!(d.scratch_bytes_per_slot(), 64 << 10);
         let w = Sizes::new(64, 128).unwrap();
-        assert_eq!(w.flags(), " --key-size 64 --value-size 128");
+        assert_eq!(
+            index_args(IndexKind::Hash, w, DEFAULT_TREE).join(" "),
+            "--key-size 64 --value-size 128"
+        );
+        // The tree is the tree's only.
+        assert_eq!(
+            index_args(IndexKind::Tree, w, "fg").join(" "),
+            "--key-size 64 --value-size 128 --tree fg"
+        );
+        assert!(index_args(IndexKind::Hash, d, "fg").is_empty());
         // 1 KiB records: 32 KiB nodes, six of them for one tree operation.
         let big = Sizes::new(1024, 1024).unwrap();
         assert_eq!(big.layout().node_bytes(), 32 << 10);

@@ -34,7 +34,7 @@
 //! derive it, attach, and check the attached node's registered regions
 //! against the Region records the node published.
 
-use crate::index_work::{IndexKind, Sizes, DEFAULT_TREE};
+use crate::index_work::{index_args, IndexKind, IndexLoad, Sizes};
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
 use crate::node_work::{self, Layout};
@@ -364,17 +364,14 @@ fn workload_flags(o: &NodeOptions) -> String {
         return format!("--workload leases --lease-ms {}", o.lease_ms);
     }
     match o.workload.index() {
-        Some(_) => format!(
-            "--workload {} --records {}{}{}",
-            o.workload.name(),
-            o.records,
-            o.sizes.flags(),
-            if o.tree == DEFAULT_TREE {
-                String::new()
-            } else {
-                format!(" --tree {}", o.tree)
+        Some(kind) => {
+            let mut flags = format!("--workload {} --records {}", o.workload.name(), o.records);
+            for a in index_args(kind, o.sizes, &o.tree) {
+                flags.push(' ');
+                flags.push_str(&a);
             }
-        ),
+            flags
+        }
         None => format!("--workload {}", o.workload.name()),
     }
 }
@@ -762,14 +759,14 @@ fn workload_fits(
         // runs out of chunks part way. Tasks as this node runs them on
         // every core of the cluster (the hash table's clients each carve
         // a chunk on every memory node).
-        let tasks = (cores_total * o.tasks_per_core) as u64;
-        let least = crate::index_work::index_bytes_least(
-            o.sizes,
-            o.records,
-            tasks,
-            memory.len() as u64,
-            node_index::CHUNK_BYTES,
-        );
+        let least = IndexLoad {
+            sizes: o.sizes,
+            records: o.records,
+            tasks: (cores_total * o.tasks_per_core) as u64,
+            memory_nodes: memory.len() as u64,
+            chunk_bytes: node_index::CHUNK_BYTES,
+        }
+        .least();
         if least > layout.index_bytes {
             return Err(NodeError::Usage(format!(
                 "{} records of {}-byte keys and {}-byte values need at least {} MiB of each of the {} memory nodes for the index, and they leave {} MiB below the verb areas; give them more memory or load fewer records",

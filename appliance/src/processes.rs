@@ -12,7 +12,7 @@
 //! the memory nodes with SIGTERM and prints a summary with checks. Every
 //! path out kills what it started and removes its files.
 
-use crate::index_work::{index_bytes_needed, tree_title, Sizes, DEFAULT_TREE};
+use crate::index_work::{index_args, tree_title, IndexLoad, Sizes, DEFAULT_TREE};
 use crate::node::{emu_node_path, Workload, TASKS_PER_CORE_MAX};
 use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
@@ -93,40 +93,23 @@ impl Drop for Launch {
     }
 }
 
-/// The flags of workload `w`'s index, as its compute nodes take them: the
-/// record sizes for either index, the tree for the tree (`loch node`
-/// refuses them with a workload that has no index).
-fn index_flags(cfg: &ProcessesConfig, w: Workload) -> Vec<String> {
-    let mut flags = Vec::new();
-    if w.index().is_some() {
-        flags.extend([
-            "--key-size".to_string(),
-            cfg.sizes.key_bytes().to_string(),
-            "--value-size".to_string(),
-            cfg.sizes.value_bytes().to_string(),
-        ]);
-    }
-    if w == Workload::Tree {
-        flags.extend(["--tree".to_string(), cfg.tree.clone()]);
-    }
-    flags
-}
-
 /// Memory of each memory node: 64 MiB, or more when the index workloads
 /// need it: the verb areas of every task slot `loch node` reserves, and
-/// the index below them ([`index_bytes_needed`]).
+/// the index below them ([`IndexLoad::needed`]).
 pub fn memory_bytes(cfg: &ProcessesConfig) -> u64 {
     let cores = (cfg.compute_nodes * cfg.cores_per_compute) as u64;
     let areas = crate::node_work::host_bytes_needed(cores * TASKS_PER_CORE_MAX as u64);
     let tasks = cores * cfg.tasks_per_core as u64;
-    let index = index_bytes_needed(
-        cfg.sizes,
-        cfg.records,
+    let index = IndexLoad {
+        sizes: cfg.sizes,
+        records: cfg.records,
         tasks,
-        cfg.memory_nodes as u64,
-        crate::node_index::CHUNK_BYTES,
-    );
-    (areas + index).next_multiple_of(1 << 20).max(64 << 20)
+        memory_nodes: cfg.memory_nodes as u64,
+        chunk_bytes: crate::node_index::CHUNK_BYTES,
+    };
+    (areas + index.needed())
+        .next_multiple_of(1 << 20)
+        .max(64 << 20)
 }
 
 fn secret_bytes() -> Result<[u8; 32], String> {
@@ -411,7 +394,13 @@ fn start_nodes(
                 .args(["--tasks", &cfg.tasks_per_core.to_string()])
                 .args(["--workload", w.name()])
                 .args(["--records", &cfg.records.to_string()])
-                .args(index_flags(cfg, w))
+                // The index's flags (`loch node` refuses them with a
+                // workload that has no index).
+                .args(
+                    w.index()
+                        .map(|k| index_args(k, cfg.sizes, &cfg.tree))
+                        .unwrap_or_default(),
+                )
                 .arg("--histogram")
                 .arg(file.with_file_name(format!("latency-{}.json", n.id)))
                 .stdout(Stdio::piped());
