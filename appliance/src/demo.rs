@@ -537,6 +537,8 @@ fn tally_of(sh: &VerbPhaseTally) -> Tally {
 /// The verb phase: `tasks_per_core` demo tasks on every core.
 struct VerbPhase<'a> {
     cfg: &'a DemoConfig,
+    /// How every user of the memory nodes cuts them into chunks.
+    chunk: ChunkConfig,
     duration_ns: u64,
     /// Operations so far, over every core (the emu progress line).
     progress: Arc<AtomicU64>,
@@ -559,8 +561,7 @@ impl Workload for VerbPhase<'_> {
         let mut seeds = Rng::stream(self.cfg.seed, Domain::Core, place.core as u64);
         for _ in 0..self.cfg.tasks_per_core {
             let (rng, sh2, duration_ns) = (seeds.fork(), sh.clone(), self.duration_ns);
-            let alloc = RemoteAllocator::new(chunk_config(host_bytes(self.cfg)))
-                .map_err(|e| e.to_string())?;
+            let alloc = RemoteAllocator::new(self.chunk.clone()).map_err(|e| e.to_string())?;
             let cw = cas_word(place.core, self.cfg.memory_nodes);
             on.spawn_task(move |ctx| demo_task(ctx, rng, alloc, cw, duration_ns, sh2))?;
         }
@@ -634,6 +635,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     };
     let work = VerbPhase {
         cfg,
+        chunk: chunk_config(host),
         duration_ns: (cfg.seconds * 1e9) as u64,
         progress,
     };
@@ -665,7 +667,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         "loch demo summary (emu backend, {} memory nodes, {} cores × {} tasks)",
         cfg.memory_nodes, cfg.cores, cfg.tasks_per_core
     );
-    let tree = crate::demo_index::run_phases(cfg, host, &chunk_config(host), |tcfg, kind| {
+    let tree = crate::demo_index::run_phases(cfg, host, &work.chunk, |tcfg, kind| {
         crate::demo_index::run_emu(&cluster, tcfg, cfg, kind)
     })?;
     Ok((
@@ -707,6 +709,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     let duration_ns = (cfg.seconds * 1e9) as u64;
     let work = VerbPhase {
         cfg,
+        chunk: chunk_config(host),
         duration_ns,
         progress: Arc::new(AtomicU64::new(0)),
     };
@@ -753,7 +756,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         w.verbs() as f64 / wall_s.max(1e-9) / 1e6,
         w.trace_hash()
     );
-    let tree = crate::demo_index::run_phases(cfg, host, &chunk_config(host), |tcfg, kind| {
+    let tree = crate::demo_index::run_phases(cfg, host, &work.chunk, |tcfg, kind| {
         crate::demo_index::run_sim(&mut w, tcfg, cfg, kind)
     })?;
     Ok((stats, tally, (faa_counter, cas_total), header, tree))
