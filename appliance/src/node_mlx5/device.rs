@@ -114,9 +114,9 @@ pub struct Mlx5Local {
     pub nic: Mlx5Nic,
     pub id: u32,
     pub memory: Option<Arc<Mlx5MemoryNode>>,
+    /// The cluster, with the lanes each compute node connects.
     top: Topology,
     depth: u32,
-    lanes: usize,
 }
 
 impl Mlx5Local {
@@ -142,11 +142,6 @@ impl Mlx5Local {
             memory,
             top,
             depth: exec.qp_depth(),
-            lanes: if node.roles.compute {
-                node.cores.len()
-            } else {
-                0
-            },
         })
     }
 
@@ -164,7 +159,9 @@ impl Mlx5Local {
             nic: self.nic.clone(),
             memory: self.memory.clone(),
             depth: self.depth,
-            lanes: self.lanes,
+            // This node's lanes as the topology counts them (none without
+            // the compute role).
+            lanes: self.top.cores_of(self.id).unwrap_or(0) as usize,
             cores: Vec::new(),
         };
         let own = self.regions();
@@ -342,9 +339,6 @@ pub fn boot(
 ) -> Result<(Mlx5Booted, Rendezvous, BootTimes), NodeError> {
     let mut local = Mlx5Local::open(cfg, node, exec)?;
     local.top = local.top.with_lanes(lanes).map_err(NodeError::Usage)?;
-    if let Some(n) = local.top.cores_of(node.id) {
-        local.lanes = n as usize;
-    }
     let me = format!("loch node {}", node.id);
     let p = local.nic.port();
     say(format_args!(
