@@ -131,21 +131,22 @@ pub fn run_task_factory<N: nicdrv::Nic>(
 /// Runs `work` on `cores` cores as threads (module docs of
 /// [`crate::work`]), on any NIC backend: core `i` pinned to CPU `i mod
 /// cpus` when `pin`, on machine `machine_of(i)` when there is one, with
-/// the executor `executor(i)` makes on its thread; one group per core,
-/// its tasks spawned, run to the end and finished there. What each core's
-/// group reported, in core order.
+/// the executor `executor(machine_of(i))` makes on its thread; one group
+/// per core, its tasks spawned, run to the end and finished there. What
+/// each core's group reported, in core order.
 pub fn run_workload<N: nicdrv::Nic, W: crate::Workload>(
     work: &W,
     cores: usize,
     pin: bool,
     machine_of: impl Fn(usize) -> Option<usize> + Sync,
-    executor: impl Fn(usize) -> Result<nicdrv::Executor<N>, String> + Sync,
+    executor: impl Fn(Option<usize>) -> Result<nicdrv::Executor<N>, String> + Sync,
 ) -> Result<Vec<W::Out>, String> {
     let pin = if pin {
         Pinning::RoundRobin
     } else {
         Pinning::None
     };
+    let executor = |core| executor(machine_of(core));
     run_threads(cores, pin, executor, |core, ex| {
         let group = work.group(core, cores);
         let place = crate::Place {

@@ -273,14 +273,19 @@ impl EmuCluster {
         cfg: ExecutorConfig,
         pin: bool,
     ) -> Result<Vec<W::Out>, ClusterError> {
-        let machine_of = |core| self.machine_of(core);
-        crate::cores::run_workload(work, cores, pin, machine_of, |core| {
-            match machine_of(core) {
-                Some(m) => self.machine_executor(m, cfg),
-                None => self.executor(cfg),
-            }
-            .map_err(|e| e.to_string())
-        })
+        crate::cores::run_workload(
+            work,
+            cores,
+            pin,
+            |c| self.machine_of(c),
+            |machine| {
+                match machine {
+                    Some(m) => self.machine_executor(m, cfg),
+                    None => self.executor(cfg),
+                }
+                .map_err(|e| e.to_string())
+            },
+        )
         .map_err(ClusterError::Core)
     }
 }

@@ -117,10 +117,13 @@ impl Mlx5Cluster {
         cfg: ExecutorConfig,
         pin: bool,
     ) -> Result<Vec<W::Out>, String> {
-        let machine_of = |core| self.machine_of(core);
-        crate::cores::run_workload(work, cores, pin, machine_of, |core| {
-            self.executor(machine_of(core), cfg)
-        })
+        crate::cores::run_workload(
+            work,
+            cores,
+            pin,
+            |c| self.machine_of(c),
+            |m| self.executor(m, cfg),
+        )
     }
 
     /// The 8-byte word at `offset` of memory node `node`'s host memory, as
