@@ -22,6 +22,8 @@ use txn::lease::LeaseConfig;
 
 /// The failure-handling flags of a `--workload`, checked.
 pub struct StoreFlags {
+    /// The workload they are given with (`txn` or `leases`).
+    pub workload: &'static str,
     /// The configuration store at `--etcd`.
     pub store: Arc<EtcdStore>,
     pub url: String,
@@ -32,7 +34,7 @@ pub struct StoreFlags {
 
 /// The failure-handling flags of `--workload NAME`: the etcd store at
 /// `--etcd`, the lease, the run's seconds.
-pub(crate) fn store_flags(o: &NodeOptions, name: &str) -> Result<StoreFlags, NodeError> {
+pub(crate) fn store_flags(o: &NodeOptions, name: &'static str) -> Result<StoreFlags, NodeError> {
     let usage = |s: String| NodeError::Usage(format!("--workload {name}: {s}"));
     let url = o
         .etcd
@@ -43,6 +45,7 @@ pub(crate) fn store_flags(o: &NodeOptions, name: &str) -> Result<StoreFlags, Nod
     let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
         .map_err(|e| usage(e.to_string()))?;
     Ok(StoreFlags {
+        workload: name,
         store: Arc::new(store),
         url: url.to_string(),
         timing,
@@ -81,16 +84,19 @@ pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8
     }
     let me = format!("loch node {}", o.id);
     let (machine, rv, _boot) =
-        crate::node_txn::EmuMachine::boot(o, cfg, node, &me, agreement(&flags, o))?;
+        crate::node_txn::EmuMachine::boot(o, cfg, node, &me, flags.agreement(o))?;
     run_leases(o, geo, &me, &flags, rv, machine.cluster.machine_executors())
 }
 
-/// What every machine of a leases run must agree on at "memory-ready".
-pub fn agreement(flags: &StoreFlags, o: &NodeOptions) -> Option<String> {
-    Some(format!(
-        "--workload leases --lease-ms {} --seconds {} --etcd {}",
-        o.lease_ms, flags.seconds, flags.url
-    ))
+impl StoreFlags {
+    /// What every machine of a run with these flags (leases, or the bank
+    /// with failure handling) must agree on at "memory-ready".
+    pub fn agreement(&self, o: &NodeOptions) -> Option<String> {
+        Some(format!(
+            "--workload {} --lease-ms {} --seconds {} --etcd {}",
+            self.workload, o.lease_ms, self.seconds, self.url
+        ))
+    }
 }
 
 /// Leases and reconfiguration on this machine, on any backend, once the

@@ -314,23 +314,13 @@ fn run_recovering(
         return crate::node_mlx5::run_machine(o, cfg, node, geo, MachineWork::Recovering(&flags));
     }
     let me = format!("loch node {}", o.id);
-    let agreement = recovering_agreement(&flags, o);
-    let (machine, rv, _boot) = EmuMachine::boot(o, cfg, node, &me, agreement)?;
+    let (machine, rv, _boot) = EmuMachine::boot(o, cfg, node, &me, flags.agreement(o))?;
     let cluster = &machine.cluster;
     run_bank_recovering(o, geo, &me, &flags, rv, cluster.machine_executors(), || {
         cluster
             .machine_executor(o.id as usize, core_config())
             .map_err(|e| e.to_string())
     })
-}
-
-/// What every machine of a bank run with failure handling must agree on
-/// at "memory-ready".
-pub fn recovering_agreement(flags: &StoreFlags, o: &NodeOptions) -> Option<String> {
-    Some(format!(
-        "--workload txn --lease-ms {} --seconds {} --etcd {}",
-        o.lease_ms, flags.seconds, flags.url
-    ))
 }
 
 /// The bank with failure handling on this machine, on any backend, once

@@ -606,11 +606,9 @@ pub fn run_machine(
             cores.saturating_add(u32::from(id == 0))
         }),
         // The lease, recovery and replica-check cores.
-        MachineWork::Recovering(f) => (node_txn::recovering_agreement(f, o), &|_, cores| {
-            cores.saturating_add(3)
-        }),
+        MachineWork::Recovering(f) => (f.agreement(o), &|_, cores| cores.saturating_add(3)),
         // The lease and reconfiguration cores alone.
-        MachineWork::Leases(f) => (node_leases::agreement(f, o), &|_, _| 2),
+        MachineWork::Leases(f) => (f.agreement(o), &|_, _| 2),
     };
     let (machine, rv) = Mlx5Machine::boot(cfg, node, &exec, agreement, lanes)?;
     let me = format!("loch node {}", node.id);
