@@ -1156,8 +1156,6 @@ fn the_read_path_table_reads_the_runs_it_is_given() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&md).unwrap();
-    let lone = std::fs::read_to_string(&files[0]).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(text.contains("2 rounds of `loch-bench run"), "{text}");
     assert!(
         text.contains("\n| 1 | ") && text.contains("\n| 2 | "),
@@ -1171,25 +1169,24 @@ fn the_read_path_table_reads_the_runs_it_is_given() {
         assert!(text.contains(figure), "{figure}: {text}");
     }
     // A run without its FG+ row is refused, not tabled.
-    let v: serde_json::Value = serde_json::from_str(&lone).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
     let only: Vec<_> = v
         .as_array()
         .unwrap()
         .iter()
         .filter(|r| r["system"] == "sherman")
         .collect();
-    let dir2 = std::env::temp_dir().join(format!("loch-read-path-lone-{}", std::process::id()));
-    std::fs::create_dir_all(&dir2).unwrap();
-    let f = dir2.join("run.json");
+    let f = dir.join("sherman-only.json");
     std::fs::write(&f, serde_json::to_vec(&only).unwrap()).unwrap();
     let out = Command::new("python3")
         .arg(table)
-        .args(["read-path"])
-        .arg(dir2.join("t.md"))
+        .arg("read-path")
+        .arg(dir.join("refused.md"))
         .arg(&f)
         .output()
         .unwrap();
-    std::fs::remove_dir_all(&dir2).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a sherman and an fg row"));
 }
