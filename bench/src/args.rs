@@ -41,6 +41,14 @@ impl Backend {
         }
     }
 
+    /// The clock its figures are in.
+    pub fn clock(self) -> &'static str {
+        match self {
+            Backend::Sim => "virtual time",
+            Backend::Emu | Backend::Mlx5 => "wall clock",
+        }
+    }
+
     /// The cluster backend this choice boots: emu threads (pinned with
     /// `pin`), a simulated world of `compute_nodes` compute nodes with
     /// `seed`, the default model and no faults, or threads on the RDMA

@@ -497,7 +497,7 @@ fn print_header(s: &LockSpec) {
     cmdline::outln!(
         "lock acquisitions on {} ({}): {} lock words, zipf {}, {} memory nodes, {} compute nodes x {} threads x {} clients, hold {} ns",
         s.backend.name(),
-        if s.backend == Backend::Sim { "virtual time" } else { "wall clock" },
+        s.backend.clock(),
         s.locks,
         s.zipf,
         s.memory_nodes,

@@ -13,18 +13,15 @@ pub(crate) fn write_plots(
         .map_err(|e| format!("--plot: cannot create `{}`: {e}", dir.display()))?;
     let first = &done[0].spec;
     let what = format!(
-        "{}, {} on {}",
+        "{}, {} on {} ({})",
         first.workload_label(),
         if first.zipf == 0.0 {
             "uniform".to_string()
         } else {
             format!("zipf {}", first.zipf)
         },
-        match first.backend {
-            Backend::Sim => "sim (virtual time)",
-            Backend::Emu => "emu (wall clock)",
-            Backend::Mlx5 => "mlx5 (wall clock)",
-        }
+        first.backend.name(),
+        first.backend.clock()
     );
     // parse_threads rejects repeats, so each point is one run per system.
     let points = thread_list;
@@ -104,7 +101,7 @@ pub(crate) fn print_table(spec: &RunSpec, rows: &[serde_json::Value]) {
         "{} on {} ({}): {} memory nodes, {} compute nodes x {} threads x {} coroutines, {} records, zipf {}",
         spec.workload_label(),
         spec.backend.name(),
-        if spec.backend == Backend::Sim { "virtual time" } else { "wall clock" },
+        spec.backend.clock(),
         spec.memory_nodes,
         spec.compute_nodes,
         spec.threads,
