@@ -45,8 +45,9 @@ enum Command {
     Node(NodeArgs),
     /// Run node N's preflight checks and print each, then whether the
     /// memory nodes can hold the workload `loch node` would run with the
-    /// same flags
-    Check(CheckArgs),
+    /// same flags (it takes all of them, and refuses what `loch node`
+    /// would refuse)
+    Check(NodeArgs),
 }
 
 /// Which node of which cluster file.
@@ -119,22 +120,35 @@ struct NodeArgs {
     histogram: Option<PathBuf>,
 }
 
-#[derive(clap::Args, Debug)]
-#[command(after_help = cmdline::EXIT_CODES_HELP)]
-struct CheckArgs {
-    #[command(flatten)]
-    node: NodeId,
-    /// The workload whose memory to check, as `loch node --workload`
-    #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
-    workload: Workload,
-    /// The records to check room for, as `loch node --records`
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
-    records: u64,
-    #[command(flatten)]
-    sizes: SizeArgs,
-    /// As `loch node --txs`
-    #[arg(long, value_name = "N", default_value_t = 2000)]
-    txs: u64,
+impl NodeArgs {
+    /// The options `loch node` runs with and `loch check` checks; the
+    /// flags that belong to another workload are bad input.
+    fn options(self) -> Result<NodeOptions, String> {
+        let sizes = self.sizes.for_workload(self.workload)?;
+        tree_for_workload(&self.tree, self.workload)?;
+        if self.etcd.is_some() && !self.workload.machines() {
+            return Err(format!(
+                "--etcd applies to --workload txn and leases, not {}",
+                self.workload.name()
+            ));
+        }
+        Ok(NodeOptions {
+            config: self.node.config,
+            id: self.node.id,
+            seconds: self.seconds,
+            tasks_per_core: self.tasks,
+            pin: !self.no_pin,
+            seed: self.seed,
+            workload: self.workload,
+            records: self.records,
+            sizes,
+            tree: self.tree,
+            histogram: self.histogram,
+            txs: self.txs,
+            etcd: self.etcd,
+            lease_ms: self.lease_ms,
+        })
+    }
 }
 
 /// The index workloads' record sizes.
@@ -451,54 +465,13 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Demo(a) => demo_main(a),
-        Command::Node(a) => {
-            let sizes = match a.sizes.for_workload(a.workload) {
-                Ok(s) => s,
-                Err(e) => return bad_input("node", &e),
-            };
-            if let Err(e) = tree_for_workload(&a.tree, a.workload) {
-                return bad_input("node", &e);
-            }
-            let o = NodeOptions {
-                config: a.node.config,
-                id: a.node.id,
-                seconds: a.seconds,
-                tasks_per_core: a.tasks,
-                pin: !a.no_pin,
-                seed: a.seed,
-                workload: a.workload,
-                records: a.records,
-                sizes,
-                tree: a.tree,
-                histogram: a.histogram,
-                txs: a.txs,
-                etcd: a.etcd,
-                lease_ms: a.lease_ms,
-            };
-            node_main("node", &o, false)
-        }
-        Command::Check(a) => {
-            let sizes = match a.sizes.for_workload(a.workload) {
-                Ok(s) => s,
-                Err(e) => return bad_input("check", &e),
-            };
-            let o = NodeOptions {
-                config: a.node.config,
-                id: a.node.id,
-                seconds: None,
-                tasks_per_core: 8,
-                pin: true,
-                seed: 1,
-                workload: a.workload,
-                records: a.records,
-                sizes,
-                tree: DEFAULT_TREE.into(),
-                histogram: None,
-                txs: a.txs,
-                etcd: None,
-                lease_ms: 10.0,
-            };
-            node_main("check", &o, true)
-        }
+        Command::Node(a) => match a.options() {
+            Ok(o) => node_main("node", &o, false),
+            Err(e) => bad_input("node", &e),
+        },
+        Command::Check(a) => match a.options() {
+            Ok(o) => node_main("check", &o, true),
+            Err(e) => bad_input("check", &e),
+        },
     }
 }

@@ -103,6 +103,12 @@ impl Workload {
         }
     }
 
+    /// Whether every node runs it as a machine (memory and compute):
+    /// `txn` and `leases`.
+    pub fn machines(self) -> bool {
+        matches!(self, Workload::Txn | Workload::Leases)
+    }
+
     pub fn index(self) -> Option<IndexKind> {
         match self {
             Workload::Verbs | Workload::Txn | Workload::Leases => None,
@@ -190,15 +196,16 @@ pub struct NodeOptions {
 pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?;
-    let machines = matches!(o.workload, Workload::Txn | Workload::Leases);
-    if !machines {
-        // What `loch node` would refuse is not ok here either.
-        check_flags(o)?;
-    }
+    // What `loch node` would refuse is not ok here either.
+    check_flags(o)?;
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
-    let fits = if machines {
-        crate::node_txn::geometry(o, &cfg).map(|_| ())
+    let fits = if o.workload.machines() {
+        crate::node_txn::geometry(o, &cfg).and_then(|_| match o.workload {
+            Workload::Leases => crate::node_leases::store_flags(o, "leases").map(|_| ()),
+            _ if o.etcd.is_some() => crate::node_leases::store_flags(o, "txn").map(|_| ()),
+            _ => Ok(()),
+        })
     } else {
         workload_fits(o, &cfg, node).map(|_| ())
     };
@@ -622,6 +629,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?.clone();
     crate::node_mlx5::supported(&cfg)?;
+    check_flags(o)?;
     if o.workload == Workload::Txn {
         return crate::node_txn::run(o, &cfg, &node);
     }
@@ -687,25 +695,29 @@ pub(crate) fn preflight_passes(cfg: &ClusterConfig, id: u32) -> Result<(), NodeE
 /// whether the memory nodes can hold the workload; the layout of their
 /// memory.
 fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<Layout, NodeError> {
-    check_flags(o)?;
     preflight_passes(cfg, o.id)?;
     workload_fits(o, cfg, node)
 }
 
-/// The flags of the verb and index workloads, as `loch node` and
-/// `loch check` both check them.
+/// The flags, as `loch node` and `loch check` both check them before
+/// anything starts: `--seconds` for every workload (the machine workloads
+/// run for it too), the tasks, the records and the histogram's file for
+/// the verb and index workloads, which use them.
 fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
-    if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
-        return Err(NodeError::Usage(format!(
-            "--tasks must be 1..={TASKS_PER_CORE_MAX}"
-        )));
-    }
     if let Some(s) = o.seconds {
         if !(s > 0.0 && s <= 86_400.0) {
             return Err(NodeError::Usage(format!(
                 "--seconds must be in (0, 86400], got {s}"
             )));
         }
+    }
+    if o.workload.machines() {
+        return Ok(());
+    }
+    if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
+        return Err(NodeError::Usage(format!(
+            "--tasks must be 1..={TASKS_PER_CORE_MAX}"
+        )));
     }
     if o.records == 0 || o.records > RECORDS_MAX {
         return Err(NodeError::Usage(format!(
@@ -769,7 +781,7 @@ fn workload_fits(
         .least();
         if least > layout.index_bytes {
             return Err(NodeError::Usage(format!(
-                "{} records of {}-byte keys and {}-byte values need at least {} MiB of each of the {} memory nodes for the index, and they leave {} MiB below the verb areas; give them more memory or load fewer records",
+                "{} records of {}-byte keys and {}-byte values need at least {} MiB of each of the {} memory nodes for the index, and they leave {} MiB below the verb areas; give them more memory, load fewer records or run fewer --tasks",
                 o.records,
                 o.sizes.key_bytes(),
                 o.sizes.value_bytes(),

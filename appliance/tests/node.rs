@@ -127,6 +127,91 @@ fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
     assert!(stderr.contains("need at least 292 MiB"), "{stderr}");
 }
 
+/// `loch check` takes every flag of `loch node`, so a line that boots a
+/// node checks it with `check` in place of `node`, and the flags that
+/// change what fits are counted: each task of the hash table carves a
+/// chunk on every memory node.
+#[test]
+fn check_takes_the_node_flags_and_counts_the_tasks() {
+    let dir = PrivateDir::new("checkflags").unwrap();
+    let (file, _) = cluster(&dir, 1);
+    let run = [
+        "--id",
+        "1",
+        "--tree",
+        "sherman-2rt",
+        "--tasks",
+        "16",
+        "--seconds",
+        "5",
+        "--seed",
+        "3",
+        "--no-pin",
+    ];
+    let out = loch_on("check", &file, &run);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap();
+    assert_eq!(
+        line,
+        "node 1 ok   workload   the memory nodes hold --workload tree --records 100000 --tree sherman-2rt",
+        "{stdout}"
+    );
+    // 8 tasks of the hash table fit 16 MiB, 64 do not (64 chunks of
+    // 256 KiB besides the records); `loch node` refuses the same.
+    let hash = |tasks: &'static str| ["--id", "1", "--workload", "hash", "--tasks", tasks];
+    let out = loch_on("check", &file, &hash("8"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok   workload"), "{stdout}");
+    let out = loch_on("check", &file, &hash("64"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout.lines().last().unwrap();
+    assert!(
+        line.starts_with("node 1 FAIL workload") && line.contains("run fewer --tasks"),
+        "{line}"
+    );
+    let out = loch_on(
+        "node",
+        &file,
+        &[&hash("64")[..], &["--seconds", "1"]].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("run fewer --tasks"), "{stderr}");
+    // `--seconds` bounds the machine workloads' runs too (they once ran
+    // for 0 s at -1, and not at all at 1e30), and `--etcd` belongs to
+    // them: both refused by either command, naming the flag.
+    for cmd in ["check", "node"] {
+        for (args, says) in [
+            (
+                &[
+                    "--workload",
+                    "leases",
+                    "--etcd",
+                    "http://127.0.0.1:1",
+                    "--seconds",
+                    "-1",
+                ][..],
+                "--seconds must be in (0, 86400], got -1",
+            ),
+            (
+                &["--workload", "txn", "--seconds", "1e30"][..],
+                "--seconds must be in (0, 86400]",
+            ),
+            (
+                &["--workload", "tree", "--etcd", "http://127.0.0.1:1"][..],
+                "--etcd applies to --workload txn and leases, not tree",
+            ),
+        ] {
+            let out = loch_on(cmd, &file, &[&["--id", "0"][..], args].concat());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} {args:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{cmd} {args:?}");
+            assert!(stderr.contains(says), "{cmd} {args:?}: {stderr}");
+        }
+    }
+}
+
 #[test]
 fn check_on_a_bad_config_exits_2_with_one_line() {
     let dir = PrivateDir::new("badcfg").unwrap();
@@ -551,6 +636,15 @@ fn node_rejects_bad_input_with_exit_2() {
         // cluster held --records 2^64 - 1).
         vec!["check", "--id", "1", "--records", "18446744073709551615"],
         vec!["check", "--id", "1", "--records", "0"],
+        vec!["check", "--id", "1", "--tasks", "0"],
+        vec!["check", "--id", "1", "--tree", "sherman-3rt"],
+        vec![
+            "check",
+            "--id",
+            "1",
+            "--histogram",
+            "/nonexistent/dir/h.json",
+        ],
     ] {
         let out = Command::new(LOCH)
             .args([args[0], "--config"])
