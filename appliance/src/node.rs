@@ -201,11 +201,7 @@ pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
     let fits = if o.workload.machines() {
-        crate::node_txn::geometry(o, &cfg).and_then(|_| match o.workload {
-            Workload::Leases => crate::node_leases::store_flags(o, "leases").map(|_| ()),
-            _ if o.etcd.is_some() => crate::node_leases::store_flags(o, "txn").map(|_| ()),
-            _ => Ok(()),
-        })
+        crate::node_txn::geometry(o, &cfg).map(|_| ())
     } else {
         workload_fits(o, &cfg, node).map(|_| ())
     };
@@ -394,6 +390,7 @@ pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(),
         Err(ChannelError::Disagreed(why)) => Err(NodeError::Usage(format!(
             "the compute nodes were given different workloads ({why}); give every compute node the same --workload, --records, --key-size, --value-size and --tree"
         ))),
+        Err(ChannelError::Limit(why)) => Err(NodeError::Usage(why)),
         Err(e) => Err(channel_failed("barrier memory-ready", e)),
     }
 }
@@ -701,8 +698,9 @@ fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<
 
 /// The flags, as `loch node` and `loch check` both check them before
 /// anything starts: `--seconds` for every workload (the machine workloads
-/// run for it too), the tasks, the records and the histogram's file for
-/// the verb and index workloads, which use them.
+/// run for it too); `--etcd` and `--lease-ms` for the machine workloads
+/// that use them; the tasks, the records and the histogram's file for
+/// the verb and index workloads.
 fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
     if let Some(s) = o.seconds {
         if !(s > 0.0 && s <= 86_400.0) {
@@ -712,7 +710,13 @@ fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
         }
     }
     if o.workload.machines() {
-        return Ok(());
+        // The failure-handling flags: the store's URL, the lease, and
+        // what the machines agree on at "memory-ready".
+        return match o.workload {
+            Workload::Leases => crate::node_leases::store_flags(o, "leases").map(|_| ()),
+            _ if o.etcd.is_some() => crate::node_leases::store_flags(o, "txn").map(|_| ()),
+            _ => Ok(()),
+        };
     }
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
         return Err(NodeError::Usage(format!(

@@ -44,13 +44,20 @@ pub(crate) fn store_flags(o: &NodeOptions, name: &'static str) -> Result<StoreFl
     let timing = LeaseConfig::from_ms(ms).map_err(|e| usage(format!("--lease-ms {ms}: {e}")))?;
     let store = EtcdStore::new(url, DEFAULT_KEY, Duration::from_secs(2))
         .map_err(|e| usage(e.to_string()))?;
-    Ok(StoreFlags {
+    let flags = StoreFlags {
         workload: name,
         store: Arc::new(store),
         url: url.to_string(),
         timing,
         seconds: o.seconds.unwrap_or(5.0),
-    })
+    };
+    // Every machine sends them at "memory-ready": flags too long for the
+    // control channel are refused now, not there.
+    if let Some(agreed) = flags.agreement(o) {
+        bootstrap::channel::agreement_fits(crate::node::MEMORY_READY, &agreed)
+            .map_err(|e| usage(format!("--etcd, --lease-ms and --seconds as given: {e}")))?;
+    }
+    Ok(flags)
 }
 
 /// Configuration 1 of `geo` in `store` (every machine stores it, one of

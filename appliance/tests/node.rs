@@ -181,6 +181,7 @@ fn check_takes_the_node_flags_and_counts_the_tasks() {
     // `--seconds` bounds the machine workloads' runs too (they once ran
     // for 0 s at -1, and not at all at 1e30), and `--etcd` belongs to
     // them: both refused by either command, naming the flag.
+    let long_url = format!("http://{}:2379", "a".repeat(240));
     for cmd in ["check", "node"] {
         for (args, says) in [
             (
@@ -201,6 +202,16 @@ fn check_takes_the_node_flags_and_counts_the_tasks() {
             (
                 &["--workload", "tree", "--etcd", "http://127.0.0.1:1"][..],
                 "--etcd applies to --workload txn and leases, not tree",
+            ),
+            // Every machine sends these flags at "memory-ready"; flags
+            // longer than a frame once made every machine panic there.
+            (
+                &["--workload", "leases", "--etcd", long_url.as_str()][..],
+                "the control channel carries at most",
+            ),
+            (
+                &["--workload", "txn", "--etcd", "ftp://127.0.0.1:1"][..],
+                "only http:// endpoints",
             ),
         ] {
             let out = loch_on(cmd, &file, &[&["--id", "0"][..], args].concat());

@@ -165,6 +165,10 @@ pub enum ChannelError {
     /// The nodes at an [`Rendezvous::agree`] barrier held different values:
     /// which node held what.
     Disagreed(String),
+    /// This node was given more than the control channel carries: a value
+    /// that does not fit a frame ([`agreement_fits`]), or more nodes than
+    /// [`NODES_MAX`]; nothing was sent.
+    Limit(String),
     Io(io::Error),
 }
 
@@ -185,6 +189,7 @@ impl fmt::Display for ChannelError {
                 write!(f, "cancelled (stop requested) while waiting for peers")
             }
             ChannelError::Disagreed(what) => write!(f, "the nodes disagree: {what}"),
+            ChannelError::Limit(what) => write!(f, "{what}"),
             ChannelError::Io(e) => write!(f, "control channel: {e}"),
         }
     }
@@ -614,6 +619,23 @@ impl Agreed {
     }
 }
 
+/// Whether `value` can be agreed on at the barrier `name`
+/// ([`Rendezvous::agree`]): the two travel in one frame's name, at most
+/// [`NAME_BYTES_MAX`] bytes together; the error says how long it is and
+/// how long it may be. For callers to check a value from their input
+/// before any node starts.
+pub fn agreement_fits(name: &str, value: &str) -> Result<(), String> {
+    let len = Agreed::Held(Some(value.to_string())).tag(name).len();
+    if len > NAME_BYTES_MAX {
+        return Err(format!(
+            "`{name}` would carry {} bytes of agreement; the control channel carries at most {}",
+            value.len(),
+            NAME_BYTES_MAX - (len - value.len())
+        ));
+    }
+    Ok(())
+}
+
 impl Rendezvous {
     /// As coordinator: accepts and authenticates until every node in
     /// `members` has joined, or `timeout` passes. Connections that fail the
@@ -631,10 +653,12 @@ impl Rendezvous {
             .copied()
             .filter(|&m| m != opts.node_id)
             .collect();
-        assert!(
-            waiting.len() < NODES_MAX,
-            "at most {NODES_MAX} nodes per cluster"
-        );
+        if waiting.len() >= NODES_MAX {
+            return Err(ChannelError::Limit(format!(
+                "{} nodes to meet; a rendezvous holds at most {NODES_MAX}",
+                waiting.len() + 1
+            )));
+        }
         let mut joined = Vec::with_capacity(waiting.len());
         let mut refused = Vec::new();
         let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
@@ -920,11 +944,16 @@ impl Rendezvous {
         name: &str,
         mine: Option<&str>,
     ) -> Result<Option<String>, ChannelError> {
-        let own = Agreed::Held(mine.map(str::to_string)).tag(name);
         assert!(
-            own.len() <= NAME_BYTES_MAX && !name.contains(['=', '?', '!']),
-            "agree: a plain name, and name and value within {NAME_BYTES_MAX} bytes"
+            name.len() < NAME_BYTES_MAX && !name.contains(['=', '?', '!']),
+            "agree: a plain name within {NAME_BYTES_MAX} bytes"
         );
+        // A value from the caller's input that does not fit fails here,
+        // on every node given it, before anything is sent.
+        if let Some(v) = mine {
+            agreement_fits(name, v).map_err(ChannelError::Limit)?;
+        }
+        let own = Agreed::Held(mine.map(str::to_string)).tag(name);
         let epoch = self.next_epoch();
         let barrier_timeout = self.barrier_timeout;
         let me = self.node_id;

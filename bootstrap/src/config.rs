@@ -434,7 +434,7 @@ impl Check<'_> {
     }
 
     /// The nodes, sorted by id: ids and addresses unique, at least one
-    /// memory and one compute node. Every node's every problem joins
+    /// memory and one compute node, at most `NODES_MAX`. Every node's every problem joins
     /// `errs`; `None` if there was any.
     fn nodes(
         &self,
@@ -448,6 +448,17 @@ impl Check<'_> {
                 return None;
             }
         };
+        if raw_nodes.len() > crate::channel::NODES_MAX {
+            errs.push(self.err(
+                "nodes",
+                format!(
+                    "{} nodes; a cluster has at most {} (the control channel's rendezvous)",
+                    raw_nodes.len(),
+                    crate::channel::NODES_MAX
+                ),
+            ));
+            return None;
+        }
         let before = errs.len();
         let mut nodes = Vec::with_capacity(raw_nodes.len());
         let mut ids = HashSet::new();

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use bootstrap::auth::{Direction, SessionMac, Transcript};
 use bootstrap::channel::{
-    Cancel, ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous,
+    agreement_fits, Cancel, ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous,
+    NODES_MAX,
 };
 use bootstrap::wire::{self, Endpoint, Message, QpInfo, Region, Space, WireError};
 use common::secret;
@@ -839,4 +840,51 @@ fn an_agree_barrier_passes_one_value_and_refuses_two() {
             other => panic!("expected a disagreement, got {other:?}"),
         }
     }
+}
+
+/// A value too long for a frame, given to every node (as flags from a
+/// command line are), fails on every node with the limit, not a panic,
+/// and nothing is sent; one that fits exactly passes.
+#[test]
+fn an_agree_value_too_long_for_a_frame_is_an_error_on_every_node() {
+    let room = wire::NAME_BYTES_MAX - "ready=".len();
+    let fits: &'static str = Box::leak("x".repeat(room).into_boxed_str());
+    assert!(agreement_fits("ready", fits).is_ok());
+    for x in agree_among(&[Some(fits), Some(fits)]) {
+        assert_eq!(x.unwrap().as_deref(), Some(fits));
+    }
+    let long: &'static str = Box::leak("x".repeat(room + 1).into_boxed_str());
+    let why = agreement_fits("ready", long).unwrap_err();
+    assert!(
+        why.contains(&format!("{} bytes", room + 1)) && why.contains(&format!("at most {room}")),
+        "{why}"
+    );
+    for x in agree_among(&[Some(long), Some(long)]) {
+        match x {
+            Err(ChannelError::Limit(w)) => assert_eq!(w, why),
+            other => panic!("expected the limit, got {other:?}"),
+        }
+    }
+}
+
+/// A coordinator given more members than a rendezvous holds says so
+/// before it waits for any.
+#[test]
+fn a_rendezvous_of_more_than_nodes_max_is_refused() {
+    let (l, _) = listener();
+    let ids: Vec<u32> = (0..=NODES_MAX as u32).collect();
+    let t = Instant::now();
+    match Rendezvous::coordinate(&l, &ids, &opts(0, 1), Duration::from_secs(5)) {
+        Err(ChannelError::Limit(why)) => assert!(
+            why.contains(&format!("{} nodes", NODES_MAX + 1)) && why.contains("at most 1024"),
+            "{why}"
+        ),
+        Err(e) => panic!("expected the limit, got {e}"),
+        Ok(_) => panic!("expected the limit, got a rendezvous"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // NODES_MAX of them is allowed: it waits for them (and times out).
+    let ids: Vec<u32> = (0..NODES_MAX as u32).collect();
+    let r = Rendezvous::coordinate(&l, &ids, &opts(0, 1), Duration::from_millis(50));
+    assert!(matches!(r, Err(ChannelError::Timeout(_))));
 }

@@ -134,6 +134,36 @@ fn duplicate_id() {
     assert_eq!(problem, "duplicate node id 2");
 }
 
+/// More nodes than a rendezvous holds is refused by the file, not by a
+/// panic of the coordinator once it boots; the limit itself parses.
+#[test]
+fn more_nodes_than_the_rendezvous_holds() {
+    let nodes = |n: usize| {
+        let mut t = String::from(
+            "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n[[nodes]]\nid = 0\nroles = [\"memory\"]\naddress = \"127.0.0.1:7000\"\nmemory = \"16MiB\"\n",
+        );
+        for id in 1..n {
+            t += &format!(
+                "[[nodes]]\nid = {id}\nroles = [\"compute\"]\naddress = \"127.0.0.1:{}\"\ncores = [0]\n",
+                7000 + id
+            );
+        }
+        t
+    };
+    let max = bootstrap::channel::NODES_MAX;
+    let (_dir, file) = setup("at-max", &nodes(max));
+    assert_eq!(ClusterConfig::load(&file).unwrap().nodes.len(), max);
+    let (field, problem) = reject("past-max", &nodes(max + 1));
+    assert_eq!(field, "nodes");
+    assert_eq!(
+        problem,
+        format!(
+            "{} nodes; a cluster has at most {max} (the control channel's rendezvous)",
+            max + 1
+        )
+    );
+}
+
 #[test]
 fn duplicate_address() {
     let text = GOOD.replace("127.0.0.1:7001", "127.0.0.1:7000");
