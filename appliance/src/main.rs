@@ -381,9 +381,7 @@ impl DemoArgs {
                 })?],
             };
         }
-        if cfg.cores_per_compute == 0 || cfg.tasks_per_core == 0 {
-            return Err("--cores and --tasks must be at least 1".into());
-        }
+        cfg.check()?;
         check_tree(&cfg.tree)?;
         if cfg.workloads.iter().any(|w| w.index().is_some()) {
             let all = processes::memory_bytes(&cfg).saturating_mul(cfg.memory_nodes as u64);

@@ -93,6 +93,55 @@ impl Drop for Launch {
     }
 }
 
+impl ProcessesConfig {
+    /// The settings a run refuses as bad input, checked before any of
+    /// them is used (the memory nodes' size multiplies them).
+    pub fn check(&self) -> Result<(), String> {
+        if self.memory_nodes == 0
+            || self.memory_nodes > 64
+            || self.compute_nodes == 0
+            || self.compute_nodes > 64
+        {
+            return Err("1..=64 memory nodes and 1..=64 compute nodes".into());
+        }
+        if !(self.seconds > 0.0 && self.seconds <= 600.0) {
+            return Err(format!("seconds must be in (0, 600], got {}", self.seconds));
+        }
+        if self.workloads.is_empty() {
+            return Err("no workload to run".into());
+        }
+        if self.records == 0 || self.records > crate::node::RECORDS_MAX {
+            return Err(format!(
+                "--tree-records must be 1..={}",
+                crate::node::RECORDS_MAX
+            ));
+        }
+        if self.tasks_per_core == 0 || self.tasks_per_core > TASKS_PER_CORE_MAX {
+            return Err(format!("--tasks must be 1..={TASKS_PER_CORE_MAX}"));
+        }
+        let cpus = host_cpus().len();
+        if self.cores_per_compute == 0 || self.cores_per_compute > cpus {
+            return Err(format!(
+                "--cores must be 1..={cpus} (this host's CPUs; each compute node pins them), got {}",
+                self.cores_per_compute
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The CPUs of this host the compute nodes pin their cores to.
+fn host_cpus() -> Vec<usize> {
+    let cpus: Vec<usize> = core_affinity::get_core_ids()
+        .map(|v| v.into_iter().map(|c| c.id).collect())
+        .unwrap_or_default();
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
+    }
+}
+
 /// Memory of each memory node: 64 MiB, or more when the index workloads
 /// need it: the verb areas of every task slot `loch node` reserves, and
 /// the index below them ([`IndexLoad::needed`]).
@@ -125,17 +174,8 @@ fn secret_bytes() -> Result<[u8; 32], String> {
 pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), String> {
     let dir = PrivateDir::new("demo")?;
     dir.write("secret", &secret_bytes()?)?;
-    let cpus: Vec<usize> = core_affinity::get_core_ids()
-        .map(|v| v.into_iter().map(|c| c.id).collect())
-        .unwrap_or_default();
-    let cpus = if cpus.is_empty() { vec![0] } else { cpus };
-    if cfg.cores_per_compute > cpus.len() {
-        return Err(format!(
-            "{} cores per compute node, but this host has {} CPUs",
-            cfg.cores_per_compute,
-            cpus.len()
-        ));
-    }
+    cfg.check()?;
+    let cpus = host_cpus();
     let ports = free_ports(cfg.memory_nodes + cfg.compute_nodes)?;
     let mut toml = String::from(
         "# written by `loch demo --processes`\nsecret_file = \"secret\"\nlock_table_words = 32768\nhuge_pages = false\n\n[backend]\nkind = \"emu\"\n",
@@ -214,21 +254,7 @@ fn ratio(num: u64, den: u64) -> f64 {
 
 /// Runs the multi-process demo, progress on stderr; the summary is returned.
 pub fn run(cfg: &ProcessesConfig) -> Result<ProcessesReport, String> {
-    if cfg.memory_nodes == 0 || cfg.compute_nodes == 0 || cfg.memory_nodes > 64 {
-        return Err("1..=64 memory nodes and at least 1 compute node".into());
-    }
-    if !(cfg.seconds > 0.0 && cfg.seconds <= 600.0) {
-        return Err(format!("seconds must be in (0, 600], got {}", cfg.seconds));
-    }
-    if cfg.workloads.is_empty() {
-        return Err("no workload to run".into());
-    }
-    if cfg.records == 0 || cfg.records > crate::node::RECORDS_MAX {
-        return Err(format!(
-            "--tree-records must be 1..={}",
-            crate::node::RECORDS_MAX
-        ));
-    }
+    cfg.check()?;
     // Ctrl-C reaches the whole process group, and a signal to this process
     // alone is passed on: the nodes stop cleanly, and this process survives
     // it to reap them, print what ran and remove its files.

@@ -190,6 +190,21 @@ fn demo_runs_its_index_phases_with_wide_records() {
             "records of 1024-byte keys and 1024-byte values need about",
         ),
         (&["--processes", "--key-size", "24"], "--key-size must be"),
+        // --processes sized its memory nodes before checking these (the
+        // products wrapped), and left --tasks past 64 to its nodes.
+        (
+            &["--processes", "--tree-records", "18446744073709551615"],
+            "--tree-records must be 1..=10000000",
+        ),
+        (
+            &["--processes", "--tasks", "1000000000000000"],
+            "--tasks must be 1..=64",
+        ),
+        (&["--processes", "--tasks", "65"], "--tasks must be 1..=64"),
+        (
+            &["--processes", "--cores", "9223372036854775808"],
+            "--cores must be 1..=",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_loch"))
             .arg("demo")
