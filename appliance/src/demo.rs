@@ -589,7 +589,7 @@ fn exec_config(cfg: &DemoConfig) -> ExecutorConfig {
 
 fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     let host = host_bytes(cfg);
-    eprintln!(
+    cmdline::errln!(
         "loch demo: booting an emu cluster on this host: {} memory nodes × {} MiB host + 256 KiB device memory, {} compute cores × {} tasks",
         cfg.memory_nodes,
         host >> 20,
@@ -607,7 +607,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
         },
     })
     .map_err(|e| e.to_string())?;
-    eprintln!(
+    cmdline::errln!(
         "loch demo: memory nodes up in {:.1} ms",
         boot.elapsed().as_secs_f64() * 1e3
     );
@@ -623,7 +623,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
                 std::thread::sleep(Duration::from_millis(20));
                 if t0.elapsed() >= Duration::from_secs(tick) {
                     let now = ops.load(Ordering::Relaxed);
-                    eprintln!(
+                    cmdline::errln!(
                         "loch demo: t={tick}s  {now:>10} ops  {:>8.2} Mops/s",
                         (now - last) as f64 / 1e6
                     );
@@ -685,7 +685,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
     if cfg.latency_ns != 0 {
         model.link_latency_ns_one_way = cfg.latency_ns;
     }
-    eprintln!(
+    cmdline::errln!(
         "loch demo: simulating a cluster (seed {}): {} memory nodes × {} MiB, {} compute nodes, {} threads × {} tasks, {} virtual ms",
         cfg.seed,
         cfg.memory_nodes,
@@ -730,7 +730,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         ));
     }
     if stuck > 0 {
-        eprintln!("loch demo: {stuck} verb tasks did not finish (faults injected)");
+        cmdline::errln!("loch demo: {stuck} verb tasks did not finish (faults injected)");
         // They must not run on into the index phases.
         spawned.halt(&mut w);
     }
@@ -778,7 +778,7 @@ fn run_verb_phase(
         let until = duration_ns * i / steps;
         end = w.run_until(until);
         let now = sh.ops.get();
-        eprintln!(
+        cmdline::errln!(
             "loch demo: t={:.2} virtual ms  {now:>10} ops  {:>8.2} Mops/s simulated",
             w.now_ns() as f64 / 1e6,
             (now - last) as f64 / (duration_ns / steps) as f64 * 1e3

@@ -403,7 +403,7 @@ pub fn run_phases(
     if cfg.tree_records == 0 || cmdline::signals::stop_requested() {
         return Ok(None);
     }
-    eprintln!(
+    cmdline::errln!(
         "loch demo: index phases: a B+tree and a hash table of {} records each ({}-byte keys, {}-byte values), then a mixed workload",
         cfg.tree_records,
         cfg.sizes.key_bytes(),

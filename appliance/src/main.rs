@@ -397,10 +397,10 @@ impl DemoArgs {
 fn summary(text: &str, ok: bool) -> ExitCode {
     cmdline::out!("{text}");
     if !ok {
-        eprintln!("loch demo: a check FAILED");
+        cmdline::errln!("loch demo: a check FAILED");
         ExitCode::from(EXIT_FAILED)
     } else if cmdline::signals::stop_requested() {
-        eprintln!("loch demo: stopped by SIGINT/SIGTERM; the summary covers what ran");
+        cmdline::errln!("loch demo: stopped by SIGINT/SIGTERM; the summary covers what ran");
         ExitCode::from(EXIT_INTERRUPTED)
     } else {
         ExitCode::from(EXIT_DONE)
@@ -408,7 +408,7 @@ fn summary(text: &str, ok: bool) -> ExitCode {
 }
 
 fn bad_input(cmd: &str, e: &str) -> ExitCode {
-    eprintln!("loch {cmd}: {e}; see `loch {cmd} --help`");
+    cmdline::errln!("loch {cmd}: {e}; see `loch {cmd} --help`");
     ExitCode::from(EXIT_BAD_INPUT)
 }
 
@@ -434,7 +434,7 @@ fn demo_main(a: DemoArgs) -> ExitCode {
         Err(e) => bad_input("demo", &e),
         Ok(Ok((text, ok))) => summary(&text, ok),
         Ok(Err(e)) => {
-            eprintln!("loch demo: {e}");
+            cmdline::errln!("loch demo: {e}");
             ExitCode::from(EXIT_FAILED)
         }
     }
@@ -449,7 +449,7 @@ fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
     match r {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("loch {cmd}: {e}");
+            cmdline::errln!("loch {cmd}: {e}");
             ExitCode::from(e.exit_code())
         }
     }

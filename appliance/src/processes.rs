@@ -392,12 +392,12 @@ fn start_nodes(
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the loch binary: {e}"))?;
     match w {
-        None => eprintln!(
+        None => cmdline::errln!(
             "loch demo: starting {} memory node processes, cluster file {}",
             cfg.memory_nodes,
             file.display()
         ),
-        Some(w) => eprintln!(
+        Some(w) => cmdline::errln!(
             "loch demo: {} workload: starting {} compute node processes ({} cores × {} tasks each)",
             w.name(),
             cfg.compute_nodes,

@@ -355,6 +355,41 @@ fn a_closed_stdout_ends_the_demo_quietly() {
     );
 }
 
+#[test]
+fn a_closed_stderr_ends_the_demo_quietly() {
+    use std::process::Stdio;
+    // `loch demo ... 2>&1 | head -0`: the progress lines and the warning
+    // meet a closed pipe (`eprintln!` panicked there); the run goes on and
+    // its summary reaches stdout.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args([
+            "demo",
+            "--backend",
+            "sim",
+            "--seconds",
+            "0.001",
+            "--tree-records",
+            "2000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("loch demo summary"), "{stdout}");
+    // Bad input with nowhere to say it: still exit 2.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
+        .args(["demo", "--key-size", "12"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(2));
+}
+
 /// Starts `loch` with `args`, sends SIGINT once its stderr says `ready`,
 /// and returns its exit code, stdout and how long it took to stop.
 fn interrupted(args: &[&str], ready: &str) -> (Option<i32>, String, std::time::Duration) {

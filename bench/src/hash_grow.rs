@@ -123,7 +123,7 @@ pub fn run(a: HashGrowArgs) -> Result<crate::run::Outcome, ArgError> {
     let seen = measure(&a, cfg);
     if cmdline::signals::stop_requested() {
         // Nothing is reported before the growth was measured whole.
-        eprintln!("loch-bench hash-grow: {STOPPED}");
+        cmdline::errln!("loch-bench hash-grow: {STOPPED}");
         return Ok(crate::run::Outcome::Interrupted);
     }
     let seen = match seen {

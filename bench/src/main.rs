@@ -98,11 +98,11 @@ fn main() -> ExitCode {
         Ok(run::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
         Ok(run::Outcome::HistoryViolation) => ExitCode::from(EXIT_FAILED),
         Ok(run::Outcome::Failed(why)) => {
-            eprintln!("{name}: {why}");
+            cmdline::errln!("{name}: {why}");
             ExitCode::from(EXIT_FAILED)
         }
         Err(e) => {
-            eprintln!("{name}: {e}; see `{name} --help`");
+            cmdline::errln!("{name}: {e}; see `{name} --help`");
             ExitCode::from(EXIT_BAD_INPUT)
         }
     }

@@ -65,7 +65,7 @@ impl Progress {
         if self.tty {
             // indicatif leaves the cursor on the bar's line; what follows
             // starts on its own.
-            eprintln!();
+            cmdline::errln!();
         }
     }
 }

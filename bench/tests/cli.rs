@@ -405,6 +405,26 @@ fn a_closed_stdout_ends_the_output_quietly() {
     );
 }
 
+#[test]
+fn a_closed_stderr_is_not_a_panic() {
+    use std::process::Stdio;
+    // `loch-bench ... 2>&1 | head -0`: bad input and a warning with nowhere
+    // to go (`eprintln!` panicked, exit 101); the exit codes stand.
+    for (args, code) in [
+        (&["run", "--bogus"][..], 2),
+        (&["run", "--threads", "0"][..], 2),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take());
+        assert_eq!(child.wait().unwrap().code(), Some(code), "{args:?}");
+    }
+}
+
 /// Runs `loch-bench ARGS`, sends SIGINT after two seconds, and returns
 /// its output; it must stop within ten seconds, with exit code 130.
 fn interrupted(args: &[&str]) -> std::process::Output {

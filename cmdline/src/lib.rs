@@ -111,7 +111,7 @@ pub fn warn_if_oversubscribed(command: &str, what: &str, threads: usize) -> bool
     let online = cpus_online();
     let over = threads > online;
     if over {
-        eprintln!(
+        crate::errln!(
             "{command}: warning: {threads} {what} asked for, but this machine has {online} CPUs online: \
              polling threads will share CPUs, and the figures measure the sharing"
         );
@@ -186,12 +186,12 @@ pub fn parse_from<T: clap::Parser>(
                 Err(std::process::ExitCode::from(EXIT_DONE))
             }
             ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-                eprint!("{}", e.render());
+                crate::err!("{}", e.render());
                 Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
             }
             _ => {
                 let cmd = command_of(&T::command(), name, &args);
-                eprintln!("{cmd}: {}", one_line(&e, &cmd));
+                crate::errln!("{cmd}: {}", one_line(&e, &cmd));
                 Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
             }
         },

@@ -5,6 +5,11 @@
 //! program's hook once (e.g. ask the run to stop); every later write is
 //! dropped. Use the [`outln!`](crate::outln!) and [`out!`](crate::out!)
 //! macros as `println!` and `print!`.
+//!
+//! Standard error likewise: `eprintln!` panics when stderr is a closed
+//! pipe (`loch demo --processes 2>&1 | head -2`), so progress, warnings
+//! and errors go through [`errln!`](crate::errln!) and
+//! [`err!`](crate::err!), which drop what a closed stderr cannot take.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,4 +56,23 @@ macro_rules! outln {
 #[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::out::print(format_args!($($t)*)) };
+}
+
+/// Writes to stderr (unbuffered, as `eprint!`); a write that fails (a
+/// closed pipe) is dropped: there is nowhere left to say it.
+pub fn eprint(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
+}
+
+/// `eprintln!` to stderr through [`eprint()`](crate::out::eprint).
+#[macro_export]
+macro_rules! errln {
+    () => { $crate::out::eprint(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::out::eprint(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `eprint!` to stderr through [`eprint()`](crate::out::eprint).
+#[macro_export]
+macro_rules! err {
+    ($($t:tt)*) => { $crate::out::eprint(format_args!($($t)*)) };
 }

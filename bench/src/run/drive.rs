@@ -234,7 +234,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
                 Length::Ops(n) => format!("~{} measured ops", n * spec.clients()),
                 Length::Nanos(d) => format!("{:.1} measured virtual ms", d as f64 / 1e6),
             };
-            eprintln!(
+            cmdline::errln!(
                 "loch-bench run: {} at {:.1} virtual ms, {} measured ops (of {}), {:.0} s wall",
                 spec.system,
                 w.now_ns() as f64 / 1e6,

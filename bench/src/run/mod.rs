@@ -711,7 +711,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     let specs = cli.specs()?;
     // Everything is valid: from here on, only a failed run is an error.
     for w in &cli.warnings {
-        eprintln!("loch-bench run: warning: {w}");
+        cmdline::errln!("loch-bench run: warning: {w}");
     }
     if cli.backend != Backend::Sim {
         let most = cli.thread_list.iter().copied().max().unwrap_or(1);
@@ -723,7 +723,7 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     };
     for d in done.iter().filter(|d| d.spec.backend != Backend::Sim) {
         if d.report.elapsed_ns < EMU_WINDOW_NS {
-            eprintln!(
+            cmdline::errln!(
                 "loch-bench run: warning: {} at {} threads measured for {:.3} s of wall clock, under \
                  a second: too short to trust (timer and scheduling noise); measure longer with \
                  --seconds or more --ops",
@@ -771,7 +771,7 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
     let planned = specs.len();
     for spec in specs {
         if cmdline::signals::stop_requested() {
-            eprintln!(
+            cmdline::errln!(
                 "loch-bench run: stopped by SIGINT/SIGTERM after {} of {planned} runs",
                 done.len()
             );
@@ -800,9 +800,12 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
                 .then(|| log.file_lines(&history_header(&spec), &initial_records));
         }
         if !cli.json {
-            eprintln!(
+            cmdline::errln!(
                 "loch-bench run: {} at {} threads done ({} ops, {:.1} s wall)",
-                spec.system, spec.threads, report.ops, report.wall_sec
+                spec.system,
+                spec.threads,
+                report.ops,
+                report.wall_sec
             );
         }
         done.push(SystemRun {
@@ -851,12 +854,12 @@ fn print_results(cli: &Cli, done: &[SystemRun]) -> bool {
         match &d.verdict {
             Some(Verdict::Violation(why)) => {
                 violation = true;
-                eprintln!(
+                cmdline::errln!(
                     "loch-bench run: {} at {} threads: history check: violation\n{why}",
                     d.spec.system, d.spec.threads
                 );
             }
-            Some(Verdict::Undecided(why)) => eprintln!(
+            Some(Verdict::Undecided(why)) => cmdline::errln!(
                 "loch-bench run: {} at {} threads: history check undecided (no violation found)\n{why}",
                 d.spec.system, d.spec.threads
             ),

@@ -76,7 +76,9 @@ fn write_chart(dir: &Path, name: &str, drawn: plot::Drawn) -> Result<(), String>
             // No PNG beside this SVG: not an older one either.
             let _ = std::fs::remove_file(dir.join(format!("{name}.png")));
             static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| eprintln!("loch-bench run: warning: --plot: SVG only: {}", e.0));
+            SAID.call_once(|| {
+                cmdline::errln!("loch-bench run: warning: --plot: SVG only: {}", e.0)
+            });
             Ok(())
         }
     }
