@@ -653,3 +653,93 @@ fn scans_through_a_stale_cache_walk_around_new_leaves() {
     .unwrap();
     assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
 }
+
+/// Corrupted sibling pointers end in an error, whatever the tree: a node
+/// whose chain loops (a descent followed it forever), and a leaf whose
+/// sibling is null below the key (a write locked what the null pointer
+/// names: on FG+, a word of the superblock, which must stay as it was).
+#[test]
+fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
+    use index::tree::layout::{Layout, Node, NodeMut};
+    use nicdrv::GlobalAddr;
+    for name in ["sherman", "sherman-2rt", "fg"] {
+        let cfg = TreeConfig::named(name, HOST).unwrap();
+        let mut w = sim_world(1, 1, 1);
+        let tree = Tree::new(cfg.clone(), DM).unwrap();
+        // A second compute node's handle: its index cache is empty.
+        let other = Tree::new(cfg, DM).unwrap();
+        let done = Rc::new(RefCell::new(false));
+        let d = done.clone();
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = tree.client(1).unwrap();
+            c.create(&ctx).await.unwrap();
+            c.bulk_load(&ctx, (0..3000u64).map(|k| (k * 2, k)), 16)
+                .await
+                .unwrap();
+            let l = Layout::new(8, 8).unwrap();
+            let nb = l.node_bytes();
+            let word = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+            let root = GlobalAddr::from_raw(word & !1023);
+            assert!(word & 1023 >= 1, "{name}: a tree of one leaf");
+            let rb = ctx.read(root, nb).await.unwrap().as_slice().to_vec();
+            let mut leaf = root;
+            loop {
+                let b = ctx.read(leaf, nb).await.unwrap();
+                let n = Node::<u64>::new(l, b.as_slice());
+                if n.is_leaf() {
+                    break;
+                }
+                leaf = n.child_for(4001);
+            }
+            // The leaf of key 4001 ends just past its low fence, with no
+            // sibling.
+            let mut b = ctx.read(leaf, nb).await.unwrap().as_slice().to_vec();
+            {
+                let mut m = NodeMut::<u64>::new(l, &mut b);
+                let low = m.view().low();
+                assert!(low < 4001);
+                m.set_high(low + 1);
+                m.set_sibling(GlobalAddr::NULL);
+            }
+            ctx.write(leaf, &b).await.unwrap();
+            let sb = ctx.read(GlobalAddr::host(0, 0), 1024).await.unwrap();
+            let super_before = sb.as_slice().to_vec();
+            let e = c.put(&ctx, 4001, 1).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TreeError::Corrupt {
+                        why: "pointer is null or not node-aligned",
+                        ..
+                    }
+                ),
+                "{name}: {e}"
+            );
+            let sa = ctx.read(GlobalAddr::host(0, 0), 1024).await.unwrap();
+            assert_eq!(sa.as_slice(), &super_before[..], "{name}: the superblock");
+            // The root ends below 4001 and names itself as its sibling.
+            let mut b = rb.clone();
+            {
+                let mut m = NodeMut::<u64>::new(l, &mut b);
+                let low = m.view().low();
+                m.set_high(low + 1);
+                m.set_sibling(root);
+            }
+            ctx.write(root, &b).await.unwrap();
+            let mut o = other.client(2).unwrap();
+            let e = o.get(&ctx, 4001).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TreeError::Corrupt {
+                        why: "sibling chain without end",
+                        ..
+                    }
+                ),
+                "{name}: {e}"
+            );
+            *d.borrow_mut() = true;
+        });
+        assert!(*done.borrow(), "{name}: the task ran to its end");
+    }
+}

@@ -121,6 +121,7 @@ impl<K: TreeKey> TreeClientOf<K> {
             self.stats.cache_misses += 1;
         }
         let mut fresh = false;
+        let mut hops = 0;
         'restart: for _ in 0..MAX_RESTARTS {
             let (mut addr, mut at) = self.root(ctx, fresh).await?;
             fresh = true;
@@ -150,7 +151,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                             why: "key beyond the last node",
                         });
                     }
-                    self.stats.sibling_hops += 1;
+                    self.hop(&mut hops, addr)?;
                     addr = n.sibling();
                     continue;
                 }
@@ -163,6 +164,20 @@ impl<K: TreeKey> TreeClientOf<K> {
             addr: ROOT_WORD,
             why: "descent restarted without end",
         })
+    }
+
+    /// Counts a step from the node at `from` to its sibling against the
+    /// operation's `hops`: past [`MAX_SIBLING_HOPS`] the chain is corrupt.
+    pub(super) fn hop(&mut self, hops: &mut u32, from: GlobalAddr) -> Result<(), TreeError> {
+        self.stats.sibling_hops += 1;
+        *hops += 1;
+        if *hops > MAX_SIBLING_HOPS {
+            return Err(TreeError::Corrupt {
+                addr: from,
+                why: "sibling chain without end",
+            });
+        }
+        Ok(())
     }
 
     /// The value of `key`, if present. Fails with

@@ -72,6 +72,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         child: GlobalAddr,
         left: GlobalAddr,
     ) -> Result<(), TreeError> {
+        let mut hops = 0;
         for _ in 0..MAX_RESTARTS {
             let (root, root_level) = self.root(ctx, true).await?;
             if root_level < level {
@@ -101,7 +102,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                     let s = n.sibling();
                     self.write_and_release(ctx, held, &[], buf.as_slice())
                         .await?;
-                    self.stats.sibling_hops += 1;
+                    self.hop(&mut hops, addr)?;
                     addr = s;
                     continue;
                 }

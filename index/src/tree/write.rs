@@ -77,11 +77,12 @@ impl<K: TreeKey> TreeClientOf<K> {
     ) -> Result<(Held, Buf), TreeError> {
         let node = held.node;
         let nb = self.layout.node_bytes();
-        let buf = match check_node_addr(node).and_then(|()| Ok(ctx.alloc(nb)?)) {
+        // `node` was checked by `lock_and_read`, before its lock.
+        let buf = match ctx.alloc(nb) {
             Ok(b) => b,
             Err(e) => {
                 self.abandon(ctx, held, false).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let (held, buf) = self.acquire_with(ctx, held, Some(buf)).await?;
@@ -146,6 +147,10 @@ impl<K: TreeKey> TreeClientOf<K> {
         ctx: &Ctx<N>,
         addr: GlobalAddr,
     ) -> Result<(Held, Buf), TreeError> {
+        // A pointer read from a node (a sibling, a child) is checked
+        // before its lock is: a null one names a lock word that is not a
+        // node's (on FG+, inside the superblock).
+        check_node_addr(addr)?;
         let (held, handed) = self.queue(ctx, addr).await?;
         let cfg = &self.tree.cfg;
         if let (Some(page), true) = (&handed, cfg.handover_page) {
