@@ -219,7 +219,11 @@ pub fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 }
 
 /// The key and value of an entry read back, or `None` when it is torn,
-/// stale or not an entry (bad mark, lengths or checksum).
+/// stale or not an entry (bad mark, lengths or checksum). `bytes` are the
+/// lines its slot word names, which the entry must fill exactly: a word
+/// naming more lines than the entry takes is corrupt, and trusting it
+/// would return a block of the wrong size class to the allocator when the
+/// entry is replaced.
 pub fn decode_entry(bytes: &[u8], key_len: usize) -> Option<(&[u8], &[u8])> {
     if bytes.len() < ENTRY_HEADER_BYTES {
         return None;
@@ -234,7 +238,7 @@ pub fn decode_entry(bytes: &[u8], key_len: usize) -> Option<(&[u8], &[u8])> {
     let end = ENTRY_HEADER_BYTES
         .checked_add(klen)?
         .checked_add(value_len)?;
-    if end > bytes.len() {
+    if end.div_ceil(LINE_BYTES) * LINE_BYTES != bytes.len() {
         return None;
     }
     let sum = u64::from_le_bytes(word(0, 8).try_into().ok()?);
@@ -499,6 +503,12 @@ mod tests {
         torn[64..].copy_from_slice(&other[64..]);
         assert!(decode_entry(&torn, 8).is_none());
         assert!(decode_entry(&[0u8; 64], 8).is_none());
+        // Read as the lines of a slot word that names one line too many,
+        // or too few: refused.
+        let mut long = buf.clone();
+        long.resize(3 * 64, 0);
+        assert!(decode_entry(&long, 8).is_none(), "a word with a line too many");
+        assert!(decode_entry(&buf[..64], 8).is_none(), "a line too few");
         encode_entry(&mut buf, b"k", &[]);
         assert_eq!(decode_entry(&buf, 1).unwrap().1.len(), 0);
     }
