@@ -66,6 +66,27 @@ pub fn slot_of(
     Some((block, ok))
 }
 
+/// Whether `offset` is a slot of a block formatted for objects of
+/// `payload` bytes, `head` reading the header word of the block at a
+/// region offset: what a FREE may put back on a free list (an object of a
+/// fixed table, one between slots, or one of a block of another size
+/// would be handed out again over live objects).
+pub fn is_slot_of_size<E>(
+    static_bytes: u64,
+    block_bytes: u64,
+    offset: u64,
+    payload: usize,
+    head: impl FnOnce(u64) -> Result<u64, E>,
+) -> Result<bool, E> {
+    if payload == 0 {
+        return Ok(false);
+    }
+    match slot_of(static_bytes, block_bytes, offset, payload) {
+        Some((block, true)) => Ok(block_class(head(block)?) == Some(payload)),
+        _ => Ok(false),
+    }
+}
+
 /// One region's slabs at its primary.
 #[derive(Default)]
 struct Slabs {
@@ -323,4 +344,44 @@ pub fn backup_block_headers(
         },
         LINE as u64,
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fixed tables of 4 KiB, blocks of 4 KiB; the block at 4096 formatted
+    /// for 24-byte payloads (one line a slot), the one at 8192 for 100.
+    fn head(block: u64) -> Result<u64, ()> {
+        Ok(match block {
+            4096 => block_word(24),
+            8192 => block_word(100),
+            _ => 0,
+        })
+    }
+
+    #[test]
+    fn only_a_slot_of_its_size_is_put_back() {
+        let ok = |offset, payload| is_slot_of_size(4096, 4096, offset, payload, head).unwrap();
+        // Slots of the first block: after its header line, a line each.
+        assert!(ok(4096 + 64, 24));
+        assert!(ok(4096 + 64 * 63, 24));
+        // A fixed table's object, the header line, between slots, past the
+        // last slot.
+        assert!(!ok(0, 24));
+        assert!(!ok(4032, 24));
+        assert!(!ok(4096, 24));
+        assert!(!ok(4096 + 64 + 8, 24));
+        // The block holds 24-byte objects, not 8 (the same slot size) nor
+        // 100; the second block holds 100 (two lines a slot, 31 of them).
+        assert!(!ok(4096 + 64, 8));
+        assert!(!ok(4096 + 64, 100));
+        assert!(ok(8192 + 64, 100));
+        assert!(ok(8192 + 64 + 128 * 30, 100));
+        assert!(!ok(8192 + 64 + 64, 100), "inside a slot");
+        assert!(!ok(8192 + 64 + 128 * 31, 100), "past the last slot");
+        // An unformatted block, and no payload.
+        assert!(!ok(12288 + 64, 24));
+        assert!(!ok(4096 + 64, 0));
+    }
 }

@@ -136,9 +136,20 @@ macro_rules! from {
     )*};
 }
 
-from!(RegionError => Region, ObjectError => Object, RingError => Ring,
+from!(ObjectError => Object, RingError => Ring,
       RecordError => Record, VerbError => Verb, LocalError => Local,
       GeometryError => Geometry);
+
+impl From<RegionError> for TxError {
+    /// An address off a line names no object: the error a read of one
+    /// between objects gives.
+    fn from(e: RegionError) -> Self {
+        match e {
+            RegionError::Misaligned(_) => TxError::NotAnObject(e.to_string()),
+            e => TxError::Region(e),
+        }
+    }
+}
 
 impl From<WaitError> for TxError {
     fn from(e: WaitError) -> Self {

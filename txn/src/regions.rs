@@ -9,6 +9,7 @@
 //! [`crate::coord::Coordinator::create_region`]) join every machine's map
 //! at the exchange's commit.
 
+use crate::object::LINE;
 use crate::records::ObjAddr;
 use nicdrv::{GlobalAddr, NodeId};
 use std::collections::BTreeMap;
@@ -51,6 +52,9 @@ pub enum RegionError {
     Size { id: u32, bytes: u64 },
     /// An object beyond its region's end.
     OutOfRegion { at: ObjAddr, len: u64, bytes: u64 },
+    /// An object that does not start on a line, as every object does (its
+    /// header is a line's first word).
+    Misaligned(ObjAddr),
 }
 
 impl fmt::Display for RegionError {
@@ -69,6 +73,11 @@ impl fmt::Display for RegionError {
             RegionError::OutOfRegion { at, len, bytes } => write!(
                 f,
                 "{len} bytes at offset {} of region {} pass its end ({bytes} bytes)",
+                at.offset, at.region
+            ),
+            RegionError::Misaligned(at) => write!(
+                f,
+                "offset {} of region {} is not on a {LINE}-byte line, where objects start",
                 at.offset, at.region
             ),
         }
@@ -196,6 +205,12 @@ impl RegionMap {
                 bytes: r.bytes,
             });
         }
+        // A record naming an object off a line would make a local CAS or
+        // load fault on the primary or backup (misaligned), and could
+        // name a word inside another object.
+        if !at.offset.is_multiple_of(LINE as u64) {
+            return Err(RegionError::Misaligned(at));
+        }
         Ok(r)
     }
 
@@ -311,13 +326,27 @@ mod tests {
         assert_eq!(m.on_primary(nowhere, 8), Err(RegionError::NoSuchRegion(9)));
         let past = ObjAddr {
             region: 1,
-            offset: (1 << 20) - 8,
+            offset: (1 << 20) - 64,
         };
-        assert!(m.on_primary(past, 8).is_ok());
+        assert!(m.on_primary(past, 64).is_ok());
         assert!(matches!(
-            m.on_backups(past, 16),
+            m.on_backups(past, 128),
             Err(RegionError::OutOfRegion { .. })
         ));
+        // Objects start on lines: a record naming a word inside one is
+        // refused, on the primary and the backups alike.
+        for offset in [8, 4096 + 60, (1 << 20) - 8] {
+            let off_line = ObjAddr { region: 1, offset };
+            assert_eq!(
+                m.on_primary(off_line, 8),
+                Err(RegionError::Misaligned(off_line))
+            );
+            assert_eq!(
+                m.on_backup(off_line, 8, 1),
+                Err(RegionError::Misaligned(off_line))
+            );
+            assert!(!m.backs_up(off_line, 8, 1));
+        }
         let wrap = ObjAddr {
             region: 1,
             offset: u64::MAX,

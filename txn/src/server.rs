@@ -847,17 +847,50 @@ impl Server {
     /// COMMIT-PRIMARY's install of the objects a LOCK locked here: each
     /// written, its header unlocking at the next version; freed slots go
     /// back to the allocator.
-    fn install<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {
-        let mut alloc = self.alloc.lock().expect("no panics hold it");
-        for w in writes {
-            let off = self.primary_off(w.at, object_bytes(w.value.len()));
-            let off = off.expect("LOCK checked every object is ours");
-            put_object(ctx, off, w.new_header(), &w.value)?;
-            if w.op == WriteOp::Free {
-                alloc.put_back(w.at, w.value.len());
+    fn install<N: Nic>(&mut self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {
+        let mut refused = 0;
+        {
+            let mut alloc = self.alloc.lock().expect("no panics hold it");
+            for w in writes {
+                let off = self.primary_off(w.at, object_bytes(w.value.len()));
+                let off = off.expect("LOCK checked every object is ours");
+                put_object(ctx, off, w.new_header(), &w.value)?;
+                if w.op == WriteOp::Free {
+                    if self.is_slot(ctx, w, off)? {
+                        alloc.put_back(w.at, w.value.len());
+                    } else {
+                        refused += 1;
+                    }
+                }
             }
         }
+        if refused > 0 {
+            log::warn!(
+                "machine {}: {refused} FREE of an object that is no allocator slot of its size: not put back on a free list",
+                self.machine
+            );
+            self.stats.bad_records += refused;
+        }
         Ok(())
+    }
+
+    /// Whether the object `w` frees, at local offset `off`, is a slot of a
+    /// block of its size: only such a slot may go back on a free list (a
+    /// fixed table's object, or one freed at another size, would be handed
+    /// out again over live objects).
+    fn is_slot<N: Nic>(&self, ctx: &Ctx<N>, w: &Write, off: u64) -> Result<bool, TxError> {
+        let g = &self.geo;
+        let at = w.at.offset;
+        // The block lies below the object, in the same region: its
+        // local offset is the object's less the distance between them.
+        let head = |block: u64| ctx.local().load(off - (at - block));
+        Ok(crate::alloc::is_slot_of_size(
+            g.static_bytes,
+            g.block_bytes,
+            at,
+            w.value.len(),
+            head,
+        )?)
     }
 
     fn unlock<N: Nic>(&self, ctx: &Ctx<N>, writes: &[Write]) -> Result<(), TxError> {

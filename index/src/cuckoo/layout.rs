@@ -507,7 +507,10 @@ mod tests {
         // or too few: refused.
         let mut long = buf.clone();
         long.resize(3 * 64, 0);
-        assert!(decode_entry(&long, 8).is_none(), "a word with a line too many");
+        assert!(
+            decode_entry(&long, 8).is_none(),
+            "a word with a line too many"
+        );
         assert!(decode_entry(&buf[..64], 8).is_none(), "a line too few");
         encode_entry(&mut buf, b"k", &[]);
         assert_eq!(decode_entry(&buf, 1).unwrap().1.len(), 0);
