@@ -147,7 +147,8 @@ impl RemoteRegion {
             && offset >= self.offset
             && offset
                 .checked_add(len)
-                .is_some_and(|end| end <= self.offset + self.len)
+                .zip(self.offset.checked_add(self.len))
+                .is_some_and(|(end, region_end)| end <= region_end)
     }
 }
 

@@ -691,3 +691,66 @@ fn attach_refuses_other_layouts_and_short_files() {
     assert!(why.contains("seqlock tables"), "{why}");
     std::fs::remove_file(&copy).unwrap();
 }
+
+/// The region table in a node file is another process's memory, read
+/// through the same words its owner writes. An entry reaching past the
+/// node's memory is left out: a READ there is refused, not an access past
+/// the window (it passed the responder's check and tripped the bounds
+/// assertion). A table left mid-edit (its generation odd) by an owner that
+/// died ends the verbs as a dead node's do (they spun on it for good).
+#[test]
+fn a_corrupt_region_table_is_not_trusted() {
+    use std::os::unix::fs::FileExt;
+    const REGIONS: u64 = 256;
+    const GEN: u64 = 64;
+    const STATE: u64 = 56;
+    const STATE_DEAD: u64 = 3;
+    let path = shm_path("regions");
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 0,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.clone()),
+    })
+    .unwrap();
+    node.register_all().unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let word = |at: u64| {
+        let mut b = [0u8; 8];
+        file.read_exact_at(&mut b, at).unwrap();
+        u64::from_le_bytes(b)
+    };
+    // The host region's entry (space 0) claims four times the memory.
+    let host = (0..32)
+        .map(|i| REGIONS + 32 * i)
+        .find(|&e| word(e) != 0 && word(e + 8) == 0)
+        .expect("register_all registered the host memory");
+    let access = word(host + 24) & 0xff;
+    file.write_all_at(&((4 * HOST) << 8 | access).to_le_bytes(), host + 24)
+        .unwrap();
+    let mut h = EmuHarness::new();
+    h.endpoints[0] = EmuEndpoint::attach(&path).unwrap();
+    h.owners[0] = Owner::Here(node);
+    let past = conformance::run_task(&h, |ctx| async move {
+        ctx.read(GlobalAddr::host(0, HOST + 64), 64)
+            .await
+            .map(|b| b.as_slice().to_vec())
+    });
+    assert!(past.is_err(), "a READ past the node's memory: {past:?}");
+    // The owner dies mid-edit of its table.
+    let gen = word(GEN);
+    file.write_all_at(&(gen | 1).to_le_bytes(), GEN).unwrap();
+    file.write_all_at(&STATE_DEAD.to_le_bytes(), STATE).unwrap();
+    let t0 = Instant::now();
+    let r = conformance::run_task(&h, |ctx| async move {
+        ctx.read(GlobalAddr::host(0, 64), 64).await.map(|_| ())
+    });
+    assert!(r.is_err(), "a READ of a dead node: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    drop(h);
+    let _ = std::fs::remove_file(&path);
+}

@@ -347,11 +347,18 @@ impl NodeMap {
 
     /// Reads the region table consistently (a seqlock over the generation
     /// word: even while stable, odd while the owner edits). Returns the
-    /// generation the copy belongs to.
+    /// generation the copy belongs to. The table is another process's
+    /// memory: an entry that does not lie inside its window is left out
+    /// (a verb to it fails as one outside every region does), and an owner
+    /// that died mid-edit (odd for good) leaves `out` as it was and the
+    /// odd generation returned: its verbs fail as a dead node's do.
     pub(crate) fn read_regions(&self, out: &mut Vec<RemoteRegion>) -> u64 {
         loop {
             let g1 = self.region_gen();
             if g1 % 2 == 1 {
+                if !self.is_alive() {
+                    return g1;
+                }
                 std::hint::spin_loop();
                 continue;
             }
@@ -369,6 +376,13 @@ impl NodeMap {
                 };
                 let offset = self.header.load_u64(e + 16);
                 let len_acc = self.header.load_u64(e + 24);
+                let window = self.window(space).len() as u64;
+                if offset
+                    .checked_add(len_acc >> 8)
+                    .is_none_or(|end| end > window)
+                {
+                    continue;
+                }
                 out.push(RemoteRegion {
                     space,
                     offset,
