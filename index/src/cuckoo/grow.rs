@@ -203,7 +203,9 @@ impl CuckooClient {
         from: &Desc,
         mut next: Desc,
     ) -> Result<bool, CuckooError> {
-        next.generation = from.generation + 1;
+        next.generation = from.generation.checked_add(1).ok_or(CuckooError::Corrupt {
+            what: "a descriptor of the last generation there is",
+        })?;
         next.at = self
             .alloc
             .alloc(ctx, Desc::bytes(next.segs.len()) as u64, 64)

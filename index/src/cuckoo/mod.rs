@@ -858,7 +858,9 @@ impl CuckooClient {
                 self.adopt(ctx, root, false).await?
             }
         };
-        let inc = ctx.faa(desc.incarnation_word(), 1).await? + 1;
+        // Saturating: a word past the bound (corrupt, or worn out) is
+        // refused below, not wrapped to a small incarnation.
+        let inc = ctx.faa(desc.incarnation_word(), 1).await?.saturating_add(1);
         if inc > MAX_INCARNATION {
             return Err(CuckooError::Config(format!(
                 "more than {MAX_INCARNATION} clients have used this table; recreate it"
