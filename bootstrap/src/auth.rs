@@ -33,6 +33,8 @@ pub const NONCE_BYTES: usize = 32;
 pub const MAC_BYTES: usize = 32;
 /// The shortest secret we accept: the HMAC-SHA256 key strength.
 pub const SECRET_BYTES_MIN: usize = 32;
+/// The longest: a key, not a file's worth of data.
+pub const SECRET_BYTES_MAX: usize = 4096;
 
 const LABEL_INITIATOR: &[u8] = b"loch-ctl-v1 initiator";
 const LABEL_RESPONDER: &[u8] = b"loch-ctl-v1 responder";

@@ -31,12 +31,13 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::auth::{ClusterSecret, SECRET_BYTES_MIN};
+use crate::auth::{ClusterSecret, SECRET_BYTES_MAX, SECRET_BYTES_MIN};
 
 /// A rejected cluster file: which file, which field, what is wrong — and
 /// the file's other problems, so that one run reports them all.
@@ -255,8 +256,17 @@ impl ClusterConfig {
                 mode & 0o777
             )));
         }
-        let bytes = std::fs::read(&self.secret_file)
+        // A secret is a key, not a file's worth of data: a huge file (a
+        // path mistaken for the secret's) is refused, never read whole.
+        let mut bytes = Vec::new();
+        std::fs::File::open(&self.secret_file)
+            .and_then(|f| f.take(SECRET_BYTES_MAX as u64 + 1).read_to_end(&mut bytes))
             .map_err(|e| err(format!("cannot read {shown}: {e}")))?;
+        if bytes.len() > SECRET_BYTES_MAX {
+            return Err(err(format!(
+                "{shown} holds more than {SECRET_BYTES_MAX} bytes, more than a secret: is it the right file?"
+            )));
+        }
         if bytes.len() < SECRET_BYTES_MIN {
             return Err(err(format!(
                 "{shown} holds {} bytes; the secret needs at least {SECRET_BYTES_MIN}: run `head -c 32 /dev/urandom > {shown}`",

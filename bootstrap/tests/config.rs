@@ -267,6 +267,21 @@ fn secret_file_missing_short_or_readable_by_others() {
         e.problem
     );
 
+    // A file far longer than a key (the wrong path given): refused;
+    // the longest secret is taken.
+    let (_dir, file) = setup("secret-long", GOOD);
+    let secret = file.parent().unwrap().join("secret");
+    write_mode(&secret, &vec![1u8; 1 << 20], 0o600);
+    let e = ClusterConfig::load(&file).unwrap_err();
+    assert_eq!(e.field, "secret_file");
+    assert!(
+        e.problem.contains("more than 4096 bytes") && e.problem.contains("right file"),
+        "{}",
+        e.problem
+    );
+    write_mode(&secret, &[1u8; 4096], 0o600);
+    assert!(ClusterConfig::load(&file).is_ok());
+
     for mode in [0o640, 0o604, 0o644] {
         let (_dir, file) = setup("secret-mode", GOOD);
         write_mode(&file.parent().unwrap().join("secret"), &[1u8; 64], mode);
