@@ -326,12 +326,9 @@ fn every_command_has_help_and_the_version_names_the_build() {
     );
 }
 
-#[test]
-fn a_closed_stdout_ends_the_demo_quietly() {
-    use std::process::Stdio;
-    // `loch demo --backend sim | head -0`: the reader has left before the
-    // summary is printed.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
+/// A short `loch demo` on sim, its stdout and stderr piped.
+fn short_sim_demo() -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_loch"))
         .args([
             "demo",
             "--backend",
@@ -341,10 +338,17 @@ fn a_closed_stdout_ends_the_demo_quietly() {
             "--tree-records",
             "2000",
         ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_the_demo_quietly() {
+    // `loch demo --backend sim | head -0`: the reader has left before the
+    // summary is printed.
+    let mut child = short_sim_demo();
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -361,20 +365,7 @@ fn a_closed_stderr_ends_the_demo_quietly() {
     // `loch demo ... 2>&1 | head -0`: the progress lines and the warning
     // meet a closed pipe (`eprintln!` panicked there); the run goes on and
     // its summary reaches stdout.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_loch"))
-        .args([
-            "demo",
-            "--backend",
-            "sim",
-            "--seconds",
-            "0.001",
-            "--tree-records",
-            "2000",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = short_sim_demo();
     drop(child.stderr.take());
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

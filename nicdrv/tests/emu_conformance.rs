@@ -34,6 +34,27 @@ fn shm_path(tag: &str) -> PathBuf {
     ))
 }
 
+/// A memory node of `HOST` and `DM` bytes owned by this process, backed by
+/// the file at `path` (which tests read and write as other processes do).
+fn file_node(path: &std::path::Path, id: u16) -> EmuNode {
+    EmuNode::create(&EmuNodeConfig {
+        id,
+        host_bytes: HOST,
+        dm_bytes: DM,
+        backing: Backing::File(path.to_path_buf()),
+    })
+    .unwrap()
+}
+
+/// The node file at `path`, open for reading and writing its words.
+fn open_rw(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
 /// Starts a child process owning node `id` at `path`.
 fn child_owner(path: &std::path::Path, id: u16) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_loch-emu-child"))
@@ -216,13 +237,7 @@ fn suite_runs_against_a_node_in_another_process() {
 #[test]
 fn faa_exact_across_processes() {
     let path = shm_path("faa");
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 3,
-        host_bytes: HOST,
-        dm_bytes: DM,
-        backing: Backing::File(path.clone()),
-    })
-    .unwrap();
+    let node = file_node(&path, 3);
     node.register_all().unwrap();
     let (procs, threads, tasks, per_task) = (3u64, 2u64, 2u64, 1500u64);
     let children: Vec<Child> = (0..procs)
@@ -335,13 +350,7 @@ fn bad_node_configs_are_refused() {
 fn created_files_are_private_to_the_user() {
     use std::os::unix::fs::PermissionsExt;
     let path = shm_path("mode");
-    let _node = EmuNode::create(&EmuNodeConfig {
-        id: 1,
-        host_bytes: HOST,
-        dm_bytes: DM,
-        backing: Backing::File(path.clone()),
-    })
-    .unwrap();
+    let _node = file_node(&path, 1);
     assert_eq!(
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o600
@@ -584,13 +593,7 @@ fn host_line_seq_offset(line: u64) -> u64 {
 fn a_line_held_by_a_dead_process_is_taken_over() {
     use std::os::unix::fs::FileExt;
     let path = shm_path("held");
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 0,
-        host_bytes: HOST,
-        dm_bytes: DM,
-        backing: Backing::File(path.clone()),
-    })
-    .unwrap();
+    let node = file_node(&path, 0);
     node.register_all().unwrap();
     let mut h = EmuHarness::new();
     h.endpoints[0] = EmuEndpoint::attach(&path).unwrap();
@@ -599,11 +602,7 @@ fn a_line_held_by_a_dead_process_is_taken_over() {
     let dead_pid = gone.id() as u64;
     gone.wait().unwrap();
     let off = 0x7000u64;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let file = open_rw(&path);
     let words = |f: &std::fs::File| {
         let (mut b, mut l) = ([0u8; 8], [0u8; 4]);
         f.read_exact_at(&mut b, host_block_lock_offset(off / 1024))
@@ -647,13 +646,7 @@ fn a_line_held_by_a_dead_process_is_taken_over() {
 fn attach_refuses_other_layouts_and_short_files() {
     use std::os::unix::fs::FileExt;
     let path = shm_path("layout");
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 2,
-        host_bytes: HOST,
-        dm_bytes: DM,
-        backing: Backing::File(path.clone()),
-    })
-    .unwrap();
+    let node = file_node(&path, 2);
     let full = std::fs::metadata(&path).unwrap().len();
     let tables = (8 + 4 * 16) * (HOST + DM) / 1024;
     assert_eq!(
@@ -706,19 +699,9 @@ fn a_corrupt_region_table_is_not_trusted() {
     const STATE: u64 = 56;
     const STATE_DEAD: u64 = 3;
     let path = shm_path("regions");
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 0,
-        host_bytes: HOST,
-        dm_bytes: DM,
-        backing: Backing::File(path.clone()),
-    })
-    .unwrap();
+    let node = file_node(&path, 0);
     node.register_all().unwrap();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let file = open_rw(&path);
     let word = |at: u64| {
         let mut b = [0u8; 8];
         file.read_exact_at(&mut b, at).unwrap();
