@@ -479,6 +479,26 @@ fn impossible_configurations_are_refused() {
     let mut w = World::new(SimConfig::default()).unwrap();
     assert!(w.add_thread(7, ExecutorConfig::default()).is_err());
     assert!(w.crash_memory_node(9).is_err());
+    // Memory the host cannot give (1 TiB; refused by the kernel's
+    // overcommit check unless overcommit is unlimited) is an error, not
+    // an abort of the process.
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if mode.trim() != "1" {
+        let huge = SimConfig {
+            memory_nodes: 1,
+            compute_nodes: 1,
+            host_bytes: 1 << 40,
+            ..Default::default()
+        };
+        match World::new(huge) {
+            Err(e) => assert!(
+                e.to_string()
+                    .contains("cannot give a simulated memory node 1048576 MiB"),
+                "{e}"
+            ),
+            Ok(_) => panic!("1 TiB of simulated memory was given"),
+        }
+    }
 }
 
 /// A CAS storm on one host-memory word fills the NIC's atomic window and

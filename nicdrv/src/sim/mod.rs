@@ -153,6 +153,33 @@ impl SimConfig {
     }
 }
 
+/// `bytes` of zeroed memory, as `vec![0; bytes]` gives it (zeroed pages
+/// the kernel maps as they are touched), but a size the host cannot give
+/// is an error rather than an abort: a simulated memory node's size comes
+/// from the user's flags.
+fn zeroed(bytes: usize) -> Result<Vec<u8>, SimError> {
+    let too_big = || {
+        SimError::Config(format!(
+            "this host cannot give a simulated memory node {} MiB",
+            bytes >> 20
+        ))
+    };
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(bytes).map_err(|_| too_big())?;
+    // SAFETY: the layout's size is not zero (checked above).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(too_big());
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout
+    // of `[u8; bytes]`, which is what a Vec<u8> of capacity `bytes`
+    // deallocates with; its `bytes` bytes are initialized (zeroed); the
+    // Vec owns it from here.
+    Ok(unsafe { Vec::from_raw_parts(p, bytes, bytes) })
+}
+
 /// A simulated cluster.
 pub struct World {
     shared: Rc<SimCluster>,
@@ -167,8 +194,8 @@ impl World {
         let mut mems = Vec::with_capacity(cfg.memory_nodes);
         for _ in 0..cfg.memory_nodes {
             mems.push(MemNode {
-                host: vec![0; cfg.host_bytes as usize],
-                dm: vec![0; cfg.dm_bytes as usize],
+                host: zeroed(cfg.host_bytes as usize)?,
+                dm: zeroed(cfg.dm_bytes as usize)?,
                 regions: Vec::new(),
                 crashed: false,
                 nic_free: 0,
