@@ -428,7 +428,15 @@ fn tasks<N: Nic, C: Client<N>>(
                             };
                             s.run(&ctx, &stop).await
                         }
-                        Err(e) => Err(e),
+                        Err(e) => {
+                            // A server that never ran drains nothing: its
+                            // machine's other threads must not wait for it
+                            // at the next configuration change.
+                            if let Some(mach) = &machine2 {
+                                mach.server_drained(t, u64::MAX);
+                            }
+                            Err(e)
+                        }
                     };
                     sink2
                         .servers

@@ -760,13 +760,15 @@ impl Envelope {
         record: Record,
         wait_ns: u64,
     ) -> Result<u64, crate::TxError> {
+        let head = back.head();
         let env = Envelope {
-            head: back.piggyback_head(),
+            head,
             truncate: Vec::new(),
             record,
         };
         let bytes = env.encode()?;
         to.append(ctx, &bytes, Some(ctx.now_ns() + wait_ns)).await?;
+        back.told(head);
         Ok(bytes.len() as u64)
     }
 

@@ -420,10 +420,21 @@ impl Receiver {
     }
 
     /// The head the receiver may piggyback on a message of its own to the
-    /// sender, marking it told (FaRM returns heads lazily this way).
+    /// sender, marking it told (FaRM returns heads lazily this way): for a
+    /// message whose delivery is settled with its batch.
     pub fn piggyback_head(&mut self) -> u64 {
         self.reported = self.head;
         self.head
+    }
+
+    /// The sender was told `head`: a message carrying it ([`Receiver::head`])
+    /// was appended. For a message that may fail to go out (an append that
+    /// can time out): marking the head told before then left one the
+    /// sender never heard counted as heard, and the quarter-ring report
+    /// waited for consumption that could not come while the sender waited
+    /// for room.
+    pub fn told(&mut self, head: u64) {
+        self.reported = self.reported.max(head);
     }
 
     /// Waits for the next record (until `deadline_ns`, if given). The head

@@ -641,3 +641,73 @@ mod on_mlx5 {
         }
     }
 }
+
+/// A reply whose append timed out did not tell the sender the head it
+/// carried: that head stays unreported, so the next report sends it (it
+/// was counted as told, and a sender waiting for room could wait on a
+/// report that never came).
+#[test]
+fn sim_a_reply_that_did_not_go_leaves_its_head_unreported() {
+    use txn::records::{Envelope, Record, TxId};
+    // Machine 0 sends on `to` to machine 1, which sends back on `back`.
+    let to = layout(1024);
+    let back = RingLayout {
+        receiver: 0,
+        ring_off: 128 << 10,
+        capacity: 1024,
+        receiver_head_off: 48,
+        sender: 1,
+        sender_head_off: 16,
+        sender_tail_off: 24,
+    };
+    back.check().unwrap();
+    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        memory_nodes: 2,
+        compute_nodes: 2,
+        machines: 2,
+        host_bytes: common::HOST,
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg = nicdrv::ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let t1 = w.add_thread(1, cfg).unwrap();
+    w.spawn(t1, move |ctx| async move {
+        let mut s = Sender::open(&ctx, back).unwrap();
+        s.append(&ctx, b"a record to consume", None).await.unwrap();
+    })
+    .unwrap();
+    let t0 = w.add_thread(0, cfg).unwrap();
+    let done = Arc::new(Mutex::new(false));
+    let d = done.clone();
+    w.spawn(t0, move |ctx| async move {
+        let mut r = Receiver::open(&ctx, back).unwrap();
+        r.recv(&ctx, Some(patience(&ctx))).await.unwrap();
+        assert!(r.head() > 0);
+        // Nobody reads `to`: fill it to the last record's room, so the
+        // reply cannot go.
+        let mut s = Sender::open(&ctx, to).unwrap();
+        while s.try_append(&ctx, &[0; 400]).await.is_ok() {}
+        while s.try_append(&ctx, &[0; 1]).await.is_ok() {}
+        let tx = TxId {
+            config: 1,
+            machine: 0,
+            thread: 0,
+            local: 7,
+        };
+        let reply = Record::LockReply { tx, ok: true };
+        let sent = Envelope::send(&ctx, &mut s, &mut r, reply, 1_000).await;
+        assert!(sent.is_err(), "{sent:?}");
+        assert_eq!(
+            r.report_head(&ctx, true).await,
+            Ok(true),
+            "the head the failed reply carried is still to report"
+        );
+        *d.lock().unwrap() = true;
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    assert!(*done.lock().unwrap());
+}
