@@ -16,6 +16,15 @@
 set -euo pipefail
 VICTIM=${1:-3}
 LEASE_MS=${2:-300}
+# The cluster is machines 0..3 (another index once killed etcd, or
+# nothing and failed on an unset variable).
+case "$VICTIM" in
+  0|1|2|3) ;;
+  *) echo "VICTIM must be a machine of the cluster, 0 to 3, got '$VICTIM'" >&2; exit 2 ;;
+esac
+case "$LEASE_MS" in
+  ''|*[!0-9]*) echo "LEASE_MS must be a whole number of milliseconds, got '$LEASE_MS'" >&2; exit 2 ;;
+esac
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 LOCH="$ROOT/target/release/loch"
 ETCD=${LOCH_ETCD:-$(command -v etcd || true)}

@@ -362,11 +362,19 @@ round trip off every insert.""",
 }
 
 
+KINDS = {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size, "locks": locks, "read-path": read_path}
+
+
 def main():
+    # Bad input: one line on stderr and exit 2, as the project's commands do.
+    if len(sys.argv) < 4 or sys.argv[1] not in KINDS:
+        known = " | ".join(KINDS)
+        print(f"table.py: usage: table.py KIND OUT.md RESULT.json [RESULT.json ...], KIND one of {known}", file=sys.stderr)
+        sys.exit(2)
     kind, dest, *paths = sys.argv[1:]
     rows = load(paths)
     out = []
-    {"breakdown": breakdown, "round-trips": round_trips, "scalability": scalability, "cache": cache, "range": range_, "gets": gets, "key-size": key_size, "locks": locks, "read-path": read_path}[kind](rows, out)
+    KINDS[kind](rows, out)
     try:
         with open(dest) as f:
             said = "Why ours differ" in f.read()

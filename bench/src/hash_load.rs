@@ -107,10 +107,20 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
             a.capacity
         )));
     }
-    if !(a.bucket > 0.0 && a.bucket <= 0.5) {
+    // At least 0.001: the table has a row a bucket, and each row scans
+    // every insert (a width of 1e-9 passed and then ran for days).
+    if !(0.001..=0.5).contains(&a.bucket) {
         return Err(ArgError(format!(
-            "--bucket must be in (0, 0.5] (got {})",
+            "--bucket must be in [0.001, 0.5] (got {})",
             a.bucket
+        )));
+    }
+    // A displacement search reads up to this many buckets and compares
+    // each with those before: past 65536 one insert can take hours.
+    if !(2..=65_536).contains(&a.max_search_buckets) {
+        return Err(ArgError(format!(
+            "--max-search-buckets must be in 2..=65536 (got {})",
+            a.max_search_buckets
         )));
     }
     if a.memory_nodes == 0 || a.memory_nodes > 64 {

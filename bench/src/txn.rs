@@ -97,9 +97,9 @@ pub struct TxnArgs {
     /// first fault at 20 ms or later)
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
-    /// With --fault: runs (seeds from --seed on)
-    #[arg(long, default_value_t = 40)]
-    seeds: u64,
+    /// With --fault: runs (seeds from --seed on) [default: 40]
+    #[arg(long)]
+    seeds: Option<u64>,
     /// With --fault: failure detection and reconfiguration alone, no
     /// workload (many seeds quickly)
     #[arg(long)]
@@ -162,6 +162,15 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     a.device.check(a.backend)?;
     if !a.fault.is_empty() {
         return run_faults(&a);
+    }
+    for (given, flag) in [
+        (a.seeds.is_some(), "--seeds"),
+        (a.detection_only, "--detection-only"),
+        (a.plot.is_some(), "--plot"),
+    ] {
+        if given {
+            return Err(ArgError(format!("{flag} applies with --fault only")));
+        }
     }
     let sim = a.backend == Backend::Sim;
     let machines = a.machines.unwrap_or(if sim { 16 } else { 3 });
@@ -503,11 +512,47 @@ fn print_summary<R>(runs: &[R], steps: &[Step<'_, R>]) {
     }
 }
 
+/// `--fault`'s runs without `--seeds`.
+const SEEDS: u64 = 40;
+
 /// `--seeds` seeds from `--seed` on, wrapping past `u64::MAX` (a range
 /// `seed..seed + seeds` would be empty or overflow there).
 fn seeds(a: &TxnArgs) -> impl Iterator<Item = u64> {
     let first = a.seed;
-    (0..a.seeds).map(move |i| first.wrapping_add(i))
+    (0..a.seeds.unwrap_or(SEEDS)).map(move |i| first.wrapping_add(i))
+}
+
+/// The faults' targets exist among `machines` and their times lie within
+/// a run's virtual time limit (a run stops there, and a fault past it
+/// only made the run long, then fail).
+fn check_faults(faults: &[nicdrv::sim::Fault], machines: u16) -> Result<(), String> {
+    use nicdrv::sim::FaultKind as K;
+    for f in faults {
+        if f.at_ns > txn::harness::SIM_LIMIT_NS {
+            return Err(format!(
+                "at most {} s into the run",
+                txn::harness::SIM_LIMIT_NS / 1_000_000_000
+            ));
+        }
+        let node = match f.kind {
+            K::CrashMemoryNode { node } | K::CrashComputeNode { node } => Some(node),
+            K::CrashMachine { machine } => Some(machine),
+            K::CutLink { compute, memory } | K::HealLink { compute, memory } => {
+                Some(compute.max(memory))
+            }
+            K::Partition { side } | K::HealPartition { side } => {
+                (machines < 64 && side >> machines != 0).then(|| 63 - side.leading_zeros() as u16)
+            }
+            K::LatencySpike { .. } | K::StallThread { .. } => None,
+        };
+        if let Some(n) = node.filter(|&n| n >= machines) {
+            return Err(format!(
+                "there is no machine {n} of {machines} (0 ..= {})",
+                machines - 1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `--fault`: detection and reconfiguration over seeds.
@@ -524,12 +569,31 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             a.replicas
         )));
     }
-    if a.seeds == 0 || a.seeds > 100_000 {
-        return Err(ArgError(format!("--seeds {}: 1 ..= 100000", a.seeds)));
+    let n = a.seeds.unwrap_or(SEEDS);
+    if n == 0 || n > 100_000 {
+        return Err(ArgError(format!("--seeds {n}: 1 ..= 100000")));
+    }
+    // What a run with --fault does not do is not silently skipped.
+    for (given, flag) in [
+        (a.txs.is_some(), "--txs"),
+        (a.history.is_some(), "--history"),
+    ] {
+        if given {
+            return Err(ArgError(format!(
+                "{flag} does not apply with --fault (its runs last until the fault's effects are measured, and record no history)"
+            )));
+        }
+    }
+    if a.detection_only && a.plot.is_some() {
+        return Err(ArgError(
+            "--plot draws the workload's throughput, which --detection-only does not run".into(),
+        ));
     }
     let mut faults = Vec::new();
     for f in &a.fault {
-        faults.extend(nicdrv::sim::parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?);
+        let parsed = nicdrv::sim::parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?;
+        check_faults(&parsed, machines).map_err(|why| ArgError(format!("--fault {f}: {why}")))?;
+        faults.extend(parsed);
     }
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
     let ms = a.lease_ms.unwrap_or(10.0);

@@ -703,6 +703,37 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             "--history",
             "/nonexistent/dir/h",
         ],
+        // Flags of the other mode, once accepted and ignored; a fault's
+        // machine that is not there (once found inside the run: exit 1),
+        // and one past the run's time limit (once simulated for hours).
+        vec!["txn", "--plot", "/tmp/t.svg"],
+        vec!["txn", "--seeds", "3"],
+        vec!["txn", "--detection-only"],
+        vec!["txn", "--fault", "machine-crash@30ms:3", "--txs", "10"],
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@30ms:3",
+            "--history",
+            "/tmp/h",
+        ],
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@30ms:3",
+            "--detection-only",
+            "--plot",
+            "/tmp/t.svg",
+        ],
+        vec!["txn", "--fault", "machine-crash@30ms:99"],
+        vec!["txn", "--fault", "machine-crash@30ms:3", "--machines", "3"],
+        vec!["txn", "--fault", "partition@30ms:0+20", "--machines", "4"],
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@1000000s:3",
+            "--detection-only",
+        ],
     ] {
         let out = bench(&bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
@@ -976,6 +1007,10 @@ fn hash_load_fills_the_table_and_reports_round_trips_per_load_factor() {
     for bad in [
         vec!["hash-load", "--capacity", "0"],
         vec!["hash-load", "--bucket", "0"],
+        // Rows of 1e-9 passed and then took days to table.
+        vec!["hash-load", "--bucket", "1e-9"],
+        vec!["hash-load", "--max-search-buckets", "100000000"],
+        vec!["hash-load", "--max-search-buckets", "1"],
         vec!["hash-load", "--memory-nodes", "0"],
         vec!["hash-load", "--capacity", "2048", "--max-capacity", "1000"],
     ] {
@@ -1206,7 +1241,23 @@ fn the_read_path_table_reads_the_runs_it_is_given() {
         .arg(&f)
         .output()
         .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a sherman and an fg row"));
+    // An unknown kind, or too few arguments: one usage line, exit 2 (a
+    // traceback before).
+    for args in [&["reed-path", "x.md", "y.json"][..], &["read-path"][..]] {
+        let out = Command::new("python3")
+            .arg(table)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with("table.py: usage:") && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

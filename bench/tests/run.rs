@@ -979,6 +979,8 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
         (vec!["--threads", "2,x"], "--threads: `x` is not a whole number".into()),
         (vec!["--threads", "2,2"], "--threads: 2 is given twice".into()),
         (vec!["--systems", "sherman,btree9000"], "unknown system `btree9000`".into()),
+        (vec!["--systems", "fg,sherman,fg"], "--systems: `fg` is given twice".into()),
+        (vec!["--cache-mb", "inf"], "--cache-mb must be in [0, 65536], got inf".into()),
         (vec!["--ops", "5", "--seconds", "1"], "--ops and --seconds exclude each other".into()),
         (vec!["--seconds", "0"], "--seconds must be in (0, 86400]".into()),
         (vec!["--seconds", "soon"], "invalid value 'soon' for '--seconds".into()),

@@ -552,8 +552,23 @@ impl Cli {
                 )));
             }
         }
-        if self.cache_mb.is_nan() || self.cache_mb < 0.0 {
-            return Err(ArgError("--cache-mb must be non-negative".into()));
+        // Each system's files are named for it: twice would write one
+        // history over the other.
+        if let Some(twice) =
+            (1..self.systems.len()).find(|&i| self.systems[..i].contains(&self.systems[i]))
+        {
+            return Err(ArgError(format!(
+                "--systems: `{}` is given twice",
+                self.systems[twice]
+            )));
+        }
+        // At most 64 GiB: the hash table's location cache is allocated
+        // whole up front (`inf` once asked for 32 GiB a compute node).
+        if !(0.0..=65_536.0).contains(&self.cache_mb) {
+            return Err(ArgError(format!(
+                "--cache-mb must be in [0, 65536], got {}",
+                self.cache_mb
+            )));
         }
         if let Some(g) = self.hash_grace_ms {
             if !(8.0..=60_000.0).contains(&g) {
@@ -744,7 +759,8 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     // Files, each whole, before anything is printed: a failure to write
     // them is the one error after the runs.
     write_histories(&cli, &mut done)?;
-    if let Some(dir) = &cli.plot_dir {
+    // A run stopped before its first system ran has nothing to draw.
+    if let (Some(dir), false) = (&cli.plot_dir, done.is_empty()) {
         write_plots(dir, &done, &cli.thread_list).map_err(ArgError)?;
     }
     Ok(if print_results(&cli, &done) {
