@@ -547,6 +547,7 @@ const PNG_FAMILY: &str = "loch-sans";
 /// fonts-dejavu-core, Fedora's, Liberation, macOS). Read and registered
 /// once per process; the file's bytes live as long as the process.
 fn png_font() -> Result<(), PngError> {
+    const FONT_BYTES_MAX: u64 = 64 << 20;
     static FONT: std::sync::OnceLock<Result<(), PngError>> = std::sync::OnceLock::new();
     FONT.get_or_init(|| {
         const PLACES: &[&str] = &[
@@ -572,8 +573,25 @@ fn png_font() -> Result<(), PngError> {
                     )
                 })?,
         };
-        let bytes = std::fs::read(&chosen)
-            .map_err(|e| PngError(format!("PNG font `{}`: {e}", chosen.display())))?;
+        // A font, not whatever the variable names: at most 64 MiB, and a
+        // regular file (a FIFO would block, /dev/zero never end).
+        let font_err = |e: String| PngError(format!("PNG font `{}`: {e}", chosen.display()));
+        if !chosen.is_file() {
+            return Err(font_err("not a regular file".into()));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(&chosen)
+            .and_then(|f| {
+                use std::io::Read;
+                f.take(FONT_BYTES_MAX + 1).read_to_end(&mut bytes)
+            })
+            .map_err(|e| font_err(e.to_string()))?;
+        if bytes.len() as u64 > FONT_BYTES_MAX {
+            return Err(font_err(format!(
+                "larger than {} MiB",
+                FONT_BYTES_MAX >> 20
+            )));
+        }
         // One font per process, kept for its life: plotters holds
         // registered fonts by 'static reference.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());

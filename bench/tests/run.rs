@@ -912,6 +912,21 @@ fn plot_writes_well_formed_svgs_and_pngs() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("SVG only").count(), 1, "{err}");
     assert!(err.contains("no-such.ttf"), "{err}");
+    // A "font" that never ends (it was read until memory ran out): not a
+    // regular file, the same warning.
+    let zero = dir.join("zero");
+    let out = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(tiny(&["--ops", "20", "--plot", zero.to_str().unwrap()]))
+        .env("LOCH_PLOT_FONT", "/dev/zero")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(listing(&zero), ["latency-cdf.svg"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/dev/zero") && err.contains("not a regular file"),
+        "{err}"
+    );
 }
 
 #[test]
