@@ -56,9 +56,9 @@ pub struct LocksArgs {
     /// Memory nodes [default: sim 8, emu and mlx5 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute nodes (sim; emu and mlx5 are one)
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    compute_nodes: usize,
+    /// Compute nodes (sim; emu and mlx5 are one) [default: 8]
+    #[arg(long, value_name = "N")]
+    compute_nodes: Option<usize>,
     /// Client threads per compute node [default: sim 22, emu and mlx5 1]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -222,7 +222,17 @@ impl LocksArgs {
         }
         let memory_nodes = self.memory_nodes.unwrap_or(if sim { 8 } else { 2 });
         let threads = self.threads.unwrap_or(if sim { 22 } else { 1 });
-        let compute_nodes = if sim { self.compute_nodes } else { 1 };
+        if !sim && self.compute_nodes.is_some() {
+            return Err(ArgError(
+                "--compute-nodes applies to sim: emu and mlx5 run on this host, one compute node"
+                    .into(),
+            ));
+        }
+        let compute_nodes = if sim {
+            self.compute_nodes.unwrap_or(8)
+        } else {
+            1
+        };
         for (what, v) in [
             ("--memory-nodes", memory_nodes),
             ("--compute-nodes", compute_nodes),

@@ -40,10 +40,10 @@ pub struct RingArgs {
     /// Ring capacity (a multiple of 16; a record carries at most half)
     #[arg(long, value_parser = size_value, default_value = "64k")]
     capacity: usize,
-    /// The simulation's seed
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Do not pin the emu threads to cores
+    /// The simulation's seed (sim) [default: 1]
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Do not pin the threads to cores (emu and mlx5)
     #[arg(long)]
     no_pin: bool,
     /// One JSON document on stdout
@@ -345,11 +345,22 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     if n == 0 {
         return Err(ArgError("--records must be positive".into()));
     }
+    // A flag of the other backends is not silently dropped.
+    if sim && a.no_pin {
+        return Err(ArgError(
+            "--no-pin applies to emu and mlx5 (sim pins nothing)".into(),
+        ));
+    }
+    if !sim && a.seed.is_some() {
+        return Err(ArgError(
+            "--seed applies to sim (emu and mlx5 draw nothing)".into(),
+        ));
+    }
     if !sim && !a.no_pin {
         cmdline::warn_if_oversubscribed("loch-bench ring", "cores", 2);
     }
     let m = match if sim {
-        run_sim(a.seed, l, n, a.size, a.batch)
+        run_sim(a.seed.unwrap_or(1), l, n, a.size, a.batch)
     } else {
         run_on_threads(&a, l, n, a.size, a.batch)
     } {

@@ -151,7 +151,7 @@ pub struct VerbsArgs {
     json: bool,
     /// The standard set: 8 B READ, 1 KiB READ, 8 B WRITE, CAS and FAA at
     /// depth 1 and 16
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["verb", "size", "depth"])]
     matrix: bool,
     /// Bandwidth in Gb/s instead of GB/s (perftest's --report_gbits)
     #[arg(long = "report_gbits", visible_alias = "report-gbits")]
@@ -279,6 +279,22 @@ impl VerbsArgs {
         if compute_nodes == 0 || compute_nodes > 1024 {
             return Err(ArgError(format!(
                 "--compute-nodes must be 1..=1024, got {compute_nodes}"
+            )));
+        }
+        if !sim && self.compute_nodes.is_some() {
+            return Err(ArgError(
+                "--compute-nodes applies to sim: emu and mlx5 run on this host, one compute node"
+                    .into(),
+            ));
+        }
+        // Each task has a slot of its own on every memory node: a
+        // simulated million of them is past any figure's need, and past
+        // this host's memory long before the flags' own bounds.
+        let tasks = threads * self.depth.max(if self.matrix { 16 } else { 1 });
+        if sim && tasks > 1 << 20 {
+            return Err(ArgError(format!(
+                "--threads × --depth is {tasks} tasks; at most {} on sim",
+                1 << 20
             )));
         }
         if !(duration > 0.0 && duration <= 3600.0) {

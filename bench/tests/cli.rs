@@ -192,6 +192,37 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["verbs", "--backend", "sim", "--gid-index", "3"],
             "--gid-index is for --backend mlx5, not sim",
         ),
+        // Flags a backend or mode has no use for, once silently dropped,
+        // and a simulated task count past any host's memory (it aborted).
+        (
+            vec!["verbs", "--matrix", "--depth", "4"],
+            "cannot be used with",
+        ),
+        (
+            vec!["verbs", "--compute-nodes", "2"],
+            "--compute-nodes applies to sim",
+        ),
+        (
+            vec!["locks", "--backend", "emu", "--compute-nodes", "2"],
+            "--compute-nodes applies to sim",
+        ),
+        (
+            vec![
+                "verbs",
+                "--backend",
+                "sim",
+                "--threads",
+                "100000",
+                "--depth",
+                "1024",
+            ],
+            "tasks; at most 1048576 on sim",
+        ),
+        (
+            vec!["ring", "--backend", "sim", "--no-pin"],
+            "--no-pin applies to emu and mlx5",
+        ),
+        (vec!["ring", "--seed", "3"], "--seed applies to sim"),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
