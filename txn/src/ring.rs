@@ -306,15 +306,21 @@ pub struct Record {
     pub payload: Vec<u8>,
 }
 
+/// The largest position a ring's end opens at. Positions count bytes
+/// since the ring began: 2^62 of them take centuries at any NIC's rate,
+/// so a persisted head or tail past it is corrupt, and every sum a ring
+/// makes with one stays far from overflowing.
+const POSITION_MAX: u64 = 1 << 62;
+
 impl Receiver {
     /// Opens the receiving end from the head persisted in this machine's
     /// memory (0 for a fresh ring, whose memory is zero).
     pub fn open<N: Nic>(ctx: &Ctx<N>, layout: RingLayout) -> Result<Receiver, RingError> {
         layout.check()?;
         let head = ctx.local().load(layout.receiver_head_off)?;
-        if !head.is_multiple_of(ALIGN) {
+        if !head.is_multiple_of(ALIGN) || head > POSITION_MAX {
             return Err(RingError::Corrupt(format!(
-                "persisted head {head} is not {ALIGN}-aligned"
+                "persisted head {head} is not a position: {ALIGN}-aligned, at most 2^62"
             )));
         }
         Ok(Receiver {
@@ -546,7 +552,11 @@ impl Sender {
         let l = ctx.local();
         let tail = l.load(layout.sender_tail_off)?;
         let head = l.load(layout.sender_head_off)?;
-        if head > tail || tail - head > layout.capacity || !tail.is_multiple_of(ALIGN) {
+        if head > tail
+            || tail - head > layout.capacity
+            || !tail.is_multiple_of(ALIGN)
+            || tail > POSITION_MAX
+        {
             return Err(RingError::Corrupt(format!(
                 "sender tail {tail} and reported head {head} are not a ring's"
             )));

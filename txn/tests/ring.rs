@@ -564,6 +564,18 @@ fn bad_state<M: Machines>(m: &M) {
                 Receiver::open(&ctx, odd),
                 Err(RingError::Corrupt(_))
             ));
+            // Positions near the end of u64: their next sum overflowed.
+            ctx.local().store(24, u64::MAX - 15).unwrap();
+            assert!(matches!(
+                Receiver::open(&ctx, odd),
+                Err(RingError::Corrupt(_))
+            ));
+            let end = u64::MAX - 15;
+            ctx.local().store(l.sender_tail_off, end).unwrap();
+            ctx.local().store(l.sender_head_off, end).unwrap();
+            assert!(matches!(Sender::open(&ctx, l), Err(RingError::Corrupt(_))));
+            ctx.local().store(l.sender_tail_off, 0).unwrap();
+            ctx.local().store(l.sender_head_off, 0).unwrap();
         }),
     )]);
 }
