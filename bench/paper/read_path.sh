@@ -12,6 +12,9 @@ BACKEND="${BACKEND:-emu}"
 ROUNDS="${ROUNDS:-7}"
 DEV=()
 if [ -n "${DEVICE:-}" ]; then DEV=(--device "$DEVICE"); fi
+# The tree measured, named before anything is written (the table below is
+# a tracked file: written first, it made every tree "dirty").
+COMMIT="$(git -C "$ROOT" describe --always --dirty)"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 for i in $(seq "$ROUNDS"); do
@@ -24,7 +27,7 @@ MD="$OUT/read_path-$BACKEND.md"
     echo "# The read path on $BACKEND (issue 17, items 6 and 7)"
     echo
     echo "Host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs;" \
-        "commit $(git -C "$ROOT" describe --always --dirty); $(date -u +%Y-%m-%d)."
+        "commit $COMMIT; $(date -u +%Y-%m-%d)."
     echo
 } > "$MD"
 runs=(); verbs=()
