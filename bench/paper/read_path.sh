@@ -12,9 +12,13 @@ BACKEND="${BACKEND:-emu}"
 ROUNDS="${ROUNDS:-7}"
 DEV=()
 if [ -n "${DEVICE:-}" ]; then DEV=(--device "$DEVICE"); fi
-# The tree measured, named before anything is written (the table below is
-# a tracked file: written first, it made every tree "dirty").
-COMMIT="$(git -C "$ROOT" describe --always --dirty)"
+# The tree measured, named before anything is written; "dirty" for changes
+# to the code, not to the results (the tables are tracked files: written
+# first, or left from a run before, they made every tree dirty).
+COMMIT="$(git -C "$ROOT" describe --always)"
+if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- . ':(exclude)bench/paper/results')" ]; then
+    COMMIT="$COMMIT-dirty"
+fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 for i in $(seq "$ROUNDS"); do
