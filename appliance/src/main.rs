@@ -121,8 +121,9 @@ struct NodeArgs {
 }
 
 impl NodeArgs {
-    /// The options `loch node` runs with and `loch check` checks; the
-    /// flags that belong to another workload are bad input.
+    /// The options `loch node` runs with and `loch check` checks;
+    /// `--key-size`, `--value-size`, `--tree` and `--etcd` given to a
+    /// workload that has no use for them are bad input.
     fn options(self) -> Result<NodeOptions, String> {
         let sizes = self.sizes.for_workload(self.workload)?;
         tree_for_workload(&self.tree, self.workload)?;

@@ -22,9 +22,10 @@ case "$VICTIM" in
   0|1|2|3) ;;
   *) echo "VICTIM must be a machine of the cluster, 0 to 3, got '$VICTIM'" >&2; exit 2 ;;
 esac
-case "$LEASE_MS" in
-  ''|*[!0-9]*) echo "LEASE_MS must be a whole number of milliseconds, got '$LEASE_MS'" >&2; exit 2 ;;
-esac
+# loch node's own bounds for --lease-ms, checked before anything starts
+# (refused by the nodes, it left this script waiting a minute for them).
+python3 -c 'import sys; v = float(sys.argv[1]); sys.exit(0 if 0 < v <= 10000 else 1)' "$LEASE_MS" 2>/dev/null || {
+  echo "LEASE_MS must be milliseconds in (0, 10000], got '$LEASE_MS'" >&2; exit 2; }
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 LOCH="$ROOT/target/release/loch"
 ETCD=${LOCH_ETCD:-$(command -v etcd || true)}
@@ -32,9 +33,14 @@ ETCD=${LOCH_ETCD:-$(command -v etcd || true)}
 [ -n "$ETCD" ] || { echo "no etcd (apt install etcd-server, or set LOCH_ETCD)" >&2; exit 2; }
 DIR=$(mktemp -d)
 PIDS=()
+PORTS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$DIR"
+  # The memory files of the machines killed here (the victim, and any
+  # left when the script is stopped): named for the coordinator's port.
+  [ "${#PORTS[@]}" -gt 0 ] && rm -f "/dev/shm/loch-u$(id -u)-p${PORTS[0]}-node"*
+  true
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -44,13 +50,14 @@ C=$(port); P=$(port)
   --initial-advertise-peer-urls "http://127.0.0.1:$P" --initial-cluster "default=http://127.0.0.1:$P" \
   > "$DIR/etcd.log" 2>&1 &
 PIDS+=($!)
+PORTS=("$(port)" "$(port)" "$(port)" "$(port)")
 echo "0123456789abcdef0123456789abcdef-farm" > "$DIR/secret"
 chmod 600 "$DIR/secret"
 {
   printf 'secret_file = "secret"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = "emu"\n'
   for id in 0 1 2 3; do
     printf '[[nodes]]\nid = %d\naddress = "127.0.0.1:%d"\nroles = ["memory", "compute"]\nmemory = "16MiB"\ncores = [%d]\n' \
-      "$id" "$(port)" $((id % 2))
+      "$id" "${PORTS[$id]}" $((id % 2))
   done
 } > "$DIR/cluster.toml"
 for _ in $(seq 100); do

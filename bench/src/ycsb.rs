@@ -93,11 +93,11 @@ pub const PROPORTION_KEYS: [&str; 5] = [
 /// YCSB's defaults for the proportions above.
 const PROPORTION_DEFAULTS: [f64; 5] = [0.95, 0.05, 0.0, 0.0, 0.0];
 
-/// A parsed workload file. `None` means the file left it to the command
 /// The longest scan a workload file may ask for: YCSB's own workloads ask
 /// for 100, the paper's range experiment for 1000.
 pub const MAX_SCAN_LENGTH: u64 = 100_000;
 
+/// A parsed workload file. `None` means the file left it to the command
 /// line (loch-bench's defaults then apply, not YCSB's toy-sized ones).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkloadFile {

@@ -433,7 +433,7 @@ fn tasks<N: Nic, C: Client<N>>(
                             // machine's other threads must not wait for it
                             // at the next configuration change.
                             if let Some(mach) = &machine2 {
-                                mach.server_drained(t, u64::MAX);
+                                mach.server_gone(t);
                             }
                             Err(e)
                         }

@@ -158,6 +158,9 @@ pub struct Machine {
     /// Per configuration, server threads done with drain and lock
     /// recovery, and when the last was (executor time).
     recovered: Mutex<BTreeMap<u64, (u16, Option<u64>)>>,
+    /// Server threads that never served (their `Server::open` failed):
+    /// counted as drained and recovered for every configuration.
+    gone: std::sync::atomic::AtomicU16,
     /// Per server thread, the configuration it drained into (`u64::MAX`
     /// once it ended): lock recovery waits until every thread drained,
     /// so no thread still applies an old record into a promoted copy.
@@ -259,6 +262,7 @@ impl Machine {
             inflight: AtomicUsize::new(0),
             rlocks: Mutex::new(HashMap::new()),
             recovered: Mutex::new(BTreeMap::new()),
+            gone: std::sync::atomic::AtomicU16::new(0),
             drained: Mutex::new(vec![0; geo.threads as usize]),
         })
     }
@@ -404,9 +408,13 @@ impl Machine {
     /// configuration.
     pub fn server_recovered<N: Nic>(&self, ctx: &Ctx<N>, config: u64) -> Result<(), TxError> {
         let mut r = self.recovered.lock().expect("no panics hold it");
+        // Relaxed: written only under the `recovered` mutex, held here. A
+        // thread is counted gone when it fails to open, before the
+        // configuration changes it would have recovered.
+        let gone = self.gone.load(Ordering::Relaxed);
         let n = r.entry(config).or_default();
         n.0 += 1;
-        if n.0 == self.geo.threads {
+        if n.0 + gone == self.geo.threads {
             n.1 = Some(ctx.now_ns());
             let off = recovered_word(&self.geo, self.me());
             let l = ctx.local();
@@ -415,6 +423,16 @@ impl Machine {
             }
         }
         Ok(())
+    }
+
+    /// Server thread `thread` will never serve (its `Server::open`
+    /// failed): the machine's other threads wait for neither its drain nor
+    /// its lock recovery at a configuration change.
+    pub fn server_gone(&self, thread: u16) {
+        self.server_drained(thread, u64::MAX);
+        let _r = self.recovered.lock().expect("no panics hold it");
+        // Relaxed: read and written under the `recovered` mutex held here.
+        self.gone.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn me(&self) -> NodeId {

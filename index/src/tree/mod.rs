@@ -55,10 +55,10 @@ const LEVEL_MASK: u64 = layout::NODE_ALIGN - 1;
 const MAX_READ_RETRIES: u32 = 100_000;
 /// Restarts of one operation before reporting a livelock.
 const MAX_RESTARTS: u32 = 1_000_000;
-/// Sibling pointers one descent or parent update follows before calling
-/// the chain corrupt (a cycle of pointers, which no tree makes: a chain
-/// is as long as the splits since its start was read, and no lookup or
-/// write loop follows them without this bound).
+/// Sibling pointers one descent or parent update follows, over all its
+/// restarts, before calling the chain corrupt (a cycle of pointers, which
+/// no tree makes: a chain is as long as the splits since its start was
+/// read). Lookups and writes at the leaves count a hop as a restart.
 const MAX_SIBLING_HOPS: u32 = 100_000;
 
 /// Why a tree operation failed.
