@@ -302,6 +302,24 @@ impl VerbsArgs {
                 "--duration must be in (0, 3600] seconds, got {duration}"
             )));
         }
+        // An emu core's completion queue serves a queue pair to every
+        // memory node, each as deep as its tasks' doorbells can fill
+        // (it once failed the boot, exit 1).
+        if backend == Backend::Emu {
+            let depth = self.depth.max(if self.matrix { 16 } else { 1 });
+            let cqe = ExecutorConfig {
+                slots: depth,
+                ..Default::default()
+            }
+            .qp_depth() as u64
+                * memory_nodes as u64;
+            let max = nicdrv::emu::EmuConfig::default().max_cqe as u64;
+            if cqe > max {
+                return Err(ArgError(format!(
+                    "--depth {depth} with --memory-nodes {memory_nodes} needs a completion queue of {cqe} entries a core; emu holds {max}"
+                )));
+            }
+        }
         if verb.is_atomic() {
             if size != 8 {
                 return Err(ArgError("--size: atomics are 8 bytes".into()));

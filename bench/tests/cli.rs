@@ -223,6 +223,10 @@ fn bad_input_exits_2_with_a_clear_line() {
             "--no-pin applies to emu and mlx5",
         ),
         (vec!["ring", "--seed", "3"], "--seed applies to sim"),
+        (
+            vec!["verbs", "--depth", "1024", "--memory-nodes", "128"],
+            "needs a completion queue of 2097152 entries a core; emu holds 1048576",
+        ),
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

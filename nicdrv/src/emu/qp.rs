@@ -91,9 +91,10 @@ impl EmuNic {
     /// A completion queue of `capacity` entries (`ibv_create_cq`).
     pub fn create_cq(&self, capacity: u32) -> Result<EmuCq, RegError> {
         if capacity == 0 || capacity > self.inner.cfg.max_cqe {
-            return Err(RegError::TooLarge {
-                len: capacity as u64,
-            });
+            return Err(RegError::Device(format!(
+                "a completion queue of {capacity} entries (1 ..= {} on this NIC)",
+                self.inner.cfg.max_cqe
+            )));
         }
         Ok(EmuCq {
             inner: Rc::new(CqInner {
@@ -112,7 +113,10 @@ impl EmuNic {
     /// CQ can never overflow.
     pub fn create_qp(&self, cq: &EmuCq, depth: u32) -> Result<EmuPreparedQp, RegError> {
         if depth == 0 || depth > self.inner.cfg.max_send_wr {
-            return Err(RegError::TooLarge { len: depth as u64 });
+            return Err(RegError::Device(format!(
+                "a queue pair of depth {depth} (1 ..= {} on this NIC)",
+                self.inner.cfg.max_send_wr
+            )));
         }
         let reserved = cq.inner.reserved.get() + depth;
         if reserved > cq.inner.capacity {
