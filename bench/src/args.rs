@@ -41,6 +41,18 @@ impl Backend {
         }
     }
 
+    /// `--compute-nodes` other than the one compute node the emu and mlx5
+    /// backends run (this process), when `given`: bad input.
+    pub fn check_one_compute_node(self, given: bool) -> Result<(), ArgError> {
+        if given && self != Backend::Sim {
+            return Err(ArgError(
+                "--compute-nodes: the emu and mlx5 backends run one compute node (this process)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The clock its figures are in.
     pub fn clock(self) -> &'static str {
         match self {

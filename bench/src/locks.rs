@@ -222,12 +222,8 @@ impl LocksArgs {
         }
         let memory_nodes = self.memory_nodes.unwrap_or(if sim { 8 } else { 2 });
         let threads = self.threads.unwrap_or(if sim { 22 } else { 1 });
-        if !sim && self.compute_nodes.is_some() {
-            return Err(ArgError(
-                "--compute-nodes applies to sim: emu and mlx5 run on this host, one compute node"
-                    .into(),
-            ));
-        }
+        self.backend
+            .check_one_compute_node(self.compute_nodes.is_some())?;
         let compute_nodes = if sim {
             self.compute_nodes.unwrap_or(8)
         } else {

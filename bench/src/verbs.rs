@@ -281,16 +281,13 @@ impl VerbsArgs {
                 "--compute-nodes must be 1..=1024, got {compute_nodes}"
             )));
         }
-        if !sim && self.compute_nodes.is_some() {
-            return Err(ArgError(
-                "--compute-nodes applies to sim: emu and mlx5 run on this host, one compute node"
-                    .into(),
-            ));
-        }
+        backend.check_one_compute_node(self.compute_nodes.is_some())?;
+        // The deepest point this runs (--matrix's go to 16).
+        let deepest = depth.max(if self.matrix { 16 } else { 1 });
         // Each task has a slot of its own on every memory node: a
         // simulated million of them is past any figure's need, and past
         // this host's memory long before the flags' own bounds.
-        let tasks = threads * self.depth.max(if self.matrix { 16 } else { 1 });
+        let tasks = threads * deepest;
         if sim && tasks > 1 << 20 {
             return Err(ArgError(format!(
                 "--threads × --depth is {tasks} tasks; at most {} on sim",
@@ -306,9 +303,8 @@ impl VerbsArgs {
         // memory node, each as deep as its tasks' doorbells can fill
         // (it once failed the boot, exit 1).
         if backend == Backend::Emu {
-            let depth = self.depth.max(if self.matrix { 16 } else { 1 });
             let cqe = ExecutorConfig {
-                slots: depth,
+                slots: deepest,
                 ..Default::default()
             }
             .qp_depth() as u64
@@ -316,7 +312,7 @@ impl VerbsArgs {
             let max = nicdrv::emu::EmuConfig::default().max_cqe as u64;
             if cqe > max {
                 return Err(ArgError(format!(
-                    "--depth {depth} with --memory-nodes {memory_nodes} needs a completion queue of {cqe} entries a core; emu holds {max}"
+                    "--depth {deepest} with --memory-nodes {memory_nodes} needs a completion queue of {cqe} entries a core; emu holds {max}"
                 )));
             }
         }

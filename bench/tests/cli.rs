@@ -200,11 +200,11 @@ fn bad_input_exits_2_with_a_clear_line() {
         ),
         (
             vec!["verbs", "--compute-nodes", "2"],
-            "--compute-nodes applies to sim",
+            "--compute-nodes: the emu and mlx5 backends run one compute node (this process)",
         ),
         (
             vec!["locks", "--backend", "emu", "--compute-nodes", "2"],
-            "--compute-nodes applies to sim",
+            "--compute-nodes: the emu and mlx5 backends run one compute node (this process)",
         ),
         (
             vec![

@@ -512,12 +512,7 @@ impl Cli {
                 "--memory-nodes and --compute-nodes must be 1..=256".into(),
             ));
         }
-        if !sim && c != 1 {
-            return Err(ArgError(
-                "--compute-nodes: the emu and mlx5 backends run one compute node (this process)"
-                    .into(),
-            ));
-        }
+        self.backend.check_one_compute_node(c != 1)?;
         if self.half_mix.is_some() && self.thread_list.iter().any(|&t| t * self.compute_nodes < 2) {
             return Err(ArgError(
                 "--half-workload needs at least two client threads in all, one of each half".into(),
