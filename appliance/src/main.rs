@@ -383,7 +383,6 @@ impl DemoArgs {
             };
         }
         cfg.check()?;
-        check_tree(&cfg.tree)?;
         if cfg.workloads.iter().any(|w| w.index().is_some()) {
             let all = processes::memory_bytes(&cfg).saturating_mul(cfg.memory_nodes as u64);
             demo::fits_this_host(all, cfg.sizes, cfg.records)?;

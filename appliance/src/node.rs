@@ -37,6 +37,7 @@
 use crate::index_work::{index_args, IndexKind, IndexLoad, Sizes};
 use crate::node_compute::{self, Compute, CoreSource};
 use crate::node_index;
+use crate::node_leases::{store_flags, StoreFlags};
 use crate::node_work::{self, Layout};
 use bootstrap::channel::{Cancel, ChannelError, WaitReport};
 use bootstrap::config::{Backend, NodeConfig};
@@ -626,12 +627,13 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?.clone();
     crate::node_mlx5::supported(&cfg)?;
-    check_flags(o)?;
+    let store = check_flags(o)?;
     if o.workload == Workload::Txn {
-        return crate::node_txn::run(o, &cfg, &node);
+        return crate::node_txn::run(o, &cfg, &node, store);
     }
     if o.workload == Workload::Leases {
-        return crate::node_leases::run(o, &cfg, &node);
+        let flags = store.expect("check_flags gives --workload leases its store flags");
+        return crate::node_leases::run(o, &cfg, &node, flags);
     }
     let layout = check_run(o, &cfg, &node)?;
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
@@ -699,9 +701,10 @@ fn check_run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<
 /// The flags, as `loch node` and `loch check` both check them before
 /// anything starts: `--seconds` for every workload (the machine workloads
 /// run for it too); `--etcd` and `--lease-ms` for the machine workloads
-/// that use them; the tasks, the records and the histogram's file for
-/// the verb and index workloads.
-fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
+/// that use them, whose checked store flags it returns (`--workload
+/// leases` always has them, `txn` with `--etcd`); the tasks, the records
+/// and the histogram's file for the verb and index workloads.
+fn check_flags(o: &NodeOptions) -> Result<Option<StoreFlags>, NodeError> {
     if let Some(s) = o.seconds {
         if !(s > 0.0 && s <= 86_400.0) {
             return Err(NodeError::Usage(format!(
@@ -713,9 +716,9 @@ fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
         // The failure-handling flags: the store's URL, the lease, and
         // what the machines agree on at "memory-ready".
         return match o.workload {
-            Workload::Leases => crate::node_leases::store_flags(o, "leases").map(|_| ()),
-            _ if o.etcd.is_some() => crate::node_leases::store_flags(o, "txn").map(|_| ()),
-            _ => Ok(()),
+            Workload::Leases => store_flags(o, "leases").map(Some),
+            _ if o.etcd.is_some() => store_flags(o, "txn").map(Some),
+            _ => Ok(None),
         };
     }
     if o.tasks_per_core == 0 || o.tasks_per_core > TASKS_PER_CORE_MAX {
@@ -732,7 +735,7 @@ fn check_flags(o: &NodeOptions) -> Result<(), NodeError> {
     if let Some(p) = &o.histogram {
         cmdline::check_file_target("--histogram", p).map_err(NodeError::Usage)?;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Whether the memory nodes can hold the verb areas of every core of the

@@ -81,9 +81,15 @@ pub(crate) fn first_configuration(
     Ok(current)
 }
 
-pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+/// `--workload leases` on this machine, its store flags checked
+/// ([`store_flags`]).
+pub fn run(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    flags: StoreFlags,
+) -> Result<u8, NodeError> {
     let geo = crate::node_txn::geometry(o, cfg)?;
-    let flags = store_flags(o, "leases")?;
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
     if matches!(cfg.backend, Backend::Mlx5 { .. }) {

@@ -116,10 +116,18 @@ struct BankState {
     backups_differ: u64,
 }
 
-pub fn run(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+/// `--workload txn` on this machine: with `store` (`--etcd`, its flags
+/// checked by [`crate::node_leases::store_flags`]) for `--seconds` with
+/// failure handling, else `--txs` transactions a core.
+pub fn run(
+    o: &NodeOptions,
+    cfg: &ClusterConfig,
+    node: &NodeConfig,
+    store: Option<StoreFlags>,
+) -> Result<u8, NodeError> {
     let geo = geometry(o, cfg)?;
-    if o.etcd.is_some() {
-        return run_recovering(o, cfg, node, geo);
+    if let Some(flags) = store {
+        return run_recovering(o, cfg, node, geo, flags);
     }
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
@@ -306,8 +314,8 @@ fn run_recovering(
     cfg: &ClusterConfig,
     node: &NodeConfig,
     geo: Geometry,
+    flags: StoreFlags,
 ) -> Result<u8, NodeError> {
-    let flags = crate::node_leases::store_flags(o, "txn")?;
     preflight_passes(cfg, o.id)?;
     cmdline::signals::install();
     if matches!(cfg.backend, Backend::Mlx5 { .. }) {

@@ -12,7 +12,7 @@
 //! the memory nodes with SIGTERM and prints a summary with checks. Every
 //! path out kills what it started and removes its files.
 
-use crate::index_work::{index_args, tree_title, IndexLoad, Sizes, DEFAULT_TREE};
+use crate::index_work::{check_tree, index_args, tree_title, IndexLoad, Sizes, DEFAULT_TREE};
 use crate::node::{emu_node_path, Workload, TASKS_PER_CORE_MAX};
 use crate::node_work::FAA_OFFSET;
 use bootstrap::ClusterConfig;
@@ -119,6 +119,7 @@ impl ProcessesConfig {
         if self.tasks_per_core == 0 || self.tasks_per_core > TASKS_PER_CORE_MAX {
             return Err(format!("--tasks must be 1..={TASKS_PER_CORE_MAX}"));
         }
+        check_tree(&self.tree)?;
         let cpus = host_cpus().len();
         if self.cores_per_compute == 0 || self.cores_per_compute > cpus {
             return Err(format!(
@@ -170,11 +171,11 @@ fn secret_bytes() -> Result<[u8; 32], String> {
 }
 
 /// Writes the cluster file (and its secret) into a fresh private directory;
-/// returns the directory and the cluster file's path.
-pub fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), String> {
+/// returns the directory and the cluster file's path. `cfg` passed its
+/// [`ProcessesConfig::check`].
+fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), String> {
     let dir = PrivateDir::new("demo")?;
     dir.write("secret", &secret_bytes()?)?;
-    cfg.check()?;
     let cpus = host_cpus();
     let ports = free_ports(cfg.memory_nodes + cfg.compute_nodes)?;
     let mut toml = String::from(
