@@ -82,7 +82,7 @@ pub(crate) fn first_configuration(
 }
 
 /// `--workload leases` on this machine, its store flags checked
-/// ([`store_flags`]).
+/// (`store_flags`).
 pub fn run(
     o: &NodeOptions,
     cfg: &ClusterConfig,

@@ -117,7 +117,7 @@ struct BankState {
 }
 
 /// `--workload txn` on this machine: with `store` (`--etcd`, its flags
-/// checked by [`crate::node_leases::store_flags`]) for `--seconds` with
+/// checked by `node_leases::store_flags`) for `--seconds` with
 /// failure handling, else `--txs` transactions a core.
 pub fn run(
     o: &NodeOptions,
