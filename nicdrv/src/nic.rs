@@ -200,13 +200,21 @@ pub trait QueuePair {
     /// Requests execute in order; only signaled ones complete on success; the
     /// first failure completes with its error and flushes the rest, and the
     /// queue pair enters [`QpState::Error`]. A refused batch executes nothing.
+    /// A batch a device takes only in part (mlx5, should the driver refuse
+    /// what our checks passed) is not refused: it is reported posted, the
+    /// queue pair enters error, and its last request completes as
+    /// [`WcStatus::Flushed`](crate::verbs::WcStatus::Flushed) once every
+    /// request before it retired.
     ///
     /// # Safety
     /// The local memory of every request that is not an inline WRITE must be
     /// inside a region registered on this device and must stay valid, and
     /// must not be read or written by the CPU if the NIC writes it (READ
     /// targets, atomic results), until a completion of that request or of a
-    /// later request on this queue pair has been polled.
+    /// later request on this queue pair has been polled. An inline WRITE's
+    /// local memory need not be registered, but must be valid for reads of
+    /// its length for the duration of this call (its bytes are copied
+    /// before it returns).
     unsafe fn post_send(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError>;
 
     /// Brings a queue pair in error back to ready (RESET → INIT → RTR → RTS

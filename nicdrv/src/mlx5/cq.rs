@@ -63,6 +63,27 @@ impl QpShared {
         (self.head.get() - self.tail.get()) as u32
     }
 
+    /// Records the drain of a batch the driver took only in part: `taken`
+    /// requests from `head` on are on the send queue, the rest refused.
+    /// The drain goes in right behind them carrying `last` (the batch's
+    /// last request), so its flush retires them all and completes the
+    /// batch for the caller; the QP is in error from here on (no post
+    /// until it recovered, once the drain's completion is polled).
+    /// Returns the drain's sequence number.
+    pub(crate) fn stage_drain(&self, head: u64, taken: u64, last: Posted) -> u64 {
+        let seq = head + taken;
+        let mut ring = self.ring.borrow_mut();
+        let cap = ring.len() as u64;
+        assert!(
+            seq - self.tail.get() < cap,
+            "the drain fits the batch's room"
+        );
+        ring[(seq % cap) as usize] = last;
+        self.head.set(seq + 1);
+        self.state.set(QpState::Error);
+        seq
+    }
+
     /// Retires requests up to sequence `seq` and builds the completion.
     /// Returns `None` for a sequence not in flight (a completion left over
     /// from before the QP was reset), which is dropped.
@@ -248,5 +269,41 @@ mod tests {
         assert_eq!(sh.outstanding(), 0);
         assert!(sh.complete(3, WcStatus::Flushed).is_none(), "stale");
         assert!(sh.complete(9, WcStatus::Success).is_none(), "never posted");
+    }
+
+    /// A batch of 4 the driver took 2 of: the drain behind the two carries
+    /// the batch's last wr_id, and its flush retires both, whether they
+    /// completed silently or were flushed one by one first; nothing is
+    /// left outstanding, and the QP stays in error until recovered.
+    #[test]
+    fn a_drain_completes_a_partly_posted_batch() {
+        let last = Posted {
+            wr_id: 104,
+            opcode: Opcode::Read,
+            len: 64,
+        };
+        for flushed_first in [false, true] {
+            let sh = QpShared::new(9, 8);
+            post(&sh, &[1]);
+            assert_eq!(sh.complete(0, WcStatus::Success).unwrap().wr_id, 1);
+            // The batch from sequence 1: the driver took 101 and 102.
+            let head = sh.head.get();
+            post(&sh, &[101, 102]);
+            let seq = sh.stage_drain(head, 2, last);
+            assert_eq!(seq, 3);
+            assert_eq!(sh.state.get(), QpState::Error, "no post behind the drain");
+            assert_eq!(sh.outstanding(), 3);
+            if flushed_first {
+                let c = sh.complete(1, WcStatus::Flushed).unwrap();
+                assert_eq!((c.wr_id, c.status), (101, WcStatus::Flushed));
+            }
+            let c = sh.complete(seq, WcStatus::Flushed).unwrap();
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode, c.byte_len),
+                (104, WcStatus::Flushed, Opcode::Read, 0)
+            );
+            assert_eq!(sh.outstanding(), 0, "every taken request retired");
+            assert!(sh.complete(2, WcStatus::Flushed).is_none(), "retired");
+        }
     }
 }

@@ -540,23 +540,72 @@ impl Mlx5Qp {
         wr_base
     }
 
-    /// The driver took `posted` of `n` requests, then refused. Cannot
-    /// happen while [`Mlx5Qp::refusal`] matches the driver's checks; if it
-    /// does, the first `posted` requests are in flight: the QP is forced to
-    /// error so each of them completes (done or flushed) and the executor
-    /// sees a failure rather than a silent partial batch.
-    fn partly_posted(&mut self, head: u64, posted: usize, n: usize, err: &PostError) {
+    /// The driver took `posted` of the batch's requests, then refused the
+    /// rest (`err`). Cannot happen while [`Mlx5Qp::refusal`] matches the
+    /// driver's checks. If it does, the first `posted` requests are on the
+    /// send queue, none of them signaled (the executor signals a group's
+    /// last), and a caller told "refused" would reuse their memory while
+    /// the NIC may still write it. So the batch is reported posted, and
+    /// failed: the QP is forced to error, and one signaled request goes in
+    /// behind the accepted ones carrying the batch's last `wr_id` (a
+    /// zero-length WRITE; on a QP in error it is flushed, never executed:
+    /// the drain `ib_drain_sq` uses). Its completion comes after every
+    /// accepted request retired (one QP completes in order), so the
+    /// caller's completion for the batch arrives only once the NIC is done
+    /// with its memory. Should either step fail, nothing could tell when
+    /// that is: the process aborts rather than let memory be reused under
+    /// a NIC's writes.
+    fn partly_posted(&mut self, head: u64, posted: usize, wrs: &[WorkRequest], err: &PostError) {
+        let n = wrs.len();
         log::error!(
             "ibv_post_send took {posted} of {n} requests then refused: {err}; \
-             moving QP {} to error",
+             moving QP {} to error and draining it",
             self.local.qpn
         );
-        self.shared.head.set(head + posted as u64);
+        // `refusal` made room for all `n` (> posted): the drain's slot is
+        // free.
+        let last = &wrs[n - 1];
+        let seq = self.shared.stage_drain(
+            head,
+            posted as u64,
+            Posted {
+                wr_id: last.wr_id,
+                opcode: last.op.opcode(),
+                len: last.op.len(),
+            },
+        );
         let mut attr = reset_attr();
         attr.attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
         // SAFETY: the QP is live.
-        let _ = unsafe { modify(self.handle.qp, attr, "ibv_modify_qp(ERR)") };
+        if let Err(e) = unsafe { modify(self.handle.qp, attr, "ibv_modify_qp(ERR)") } {
+            abort_drain(self.local.qpn, &e.to_string());
+        }
+        // SAFETY: ibv_send_wr is plain C data; all-zero is a valid value
+        // (no SGE list, no next).
+        let mut drain: ibv_send_wr = unsafe { std::mem::zeroed() };
+        drain.wr_id = seq;
+        drain.num_sge = 0;
+        drain.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        drain.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; the request has no SGE (nothing local is
+        // read or written) and lives until the call returns.
+        let rc = unsafe { ibv_post_send(self.handle.qp, &mut drain, &mut bad) };
+        if rc != 0 {
+            abort_drain(
+                self.local.qpn,
+                &std::io::Error::from_raw_os_error(rc.abs()).to_string(),
+            );
+        }
     }
+}
+
+/// A partial post that could not be drained: requests whose memory the
+/// NIC may still write are on a queue pair nothing can flush.
+fn abort_drain(qpn: u32, why: &str) -> ! {
+    log::error!("QP {qpn}: cannot drain a partly posted batch ({why}); aborting");
+    eprintln!("loch: QP {qpn}: cannot drain a partly posted batch ({why}); aborting");
+    std::process::abort()
 }
 
 /// The remote side of a work request: address and rkey, and for an atomic
@@ -677,12 +726,15 @@ impl QueuePair for Mlx5Qp {
             0
         } else {
             // SAFETY: the driver points `bad` into our chain.
-            unsafe { bad.offset_from(wr_base) }.clamp(0, n as isize) as usize
+            // At most n - 1: with rc != 0 the driver refused one at least.
+            unsafe { bad.offset_from(wr_base) }.clamp(0, n as isize - 1) as usize
         };
         let failed = &wrs[posted.min(n - 1)].op;
         let err = post_errno_to_error(rc, failed, depth, self.caps.max_inline_bytes);
         if posted > 0 {
-            self.partly_posted(head, posted, n, &err);
+            // Reported posted: the batch completes, flushed (see there).
+            self.partly_posted(head, posted, wrs, &err);
+            return Ok(());
         }
         Err(err)
     }
