@@ -182,7 +182,7 @@ impl Clone for MachineMemory {
     fn clone(&self) -> Self {
         MachineMemory {
             // SAFETY: the clone holds `_keep` too, which keeps the memory
-            // valid while the view lives (`new`).
+            // valid while the view lives (`new`'s contract).
             view: unsafe { self.view.alias() },
             _keep: self._keep.clone(),
         }
@@ -190,8 +190,13 @@ impl Clone for MachineMemory {
 }
 
 impl MachineMemory {
-    /// `keep` must keep `view`'s memory valid while it lives.
-    pub fn new(view: SharedLocal, keep: std::sync::Arc<dyn std::any::Any + Send + Sync>) -> Self {
+    /// # Safety
+    /// `keep` must keep `view`'s memory valid for as long as it lives:
+    /// every clone holds it and makes a second window onto that memory.
+    pub unsafe fn new(
+        view: SharedLocal,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
         MachineMemory { view, _keep: keep }
     }
 }

@@ -403,7 +403,14 @@ impl NodeMap {
 impl Drop for NodeMap {
     fn drop(&mut self) {
         // Stop the watchdog before the header it writes is unmapped.
-        drop(self.watchdog.lock().map(|mut w| w.take()));
+        // `get_mut`, not `lock`: a poisoned lock must not leave the
+        // watchdog running past the unmap below.
+        drop(
+            self.watchdog
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         if self.owner {
             self.header.store_u64(HDR_STATE, STATE_CLOSED);
             if let Backing::File(_) = self.backing() {

@@ -72,15 +72,17 @@ impl EmuNic {
     /// mapping (range writes through its line words). The mapping stays up
     /// while the returned value lives.
     pub fn on_machine(&self, node: &EmuEndpoint) -> EmuNic {
+        // SAFETY: the Arc beside the view (an endpoint holding the map)
+        // keeps the node mapped for as long as the view or a clone lives.
+        let local = unsafe {
+            crate::local::MachineMemory::new(
+                crate::local::SharedLocal::with_lines(node.map.lines(crate::Space::Host).alias()),
+                Arc::new(node.clone()),
+            )
+        };
         EmuNic {
             inner: self.inner.clone(),
-            local: Some(crate::local::MachineMemory::new(
-                // SAFETY: the Arc beside it keeps the node mapped.
-                crate::local::SharedLocal::with_lines(unsafe {
-                    node.map.lines(crate::Space::Host).alias()
-                }),
-                Arc::new(node.clone()),
-            )),
+            local: Some(local),
         }
     }
 
@@ -155,8 +157,11 @@ impl EmuNic {
                 .compare_exchange(0, u32::MAX, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                let tag = self.inner.key_tag.fetch_add(1, Ordering::Relaxed) & 0x3f_ffff;
-                let lkey = ((tag.max(1)) << 10) | idx as u32;
+                // Release fence: orders the marker before the range stores
+                // below, so a `local_ok` that loads any of them sees the
+                // old key gone at its recheck (a seqlock's writer side).
+                std::sync::atomic::fence(Ordering::Release);
+                let lkey = lkey_for(self.inner.key_tag.fetch_add(1, Ordering::Relaxed), idx);
                 slot.base.store(ptr as u64, Ordering::Relaxed);
                 slot.len.store(len as u64, Ordering::Relaxed);
                 slot.access.store(access.bits(), Ordering::Relaxed);
@@ -182,9 +187,29 @@ impl EmuNic {
         let base = slot.base.load(Ordering::Relaxed);
         let len = slot.len.load(Ordering::Relaxed);
         let access = Access::from_bits_truncate(slot.access.load(Ordering::Relaxed));
+        // Acquire fence, then the key again: if a range load above saw a
+        // later registration's store (the slot freed and claimed anew
+        // meanwhile), that claim's marker and Release fence came first, so
+        // the key read now is no longer ours (a seqlock's reader side).
+        std::sync::atomic::fence(Ordering::Acquire);
+        if slot.lkey.load(Ordering::Relaxed) != sge.lkey.0 {
+            return false;
+        }
         let addr = sge.addr as u64;
-        access.contains(need) && addr >= base && addr + sge.len as u64 <= base + len
+        access.contains(need)
+            && addr >= base
+            && addr
+                .checked_add(u64::from(sge.len))
+                .is_some_and(|end| end <= base.saturating_add(len))
     }
+}
+
+/// The lkey of slot `idx` for the `counter`-th registration: a tag in
+/// the bits above the slot index, 1..=0x3f_fffe, so a key is never 0 (no
+/// key) and never all ones (with slot 1023, the claim marker).
+fn lkey_for(counter: u32, idx: usize) -> u32 {
+    debug_assert!(idx < MAX_LOCAL_MRS);
+    ((counter % 0x3f_fffe + 1) << 10) | idx as u32
 }
 
 /// A local registration; dropping it deregisters.
@@ -577,5 +602,63 @@ impl QueuePair for EmuQp {
 impl Drop for EmuQp {
     fn drop(&mut self) {
         self.cq.reserved.set(self.cq.reserved.get() - self.depth);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key names its slot, and none is 0 or the claim marker,
+    /// across the tag counter's wrap.
+    #[test]
+    fn lkeys_are_never_empty_or_the_marker() {
+        for counter in [
+            0,
+            1,
+            0x3f_fffd,
+            0x3f_fffe,
+            0x3f_ffff,
+            u32::MAX - 1,
+            u32::MAX,
+        ] {
+            for idx in [0, 1, MAX_LOCAL_MRS - 1] {
+                let k = lkey_for(counter, idx);
+                assert_ne!(k, 0, "counter {counter} slot {idx}");
+                assert_ne!(k, u32::MAX, "counter {counter} slot {idx}");
+                assert_eq!((k & LKEY_INDEX_MASK) as usize, idx);
+            }
+        }
+    }
+
+    /// An SGE whose end wraps past 2^64 is outside its region, however its
+    /// start compares; the region's own bytes pass, and none once it is
+    /// deregistered.
+    #[test]
+    fn a_wrapping_sge_is_refused() {
+        let nic = EmuNic::new(EmuConfig::default());
+        let mut mem = vec![0u8; 4096];
+        // SAFETY: `mem` outlives the registration (dropped first below).
+        let reg =
+            unsafe { nic.register_raw(mem.as_mut_ptr(), mem.len(), Access::LOCAL_WRITE) }.unwrap();
+        let lkey = LKey(reg.lkey);
+        let at = |addr: *mut u8, len: u32, lkey: LKey| Sge { addr, len, lkey };
+        assert!(nic.local_ok(&at(mem.as_mut_ptr(), 4096, lkey), Access::LOCAL_WRITE));
+        assert!(!nic.local_ok(&at(mem.as_mut_ptr(), 4097, lkey), Access::LOCAL_WRITE));
+        // A region ending at the top of the address space. Registering
+        // records its range only; nothing here reads or writes it.
+        let top = (usize::MAX - 4095) as *mut u8;
+        // SAFETY: emu's registration touches no memory, and no verb is
+        // posted against it: `local_ok` only compares numbers.
+        let high = unsafe { nic.register_raw(top, 4095, Access::LOCAL_WRITE) }.unwrap();
+        let hk = LKey(high.lkey);
+        assert!(nic.local_ok(&at(top.wrapping_add(8), 4087, hk), Access::LOCAL_WRITE));
+        assert!(
+            !nic.local_ok(&at(top.wrapping_add(8), 4096, hk), Access::LOCAL_WRITE),
+            "its end wraps"
+        );
+        drop(high);
+        drop(reg);
+        assert!(!nic.local_ok(&at(mem.as_mut_ptr(), 8, lkey), Access::LOCAL_WRITE));
     }
 }

@@ -285,19 +285,19 @@ impl Mlx5Nic {
     /// NIC's: the contract). The region stays registered while the returned
     /// value lives.
     pub fn on_machine(&self, node: &Arc<super::Mlx5MemoryNode>) -> Mlx5Nic {
-        // SAFETY: the region is `host_bytes` long at `host_ptr`, 4 KiB
-        // aligned (HeapMem or huge pages), and stays allocated while the
-        // node lives, which `_keep` ensures for every copy of the view; it
-        // is only accessed atomically through SharedMem.
-        let mem =
-            unsafe { crate::emu::shm::SharedMem::new(node.host_ptr(), node.host_bytes() as usize) };
+        // SAFETY: the region is `host_bytes` long at `host_ptr`, 8-byte
+        // aligned (`Mlx5MemoryNode::with_memory` refuses memory that is
+        // not), and stays allocated while the node lives, which the node's
+        // Arc beside the view ensures for every copy of it; it is only
+        // accessed atomically through SharedMem.
+        let local = unsafe {
+            let mem = crate::emu::shm::SharedMem::new(node.host_ptr(), node.host_bytes() as usize);
+            crate::local::MachineMemory::new(crate::local::SharedLocal::new(mem), node.clone())
+        };
         Mlx5Nic {
             dev: self.dev.clone(),
             caps: self.caps,
-            local: Some(crate::local::MachineMemory::new(
-                crate::local::SharedLocal::new(mem),
-                node.clone(),
-            )),
+            local: Some(local),
         }
     }
 

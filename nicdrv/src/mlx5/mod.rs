@@ -67,6 +67,12 @@ pub enum Mlx5Error {
         got: u64,
         max: u64,
     },
+    /// Memory at an address the device's users cannot align to.
+    Misaligned {
+        what: &'static str,
+        addr: u64,
+        align: u64,
+    },
 }
 
 impl Mlx5Error {
@@ -116,6 +122,9 @@ impl fmt::Display for Mlx5Error {
             Mlx5Error::Register(e) => write!(f, "{e}"),
             Mlx5Error::BadSize { what, got, max } => {
                 write!(f, "{what} of {got} is outside the device's limit of {max}")
+            }
+            Mlx5Error::Misaligned { what, addr, align } => {
+                write!(f, "{what} at {addr:#x} is not {align}-byte aligned")
             }
         }
     }

@@ -118,13 +118,23 @@ impl Mlx5MemoryNode {
     }
 
     /// As [`new`](Self::new), over memory the caller allocated (huge pages:
-    /// `mempool::HugeMem`); all of `mem` is registered and exposed.
+    /// `mempool::HugeMem`); all of `mem` is registered and exposed. The
+    /// memory must be 8-byte aligned: the machine's cores reach its words
+    /// with CPU atomics ([`Mlx5Nic::on_machine`]).
     pub fn with_memory<M: RegisterableMemory + Send + 'static>(
         nic: &Mlx5Nic,
         node: NodeId,
         mem: M,
         dm_bytes: u64,
     ) -> Result<Mlx5MemoryNode, Mlx5Error> {
+        let addr = mem.as_ptr() as usize;
+        if !addr.is_multiple_of(8) {
+            return Err(Mlx5Error::Misaligned {
+                what: "memory node host memory",
+                addr: addr as u64,
+                align: 8,
+            });
+        }
         let mem = HostMem {
             ptr: mem.as_ptr(),
             len: mem.len(),

@@ -329,7 +329,8 @@ impl SimCluster {
         m.lkey == sge.lkey.0
             && m.access.contains(need)
             && a >= m.base
-            && a + sge.len as u64 <= m.base + m.len
+            && a.checked_add(u64::from(sge.len))
+                .is_some_and(|end| end <= m.base.saturating_add(m.len))
     }
 
     // ---- requests ----
