@@ -561,6 +561,19 @@ pub fn foreign_buffers<H: Harness>(h: &H) {
     );
 }
 
+/// A raw rig of at least `bytes` of registered local memory: the tests
+/// below write its words through raw pointers, so a harness that returned
+/// less would have them write past it.
+fn raw<H: Harness>(h: &H, node: NodeId, bytes: usize) -> RawRig<H::N> {
+    let rig = h.raw(node, bytes);
+    assert!(
+        rig.mr.len() >= bytes,
+        "Harness::raw returned {} bytes of local memory, not the {bytes} asked",
+        rig.mr.len()
+    );
+    rig
+}
+
 fn sge<N: Nic>(rig: &RawRig<N>, off: usize, len: u32) -> Sge {
     assert!(off + len as usize <= rig.mr.len());
     Sge {
@@ -584,7 +597,7 @@ fn host_rkey<N: Nic>(rig: &RawRig<N>) -> RKey {
 /// requests before it, freeing their send-queue slots.
 pub fn selective_signaling<H: Harness>(h: &H) {
     let (a, _) = two_nodes(h);
-    let mut rig = h.raw(a, 4096);
+    let mut rig = raw(h, a, 4096);
     let rkey = host_rkey(&rig);
     let mut wrs = Vec::new();
     for i in 0..4u64 {
@@ -819,7 +832,7 @@ pub fn remote_errors<H: Harness>(h: &H) {
 /// in error refuses posts until recovered.
 pub fn flush_on_error<H: Harness>(h: &H) {
     let (a, _) = two_nodes(h);
-    let mut rig = h.raw(a, 4096);
+    let mut rig = raw(h, a, 4096);
     let rkey = host_rkey(&rig);
     let base = 0xc000u64;
     // Local words 0..3 hold the payloads 11, 22, 33.
@@ -889,9 +902,16 @@ pub fn flush_on_error<H: Harness>(h: &H) {
 /// with a wrong local size, an address on another node.
 pub fn post_refusals<H: Harness>(h: &H) {
     let (a, b) = two_nodes(h);
-    let mut rig = h.raw(a, 4096);
+    let mut rig = raw(h, a, 4096);
     let rkey = host_rkey(&rig);
     let remote = GlobalAddr::host(a, 0xd000);
+    // The oversized READ below (u32::MAX bytes into a 4 KiB rig) is safe
+    // to post only while the device refuses it by length.
+    let max_msg = run_task(h, |ctx| async move { ctx.caps().max_msg_bytes });
+    assert!(
+        max_msg < u32::MAX,
+        "a device taking u32::MAX-byte messages cannot run this check"
+    );
     type Expect = fn(&PostError) -> bool;
     let cases: Vec<(WrOp, Expect)> = vec![
         (
@@ -949,7 +969,8 @@ pub fn post_refusals<H: Harness>(h: &H) {
             op,
         };
         // SAFETY: refused before touching memory; SGEs are in rig.mr anyway
-        // except the oversized one, which is refused by length.
+        // except the oversized one, which is refused by length (above the
+        // device's `max_msg_bytes`: asserted at the top).
         let r = unsafe { rig.qp.post_send(&[wr]) };
         match r {
             Err(e) if ok(&e) => {}

@@ -294,8 +294,9 @@ impl Membership {
     /// machine of it applied it, so coordinators may use it.
     pub fn commit(&self, id: u64) {
         // Release: pairs with committed()'s Acquire, so a coordinator that
-        // sees the number also sees what the install before it did (the
-        // region map it swapped in).
+        // sees the number also sees what came before it on this task: the
+        // install and the machine's apply, which swapped the region map in
+        // (reconfig.rs installs, applies to the machine, then commits).
         self.committed
             .fetch_max(id.min(self.epoch()), Ordering::Release);
     }

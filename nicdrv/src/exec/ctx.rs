@@ -803,12 +803,15 @@ impl<'a, N: Nic> Posting<'a, N> {
         let seq = slot.begin_post();
         let (groups, post_err) = slot.post_groups(b.len.get() as usize, seq, |node, wrs| {
             // SAFETY: each local SGE is a Buf held in the slot's storage
-            // until every group of the batch completed (if this future is
-            // dropped first, or returns at the first group, the storage is
-            // cleared only by a later batch, after it waited for the slot
-            // to be idle, and the arena keeps the bytes reserved until the
-            // slot has nothing in flight), or a word of the slot's atomics
-            // area, which only the next batch reuses after that same wait.
+            // until every group of the batch completed. If this future is
+            // dropped first, or returns at the first group, a later batch
+            // may clear the storage (it does so as it starts, before it
+            // waits for the slot to be idle), but dropping a Buf while the
+            // slot has requests in flight leaves its bytes a reserved hole
+            // in the arena until nothing is in flight: no later Buf gets
+            // them while the NIC may still write them. Or it is a word of
+            // the slot's atomics area, which the next batch reuses only
+            // after it waited for the slot to be idle.
             // All of it lies in the executor's registered scratch under the
             // core's lkey, kept alive by the arena's reference count.
             unsafe { ctx.post(node, wrs) }
