@@ -35,7 +35,7 @@ pub use counters::VerbCounters;
 pub use exec::{Batch, Buf, Ctx, Done, ExecError, Executor, ExecutorConfig, OpId, VerbError};
 pub use local::{LocalError, TimerError, WaitError, Woken};
 pub use nic::{
-    CompletionQueue, HeapMem, Mr, Nic, QpState, QueuePair, RegisterableMemory, RemoteRegion,
+    CompletionQueue, CqId, HeapMem, Mr, Nic, QpState, QueuePair, RegisterableMemory, RemoteRegion,
 };
 pub use verbs::{
     Access, Caps, Completion, LKey, Opcode, PostError, RKey, Sge, WcStatus, WorkRequest, WrOp,

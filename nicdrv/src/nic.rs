@@ -188,6 +188,8 @@ pub trait QueuePair {
     fn qp_num(&self) -> u32;
     /// The memory node this queue pair is connected to.
     fn peer(&self) -> NodeId;
+    /// The completion queue this queue pair completes on.
+    fn cq_id(&self) -> CqId;
     fn state(&self) -> QpState;
     /// Work requests posted and not yet retired by a polled completion.
     fn outstanding(&self) -> u32;
@@ -222,8 +224,15 @@ pub trait QueuePair {
     fn recover(&mut self) -> Result<(), RecoverError>;
 }
 
+/// Which completion queue: equal for a queue and the queue pairs that
+/// complete on it, and for no other queue of the process.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CqId(pub usize, pub u32);
+
 /// A completion queue shared by the queue pairs of one core.
 pub trait CompletionQueue {
+    /// This queue, as [`QueuePair::cq_id`] names it.
+    fn id(&self) -> CqId;
     /// Moves up to `out.len()` completions into `out`; returns how many.
     /// Bounded work, never blocks (`ibv_poll_cq`).
     fn poll(&mut self, out: &mut [Completion]) -> usize;

@@ -84,6 +84,40 @@ fn bad_executor_configs_are_errors_not_panics() {
     }
 }
 
+/// A queue pair made on another completion queue than the executor's is
+/// refused: its completions would never reach this executor, which
+/// reuses a batch's scratch once they are in.
+#[test]
+fn a_queue_pair_on_another_completion_queue_is_refused() {
+    let node = EmuNode::create(&EmuNodeConfig {
+        id: 1,
+        host_bytes: 1 << 20,
+        dm_bytes: 4096,
+        backing: Backing::Memfd,
+    })
+    .unwrap();
+    node.register_all().unwrap();
+    let nic = EmuNic::new(EmuConfig::default());
+    let cfg = ExecutorConfig::default();
+    let (mine, other) = (nic.create_cq(1024).unwrap(), nic.create_cq(1024).unwrap());
+    assert_ne!(mine.id(), other.id());
+    let qp = nic
+        .create_qp(&other, cfg.qp_depth())
+        .unwrap()
+        .connect(&node.endpoint());
+    assert_eq!(qp.cq_id(), other.id());
+    let mr = nic
+        .register(
+            HeapMem::zeroed(cfg.scratch_bytes()).unwrap(),
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    match Executor::new(nic.clone(), mine, vec![qp], mr, cfg) {
+        Err(ExecError::ForeignQp(1)) => {}
+        other => panic!("expected ForeignQp(1), got {:?}", other.err()),
+    }
+}
+
 /// `tasks` tasks of `each` sequential FAAs on an emu executor: the log of
 /// (task, i) in completion order, and the turns run.
 fn faa_tasks(cfg: EmuConfig, tasks: u8, each: u64) -> (Vec<(u8, u64)>, u64) {

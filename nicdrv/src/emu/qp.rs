@@ -4,7 +4,7 @@ use super::node::EmuEndpoint;
 use super::EmuConfig;
 use crate::addr::NodeId;
 use crate::nic::{
-    CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
+    CompletionQueue, CqId, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
     Registration, RemoteRegion,
 };
 use crate::verbs::{
@@ -302,6 +302,10 @@ pub struct EmuCq {
 }
 
 impl CompletionQueue for EmuCq {
+    fn id(&self) -> CqId {
+        CqId(Rc::as_ptr(&self.inner) as usize, 0)
+    }
+
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         let inner = &*self.inner;
         let mut q = inner.queue.borrow_mut();
@@ -500,6 +504,10 @@ impl QueuePair for EmuQp {
 
     fn peer(&self) -> NodeId {
         self.peer.node()
+    }
+
+    fn cq_id(&self) -> CqId {
+        CqId(Rc::as_ptr(&self.cq) as usize, 0)
     }
 
     fn state(&self) -> QpState {

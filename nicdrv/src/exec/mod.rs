@@ -27,7 +27,7 @@ pub use wait::{Local, Sleep, WaitWrite};
 
 use crate::addr::NodeId;
 use crate::counters::VerbCounters;
-use crate::nic::{CompletionQueue, Mr, Nic, QpState, QueuePair, RegisterableMemory};
+use crate::nic::{CompletionQueue, CqId, Mr, Nic, QpState, QueuePair, RegisterableMemory};
 use crate::verbs::{Caps, Completion};
 use arena::SlotArena;
 use std::cell::{Cell, RefCell};
@@ -112,9 +112,20 @@ impl ExecutorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExecError {
     BadConfig(String),
-    ScratchTooSmall { have: usize, need: usize },
-    QpTooShallow { node: NodeId, depth: u32, need: u32 },
+    ScratchTooSmall {
+        have: usize,
+        need: usize,
+    },
+    QpTooShallow {
+        node: NodeId,
+        depth: u32,
+        need: u32,
+    },
     DuplicateQp(NodeId),
+    /// A queue pair that completes on another completion queue: its
+    /// completions would reach another executor, and this one's batches
+    /// would never see them (or that one would count them as its own).
+    ForeignQp(NodeId),
     NoFreeSlot,
 }
 
@@ -130,6 +141,10 @@ impl fmt::Display for ExecError {
                 "queue pair to node {node} has depth {depth}, executor needs {need}"
             ),
             ExecError::DuplicateQp(n) => write!(f, "two queue pairs to node {n}"),
+            ExecError::ForeignQp(n) => write!(
+                f,
+                "the queue pair to node {n} completes on another completion queue than the executor's"
+            ),
             ExecError::NoFreeSlot => write!(f, "no free task slot"),
         }
     }
@@ -343,11 +358,18 @@ pub struct Executor<N: Nic> {
 }
 
 /// The queue pairs indexed by their memory node: each at least `need`
-/// deep, one per node.
-fn qps_by_node<Q: QueuePair>(qps: Vec<Q>, need: u32) -> Result<Vec<Option<Q>>, ExecError> {
+/// deep, one per node, each completing on `cq`.
+fn qps_by_node<Q: QueuePair>(
+    qps: Vec<Q>,
+    need: u32,
+    cq: CqId,
+) -> Result<Vec<Option<Q>>, ExecError> {
     let mut by_node: Vec<Option<Q>> = Vec::new();
     for qp in qps {
         let node = qp.peer();
+        if qp.cq_id() != cq {
+            return Err(ExecError::ForeignQp(node));
+        }
         if qp.depth() < need {
             return Err(ExecError::QpTooShallow {
                 node,
@@ -368,8 +390,11 @@ fn qps_by_node<Q: QueuePair>(qps: Vec<Q>, need: u32) -> Result<Vec<Option<Q>>, E
 
 impl<N: Nic> Executor<N> {
     /// Makes an executor over a completion queue, one connected queue pair
-    /// per memory node (all on `cq`), and a registered scratch region of at
-    /// least [`ExecutorConfig::scratch_bytes`].
+    /// per memory node (all on `cq`: [`ExecError::ForeignQp`] otherwise,
+    /// since the scratch a batch used is reused once its completions are
+    /// in, and those of a queue pair on another queue never come here),
+    /// and a registered scratch region of at least
+    /// [`ExecutorConfig::scratch_bytes`].
     pub fn new<M: RegisterableMemory + 'static>(
         nic: N,
         cq: N::Cq,
@@ -388,7 +413,7 @@ impl<N: Nic> Executor<N> {
                 need,
             });
         }
-        let by_node = qps_by_node(qps, cfg.qp_depth())?;
+        let by_node = qps_by_node(qps, cfg.qp_depth(), cq.id())?;
         let lkey = scratch.lkey();
         let base = scratch.as_ptr();
         let keep: Rc<dyn std::any::Any> = Rc::new(scratch);

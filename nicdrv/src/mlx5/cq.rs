@@ -12,7 +12,7 @@
 use super::device::Device;
 use super::status::wc_status;
 use super::Mlx5Error;
-use crate::nic::{CompletionQueue, QpState};
+use crate::nic::{CompletionQueue, CqId, QpState};
 use crate::verbs::{Completion, Opcode, WcStatus};
 use rdma_sys::*;
 use std::cell::{Cell, RefCell};
@@ -181,6 +181,10 @@ impl Mlx5Cq {
 }
 
 impl CompletionQueue for Mlx5Cq {
+    fn id(&self) -> CqId {
+        CqId(Rc::as_ptr(&self.inner) as usize, 0)
+    }
+
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         let want = out.len().min(self.wcs.len());
         if want == 0 {

@@ -24,7 +24,7 @@ use super::endpoint::{Endpoint, QpEndpoint, RegionInfo};
 use super::status::post_errno_to_error;
 use super::{Mlx5Cq, Mlx5Error};
 use crate::addr::{GlobalAddr, NodeId};
-use crate::nic::{QpState, QueuePair, RecoverError, RemoteRegion};
+use crate::nic::{CqId, QpState, QueuePair, RecoverError, RemoteRegion};
 use crate::verbs::{Caps, Opcode, PostError, WorkRequest, WrOp};
 use rdma_sys::*;
 use std::rc::Rc;
@@ -643,6 +643,10 @@ impl QueuePair for Mlx5Qp {
 
     fn peer(&self) -> NodeId {
         self.peer.node
+    }
+
+    fn cq_id(&self) -> CqId {
+        CqId(Rc::as_ptr(&self.handle.cq) as usize, 0)
     }
 
     fn state(&self) -> QpState {

@@ -7,7 +7,7 @@ use super::state::{Ev, SimCluster, NO_THREAD};
 use crate::addr::NodeId;
 use crate::local::{check_range, LocalError};
 use crate::nic::{
-    CompletionQueue, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
+    CompletionQueue, CqId, Mr, Nic, QpState, QueuePair, RecoverError, RegError, RegisterableMemory,
     Registration, RemoteRegion,
 };
 use crate::verbs::{Access, Caps, Completion, LKey, PostError, RKey, WorkRequest};
@@ -264,6 +264,10 @@ pub struct SimCq {
 }
 
 impl CompletionQueue for SimCq {
+    fn id(&self) -> CqId {
+        CqId(Rc::as_ptr(&self.shared) as usize, self.idx)
+    }
+
     fn poll(&mut self, out: &mut [Completion]) -> usize {
         let mut cqs = self.shared.cqs.borrow_mut();
         let cq = &mut cqs[self.idx as usize];
@@ -299,6 +303,11 @@ impl QueuePair for SimQp {
 
     fn peer(&self) -> NodeId {
         self.peer
+    }
+
+    fn cq_id(&self) -> CqId {
+        let cq = self.shared.qps.borrow()[self.idx as usize].cq;
+        CqId(Rc::as_ptr(&self.shared) as usize, cq)
     }
 
     fn state(&self) -> QpState {
