@@ -132,6 +132,74 @@ fn post_errnos_map_to_post_errors() {
         post_errno_to_error(libc::EINVAL, &write(false), 64, 220),
         PostError::QpInError
     );
+    // libmlx5 refuses an oversized inline payload with ENOMEM.
+    assert_eq!(
+        post_errno_to_error(libc::ENOMEM, &write(true), 64, 220),
+        PostError::InlineTooLong { len: 300, max: 220 }
+    );
+    // An inline WRITE within the grant: ENOMEM is the queue again.
+    assert_eq!(
+        post_errno_to_error(libc::ENOMEM, &write(true), 64, 512),
+        PostError::SendQueueFull { depth: 64 }
+    );
+    // Atomics on a device without them.
+    let cas = WrOp::Cas {
+        remote,
+        rkey: RKey(1),
+        local: Sge { len: 8, ..sge },
+        compare: 0,
+        swap: 1,
+    };
+    assert_eq!(
+        post_errno_to_error(libc::EOPNOTSUPP, &cas, 64, 220),
+        PostError::Unsupported(Opcode::Cas)
+    );
+}
+
+/// A port's GID types read from a sysfs-shaped tree; an empty RoCE GID is
+/// refused with the v2 entries to choose from, a populated one taken.
+#[test]
+fn roce_gids_are_checked_against_the_table() {
+    let root = std::env::temp_dir().join(format!("loch-gid-types-{}", std::process::id()));
+    let types = root.join("mlx5_0/ports/1/gid_attrs/types");
+    std::fs::create_dir_all(&types).unwrap();
+    for (i, t) in [
+        (0, "IB/RoCE v1\n"),
+        (1, "RoCE v2\n"),
+        (3, "RoCE v2\n"),
+        (4, ""),
+    ] {
+        std::fs::write(types.join(i.to_string()), t).unwrap();
+    }
+    std::fs::write(types.join("not-an-index"), "RoCE v2\n").unwrap();
+    let got = gid_types(&root, "mlx5_0", 1);
+    assert_eq!(
+        got,
+        vec![
+            (0, "IB/RoCE v1".to_string()),
+            (1, "RoCE v2".to_string()),
+            (3, "RoCE v2".to_string())
+        ]
+    );
+    assert!(gid_types(&root, "mlx5_0", 2).is_empty(), "no such port");
+    let empty = [0u8; 16];
+    match check_roce_gid(&empty, "mlx5_0", 1, 2, &got) {
+        Err(e @ Mlx5Error::EmptyGid { .. }) => {
+            let s = e.to_string();
+            assert!(s.contains("index 2") && s.contains("[1, 3]"), "{s}");
+        }
+        other => panic!("expected EmptyGid, got {other:?}"),
+    }
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12..].copy_from_slice(&[10, 0, 0, 1]);
+    assert!(check_roce_gid(&gid, "mlx5_0", 1, 3, &got).is_ok());
+    assert!(
+        check_roce_gid(&gid, "mlx5_0", 1, 0, &got).is_ok(),
+        "v1: a warning"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
 }
 
 #[test]

@@ -260,6 +260,14 @@ impl Mlx5Nic {
             inline_bytes: 0,
         };
         dev.attrs = query_attrs(ctx)?;
+        if !dev.attrs.atomics {
+            log::warn!(
+                "{} reports no RDMA atomics (atomic_cap IBV_ATOMIC_NONE): every CAS and FAA \
+                 is refused as unsupported, and the tree's locks, the hash table and \
+                 transactions cannot run on it",
+                dev.name
+            );
+        }
         dev.port = query_port(ctx, &dev.name, cfg.port, cfg.gid_index)?;
         let max_inline_bytes = probe_inline(&dev)?;
         dev.inline_bytes = max_inline_bytes;
@@ -469,16 +477,95 @@ fn query_port(
     if rc != 0 {
         return Err(Mlx5Error::errno("ibv_query_gid", rc));
     }
+    // SAFETY: every bit pattern of the union is a valid byte array.
+    let gid = unsafe { gid.raw };
+    let roce = pa.link_layer == LINK_LAYER_ETHERNET;
+    if roce {
+        check_roce_gid(
+            &gid,
+            name,
+            port,
+            gid_index,
+            &gid_types(std::path::Path::new(SYSFS_INFINIBAND), name, port),
+        )?;
+    }
     Ok(PortInfo {
         port,
         lid: pa.lid,
-        // SAFETY: every bit pattern of the union is a valid byte array.
-        gid: unsafe { gid.raw },
+        gid,
         gid_index,
         mtu: pa.active_mtu as u8,
-        roce: pa.link_layer == LINK_LAYER_ETHERNET,
+        roce,
         max_msg_sz: pa.max_msg_sz,
     })
+}
+
+/// Where the kernel lists RDMA devices, their ports and GID tables.
+const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
+
+/// The type of each populated GID table entry of a port, by index, as
+/// the kernel names it (`RoCE v2`, `IB/RoCE v1`):
+/// `<root>/<device>/ports/<port>/gid_attrs/types/<index>`. Empty when
+/// the table cannot be read (no sysfs, an older kernel).
+pub fn gid_types(root: &std::path::Path, device: &str, port: u8) -> Vec<(u8, String)> {
+    let dir = root
+        .join(device)
+        .join("ports")
+        .join(port.to_string())
+        .join("gid_attrs")
+        .join("types");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u8, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let index = e.file_name().to_str()?.parse::<u8>().ok()?;
+            // An unpopulated entry reads as an error (EINVAL) or empty.
+            let ty = std::fs::read_to_string(e.path()).ok()?.trim().to_string();
+            (!ty.is_empty()).then_some((index, ty))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A RoCE port's GID at `index` must be populated: libibverbs returns an
+/// all-zero GID for an empty entry, which a peer cannot route to (its
+/// RTR fails, or every request retries out). A RoCE v1 entry is taken,
+/// with a warning: RoCE v2 is what routed fabrics carry.
+pub fn check_roce_gid(
+    gid: &[u8; 16],
+    device: &str,
+    port: u8,
+    index: u8,
+    types: &[(u8, String)],
+) -> Result<(), Mlx5Error> {
+    let v2: Vec<u8> = types
+        .iter()
+        .filter(|(_, t)| t == "RoCE v2")
+        .map(|&(i, _)| i)
+        .collect();
+    if gid.iter().all(|&b| b == 0) {
+        return Err(Mlx5Error::EmptyGid {
+            device: device.to_string(),
+            port,
+            index,
+            roce_v2: v2,
+        });
+    }
+    let this = types
+        .iter()
+        .find(|(i, _)| *i == index)
+        .map(|(_, t)| t.as_str());
+    if this == Some("IB/RoCE v1") {
+        log::warn!(
+            "{device} port {port}: GID index {index} is RoCE v1, which routed fabrics do not \
+             carry; RoCE v2 entries: {v2:?} (set LOCH_MLX5_GID_INDEX; every node must use \
+             the same RoCE version)"
+        );
+    }
+    Ok(())
 }
 
 impl Nic for Mlx5Nic {

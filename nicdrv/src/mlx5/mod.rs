@@ -28,8 +28,8 @@ mod status;
 
 pub use cq::Mlx5Cq;
 pub use device::{
-    device_list_outcome, device_names, DeviceAttrs, DeviceConfig, DeviceMemory, Mlx5Nic, PortInfo,
-    LINK_LAYER_ETHERNET,
+    check_roce_gid, device_list_outcome, device_names, gid_types, DeviceAttrs, DeviceConfig,
+    DeviceMemory, Mlx5Nic, PortInfo, LINK_LAYER_ETHERNET,
 };
 pub use endpoint::{Endpoint, EndpointError, QpEndpoint, RegionInfo, MAX_ENDPOINT_REGIONS};
 pub use links::Mlx5CoreQps;
@@ -66,6 +66,14 @@ pub enum Mlx5Error {
         what: &'static str,
         got: u64,
         max: u64,
+    },
+    /// The RoCE port's GID table has no entry at the chosen index.
+    EmptyGid {
+        device: String,
+        port: u8,
+        index: u8,
+        /// The port's populated RoCE v2 entries (from sysfs).
+        roce_v2: Vec<u8>,
     },
     /// Memory at an address the device's users cannot align to.
     Misaligned {
@@ -123,6 +131,17 @@ impl fmt::Display for Mlx5Error {
             Mlx5Error::BadSize { what, got, max } => {
                 write!(f, "{what} of {got} is outside the device's limit of {max}")
             }
+            Mlx5Error::EmptyGid {
+                device,
+                port,
+                index,
+                roce_v2,
+            } => write!(
+                f,
+                "{device} port {port} has no GID at index {index} (an empty entry: no IP \
+                 address behind it); its RoCE v2 entries are {roce_v2:?}: set \
+                 LOCH_MLX5_GID_INDEX to one of them (`show_gids` lists the table)"
+            ),
             Mlx5Error::Misaligned { what, addr, align } => {
                 write!(f, "{what} at {addr:#x} is not {align}-byte aligned")
             }

@@ -498,10 +498,15 @@ impl Mlx5Qp {
             return Err(PostError::SendQueueFull { depth });
         }
         let peer = self.peer.node;
+        let atomics = self.handle.cq.dev.attrs.atomics;
         for wr in wrs {
             self.caps.check(&wr.op)?;
-            if wr_opcode(wr.op.opcode()).is_none() {
-                return Err(PostError::Unsupported(wr.op.opcode()));
+            let op = wr.op.opcode();
+            // libmlx5 takes atomics only on a device that reports them
+            // (`atomic_cap` IBV_ATOMIC_HCA; EOPNOTSUPP otherwise, and a
+            // batch cut there would be drained as a failure).
+            if wr_opcode(op).is_none() || (op.is_atomic() && !atomics) {
+                return Err(PostError::Unsupported(op));
             }
             if wr.op.remote().node() != peer {
                 return Err(PostError::WrongNode {

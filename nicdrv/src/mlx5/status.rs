@@ -33,24 +33,27 @@ pub fn wc_status(s: rdma_sys::ibv_wc_status::Type) -> WcStatus {
 }
 
 /// Maps an errno from `ibv_post_send` for the request it refused. `post_send`
-/// checks everything the driver checks first, so these are a backstop:
-/// ENOMEM means the send queue is full; EINVAL on an inline WRITE means the
-/// payload exceeds what the QP granted; anything else means the QP cannot
-/// post (a QP the driver holds in a wrong state).
+/// checks everything the driver checks first, so these are a backstop: an
+/// inline WRITE longer than the QP granted (libmlx5 says ENOMEM for it,
+/// other providers EINVAL); otherwise ENOMEM means the send queue is
+/// full; EOPNOTSUPP means the device does not do that operation (libmlx5
+/// for atomics on a device without them); anything else means the QP
+/// cannot post (a QP the driver holds in a wrong state).
 pub fn post_errno_to_error(errno: i32, op: &WrOp, depth: u32, max_inline: u32) -> PostError {
     match (errno, op) {
-        (libc::ENOMEM, _) => PostError::SendQueueFull { depth },
         (
-            libc::EINVAL,
+            libc::ENOMEM | libc::EINVAL,
             WrOp::Write {
                 inline: true,
                 local,
                 ..
             },
-        ) => PostError::InlineTooLong {
+        ) if local.len > max_inline => PostError::InlineTooLong {
             len: local.len,
             max: max_inline,
         },
+        (libc::ENOMEM, _) => PostError::SendQueueFull { depth },
+        (libc::EOPNOTSUPP, op) => PostError::Unsupported(op.opcode()),
         _ => PostError::QpInError,
     }
 }
