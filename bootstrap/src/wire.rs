@@ -36,6 +36,9 @@ pub struct QpInfo {
     pub psn: u32,
     /// `ibv_mtu` code: 1 (256 B) ..= 5 (4096 B).
     pub mtu: u8,
+    /// READs and atomics the QP serves at once as a responder (its
+    /// `max_dest_rd_atomic`, at least 1): the peer issues no more.
+    pub rd_atom: u8,
 }
 
 /// Which memory a region lives in.
@@ -179,6 +182,7 @@ impl Message {
                 out.extend_from_slice(&qp.gid);
                 out.extend_from_slice(&qp.psn.to_be_bytes());
                 out.push(qp.mtu);
+                out.push(qp.rd_atom);
             }
             Message::Region(Region {
                 node_id,
@@ -268,7 +272,7 @@ impl Message {
 }
 
 /// An endpoint record: ids, then the queue pair (24-bit QPN and PSN, an
-/// ibv_mtu code).
+/// ibv_mtu code, a READ/atomic depth of at least 1).
 fn read_endpoint(r: &mut Reader<'_>) -> Result<Message, WireError> {
     let node_id = r.u32("node_id")?;
     let peer_id = r.u32("peer_id")?;
@@ -278,6 +282,7 @@ fn read_endpoint(r: &mut Reader<'_>) -> Result<Message, WireError> {
         gid: r.array("gid")?,
         psn: r.u32("psn")?,
         mtu: r.u8("mtu")?,
+        rd_atom: r.u8("rd_atom")?,
     };
     if qp.qpn > 0x00ff_ffff {
         return Err(WireError::Invalid {
@@ -295,6 +300,12 @@ fn read_endpoint(r: &mut Reader<'_>) -> Result<Message, WireError> {
         return Err(WireError::Invalid {
             field: "mtu",
             why: "not an ibv_mtu code 1..=5",
+        });
+    }
+    if qp.rd_atom == 0 {
+        return Err(WireError::Invalid {
+            field: "rd_atom",
+            why: "a queue pair serves at least one READ or atomic at once",
         });
     }
     Ok(Message::Endpoint(Endpoint {

@@ -49,6 +49,7 @@ fn records(id: u32, n: u32) -> Directory {
                 gid: [id as u8; 16],
                 psn: 7 * id,
                 mtu: 5,
+                rd_atom: 16,
             },
         })
         .collect();

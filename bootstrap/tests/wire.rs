@@ -81,6 +81,7 @@ fn bad_bodies_give_the_promised_errors() {
         gid: [0; 16],
         psn: 0,
         mtu: 3,
+        rd_atom: 16,
     };
     let e = body(&Message::Endpoint(Endpoint {
         node_id: 0,
@@ -97,6 +98,7 @@ fn bad_bodies_give_the_promised_errors() {
         gid: [0; 16],
         psn: 0,
         mtu: 0,
+        rd_atom: 16,
     };
     let e = body(&Message::Endpoint(Endpoint {
         node_id: 0,
@@ -106,6 +108,23 @@ fn bad_bodies_give_the_promised_errors() {
     assert!(matches!(
         Message::decode_body(&e),
         Err(WireError::Invalid { field: "mtu", .. })
+    ));
+    let qp = QpInfo {
+        mtu: 5,
+        rd_atom: 0,
+        ..qp
+    };
+    let e = body(&Message::Endpoint(Endpoint {
+        node_id: 0,
+        peer_id: 1,
+        qp,
+    }));
+    assert!(matches!(
+        Message::decode_body(&e),
+        Err(WireError::Invalid {
+            field: "rd_atom",
+            ..
+        })
     ));
 
     let mut r = body(&Message::Region(Region {

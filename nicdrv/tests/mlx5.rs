@@ -223,6 +223,7 @@ fn sample_endpoint() -> Endpoint {
             lid: 3,
             gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
             mtu: 5,
+            rd_atom: 16,
         },
         regions: vec![
             RegionInfo {
@@ -253,7 +254,7 @@ fn sample_endpoint() -> Endpoint {
 fn endpoint_round_trips() {
     let ep = sample_endpoint();
     let bytes = ep.encode().unwrap();
-    assert_eq!(bytes.len(), 36 + 2 * 30);
+    assert_eq!(bytes.len(), 37 + 2 * 30);
     assert_eq!(Endpoint::decode(&bytes).unwrap(), ep);
     let none = Endpoint {
         regions: vec![],
@@ -284,8 +285,8 @@ fn endpoint_rejects_truncated_and_garbage_bytes() {
     let mut bad = bytes.clone();
     bad[4] = 9;
     assert_eq!(Endpoint::decode(&bad), Err(EndpointError::BadVersion(9)));
-    // Field offsets (wire format in endpoint.rs): mtu at 18, psn at 12,
-    // first region's space at 36, access at 37, len at 50.
+    // Field offsets (wire format in endpoint.rs): mtu at 18, rd_atom at
+    // 19, psn at 12, first region's space at 37, access at 38, len at 51.
     let field = |at: usize, v: &[u8]| {
         let mut b = bytes.clone();
         b[at..at + v.len()].copy_from_slice(v);
@@ -294,12 +295,13 @@ fn endpoint_rejects_truncated_and_garbage_bytes() {
     for (at, v, name) in [
         (18, &[0u8][..], "mtu"),
         (18, &[6u8][..], "mtu"),
+        (19, &[0u8][..], "rd_atom"),
         (12, &0x0100_0000u32.to_le_bytes()[..], "psn"),
         (8, &0x0100_0000u32.to_le_bytes()[..], "qpn"),
-        (36, &[2u8][..], "region space"),
-        (37, &[0x10u8][..], "region access"),
-        (50, &0u64.to_le_bytes()[..], "region len"),
-        (42, &(1u64 << 47).to_le_bytes()[..], "region offset+len"),
+        (37, &[2u8][..], "region space"),
+        (38, &[0x10u8][..], "region access"),
+        (51, &0u64.to_le_bytes()[..], "region len"),
+        (43, &(1u64 << 47).to_le_bytes()[..], "region offset+len"),
     ] {
         match field(at, v) {
             Err(EndpointError::BadField { field, .. }) => assert_eq!(field, name),
@@ -392,7 +394,8 @@ fn rtr_attr_names_the_peer() {
 
 #[test]
 fn rts_and_reset_attrs() {
-    let a = rts_attr(&path(false), 0x42);
+    let peer = sample_endpoint().qp;
+    let a = rts_attr(&path(false), 0x42, &peer);
     assert_eq!(
         a.mask,
         (m::IBV_QP_STATE
@@ -410,6 +413,9 @@ fn rts_and_reset_attrs() {
         (RTS_TIMEOUT, RTS_RETRY_CNT)
     );
     assert_eq!(a.attr.max_rd_atomic, 16);
+    // A peer that serves fewer READs and atomics at once gets no more.
+    let small = QpEndpoint { rd_atom: 4, ..peer };
+    assert_eq!(rts_attr(&path(false), 0x42, &small).attr.max_rd_atomic, 4);
     let r = reset_attr();
     assert_eq!(r.mask, m::IBV_QP_STATE.0);
     assert_eq!(r.attr.qp_state, ibv_qp_state::IBV_QPS_RESET);

@@ -27,6 +27,7 @@ pub fn qp_info(e: &QpEndpoint) -> QpInfo {
         gid: e.gid,
         psn: e.psn,
         mtu: e.mtu,
+        rd_atom: e.rd_atom,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn qp_endpoint(q: &QpInfo) -> QpEndpoint {
         lid: q.lid,
         gid: q.gid,
         mtu: q.mtu,
+        rd_atom: q.rd_atom,
     }
 }
 

@@ -13,6 +13,7 @@ fn qp(qpn: u32) -> QpInfo {
         gid: [0; 16],
         psn: qpn & 0xff_ffff,
         mtu: 5,
+        rd_atom: 16,
     }
 }
 

@@ -61,6 +61,7 @@ pub fn sample_messages() -> Vec<Message> {
         gid: [9u8; 16],
         psn: 0x0012_3456,
         mtu: 5,
+        rd_atom: 16,
     };
     vec![
         Message::Hello {

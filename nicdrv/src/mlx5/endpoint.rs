@@ -1,11 +1,13 @@
 //! What a peer must know to connect a queue pair and name memory: the
-//! queue pair's number, LID, GID, initial PSN and MTU, and the regions it
-//! exposes (space, offset range, remote base address, rkey, rights).
-//! Bootstrap carries the encoded bytes over its authenticated channel.
+//! queue pair's number, LID, GID, initial PSN, MTU and how many READs and
+//! atomics it serves at once, and the regions it exposes (space, offset
+//! range, remote base address, rkey, rights). Bootstrap carries the
+//! encoded bytes over its authenticated channel.
 //!
-//! Wire format (little-endian): magic `LCEP`, version u16 = 1, node u16,
-//! qpn u32, psn u32, lid u16, mtu u8, region count u8, gid [16], then per
-//! region: space u8, access u8, rkey u32, offset u64, len u64, base u64.
+//! Wire format (little-endian): magic `LCEP`, version u16 = 2, node u16,
+//! qpn u32, psn u32, lid u16, mtu u8, rd_atom u8, region count u8,
+//! gid [16], then per region: space u8, access u8, rkey u32, offset u64,
+//! len u64, base u64.
 //! Decoding rejects bad magic, versions, truncation, trailing bytes and
 //! out-of-range fields with an [`EndpointError`], never a panic.
 
@@ -15,8 +17,8 @@ use crate::verbs::{Access, RKey};
 use std::fmt;
 
 const MAGIC: &[u8; 4] = b"LCEP";
-const VERSION: u16 = 1;
-const HEADER_BYTES: usize = 4 + 2 + 2 + 4 + 4 + 2 + 1 + 1 + 16;
+const VERSION: u16 = 2;
+const HEADER_BYTES: usize = 4 + 2 + 2 + 4 + 4 + 2 + 1 + 1 + 1 + 16;
 const REGION_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 8;
 /// Most regions one endpoint may carry.
 pub const MAX_ENDPOINT_REGIONS: usize = 8;
@@ -33,6 +35,10 @@ pub struct QpEndpoint {
     pub gid: [u8; 16],
     /// `ibv_mtu` value: 1 (256 B) … 5 (4096 B).
     pub mtu: u8,
+    /// READs and atomics this QP serves at once as a responder (its
+    /// `max_dest_rd_atomic`, at least 1): the peer issues at most that
+    /// many (its `max_rd_atomic`), or the responder may refuse the excess.
+    pub rd_atom: u8,
 }
 
 /// A region a memory node exposes, with the address the NIC names its
@@ -73,7 +79,10 @@ impl fmt::Display for EndpointError {
                 write!(f, "endpoint followed by {extra} unexpected bytes")
             }
             EndpointError::BadMagic => write!(f, "not a Loch endpoint (bad magic)"),
-            EndpointError::BadVersion(v) => write!(f, "endpoint version {v} is not 1"),
+            EndpointError::BadVersion(v) => write!(
+                f,
+                "endpoint version {v} is not {VERSION} (every node must run the same Loch)"
+            ),
             EndpointError::BadField { field, value } => {
                 write!(f, "endpoint field {field} has invalid value {value}")
             }
@@ -101,6 +110,7 @@ impl Endpoint {
         b.extend_from_slice(&self.qp.psn.to_le_bytes());
         b.extend_from_slice(&self.qp.lid.to_le_bytes());
         b.push(self.qp.mtu);
+        b.push(self.qp.rd_atom);
         b.push(self.regions.len() as u8);
         b.extend_from_slice(&self.qp.gid);
         for r in &self.regions {
@@ -135,6 +145,7 @@ impl Endpoint {
         let psn = r.u32();
         let lid = r.u16();
         let mtu = r.u8();
+        let rd_atom = r.u8();
         let n = r.u8() as usize;
         let mut gid = [0u8; 16];
         gid.copy_from_slice(r.take(16));
@@ -190,6 +201,7 @@ impl Endpoint {
                 lid,
                 gid,
                 mtu,
+                rd_atom,
             },
             regions,
         };
@@ -210,6 +222,9 @@ impl Endpoint {
         }
         if !(1..=5).contains(&self.qp.mtu) {
             return bad("mtu", self.qp.mtu as u64);
+        }
+        if self.qp.rd_atom == 0 {
+            return bad("rd_atom", 0);
         }
         for r in &self.regions {
             let reg = &r.region;

@@ -226,6 +226,7 @@ impl Mlx5MemoryNode {
             lid: p.lid,
             gid: p.gid,
             mtu: p.mtu,
+            rd_atom: self.nic.path().max_dest_rd_atomic,
         }
     }
 
@@ -268,7 +269,7 @@ impl Mlx5MemoryNode {
         unsafe {
             modify(r.qp, init_attr(&path), "ibv_modify_qp(INIT)")?;
             modify(r.qp, rtr_attr(&path, client), "ibv_modify_qp(RTR)")?;
-            modify(r.qp, rts_attr(&path, psn), "ibv_modify_qp(RTS)")?;
+            modify(r.qp, rts_attr(&path, psn, client), "ibv_modify_qp(RTS)")?;
         }
         Ok(())
     }

@@ -138,15 +138,17 @@ pub fn rtr_attr(path: &PathConfig, peer: &QpEndpoint) -> QpAttr {
 }
 
 /// RTR → RTS: our first PSN, the ACK timeout and retry counts that bound
-/// how long a dead peer takes to notice, and the READ/atomic depth.
-pub fn rts_attr(path: &PathConfig, local_psn: u32) -> QpAttr {
+/// how long a dead peer takes to notice, and the READ/atomic depth: ours
+/// as a requester, but no more than the peer serves (its `rd_atom`: a
+/// responder may refuse the excess).
+pub fn rts_attr(path: &PathConfig, local_psn: u32, peer: &QpEndpoint) -> QpAttr {
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
     attr.sq_psn = local_psn;
     attr.timeout = RTS_TIMEOUT;
     attr.retry_cnt = RTS_RETRY_CNT;
     attr.rnr_retry = RNR_RETRY;
-    attr.max_rd_atomic = path.max_rd_atomic;
+    attr.max_rd_atomic = path.max_rd_atomic.min(peer.rd_atom).max(1);
     QpAttr {
         attr,
         mask: (ibv_qp_attr_mask::IBV_QP_STATE
@@ -380,6 +382,7 @@ impl Mlx5PreparedQp {
             lid: self.lid,
             gid: self.gid,
             mtu: self.path.mtu,
+            rd_atom: self.path.max_dest_rd_atomic,
         }
     }
 
@@ -389,7 +392,11 @@ impl Mlx5PreparedQp {
         // SAFETY: the QP is live (held by self.handle).
         unsafe {
             modify(qp, rtr_attr(&self.path, &peer.qp), "ibv_modify_qp(RTR)")?;
-            modify(qp, rts_attr(&self.path, self.psn), "ibv_modify_qp(RTS)")?;
+            modify(
+                qp,
+                rts_attr(&self.path, self.psn, &peer.qp),
+                "ibv_modify_qp(RTS)",
+            )?;
         }
         let local = self.endpoint();
         let depth = self.handle.depth;
@@ -477,7 +484,7 @@ impl Mlx5Qp {
         // SAFETY: as above.
         let r = unsafe {
             modify(qp, rtr_attr(&self.path, &theirs), "ibv_modify_qp(RTR)")
-                .and_then(|_| modify(qp, rts_attr(&self.path, psn), "ibv_modify_qp(RTS)"))
+                .and_then(|_| modify(qp, rts_attr(&self.path, psn, &theirs), "ibv_modify_qp(RTS)"))
         };
         if let Err(e) = r {
             log::error!("recovering QP {}: {e}", self.local.qpn);
