@@ -202,6 +202,27 @@ fn roce_gids_are_checked_against_the_table() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// A queue the driver cannot size says what to lower; a foreign CQ says
+/// whose it is.
+#[test]
+fn queue_errors_say_what_to_change() {
+    let e = Mlx5Error::QueueTooLarge {
+        depth: 8192,
+        inline: 220,
+        errno: libc::EINVAL,
+    }
+    .to_string();
+    assert!(
+        e.contains("8192 entries") && e.contains("220 inline") && e.contains("--depth"),
+        "{e}"
+    );
+    let e = Mlx5Error::OtherContext {
+        what: "the completion queue",
+    }
+    .to_string();
+    assert_eq!(e, "the completion queue belongs to another device context");
+}
+
 #[test]
 fn fence_only_writes_after_reads_or_atomics() {
     for op in Opcode::ALL {

@@ -75,6 +75,10 @@ pub enum Mlx5Error {
         /// The port's populated RoCE v2 entries (from sysfs).
         roce_v2: Vec<u8>,
     },
+    /// An object of another device context than the one it is used with.
+    OtherContext { what: &'static str },
+    /// The driver refused a send queue this deep with entries this large.
+    QueueTooLarge { depth: u32, inline: u32, errno: i32 },
     /// Memory at an address the device's users cannot align to.
     Misaligned {
         what: &'static str,
@@ -141,6 +145,20 @@ impl fmt::Display for Mlx5Error {
                 "{device} port {port} has no GID at index {index} (an empty entry: no IP \
                  address behind it); its RoCE v2 entries are {roce_v2:?}: set \
                  LOCH_MLX5_GID_INDEX to one of them (`show_gids` lists the table)"
+            ),
+            Mlx5Error::OtherContext { what } => {
+                write!(f, "{what} belongs to another device context")
+            }
+            Mlx5Error::QueueTooLarge {
+                depth,
+                inline,
+                errno,
+            } => write!(
+                f,
+                "ibv_create_qp refused a send queue of {depth} entries with {inline} inline \
+                 bytes each ({}): the driver sizes the queue from both; a shallower queue \
+                 (fewer executor slots, a smaller --depth) fits",
+                std::io::Error::from_raw_os_error(*errno)
             ),
             Mlx5Error::Misaligned { what, addr, align } => {
                 write!(f, "{what} at {addr:#x} is not {align}-byte aligned")

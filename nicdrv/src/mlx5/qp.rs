@@ -313,10 +313,11 @@ impl Mlx5Nic {
         let inner = &cq.inner;
         // A QP and its CQ must share a context (verbs would refuse, or
         // worse, on some providers).
-        assert!(
-            Arc::ptr_eq(&inner.dev, &self.dev),
-            "completion queue belongs to another device context"
-        );
+        if !Arc::ptr_eq(&inner.dev, &self.dev) {
+            return Err(Mlx5Error::OtherContext {
+                what: "the completion queue",
+            });
+        }
         let reserved = inner.reserved.get() + depth;
         if reserved > inner.capacity {
             return Err(Mlx5Error::BadSize {
@@ -325,9 +326,22 @@ impl Mlx5Nic {
                 max: inner.capacity as u64,
             });
         }
+        let inline = self.dev.inline_bytes;
         // SAFETY: the PD and CQ are live and of this device.
-        let (qp, max_inline) =
-            unsafe { create_rc_qp(self.dev.pd, inner.cq, depth, self.dev.inline_bytes)? };
+        let (qp, max_inline) = unsafe { create_rc_qp(self.dev.pd, inner.cq, depth, inline) }
+            .map_err(|e| match e {
+                // The driver sizes a send queue from its depth and each
+                // entry's room, inline bytes included: the inline size
+                // probed at depth 1 may not fit at this depth.
+                Mlx5Error::Verbs { errno, .. } if errno == libc::EINVAL && depth > 1 => {
+                    Mlx5Error::QueueTooLarge {
+                        depth,
+                        inline,
+                        errno,
+                    }
+                }
+                e => e,
+            })?;
         inner.reserved.set(reserved);
         let handle = QpHandle {
             qp,
