@@ -357,11 +357,55 @@ fn cores(node: &NodeConfig, host: &Host) -> Check {
     }
 }
 
+/// A RoCE port's GID at `index` as sysfs shows it (`ports/<p>/gids/<i>`,
+/// all zeros when the entry is empty; `gid_attrs/types/<i>` its RoCE
+/// version): a failure for an empty entry (peers could not route to it),
+/// a warning for RoCE v1, `None` when it is a RoCE v2 entry or sysfs does
+/// not say.
+fn roce_gid(host: &Host, ports: &str, device: &str, port: u8, index: u8) -> Option<Check> {
+    const NAME: &str = "nic";
+    let types = |i: u32| {
+        host.read(&format!("{ports}/gid_attrs/types/{i}"))
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+    };
+    let v2: Vec<String> = (0..=255u32)
+        .filter(|&i| types(i).as_deref() == Some("RoCE v2"))
+        .map(|i| i.to_string())
+        .collect();
+    let v2 = if v2.is_empty() {
+        "none".to_string()
+    } else {
+        v2.join(", ")
+    };
+    let gid = host.read(&format!("{ports}/gids/{index}")).ok()?;
+    if gid.trim().chars().all(|c| c == '0' || c == ':') {
+        return Some(check(
+            NAME,
+            Status::Fail,
+            format!("{device} port {port} has no GID at index {index} (an empty entry: no IP address behind it); its RoCE v2 entries: {v2}: set backend.gid_index to one of them (`show_gids` lists the table)"),
+        ));
+    }
+    (types(index.into()).as_deref() == Some("IB/RoCE v1")).then(|| {
+        check(
+            NAME,
+            Status::Warn,
+            format!("{device} port {port} is ACTIVE, but GID index {index} is RoCE v1, which routed fabrics do not carry; its RoCE v2 entries: {v2} (backend.gid_index)"),
+        )
+    })
+}
+
 fn nic(config: &ClusterConfig, host: &Host) -> Check {
     const NAME: &str = "nic";
-    let (device, port) = match &config.backend {
+    let (device, port, gid_index) = match &config.backend {
         Backend::Emu => return check(NAME, Status::Ok, "emu backend: no NIC needed".into()),
-        Backend::Mlx5 { device, port, .. } => (device, *port),
+        Backend::Mlx5 {
+            device,
+            port,
+            gid_index,
+            ..
+        } => (device, *port, *gid_index),
     };
     let class = host.root.join("sys/class/infiniband");
     let mut present: Vec<String> = std::fs::read_dir(&class)
@@ -396,13 +440,24 @@ fn nic(config: &ClusterConfig, host: &Host) -> Check {
             Status::Fail,
             format!("{device} has no port {port}: set backend.port to a port listed under /sys/class/infiniband/{device}/ports"),
         ),
-        Ok(state) if state.contains("ACTIVE") => check(
-            NAME,
-            Status::Ok,
-            // Device-memory size needs verbs (ibv_query_device_ex); the mlx5
-            // backend reports it when it opens the device.
-            format!("{device} port {port} is ACTIVE (device-memory size is reported when the backend opens it)"),
-        ),
+        Ok(state) if state.contains("ACTIVE") => {
+            let ports = format!("sys/class/infiniband/{device}/ports/{port}");
+            let roce = host
+                .read(&format!("{ports}/link_layer"))
+                .is_ok_and(|l| l.trim() == "Ethernet");
+            if roce {
+                if let Some(c) = roce_gid(host, &ports, device, port, gid_index) {
+                    return c;
+                }
+            }
+            check(
+                NAME,
+                Status::Ok,
+                // Device-memory size needs verbs (ibv_query_device_ex); the
+                // mlx5 backend reports it when it opens the device.
+                format!("{device} port {port} is ACTIVE (device-memory size is reported when the backend opens it)"),
+            )
+        }
         Ok(state) => check(
             NAME,
             Status::Fail,

@@ -234,6 +234,39 @@ fn nic_absent_wrong_or_down() {
         "4: ACTIVE\n",
     );
     assert_eq!(nic(&host).status, Status::Ok);
+
+    // A RoCE port: the GID at the file's index (0 here) must be there.
+    let port = "sys/class/infiniband/mlx5_0/ports/1";
+    put(&root, &format!("{port}/link_layer"), "Ethernet\n");
+    put(
+        &root,
+        &format!("{port}/gids/0"),
+        "0000:0000:0000:0000:0000:0000:0000:0000\n",
+    );
+    put(
+        &root,
+        &format!("{port}/gids/3"),
+        "0000:0000:0000:0000:0000:ffff:0a00:0001\n",
+    );
+    put(&root, &format!("{port}/gid_attrs/types/3"), "RoCE v2\n");
+    let c = nic(&host);
+    assert_eq!(c.status, Status::Fail);
+    assert!(
+        c.detail.contains("no GID at index 0") && c.detail.contains("RoCE v2 entries: 3"),
+        "{}",
+        c.detail
+    );
+    put(
+        &root,
+        &format!("{port}/gids/0"),
+        "fe80:0000:0000:0000:0a00:00ff:fe00:0001\n",
+    );
+    put(&root, &format!("{port}/gid_attrs/types/0"), "IB/RoCE v1\n");
+    let c = nic(&host);
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.detail.contains("RoCE v1"), "{}", c.detail);
+    put(&root, &format!("{port}/gid_attrs/types/0"), "RoCE v2\n");
+    assert_eq!(nic(&host).status, Status::Ok);
     assert_eq!(
         run(&config(EMU, "false"), 0, &host, PreflightOptions::default())
             .check("nic")
