@@ -95,7 +95,7 @@ impl Backend {
     }
 }
 
-/// Which RDMA device, port and GID `--backend mlx5` uses.
+/// Which RDMA device, port, GID and traffic class `--backend mlx5` uses.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct DeviceArgs {
     /// --backend mlx5: the RDMA device, as ibv_devices lists it (default:
@@ -109,6 +109,10 @@ pub struct DeviceArgs {
     /// 0; show_gids lists them)
     #[arg(long, value_name = "N")]
     pub gid_index: Option<u8>,
+    /// --backend mlx5: every packet's traffic class (RoCE v2: DSCP << 2,
+    /// for the fabric's lossless class; default 0)
+    #[arg(long, value_name = "N")]
+    pub traffic_class: Option<u8>,
 }
 
 impl DeviceArgs {
@@ -123,6 +127,7 @@ impl DeviceArgs {
             ("--device", self.device.is_some()),
             ("--port", self.port.is_some()),
             ("--gid-index", self.gid_index.is_some()),
+            ("--traffic-class", self.traffic_class.is_some()),
         ];
         match given.iter().find(|g| g.1) {
             Some((flag, _)) if backend != Backend::Mlx5 => Err(ArgError(format!(
@@ -140,6 +145,7 @@ impl DeviceArgs {
             name: self.device.clone(),
             port: self.port.unwrap_or(d.port),
             gid_index: self.gid_index.unwrap_or(d.gid_index),
+            traffic_class: self.traffic_class.unwrap_or(d.traffic_class),
         }
     }
 }

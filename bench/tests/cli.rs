@@ -192,6 +192,10 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["verbs", "--backend", "sim", "--gid-index", "3"],
             "--gid-index is for --backend mlx5, not sim",
         ),
+        (
+            vec!["verbs", "--backend", "emu", "--traffic-class", "106"],
+            "--traffic-class is for --backend mlx5, not emu",
+        ),
         // Flags a backend or mode has no use for, once silently dropped,
         // and a simulated task count past any host's memory (it aborted).
         (

@@ -20,6 +20,9 @@
 //! port = 1                      # 1 when left out
 //! gid_index = 3                 # RoCE: the port's GID table entry to route
 //!                               # by (see `show_gids`); 0 when left out
+//! traffic_class = 106           # RoCE: every packet's IP traffic class
+//!                               # (DSCP << 2), for a lossless class; 0
+//!                               # when left out
 //!
 //! [[nodes]]
 //! id = 0
@@ -117,6 +120,10 @@ pub enum Backend {
         /// The GID table index of `port` that RoCE routes by (RoCE v2 over
         /// IPv4 is often 1 or 3); InfiniBand ignores it.
         gid_index: u8,
+        /// The traffic class of every packet's global route header (on
+        /// RoCE v2 the IP header's DSCP << 2 and ECN bits): what puts
+        /// Loch's traffic in a fabric's lossless (PFC) class.
+        traffic_class: u8,
     },
 }
 
@@ -159,6 +166,7 @@ struct RawBackend {
     device: Option<String>,
     port: Option<i64>,
     gid_index: Option<toml::Value>,
+    traffic_class: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -384,10 +392,15 @@ impl Check<'_> {
         };
         match b.kind.as_str() {
             "emu" => {
-                if b.device.is_some() || b.port.is_some() || b.gid_index.is_some() {
+                if b.device.is_some()
+                    || b.port.is_some()
+                    || b.gid_index.is_some()
+                    || b.traffic_class.is_some()
+                {
                     return Err(self.err(
                         "backend",
-                        "device, port and gid_index apply only to kind = \"mlx5\"".into(),
+                        "device, port, gid_index and traffic_class apply only to kind = \"mlx5\""
+                            .into(),
                     ));
                 }
                 Ok(Backend::Emu)
@@ -436,10 +449,21 @@ impl Check<'_> {
                 ))
             }
         };
+        let traffic_class = match b.traffic_class {
+            None => 0,
+            Some(toml::Value::Integer(t)) if (0..=255).contains(&t) => t as u8,
+            Some(v) => {
+                return Err(self.err(
+                    "backend.traffic_class",
+                    format!("{v} is not a traffic class (0..=255; DSCP << 2)"),
+                ))
+            }
+        };
         Ok(Backend::Mlx5 {
             device,
             port,
             gid_index,
+            traffic_class,
         })
     }
 

@@ -81,9 +81,10 @@ fn good_file_parses_to_what_it_says() {
         Backend::Mlx5 {
             device: "mlx5_0".into(),
             port: 1,
-            gid_index: 0
+            gid_index: 0,
+            traffic_class: 0
         },
-        "gid_index is 0 when left out"
+        "gid_index and traffic_class are 0 when left out"
     );
     assert_eq!(c.huge_pages, HugePages::Count(512));
     assert_eq!(c.lock_table_words, 4096);
@@ -326,7 +327,8 @@ fn gid_index_is_read_and_malformed_values_are_named() {
         Backend::Mlx5 {
             device: "mlx5_0".into(),
             port: 1,
-            gid_index: 3
+            gid_index: 3,
+            traffic_class: 0
         }
     );
     for (i, bad) in ["256", "-1", "\"three\"", "1.5"].into_iter().enumerate() {
@@ -349,7 +351,51 @@ fn gid_index_is_read_and_malformed_values_are_named() {
         ),
     );
     assert_eq!(field, "backend");
-    assert!(problem.contains("gid_index apply only"), "{problem}");
+    assert!(
+        problem.contains("gid_index and traffic_class apply only"),
+        "{problem}"
+    );
+}
+
+#[test]
+fn traffic_class_is_read_and_malformed_values_are_named() {
+    let (_dir, file) = setup(
+        "tc",
+        &GOOD.replace(
+            "port = 1",
+            "port = 1
+traffic_class = 106",
+        ),
+    );
+    let c = ClusterConfig::load(file).unwrap();
+    assert_eq!(
+        c.backend,
+        Backend::Mlx5 {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid_index: 0,
+            traffic_class: 106
+        }
+    );
+    for (i, bad) in ["256", "-1", "\"af31\"", "2.5"].into_iter().enumerate() {
+        let (field, problem) = reject(
+            &format!("tc-bad-{i}"),
+            &GOOD.replace("port = 1", &format!("port = 1\ntraffic_class = {bad}")),
+        );
+        assert_eq!(field, "backend.traffic_class", "{bad}");
+        assert!(
+            problem.contains(&format!("{bad} is not a traffic class")),
+            "{bad}: {problem}"
+        );
+    }
+    let (field, _) = reject(
+        "tc-emu",
+        &GOOD.replace(
+            "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
+            "kind = \"emu\"\ntraffic_class = 106",
+        ),
+    );
+    assert_eq!(field, "backend");
 }
 
 #[test]

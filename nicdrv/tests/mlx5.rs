@@ -357,6 +357,7 @@ fn path(global: bool) -> PathConfig {
         mtu: 5,
         max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
+        traffic_class: 106,
     }
 }
 
@@ -408,6 +409,7 @@ fn rtr_attr_names_the_peer() {
             // SAFETY: the union holds the raw gid written by rtr_attr.
             assert_eq!(unsafe { at.ah_attr.grh.dgid.raw }, ep.gid);
             assert_eq!(at.ah_attr.grh.sgid_index, 3);
+            assert_eq!(at.ah_attr.grh.traffic_class, 106);
             assert!(at.ah_attr.grh.hop_limit > 0);
         }
     }

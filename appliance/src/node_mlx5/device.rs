@@ -87,12 +87,14 @@ pub fn region_infos(r: &NodeRegions) -> Vec<RegionInfo> {
         .collect()
 }
 
-/// Device, port and GID index of the cluster file's mlx5 backend.
+/// Device, port, GID index and traffic class of the cluster file's mlx5
+/// backend.
 pub fn device_config(backend: &Backend) -> Result<DeviceConfig, NodeError> {
     let Backend::Mlx5 {
         device,
         port,
         gid_index,
+        traffic_class,
     } = backend
     else {
         return Err(NodeError::Usage(
@@ -103,6 +105,7 @@ pub fn device_config(backend: &Backend) -> Result<DeviceConfig, NodeError> {
         name: Some(device.clone()),
         port: *port,
         gid_index: *gid_index,
+        traffic_class: *traffic_class,
     })
 }
 

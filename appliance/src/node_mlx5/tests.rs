@@ -936,6 +936,7 @@ fn mlx5_cluster() -> (ClusterConfig, crate::node::NodeOptions) {
             device: "mlx5_0".into(),
             port: 1,
             gid_index: 3,
+            traffic_class: 106,
         },
         huge_pages: HugePages::Off,
         lock_table_words: 512,
@@ -966,8 +967,8 @@ fn the_device_comes_from_the_cluster_file() {
     let (cfg, _) = mlx5_cluster();
     let d = device_config(&cfg.backend).unwrap();
     assert_eq!(
-        (d.name.as_deref(), d.port, d.gid_index),
-        (Some("mlx5_0"), 1, 3)
+        (d.name.as_deref(), d.port, d.gid_index, d.traffic_class),
+        (Some("mlx5_0"), 1, 3, 106)
     );
     assert_eq!(device_config(&Backend::Emu).unwrap_err().exit_code(), 2);
 }

@@ -24,12 +24,16 @@ pub struct DeviceConfig {
     /// GID table index used for routing (RoCE needs one; on InfiniBand the
     /// LID routes and the GID is carried for global routing only).
     pub gid_index: u8,
+    /// Traffic class of every packet's global route header (RoCE v2: the
+    /// IP header's DSCP << 2), to reach a fabric's lossless class.
+    pub traffic_class: u8,
 }
 
 impl DeviceConfig {
     /// The first device and the defaults, or what `LOCH_MLX5_DEVICE`,
-    /// `LOCH_MLX5_PORT` and `LOCH_MLX5_GID_INDEX` name (RoCE v2 usually
-    /// wants GID index 1 or 3: see `show_gids`): the loopback fixtures of
+    /// `LOCH_MLX5_PORT`, `LOCH_MLX5_GID_INDEX` (RoCE v2 usually wants GID
+    /// index 1 or 3: see `show_gids`) and `LOCH_MLX5_TRAFFIC_CLASS` name:
+    /// the loopback fixtures of
     /// the tests that run on a device. A value that is not a number is an
     /// error naming the variable.
     pub fn from_env() -> Result<DeviceConfig, String> {
@@ -48,6 +52,11 @@ impl DeviceConfig {
                 .parse()
                 .map_err(|_| format!("LOCH_MLX5_GID_INDEX=`{g}` is not a GID index"))?;
         }
+        if let Some(t) = env("LOCH_MLX5_TRAFFIC_CLASS") {
+            cfg.traffic_class = t.parse().map_err(|_| {
+                format!("LOCH_MLX5_TRAFFIC_CLASS=`{t}` is not a traffic class (0..=255)")
+            })?;
+        }
         Ok(cfg)
     }
 }
@@ -58,6 +67,7 @@ impl Default for DeviceConfig {
             name: None,
             port: 1,
             gid_index: 0,
+            traffic_class: 0,
         }
     }
 }
@@ -110,6 +120,8 @@ pub(crate) struct Device {
     pub(crate) port: PortInfo,
     /// Inline bytes every QP of this device is created with.
     pub(crate) inline_bytes: u32,
+    /// Traffic class of every QP's global route header.
+    pub(crate) traffic_class: u8,
 }
 
 // SAFETY: libibverbs contexts and PDs are thread-safe (the library locks
@@ -258,6 +270,7 @@ impl Mlx5Nic {
                 max_msg_sz: 0,
             },
             inline_bytes: 0,
+            traffic_class: cfg.traffic_class,
         };
         dev.attrs = query_attrs(ctx)?;
         if !dev.attrs.atomics {

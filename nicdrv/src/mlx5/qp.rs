@@ -56,6 +56,8 @@ pub struct PathConfig {
     pub max_rd_atomic: u8,
     /// READs/atomics this QP may serve as responder.
     pub max_dest_rd_atomic: u8,
+    /// Traffic class of the global route header (RoCE v2: DSCP << 2).
+    pub traffic_class: u8,
 }
 
 /// A `ibv_qp_attr` with the mask of the fields it sets.
@@ -121,7 +123,7 @@ pub fn rtr_attr(path: &PathConfig, peer: &QpEndpoint) -> QpAttr {
         attr.ah_attr.grh.dgid = ibv_gid { raw: peer.gid };
         attr.ah_attr.grh.sgid_index = path.gid_index;
         attr.ah_attr.grh.hop_limit = HOP_LIMIT;
-        attr.ah_attr.grh.traffic_class = 0;
+        attr.ah_attr.grh.traffic_class = path.traffic_class;
         attr.ah_attr.grh.flow_label = 0;
     }
     QpAttr {
@@ -295,6 +297,7 @@ impl Mlx5Nic {
             mtu: p.mtu,
             max_rd_atomic: a.max_qp_init_rd_atom.clamp(1, 16),
             max_dest_rd_atomic: a.max_qp_rd_atom.clamp(1, 16),
+            traffic_class: self.dev.traffic_class,
         }
     }
 
