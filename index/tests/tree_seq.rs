@@ -743,3 +743,56 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
         assert!(*done.borrow(), "{name}: the task ran to its end");
     }
 }
+
+#[test]
+fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
+    use nicdrv::GlobalAddr;
+    for name in ["sherman", "sherman-2rt"] {
+        let cfg = TreeConfig {
+            lock_wait_ns: 1_000_000,
+            ..TreeConfig::named(name, HOST).unwrap()
+        };
+        let mut w = sim_world(1, 1, 1);
+        let tree = Tree::new(cfg, DM).unwrap();
+        let done = Rc::new(RefCell::new(false));
+        let d = done.clone();
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = tree.client(1).unwrap();
+            c.create(&ctx).await.unwrap();
+            c.bulk_load(&ctx, (0..3000u64).map(|k| (k * 2, k)), 16)
+                .await
+                .unwrap();
+            // Every lock word of the table (device memory) held by client
+            // 0xdead, which is gone.
+            let held: Vec<u8> = (0..DM / 8).flat_map(|_| 0xdead_u64.to_le_bytes()).collect();
+            ctx.write(GlobalAddr::device(0, 0), &held).await.unwrap();
+            let t0 = ctx.now_ns();
+            let e = c.put(&ctx, 4001, 1).await.unwrap_err();
+            match e {
+                TreeError::LockWait {
+                    holder, waited_ns, ..
+                } => {
+                    assert_eq!(holder, 0xdead, "{name}");
+                    assert!(waited_ns >= 1_000_000, "{name}: {waited_ns}");
+                }
+                e => panic!("{name}: expected LockWait, got {e}"),
+            }
+            assert!(
+                ctx.now_ns() - t0 < 10_000_000,
+                "{name}: gave up near its bound"
+            );
+            assert!(e.to_string().contains("client 57005"), "{name}: {e}");
+            // Reads take no lock; the write was not made.
+            assert_eq!(c.get(&ctx, 4000).await.unwrap(), Some(2000), "{name}");
+            assert_eq!(c.get(&ctx, 4001).await.unwrap(), None, "{name}");
+            // Once the locks are free again, writers go on.
+            ctx.write(GlobalAddr::device(0, 0), &vec![0u8; DM as usize])
+                .await
+                .unwrap();
+            c.put(&ctx, 4001, 1).await.unwrap();
+            assert_eq!(c.get(&ctx, 4001).await.unwrap(), Some(1), "{name}");
+            *d.borrow_mut() = true;
+        });
+        assert!(*done.borrow(), "{name}: the task ran to its end");
+    }
+}

@@ -68,6 +68,13 @@ pub struct TreeConfig {
     /// shapes the nodes, [`super::layout`]); every compute node must use
     /// the same.
     pub value_bytes: usize,
+    /// How long a client tries for a node's lock that stays taken before
+    /// it gives the operation up ([`super::TreeError::LockWait`]): 10 s.
+    /// Sherman's locks have no leases, so a client that died holding one
+    /// would otherwise leave every writer of that node waiting for good.
+    /// Far beyond any wait a live holder causes (write p99s are
+    /// milliseconds at the paper's contention), so it ends only hangs.
+    pub lock_wait_ns: u64,
 }
 
 impl TreeConfig {
@@ -93,6 +100,7 @@ impl TreeConfig {
                 ..ChunkConfig::new(node_bytes)
             },
             value_bytes: 8,
+            lock_wait_ns: 10_000_000_000,
         }
     }
 
@@ -162,6 +170,9 @@ impl TreeConfig {
     pub fn check(&self) -> Result<(), String> {
         if self.lock_table_words == 0 {
             return Err("lock_table_words must be positive".into());
+        }
+        if self.lock_wait_ns == 0 {
+            return Err("lock_wait_ns must be positive".into());
         }
         if self.local_wait_queue && !self.local_lock_table {
             return Err("wait queues need the local lock table".into());

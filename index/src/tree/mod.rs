@@ -102,6 +102,18 @@ pub enum TreeError {
     },
     /// An invalid configuration, or a client id of 0; the reason in words.
     Config(String),
+    /// A node's lock stayed taken for longer than the tree's
+    /// `lock_wait_ns` while this client tried for it: a client that died
+    /// holding it (Sherman's locks have no leases) or never released it.
+    /// The write that lock guards was not made.
+    LockWait {
+        /// The lock word.
+        word: GlobalAddr,
+        /// What the word held at the last try: the holder's client id.
+        holder: u64,
+        /// How long this client tried, on its NIC's clock.
+        waited_ns: u64,
+    },
 }
 
 impl fmt::Display for TreeError {
@@ -125,6 +137,17 @@ impl fmt::Display for TreeError {
             }
             TreeError::Corrupt { addr, why } => write!(f, "tree node at {addr} is corrupt: {why}"),
             TreeError::Config(s) => write!(f, "invalid tree configuration: {s}"),
+            TreeError::LockWait {
+                word,
+                holder,
+                waited_ns,
+            } => write!(
+                f,
+                "the lock at {word} stayed held by client {holder} for {} ms: a client that \
+                 died holding it, or one that never releases it; the write it guards was \
+                 not made",
+                waited_ns / 1_000_000
+            ),
         }
     }
 }

@@ -101,26 +101,40 @@ impl<K: TreeKey> TreeClientOf<K> {
 
     /// The CAS loop of [`Self::acquire`], with `buf` (if any) read from
     /// the locked node in each try's doorbell and returned from the try
-    /// that won. A failed verb gives the lock up and is the error.
+    /// that won. A failed verb gives the lock up and is the error; so is a
+    /// lock still taken `lock_wait_ns` after the first try found it taken
+    /// ([`TreeError::LockWait`]).
     async fn acquire_with<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         held: Held,
         mut buf: Option<Buf>,
     ) -> Result<(Held, Option<Buf>), TreeError> {
+        let mut since = None;
         loop {
             let mut b = ctx.batch();
             let cas = b.cas(held.lock.word, 0, self.id);
             let rd = buf.take().map(|x| b.read(held.node, x));
             match b.submit().await {
                 Ok(mut done) => {
-                    let won = done.old(cas) == 0;
+                    let holder = done.old(cas);
                     buf = rd.map(|op| done.take_buf(op));
                     drop(done);
-                    if won {
+                    if holder == 0 {
                         break;
                     }
                     self.stats.lock_retries += 1;
+                    let now = ctx.now_ns();
+                    let first = *since.get_or_insert(now);
+                    if now.saturating_sub(first) >= self.tree.cfg.lock_wait_ns {
+                        let word = held.lock.word;
+                        self.abandon(ctx, held, false).await;
+                        return Err(TreeError::LockWait {
+                            word,
+                            holder,
+                            waited_ns: now - first,
+                        });
+                    }
                     ctx.yield_now().await;
                 }
                 Err(e) => {
