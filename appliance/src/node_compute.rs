@@ -453,10 +453,13 @@ fn load_index<N: Nic>(
 }
 
 /// Zeroes what an index keeps on the memory nodes — the chunk cursor of
-/// each, the index roots on node 0, and the chunks below `index_bytes` —
-/// so that a run finds them as a freshly booted memory node has them. Only
-/// the loader calls it, before "index-ready": no other compute node uses
-/// the index then. The verb areas above `index_bytes` are left alone.
+/// each, the index roots on node 0, the chunks below `index_bytes`, and
+/// each node's device memory (the tree's lock table: a run that ended
+/// with a lock held, killed mid-write, would otherwise leave the next
+/// run's writers waiting on it) — so that a run finds them as a freshly
+/// booted memory node has them. Only the loader calls it, before
+/// "index-ready": no other compute node uses the index then. The verb
+/// areas above `index_bytes` are left alone.
 async fn clear_index_memory<N: Nic>(
     ctx: &Ctx<N>,
     memory: &[NodeId],
@@ -470,12 +473,20 @@ async fn clear_index_memory<N: Nic>(
             words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
         }
         let chunks = index_bytes.saturating_sub(first_chunk_off());
+        let device: u64 = ctx
+            .remote_regions(m)
+            .iter()
+            .filter(|r| r.space == nicdrv::Space::Device && r.offset == 0)
+            .map(|r| r.len)
+            .max()
+            .unwrap_or(0);
         async {
             for w in words {
                 ctx.write(at(w), &[0u8; 8]).await?;
             }
             // In pieces within a loader slot's 64 KiB of scratch.
-            node_work::write_zeros(ctx, at(first_chunk_off()), chunks, 16 << 10).await
+            node_work::write_zeros(ctx, at(first_chunk_off()), chunks, 16 << 10).await?;
+            node_work::write_zeros(ctx, GlobalAddr::device(m, 0), device, 16 << 10).await
         }
         .await
         .map_err(|e| format!("clearing memory node {m}: {e}"))?;

@@ -902,6 +902,12 @@ fn memory_nodes_serve_one_compute_run_after_another() {
     let (tx, _rx) = std::sync::mpsc::channel();
     let mem_log = collect(&mut memory.0[0], "", tx);
     for (run, workload) in ["tree", "hash", "verbs", "tree"].iter().enumerate() {
+        if run == 3 {
+            // As a run killed with locks held leaves them: every word of
+            // both nodes' device memory (the tree's lock table) held by
+            // a client that is gone. The next run's loader clears them.
+            hold_every_device_word(&files);
+        }
         let flags = [
             "--seconds",
             "1",
@@ -1131,6 +1137,41 @@ fn machines_in_processes_stop_the_bank_on_sigint_and_still_check_it() {
 
 /// The emu node file of memory node `id` of the cluster whose coordinator
 /// (its first node) listens on `port`, as `loch node` names it.
+/// Attaches to running memory nodes by their files and sets every word of
+/// their device memory to a lock holder's id.
+fn hold_every_device_word(files: &[PathBuf]) {
+    use nicdrv::{ExecutorConfig, GlobalAddr, Space};
+    let eps = files
+        .iter()
+        .map(|f| nicdrv::emu::EmuEndpoint::attach(f).unwrap())
+        .collect();
+    let c = cluster::emu::EmuCluster::attach(eps, nicdrv::emu::EmuConfig::default());
+    let mut ex = c.executor(ExecutorConfig::default()).unwrap();
+    let held = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let h = held.clone();
+    let nodes: Vec<u16> = (0..files.len() as u16).collect();
+    ex.spawn(move |ctx| async move {
+        for n in nodes {
+            let dm = ctx
+                .remote_regions(n)
+                .iter()
+                .filter(|r| r.space == Space::Device)
+                .map(|r| r.len)
+                .max()
+                .unwrap();
+            for off in (0..dm).step_by(8) {
+                ctx.write(GlobalAddr::device(n, off), &0xdead_u64.to_le_bytes())
+                    .await
+                    .unwrap();
+                h.set(h.get() + 1);
+            }
+        }
+    })
+    .unwrap();
+    ex.run();
+    assert!(held.get() > 0, "no device memory to hold");
+}
+
 fn node_file(port: u16, id: u32) -> PathBuf {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
