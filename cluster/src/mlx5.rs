@@ -7,7 +7,7 @@
 
 use crate::work::Workload;
 use mempool::CorePool;
-use nicdrv::mlx5::{DeviceConfig, Mlx5MemoryNode, Mlx5Nic};
+use nicdrv::mlx5::{DeviceConfig, LoopbackRearm, Mlx5MemoryNode, Mlx5Nic};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, Space};
 use std::sync::Arc;
 
@@ -95,9 +95,19 @@ impl Mlx5Cluster {
                 let ep = n
                     .accept(&prepared.endpoint())
                     .map_err(|e| format!("memory node {id}: accepting: {e}"))?;
-                prepared
+                let mut qp = prepared
                     .connect(&ep)
-                    .map_err(|e| format!("memory node {id}: connecting: {e}"))
+                    .map_err(|e| format!("memory node {id}: connecting: {e}"))?;
+                // The memory node is in this process: a queue pair in
+                // error (a remote access error, a flush after one, a link
+                // that came back) recovers by re-arming its responder
+                // directly, as emu's recover does; without it the first
+                // such error left the node dead to this core for the run.
+                qp.set_rearm(Box::new(LoopbackRearm {
+                    node: n.clone(),
+                    responder_qpn: ep.qp.qpn,
+                }));
+                Ok(qp)
             })
             .collect::<Result<Vec<_>, String>>()?;
         let scratch = CorePool::new(&nic, &cfg)

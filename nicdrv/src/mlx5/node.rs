@@ -319,7 +319,7 @@ impl Mlx5MemoryNode {
 }
 
 /// Re-arms responder `qpn` of an in-process memory node (loopback setups
-/// and tests); bootstrap does the same over its control channel.
+/// and tests).
 pub struct LoopbackRearm {
     pub node: Arc<Mlx5MemoryNode>,
     pub responder_qpn: u32,

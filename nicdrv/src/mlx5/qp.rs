@@ -13,10 +13,14 @@
 //! between the failure and that poll are flushed by the NIC, each with its
 //! own `Flushed` completion, so every posted request still retires. A QP
 //! whose peer stopped answering (`RetryExceeded`) is dead to this
-//! connection: `recover` says `PeerDead` and bootstrap reconnects afresh.
-//! Other errors are recovered by RESET→INIT→RTR→RTS with a fresh PSN, after
-//! the peer's QP (which the responder moves to error on remote errors) is
-//! re-armed through the installed [`Rearm`].
+//! connection: `recover` says `PeerDead`, for the rest of the run. Other
+//! errors are recovered by RESET→INIT→RTR→RTS with a fresh PSN, after the
+//! peer's QP (which the responder moves to error on remote errors) is
+//! re-armed through the installed [`Rearm`]. The in-process harness
+//! (`cluster`'s mlx5 cluster, `loch-bench`) installs [`LoopbackRearm`](super::LoopbackRearm)
+//! (node.rs); `loch node`'s processes install none yet (a re-arm service
+//! over the control channel is not built), so there a QP in error leaves
+//! its memory node dead to that core for the rest of the run.
 
 use super::cq::{CqInner, Posted, QpShared};
 use super::device::{Device, Mlx5Nic};
@@ -373,8 +377,9 @@ impl Mlx5Nic {
 
 /// Re-arms the peer's side of a connection during recovery: told our QP's
 /// new endpoint (fresh PSN), it resets the peer QP, connects it back, and
-/// returns the peer's endpoint; `None` if the peer is gone. Bootstrap
-/// implements it over the control channel; the loopback harness directly.
+/// returns the peer's endpoint; `None` if the peer is gone. The loopback
+/// harness implements it directly ([`LoopbackRearm`](super::LoopbackRearm)); nothing implements
+/// it across processes yet.
 pub trait Rearm {
     fn rearm(&mut self, ours: &QpEndpoint) -> Option<QpEndpoint>;
 }
@@ -475,6 +480,9 @@ impl Mlx5Qp {
     fn reconnect(&mut self) -> Result<(), RecoverError> {
         let dead = RecoverError::PeerDead(self.peer.node);
         let Some(rearm) = self.rearm.as_mut() else {
+            // Said once: the QP stays dead, and later posts are refused
+            // without another try.
+            self.peer_dead = true;
             log::warn!(
                 "QP {} to node {} cannot recover: no way to re-arm the peer's QP",
                 self.local.qpn,
@@ -780,8 +788,8 @@ impl QueuePair for Mlx5Qp {
         if outstanding > 0 {
             return Err(RecoverError::Busy { outstanding });
         }
-        // A peer that stopped answering is dead to this QP; bootstrap
-        // reconnects afresh when the node comes back.
+        // A peer that stopped answering is dead to this QP for the rest
+        // of the run.
         if self.peer_dead
             || self.shared.first_error.get() == Some(crate::verbs::WcStatus::RetryExceeded)
         {
