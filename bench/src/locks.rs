@@ -302,7 +302,7 @@ fn measure(spec: &LockSpec) -> Result<Measured, String> {
     })?;
     // One tree handle (its local lock table) per compute node.
     let trees = (0..spec.compute_nodes)
-        .map(|_| Tree::new(cfg.clone(), DM_BYTES).map_err(|e| e.to_string()))
+        .map(|_| Tree::new(cfg.clone(), c.dm_bytes(DM_BYTES)).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, String>>()?;
     let cores = spec.compute_nodes * spec.threads;
     let exec = ExecutorConfig {

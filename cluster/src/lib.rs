@@ -144,6 +144,17 @@ impl Cluster {
         }
     }
 
+    /// The device memory each memory node has, of the `asked` it was
+    /// booted with: all of it on emu and sim, the least any node got on
+    /// mlx5 (a NIC gives what it has). What a tree sizes its lock table by.
+    pub fn dm_bytes(&self, asked: u64) -> u64 {
+        match self {
+            Cluster::Emu { .. } | Cluster::Sim(_) => asked,
+            #[cfg(feature = "mlx5")]
+            Cluster::Mlx5 { cluster, .. } => cluster.dm_bytes().min(asked),
+        }
+    }
+
     /// Whether the run's cores are threads that each report their own
     /// group (emu, mlx5), not one simulated world (sim).
     pub fn on_threads(&self) -> bool {

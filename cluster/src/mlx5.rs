@@ -54,11 +54,26 @@ impl Mlx5Cluster {
                     .map_err(|e| format!("memory node {id}: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        for n in &nodes {
+            if !n.dm_on_device() {
+                log::warn!(
+                    "memory node {}: its device memory is host memory (the NIC gave none): \
+                     locks placed in device memory there are host-memory locks",
+                    n.node()
+                );
+            }
+        }
         Ok(Mlx5Cluster {
             nic,
             nodes,
             machines,
         })
+    }
+
+    /// The device memory every memory node has: the least any got, which
+    /// may be less than was asked (a NIC offers what it has).
+    pub fn dm_bytes(&self) -> u64 {
+        self.nodes.iter().map(|n| n.dm_bytes()).min().unwrap_or(0)
     }
 
     /// The machine core `core` runs on, if the cluster has machines.

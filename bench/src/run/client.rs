@@ -90,7 +90,9 @@ pub(crate) fn pick(mix: &Mix, rng: &mut Rng) -> Kind {
 pub(crate) const SCAN_HIGH: u64 = u64::MAX - 1;
 
 /// One index handle per compute node.
-pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
+/// `dm_bytes`: the device memory each memory node has (the lock table's
+/// room).
+pub(crate) fn handles(spec: &RunSpec, dm_bytes: u64) -> Result<Vec<IndexHandle>, String> {
     (0..spec.compute_nodes)
         .map(|_| {
             if spec.cuckoo {
@@ -116,7 +118,7 @@ pub(crate) fn handles(spec: &RunSpec) -> Result<Vec<IndexHandle>, String> {
                     cache_bytes: spec.cache_bytes,
                     ..spec.tree.clone()
                 };
-                IndexHandle::tree(spec.key_bytes, cfg, 256 << 10).map_err(|e| e.to_string())
+                IndexHandle::tree(spec.key_bytes, cfg, dm_bytes).map_err(|e| e.to_string())
             }
         })
         .collect()

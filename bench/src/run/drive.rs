@@ -189,7 +189,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
-    let trees = handles(spec)?;
+    let trees = handles(spec, DM_BYTES)?;
     load_sim(&mut w, spec, &trees)?;
     // Fault times count from here, the start of the workload.
     let start = w.now_ns();
@@ -337,7 +337,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
         backend,
     })?;
     // One compute node: this process; its cores share one index handle.
-    let trees = handles(spec)?;
+    let trees = handles(spec, cluster.dm_bytes(DM_BYTES))?;
     let mut progress = Progress::new(format!("records loaded ({})", spec.system), spec.records);
     for parts in load_phases(spec) {
         // Every loader on one core.
