@@ -319,83 +319,65 @@ fn backend_errors() {
 }
 
 #[test]
-fn gid_index_is_read_and_malformed_values_are_named() {
-    let (_dir, file) = setup("gid", &GOOD.replace("port = 1", "port = 1\ngid_index = 3"));
-    let c = ClusterConfig::load(file).unwrap();
-    assert_eq!(
-        c.backend,
-        Backend::Mlx5 {
-            device: "mlx5_0".into(),
-            port: 1,
-            gid_index: 3,
-            traffic_class: 0
-        }
-    );
-    for (i, bad) in ["256", "-1", "\"three\"", "1.5"].into_iter().enumerate() {
-        let (field, problem) = reject(
-            &format!("gid-bad-{i}"),
-            &GOOD.replace("port = 1", &format!("port = 1\ngid_index = {bad}")),
+fn gid_index_and_traffic_class_are_read_and_malformed_values_are_named() {
+    // (field, a good value, the backend it gives, bad values, the words
+    // naming a bad one)
+    let cases = [
+        (
+            "gid_index",
+            3,
+            (3, 0),
+            ["256", "-1", "\"three\"", "1.5"],
+            "is not a GID table index (0..=255)",
+        ),
+        (
+            "traffic_class",
+            106,
+            (0, 106),
+            ["256", "-1", "\"af31\"", "2.5"],
+            "is not a traffic class (0..=255; DSCP << 2)",
+        ),
+    ];
+    for (name, good, (gid_index, traffic_class), bads, says) in cases {
+        let (_dir, file) = setup(
+            name,
+            &GOOD.replace("port = 1", &format!("port = 1\n{name} = {good}")),
         );
-        assert_eq!(field, "backend.gid_index", "{bad}");
+        let c = ClusterConfig::load(file).unwrap();
+        assert_eq!(
+            c.backend,
+            Backend::Mlx5 {
+                device: "mlx5_0".into(),
+                port: 1,
+                gid_index,
+                traffic_class
+            }
+        );
+        for (i, bad) in bads.into_iter().enumerate() {
+            let (field, problem) = reject(
+                &format!("{name}-bad-{i}"),
+                &GOOD.replace("port = 1", &format!("port = 1\n{name} = {bad}")),
+            );
+            assert_eq!(field, format!("backend.{name}"), "{bad}");
+            assert!(
+                problem.contains(&format!("{bad} {says}")),
+                "{bad}: {problem}"
+            );
+        }
+        // The emu backend has no GID table and no traffic classes.
+        let (field, problem) = reject(
+            &format!("{name}-emu"),
+            &GOOD.replace(
+                "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
+                &format!("kind = \"emu\"\n{name} = 1"),
+            ),
+        );
+        assert_eq!(field, "backend");
         assert!(
-            problem.contains(&format!("{bad} is not a GID table index (0..=255)")),
-            "{bad}: {problem}"
+            problem.contains("gid_index and traffic_class apply only"),
+            "{problem}"
         );
     }
-    // The emu backend has no GID table.
-    let (field, problem) = reject(
-        "gid-emu",
-        &GOOD.replace(
-            "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
-            "kind = \"emu\"\ngid_index = 1",
-        ),
-    );
-    assert_eq!(field, "backend");
-    assert!(
-        problem.contains("gid_index and traffic_class apply only"),
-        "{problem}"
-    );
-}
-
-#[test]
-fn traffic_class_is_read_and_malformed_values_are_named() {
-    let (_dir, file) = setup(
-        "tc",
-        &GOOD.replace(
-            "port = 1",
-            "port = 1
-traffic_class = 106",
-        ),
-    );
-    let c = ClusterConfig::load(file).unwrap();
-    assert_eq!(
-        c.backend,
-        Backend::Mlx5 {
-            device: "mlx5_0".into(),
-            port: 1,
-            gid_index: 0,
-            traffic_class: 106
-        }
-    );
-    for (i, bad) in ["256", "-1", "\"af31\"", "2.5"].into_iter().enumerate() {
-        let (field, problem) = reject(
-            &format!("tc-bad-{i}"),
-            &GOOD.replace("port = 1", &format!("port = 1\ntraffic_class = {bad}")),
-        );
-        assert_eq!(field, "backend.traffic_class", "{bad}");
-        assert!(
-            problem.contains(&format!("{bad} is not a traffic class")),
-            "{bad}: {problem}"
-        );
-    }
-    let (field, _) = reject(
-        "tc-emu",
-        &GOOD.replace(
-            "kind = \"mlx5\"\ndevice = \"mlx5_0\"\nport = 1",
-            "kind = \"emu\"\ntraffic_class = 106",
-        ),
-    );
-    assert_eq!(field, "backend");
 }
 
 #[test]

@@ -3,9 +3,8 @@ use nicdrv::*;
 use std::cell::Cell;
 use std::rc::Rc;
 
-/// An executor on an emu device made with `cfg`, with a queue pair to a
-/// memory node of its own (node 1, 1 MiB), which the caller keeps alive.
-fn emu_executor(cfg: EmuConfig) -> (EmuNode, EmuNic, Executor<EmuNic>) {
+/// Memory node 1: 1 MiB of host memory, 4 KiB of device memory.
+fn emu_node() -> EmuNode {
     let node = EmuNode::create(&EmuNodeConfig {
         id: 1,
         host_bytes: 1 << 20,
@@ -14,6 +13,13 @@ fn emu_executor(cfg: EmuConfig) -> (EmuNode, EmuNic, Executor<EmuNic>) {
     })
     .unwrap();
     node.register_all().unwrap();
+    node
+}
+
+/// An executor on an emu device made with `cfg`, with a queue pair to a
+/// memory node of its own (node 1, 1 MiB), which the caller keeps alive.
+fn emu_executor(cfg: EmuConfig) -> (EmuNode, EmuNic, Executor<EmuNic>) {
+    let node = emu_node();
     let nic = EmuNic::new(cfg);
     let ecfg = ExecutorConfig::default();
     let cq = nic.create_cq(1024).unwrap();
@@ -89,14 +95,7 @@ fn bad_executor_configs_are_errors_not_panics() {
 /// reuses a batch's scratch once they are in.
 #[test]
 fn a_queue_pair_on_another_completion_queue_is_refused() {
-    let node = EmuNode::create(&EmuNodeConfig {
-        id: 1,
-        host_bytes: 1 << 20,
-        dm_bytes: 4096,
-        backing: Backing::Memfd,
-    })
-    .unwrap();
-    node.register_all().unwrap();
+    let node = emu_node();
     let nic = EmuNic::new(EmuConfig::default());
     let cfg = ExecutorConfig::default();
     let (mine, other) = (nic.create_cq(1024).unwrap(), nic.create_cq(1024).unwrap());
