@@ -1135,8 +1135,6 @@ fn machines_in_processes_stop_the_bank_on_sigint_and_still_check_it() {
     bank_of_three("txn-int", "100000000000", true);
 }
 
-/// The emu node file of memory node `id` of the cluster whose coordinator
-/// (its first node) listens on `port`, as `loch node` names it.
 /// Attaches to running memory nodes by their files and sets every word of
 /// their device memory to a lock holder's id.
 fn hold_every_device_word(files: &[PathBuf]) {
@@ -1172,6 +1170,8 @@ fn hold_every_device_word(files: &[PathBuf]) {
     assert!(held.get() > 0, "no device memory to hold");
 }
 
+/// The emu node file of memory node `id` of the cluster whose coordinator
+/// (its first node) listens on `port`, as `loch node` names it.
 fn node_file(port: u16, id: u32) -> PathBuf {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };

@@ -105,7 +105,9 @@ pub enum TreeError {
     /// A node's lock stayed taken for longer than the tree's
     /// `lock_wait_ns` while this client tried for it: a client that died
     /// holding it (Sherman's locks have no leases) or never released it.
-    /// The write that lock guards was not made.
+    /// Nothing was written under that lock; the operation may still have
+    /// taken effect before it (a put whose leaf split was written, failing
+    /// on the parent's lock: its key is visible).
     LockWait {
         /// The lock word.
         word: GlobalAddr,
@@ -144,8 +146,8 @@ impl fmt::Display for TreeError {
             } => write!(
                 f,
                 "the lock at {word} stayed held by client {holder} for {} ms: a client that \
-                 died holding it, or one that never releases it; the write it guards was \
-                 not made",
+                 died holding it, or one that never releases it; nothing was written under \
+                 it",
                 waited_ns / 1_000_000
             ),
         }

@@ -574,8 +574,8 @@ pub fn check_roce_gid(
     if this == Some("IB/RoCE v1") {
         log::warn!(
             "{device} port {port}: GID index {index} is RoCE v1, which routed fabrics do not \
-             carry; RoCE v2 entries: {v2:?} (set LOCH_MLX5_GID_INDEX; every node must use \
-             the same RoCE version)"
+             carry; RoCE v2 entries: {v2:?} (backend.gid_index, --gid-index or \
+             LOCH_MLX5_GID_INDEX; every node must use the same RoCE version)"
         );
     }
     Ok(())

@@ -143,8 +143,9 @@ impl fmt::Display for Mlx5Error {
             } => write!(
                 f,
                 "{device} port {port} has no GID at index {index} (an empty entry: no IP \
-                 address behind it); its RoCE v2 entries are {roce_v2:?}: set \
-                 LOCH_MLX5_GID_INDEX to one of them (`show_gids` lists the table)"
+                 address behind it); its RoCE v2 entries are {roce_v2:?}: choose one as the \
+                 GID index (the cluster file's backend.gid_index, loch-bench --gid-index, or \
+                 LOCH_MLX5_GID_INDEX for the device tests; `show_gids` lists the table)"
             ),
             Mlx5Error::OtherContext { what } => {
                 write!(f, "{what} belongs to another device context")
@@ -156,8 +157,8 @@ impl fmt::Display for Mlx5Error {
             } => write!(
                 f,
                 "ibv_create_qp refused a send queue of {depth} entries with {inline} inline \
-                 bytes each ({}): the driver sizes the queue from both; a shallower queue \
-                 (fewer executor slots, a smaller --depth) fits",
+                 bytes each ({}): most likely too large, as the driver sizes the queue from \
+                 both; a shallower queue (fewer executor slots, a smaller --depth) fits",
                 std::io::Error::from_raw_os_error(*errno)
             ),
             Mlx5Error::Misaligned { what, addr, align } => {

@@ -591,7 +591,8 @@ impl Mlx5Qp {
     /// caller's completion for the batch arrives only once the NIC is done
     /// with its memory. Should either step fail, nothing could tell when
     /// that is: the process aborts rather than let memory be reused under
-    /// a NIC's writes.
+    /// a NIC's writes. (A driver that refused for want of send-queue room
+    /// has none for the drain either: that cause ends in the abort.)
     fn partly_posted(&mut self, head: u64, posted: usize, wrs: &[WorkRequest], err: &PostError) {
         let n = wrs.len();
         log::error!(
