@@ -143,13 +143,20 @@ pub struct RemoteRegion {
 
 impl RemoteRegion {
     pub fn contains(&self, space: Space, offset: u64, len: u64) -> bool {
-        space == self.space
-            && offset >= self.offset
-            && offset
-                .checked_add(len)
-                .zip(self.offset.checked_add(self.len))
-                .is_some_and(|(end, region_end)| end <= region_end)
+        space == self.space && range_within(self.offset, self.len, offset, len)
     }
+}
+
+/// Whether `[at, at + n)` lies inside `[base, base + len)`; a range or a
+/// region whose end would pass 2^64 holds nothing (a plain sum wraps, and
+/// an address near `u64::MAX` would pass). Remote regions and local
+/// registrations are checked by it alike.
+pub(crate) fn range_within(base: u64, len: u64, at: u64, n: u64) -> bool {
+    at >= base
+        && at
+            .checked_add(n)
+            .zip(base.checked_add(len))
+            .is_some_and(|(end, region_end)| end <= region_end)
 }
 
 /// The responder's checks of a request against the regions it exposes, as

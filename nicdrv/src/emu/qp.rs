@@ -195,12 +195,8 @@ impl EmuNic {
         if slot.lkey.load(Ordering::Relaxed) != sge.lkey.0 {
             return false;
         }
-        let addr = sge.addr as u64;
         access.contains(need)
-            && addr >= base
-            && addr
-                .checked_add(u64::from(sge.len))
-                .is_some_and(|end| end <= base.saturating_add(len))
+            && crate::nic::range_within(base, len, sge.addr as u64, u64::from(sge.len))
     }
 }
 

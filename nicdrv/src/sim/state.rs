@@ -325,12 +325,9 @@ impl SimCluster {
         let Some(m) = idx.checked_sub(1).and_then(|i| mrs.get(i)) else {
             return false;
         };
-        let a = sge.addr as u64;
         m.lkey == sge.lkey.0
             && m.access.contains(need)
-            && a >= m.base
-            && a.checked_add(u64::from(sge.len))
-                .is_some_and(|end| end <= m.base.saturating_add(m.len))
+            && crate::nic::range_within(m.base, m.len, sge.addr as u64, u64::from(sge.len))
     }
 
     // ---- requests ----
