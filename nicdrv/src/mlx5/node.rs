@@ -218,18 +218,6 @@ impl Mlx5MemoryNode {
         ]
     }
 
-    fn our_endpoint(&self, qpn: u32, psn: u32) -> QpEndpoint {
-        let p = self.nic.port();
-        QpEndpoint {
-            qpn,
-            psn,
-            lid: p.lid,
-            gid: p.gid,
-            mtu: p.mtu,
-            rd_atom: self.nic.path().max_dest_rd_atomic,
-        }
-    }
-
     /// Makes a responder QP connected to `client` and returns the endpoint
     /// the client connects to.
     pub fn accept(&self, client: &QpEndpoint) -> Result<Endpoint, Mlx5Error> {
@@ -251,7 +239,7 @@ impl Mlx5MemoryNode {
         self.connect_responder(&r, client, psn)?;
         let ep = Endpoint {
             node: self.node,
-            qp: self.our_endpoint(r.qpn(), psn),
+            qp: self.nic.endpoint(r.qpn(), psn),
             regions: self.regions(),
         };
         list.push(r);
@@ -287,7 +275,7 @@ impl Mlx5MemoryNode {
             return None;
         }
         match self.connect_responder(r, client, psn) {
-            Ok(()) => Some(self.our_endpoint(qpn, psn)),
+            Ok(()) => Some(self.nic.endpoint(qpn, psn)),
             Err(e) => {
                 log::error!("re-arming responder {qpn}: {e}");
                 None

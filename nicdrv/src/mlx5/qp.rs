@@ -367,11 +367,24 @@ impl Mlx5Nic {
                 ..crate::nic::Nic::caps(self)
             },
             path,
-            psn: fresh_psn_for(qpn),
+            local: self.endpoint(qpn, fresh_psn_for(qpn)),
             handle,
-            lid: self.dev.port.lid,
-            gid: self.dev.port.gid,
         })
+    }
+
+    /// This device's QP `qpn` as a peer connects to it, sending from
+    /// `psn`: the port's address and MTU, and the READ/atomic depth it
+    /// serves (what memory nodes' responders and compute QPs both send).
+    pub(crate) fn endpoint(&self, qpn: u32, psn: u32) -> QpEndpoint {
+        let p = self.dev.port;
+        QpEndpoint {
+            qpn,
+            psn,
+            lid: p.lid,
+            gid: p.gid,
+            mtu: p.mtu,
+            rd_atom: self.path().max_dest_rd_atomic,
+        }
     }
 }
 
@@ -389,23 +402,14 @@ pub struct Mlx5PreparedQp {
     handle: QpHandle,
     caps: Caps,
     path: PathConfig,
-    psn: u32,
-    lid: u16,
-    gid: [u8; 16],
+    /// What the peer needs to connect to this QP.
+    local: QpEndpoint,
 }
 
 impl Mlx5PreparedQp {
     /// What the peer needs to connect to this QP.
     pub fn endpoint(&self) -> QpEndpoint {
-        QpEndpoint {
-            // SAFETY: the QP is live while self is.
-            qpn: unsafe { (*self.handle.qp).qp_num },
-            psn: self.psn,
-            lid: self.lid,
-            gid: self.gid,
-            mtu: self.path.mtu,
-            rd_atom: self.path.max_dest_rd_atomic,
-        }
+        self.local
     }
 
     /// INIT → RTR → RTS towards `peer`, learning its regions.
@@ -416,7 +420,7 @@ impl Mlx5PreparedQp {
             modify(qp, rtr_attr(&self.path, &peer.qp), "ibv_modify_qp(RTR)")?;
             modify(
                 qp,
-                rts_attr(&self.path, self.psn, &peer.qp),
+                rts_attr(&self.path, self.local.psn, &peer.qp),
                 "ibv_modify_qp(RTS)",
             )?;
         }
