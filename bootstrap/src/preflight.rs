@@ -14,6 +14,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::config::{Backend, ClusterConfig, HugePages, NodeConfig};
+use nicdrv::gids;
 
 /// How we see the machine.
 #[derive(Debug, Clone)]
@@ -364,14 +365,9 @@ fn cores(node: &NodeConfig, host: &Host) -> Check {
 /// not say.
 fn roce_gid(host: &Host, ports: &str, device: &str, port: u8, index: u8) -> Option<Check> {
     const NAME: &str = "nic";
-    let types = |i: u32| {
-        host.read(&format!("{ports}/gid_attrs/types/{i}"))
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-    };
-    let v2: Vec<String> = (0..=255u32)
-        .filter(|&i| types(i).as_deref() == Some("RoCE v2"))
+    let types = gids::gid_types(&host.root.join("sys/class/infiniband"), device, port);
+    let v2: Vec<String> = gids::roce_v2(&types)
+        .iter()
         .map(|i| i.to_string())
         .collect();
     let v2 = if v2.is_empty() {
@@ -387,7 +383,7 @@ fn roce_gid(host: &Host, ports: &str, device: &str, port: u8, index: u8) -> Opti
             format!("{device} port {port} has no GID at index {index} (an empty entry: no IP address behind it); its RoCE v2 entries: {v2}: set backend.gid_index to one of them (`show_gids` lists the table)"),
         ));
     }
-    (types(index.into()).as_deref() == Some("IB/RoCE v1")).then(|| {
+    gids::is_roce_v1(&types, index).then(|| {
         check(
             NAME,
             Status::Warn,

@@ -21,6 +21,7 @@ pub mod conformance;
 pub mod counters;
 pub mod emu;
 pub mod exec;
+pub mod gids;
 pub mod local;
 #[cfg(feature = "mlx5")]
 pub mod mlx5;

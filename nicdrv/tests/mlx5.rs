@@ -172,7 +172,7 @@ fn roce_gids_are_checked_against_the_table() {
         std::fs::write(types.join(i.to_string()), t).unwrap();
     }
     std::fs::write(types.join("not-an-index"), "RoCE v2\n").unwrap();
-    let got = gid_types(&root, "mlx5_0", 1);
+    let got = nicdrv::gids::gid_types(&root, "mlx5_0", 1);
     assert_eq!(
         got,
         vec![
@@ -181,7 +181,12 @@ fn roce_gids_are_checked_against_the_table() {
             (3, "RoCE v2".to_string())
         ]
     );
-    assert!(gid_types(&root, "mlx5_0", 2).is_empty(), "no such port");
+    assert!(
+        nicdrv::gids::gid_types(&root, "mlx5_0", 2).is_empty(),
+        "no such port"
+    );
+    assert_eq!(nicdrv::gids::roce_v2(&got), vec![1, 3]);
+    assert!(nicdrv::gids::is_roce_v1(&got, 0) && !nicdrv::gids::is_roce_v1(&got, 1));
     let empty = [0u8; 16];
     match check_roce_gid(&empty, "mlx5_0", 1, 2, &got) {
         Err(e @ Mlx5Error::EmptyGid { .. }) => {

@@ -7,6 +7,7 @@
 
 use super::mr::{access_to_ibv, Mlx5Reg};
 use super::Mlx5Error;
+use crate::gids;
 use crate::nic::{HeapMem, Mr, Nic, RegError, RegisterableMemory};
 
 use crate::verbs::{Access, Caps, RKey};
@@ -499,7 +500,7 @@ fn query_port(
             name,
             port,
             gid_index,
-            &gid_types(std::path::Path::new(SYSFS_INFINIBAND), name, port),
+            &gids::gid_types(std::path::Path::new(gids::SYSFS_INFINIBAND), name, port),
         )?;
     }
     Ok(PortInfo {
@@ -513,40 +514,11 @@ fn query_port(
     })
 }
 
-/// Where the kernel lists RDMA devices, their ports and GID tables.
-const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
-
-/// The type of each populated GID table entry of a port, by index, as
-/// the kernel names it (`RoCE v2`, `IB/RoCE v1`):
-/// `<root>/<device>/ports/<port>/gid_attrs/types/<index>`. Empty when
-/// the table cannot be read (no sysfs, an older kernel).
-pub fn gid_types(root: &std::path::Path, device: &str, port: u8) -> Vec<(u8, String)> {
-    let dir = root
-        .join(device)
-        .join("ports")
-        .join(port.to_string())
-        .join("gid_attrs")
-        .join("types");
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u8, String)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let index = e.file_name().to_str()?.parse::<u8>().ok()?;
-            // An unpopulated entry reads as an error (EINVAL) or empty.
-            let ty = std::fs::read_to_string(e.path()).ok()?.trim().to_string();
-            (!ty.is_empty()).then_some((index, ty))
-        })
-        .collect();
-    out.sort();
-    out
-}
-
 /// A RoCE port's GID at `index` must be populated: libibverbs returns an
 /// all-zero GID for an empty entry, which a peer cannot route to (its
 /// RTR fails, or every request retries out). A RoCE v1 entry is taken,
-/// with a warning: RoCE v2 is what routed fabrics carry.
+/// with a warning: RoCE v2 is what routed fabrics carry. `types` is the
+/// port's table as [`gids::gid_types`] reads it.
 pub fn check_roce_gid(
     gid: &[u8; 16],
     device: &str,
@@ -554,11 +526,7 @@ pub fn check_roce_gid(
     index: u8,
     types: &[(u8, String)],
 ) -> Result<(), Mlx5Error> {
-    let v2: Vec<u8> = types
-        .iter()
-        .filter(|(_, t)| t == "RoCE v2")
-        .map(|&(i, _)| i)
-        .collect();
+    let v2 = gids::roce_v2(types);
     if gid.iter().all(|&b| b == 0) {
         return Err(Mlx5Error::EmptyGid {
             device: device.to_string(),
@@ -567,11 +535,7 @@ pub fn check_roce_gid(
             roce_v2: v2,
         });
     }
-    let this = types
-        .iter()
-        .find(|(i, _)| *i == index)
-        .map(|(_, t)| t.as_str());
-    if this == Some("IB/RoCE v1") {
+    if gids::is_roce_v1(types, index) {
         log::warn!(
             "{device} port {port}: GID index {index} is RoCE v1, which routed fabrics do not \
              carry; RoCE v2 entries: {v2:?} (backend.gid_index, --gid-index or \

@@ -28,8 +28,8 @@ mod status;
 
 pub use cq::Mlx5Cq;
 pub use device::{
-    check_roce_gid, device_list_outcome, device_names, gid_types, DeviceAttrs, DeviceConfig,
-    DeviceMemory, Mlx5Nic, PortInfo, LINK_LAYER_ETHERNET,
+    check_roce_gid, device_list_outcome, device_names, DeviceAttrs, DeviceConfig, DeviceMemory,
+    Mlx5Nic, PortInfo, LINK_LAYER_ETHERNET,
 };
 pub use endpoint::{Endpoint, EndpointError, QpEndpoint, RegionInfo, MAX_ENDPOINT_REGIONS};
 pub use links::Mlx5CoreQps;
