@@ -359,7 +359,14 @@ fn core_main<N: Nic, S: CoreSource<N>>(
         let answer = match (made.as_mut(), index) {
             (Err(e), _) => Err(e.clone()),
             (Ok(_), None) => Ok(0),
-            (Ok(ex), Some(ix)) => load_index(ex, ix, o.records, &c.mem_ids, c.layout.index_bytes),
+            (Ok(ex), Some(ix)) => load_index(
+                ex,
+                ix,
+                o.records,
+                &c.mem_ids,
+                c.layout.index_bytes,
+                c.dm_bytes,
+            ),
         };
         let _ = tx.send(answer);
     }
@@ -423,13 +430,15 @@ fn core_main<N: Nic, S: CoreSource<N>>(
 }
 
 /// Creates the index and loads `records` records on `ex` (one task);
-/// returns how long that took.
+/// returns how long that took. `dm_bytes`: the lock table's bytes on
+/// every memory node.
 fn load_index<N: Nic>(
     ex: &mut Executor<N>,
     index: &AnyIndex,
     records: u64,
     memory: &[NodeId],
     index_bytes: u64,
+    dm_bytes: u64,
 ) -> Result<u64, String> {
     let t0 = Instant::now();
     let err = Rc::new(RefCell::new(None));
@@ -438,7 +447,7 @@ fn load_index<N: Nic>(
     ex.spawn(move |ctx| async move {
         // Memory nodes outlive compute runs: an earlier run's index and
         // chunks are cleared before this one loads its own.
-        if let Err(why) = clear_index_memory(&ctx, &memory, index_bytes).await {
+        if let Err(why) = clear_index_memory(&ctx, &memory, index_bytes, dm_bytes).await {
             *e.borrow_mut() = Some(why);
             return;
         }
@@ -454,9 +463,10 @@ fn load_index<N: Nic>(
 
 /// Zeroes what an index keeps on the memory nodes — the chunk cursor of
 /// each, the index roots on node 0, the chunks below `index_bytes`, and
-/// each node's device memory (the tree's lock table: a run that ended
-/// with a lock held, killed mid-write, would otherwise leave the next
-/// run's writers waiting on it) — so that a run finds them as a freshly
+/// the first `dm_bytes` of each node's device memory (the tree's lock
+/// table, all device memory holds: a run that ended with a lock held,
+/// killed mid-write, would otherwise leave the next run's writers waiting
+/// on it) — so that a run finds them as a freshly
 /// booted memory node has them. Only the loader calls it, before
 /// "index-ready": no other compute node uses the index then. The verb
 /// areas above `index_bytes` are left alone.
@@ -464,6 +474,7 @@ async fn clear_index_memory<N: Nic>(
     ctx: &Ctx<N>,
     memory: &[NodeId],
     index_bytes: u64,
+    dm_bytes: u64,
 ) -> Result<(), String> {
     use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
     for &m in memory {
@@ -473,20 +484,13 @@ async fn clear_index_memory<N: Nic>(
             words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
         }
         let chunks = index_bytes.saturating_sub(first_chunk_off());
-        let device: u64 = ctx
-            .remote_regions(m)
-            .iter()
-            .filter(|r| r.space == nicdrv::Space::Device && r.offset == 0)
-            .map(|r| r.len)
-            .max()
-            .unwrap_or(0);
         async {
             for w in words {
                 ctx.write(at(w), &[0u8; 8]).await?;
             }
             // In pieces within a loader slot's 64 KiB of scratch.
             node_work::write_zeros(ctx, at(first_chunk_off()), chunks, 16 << 10).await?;
-            node_work::write_zeros(ctx, GlobalAddr::device(m, 0), device, 16 << 10).await
+            node_work::write_zeros(ctx, GlobalAddr::device(m, 0), dm_bytes, 16 << 10).await
         }
         .await
         .map_err(|e| format!("clearing memory node {m}: {e}"))?;
