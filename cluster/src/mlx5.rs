@@ -54,15 +54,6 @@ impl Mlx5Cluster {
                     .map_err(|e| format!("memory node {id}: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        for n in &nodes {
-            if !n.dm_on_device() {
-                log::warn!(
-                    "memory node {}: its device memory is host memory (the NIC gave none): \
-                     locks placed in device memory there are host-memory locks",
-                    n.node()
-                );
-            }
-        }
         Ok(Mlx5Cluster {
             nic,
             nodes,
