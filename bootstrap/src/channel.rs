@@ -588,6 +588,10 @@ pub struct Rendezvous {
 
 const EXCHANGE: &str = "exchange";
 
+/// The wait of [`Rendezvous::barrier_unbounded`]: ten years, a deadline
+/// that an `Instant` and a socket timeout both hold without overflow.
+const UNBOUNDED: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 /// What an [`Rendezvous::agree`] barrier carries in its wire name: a value
 /// held (`name=value`; `name?` for none), or, in a release only, the
 /// disagreement (`name!why`).
@@ -890,12 +894,30 @@ impl Rendezvous {
     /// arrives at a different barrier, leaves, or is later than the barrier
     /// timeout.
     pub fn barrier(&mut self, name: &str) -> Result<(), ChannelError> {
+        self.barrier_within(name, self.barrier_timeout)
+    }
+
+    /// As [`barrier`](Self::barrier), with no bound on the wait: for a
+    /// meeting at the end of something whose length nobody knows
+    /// beforehand (compute runs end when their clients do, after minutes
+    /// or hours). A node that leaves (its connection closes) or sends
+    /// anything else still fails it at once, and a stop request
+    /// ([`ChannelOptions::cancel`]) ends it within its poll; a node that
+    /// hangs without leaving holds it until then.
+    pub fn barrier_unbounded(&mut self, name: &str) -> Result<(), ChannelError> {
+        self.barrier_within(name, UNBOUNDED)
+    }
+
+    fn barrier_within(
+        &mut self,
+        name: &str,
+        barrier_timeout: Duration,
+    ) -> Result<(), ChannelError> {
         assert!(
             name.len() <= NAME_BYTES_MAX,
             "barrier names are at most {NAME_BYTES_MAX} bytes"
         );
         let epoch = self.next_epoch();
-        let barrier_timeout = self.barrier_timeout;
         match &mut self.role {
             Role::Member { coordinator } => {
                 coordinator.send(&Message::Barrier {

@@ -677,6 +677,62 @@ fn a_member_that_leaves_fails_the_barrier_instead_of_hanging() {
     );
 }
 
+/// An unbounded barrier outlasts the barrier timeout (a late node is
+/// waited for, on both sides), still fails at once when a node leaves, and
+/// still ends on a stop request.
+#[test]
+fn an_unbounded_barrier_waits_past_the_timeout_but_not_for_a_node_that_left() {
+    let (l, addr) = listener();
+    let short = |id| {
+        let (mut o, flag) = cancellable(id);
+        o.barrier_timeout = Duration::from_millis(200);
+        (o, flag)
+    };
+    let (co, _) = short(0);
+    let member = thread::spawn(move || {
+        let (mo, _) = short(1);
+        let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
+        // Late, five barrier timeouts after the coordinator.
+        thread::sleep(Duration::from_millis(1000));
+        rv.barrier_unbounded("done-1").unwrap();
+        // Early: this side waits for the late coordinator.
+        let t = Instant::now();
+        rv.barrier_unbounded("done-2").unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(800), "it waited");
+        rv.close();
+    });
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &co, Duration::from_secs(5)).unwrap();
+    let t = Instant::now();
+    rv.barrier_unbounded("done-1").unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(800), "it waited");
+    thread::sleep(Duration::from_millis(1000));
+    rv.barrier_unbounded("done-2").unwrap();
+    // The member said goodbye: the next wait fails at once.
+    let t = Instant::now();
+    let e = rv.barrier_unbounded("done-3").unwrap_err();
+    assert!(
+        matches!(&e, ChannelError::Protocol { peer: 1, why } if why.contains("Bye")),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    member.join().unwrap();
+
+    // A stop request ends it within the poll.
+    let (l, addr) = listener();
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    let coord = thread::spawn(move || {
+        let rv = Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+        let _ = hold_rx.recv_timeout(Duration::from_secs(10));
+        drop(rv);
+    });
+    let (mo, flag) = short(1);
+    let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
+    let raised = raise_after(&flag, 500);
+    assert_cancelled_promptly(rv.barrier_unbounded("never-released"), raised);
+    hold_tx.send(()).unwrap();
+    coord.join().unwrap();
+}
+
 /// Options whose waits end when the returned flag is raised.
 fn cancellable(id: u32) -> (ChannelOptions, Arc<AtomicBool>) {
     let flag = Arc::new(AtomicBool::new(false));
