@@ -27,7 +27,10 @@
 //!
 //! Every node takes part in both barriers, so the control channel stays
 //! open until "index-ready"; SIGINT/SIGTERM cancels any wait on it within
-//! ~100 ms ([`bootstrap::channel::Cancel`]).
+//! ~100 ms ([`bootstrap::channel::Cancel`]). Where a node both holds
+//! memory and computes, the channel stays open to a third barrier,
+//! "compute-done", that every node passes once every compute run has
+//! ended: such a node lets its memory go only then ([`shared_nodes`]).
 //!
 //! Where a memory node's file lives is a function of the cluster file alone
 //! ([`emu_node_path`]), so the wire format carries no path: compute nodes
@@ -61,6 +64,10 @@ const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MEMORY_READY: &str = "memory-ready";
 /// The barrier after which every compute node opens the index.
 pub const INDEX_READY: &str = "index-ready";
+/// The barrier every node of a run passes once every compute node's run
+/// has ended, where a node both holds memory and computes
+/// ([`shared_nodes`]): its memory outlives its own run until then.
+pub const COMPUTE_DONE: &str = "compute-done";
 /// Most records `--records` may ask for (a hash-table load of this many
 /// puts stays well inside the 60 s "index-ready" barrier timeout).
 pub const RECORDS_MAX: u64 = 10_000_000;
@@ -428,17 +435,62 @@ pub(crate) fn rendezvous(
 /// Waits at "index-ready" (every node does, whatever its role or
 /// workload), then says goodbye on the control channel.
 pub fn index_ready(mut rv: Rendezvous) -> Result<(), NodeError> {
-    rv.barrier(INDEX_READY)
-        .map_err(|e| channel_failed("barrier index-ready", e))?;
+    index_ready_keeping(&mut rv)?;
     rv.close();
     Ok(())
 }
 
-/// The memory role once booted: pass "index-ready" with the others, then
-/// stay out of the data path (the NIC, or on emu the attachers, does the
-/// work) until SIGINT/SIGTERM.
-pub fn serve_memory(rv: Rendezvous) -> Result<(), NodeError> {
-    index_ready(rv)?;
+/// Waits at "index-ready", keeping the control channel for
+/// [`compute_done`].
+pub fn index_ready_keeping(rv: &mut Rendezvous) -> Result<(), NodeError> {
+    rv.barrier(INDEX_READY)
+        .map_err(|e| channel_failed("barrier index-ready", e))
+}
+
+/// Whether a node of `cfg` both holds memory and computes. Its memory
+/// serves the other compute nodes too, so it must outlive every compute
+/// node's run, not only its own: every node of a run then keeps the
+/// control channel past "index-ready" and meets at "compute-done"
+/// ([`compute_done`]) before any node that holds memory lets it go.
+/// Without such a node nothing waits: memory-only nodes serve until
+/// SIGINT/SIGTERM anyway.
+pub fn shared_nodes(cfg: &ClusterConfig) -> bool {
+    cfg.nodes.iter().any(|n| n.roles.memory && n.roles.compute)
+}
+
+/// Waits at "compute-done" for as long as the longest compute run takes
+/// (every node of the run does; [`shared_nodes`]), then says goodbye. A
+/// node that leaves first (its process died: its own run failed) or a
+/// stop request ends the wait; the first is said, and neither is this
+/// node's failure: its own part is done either way.
+pub fn compute_done(mut rv: Rendezvous, me: &str) {
+    match rv.barrier_unbounded(COMPUTE_DONE) {
+        Ok(()) | Err(ChannelError::Cancelled) => {}
+        Err(e) => say(format_args!(
+            "{me}: a node left before every compute run was done ({})",
+            channel_problem(e)
+        )),
+    }
+    rv.close();
+}
+
+/// A memory-only node's part in a run from "index-ready" on: pass it,
+/// and where a node both holds memory and computes, stay on the control
+/// channel until "compute-done" ([`shared_nodes`]).
+pub fn memory_run_done(mut rv: Rendezvous, cfg: &ClusterConfig, me: &str) -> Result<(), NodeError> {
+    if !shared_nodes(cfg) {
+        return index_ready(rv);
+    }
+    index_ready_keeping(&mut rv)?;
+    compute_done(rv, me);
+    Ok(())
+}
+
+/// The memory role once booted: pass "index-ready" with the others (and
+/// "compute-done": [`memory_run_done`]), then stay out of the data path
+/// (the NIC, or on emu the attachers, does the work) until SIGINT/SIGTERM.
+pub fn serve_memory(rv: Rendezvous, cfg: &ClusterConfig, me: &str) -> Result<(), NodeError> {
+    memory_run_done(rv, cfg, me)?;
     while !signals::stop_requested() {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -474,8 +526,10 @@ const SERVED_RUN_WAIT: Duration = RENDEZVOUS_TIMEOUT;
 
 /// The memory role after the cluster's first run, on every backend: from
 /// `seat`, one rendezvous after another, each handed to `run` (the
-/// backend's part of one compute run, through its barriers), until `stop`
-/// (SIGINT/SIGTERM; `opts.cancel` ends any wait on the channel). A run
+/// backend's part of one compute run, through "index-ready"), until `stop`
+/// (SIGINT/SIGTERM; `opts.cancel` ends any wait on the channel). With
+/// `until_done` ([`shared_nodes`]) each run's rendezvous is held until
+/// "compute-done" before the next one is joined. A run
 /// that fails to start is said and the node waits for the next; it never
 /// ends the service. Returns the runs served.
 pub fn serve_runs(
@@ -483,6 +537,7 @@ pub fn serve_runs(
     seat: &Seat,
     me: &str,
     stop: &dyn Fn() -> bool,
+    until_done: bool,
     run: &mut dyn FnMut(&mut Rendezvous) -> Result<(), RunFailed>,
 ) -> u64 {
     let mut served = 0u64;
@@ -518,12 +573,16 @@ pub fn serve_runs(
         };
         match run(&mut rv) {
             Ok(()) => {
-                rv.close();
                 served += 1;
                 say(format_args!(
                     "{me}: compute run {} joined and started",
                     served + 1
                 ));
+                if until_done {
+                    compute_done(rv, me);
+                } else {
+                    rv.close();
+                }
             }
             Err(_) if stop() => break,
             Err(f) if f.started || matches!(seat, Seat::Coordinator { .. }) => say(format_args!(
@@ -551,17 +610,25 @@ fn serve_compute_runs(
     first: &Directory,
     me: &str,
 ) -> Result<u64, NodeError> {
-    index_ready(rv)?;
+    memory_run_done(rv, cfg, me)?;
     let mut members: Vec<u32> = cfg
         .nodes
         .iter()
         .filter(|n| n.roles.compute)
         .map(|n| n.id)
         .collect();
+    // Only memory nodes publish regions: ours, and the others' to relay,
+    // those of memory-only nodes (they stay out of later runs). A node
+    // that also computes is in every run and publishes its memory afresh:
+    // relaying its first run's records too gave its attachers two
+    // records of one node, the old one naming memory it no longer has.
+    let (own, others): (Vec<Region>, Vec<Region>) = first
+        .regions
+        .iter()
+        .filter(|r| !members.contains(&r.node_id))
+        .cloned()
+        .partition(|r| r.node_id == id);
     members.push(id);
-    // Only memory nodes publish regions: ours, and the others' to relay.
-    let (own, others): (Vec<Region>, Vec<Region>) =
-        first.regions.iter().cloned().partition(|r| r.node_id == id);
     let mine = Directory {
         endpoints: Vec::new(),
         regions: own,
@@ -581,6 +648,7 @@ fn serve_compute_runs(
         &seat,
         me,
         &signals::stop_requested,
+        shared_nodes(cfg),
         &mut |rv| {
             rv.exchange_relaying(&mine, &relayed)
                 .map_err(|e| RunFailed {
@@ -668,7 +736,7 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
         serve_compute_runs(rv, &cfg, o.id, listener, &boot.directory, &me)?;
         0
     } else {
-        serve_memory(rv)?;
+        serve_memory(rv, &cfg, &me)?;
         0
     };
     if own.is_some() {

@@ -22,7 +22,10 @@
 //! barrier cut short by SIGINT/SIGTERM) shuts the gate: the cores end
 //! without running a task and the node fails with the reason.
 
-use crate::node::{index_ready, say, NodeError, NodeOptions, TASKS_PER_CORE_MAX};
+use crate::node::{
+    compute_done, index_ready, index_ready_keeping, say, shared_nodes, NodeError, NodeOptions,
+    TASKS_PER_CORE_MAX,
+};
 use crate::node_index::{self, AnyIndex, IndexCoreState};
 use crate::node_work::{self, CoreState, Layout, NodeTally, AREA_BYTES};
 use crate::stats::OpTally;
@@ -269,8 +272,11 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         r
     };
     // The cores wait at the gate until this has loaded the index (on core
-    // 0) and met the other nodes; a failure shuts the gate.
-    let meanwhile = |started: Result<(), String>| -> Result<(u64, u64, Instant), NodeError> {
+    // 0) and met the other nodes; a failure shuts the gate. The control
+    // channel is kept for "compute-done" where a node both holds memory
+    // and computes.
+    let keep = shared_nodes(cfg);
+    let meanwhile = |started: Result<(), String>| -> Result<Started, NodeError> {
         let shut = |e: NodeError| {
             gate.shut();
             e
@@ -280,7 +286,14 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             Some(ix) if loader => loaded(ix, &load_rx, o.records, me).map_err(shut)?,
             _ => 0,
         };
-        index_ready(rv).map_err(shut)?;
+        let kept = if keep {
+            let mut rv = rv;
+            index_ready_keeping(&mut rv).map_err(shut)?;
+            Some(rv)
+        } else {
+            index_ready(rv).map_err(shut)?;
+            None
+        };
         let deadline_ns = match o.seconds {
             Some(secs) => src.now_ns() + (secs * 1e9) as u64,
             None => u64::MAX,
@@ -300,10 +313,10 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             index.as_ref().is_some_and(|ix| !ix.is_hash()),
             me,
         );
-        Ok((load_ns, start_unix_ns, started))
+        Ok((load_ns, start_unix_ns, started, kept))
     };
     let (ran, results) = run_threads_with(cores, pin, per_core, meanwhile);
-    let (load_ns, start_unix_ns, started) = ran?;
+    let (load_ns, start_unix_ns, started, kept) = ran?;
     let run = Run {
         results: results
             .into_iter()
@@ -313,8 +326,22 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         start_unix_ns,
         elapsed_ns: started.elapsed().as_nanos() as u64,
     };
-    Ok(report(c, index.is_some(), run))
+    let code = report(c, index.is_some(), run);
+    if let Some(rv) = kept {
+        if node.roles.memory {
+            say(format_args!(
+                "{me}: compute run done; this node's memory stays until every compute node is done"
+            ));
+        }
+        compute_done(rv, me);
+    }
+    Ok(code)
 }
+
+/// What the compute role's main thread returns once the cores started:
+/// the load's and the start's times, and the control channel where it is
+/// kept for "compute-done".
+type Started = (u64, u64, Instant, Option<Rendezvous>);
 
 /// Core 0's answer to the load: how long it took, or why it failed.
 fn loaded(

@@ -26,17 +26,34 @@ fn cluster(dir: &PrivateDir, memory: usize) -> (PathBuf, Vec<u16>) {
 
 /// As [`cluster`], with `compute` compute nodes (the k-th on CPU k mod 2).
 fn cluster_of(dir: &PrivateDir, memory: usize, compute: usize) -> (PathBuf, Vec<u16>) {
+    let roles: Vec<&str> = (0..memory + compute)
+        .map(|id| if id < memory { "memory" } else { "compute" })
+        .collect();
+    cluster_with(dir, &roles)
+}
+
+/// A cluster file with a node (ids 0..) per entry of `roles`: "memory",
+/// "compute" or "both"; the k-th node that computes on CPU k mod 2.
+fn cluster_with(dir: &PrivateDir, roles: &[&str]) -> (PathBuf, Vec<u16>) {
     write(dir, "secret", "0123456789abcdef0123456789abcdef-test");
-    let ports = free_ports(memory + compute).unwrap();
+    let ports = free_ports(roles.len()).unwrap();
     let mut t = String::from(
         "secret_file = \"secret\"\nlock_table_words = 4096\nhuge_pages = false\n[backend]\nkind = \"emu\"\n",
     );
-    for (id, port) in ports.iter().enumerate() {
+    let mut computing = 0;
+    for (id, (port, role)) in ports.iter().zip(roles).enumerate() {
         t += &format!("[[nodes]]\nid = {id}\naddress = \"127.0.0.1:{port}\"\n");
-        if id < memory {
-            t += "roles = [\"memory\"]\nmemory = \"16MiB\"\n";
-        } else {
-            t += &format!("roles = [\"compute\"]\ncores = [{}]\n", (id - memory) % 2);
+        t += match *role {
+            "memory" => "roles = [\"memory\"]\n",
+            "compute" => "roles = [\"compute\"]\n",
+            _ => "roles = [\"memory\", \"compute\"]\n",
+        };
+        if *role != "compute" {
+            t += "memory = \"16MiB\"\n";
+        }
+        if *role != "memory" {
+            t += &format!("cores = [{}]\n", computing % 2);
+            computing += 1;
         }
     }
     (write(dir, "cluster.toml", &t), ports)
@@ -951,6 +968,95 @@ fn memory_nodes_serve_one_compute_run_after_another() {
         files.iter().all(|f| !f.exists()),
         "memory node files left behind"
     );
+}
+
+/// Runs the tree on compute nodes `ids` of `file` at once, node `ids[k]`
+/// for `seconds[k]`; asserts each exits 0 having run its time without a
+/// failed or mismatched operation, and returns their logs.
+fn tree_run_of(file: &Path, ids: &[u32], seconds: &[&str], run: usize) -> Vec<String> {
+    let flags = |secs| {
+        [
+            "--seconds",
+            secs,
+            "--tasks",
+            "2",
+            "--workload",
+            "tree",
+            "--records",
+            "3000",
+            "--no-pin",
+        ]
+    };
+    let mut c = Reaper(
+        ids.iter()
+            .zip(seconds)
+            .map(|(&id, s)| spawn_node(file, id, &flags(s)))
+            .collect(),
+    );
+    let outs: Vec<_> = c.0.iter_mut().map(read_all).collect();
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let logs: Vec<_> = c.0.iter_mut().map(|n| collect(n, "", tx.clone())).collect();
+    let by = Instant::now() + Duration::from_secs(60);
+    let status: Vec<_> = c.0.iter_mut().map(|n| wait_until(n, by)).collect();
+    let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
+    let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (k, (s, log)) in status.iter().zip(&logs).enumerate() {
+        let id = ids[k];
+        let s = s.unwrap_or_else(|| panic!("run {run}: node {id} hung\n{log}"));
+        assert!(s.success(), "run {run}: node {id}: {s}\n{log}");
+        let json: serde_json::Value = serde_json::from_str(outs[k].lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("run {run}: node {id}: no result line ({e})\n{log}"));
+        assert_eq!(json["failures"], 0, "run {run}: node {id}: {json}\n{log}");
+        assert_eq!(json["mismatches"], 0, "run {run}: node {id}: {json}");
+        let secs: f64 = seconds[k].parse().unwrap();
+        let ran = json["elapsed_ns"].as_f64().unwrap() / 1e9;
+        assert!(ran >= secs * 0.9, "run {run}: node {id} ran {ran} s\n{log}");
+    }
+    logs
+}
+
+/// What a node that both holds memory and computes says when its run
+/// ends before the others'.
+const KEEPS_MEMORY: &str = "this node's memory stays until every compute node is done";
+
+/// Nodes that both hold memory and compute: the one that loaded the tree
+/// (it holds the tree's root) ends its run 2 s before the other, and keeps
+/// its memory until every compute node is done ("compute-done"), so the
+/// other's operations on it go on succeeding to the end (they failed as a
+/// dead node's once it left). Beside a memory-only coordinator, such nodes
+/// are served a second run too, each publishing its memory afresh (the
+/// coordinator relayed their first run's records as well, which named
+/// memory they no longer had).
+#[test]
+fn nodes_that_hold_memory_and_compute_keep_it_until_every_run_is_done() {
+    let dir = PrivateDir::new("shared").unwrap();
+    let (file, ports) = cluster_with(&dir, &["both", "both"]);
+    let files: Vec<PathBuf> = (0..2).map(|k| node_file(ports[0], k)).collect();
+    let _cleanup: Vec<RemoveOnDrop> = files.iter().cloned().map(RemoveOnDrop).collect();
+    let logs = tree_run_of(&file, &[0, 1], &["1", "3"], 0);
+    assert!(logs[0].contains(KEEPS_MEMORY), "{}", logs[0]);
+    assert!(files.iter().all(|f| !f.exists()), "node files left");
+
+    let dir = PrivateDir::new("shared-served").unwrap();
+    let (file, ports) = cluster_with(&dir, &["memory", "both", "both"]);
+    let files: Vec<PathBuf> = (0..3).map(|k| node_file(ports[0], k)).collect();
+    let _cleanup: Vec<RemoveOnDrop> = files.iter().cloned().map(RemoveOnDrop).collect();
+    let mut memory = Reaper(vec![spawn_node(&file, 0, &[])]);
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let mem_log = collect(&mut memory.0[0], "", tx);
+    for run in 0..2 {
+        tree_run_of(&file, &[1, 2], &["1", "2"], run);
+        assert!(files[1..].iter().all(|f| !f.exists()), "node files left");
+        assert!(memory.0[0].try_wait().unwrap().is_none());
+    }
+    // SAFETY: kill(2) on a child we started and have not reaped.
+    unsafe { libc::kill(memory.0[0].id() as libc::pid_t, libc::SIGTERM) };
+    let s = wait_until(&mut memory.0[0], Instant::now() + Duration::from_secs(5))
+        .expect("the memory node stops");
+    assert!(s.success(), "{s}");
+    let log = mem_log.join().unwrap();
+    assert!(log.contains("compute run 2 joined"), "{log}");
+    assert!(!files[0].exists());
 }
 
 #[test]

@@ -463,9 +463,9 @@ fn serve_later_runs(
     me: &str,
 ) -> Result<(), NodeError> {
     let Some(seat) = node::memory_seat(cfg, booted.listener.take())? else {
-        return node::serve_memory(rv);
+        return node::serve_memory(rv, cfg, me);
     };
-    node::index_ready(rv)?;
+    node::memory_run_done(rv, cfg, me)?;
     let opts = node::channel_options(cfg, id)?;
     say(format_args!(
         "{me}: serving compute runs until SIGINT/SIGTERM"
@@ -478,9 +478,15 @@ fn serve_later_runs(
         cores: Vec::new(),
     };
     let (top, regions) = (&booted.top, &booted.own_regions);
-    let served = node::serve_runs(&opts, &seat, me, &signals::stop_requested, &mut |rv| {
-        serve_memory_run(rv, &mut fabric, top, id, regions)
-    });
+    let until_done = node::shared_nodes(cfg);
+    let served = node::serve_runs(
+        &opts,
+        &seat,
+        me,
+        &signals::stop_requested,
+        until_done,
+        &mut |rv| serve_memory_run(rv, &mut fabric, top, id, regions),
+    );
     log::debug!("{me}: served {served} compute runs after the first");
     Ok(())
 }
