@@ -322,7 +322,7 @@ pub fn join_keeping(
         .iter()
         .map(|n| (n.id, n.address.clone()))
         .collect();
-    opts.on_wait = Some(WaitReport::new(move |ids| {
+    opts.on_wait = Some(WaitReport::new(move |ids, refused| {
         let list: Vec<String> = ids
             .iter()
             .map(|i| match where_.iter().find(|(n, _)| n == i) {
@@ -330,8 +330,12 @@ pub fn join_keeping(
                 None => i.to_string(),
             })
             .collect();
+        let refused = match refused {
+            Some(e) => format!("; refused a connection meanwhile: {e}"),
+            None => String::new(),
+        };
         say(format_args!(
-            "loch node {id}: waiting for node{} {} to join the rendezvous",
+            "loch node {id}: waiting for node{} {} to join the rendezvous{refused}",
             if ids.len() == 1 { "" } else { "s" },
             list.join(", ")
         ));

@@ -10,14 +10,16 @@
 //!
 //! The exchange (initiator I dials responder R):
 //! ```text
-//! I → R  Hello{id_I, n_I}
-//! R → I  Hello{id_R, n_R}
+//! I → R  Hello{id_I, n_I, v_I}
+//! R → I  Hello{id_R, n_R, v_R}     (v: the control protocol, wire::PROTOCOL;
+//!                                  each end refuses another, R after its Hello)
 //! I → R  Auth{HMAC(K, "loch-ctl-v1 initiator" ‖ id_I ‖ id_R ‖ n_I ‖ n_R)}
 //!        R checks it; on failure R closes and I learned only n_R.
 //! R → I  Auth{HMAC(K, "loch-ctl-v1 responder" ‖ id_I ‖ id_R ‖ n_I ‖ n_R)}
 //! ```
 //! R proves itself only after I has, so a client without the secret learns
-//! nothing but a nonce; I sends nothing but its proof until R has proven
+//! nothing but a nonce (and which protocol R speaks, as any build's source
+//! says); I sends nothing but its proof until R has proven
 //! itself, so a fake responder learns nothing either.
 //!
 //! After the handshake every frame carries a [`SessionMac`] trailer keyed by

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{
     fresh_nonce, ClusterSecret, Direction, SessionMac, Transcript, MAC_BYTES, NONCE_BYTES,
 };
-use crate::wire::{self, Endpoint, Message, Region, WireError, NAME_BYTES_MAX};
+use crate::wire::{self, Endpoint, Message, Region, WireError, NAME_BYTES_MAX, PROTOCOL};
 
 /// The most Endpoint plus Region records one node may publish.
 pub const RECORDS_PER_NODE_MAX: usize = 4096;
@@ -75,15 +75,21 @@ fn cancelled(cancel: &Option<Cancel>) -> bool {
 
 /// Hears, about once a second while a rendezvous waits, the ids of the
 /// nodes it still waits for (the coordinator: members not yet joined; a
-/// member: the coordinator), so that a node can say whom it waits for.
+/// member: the coordinator), so that a node can say whom it waits for;
+/// and, at the coordinator, the last handshake it refused since the last
+/// report (a node of another build or secret knocking), so that it can
+/// say why a node it waits for has not joined.
 #[derive(Clone)]
 pub struct WaitReport(Arc<WaitFn>);
 
-/// What a [`WaitReport`] calls: the ids still awaited.
-type WaitFn = dyn Fn(&[u32]) + Send + Sync;
+/// What a [`WaitReport`] calls: the ids still awaited, and the last
+/// refusal since the last call.
+type WaitFn = dyn Fn(&[u32], Option<&ChannelError>) + Send + Sync;
 
 impl WaitReport {
-    pub fn new(report: impl Fn(&[u32]) + Send + Sync + 'static) -> WaitReport {
+    pub fn new(
+        report: impl Fn(&[u32], Option<&ChannelError>) + Send + Sync + 'static,
+    ) -> WaitReport {
         WaitReport(Arc::new(report))
     }
 }
@@ -97,14 +103,21 @@ impl fmt::Debug for WaitReport {
 /// How often a waiting rendezvous reports.
 pub const WAIT_REPORT_EVERY: Duration = Duration::from_secs(1);
 
-/// Calls `report` with `waiting` when `next` has passed, and moves `next`
-/// on by [`WAIT_REPORT_EVERY`].
-fn report_wait(report: &Option<WaitReport>, next: &mut Instant, waiting: &[u32]) {
-    if let Some(r) = report {
-        if Instant::now() >= *next {
-            (r.0)(waiting);
+/// Calls `report` with `waiting` and `refused` when `next` has passed,
+/// and moves `next` on by [`WAIT_REPORT_EVERY`]; whether it called.
+fn report_wait(
+    report: &Option<WaitReport>,
+    next: &mut Instant,
+    waiting: &[u32],
+    refused: Option<&ChannelError>,
+) -> bool {
+    match report {
+        Some(r) if Instant::now() >= *next => {
+            (r.0)(waiting, refused);
             *next = Instant::now() + WAIT_REPORT_EVERY;
+            true
         }
+        _ => false,
     }
 }
 
@@ -313,17 +326,35 @@ impl ControlChannel {
             &Message::Hello {
                 node_id: opts.node_id,
                 nonce,
+                protocol: PROTOCOL,
             },
             opts.handshake_timeout,
         )?;
-        let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel)? {
-            Message::Hello { node_id, nonce } => (node_id, nonce),
-            m => {
+        let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel) {
+            Ok(Message::Hello {
+                node_id,
+                nonce,
+                protocol: PROTOCOL,
+            }) => (node_id, nonce),
+            Ok(Message::Hello {
+                node_id, protocol, ..
+            }) => return Err(protocol_mismatch(node_id, protocol)),
+            Ok(m) => {
                 return Err(ChannelError::Refused(format!(
                     "expected Hello, got {}",
                     m.kind()
                 )))
             }
+            // A responder says nothing to a node it refuses.
+            Err(ChannelError::Wire(WireError::Closed)) => {
+                return Err(ChannelError::Refused(format!(
+                    "the peer closed the connection before its Hello: it does not admit node {} \
+                     there, or it runs a Loch build older than control protocol {PROTOCOL}, which \
+                     cannot read this build's Hello",
+                    opts.node_id
+                )))
+            }
+            Err(e) => return Err(e),
         };
         if let Some(want) = expect_peer {
             if peer_id != want {
@@ -393,8 +424,12 @@ impl ControlChannel {
     ) -> Result<Self, ChannelError> {
         let deadline = Instant::now() + opts.handshake_timeout;
         stream.set_nodelay(true)?;
-        let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel)? {
-            Message::Hello { node_id, nonce } => (node_id, nonce),
+        let (peer_id, peer_nonce, peer_protocol) = match recv_by(&stream, deadline, &opts.cancel)? {
+            Message::Hello {
+                node_id,
+                nonce,
+                protocol,
+            } => (node_id, nonce, protocol),
             m => {
                 return Err(ChannelError::Refused(format!(
                     "expected Hello, got {}",
@@ -412,9 +447,15 @@ impl ControlChannel {
             &Message::Hello {
                 node_id: opts.node_id,
                 nonce,
+                protocol: PROTOCOL,
             },
             opts.handshake_timeout,
         )?;
+        // Refused after our Hello, which tells the initiator our version:
+        // both ends name the mismatch.
+        if peer_protocol != PROTOCOL {
+            return Err(protocol_mismatch(peer_id, peer_protocol));
+        }
         let t = Transcript {
             initiator_id: peer_id,
             responder_id: opts.node_id,
@@ -423,7 +464,8 @@ impl ControlChannel {
         };
         match recv_by(&stream, deadline, &opts.cancel)? {
             Message::Auth { mac } if t.verify(&opts.secret, Direction::Initiator, &mac) => {}
-            // Close without a word: the peer learns only our nonce.
+            // Close without a word: the peer learns only our nonce (and
+            // protocol).
             Message::Auth { .. } => {
                 return Err(ChannelError::Refused(format!(
                     "node {peer_id} sent a wrong proof"
@@ -513,6 +555,15 @@ impl ControlChannel {
             why,
         }
     }
+}
+
+/// The refusal of a peer speaking another control protocol
+/// ([`wire::PROTOCOL`]).
+fn protocol_mismatch(peer: u32, theirs: u16) -> ChannelError {
+    ChannelError::Refused(format!(
+        "node {peer} speaks control protocol {theirs}, this node {PROTOCOL}: run the same Loch \
+         build on every node"
+    ))
 }
 
 /// Accepts one connection by `deadline` (std's `accept` has no timeout, so
@@ -664,7 +715,9 @@ impl Rendezvous {
             )));
         }
         let mut joined = Vec::with_capacity(waiting.len());
-        let mut refused = Vec::new();
+        let mut refused: Vec<ChannelError> = Vec::new();
+        // Refusals up to this index were reported already.
+        let mut told = 0;
         let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
         while !waiting.is_empty() {
             // Accept in steps of at most a second, to report between them.
@@ -676,15 +729,22 @@ impl Rendezvous {
                 Ok(s) => s,
                 Err(ChannelError::Timeout(_)) if Instant::now() < deadline => {
                     let ids: Vec<u32> = waiting.iter().copied().collect();
-                    report_wait(&opts.on_wait, &mut next_report, &ids);
+                    let fresh = refused[told..].last();
+                    if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
+                        told = refused.len();
+                    }
                     continue;
                 }
                 Err(ChannelError::Timeout(_)) => {
+                    let last = match refused.last() {
+                        Some(e) => format!("; the last: {e}"),
+                        None => String::new(),
+                    };
                     return Err(ChannelError::Timeout(format!(
-                        "nodes {:?} did not join within {timeout:?} ({} connections refused)",
+                        "nodes {:?} did not join within {timeout:?} ({} connections refused{last})",
                         waiting.iter().collect::<Vec<_>>(),
                         refused.len()
-                    )))
+                    )));
                 }
                 Err(e) => return Err(e),
             };
@@ -728,7 +788,7 @@ impl Rendezvous {
                     if e.kind() == io::ErrorKind::ConnectionRefused
                         && Instant::now() < deadline =>
                 {
-                    report_wait(&opts.on_wait, &mut next_report, &[coordinator_id]);
+                    report_wait(&opts.on_wait, &mut next_report, &[coordinator_id], None);
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Err(or_cancelled(e, &opts.cancel)),

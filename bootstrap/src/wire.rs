@@ -23,6 +23,13 @@ use crate::auth::{MAC_BYTES, NONCE_BYTES};
 pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 /// The longest barrier name.
 pub const NAME_BYTES_MAX: usize = 256;
+/// The control protocol this build speaks, sent in its [`Message::Hello`]:
+/// raised whenever a message's bytes or meaning change, so that nodes of
+/// different builds are refused at the handshake, naming both versions,
+/// rather than failing later on a record one of them cannot read. 1:
+/// builds whose Hello ended at the nonce (their Endpoint records had no
+/// `rd_atom`); 2: the Hello carries the version.
+pub const PROTOCOL: u16 = 2;
 
 /// A reliable-connection queue pair's address, as the peer needs it to move
 /// its own QP to RTR (IB spec vol. 1 §11.2.4.2, `ibv_modify_qp` attributes).
@@ -73,6 +80,9 @@ pub enum Message {
     Hello {
         node_id: u32,
         nonce: [u8; NONCE_BYTES],
+        /// The sender's [`PROTOCOL`]. A Hello that ends at the nonce is
+        /// 1, as its builds sent it (and as 1 encodes); 0 is refused.
+        protocol: u16,
     },
     Auth {
         mac: [u8; MAC_BYTES],
@@ -160,10 +170,19 @@ impl Message {
     /// Appends this message's body (tag and fields, no length) to `out`.
     pub fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
-            Message::Hello { node_id, nonce } => {
+            Message::Hello {
+                node_id,
+                nonce,
+                protocol,
+            } => {
                 out.push(TAG_HELLO);
                 out.extend_from_slice(&node_id.to_be_bytes());
                 out.extend_from_slice(nonce);
+                // Protocol 1's Hello ended at the nonce (one encoding a
+                // message: what decodes re-encodes to the same bytes).
+                if *protocol != 1 {
+                    out.extend_from_slice(&protocol.to_be_bytes());
+                }
             }
             Message::Auth { mac } => {
                 out.push(TAG_AUTH);
@@ -241,6 +260,19 @@ impl Message {
             TAG_HELLO => Message::Hello {
                 node_id: r.u32("node_id")?,
                 nonce: r.array("nonce")?,
+                protocol: if r.buf.is_empty() {
+                    1
+                } else {
+                    match r.u16("protocol")? {
+                        0 | 1 => {
+                            return Err(WireError::Invalid {
+                                field: "protocol",
+                                why: "1 is sent as no field, and 0 is none",
+                            })
+                        }
+                        p => p,
+                    }
+                },
             },
             TAG_AUTH => Message::Auth {
                 mac: r.array("mac")?,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bootstrap::auth::{Direction, SessionMac, Transcript};
 use bootstrap::channel::{
     agreement_fits, Cancel, ChannelError, ChannelOptions, ControlChannel, Directory, Rendezvous,
-    NODES_MAX,
+    WaitReport, NODES_MAX,
 };
 use bootstrap::wire::{self, Endpoint, Message, QpInfo, Region, Space, WireError};
 use common::secret;
@@ -157,6 +157,16 @@ fn three_nodes_exchange_and_pass_two_barriers() {
 }
 
 /// Reads everything the peer sends until it closes (or 2 s pass).
+/// Writes a Hello by hand (as a node of `protocol` would).
+fn send_hello(s: &mut TcpStream, node_id: u32, nonce: [u8; 32], protocol: u16) {
+    let hello = Message::Hello {
+        node_id,
+        nonce,
+        protocol,
+    };
+    wire::write_message(s, &hello).unwrap();
+}
+
 fn read_all(s: &mut TcpStream) -> Vec<u8> {
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut got = Vec::new();
@@ -178,11 +188,12 @@ fn wrong_secret_is_refused_and_learns_only_a_nonce() {
     // every byte it receives is kept.
     let mut s = TcpStream::connect(addr).unwrap();
     let nonce = [42u8; 32];
-    wire::write_message(&mut s, &Message::Hello { node_id: 1, nonce }).unwrap();
+    send_hello(&mut s, 1, nonce, wire::PROTOCOL);
     let got_hello = wire::read_message(&mut s).unwrap();
     let Message::Hello {
         node_id: 0,
         nonce: their,
+        protocol: wire::PROTOCOL,
     } = got_hello
     else {
         panic!("{got_hello:?}")
@@ -229,14 +240,7 @@ fn a_client_never_sends_records_to_a_server_without_the_secret() {
     let fake = thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         let hello = wire::read_message(&mut s).unwrap();
-        wire::write_message(
-            &mut s,
-            &Message::Hello {
-                node_id: 0,
-                nonce: [5; 32],
-            },
-        )
-        .unwrap();
+        send_hello(&mut s, 0, [5; 32], wire::PROTOCOL);
         wire::write_message(&mut s, &Message::Auth { mac: [0; 32] }).unwrap();
         let Message::Hello { .. } = hello else {
             panic!("{hello:?}")
@@ -294,7 +298,7 @@ fn replayed_handshake_is_refused() {
     let ch = ControlChannel::connect(relay_addr, Some(0), &opts(1, 1)).unwrap();
     assert_eq!(ch.peer_id(), 0);
     let recorded = relay.join().unwrap();
-    assert_eq!(recorded.len(), 41 + 37, "Hello and Auth frames");
+    assert_eq!(recorded.len(), 43 + 37, "Hello and Auth frames");
 
     // Replay the recorded Hello and Auth on a new connection.
     let mut r = TcpStream::connect(server_addr).unwrap();
@@ -302,7 +306,7 @@ fn replayed_handshake_is_refused() {
     let got = read_all(&mut r);
     assert_eq!(
         got.len(),
-        41,
+        43,
         "the replayer gets only the server's Hello: {got:?}"
     );
     assert!(matches!(
@@ -346,6 +350,124 @@ fn reflected_proof_is_refused() {
     ));
 }
 
+/// Nodes of builds speaking different control protocols are refused at
+/// the handshake, both ends naming both versions: a responder given a
+/// protocol-1 Hello (it ended at the nonce) answers with its own Hello
+/// before refusing, so that the initiator can name the mismatch too; an
+/// initiator answered with another version refuses; and one whose Hello
+/// the responder could not read (an older build closes on the unknown
+/// field) is told what that may mean.
+#[test]
+fn nodes_of_different_control_protocols_are_refused_naming_both() {
+    // A protocol-1 initiator, by hand.
+    let (l, addr) = listener();
+    let old = thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let hello = Message::Hello {
+            node_id: 1,
+            nonce: [7; 32],
+            protocol: 1,
+        }
+        .encode_frame();
+        assert_eq!(hello.len(), 41, "protocol 1's Hello, as its builds sent it");
+        s.write_all(&hello).unwrap();
+        read_all(&mut s)
+    });
+    let (stream, _) = l.accept().unwrap();
+    let e = ControlChannel::respond(stream, &opts(0, 1), &|_| true, [9; 32])
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, ChannelError::Refused(why)
+            if why.contains("node 1 speaks control protocol 1, this node 2")),
+        "{e}"
+    );
+    let got = old.join().unwrap();
+    let reply = Message::decode_body(&got[4..]).unwrap();
+    assert!(
+        matches!(
+            reply,
+            Message::Hello {
+                node_id: 0,
+                protocol: wire::PROTOCOL,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    assert_eq!(got.len(), 43, "nothing after the Hello: {got:?}");
+
+    // A responder of a later protocol, by hand.
+    let (l, addr) = listener();
+    let newer = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = wire::read_message(&mut s).unwrap();
+        send_hello(&mut s, 0, [5; 32], wire::PROTOCOL + 1);
+        read_all(&mut s)
+    });
+    let e = ControlChannel::connect(addr, Some(0), &opts(1, 1)).unwrap_err();
+    let want = format!(
+        "node 0 speaks control protocol {}, this node {}",
+        wire::PROTOCOL + 1,
+        wire::PROTOCOL
+    );
+    assert!(
+        matches!(&e, ChannelError::Refused(why) if why.contains(&want)),
+        "{e}"
+    );
+    assert!(newer.join().unwrap().is_empty(), "no proof was sent");
+
+    // A responder that closes on our Hello.
+    let (l, addr) = listener();
+    let closes = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 43];
+        s.read_exact(&mut b).unwrap();
+    });
+    let e = ControlChannel::connect(addr, Some(0), &opts(1, 1)).unwrap_err();
+    assert!(
+        matches!(&e, ChannelError::Refused(why)
+            if why.contains("older than control protocol") && why.contains("admit node 1")),
+        "{e}"
+    );
+    closes.join().unwrap();
+
+    // A coordinator says why a member it waits for has not joined: in its
+    // next wait report and in its timeout.
+    let (l, addr) = listener();
+    let knocks = thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        send_hello(&mut s, 1, [7; 32], 1);
+        read_all(&mut s)
+    });
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let mut o = opts(0, 1);
+    let h = heard.clone();
+    o.on_wait = Some(WaitReport::new(move |ids, refused| {
+        h.lock()
+            .unwrap()
+            .push((ids.to_vec(), refused.map(|e| e.to_string())));
+    }));
+    let e = Rendezvous::coordinate(&l, &[0, 1], &o, Duration::from_millis(2500))
+        .err()
+        .unwrap();
+    let mismatch = "node 1 speaks control protocol 1, this node 2";
+    assert!(
+        matches!(&e, ChannelError::Timeout(why)
+            if why.contains("1 connections refused; the last: handshake refused")
+                && why.contains(mismatch)),
+        "{e}"
+    );
+    knocks.join().unwrap();
+    let heard = heard.lock().unwrap();
+    assert!(!heard.is_empty());
+    assert!(heard.iter().all(|(ids, _)| ids == &[1]), "{heard:?}");
+    // Said once, in the first report after it.
+    let told: Vec<&String> = heard.iter().filter_map(|(_, r)| r.as_ref()).collect();
+    assert_eq!(told.len(), 1, "{heard:?}");
+    assert!(told[0].contains(mismatch), "{heard:?}");
+}
+
 /// Sends `bytes` to a fresh responder and returns its result.
 fn respond_to(bytes: &[u8], close_after: bool) -> Result<u32, ChannelError> {
     let (l, addr) = listener();
@@ -370,6 +492,7 @@ fn malformed_truncated_and_oversized_frames_are_refused() {
     let hello = Message::Hello {
         node_id: 1,
         nonce: [1; 32],
+        protocol: wire::PROTOCOL,
     }
     .encode_frame();
     type Case = (&'static str, Vec<u8>, fn(&ChannelError) -> bool);
@@ -418,7 +541,7 @@ fn hand_member(
     thread::spawn(move || {
         let mut s = TcpStream::connect(addr).unwrap();
         let nonce = [8u8; 32];
-        wire::write_message(&mut s, &Message::Hello { node_id: 1, nonce }).unwrap();
+        send_hello(&mut s, 1, nonce, wire::PROTOCOL);
         let Message::Hello { nonce: theirs, .. } = wire::read_message(&mut s).unwrap() else {
             panic!()
         };
@@ -615,6 +738,7 @@ fn silent_and_trickling_peers_time_out() {
         for b in (Message::Hello {
             node_id: 1,
             nonce: [0; 32],
+            protocol: wire::PROTOCOL,
         })
         .encode_frame()
         {

@@ -29,12 +29,37 @@ fn hello_bytes_are_as_documented() {
     let f = Message::Hello {
         node_id: 0x0102_0304,
         nonce: [0xee; 32],
+        protocol: 0x0a0b,
     }
     .encode_frame();
-    assert_eq!(&f[..4], &37u32.to_be_bytes());
+    assert_eq!(&f[..4], &39u32.to_be_bytes());
     assert_eq!(f[4], 1, "tag");
     assert_eq!(&f[5..9], &[1, 2, 3, 4]);
-    assert_eq!(f.len(), 41);
+    assert_eq!(&f[41..], &[0x0a, 0x0b], "protocol, last");
+    assert_eq!(f.len(), 43);
+    // A Hello ending at the nonce, as protocol 1's builds sent it, reads
+    // as protocol 1; one byte of version is truncated.
+    let old = Message::decode_body(&f[4..41]).unwrap();
+    assert!(matches!(old, Message::Hello { protocol: 1, .. }), "{old:?}");
+    assert!(matches!(
+        Message::decode_body(&f[4..42]),
+        Err(WireError::Truncated { field: "protocol" })
+    ));
+    assert_eq!(
+        old.encode_frame(),
+        [&37u32.to_be_bytes(), &f[4..41]].concat()
+    );
+    for bad in [0u16, 1] {
+        let mut b = f[4..41].to_vec();
+        b.extend_from_slice(&bad.to_be_bytes());
+        assert!(matches!(
+            Message::decode_body(&b),
+            Err(WireError::Invalid {
+                field: "protocol",
+                ..
+            })
+        ));
+    }
 }
 
 #[test]
@@ -53,6 +78,7 @@ fn bad_bodies_give_the_promised_errors() {
     let hello = body(&Message::Hello {
         node_id: 1,
         nonce: [0; 32],
+        protocol: bootstrap::wire::PROTOCOL,
     });
     assert!(matches!(
         Message::decode_body(&hello[..3]),

@@ -67,6 +67,7 @@ pub fn sample_messages() -> Vec<Message> {
         Message::Hello {
             node_id: 7,
             nonce: [3u8; 32],
+            protocol: bootstrap::wire::PROTOCOL,
         },
         Message::Auth { mac: [0xa5; 32] },
         Message::Endpoint(Endpoint {
