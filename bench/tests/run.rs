@@ -616,7 +616,7 @@ fn history_files_hold_the_initial_state_and_every_op_and_check_ok_from_outside()
             if l["op"] == "put" {
                 let v = l["value"].as_u64().unwrap();
                 assert!(written.insert(v), "value {v} written twice");
-                assert_eq!(v >> 32, l["client"].as_u64().unwrap(), "{l}");
+                assert_eq!(v >> 39, l["client"].as_u64().unwrap(), "{l}");
             }
         }
         assert!(f.initial.values().all(|v| !written.contains(v)));

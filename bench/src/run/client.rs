@@ -213,23 +213,43 @@ impl<N: Nic> Log<'_, N> {
     }
 }
 
-/// The values one client writes: `client << 32 | n` for its `n`-th put, so
-/// every value written in a run is unique and differs from every
+/// The values one client writes: `client << PUT_BITS | n` for its `n`-th
+/// put, so every value written in a run is unique and differs from every
 /// bulk-loaded value (a record's index, below 2³²): a stale read is always
-/// told from a fresh one.
+/// told from a fresh one. Client ids run from 1 to at most 2²⁴ (the
+/// clients `run` admits), so the ids fit above [`PUT_BITS`] bits of put
+/// numbers; with 32 bits, as before, a client's 2³²nd put (an hour and a
+/// half at 800 thousand puts a second) wrote the next client's first
+/// value.
 pub(crate) struct Values {
     pub(crate) client: u64,
     pub(crate) puts: u64,
 }
 
+/// Bits of a client's put number in its values: 2³⁹ puts, more than a
+/// client makes in `--seconds`' longest run (a day) at 6 million puts a
+/// second, or in the most `--ops` and `--warmup` allow (2 × 10¹¹).
+pub(crate) const PUT_BITS: u32 = 39;
+
 impl Values {
     pub(crate) fn new(client: u64) -> Values {
-        debug_assert!(client > 0 && client < 1 << 31);
+        assert!(
+            client > 0 && client < 1 << (64 - PUT_BITS),
+            "client id {client} outside 1..2^{}",
+            64 - PUT_BITS
+        );
         Values { client, puts: 0 }
     }
 
     pub(crate) fn next(&mut self) -> u64 {
-        let v = self.client << 32 | self.puts;
+        // An invariant of the bounds above, not of input: past it, values
+        // would repeat and histories could not be checked.
+        assert!(
+            self.puts < 1 << PUT_BITS,
+            "client {} made 2^{PUT_BITS} puts: its values would repeat",
+            self.client
+        );
+        let v = self.client << PUT_BITS | self.puts;
         self.puts += 1;
         v
     }
@@ -409,4 +429,36 @@ pub(crate) async fn client_task<N: Nic>(
     }
     *sh.tree.borrow_mut() += c.tree_stats();
     sh.finished.set(sh.finished.get() + 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_stay_unique_past_2_to_the_32_puts_and_above_every_record() {
+        // With 32 bits of put number, client 1's put number 2^32 wrote
+        // its own first value, and 2^33 client 3's first.
+        let late = |puts| Values { client: 1, puts }.next();
+        assert_ne!(late(1 << 32), Values::new(1).next());
+        assert_ne!(late(1 << 33), Values::new(3).next());
+        // The highest client id and put number fit in 64 bits, and the
+        // lowest value is above every record number.
+        let mut top = Values {
+            client: (1 << (64 - PUT_BITS)) - 1,
+            puts: (1 << PUT_BITS) - 1,
+        };
+        assert_eq!(top.next(), u64::MAX);
+        assert!(Values::new(1).next() >= 1 << 32);
+    }
+
+    #[test]
+    #[should_panic(expected = "values would repeat")]
+    fn a_client_past_its_put_numbers_stops_rather_than_repeat_a_value() {
+        let mut v = Values {
+            client: 1,
+            puts: 1 << PUT_BITS,
+        };
+        v.next();
+    }
 }

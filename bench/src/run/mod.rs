@@ -321,7 +321,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "initial_records": spec.records,
         "warmup_per_client": spec.warmup,
         "faults": spec.fault_names(),
-        "values": "a put writes client << 32 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
+        "values": "a put writes client << 39 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
         "key_bytes": spec.key_bytes,
         "value_bytes": spec.tree.value_bytes,
     })
