@@ -84,11 +84,16 @@ async fn random_client<N: Nic, K: TestKey>(
     // Values wider than 8 bytes go whole: `widen` of a unique u64.
     let vb = c.tree().config().value_bytes;
     let mut value = vec![0u8; vb];
+    // Every value written is unique (the history's promise): this
+    // client's id above its put count. They were random below 2^30 and
+    // could repeat.
+    let mut puts = 0u64;
     for _ in 0..ops {
         let k = rng.below(keys) * 3;
         let (op, r) = match rng.below(10) {
             0..=3 => {
-                let v = (me as u64) << 32 | rng.below(1 << 30);
+                let v = (me as u64) << 32 | puts;
+                puts += 1;
                 let id = rec.invoke(me, Op::Put(k, v), clock(&ctx));
                 if vb == 8 {
                     (id, c.put(&ctx, K::of(k), v).await.map(|_| Ret::Put))
