@@ -483,7 +483,7 @@ fn read_history(path: &Path) -> HistoryFile {
     let header = lines.next().expect("a header line");
     assert_eq!(header["type"], "header");
     assert_eq!(header["format"], "loch-history");
-    assert_eq!(header["version"], 1);
+    assert_eq!(header["version"], 2);
     let (mut initial, mut ops) = (BTreeMap::new(), Vec::new());
     for l in lines {
         match l["type"].as_str().unwrap() {

@@ -309,7 +309,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
     json!({
         "type": "header",
         "format": "loch-history",
-        "version": 1,
+        "version": 2,
         "system": spec.system,
         "index": if spec.cuckoo { "hash" } else { "tree" },
         "backend": spec.backend.name(),
