@@ -3,7 +3,9 @@
 //! Owns the frame format and the message encoding. A frame is a big-endian
 //! `u32` body length (at most [`FRAME_BYTES_MAX`]) followed by the body: one
 //! tag byte and the message's fields, fixed-width big-endian integers, and
-//! strings as a `u16` length plus UTF-8 bytes. Hand-rolled, so the format is
+//! strings as a `u16` length plus UTF-8 bytes; a Hello's last field, the
+//! protocol version, is absent for version 1 (whose builds had no such
+//! field). Hand-rolled, so the format is
 //! exactly what this file says and nothing a serializer might change.
 //!
 //! After the handshake the channel appends a 32-byte MAC to each body
@@ -27,8 +29,12 @@ pub const NAME_BYTES_MAX: usize = 256;
 /// raised whenever a message's bytes or meaning change, so that nodes of
 /// different builds are refused at the handshake, naming both versions,
 /// rather than failing later on a record one of them cannot read. 1:
-/// builds whose Hello ended at the nonce (their Endpoint records had no
-/// `rd_atom`); 2: the Hello carries the version.
+/// builds whose Hello ended at the nonce (the last of them sent Endpoint
+/// records with `rd_atom`, the earlier ones without); 2: the Hello carries
+/// the version. The version is not in the authenticated transcript: both
+/// ends require an exact match, so rewriting it on the path can only get
+/// a connection refused; a build that accepts more than one version must
+/// bind it into the transcript first.
 pub const PROTOCOL: u16 = 2;
 
 /// A reliable-connection queue pair's address, as the peer needs it to move
