@@ -9,8 +9,9 @@
 //! memory nodes outlive compute runs: after the cluster's first run, the
 //! coordinator (the lowest id, when it is a memory-only node) serves any
 //! number of later ones — each a rendezvous of the coordinator and the
-//! compute nodes, to which it relays every memory node's regions — while
-//! the other memory nodes sleep (a 50 ms loop). A run's loader clears the
+//! compute nodes, to which it relays every memory-only node's regions (a
+//! node that also computes joins each run and publishes its memory
+//! afresh) — while the other memory nodes sleep (a 50 ms loop). A run's loader clears the
 //! previous run's index from the memory nodes before loading its own, and
 //! each verb task zeroes its own words before checking them. (On mlx5
 //! every memory node pairs queue pairs with each run's cores, so there
@@ -462,16 +463,36 @@ pub fn shared_nodes(cfg: &ClusterConfig) -> bool {
     cfg.nodes.iter().any(|n| n.roles.memory && n.roles.compute)
 }
 
-/// Waits at "compute-done" for as long as the longest compute run takes
-/// (every node of the run does; [`shared_nodes`]), then says goodbye. A
-/// node that leaves first (its process died: its own run failed) or a
-/// stop request ends the wait; the first is said, and neither is this
-/// node's failure: its own part is done either way.
-pub fn compute_done(mut rv: Rendezvous, me: &str) {
-    match rv.barrier_unbounded(COMPUTE_DONE) {
-        Ok(()) | Err(ChannelError::Cancelled) => {}
+/// This node's part in "compute-done" ([`shared_nodes`]), once its own
+/// part in the run is over, then goodbye. A node that holds memory waits
+/// there for as long as the longest compute run takes (its memory serves
+/// them), and so does the coordinator, through which the others meet; a
+/// compute-only member just leaves, which counts as its arrival
+/// ([`Rendezvous::final_barrier`]): it holds nothing anyone needs. A
+/// compute node that leaves early (its run ended, or its process died)
+/// does not end the others' wait; the coordinator leaving does (said),
+/// as does a stop request. Neither is this node's failure: its own part
+/// is done either way.
+pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
+    if !holds_memory && !rv.is_coordinator() {
+        rv.close();
+        return;
+    }
+    if !holds_memory {
+        say(format_args!(
+            "{me}: compute run done; staying until every compute node is done (this node \
+             coordinates the control channel, through which the nodes holding memory learn it)"
+        ));
+    }
+    match rv.final_barrier(COMPUTE_DONE) {
+        Ok(_) | Err(ChannelError::Cancelled) => {}
+        Err(e) if rv.is_coordinator() => say(format_args!(
+            "{me}: compute-done failed: {}",
+            channel_problem(e)
+        )),
         Err(e) => say(format_args!(
-            "{me}: a node left before every compute run was done ({})",
+            "{me}: the coordinator left before every compute run was done ({}); not waiting \
+             for the others",
             channel_problem(e)
         )),
     }
@@ -486,7 +507,7 @@ pub fn memory_run_done(mut rv: Rendezvous, cfg: &ClusterConfig, me: &str) -> Res
         return index_ready(rv);
     }
     index_ready_keeping(&mut rv)?;
-    compute_done(rv, me);
+    compute_done(rv, me, true);
     Ok(())
 }
 
@@ -545,6 +566,17 @@ pub fn serve_runs(
     run: &mut dyn FnMut(&mut Rendezvous) -> Result<(), RunFailed>,
 ) -> u64 {
     let mut served = 0u64;
+    // Quiet while idle, but a handshake refused meanwhile (a node of
+    // another build or secret) is said: the node it came from is likely
+    // waiting on this one.
+    let mut opts = opts.clone();
+    let who = me.to_string();
+    opts.on_wait = Some(WaitReport::new(move |_, refused| {
+        if let Some(e) = refused {
+            say(format_args!("{who}: refused a connection: {e}"));
+        }
+    }));
+    let opts = &opts;
     while !stop() {
         let joined = match seat {
             Seat::Coordinator { listener, members } => {
@@ -583,7 +615,7 @@ pub fn serve_runs(
                     served + 1
                 ));
                 if until_done {
-                    compute_done(rv, me);
+                    compute_done(rv, me, true);
                 } else {
                     rv.close();
                 }
@@ -603,8 +635,9 @@ pub fn serve_runs(
 /// has booted: it goes on serving compute runs until SIGINT/SIGTERM. Each
 /// later run is a rendezvous of the coordinator and the compute nodes (the
 /// other memory nodes stay up and out of it: compute nodes attach to them
-/// by path): the coordinator relays every memory node's regions from the
-/// first exchange, and passes both barriers with them. Returns the runs
+/// by path): the coordinator relays every memory-only node's regions from
+/// the first exchange, and passes the barriers with them ("compute-done"
+/// too where a node both holds memory and computes). Returns the runs
 /// served after the first.
 fn serve_compute_runs(
     rv: Rendezvous,
@@ -940,11 +973,21 @@ pub(crate) fn attach_all(
         };
         // The published key must be the one the attached node holds: a
         // mismatch means we attached to some other cluster's file.
-        let published = dir
+        let mut hosts = dir
             .regions
             .iter()
-            .find(|r| r.node_id == m.id && r.space == WireSpace::Host)
+            .filter(|r| r.node_id == m.id && r.space == WireSpace::Host);
+        let published = hosts
+            .next()
             .ok_or_else(|| failed(format!("memory node {} published no region", m.id)))?;
+        // A node's memory is one region: two records for it (one stale)
+        // would have us check whichever came first.
+        if hosts.next().is_some() {
+            return Err(failed(format!(
+                "memory node {} has more than one host region in the exchange",
+                m.id
+            )));
+        }
         let held = ep.regions();
         if !held
             .iter()

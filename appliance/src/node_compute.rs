@@ -14,7 +14,9 @@
 //!    pairs are the node's only way to the memory nodes, so the loader
 //!    borrows core 0's rather than making its own; its verbs are left out
 //!    of the core's counters;
-//! 3. the node meets the others at "index-ready" and closes the channel;
+//! 3. the node meets the others at "index-ready" and closes the channel
+//!    (where a node both holds memory and computes it keeps it, for
+//!    "compute-done" after its run: [`crate::node::compute_done`]);
 //! 4. the cores, held at a [`Gate`] until then, start their tasks with the
 //!    deadline taken after the barrier.
 //!
@@ -333,7 +335,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
                 "{me}: compute run done; this node's memory stays until every compute node is done"
             ));
         }
-        compute_done(rv, me);
+        compute_done(rv, me, node.roles.memory);
     }
     Ok(code)
 }

@@ -970,10 +970,17 @@ fn memory_nodes_serve_one_compute_run_after_another() {
     );
 }
 
-/// Runs the tree on compute nodes `ids` of `file` at once, node `ids[k]`
-/// for `seconds[k]`; asserts each exits 0 having run its time without a
-/// failed or mismatched operation, and returns their logs.
-fn tree_run_of(file: &Path, ids: &[u32], seconds: &[&str], run: usize) -> Vec<String> {
+/// Runs the verb mix on compute nodes `ids` of `file` at once, node
+/// `ids[k]` for `seconds[k]`; asserts each exits 0 having run its time
+/// without a failed or mismatched operation, and returns their logs and
+/// when each exited. (Every task's verbs reach every memory node: one
+/// that left fails them.)
+fn verbs_run_of(
+    file: &Path,
+    ids: &[u32],
+    seconds: &[&str],
+    run: usize,
+) -> (Vec<String>, Vec<Instant>) {
     let flags = |secs| {
         [
             "--seconds",
@@ -981,9 +988,7 @@ fn tree_run_of(file: &Path, ids: &[u32], seconds: &[&str], run: usize) -> Vec<St
             "--tasks",
             "2",
             "--workload",
-            "tree",
-            "--records",
-            "3000",
+            "verbs",
             "--no-pin",
         ]
     };
@@ -996,13 +1001,29 @@ fn tree_run_of(file: &Path, ids: &[u32], seconds: &[&str], run: usize) -> Vec<St
     let outs: Vec<_> = c.0.iter_mut().map(read_all).collect();
     let (tx, _rx) = std::sync::mpsc::channel();
     let logs: Vec<_> = c.0.iter_mut().map(|n| collect(n, "", tx.clone())).collect();
+    // Every node polled, so each one's exit is timed to 10 ms.
     let by = Instant::now() + Duration::from_secs(60);
-    let status: Vec<_> = c.0.iter_mut().map(|n| wait_until(n, by)).collect();
+    let mut exits: Vec<Option<(std::process::ExitStatus, Instant)>> = vec![None; ids.len()];
+    while exits.iter().any(Option::is_none) && Instant::now() < by {
+        for (n, e) in c.0.iter_mut().zip(exits.iter_mut()) {
+            if e.is_none() {
+                *e = n.try_wait().unwrap().map(|s| (s, Instant::now()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let hung = exits.iter().any(Option::is_none);
+    if hung {
+        // The logs end only once the hung ones are gone.
+        for n in &mut c.0 {
+            let _ = n.kill();
+        }
+    }
     let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
     let outs: Vec<String> = outs.into_iter().map(|h| h.join().unwrap()).collect();
-    for (k, (s, log)) in status.iter().zip(&logs).enumerate() {
+    for (k, (e, log)) in exits.iter().zip(&logs).enumerate() {
         let id = ids[k];
-        let s = s.unwrap_or_else(|| panic!("run {run}: node {id} hung\n{log}"));
+        let (s, _) = e.unwrap_or_else(|| panic!("run {run}: node {id} hung\n{log}"));
         assert!(s.success(), "run {run}: node {id}: {s}\n{log}");
         let json: serde_json::Value = serde_json::from_str(outs[k].lines().last().unwrap_or(""))
             .unwrap_or_else(|e| panic!("run {run}: node {id}: no result line ({e})\n{log}"));
@@ -1012,29 +1033,53 @@ fn tree_run_of(file: &Path, ids: &[u32], seconds: &[&str], run: usize) -> Vec<St
         let ran = json["elapsed_ns"].as_f64().unwrap() / 1e9;
         assert!(ran >= secs * 0.9, "run {run}: node {id} ran {ran} s\n{log}");
     }
-    logs
+    (logs, exits.into_iter().map(|e| e.unwrap().1).collect())
 }
 
 /// What a node that both holds memory and computes says when its run
 /// ends before the others'.
 const KEEPS_MEMORY: &str = "this node's memory stays until every compute node is done";
 
-/// Nodes that both hold memory and compute: the one that loaded the tree
-/// (it holds the tree's root) ends its run 2 s before the other, and keeps
-/// its memory until every compute node is done ("compute-done"), so the
-/// other's operations on it go on succeeding to the end (they failed as a
-/// dead node's once it left). Beside a memory-only coordinator, such nodes
-/// are served a second run too, each publishing its memory afresh (the
-/// coordinator relayed their first run's records as well, which named
-/// memory they no longer had).
+/// Nodes that both hold memory and compute keep it until every compute
+/// node is done ("compute-done"). Node 1 (both roles) ends its run 2 s
+/// before node 2 (both) and keeps its memory, so node 2's verbs to it go
+/// on succeeding to the end (they failed as a dead node's once it left);
+/// node 0, the coordinator, a compute node only, ends its run with node
+/// 1 and stays too (the others meet through it: had it left, node 1
+/// would have let its memory go); node 3, a compute node only, leaves
+/// when its run ends, which counts as its arrival. Beside a memory-only
+/// coordinator, such nodes are served a second run too, each publishing
+/// its memory afresh (the coordinator relayed their first run's records
+/// as well, which named memory they no longer had).
 #[test]
 fn nodes_that_hold_memory_and_compute_keep_it_until_every_run_is_done() {
     let dir = PrivateDir::new("shared").unwrap();
-    let (file, ports) = cluster_with(&dir, &["both", "both"]);
-    let files: Vec<PathBuf> = (0..2).map(|k| node_file(ports[0], k)).collect();
+    let (file, ports) = cluster_with(&dir, &["compute", "both", "both", "compute"]);
+    let files: Vec<PathBuf> = (1..3).map(|k| node_file(ports[0], k)).collect();
     let _cleanup: Vec<RemoveOnDrop> = files.iter().cloned().map(RemoveOnDrop).collect();
-    let logs = tree_run_of(&file, &[0, 1], &["1", "3"], 0);
-    assert!(logs[0].contains(KEEPS_MEMORY), "{}", logs[0]);
+    let (logs, exits) = verbs_run_of(&file, &[0, 1, 2, 3], &["1", "1", "3", "1"], 0);
+    assert!(
+        logs[0].contains("staying until every compute node is done"),
+        "{}",
+        logs[0]
+    );
+    assert!(logs[1].contains(KEEPS_MEMORY), "{}", logs[1]);
+    // Node 3 did not wait for node 2's run; nodes 0 and 1 did.
+    let before_2 = |k: usize| exits[2].saturating_duration_since(exits[k]);
+    assert!(
+        before_2(3) >= Duration::from_secs(1),
+        "{:?}\n{}",
+        before_2(3),
+        logs[3]
+    );
+    for k in [0, 1] {
+        assert!(
+            before_2(k) < Duration::from_millis(500),
+            "node {k}: {:?}",
+            before_2(k)
+        );
+    }
+    assert!(!logs[3].contains("compute run done;"), "{}", logs[3]);
     assert!(files.iter().all(|f| !f.exists()), "node files left");
 
     let dir = PrivateDir::new("shared-served").unwrap();
@@ -1045,7 +1090,8 @@ fn nodes_that_hold_memory_and_compute_keep_it_until_every_run_is_done() {
     let (tx, _rx) = std::sync::mpsc::channel();
     let mem_log = collect(&mut memory.0[0], "", tx);
     for run in 0..2 {
-        tree_run_of(&file, &[1, 2], &["1", "2"], run);
+        let (logs, _) = verbs_run_of(&file, &[1, 2], &["1", "2"], run);
+        assert!(logs[0].contains(KEEPS_MEMORY), "{}", logs[0]);
         assert!(files[1..].iter().all(|f| !f.exists()), "node files left");
         assert!(memory.0[0].try_wait().unwrap().is_none());
     }

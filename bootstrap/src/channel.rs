@@ -561,8 +561,8 @@ impl ControlChannel {
 /// ([`wire::PROTOCOL`]).
 fn protocol_mismatch(peer: u32, theirs: u16) -> ChannelError {
     ChannelError::Refused(format!(
-        "node {peer} speaks control protocol {theirs}, this node {PROTOCOL}: run the same Loch \
-         build on every node"
+        "node {peer} (unauthenticated) speaks control protocol {theirs}, this node {PROTOCOL}: \
+         run the same Loch build on every node"
     ))
 }
 
@@ -639,7 +639,7 @@ pub struct Rendezvous {
 
 const EXCHANGE: &str = "exchange";
 
-/// The wait of [`Rendezvous::barrier_unbounded`]: ten years, a deadline
+/// The wait of [`Rendezvous::final_barrier`]: ten years, a deadline
 /// that an `Instant` and a socket timeout both hold without overflow.
 const UNBOUNDED: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
@@ -954,25 +954,39 @@ impl Rendezvous {
     /// arrives at a different barrier, leaves, or is later than the barrier
     /// timeout.
     pub fn barrier(&mut self, name: &str) -> Result<(), ChannelError> {
-        self.barrier_within(name, self.barrier_timeout)
+        self.barrier_within(name, self.barrier_timeout, false)
+            .map(drop)
     }
 
-    /// As [`barrier`](Self::barrier), with no bound on the wait: for a
-    /// meeting at the end of something whose length nobody knows
-    /// beforehand (compute runs end when their clients do, after minutes
-    /// or hours). A node that leaves (its connection closes) or sends
-    /// anything else still fails it at once, and a stop request
-    /// ([`ChannelOptions::cancel`]) ends it within its poll; a node that
-    /// hangs without leaving holds it until then.
-    pub fn barrier_unbounded(&mut self, name: &str) -> Result<(), ChannelError> {
-        self.barrier_within(name, UNBOUNDED)
+    /// The last meeting of a run, with no bound on the wait: for the end
+    /// of something whose length nobody knows beforehand (compute runs
+    /// end when their clients do, after minutes or hours). Returns once
+    /// every node has arrived at `name` or left: a member that leaves
+    /// first (says goodbye, or its connection closes) counts as arrived,
+    /// its part being over either way, and the coordinator returns the
+    /// ids of those that left (a member returns none). A member fails
+    /// when the coordinator leaves; any node, on a message that is not
+    /// the barrier's, and on a stop request
+    /// ([`ChannelOptions::cancel`]) within its poll. A node that hangs
+    /// without leaving holds it until then.
+    pub fn final_barrier(&mut self, name: &str) -> Result<Vec<u32>, ChannelError> {
+        self.barrier_within(name, UNBOUNDED, true)
     }
 
+    /// Whether this node coordinates the rendezvous.
+    pub fn is_coordinator(&self) -> bool {
+        matches!(self.role, Role::Coordinator { .. })
+    }
+
+    /// A barrier waiting at most `barrier_timeout` for each message; with
+    /// `leaving_arrives`, a member that leaves counts as arrived (the
+    /// coordinator returns their ids) rather than failing it.
     fn barrier_within(
         &mut self,
         name: &str,
         barrier_timeout: Duration,
-    ) -> Result<(), ChannelError> {
+        leaving_arrives: bool,
+    ) -> Result<Vec<u32>, ChannelError> {
         assert!(
             name.len() <= NAME_BYTES_MAX,
             "barrier names are at most {NAME_BYTES_MAX} bytes"
@@ -986,7 +1000,7 @@ impl Rendezvous {
                 })?;
                 match coordinator.recv_within(barrier_timeout)? {
                     Message::BarrierRelease { name: n, epoch: e } if n == name && e == epoch => {
-                        Ok(())
+                        Ok(Vec::new())
                     }
                     m => Err(coordinator.protocol(format!(
                         "expected the release of barrier `{name}`, got {m:?}"
@@ -994,23 +1008,40 @@ impl Rendezvous {
                 }
             }
             Role::Coordinator { members } => {
+                let mut left = Vec::new();
                 for ch in members.iter_mut() {
-                    match ch.recv_within(barrier_timeout)? {
-                        Message::Barrier { name: n, epoch: e } if n == name && e == epoch => {}
-                        m => {
+                    match ch.recv_within(barrier_timeout) {
+                        Ok(Message::Barrier { name: n, epoch: e }) if n == name && e == epoch => {}
+                        Ok(Message::Bye)
+                        | Err(ChannelError::Wire(WireError::Closed | WireError::Io(_)))
+                            if leaving_arrives =>
+                        {
+                            left.push(ch.peer_id)
+                        }
+                        Ok(m) => {
                             return Err(ch.protocol(format!(
                                 "expected barrier `{name}` (epoch {epoch}), got {m:?}"
                             )))
                         }
+                        Err(e) => return Err(e),
                     }
                 }
                 for ch in members.iter_mut() {
-                    ch.send(&Message::BarrierRelease {
+                    if left.contains(&ch.peer_id) {
+                        continue;
+                    }
+                    let sent = ch.send(&Message::BarrierRelease {
                         name: name.into(),
                         epoch,
-                    })?;
+                    });
+                    match sent {
+                        // One that arrived and left since has its release
+                        // coming to nobody; the others still get theirs.
+                        Err(_) if leaving_arrives => left.push(ch.peer_id),
+                        r => r?,
+                    }
                 }
-                Ok(())
+                Ok(left)
             }
         }
     }

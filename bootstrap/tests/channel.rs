@@ -379,7 +379,7 @@ fn nodes_of_different_control_protocols_are_refused_naming_both() {
         .unwrap();
     assert!(
         matches!(&e, ChannelError::Refused(why)
-            if why.contains("node 1 speaks control protocol 1, this node 2")),
+            if why.contains("node 1 (unauthenticated) speaks control protocol 1, this node 2")),
         "{e}"
     );
     let got = old.join().unwrap();
@@ -407,7 +407,7 @@ fn nodes_of_different_control_protocols_are_refused_naming_both() {
     });
     let e = ControlChannel::connect(addr, Some(0), &opts(1, 1)).unwrap_err();
     let want = format!(
-        "node 0 speaks control protocol {}, this node {}",
+        "node 0 (unauthenticated) speaks control protocol {}, this node {}",
         wire::PROTOCOL + 1,
         wire::PROTOCOL
     );
@@ -451,7 +451,7 @@ fn nodes_of_different_control_protocols_are_refused_naming_both() {
     let e = Rendezvous::coordinate(&l, &[0, 1], &o, Duration::from_millis(2500))
         .err()
         .unwrap();
-    let mismatch = "node 1 speaks control protocol 1, this node 2";
+    let mismatch = "node 1 (unauthenticated) speaks control protocol 1, this node 2";
     assert!(
         matches!(&e, ChannelError::Timeout(why)
             if why.contains("1 connections refused; the last: handshake refused")
@@ -801,11 +801,12 @@ fn a_member_that_leaves_fails_the_barrier_instead_of_hanging() {
     );
 }
 
-/// An unbounded barrier outlasts the barrier timeout (a late node is
-/// waited for, on both sides), still fails at once when a node leaves, and
-/// still ends on a stop request.
+/// A final barrier outlasts the barrier timeout (a late member is waited
+/// for); a member that leaves counts as arrived, and the others are still
+/// waited for and released; a member fails when its coordinator leaves;
+/// a stop request ends it.
 #[test]
-fn an_unbounded_barrier_waits_past_the_timeout_but_not_for_a_node_that_left() {
+fn a_final_barrier_waits_past_the_timeout_and_counts_a_member_that_left_as_arrived() {
     let (l, addr) = listener();
     let short = |id| {
         let (mut o, flag) = cancellable(id);
@@ -813,48 +814,62 @@ fn an_unbounded_barrier_waits_past_the_timeout_but_not_for_a_node_that_left() {
         (o, flag)
     };
     let (co, _) = short(0);
-    let member = thread::spawn(move || {
-        let (mo, _) = short(1);
-        let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
-        // Late, five barrier timeouts after the coordinator.
-        thread::sleep(Duration::from_millis(1000));
-        rv.barrier_unbounded("done-1").unwrap();
-        // Early: this side waits for the late coordinator.
-        let t = Instant::now();
-        rv.barrier_unbounded("done-2").unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(800), "it waited");
-        rv.close();
-    });
-    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &co, Duration::from_secs(5)).unwrap();
+    let member = |id: u32, late_ms: [u64; 2], leaves: bool| {
+        thread::spawn(move || {
+            let (mo, _) = short(id);
+            let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
+            thread::sleep(Duration::from_millis(late_ms[0]));
+            assert_eq!(rv.final_barrier("done-1").unwrap(), Vec::<u32>::new());
+            thread::sleep(Duration::from_millis(late_ms[1]));
+            if leaves {
+                rv.close();
+            } else {
+                rv.final_barrier("done-2").unwrap();
+            }
+        })
+    };
+    // Member 1 five barrier timeouts late at the first; it leaves instead
+    // of meeting the second, at which member 2 is late.
+    let one = member(1, [1000, 0], true);
+    let two = member(2, [0, 1000], false);
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1, 2], &co, Duration::from_secs(5)).unwrap();
     let t = Instant::now();
-    rv.barrier_unbounded("done-1").unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(800), "it waited");
-    thread::sleep(Duration::from_millis(1000));
-    rv.barrier_unbounded("done-2").unwrap();
-    // The member said goodbye: the next wait fails at once.
+    assert_eq!(rv.final_barrier("done-1").unwrap(), Vec::<u32>::new());
+    // Past the 200 ms timeout, with room for a slow scheduler.
+    assert!(t.elapsed() >= Duration::from_millis(500), "it waited");
     let t = Instant::now();
-    let e = rv.barrier_unbounded("done-3").unwrap_err();
-    assert!(
-        matches!(&e, ChannelError::Protocol { peer: 1, why } if why.contains("Bye")),
-        "{e}"
-    );
-    assert!(t.elapsed() < Duration::from_secs(2));
-    member.join().unwrap();
+    assert_eq!(rv.final_barrier("done-2").unwrap(), vec![1]);
+    assert!(t.elapsed() >= Duration::from_millis(400), "it waited for 2");
+    one.join().unwrap();
+    two.join().unwrap();
 
-    // A stop request ends it within the poll.
-    let (l, addr) = listener();
-    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-    let coord = thread::spawn(move || {
-        let rv = Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
-        let _ = hold_rx.recv_timeout(Duration::from_secs(10));
-        drop(rv);
-    });
-    let (mo, flag) = short(1);
-    let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
-    let raised = raise_after(&flag, 500);
-    assert_cancelled_promptly(rv.barrier_unbounded("never-released"), raised);
-    hold_tx.send(()).unwrap();
-    coord.join().unwrap();
+    // A member whose coordinator leaves fails; a stop request ends the
+    // wait within the poll.
+    for stop in [false, true] {
+        let (l, addr) = listener();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let coord = thread::spawn(move || {
+            let rv =
+                Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).unwrap();
+            let hold = if stop { 10_000 } else { 300 };
+            let _ = hold_rx.recv_timeout(Duration::from_millis(hold));
+            rv.close();
+        });
+        let (mo, flag) = short(1);
+        let mut rv = Rendezvous::join(addr, 0, &mo, Duration::from_secs(5)).unwrap();
+        if stop {
+            let raised = raise_after(&flag, 500);
+            assert_cancelled_promptly(rv.final_barrier("never-released"), raised);
+            hold_tx.send(()).unwrap();
+        } else {
+            let e = rv.final_barrier("never-released").unwrap_err();
+            assert!(
+                matches!(&e, ChannelError::Protocol { peer: 0, why } if why.contains("Bye")),
+                "{e}"
+            );
+        }
+        coord.join().unwrap();
+    }
 }
 
 /// Options whose waits end when the returned flag is raised.

@@ -33,8 +33,9 @@
 //! 4. From here on as on emu ([`crate::node_compute`]): every node meets at
 //!    "memory-ready"; for an index workload the lowest-id compute node
 //!    creates and loads the index (on its core 0's queue pairs); every node
-//!    meets at "index-ready" and closes the channel; compute nodes run, and
-//!    memory nodes serve until SIGINT/SIGTERM.
+//!    meets at "index-ready" and closes the channel (or keeps it for
+//!    "compute-done" where a node both holds memory and computes); compute
+//!    nodes run, and memory nodes serve until SIGINT/SIGTERM.
 //! 5. Later runs, where the coordinator is a memory-only node: every
 //!    memory-only node stays up and meets each later run at a rendezvous of
 //!    the whole cluster (the coordinator keeps its listener; the others dial
