@@ -196,16 +196,8 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             taken += 1;
             st.leaves += 1;
-            // (key, value's first 8 bytes, slot), in key order.
-            let mut part: Vec<(K, u64, usize)> = Vec::with_capacity(n.fanout());
-            for i in n.slots() {
-                st.entries += 1;
-                let k = n.key(i);
-                if k >= from && k < st.high {
-                    part.push((k, n.value(i), i));
-                }
-            }
-            part.sort_unstable_by_key(|&(k, _, _)| k);
+            st.entries += n.slots().count();
+            let mut part = leaf_part(&n, from, st.high);
             part.truncate(st.limit - st.out.len());
             if st.whole {
                 let vb = self.layout.value_bytes();
@@ -227,6 +219,31 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         Ok(Walk::On(taken, None))
     }
+}
+
+/// A leaf copy's entries with keys in `from..high`, as (key, value's first
+/// 8 bytes, slot), in key order and each key once. A copy can hold one
+/// key in two slots: a leaf's entries are written in place, one line each,
+/// without a node version of their own, and a READ takes its lines at
+/// different instants (in address order on a NIC; on emu a line changed
+/// while the others were copied is copied again alone, later), so a copy
+/// can hold a key's entry from before its owner deleted it in one slot
+/// and the entry its owner put next, in a higher free slot, from after.
+/// Each was current at some moment of the scan, so either may stand
+/// (`history::map`'s S3); both would break the scan's strict order (S1).
+/// Seen as duplicate keys in `loch node`'s self-checking scans on emu,
+/// with three compute processes on two CPUs, the two slots in different
+/// lines of one leaf (most likely a reader preempted between its copy and
+/// a line's second copy).
+fn leaf_part<K: TreeKey>(n: &Node<'_, K>, from: K, high: K) -> Vec<(K, u64, usize)> {
+    let mut part: Vec<(K, u64, usize)> = n
+        .slots()
+        .map(|i| (n.key(i), n.value(i), i))
+        .filter(|&(k, _, _)| k >= from && k < high)
+        .collect();
+    part.sort_unstable_by_key(|&(k, _, _)| k);
+    part.dedup_by_key(|e| e.0);
+    part
 }
 
 /// A scan in progress.
@@ -256,3 +273,37 @@ enum Walk {
 
 /// Most leaves a range scan reads in one round trip.
 const PARALLEL_LEAVES: usize = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::layout::{Layout, NodeMut, KEY_INFINITY};
+
+    #[test]
+    fn a_leaf_copy_holding_a_key_twice_gives_it_once_in_order() {
+        let l = Layout::new(8, 8).unwrap();
+        let mut b = vec![0u8; l.node_bytes()];
+        let mut m = NodeMut::<u64>::new(l, &mut b);
+        m.init(0, 0, KEY_INFINITY, GlobalAddr::NULL, 1);
+        // Key 7 in slot 3 (before its delete) and slot 26 (its next put),
+        // among others, as a torn copy held it.
+        for (slot, key, value) in [
+            (0, 9, 90),
+            (3, 7, 70),
+            (5, 2, 20),
+            (26, 7, 71),
+            (30, 11, 110),
+        ] {
+            m.set_entry(slot, key, &u64::to_le_bytes(value));
+        }
+        let n = Node::<u64>::new(l, &b);
+        let part = leaf_part(&n, 2, 11);
+        let keys: Vec<u64> = part.iter().map(|e| e.0).collect();
+        assert_eq!(keys, [2, 7, 9], "{part:?}");
+        let seven = part[1];
+        assert!(
+            [(70, 3), (71, 26)].contains(&(seven.1, seven.2)),
+            "{part:?}"
+        );
+    }
+}
