@@ -664,18 +664,9 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
     use nicdrv::GlobalAddr;
     for name in ["sherman", "sherman-2rt", "fg"] {
         let cfg = TreeConfig::named(name, HOST).unwrap();
-        let mut w = sim_world(1, 1, 1);
-        let tree = Tree::new(cfg.clone(), DM).unwrap();
         // A second compute node's handle: its index cache is empty.
-        let other = Tree::new(cfg, DM).unwrap();
-        let done = Rc::new(RefCell::new(false));
-        let d = done.clone();
-        sim_task(&mut w, move |ctx| async move {
-            let mut c = tree.client(1).unwrap();
-            c.create(&ctx).await.unwrap();
-            c.bulk_load(&ctx, (0..3000u64).map(|k| (k * 2, k)), 16)
-                .await
-                .unwrap();
+        let other = Tree::new(cfg.clone(), DM).unwrap();
+        on_loaded_tree(cfg, name, move |ctx, mut c| async move {
             let l = Layout::new(8, 8).unwrap();
             let nb = l.node_bytes();
             let word = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
@@ -738,10 +729,32 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
                 ),
                 "{name}: {e}"
             );
-            *d.borrow_mut() = true;
         });
-        assert!(*done.borrow(), "{name}: the task ran to its end");
     }
+}
+
+/// Runs `body` with a client of a tree of `cfg` on a sim world of one
+/// memory and one compute node, after loading keys 0, 2, .., 5998 (key
+/// 2k → k), and asserts it ran to its end (`name` says which tree).
+fn on_loaded_tree<F, Fut>(cfg: TreeConfig, name: &str, body: F)
+where
+    F: FnOnce(Ctx<nicdrv::sim::SimNic>, TreeClient) -> Fut + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let mut w = sim_world(1, 1, 1);
+    let tree = Tree::new(cfg, DM).unwrap();
+    let done = Rc::new(RefCell::new(false));
+    let d = done.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = tree.client(1).unwrap();
+        c.create(&ctx).await.unwrap();
+        c.bulk_load(&ctx, (0..3000u64).map(|k| (k * 2, k)), 16)
+            .await
+            .unwrap();
+        body(ctx, c).await;
+        *d.borrow_mut() = true;
+    });
+    assert!(*done.borrow(), "{name}: the task ran to its end");
 }
 
 #[test]
@@ -752,16 +765,7 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
             lock_wait_ns: 1_000_000,
             ..TreeConfig::named(name, HOST).unwrap()
         };
-        let mut w = sim_world(1, 1, 1);
-        let tree = Tree::new(cfg, DM).unwrap();
-        let done = Rc::new(RefCell::new(false));
-        let d = done.clone();
-        sim_task(&mut w, move |ctx| async move {
-            let mut c = tree.client(1).unwrap();
-            c.create(&ctx).await.unwrap();
-            c.bulk_load(&ctx, (0..3000u64).map(|k| (k * 2, k)), 16)
-                .await
-                .unwrap();
+        on_loaded_tree(cfg, name, move |ctx, mut c| async move {
             // Every lock word of the table (device memory) held by client
             // 0xdead, which is gone.
             let held: Vec<u8> = (0..DM / 8).flat_map(|_| 0xdead_u64.to_le_bytes()).collect();
@@ -791,8 +795,6 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
                 .unwrap();
             c.put(&ctx, 4001, 1).await.unwrap();
             assert_eq!(c.get(&ctx, 4001).await.unwrap(), Some(1), "{name}");
-            *d.borrow_mut() = true;
         });
-        assert!(*done.borrow(), "{name}: the task ran to its end");
     }
 }
