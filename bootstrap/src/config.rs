@@ -439,32 +439,32 @@ impl Check<'_> {
                 ))
             }
         };
-        let gid_index = match b.gid_index {
-            None => 0,
-            Some(toml::Value::Integer(g)) if (0..=255).contains(&g) => g as u8,
-            Some(v) => {
-                return Err(self.err(
-                    "backend.gid_index",
-                    format!("{v} is not a GID table index (0..=255)"),
-                ))
-            }
-        };
-        let traffic_class = match b.traffic_class {
-            None => 0,
-            Some(toml::Value::Integer(t)) if (0..=255).contains(&t) => t as u8,
-            Some(v) => {
-                return Err(self.err(
-                    "backend.traffic_class",
-                    format!("{v} is not a traffic class (0..=255; DSCP << 2)"),
-                ))
-            }
-        };
+        let gid_index = self.byte(
+            "backend.gid_index",
+            b.gid_index,
+            "a GID table index (0..=255)",
+        )?;
+        let traffic_class = self.byte(
+            "backend.traffic_class",
+            b.traffic_class,
+            "a traffic class (0..=255; DSCP << 2)",
+        )?;
         Ok(Backend::Mlx5 {
             device,
             port,
             gid_index,
             traffic_class,
         })
+    }
+
+    /// An optional field holding a byte, 0 when absent; any other value
+    /// (out of range, or not an integer) is refused as not `what`.
+    fn byte(&self, field: &str, v: Option<toml::Value>, what: &str) -> Result<u8, ConfigError> {
+        match v {
+            None => Ok(0),
+            Some(toml::Value::Integer(n)) if (0..=255).contains(&n) => Ok(n as u8),
+            Some(v) => Err(self.err(field, format!("{v} is not {what}"))),
+        }
     }
 
     /// The nodes, sorted by id: ids and addresses unique, at least one
