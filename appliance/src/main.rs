@@ -450,6 +450,10 @@ fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             cmdline::errln!("loch {cmd}: {e}");
+            if !check_only {
+                // The other nodes hear why this one does not start.
+                node::tell_refusal_if_unjoined(&o.config, o.id, &e.to_string());
+            }
             ExitCode::from(e.exit_code())
         }
     }
@@ -463,10 +467,18 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Demo(a) => demo_main(a),
-        Command::Node(a) => match a.options() {
-            Ok(o) => node_main("node", &o, false),
-            Err(e) => bad_input("node", &e),
-        },
+        Command::Node(a) => {
+            let (config, id) = (a.node.config.clone(), a.node.id);
+            match a.options() {
+                Ok(o) => node_main("node", &o, false),
+                Err(e) => {
+                    let code = bad_input("node", &e);
+                    // The other nodes hear why this one does not start.
+                    node::tell_refusal_by_file(&config, id, &e);
+                    code
+                }
+            }
+        }
         Command::Check(a) => match a.options() {
             Ok(o) => node_main("check", &o, true),
             Err(e) => bad_input("check", &e),

@@ -54,6 +54,7 @@ use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfi
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Task slots reserved per core in the memory layout, whatever `--tasks`
@@ -61,6 +62,17 @@ use std::time::{Duration, Instant};
 pub const TASKS_PER_CORE_MAX: usize = 64;
 /// How long a node waits for the whole cluster to join.
 const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a node that will not start tries to tell the others why
+/// ([`tell_refusal`]). The nodes of a cluster are started together, so
+/// one not there by then was likely not started at all; the whole join
+/// timeout would hold a mistyped command that long.
+pub const REFUSAL_WINDOW: Duration = Duration::from_secs(5);
+
+/// Set once this process begins to join its cluster ([`join_keeping`]).
+/// [`run`] failing before then refused to start, and tells the others
+/// ([`tell_refusal`]); after it, the others see the node fail or leave on
+/// the channel. One `loch node` runs one node a process.
+static JOIN_BEGUN: AtomicBool = AtomicBool::new(false);
 /// The barrier after which every memory node's memory is reachable.
 pub const MEMORY_READY: &str = "memory-ready";
 /// The barrier after which every compute node opens the index.
@@ -316,6 +328,9 @@ pub fn join_keeping(
     cfg: &ClusterConfig,
     id: u32,
 ) -> Result<(Rendezvous, u64, Option<TcpListener>), NodeError> {
+    // Relaxed: a flag for `run`, on this process's threads, guarding no
+    // data; `run` reads it after the thread that joins has returned.
+    JOIN_BEGUN.store(true, Ordering::Relaxed);
     let mut opts = channel_options(cfg, id)?;
     // Once a second while waiting: whom, and where to look for them.
     let where_: Vec<(u32, String)> = cfg
@@ -728,28 +743,107 @@ pub fn memory_seat(
 }
 
 /// Runs `loch node`; returns the exit code (0: clean, 1: a failure seen).
+/// A node that refuses to start (its flags, its preflight, its memory)
+/// returns the error before joining its cluster:
+/// [`tell_refusal_if_unjoined`] then tells the others why.
 pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     let cfg = ClusterConfig::load(&o.config).map_err(|e| NodeError::Usage(e.to_string()))?;
     let node = node_in(&cfg, &o.config, o.id)?.clone();
-    crate::node_mlx5::supported(&cfg)?;
+    run_node(o, &cfg, &node)
+}
+
+/// After [`run`] failed with `why`: where it failed before it began to
+/// join the cluster, tells the other nodes ([`tell_refusal_by_file`]).
+pub fn tell_refusal_if_unjoined(config: &Path, id: u32, why: &str) {
+    // Relaxed: see JOIN_BEGUN; every join of this node ran on threads
+    // that returned before `run` did.
+    if !JOIN_BEGUN.load(Ordering::Relaxed) {
+        tell_refusal_by_file(config, id, why);
+    }
+}
+
+/// [`tell_refusal`] by the cluster file's path: nothing is told where the
+/// file or the node in it is the problem (the node's error says so).
+pub fn tell_refusal_by_file(config: &Path, id: u32, why: &str) {
+    if let Ok(cfg) = ClusterConfig::load(config) {
+        if cfg.node(id).is_some() {
+            tell_refusal(&cfg, id, why);
+        }
+    }
+}
+
+/// Tells the other nodes of `cfg` that node `id` will not start, for
+/// `why`, once the node has said its error: each of them then fails at
+/// its first meeting naming it (`node N withdrew from the run: WHY`)
+/// rather than waiting out the 30 s join timeout. A member tells the
+/// coordinator, which passes it on, if the coordinator is listening now
+/// (one try, quietly: a coordinator not started yet has nobody to tell).
+/// The coordinator tells each member that joins within
+/// [`REFUSAL_WINDOW`], and says so first. Nothing is told where the
+/// cluster secret cannot be read: no peer would believe it.
+pub fn tell_refusal(cfg: &ClusterConfig, id: u32, why: &str) {
+    let me = format!("loch node {id}");
+    let Ok(opts) = channel_options(cfg, id) else {
+        return;
+    };
+    let coord = cfg.coordinator();
+    let Ok(addr) = resolve(&coord.address) else {
+        return;
+    };
+    if coord.id != id {
+        match Rendezvous::join(addr, coord.id, &opts, Duration::ZERO) {
+            Ok(rv) => match rv.withdraw(why) {
+                Ok(()) => say(format_args!(
+                    "{me}: told the coordinator, node {}, why; it tells the other nodes",
+                    coord.id
+                )),
+                Err(e) => say(format_args!(
+                    "{me}: could not tell the coordinator why: {}",
+                    channel_problem(e)
+                )),
+            },
+            Err(ChannelError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(e) => say(format_args!(
+                "{me}: could not tell the coordinator why: {}",
+                channel_problem(e)
+            )),
+        }
+        return;
+    }
+    say(format_args!(
+        "{me}: telling the other nodes why as they join, for up to {} s (a signal ends it)",
+        REFUSAL_WINDOW.as_secs()
+    ));
+    let ids: Vec<u32> = cfg.nodes.iter().map(|n| n.id).collect();
+    let told = TcpListener::bind(addr)
+        .map_err(ChannelError::Io)
+        .and_then(|l| Rendezvous::turn_away(&l, &ids, &opts, REFUSAL_WINDOW, why));
+    match told {
+        Ok(()) => say(format_args!("{me}: told every other node")),
+        Err(e) => say(format_args!("{me}: not told: {}", channel_problem(e))),
+    }
+}
+
+fn run_node(o: &NodeOptions, cfg: &ClusterConfig, node: &NodeConfig) -> Result<u8, NodeError> {
+    crate::node_mlx5::supported(cfg)?;
     let store = check_flags(o)?;
     if o.workload == Workload::Txn {
-        return crate::node_txn::run(o, &cfg, &node, store);
+        return crate::node_txn::run(o, cfg, node, store);
     }
     if o.workload == Workload::Leases {
         let flags = store.expect("check_flags gives --workload leases its store flags");
-        return crate::node_leases::run(o, &cfg, &node, flags);
+        return crate::node_leases::run(o, cfg, node, flags);
     }
-    let layout = check_run(o, &cfg, &node)?;
+    let layout = check_run(o, cfg, node)?;
     let memory: Vec<&NodeConfig> = cfg.nodes.iter().filter(|n| n.roles.memory).collect();
     signals::install();
     if matches!(cfg.backend, Backend::Mlx5 { .. }) {
-        return crate::node_mlx5::run(o, &cfg, &node, layout);
+        return crate::node_mlx5::run(o, cfg, node, layout);
     }
     let me = format!("loch node {}", o.id);
 
-    let (own, regions) = memory_role(o, &cfg, &node, &me)?;
-    let (boot, rv, listener) = rendezvous(&cfg, o.id, regions, workload_agreement(o, &node))?;
+    let (own, regions) = memory_role(o, cfg, node, &me)?;
+    let (boot, rv, listener) = rendezvous(cfg, o.id, regions, workload_agreement(o, node))?;
     say(format_args!(
         "{me}: control channel: joined in {:.1} ms, exchange + barrier in {:.1} ms",
         boot.join_ns as f64 / 1e6,
@@ -757,23 +851,13 @@ pub fn run(o: &NodeOptions) -> Result<u8, NodeError> {
     ));
 
     let code = if node.roles.compute {
-        compute(
-            o,
-            &cfg,
-            &node,
-            &memory,
-            own.as_ref(),
-            &boot,
-            rv,
-            layout,
-            &me,
-        )?
+        compute(o, cfg, node, &memory, own.as_ref(), &boot, rv, layout, &me)?
     } else if let Some(listener) = listener {
         // The coordinator: memory nodes outlive compute runs.
-        serve_compute_runs(rv, &cfg, o.id, listener, &boot.directory, &me)?;
+        serve_compute_runs(rv, cfg, o.id, listener, &boot.directory, &me)?;
         0
     } else {
-        serve_memory(rv, &cfg, &me)?;
+        serve_memory(rv, cfg, &me)?;
         0
     };
     if own.is_some() {

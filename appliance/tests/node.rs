@@ -1593,3 +1593,78 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
         assert_eq!(owned, appliance::demo_txn::ACCOUNTS);
     }
 }
+
+/// A node that refuses its flags tells the others why, and they fail at
+/// once naming it, rather than waiting out their 30 s join timeout: a
+/// compute node tells the coordinator, which passes it on; a coordinator
+/// tells the nodes that wait for it as they join.
+#[test]
+fn a_node_that_refuses_its_flags_tells_the_others_why() {
+    let dir = PrivateDir::new("refusal").unwrap();
+    let (file, _) = cluster_of(&dir, 1, 2);
+    let run = ["--seconds", "5", "--no-pin"];
+    for (late, bad, says) in [
+        (2u32, ["--records", "0"], "--records must be 1..="),
+        (
+            0,
+            ["--seconds", "-1"],
+            "--seconds must be in (0, 86400], got -1",
+        ),
+    ] {
+        // Every node but the late one, then the late one, given `bad`,
+        // once the others wait for it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut r = Reaper(Vec::new());
+        let mut logs = Vec::new();
+        for id in (0..3u32).filter(|&i| i != late) {
+            let extra: &[&str] = if id == 0 { &[] } else { &run };
+            let mut c = spawn_node(&file, id, extra);
+            logs.push((id, collect(&mut c, "waiting for node", tx.clone())));
+            r.0.push(c);
+        }
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the others wait for the late node");
+        let t0 = Instant::now();
+        // Each flag once: one given twice is clap's error, before the
+        // cluster file is read.
+        let flags = if late == 0 {
+            bad.to_vec()
+        } else {
+            [&run[..], &bad[..]].concat()
+        };
+        let mut c = spawn_node(&file, late, &flags);
+        logs.push((late, collect(&mut c, "", tx.clone())));
+        r.0.push(c);
+        let by = t0 + Duration::from_secs(20);
+        let codes: Vec<Option<Option<i32>>> =
+            r.0.iter_mut()
+                .map(|c| wait_until(c, by).map(|s| s.code()))
+                .collect();
+        let took = t0.elapsed();
+        for c in &mut r.0 {
+            let _ = c.kill();
+        }
+        for ((id, log), code) in logs.into_iter().zip(codes) {
+            let log = log.join().unwrap();
+            let Some(code) = code else {
+                panic!("node {id} still ran after 20 s:\n{log}")
+            };
+            if id == late {
+                assert_eq!(code, Some(2), "node {id}: {log}");
+                assert!(log.starts_with(&format!("loch node: {says}")), "{log}");
+                let told = if late == 0 {
+                    "loch node 0: told every other node"
+                } else {
+                    "told the coordinator, node 0, why"
+                };
+                assert!(log.contains(told), "node {id}: {log}");
+            } else {
+                let want = format!("node {late} withdrew from the run: {says}");
+                assert_eq!(code, Some(1), "node {id}: {log}");
+                assert!(log.contains(&want), "node {id}: want `{want}` in\n{log}");
+            }
+        }
+        // Well inside the 30 s the others waited before.
+        assert!(took < Duration::from_secs(20), "{took:?}");
+    }
+}

@@ -23,7 +23,10 @@
 //! `Barrier{"exchange", e}`; once all have, the coordinator sends every
 //! record to every member followed by `BarrierRelease{"exchange", e}`.
 //! A named barrier is the same without records: nobody is released before
-//! every node has arrived.
+//! every node has arrived. A node that will not take part sends
+//! `Withdraw{id, why}` instead ([`Rendezvous::withdraw`]); the coordinator
+//! passes it on to every other member, and each fails that meeting with
+//! [`ChannelError::Withdrew`], naming the node and why.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -42,6 +45,10 @@ use crate::wire::{self, Endpoint, Message, Region, WireError, NAME_BYTES_MAX, PR
 pub const RECORDS_PER_NODE_MAX: usize = 4096;
 /// The most nodes one rendezvous admits.
 pub const NODES_MAX: usize = 1024;
+
+/// Longest a node that withdrew ([`Rendezvous::withdraw`]) waits for its
+/// peer to close after it, so that its last message is read.
+pub const LINGER: Duration = Duration::from_secs(2);
 
 /// Longest a wait sleeps before looking at [`Cancel`] again.
 pub const CANCEL_POLL: Duration = Duration::from_millis(100);
@@ -182,6 +189,12 @@ pub enum ChannelError {
     /// that does not fit a frame ([`agreement_fits`]), or more nodes than
     /// [`NODES_MAX`]; nothing was sent.
     Limit(String),
+    /// Node `node` will not take part in the run, for `why`: it said so
+    /// ([`Rendezvous::withdraw`]), itself or through the coordinator.
+    Withdrew {
+        node: u32,
+        why: String,
+    },
     Io(io::Error),
 }
 
@@ -203,6 +216,9 @@ impl fmt::Display for ChannelError {
             }
             ChannelError::Disagreed(what) => write!(f, "the nodes disagree: {what}"),
             ChannelError::Limit(what) => write!(f, "{what}"),
+            ChannelError::Withdrew { node, why } => {
+                write!(f, "node {node} withdrew from the run: {why}")
+            }
             ChannelError::Io(e) => write!(f, "control channel: {e}"),
         }
     }
@@ -549,6 +565,43 @@ impl ControlChannel {
         Ok(Message::decode_body(body)?)
     }
 
+    /// Closes after a last message, so that it arrives: shuts the sending
+    /// side, then reads (and drops) what the peer still sends until it
+    /// closes too, for at most [`LINGER`]. Closing a socket with unread
+    /// bytes in it resets the connection, and a reset can discard the
+    /// last message before the peer reads it.
+    fn linger_closed(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        let deadline = Instant::now() + LINGER;
+        let mut sink = [0u8; 512];
+        let mut r = DeadlineReader {
+            stream: &self.stream,
+            deadline,
+            cancel: &self.cancel,
+        };
+        while matches!(r.read(&mut sink), Ok(n) if n > 0) {}
+    }
+
+    /// The next message of a meeting (an exchange or a barrier) within
+    /// `timeout`, a withdrawal being [`ChannelError::Withdrew`]. A member
+    /// (`from_member`: this end coordinates) withdraws only itself; the
+    /// coordinator passes on anyone's.
+    fn recv_meeting(
+        &mut self,
+        timeout: Duration,
+        from_member: bool,
+    ) -> Result<Message, ChannelError> {
+        match self.recv_within(timeout)? {
+            Message::Withdraw { node_id, .. } if from_member && node_id != self.peer_id => {
+                Err(self.protocol(format!("withdrew node {node_id}, not itself")))
+            }
+            Message::Withdraw { node_id, why } => {
+                Err(ChannelError::Withdrew { node: node_id, why })
+            }
+            m => Ok(m),
+        }
+    }
+
     fn protocol(&self, why: String) -> ChannelError {
         ChannelError::Protocol {
             peer: self.peer_id,
@@ -691,6 +744,74 @@ pub fn agreement_fits(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The coordinator's wait for a run's nodes: accepts and authenticates
+/// until every node in `members` but this one has joined, handing each
+/// channel to `take`, or until `timeout` passes. Connections that fail the
+/// handshake are dropped and returned; the wait goes on.
+fn admit(
+    listener: &TcpListener,
+    members: &[u32],
+    opts: &ChannelOptions,
+    timeout: Duration,
+    take: &mut dyn FnMut(ControlChannel),
+) -> Result<Vec<ChannelError>, ChannelError> {
+    let deadline = Instant::now() + timeout;
+    let mut waiting: BTreeSet<u32> = members
+        .iter()
+        .copied()
+        .filter(|&m| m != opts.node_id)
+        .collect();
+    if waiting.len() >= NODES_MAX {
+        return Err(ChannelError::Limit(format!(
+            "{} nodes to meet; a rendezvous holds at most {NODES_MAX}",
+            waiting.len() + 1
+        )));
+    }
+    let mut refused: Vec<ChannelError> = Vec::new();
+    // Refusals up to this index were reported already.
+    let mut told = 0;
+    let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
+    while !waiting.is_empty() {
+        // Accept in steps of at most a second, to report between them.
+        let step = match opts.on_wait {
+            Some(_) => deadline.min(next_report),
+            None => deadline,
+        };
+        let stream = match accept_by(listener, step, &opts.cancel) {
+            Ok(s) => s,
+            Err(ChannelError::Timeout(_)) if Instant::now() < deadline => {
+                let ids: Vec<u32> = waiting.iter().copied().collect();
+                let fresh = refused[told..].last();
+                if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
+                    told = refused.len();
+                }
+                continue;
+            }
+            Err(ChannelError::Timeout(_)) => {
+                let last = match refused.last() {
+                    Some(e) => format!("; the last: {e}"),
+                    None => String::new(),
+                };
+                return Err(ChannelError::Timeout(format!(
+                    "nodes {:?} did not join within {timeout:?} ({} connections refused{last})",
+                    waiting.iter().collect::<Vec<_>>(),
+                    refused.len()
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let nonce = fresh_nonce()?;
+        match ControlChannel::respond(stream, opts, &|id| waiting.contains(&id), nonce) {
+            Ok(ch) => {
+                waiting.remove(&ch.peer_id);
+                take(ch);
+            }
+            Err(e) => refused.push(e),
+        }
+    }
+    Ok(refused)
+}
+
 impl Rendezvous {
     /// As coordinator: accepts and authenticates until every node in
     /// `members` has joined, or `timeout` passes. Connections that fail the
@@ -702,61 +823,8 @@ impl Rendezvous {
         opts: &ChannelOptions,
         timeout: Duration,
     ) -> Result<Rendezvous, ChannelError> {
-        let deadline = Instant::now() + timeout;
-        let mut waiting: BTreeSet<u32> = members
-            .iter()
-            .copied()
-            .filter(|&m| m != opts.node_id)
-            .collect();
-        if waiting.len() >= NODES_MAX {
-            return Err(ChannelError::Limit(format!(
-                "{} nodes to meet; a rendezvous holds at most {NODES_MAX}",
-                waiting.len() + 1
-            )));
-        }
-        let mut joined = Vec::with_capacity(waiting.len());
-        let mut refused: Vec<ChannelError> = Vec::new();
-        // Refusals up to this index were reported already.
-        let mut told = 0;
-        let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
-        while !waiting.is_empty() {
-            // Accept in steps of at most a second, to report between them.
-            let step = match opts.on_wait {
-                Some(_) => deadline.min(next_report),
-                None => deadline,
-            };
-            let stream = match accept_by(listener, step, &opts.cancel) {
-                Ok(s) => s,
-                Err(ChannelError::Timeout(_)) if Instant::now() < deadline => {
-                    let ids: Vec<u32> = waiting.iter().copied().collect();
-                    let fresh = refused[told..].last();
-                    if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
-                        told = refused.len();
-                    }
-                    continue;
-                }
-                Err(ChannelError::Timeout(_)) => {
-                    let last = match refused.last() {
-                        Some(e) => format!("; the last: {e}"),
-                        None => String::new(),
-                    };
-                    return Err(ChannelError::Timeout(format!(
-                        "nodes {:?} did not join within {timeout:?} ({} connections refused{last})",
-                        waiting.iter().collect::<Vec<_>>(),
-                        refused.len()
-                    )));
-                }
-                Err(e) => return Err(e),
-            };
-            let nonce = fresh_nonce()?;
-            match ControlChannel::respond(stream, opts, &|id| waiting.contains(&id), nonce) {
-                Ok(ch) => {
-                    waiting.remove(&ch.peer_id);
-                    joined.push(ch);
-                }
-                Err(e) => refused.push(e),
-            }
-        }
+        let mut joined = Vec::with_capacity(members.len());
+        let refused = admit(listener, members, opts, timeout, &mut |ch| joined.push(ch))?;
         joined.sort_by_key(|c| c.peer_id);
         Ok(Rendezvous {
             node_id: opts.node_id,
@@ -765,6 +833,31 @@ impl Rendezvous {
             barrier_timeout: opts.barrier_timeout,
             refused,
         })
+    }
+
+    /// As the coordinator of a run this node will not take part in:
+    /// accepts and authenticates the `members` as [`Rendezvous::coordinate`]
+    /// does, and tells each at once that it withdrew, for `why`
+    /// ([`ChannelError::Withdrew`] at the member's first meeting), until
+    /// every member was told or `timeout` passes (then the error names
+    /// those not told).
+    pub fn turn_away(
+        listener: &TcpListener,
+        members: &[u32],
+        opts: &ChannelOptions,
+        timeout: Duration,
+        why: &str,
+    ) -> Result<(), ChannelError> {
+        let me = opts.node_id;
+        admit(listener, members, opts, timeout, &mut |mut ch| {
+            // Best effort: one that cannot be told times out on its own.
+            let _ = ch.send(&Message::Withdraw {
+                node_id: me,
+                why: why.to_string(),
+            });
+            ch.linger_closed();
+        })
+        .map(drop)
     }
 
     /// As member: dials the coordinator at `addr`, which must be node
@@ -815,7 +908,8 @@ impl Rendezvous {
     /// Publishes `mine` and returns every node's records (including ours).
     /// Records must carry this node's id.
     pub fn exchange(&mut self, mine: &Directory) -> Result<Directory, ChannelError> {
-        self.exchange_with(mine, &Directory::default())
+        let r = self.exchange_with(mine, &Directory::default());
+        self.pass_on(r)
     }
 
     /// As [`Rendezvous::exchange`], for a coordinator that also hands out
@@ -832,7 +926,8 @@ impl Rendezvous {
             matches!(self.role, Role::Coordinator { .. }),
             "only the coordinator relays records"
         );
-        self.exchange_with(mine, relayed)
+        let r = self.exchange_with(mine, relayed);
+        self.pass_on(r)
     }
 
     fn exchange_with(
@@ -857,7 +952,7 @@ impl Rendezvous {
                 let mut all = Directory::default();
                 let limit = RECORDS_PER_NODE_MAX * NODES_MAX;
                 loop {
-                    match coordinator.recv_within(barrier_timeout)? {
+                    match coordinator.recv_meeting(barrier_timeout, false)? {
                         Message::Endpoint(e) => all.endpoints.push(e),
                         Message::Region(r) => all.regions.push(r),
                         Message::BarrierRelease { name, epoch: e }
@@ -884,7 +979,7 @@ impl Rendezvous {
                 for ch in members.iter_mut() {
                     let mut count = 0usize;
                     loop {
-                        match ch.recv_within(barrier_timeout)? {
+                        match ch.recv_meeting(barrier_timeout, true)? {
                             Message::Endpoint(e) if e.node_id == ch.peer_id => {
                                 all.endpoints.push(e)
                             }
@@ -987,6 +1082,16 @@ impl Rendezvous {
         barrier_timeout: Duration,
         leaving_arrives: bool,
     ) -> Result<Vec<u32>, ChannelError> {
+        let r = self.barrier_meeting(name, barrier_timeout, leaving_arrives);
+        self.pass_on(r)
+    }
+
+    fn barrier_meeting(
+        &mut self,
+        name: &str,
+        barrier_timeout: Duration,
+        leaving_arrives: bool,
+    ) -> Result<Vec<u32>, ChannelError> {
         assert!(
             name.len() <= NAME_BYTES_MAX,
             "barrier names are at most {NAME_BYTES_MAX} bytes"
@@ -998,7 +1103,7 @@ impl Rendezvous {
                     name: name.into(),
                     epoch,
                 })?;
-                match coordinator.recv_within(barrier_timeout)? {
+                match coordinator.recv_meeting(barrier_timeout, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if n == name && e == epoch => {
                         Ok(Vec::new())
                     }
@@ -1010,7 +1115,7 @@ impl Rendezvous {
             Role::Coordinator { members } => {
                 let mut left = Vec::new();
                 for ch in members.iter_mut() {
-                    match ch.recv_within(barrier_timeout) {
+                    match ch.recv_meeting(barrier_timeout, true) {
                         Ok(Message::Barrier { name: n, epoch: e }) if n == name && e == epoch => {}
                         Ok(Message::Bye)
                         | Err(ChannelError::Wire(WireError::Closed | WireError::Io(_)))
@@ -1057,6 +1162,15 @@ impl Rendezvous {
         name: &str,
         mine: Option<&str>,
     ) -> Result<Option<String>, ChannelError> {
+        let r = self.agree_meeting(name, mine);
+        self.pass_on(r)
+    }
+
+    fn agree_meeting(
+        &mut self,
+        name: &str,
+        mine: Option<&str>,
+    ) -> Result<Option<String>, ChannelError> {
         assert!(
             name.len() < NAME_BYTES_MAX && !name.contains(['=', '?', '!']),
             "agree: a plain name within {NAME_BYTES_MAX} bytes"
@@ -1073,7 +1187,7 @@ impl Rendezvous {
         let (release, from) = match &mut self.role {
             Role::Member { coordinator } => {
                 coordinator.send(&Message::Barrier { name: own, epoch })?;
-                match coordinator.recv_within(barrier_timeout)? {
+                match coordinator.recv_meeting(barrier_timeout, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if e == epoch => {
                         (n, coordinator.peer_id)
                     }
@@ -1086,7 +1200,7 @@ impl Rendezvous {
             Role::Coordinator { members } => {
                 let mut held: Vec<(u32, Option<String>)> = vec![(me, mine.map(str::to_string))];
                 for ch in members.iter_mut() {
-                    let got = match ch.recv_within(barrier_timeout)? {
+                    let got = match ch.recv_meeting(barrier_timeout, true)? {
                         Message::Barrier { name: n, epoch: e } if e == epoch => n,
                         m => {
                             return Err(ch.protocol(format!(
@@ -1144,6 +1258,55 @@ impl Rendezvous {
                 why: format!("the release of `{name}` was `{release}`"),
             }),
         }
+    }
+
+    /// Leaves the run before taking part in it, for `why` (cut to
+    /// [`wire::WHY_BYTES_MAX`] bytes): a member tells the coordinator, which
+    /// tells every other member at its next meeting; a coordinator tells
+    /// every member. Each of them then fails that meeting with
+    /// [`ChannelError::Withdrew`] naming this node and `why`, rather than
+    /// waiting for it until a timeout. Errs when a member could not tell
+    /// the coordinator; a coordinator's sends are best effort.
+    pub fn withdraw(self, why: &str) -> Result<(), ChannelError> {
+        let m = Message::Withdraw {
+            node_id: self.node_id,
+            why: why.to_string(),
+        };
+        match self.role {
+            Role::Member {
+                coordinator: mut ch,
+            } => {
+                ch.send(&m)?;
+                ch.linger_closed();
+            }
+            Role::Coordinator { mut members } => {
+                for ch in &mut members {
+                    let _ = ch.send(&m);
+                }
+                for ch in members {
+                    ch.linger_closed();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// As coordinator, passes on the withdrawal `r` holds, if it does, to
+    /// every member but the one that withdrew (best effort: one that
+    /// cannot be told fails on its own), so each fails at its next
+    /// meeting naming the node and why, not at its timeout.
+    fn pass_on<T>(&mut self, r: Result<T, ChannelError>) -> Result<T, ChannelError> {
+        if let (Err(ChannelError::Withdrew { node, why }), Role::Coordinator { members }) =
+            (&r, &mut self.role)
+        {
+            for ch in members.iter_mut().filter(|ch| ch.peer_id != *node) {
+                let _ = ch.send(&Message::Withdraw {
+                    node_id: *node,
+                    why: why.clone(),
+                });
+            }
+        }
+        r
     }
 
     /// Says goodbye to every connected node and closes the connections.

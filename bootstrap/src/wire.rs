@@ -25,17 +25,20 @@ use crate::auth::{MAC_BYTES, NONCE_BYTES};
 pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 /// The longest barrier name.
 pub const NAME_BYTES_MAX: usize = 256;
+/// The longest reason a [`Message::Withdraw`] carries: a line or a few.
+pub const WHY_BYTES_MAX: usize = 1024;
 /// The control protocol this build speaks, sent in its [`Message::Hello`]:
 /// raised whenever a message's bytes or meaning change, so that nodes of
 /// different builds are refused at the handshake, naming both versions,
 /// rather than failing later on a record one of them cannot read. 1:
 /// builds whose Hello ended at the nonce (the last of them sent Endpoint
 /// records with `rd_atom`, the earlier ones without); 2: the Hello carries
-/// the version. The version is not in the authenticated transcript: both
+/// the version; 3: a node that will not take part in a run says why
+/// ([`Message::Withdraw`]). The version is not in the authenticated transcript: both
 /// ends require an exact match, so rewriting it on the path can only get
 /// a connection refused; a build that accepts more than one version must
 /// bind it into the transcript first.
-pub const PROTOCOL: u16 = 2;
+pub const PROTOCOL: u16 = 3;
 
 /// A reliable-connection queue pair's address, as the peer needs it to move
 /// its own QP to RTR (IB spec vol. 1 §11.2.4.2, `ibv_modify_qp` attributes).
@@ -104,6 +107,13 @@ pub enum Message {
         epoch: u64,
     },
     Bye,
+    /// Node `node_id` will not take part in this run, for `why` (at most
+    /// [`WHY_BYTES_MAX`] bytes): sent by that node, or by the coordinator
+    /// passing it on to the others.
+    Withdraw {
+        node_id: u32,
+        why: String,
+    },
 }
 
 const TAG_HELLO: u8 = 1;
@@ -113,6 +123,7 @@ const TAG_REGION: u8 = 4;
 const TAG_BARRIER: u8 = 5;
 const TAG_BARRIER_RELEASE: u8 = 6;
 const TAG_BYE: u8 = 7;
+const TAG_WITHDRAW: u8 = 8;
 
 #[derive(Debug)]
 pub enum WireError {
@@ -230,16 +241,16 @@ impl Message {
                     TAG_BARRIER_RELEASE
                 });
                 // Names are bounded on construction by the channel; encode
-                // stays total by clipping at a char boundary.
-                let mut end = name.len().min(NAME_BYTES_MAX);
-                while !name.is_char_boundary(end) {
-                    end -= 1;
-                }
-                out.extend_from_slice(&(end as u16).to_be_bytes());
-                out.extend_from_slice(&name.as_bytes()[..end]);
+                // stays total by clipping.
+                put_string(out, name, NAME_BYTES_MAX);
                 out.extend_from_slice(&epoch.to_be_bytes());
             }
             Message::Bye => out.push(TAG_BYE),
+            Message::Withdraw { node_id, why } => {
+                out.push(TAG_WITHDRAW);
+                out.extend_from_slice(&node_id.to_be_bytes());
+                put_string(out, why, WHY_BYTES_MAX);
+            }
         }
     }
 
@@ -287,6 +298,10 @@ impl Message {
             TAG_REGION => read_region(&mut r)?,
             TAG_BARRIER | TAG_BARRIER_RELEASE => read_barrier(&mut r, tag)?,
             TAG_BYE => Message::Bye,
+            TAG_WITHDRAW => Message::Withdraw {
+                node_id: r.u32("node_id")?,
+                why: r.string("why", WHY_BYTES_MAX, "longer than 1024 bytes")?,
+            },
             t => return Err(WireError::UnknownTag(t)),
         };
         if !r.buf.is_empty() {
@@ -305,6 +320,7 @@ impl Message {
             Message::Barrier { .. } => "Barrier",
             Message::BarrierRelease { .. } => "BarrierRelease",
             Message::Bye => "Bye",
+            Message::Withdraw { .. } => "Withdraw",
         }
     }
 }
@@ -387,26 +403,24 @@ fn read_region(r: &mut Reader<'_>) -> Result<Message, WireError> {
 /// A barrier (or its release): a UTF-8 name of at most 256 bytes and an
 /// epoch.
 fn read_barrier(r: &mut Reader<'_>, tag: u8) -> Result<Message, WireError> {
-    let n = r.u16("name")? as usize;
-    if n > NAME_BYTES_MAX {
-        return Err(WireError::Invalid {
-            field: "name",
-            why: "longer than 256 bytes",
-        });
-    }
-    let bytes = r.take(n, "name")?;
-    let name = std::str::from_utf8(bytes)
-        .map_err(|_| WireError::Invalid {
-            field: "name",
-            why: "not UTF-8",
-        })?
-        .to_string();
+    let name = r.string("name", NAME_BYTES_MAX, "longer than 256 bytes")?;
     let epoch = r.u64("epoch")?;
     Ok(if tag == TAG_BARRIER {
         Message::Barrier { name, epoch }
     } else {
         Message::BarrierRelease { name, epoch }
     })
+}
+
+/// Appends `s` as a string field: a `u16` length and UTF-8 bytes, clipped
+/// to `max` bytes at a character boundary.
+fn put_string(out: &mut Vec<u8>, s: &str, max: usize) {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_be_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
 }
 
 struct Reader<'a> {
@@ -438,6 +452,28 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self, field: &'static str) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.array(field)?))
+    }
+    /// A string field of at most `max` bytes; `too_long` says the bound.
+    fn string(
+        &mut self,
+        field: &'static str,
+        max: usize,
+        too_long: &'static str,
+    ) -> Result<String, WireError> {
+        let n = self.u16(field)? as usize;
+        if n > max {
+            return Err(WireError::Invalid {
+                field,
+                why: too_long,
+            });
+        }
+        let bytes = self.take(n, field)?;
+        Ok(std::str::from_utf8(bytes)
+            .map_err(|_| WireError::Invalid {
+                field,
+                why: "not UTF-8",
+            })?
+            .to_string())
     }
 }
 

@@ -8,7 +8,7 @@ use std::io::Cursor;
 
 use bootstrap::wire::{
     read_frame, read_message, write_message, Endpoint, Message, QpInfo, Region, Space, WireError,
-    FRAME_BYTES_MAX,
+    FRAME_BYTES_MAX, WHY_BYTES_MAX,
 };
 
 #[test]
@@ -174,6 +174,52 @@ fn bad_bodies_give_the_promised_errors() {
         Message::decode_body(&b),
         Err(WireError::Truncated { field: "name" })
     ));
+
+    // A withdrawal's reason: not UTF-8, longer than the bound, cut short.
+    let withdraw = |why: &[u8]| {
+        let mut b = vec![8u8, 0, 0, 0, 2];
+        b.extend_from_slice(&(why.len() as u16).to_be_bytes());
+        b.extend_from_slice(why);
+        Message::decode_body(&b)
+    };
+    assert!(matches!(
+        withdraw(b"--seconds must be in (0, 86400]"),
+        Ok(Message::Withdraw { node_id: 2, why }) if why == "--seconds must be in (0, 86400]"
+    ));
+    assert!(matches!(
+        withdraw(&[b'a', 0xff]),
+        Err(WireError::Invalid { field: "why", .. })
+    ));
+    assert!(withdraw(&[b'a'; WHY_BYTES_MAX]).is_ok());
+    assert!(matches!(
+        withdraw(&[b'a'; WHY_BYTES_MAX + 1]),
+        Err(WireError::Invalid { field: "why", .. })
+    ));
+    let mut b = vec![8u8, 0, 0, 0, 2, 0, 9, b'a'];
+    assert!(matches!(
+        Message::decode_body(&b),
+        Err(WireError::Truncated { field: "why" })
+    ));
+    b.truncate(3);
+    assert!(matches!(
+        Message::decode_body(&b),
+        Err(WireError::Truncated { field: "node_id" })
+    ));
+}
+
+/// A reason longer than a frame carries is cut at the bound, on a
+/// character boundary, and the rest of the message still reads.
+#[test]
+fn a_long_reason_is_cut_on_a_character_boundary() {
+    // 'é' is 2 bytes: 1023 bytes of 'a' leave room for half of one.
+    let why = format!("{}{}", "a".repeat(WHY_BYTES_MAX - 1), "é".repeat(10));
+    let m = Message::Withdraw { node_id: 7, why };
+    let Message::Withdraw { node_id, why } = Message::decode_body(&m.encode_frame()[4..]).unwrap()
+    else {
+        panic!("not a Withdraw")
+    };
+    assert_eq!(node_id, 7);
+    assert_eq!(why, "a".repeat(WHY_BYTES_MAX - 1));
 }
 
 #[test]

@@ -102,5 +102,13 @@ pub fn sample_messages() -> Vec<Message> {
             epoch: 0,
         },
         Message::Bye,
+        Message::Withdraw {
+            node_id: 3,
+            why: "--records must be 1..=100000000 (ünïcode)".into(),
+        },
+        Message::Withdraw {
+            node_id: u32::MAX,
+            why: String::new(),
+        },
     ]
 }
