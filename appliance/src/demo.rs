@@ -600,7 +600,7 @@ fn run_emu(cfg: &DemoConfig) -> Result<Outcome, String> {
     let cluster = EmuCluster::boot(&EmuClusterConfig {
         memory_nodes: cfg.memory_nodes,
         host_bytes: host,
-        dm_bytes: 256 << 10,
+        dm_bytes: crate::demo_index::DM_BYTES,
         emu: EmuConfig {
             latency_ns_one_way: cfg.latency_ns,
             ..Default::default()
@@ -699,7 +699,7 @@ fn run_sim(cfg: &DemoConfig) -> Result<Outcome, String> {
         seed: cfg.seed,
         memory_nodes: cfg.memory_nodes,
         host_bytes: host,
-        dm_bytes: 256 << 10,
+        dm_bytes: crate::demo_index::DM_BYTES,
         compute_nodes: cfg.compute_nodes,
         machines: 0,
         model,

@@ -21,7 +21,7 @@ use index::tree::{TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::World;
-use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
+use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, NodeId, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -32,15 +32,14 @@ fn demo_index(
     cfg: &DemoConfig,
 ) -> Result<AnyIndex, String> {
     let tasks = (cfg.cores * cfg.tasks_per_core) as u64;
-    index_handle(
-        kind,
-        tree_cfg,
-        cfg.sizes,
-        cfg.tree_records,
-        tasks,
-        256 << 10,
-    )
+    index_handle(kind, tree_cfg, cfg.sizes, cfg.tree_records, tasks, DM_BYTES)
 }
+
+/// The device memory of each of the demo's memory nodes, all of it the
+/// tree's lock table. The verb phase before the index phases counts its
+/// CAS successes in words of it ([`crate::demo`]'s `cas_word`), so the
+/// tree phase's loader clears it first.
+pub const DM_BYTES: u64 = 256 << 10;
 
 /// What an index phase measured and checked.
 pub struct IndexPhase {
@@ -128,10 +127,15 @@ async fn tree_task<N: Nic>(
     sh.finished.set(sh.finished.get() + 1);
 }
 
-/// The load of an index phase: one task creates the index and loads it.
+/// The load of an index phase: one task clears the tree's lock table on
+/// every memory node (`memory_nodes` of them; see [`DM_BYTES`]), then
+/// creates the index and loads it. A word left nonzero there reads as a
+/// lock some client holds: a writer of any node hashed to it waited for
+/// it until its lock wait ran out, and the phase did not finish.
 struct LoadTask<'a> {
     index: &'a AnyIndex,
     records: u64,
+    memory_nodes: usize,
 }
 
 impl Workload for LoadTask<'_> {
@@ -155,8 +159,13 @@ impl Workload for LoadTask<'_> {
             loaded.clone(),
             self.records,
         );
+        let memory = if t.is_hash() { 0 } else { self.memory_nodes };
         on.spawn_task(move |ctx| async move {
-            load(ctx, t, records, e).await;
+            if let Err(why) = clear_lock_tables(&ctx, memory).await {
+                *e.borrow_mut() = Some(why);
+            } else {
+                load(ctx, t, records, e).await;
+            }
             l.set(true);
         })
     }
@@ -164,6 +173,18 @@ impl Workload for LoadTask<'_> {
     fn finish(&self, (err, _): Self::Group, _: VerbCounters) -> Option<String> {
         err.borrow_mut().take()
     }
+}
+
+/// Zeroes the device memory of memory nodes `0..memory_nodes`: the tree's
+/// lock table (in pieces within a loader slot's scratch).
+async fn clear_lock_tables<N: Nic>(ctx: &Ctx<N>, memory_nodes: usize) -> Result<(), String> {
+    for m in 0..memory_nodes {
+        let node = NodeId::try_from(m).map_err(|_| format!("memory node {m}: id too large"))?;
+        crate::node_work::write_zeros(ctx, GlobalAddr::device(node, 0), DM_BYTES, 16 << 10)
+            .await
+            .map_err(|e| format!("clearing the lock table of memory node {m}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The workload of an index phase: `tasks_per_core` tasks on every core,
@@ -247,6 +268,7 @@ pub fn run_emu(
     let load = LoadTask {
         index: &index,
         records,
+        memory_nodes: cfg.memory_nodes,
     };
     let loaded = cluster
         .run(&load, 1, ExecutorConfig { slots: 1, ..exec }, false)
@@ -301,6 +323,7 @@ pub fn run_sim(
     let load = LoadTask {
         index: &indexes[0],
         records,
+        memory_nodes: cfg.memory_nodes,
     };
     let loader = simrun::spawn(
         w,
@@ -368,7 +391,12 @@ pub fn run_sim(
     });
     if sh.finished.get() < spawned_tasks {
         if !faulty {
-            return Err("the tree phase did not finish".into());
+            return Err(format!(
+                "the {} phase did not finish: {} of its {spawned_tasks} tasks still ran {} ms of virtual time past its end",
+                if kind == IndexKind::Hash { "hash table" } else { "tree" },
+                spawned_tasks - sh.finished.get(),
+                FAULT_QUIET_NS / 1_000_000
+            ));
         }
         // Tasks stuck for ever (behind a lock a crashed node held) must
         // not spin on through the phases after this one.
