@@ -108,7 +108,9 @@ struct NodeArgs {
     /// --workload tree: the tree, one of sherman (as the paper builds it),
     /// sherman-2rt (the lock and the leaf read in one doorbell, the page
     /// handed over with the lock: writes in two round trips),
-    /// sherman-paper-versions, fg (the FG+ baseline), fg+comb,
+    /// sherman-paper-versions (the paper's front/rear versions, kept as an
+    /// ablation: they can take a torn node for a whole one, and an
+    /// operation then fails), fg (the FG+ baseline), fg+comb,
     /// fg+comb+onchip, fg+comb+onchip+hier; every compute node of a
     /// cluster must get the same
     #[arg(long, value_name = "NAME", default_value = DEFAULT_TREE)]
@@ -248,8 +250,10 @@ struct DemoArgs {
     #[command(flatten)]
     sizes: SizeArgs,
     /// The tree phase's tree, one of sherman (as the paper builds it),
-    /// sherman-2rt (writes in two round trips), sherman-paper-versions, fg
-    /// (the FG+ baseline), fg+comb, fg+comb+onchip, fg+comb+onchip+hier
+    /// sherman-2rt (writes in two round trips), sherman-paper-versions (the
+    /// paper's front/rear versions, kept as an ablation: they can take a
+    /// torn node for a whole one, which the checks then report), fg (the
+    /// FG+ baseline), fg+comb, fg+comb+onchip, fg+comb+onchip+hier
     #[arg(long, value_name = "NAME", default_value = DEFAULT_TREE)]
     tree: String,
     /// Transactions each coordinator of the transactions phase runs (a
