@@ -350,6 +350,9 @@ pub struct Coordinator {
     next: u64,
     logs: Vec<Sender>,
     replies: Vec<Receiver>,
+    /// Per machine: the head of its reply ring that the records last
+    /// staged to it carry, told ([`Receiver::told`]) once they land.
+    staged_head: Vec<u64>,
     /// Per machine: the configuration the records last staged to it are
     /// of, the configuration in which a heal of its ring gave up, when
     /// its ring may be tried again (`Coordinator::try_heal`), and whether
@@ -464,6 +467,7 @@ impl Coordinator {
             next: 0,
             logs,
             replies,
+            staged_head: vec![0; geo.machines as usize],
             staged_in: vec![u32::MAX; geo.machines as usize],
             gave_up: vec![u32::MAX; geo.machines as usize],
             heal_at: vec![0; geo.machines as usize],
@@ -1008,7 +1012,7 @@ impl Coordinator {
         if failed {
             return Ok(false);
         }
-        self.logs[d as usize].landed(ctx)?;
+        self.landed(ctx, d)?;
         self.unstick(d, false);
         Ok(true)
     }
@@ -1060,6 +1064,8 @@ impl Coordinator {
                 return Ok(false);
             }
         }
+        // Voids carry no head: the one the voided records carried was
+        // never told.
         self.logs[d as usize].landed(ctx)?;
         self.staged_in[d as usize] = self.config;
         self.stats.rings_voided += 1;
@@ -1077,6 +1083,14 @@ impl Coordinator {
         word
     }
 
+    /// The records staged for machine `d` landed: its sender moves past
+    /// them, and the reply ring's head they carried is told.
+    fn landed<N: Nic>(&mut self, ctx: &Ctx<N>, d: NodeId) -> Result<(), TxError> {
+        self.logs[d as usize].landed(ctx)?;
+        self.replies[d as usize].told(self.staged_head[d as usize]);
+        Ok(())
+    }
+
     /// After a failed batch that staged records for machines `ds`: the
     /// senders whose WRITEs all succeeded move on, those whose WRITEs
     /// were never posted forget them, and the rest stay poisoned (their
@@ -1090,7 +1104,7 @@ impl Coordinator {
             if posted & bit == 0 {
                 self.logs[d as usize].unstage();
             } else if failed & bit == 0 {
-                self.logs[d as usize].landed(ctx)?;
+                self.landed(ctx, d)?;
             }
         }
         Ok(())
@@ -1944,7 +1958,12 @@ impl Coordinator {
         p: &[u8],
     ) -> Result<(), TxError> {
         let mut p = p.to_vec();
-        Envelope::patch_head(&mut p, self.replies[d as usize].piggyback_head());
+        // Told once the record lands (`Coordinator::landed`): marked told
+        // here, a record never posted or voided left the sender waiting
+        // for a head it never heard.
+        let head = self.replies[d as usize].head();
+        Envelope::patch_head(&mut p, head);
+        self.staged_head[d as usize] = head;
         let r = plan.get_mut(&d).and_then(|x| x.reservation.as_mut());
         let r = r.expect("every planned machine reserved");
         self.logs[d as usize].stage_reserved(ctx, b, r, &p)?;
@@ -1967,7 +1986,7 @@ impl Coordinator {
             Ok(()) => {
                 self.unsettled_tx = None;
                 for d in ds {
-                    self.logs[d as usize].landed(ctx)?;
+                    self.landed(ctx, d)?;
                 }
                 Ok(())
             }
@@ -2073,7 +2092,7 @@ impl Coordinator {
                 }
             }
             for (d, _) in chunk {
-                self.logs[*d as usize].landed(ctx)?;
+                self.landed(ctx, *d)?;
                 // The truncations the first record carried are delivered.
                 let dest = plan.get_mut(d).expect("planned");
                 let n = std::mem::take(&mut dest.carried);

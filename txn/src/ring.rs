@@ -425,20 +425,13 @@ impl Receiver {
         Ok(true)
     }
 
-    /// The head the receiver may piggyback on a message of its own to the
-    /// sender, marking it told (FaRM returns heads lazily this way): for a
-    /// message whose delivery is settled with its batch.
-    pub fn piggyback_head(&mut self) -> u64 {
-        self.reported = self.head;
-        self.head
-    }
-
-    /// The sender was told `head`: a message carrying it ([`Receiver::head`])
-    /// was appended. For a message that may fail to go out (an append that
-    /// can time out): marking the head told before then left one the
-    /// sender never heard counted as heard, and the quarter-ring report
-    /// waited for consumption that could not come while the sender waited
-    /// for room.
+    /// The sender was told `head`: a message carrying it ([`Receiver::head`],
+    /// piggybacked as FaRM returns heads lazily) landed. Only then: a
+    /// head marked told when its message was staged or appended, and the
+    /// message then never went out (an append that timed out, a batch
+    /// never posted, records made void), counted as heard one the sender
+    /// never heard, and the quarter-ring report waited for consumption
+    /// that could not come while the sender waited for room.
     pub fn told(&mut self, head: u64) {
         self.reported = self.reported.max(head);
     }
