@@ -791,17 +791,14 @@ pub fn tell_refusal(cfg: &ClusterConfig, id: u32, why: &str) {
         return;
     };
     if coord.id != id {
-        match Rendezvous::join(addr, coord.id, &opts, Duration::ZERO) {
-            Ok(rv) => match rv.withdraw(why) {
-                Ok(()) => say(format_args!(
-                    "{me}: told the coordinator, node {}, why; it tells the other nodes",
-                    coord.id
-                )),
-                Err(e) => say(format_args!(
-                    "{me}: could not tell the coordinator why: {}",
-                    channel_problem(e)
-                )),
-            },
+        // A refused connection comes only from the join: nobody listens.
+        match Rendezvous::join(addr, coord.id, &opts, Duration::ZERO)
+            .and_then(|rv| rv.withdraw(why))
+        {
+            Ok(()) => say(format_args!(
+                "{me}: told the coordinator, node {}, why; it tells the other nodes",
+                coord.id
+            )),
             Err(ChannelError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
             Err(e) => say(format_args!(
                 "{me}: could not tell the coordinator why: {}",
