@@ -196,8 +196,8 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             taken += 1;
             st.leaves += 1;
-            st.entries += n.slots().count();
-            let mut part = leaf_part(&n, from, st.high);
+            let (mut part, held) = leaf_part(&n, from, st.high);
+            st.entries += held;
             part.truncate(st.limit - st.out.len());
             if st.whole {
                 let vb = self.layout.value_bytes();
@@ -222,7 +222,8 @@ impl<K: TreeKey> TreeClientOf<K> {
 }
 
 /// A leaf copy's entries with keys in `from..high`, as (key, value's first
-/// 8 bytes, slot), in key order and each key once. A copy can hold one
+/// 8 bytes, slot), in key order and each key once; and how many entries
+/// the copy held in all (in range or not), from the same walk. A copy can hold one
 /// key in two slots: a leaf's entries are written in place, one line each,
 /// without a node version of their own, and a READ takes its lines at
 /// different instants (in address order on a NIC; on emu a line changed
@@ -235,15 +236,17 @@ impl<K: TreeKey> TreeClientOf<K> {
 /// with three compute processes on two CPUs, the two slots in different
 /// lines of one leaf (most likely a reader preempted between its copy and
 /// a line's second copy).
-fn leaf_part<K: TreeKey>(n: &Node<'_, K>, from: K, high: K) -> Vec<(K, u64, usize)> {
+fn leaf_part<K: TreeKey>(n: &Node<'_, K>, from: K, high: K) -> (Vec<(K, u64, usize)>, usize) {
+    let mut held = 0;
     let mut part: Vec<(K, u64, usize)> = n
         .slots()
+        .inspect(|_| held += 1)
         .map(|i| (n.key(i), n.value(i), i))
         .filter(|&(k, _, _)| k >= from && k < high)
         .collect();
     part.sort_unstable_by_key(|&(k, _, _)| k);
     part.dedup_by_key(|e| e.0);
-    part
+    (part, held)
 }
 
 /// A scan in progress.
@@ -297,7 +300,8 @@ mod tests {
             m.set_entry(slot, key, &u64::to_le_bytes(value));
         }
         let n = Node::<u64>::new(l, &b);
-        let part = leaf_part(&n, 2, 11);
+        let (part, held) = leaf_part(&n, 2, 11);
+        assert_eq!(held, 5, "every entry the copy held, in range or not");
         let keys: Vec<u64> = part.iter().map(|e| e.0).collect();
         assert_eq!(keys, [2, 7, 9], "{part:?}");
         let seven = part[1];
