@@ -296,7 +296,26 @@ pub struct Receiver {
     /// Looks at the head that found a record's position but not yet a
     /// whole, valid record (torn by line order, or cut short).
     torn_looks: u64,
+    /// The record at the head while it has been seen only in part.
+    torn: Option<TornHead>,
 }
+
+/// A record at a receiver's head seen in part: since when (the
+/// receiver's clock at the first such look), and whether that it has
+/// stayed so past [`TORN_WARN_NS`] was said.
+#[derive(Clone, Copy, Debug)]
+struct TornHead {
+    head: u64,
+    since_ns: u64,
+    said: bool,
+}
+
+/// How long the record at a receiver's head may stay in part before the
+/// receiver says so (once a record, in the log): a record's lines land
+/// within microseconds of one another, so a second means its sender died
+/// while writing it (recovery drains the ring past it) or wrote something
+/// that is not a record; everything behind it waits meanwhile.
+pub const TORN_WARN_NS: u64 = 1_000_000_000;
 
 /// A record taken from the ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -328,6 +347,7 @@ impl Receiver {
             head,
             reported: head,
             torn_looks: 0,
+            torn: None,
         })
     }
 
@@ -339,6 +359,47 @@ impl Receiver {
     /// written, the rest not yet whole (each such look read it again).
     pub fn torn_looks(&self) -> u64 {
         self.torn_looks
+    }
+
+    /// How long (by `now_ns`, the clock the receiver's looks read) the
+    /// record at the head has been seen only in part: `None` while no
+    /// look found it so.
+    pub fn torn_for(&self, now_ns: u64) -> Option<u64> {
+        self.torn
+            .filter(|t| t.head == self.head)
+            .map(|t| now_ns.saturating_sub(t.since_ns))
+    }
+
+    /// A look found the record at the head in part (`partial`: something
+    /// was written there; a fresh ring's zeroes are not a record begun).
+    fn look_torn<N: Nic>(&mut self, ctx: &Ctx<N>, partial: bool) {
+        if !partial {
+            return;
+        }
+        self.torn_looks += 1;
+        let now = ctx.now_ns();
+        let head = self.head;
+        let t = match &mut self.torn {
+            Some(t) if t.head == head => t,
+            t => t.insert(TornHead {
+                head,
+                since_ns: now,
+                said: false,
+            }),
+        };
+        let waited = now.saturating_sub(t.since_ns);
+        if !t.said && waited >= TORN_WARN_NS {
+            t.said = true;
+            log::warn!(
+                "log ring from machine {} to machine {}: the record at position {head} has \
+                 been there only in part for {} ms; its sender died while writing it \
+                 (recovery drains the ring past it) or wrote something that is not a \
+                 record, and every record behind it waits",
+                self.layout.sender,
+                self.layout.receiver,
+                waited / 1_000_000
+            );
+        }
     }
 
     /// Takes the record at the head if a whole, valid one is there.
@@ -369,14 +430,14 @@ impl Receiver {
             let word = l.load(at + 8)?;
             // A torn look is one that found something written there (fresh
             // memory at position 0 reads as position 0 with a zero word).
-            let partial = u64::from(word != 0);
+            let partial = word != 0;
             let (lenword, want) = (word & 0xffff_ffff, (word >> 32) as u32);
             let len = lenword & LEN_MASK;
             let room = cap - self.head % cap;
             if lenword & PAD_FLAG != 0 {
                 let fits = HEADER_BYTES + len <= room && len.is_multiple_of(ALIGN);
                 if !fits || crc(pos, lenword, &[]) != want {
-                    self.torn_looks += partial;
+                    self.look_torn(ctx, partial);
                     return Ok(None); // not the PAD's whole header yet
                 }
                 // A PAD to the lap's end, or a void.
@@ -384,13 +445,13 @@ impl Receiver {
                 continue;
             }
             if record_bytes(len) > room || len > self.layout.max_payload() {
-                self.torn_looks += partial;
+                self.look_torn(ctx, partial);
                 return Ok(None); // a header torn or not ours: look again later
             }
             out.resize(len as usize, 0);
             l.read(at + HEADER_BYTES, out)?;
             if crc(pos, lenword, out) != want {
-                self.torn_looks += partial;
+                self.look_torn(ctx, partial);
                 return Ok(None);
             }
             self.advance(ctx, record_bytes(len))?;
@@ -400,6 +461,7 @@ impl Receiver {
 
     fn advance<N: Nic>(&mut self, ctx: &Ctx<N>, by: u64) -> Result<(), RingError> {
         self.head += by;
+        self.torn = None;
         ctx.local()
             .store(self.layout.receiver_head_off, self.head)?;
         Ok(())

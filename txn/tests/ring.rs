@@ -254,6 +254,13 @@ fn torn_truncated_and_restart<M: Machines>(m: &M) {
                 // and nothing comes; then the sender may restart.
                 let d = ctx.now_ns() + 1_000_000;
                 assert_eq!(r.recv(&ctx, Some(d)).await, Err(RingError::Deadline));
+                // It was seen in part (its header landed within microseconds)
+                // for about the whole wait.
+                let torn = r.torn_for(ctx.now_ns());
+                assert!(
+                    torn.is_some_and(|t| t > 500_000),
+                    "seen in part for {torn:?} ns"
+                );
                 ctx.write(GlobalAddr::host(l.sender, RESTART), &1u64.to_le_bytes())
                     .await
                     .unwrap();
@@ -262,6 +269,11 @@ fn torn_truncated_and_restart<M: Machines>(m: &M) {
                     let p = r.recv(&ctx, Some(patience(&ctx))).await.unwrap().payload;
                     g.lock().unwrap().push(p);
                 }
+                assert_eq!(
+                    r.torn_for(ctx.now_ns()),
+                    None,
+                    "the record at the head is a new one, not seen in part"
+                );
                 let head = r.head();
                 // The receiver restarts: a new one from the persisted head.
                 let mut r = Receiver::open(&ctx, l).unwrap();
