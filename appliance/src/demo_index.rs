@@ -10,7 +10,8 @@
 
 use crate::demo::DemoConfig;
 use crate::index_work::{
-    index_handle, load, mixed_op, tree_config, tree_title, IndexKind, OwnKeys, Sizes,
+    clear_index_memory, index_handle, load, mixed_op, tree_config, tree_title, Chunks, IndexKind,
+    OwnKeys, Sizes,
 };
 use cluster::sim::{self as simrun, Flow, Placement};
 use cluster::stats::{latency_histogram, CoreStats, RunStats};
@@ -21,7 +22,7 @@ use index::tree::{TreeConfig, TreeStats};
 use mempool::ChunkConfig;
 use nicdrv::rng::{Domain, Rng};
 use nicdrv::sim::World;
-use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, NodeId, VerbCounters};
+use nicdrv::{Ctx, ExecutorConfig, Nic, NodeId, VerbCounters};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -127,15 +128,21 @@ async fn tree_task<N: Nic>(
     sh.finished.set(sh.finished.get() + 1);
 }
 
-/// The load of an index phase: one task clears the tree's lock table on
-/// every memory node (`memory_nodes` of them; see [`DM_BYTES`]), then
-/// creates the index and loads it. A word left nonzero there reads as a
-/// lock some client holds: a writer of any node hashed to it waited for
-/// it until its lock wait ran out, and the phase did not finish.
+/// The load of an index phase: one task clears what the phase before
+/// left on every memory node (`memory_nodes` of them: the chunks it took,
+/// the roots, the device memory, [`DM_BYTES`]; see
+/// [`clear_index_memory`]), then creates the index and loads it. Not
+/// cleared, the verb phase's counters in device memory read as locks
+/// some client holds (a writer waited on one until its lock wait ran
+/// out, and the phase did not finish), and the hash table ran in what
+/// the tree left of host memory: with 1 KiB keys and values its puts ran
+/// out of chunks.
 struct LoadTask<'a> {
     index: &'a AnyIndex,
     records: u64,
     memory_nodes: usize,
+    /// How the memory nodes are cut into chunks (every phase the same).
+    chunk: ChunkConfig,
 }
 
 impl Workload for LoadTask<'_> {
@@ -159,9 +166,12 @@ impl Workload for LoadTask<'_> {
             loaded.clone(),
             self.records,
         );
-        let memory = if t.is_hash() { 0 } else { self.memory_nodes };
+        let memory = (0..self.memory_nodes)
+            .map(|m| NodeId::try_from(m).map_err(|_| format!("memory node {m}: id too large")))
+            .collect::<Result<Vec<NodeId>, String>>()?;
+        let chunks = Chunks::Counted(self.chunk.clone());
         on.spawn_task(move |ctx| async move {
-            if let Err(why) = clear_lock_tables(&ctx, memory).await {
+            if let Err(why) = clear_index_memory(&ctx, &memory, &chunks, DM_BYTES).await {
                 *e.borrow_mut() = Some(why);
             } else {
                 load(ctx, t, records, e).await;
@@ -173,18 +183,6 @@ impl Workload for LoadTask<'_> {
     fn finish(&self, (err, _): Self::Group, _: VerbCounters) -> Option<String> {
         err.borrow_mut().take()
     }
-}
-
-/// Zeroes the device memory of memory nodes `0..memory_nodes`: the tree's
-/// lock table (in pieces within a loader slot's scratch).
-async fn clear_lock_tables<N: Nic>(ctx: &Ctx<N>, memory_nodes: usize) -> Result<(), String> {
-    for m in 0..memory_nodes {
-        let node = NodeId::try_from(m).map_err(|_| format!("memory node {m}: id too large"))?;
-        crate::node_work::write_zeros(ctx, GlobalAddr::device(node, 0), DM_BYTES, 16 << 10)
-            .await
-            .map_err(|e| format!("clearing the lock table of memory node {m}: {e}"))?;
-    }
-    Ok(())
 }
 
 /// The workload of an index phase: `tasks_per_core` tasks on every core,
@@ -269,6 +267,7 @@ pub fn run_emu(
         index: &index,
         records,
         memory_nodes: cfg.memory_nodes,
+        chunk: tree_cfg.chunk.clone(),
     };
     let loaded = cluster
         .run(&load, 1, ExecutorConfig { slots: 1, ..exec }, false)
@@ -324,6 +323,7 @@ pub fn run_sim(
         index: &indexes[0],
         records,
         memory_nodes: cfg.memory_nodes,
+        chunk: tree_cfg.chunk.clone(),
     };
     let loader = simrun::spawn(
         w,

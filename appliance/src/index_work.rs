@@ -11,7 +11,7 @@ use index::tree::layout::Layout;
 use index::tree::TreeConfig;
 use mempool::ChunkConfig;
 use nicdrv::rng::Rng;
-use nicdrv::{Ctx, Nic};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -106,7 +106,8 @@ impl IndexLoad {
     /// ([`Layout::bytes_for_records`]; the hash table's entries take
     /// less), a chunk a task, and 32 MiB for the rest (internal nodes, the
     /// superblock, a partly used chunk per allocator). Each index starts
-    /// afresh, so this is what the larger of the two takes.
+    /// on memory as booted ([`clear_index_memory`]), so this is what the
+    /// larger of the two takes.
     pub fn needed(&self) -> u64 {
         self.bytes(Layout::bytes_for_records)
             .saturating_add(32 << 20)
@@ -198,6 +199,65 @@ pub fn tree_title(name: &str) -> String {
     } else {
         format!("B+tree ({name}, bulk load)")
     }
+}
+
+/// Which of a memory node's chunks [`clear_index_memory`] zeroes.
+pub enum Chunks {
+    /// Every chunk below this many bytes of host memory: memory nodes
+    /// that outlive compute runs, whose chunk size a later run may
+    /// change.
+    Below(u64),
+    /// The chunks of this configuration that the node's chunk cursor
+    /// counts (handed out since the node booted or was last cleared),
+    /// none past the node's capacity: chunks past the cursor were never
+    /// handed out since, so they are still as booted. For a cluster
+    /// whose chunks keep one size while it lives (`loch demo`).
+    Counted(ChunkConfig),
+}
+
+/// Zeroes what an index keeps on memory nodes `memory` (their `chunks`,
+/// then each one's chunk cursor and, on node 0, the index roots, then the
+/// first `dm_bytes` of each one's device memory: the tree's lock table, all
+/// device memory holds), so that the next index finds them as freshly
+/// booted ones. A run that ended with a lock held, or the verb phase's
+/// counters in device memory, would otherwise read as locks some client
+/// holds (a writer waits on them until its lock wait runs out), and an
+/// index loaded after another would find its chunks taken and its fresh
+/// memory written. The chunks go before the cursor, so a clear that fails
+/// part way leaves the cursor counting what is still to zero. Only a
+/// loader calls it, while no other client uses the memory nodes.
+pub async fn clear_index_memory<N: Nic>(
+    ctx: &Ctx<N>,
+    memory: &[NodeId],
+    chunks: &Chunks,
+    dm_bytes: u64,
+) -> Result<(), String> {
+    use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
+    for &m in memory {
+        let at = |off| GlobalAddr::host(m, off);
+        async {
+            let bytes = match chunks {
+                Chunks::Below(end) => end.saturating_sub(first_chunk_off()),
+                Chunks::Counted(c) => {
+                    let handed = ctx.read(at(CHUNK_CURSOR_OFF), 8).await?.u64_at(0);
+                    handed.min(c.chunks_on(m)) * c.chunk_bytes
+                }
+            };
+            // In pieces within a loader slot's scratch.
+            crate::node_work::write_zeros(ctx, at(first_chunk_off()), bytes, 16 << 10).await?;
+            let mut words = vec![CHUNK_CURSOR_OFF];
+            if m == 0 {
+                words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
+            }
+            for w in words {
+                ctx.write(at(w), &[0u8; 8]).await?;
+            }
+            crate::node_work::write_zeros(ctx, GlobalAddr::device(m, 0), dm_bytes, 16 << 10).await
+        }
+        .await
+        .map_err(|e: nicdrv::VerbError| format!("clearing memory node {m}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Creates the index and loads `records` records (`key_of(i)` → `i`): the

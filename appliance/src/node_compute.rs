@@ -24,6 +24,7 @@
 //! barrier cut short by SIGINT/SIGTERM) shuts the gate: the cores end
 //! without running a task and the node fails with the reason.
 
+use crate::index_work::{clear_index_memory, Chunks};
 use crate::node::{
     compute_done, index_ready, index_ready_keeping, say, shared_nodes, NodeError, NodeOptions,
     TASKS_PER_CORE_MAX,
@@ -40,7 +41,7 @@ use hdrhistogram::Histogram;
 use index::tree::TreeStats;
 use nicdrv::clock::unix_ns;
 use nicdrv::rng::{Domain, Rng};
-use nicdrv::{Ctx, Executor, ExecutorConfig, GlobalAddr, Nic, NodeId, VerbCounters};
+use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, VerbCounters};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -476,7 +477,8 @@ fn load_index<N: Nic>(
     ex.spawn(move |ctx| async move {
         // Memory nodes outlive compute runs: an earlier run's index and
         // chunks are cleared before this one loads its own.
-        if let Err(why) = clear_index_memory(&ctx, &memory, index_bytes, dm_bytes).await {
+        let chunks = Chunks::Below(index_bytes);
+        if let Err(why) = clear_index_memory(&ctx, &memory, &chunks, dm_bytes).await {
             *e.borrow_mut() = Some(why);
             return;
         }
@@ -488,43 +490,6 @@ fn load_index<N: Nic>(
         return Err(format!("loading the index failed: {e}"));
     }
     Ok(t0.elapsed().as_nanos() as u64)
-}
-
-/// Zeroes what an index keeps on the memory nodes — the chunk cursor of
-/// each, the index roots on node 0, the chunks below `index_bytes`, and
-/// the first `dm_bytes` of each node's device memory (the tree's lock
-/// table, all device memory holds: a run that ended with a lock held,
-/// killed mid-write, would otherwise leave the next run's writers waiting
-/// on it) — so that a run finds them as a freshly
-/// booted memory node has them. Only the loader calls it, before
-/// "index-ready": no other compute node uses the index then. The verb
-/// areas above `index_bytes` are left alone.
-async fn clear_index_memory<N: Nic>(
-    ctx: &Ctx<N>,
-    memory: &[NodeId],
-    index_bytes: u64,
-    dm_bytes: u64,
-) -> Result<(), String> {
-    use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
-    for &m in memory {
-        let at = |off| GlobalAddr::host(m, off);
-        let mut words = vec![CHUNK_CURSOR_OFF];
-        if m == 0 {
-            words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
-        }
-        let chunks = index_bytes.saturating_sub(first_chunk_off());
-        async {
-            for w in words {
-                ctx.write(at(w), &[0u8; 8]).await?;
-            }
-            // In pieces within a loader slot's 64 KiB of scratch.
-            node_work::write_zeros(ctx, at(first_chunk_off()), chunks, 16 << 10).await?;
-            node_work::write_zeros(ctx, GlobalAddr::device(m, 0), dm_bytes, 16 << 10).await
-        }
-        .await
-        .map_err(|e| format!("clearing memory node {m}: {e}"))?;
-    }
-    Ok(())
 }
 
 /// What a core's tasks share, as the core loop publishes and returns it.

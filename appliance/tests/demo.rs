@@ -246,6 +246,40 @@ fn the_tree_phase_finds_no_lock_the_verb_phase_left() {
     }
 }
 
+/// Each index phase starts on memory nodes as booted: the hash table's
+/// loader clears the chunks the tree phase took. It ran in what the tree
+/// left, and with 1 KiB keys and values its puts ran out of chunks on
+/// memory sized for one index (64 of them failed with these flags).
+#[test]
+fn the_hash_phase_gets_the_memory_the_tree_phase_took() {
+    let s = demo_sim(&[
+        "--seed",
+        "1",
+        "--txn-txs",
+        "0",
+        "--memory-nodes",
+        "2",
+        "--cores",
+        "8",
+        "--tasks",
+        "8",
+        "--tree-records",
+        "15000",
+        "--seconds",
+        "0.02",
+        "--key-size",
+        "1024",
+        "--value-size",
+        "1024",
+    ]);
+    assert_eq!(
+        s.matches("check: failed index operations: 0: ok").count(),
+        2,
+        "{s}"
+    );
+    assert!(!s.contains("FAILED"), "{s}");
+}
+
 /// `--tree`: the tree phase runs the tree named, here Sherman writing in
 /// two round trips, checks itself and replays; the summary names it.
 #[test]
