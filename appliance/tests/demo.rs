@@ -280,6 +280,37 @@ fn the_hash_phase_gets_the_memory_the_tree_phase_took() {
     assert!(!s.contains("FAILED"), "{s}");
 }
 
+/// A tree of 16 KiB nodes (1 KiB keys) splits leaves and their parents
+/// within a slot's scratch: an operation holding six nodes still has room
+/// for its word-sized verbs. With six nodes' worth alone, a put ran out
+/// at the word after them ("task scratch exhausted: 8 bytes requested, 0
+/// free") with these flags.
+#[test]
+fn a_split_of_16_kib_nodes_fits_a_slots_scratch() {
+    let s = demo_sim(&[
+        "--seed",
+        "1",
+        "--txn-txs",
+        "0",
+        "--tree",
+        "sherman-2rt",
+        "--tree-records",
+        "10000",
+        "--seconds",
+        "0.02",
+        "--key-size",
+        "1024",
+        "--value-size",
+        "100",
+    ]);
+    assert_eq!(
+        s.matches("check: failed index operations: 0: ok").count(),
+        2,
+        "{s}"
+    );
+    assert!(!s.contains("FAILED"), "{s}");
+}
+
 /// `--tree`: the tree phase runs the tree named, here Sherman writing in
 /// two round trips, checks itself and replays; the summary names it.
 #[test]

@@ -55,6 +55,11 @@ pub use super::key::TreeKey;
 use nicdrv::GlobalAddr;
 use std::marker::PhantomData;
 
+/// Scratch a tree operation keeps beside its nodes for word-sized verbs
+/// (CAS, FAA, 8-byte READs; 8 bytes of a slot's scratch each): room for
+/// 512.
+pub const SMALL_SCRATCH: usize = 4 << 10;
+
 /// A node's size with the default 8-byte keys and values.
 pub const NODE_BYTES: usize = 1024;
 /// Every node's alignment in memory-node memory, whatever its size: lines
@@ -198,11 +203,15 @@ impl Layout {
     }
     /// Task scratch one tree operation may hold at once: six nodes (a
     /// leaf read and locked, its two halves being written, then its
-    /// parent read and, splitting, its two halves). An executor running
-    /// tree operations needs at least this per slot: 6 KiB for 1 KiB
-    /// nodes, 96 KiB for 16 KiB nodes.
+    /// parent read and, splitting, its two halves) and [`SMALL_SCRATCH`]
+    /// for the word-sized verbs it posts while holding them (a lock's
+    /// CAS, a chunk's FAA, the root word). An executor running tree
+    /// operations needs at least this per slot: 10 KiB for 1 KiB nodes,
+    /// 100 KiB for 16 KiB nodes. Six nodes alone ran out at the word
+    /// after them: a put splitting a 16 KiB leaf and its parent, whose
+    /// slot had just six nodes' worth (`loch demo` with 1 KiB keys).
     pub fn op_scratch_bytes(&self) -> usize {
-        6 * self.node_bytes()
+        6 * self.node_bytes() + SMALL_SCRATCH
     }
     /// Bytes of a key.
     pub fn key_bytes(&self) -> usize {

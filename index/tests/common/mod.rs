@@ -30,7 +30,7 @@ pub fn sim_world(seed: u64, memory_nodes: usize, compute_nodes: usize) -> World 
 pub fn exec_cfg(slots: usize) -> ExecutorConfig {
     ExecutorConfig {
         slots,
-        scratch_bytes_per_slot: 96 << 10,
+        scratch_bytes_per_slot: 6 * (16 << 10) + index::tree::layout::SMALL_SCRATCH,
         poll_batch: 32,
     }
 }
