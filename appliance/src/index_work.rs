@@ -382,10 +382,12 @@ mod tests {
             "--key-size 64 --value-size 128 --tree fg"
         );
         assert!(index_args(IndexKind::Hash, d, "fg").is_empty());
-        // 1 KiB records: 32 KiB nodes, six of them for one tree operation.
+        // 1 KiB records: 32 KiB nodes, six of them and the words beside
+        // them for one tree operation.
         let big = Sizes::new(1024, 1024).unwrap();
         assert_eq!(big.layout().node_bytes(), 32 << 10);
-        assert_eq!(big.scratch_bytes_per_slot(), 6 * (32 << 10));
+        let words = index::tree::layout::SMALL_SCRATCH;
+        assert_eq!(big.scratch_bytes_per_slot(), 6 * (32 << 10) + words);
         assert!(Sizes::new(12, 8)
             .unwrap_err()
             .starts_with("--key-size must be"));

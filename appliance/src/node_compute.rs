@@ -824,12 +824,13 @@ mod tests {
         assert_eq!((hash.slots, hash.scratch_bytes_per_slot), (5, 64 << 10));
         assert!(hash.check().is_ok() && verbs.check().is_ok());
         // Wide records: a tree operation's six nodes, 32 KiB each for
-        // 1 KiB keys and values.
+        // 1 KiB keys and values, and the words beside them.
         o.workload = crate::node::Workload::Tree;
         o.sizes = crate::index_work::Sizes::new(1024, 1024).unwrap();
         let wide = exec_config(&o);
         assert_eq!(o.sizes.layout().node_bytes(), 32 << 10);
-        assert_eq!(wide.scratch_bytes_per_slot, 6 * (32 << 10));
+        let words = index::tree::layout::SMALL_SCRATCH;
+        assert_eq!(wide.scratch_bytes_per_slot, 6 * (32 << 10) + words);
         assert!(wide.check().is_ok());
     }
 }
