@@ -300,12 +300,11 @@ pub struct Receiver {
     torn: Option<TornHead>,
 }
 
-/// A record at a receiver's head seen in part: since when (the
-/// receiver's clock at the first such look), and whether that it has
-/// stayed so past [`TORN_WARN_NS`] was said.
+/// The record at a receiver's head seen in part (forgotten when the head
+/// moves): since when (the receiver's clock at the first such look), and
+/// whether that it has stayed so past [`TORN_WARN_NS`] was said.
 #[derive(Clone, Copy, Debug)]
 struct TornHead {
-    head: u64,
     since_ns: u64,
     said: bool,
 }
@@ -365,9 +364,7 @@ impl Receiver {
     /// record at the head has been seen only in part: `None` while no
     /// look found it so.
     pub fn torn_for(&self, now_ns: u64) -> Option<u64> {
-        self.torn
-            .filter(|t| t.head == self.head)
-            .map(|t| now_ns.saturating_sub(t.since_ns))
+        self.torn.map(|t| now_ns.saturating_sub(t.since_ns))
     }
 
     /// A look found the record at the head in part (`partial`: something
@@ -378,25 +375,21 @@ impl Receiver {
         }
         self.torn_looks += 1;
         let now = ctx.now_ns();
-        let head = self.head;
-        let t = match &mut self.torn {
-            Some(t) if t.head == head => t,
-            t => t.insert(TornHead {
-                head,
-                since_ns: now,
-                said: false,
-            }),
-        };
+        let t = self.torn.get_or_insert(TornHead {
+            since_ns: now,
+            said: false,
+        });
         let waited = now.saturating_sub(t.since_ns);
         if !t.said && waited >= TORN_WARN_NS {
             t.said = true;
             log::warn!(
-                "log ring from machine {} to machine {}: the record at position {head} has \
+                "log ring from machine {} to machine {}: the record at position {} has \
                  been there only in part for {} ms; its sender died while writing it \
                  (recovery drains the ring past it) or wrote something that is not a \
                  record, and every record behind it waits",
                 self.layout.sender,
                 self.layout.receiver,
+                self.head,
                 waited / 1_000_000
             );
         }
