@@ -221,21 +221,20 @@ impl<K: TreeKey> TreeClientOf<K> {
     }
 }
 
-/// A leaf copy's entries with keys in `from..high`, as (key, value's first
-/// 8 bytes, slot), in key order and each key once; and how many entries
-/// the copy held in all (in range or not), from the same walk. A copy can hold one
-/// key in two slots: a leaf's entries are written in place, one line each,
-/// without a node version of their own, and a READ takes its lines at
-/// different instants (in address order on a NIC; on emu a line changed
-/// while the others were copied is copied again alone, later), so a copy
-/// can hold a key's entry from before its owner deleted it in one slot
-/// and the entry its owner put next, in a higher free slot, from after.
-/// Each was current at some moment of the scan, so either may stand
-/// (`history::map`'s S3); both would break the scan's strict order (S1).
-/// Seen as duplicate keys in `loch node`'s self-checking scans on emu,
-/// with three compute processes on two CPUs, the two slots in different
-/// lines of one leaf (most likely a reader preempted between its copy and
-/// a line's second copy).
+/// A leaf copy's entries with keys in `from..high`, as (key, value's first 8
+/// bytes, slot), in key order and each key once; and how many entries the
+/// copy held in all (in range or not), from the same walk. A copy can hold
+/// one key in two slots: a leaf's entries are written in place, one line
+/// each, without a node version of their own, and a READ takes its lines at
+/// different instants (in address order on a NIC; on emu a line changed while
+/// the others were copied is copied again alone, later), so a copy can hold a
+/// key's entry from before its owner deleted it in one slot and the entry its
+/// owner put next, in a higher free slot, from after. Each was current at
+/// some moment of the scan, so either may stand (`history::map`'s S3); both
+/// would break the scan's strict order (S1). Seen as duplicate keys in `loch
+/// node`'s self-checking scans on emu, with three compute processes on two
+/// CPUs, the two slots in different lines of one leaf (most likely a reader
+/// preempted between its copy and a line's second copy).
 fn leaf_part<K: TreeKey>(n: &Node<'_, K>, from: K, high: K) -> (Vec<(K, u64, usize)>, usize) {
     let mut held = 0;
     let mut part: Vec<(K, u64, usize)> = n
