@@ -637,6 +637,19 @@ fn ring_moves_records_and_reports_their_latency() {
     }
 }
 
+/// Checks a `loch-bench txn --history` file (Elle list-append JSON lines)
+/// with the outside checker the transaction tests use.
+fn assert_strict_serializable(lines: &str, what: &str) {
+    let h = adya::History::from_json(lines).expect("the history parses");
+    let r = adya::check(&h, adya::Workload::ListAppend, &adya::Opts::default());
+    assert_eq!(
+        r.valid,
+        adya::Valid::True,
+        "{what}: not strict serializable: {:?}",
+        r.anomaly_types
+    );
+}
+
 #[test]
 fn txn_runs_each_workload_and_counts_its_verbs() {
     let run = |args: &[&str]| {
@@ -721,6 +734,35 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
         3 * 20 * 2,
         "an invoke and a completion a transaction"
     );
+    assert_strict_serializable(&lines, "sim");
+    // On emu the coordinators run at once on threads of their own: the
+    // file an outside checker gets from a real concurrent run.
+    let e = run(&[
+        "txn",
+        "--backend",
+        "emu",
+        "--workload",
+        "append",
+        "--machines",
+        "2",
+        "--replicas",
+        "2",
+        "--keys",
+        "3",
+        "--txs",
+        "150",
+        "--history",
+        f,
+        "--json",
+    ]);
+    let lines = std::fs::read_to_string(&file).unwrap();
+    let tried = e["attempted"].as_u64().unwrap() + e["given_up"].as_u64().unwrap();
+    assert_eq!(
+        lines.lines().count() as u64,
+        2 * tried,
+        "an invoke and a completion a transaction tried (a full list's appends are given up)"
+    );
+    assert_strict_serializable(&lines, "emu");
     std::fs::remove_dir_all(&dir).unwrap();
     for bad in [
         vec!["txn", "--replicas", "1"],
