@@ -94,7 +94,9 @@ pub struct TxnArgs {
     /// first fault and the time from it to the first suspicion, to the new
     /// configuration stored and committed, to every region active, to 80%
     /// of the throughput before, and to every new backup copied (the
-    /// first fault at 20 ms or later)
+    /// first fault at 20 ms or later). The machines crashed must leave a
+    /// majority of them, and at least --replicas, for the workload to
+    /// resume
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
     /// With --fault: runs (seeds from --seed on) [default: 40]

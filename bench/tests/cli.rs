@@ -809,6 +809,37 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
         vec!["txn", "--fault", "machine-crash@30ms:99"],
         vec!["txn", "--fault", "machine-crash@30ms:3", "--machines", "3"],
         vec!["txn", "--fault", "partition@30ms:0+20", "--machines", "4"],
+        // Crashes no configuration can recover from: once a run that
+        // stalled until its time limit (exit 1) or failed a task.
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@30ms:1",
+            "--machines",
+            "2",
+            "--replicas",
+            "2",
+        ],
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@30ms:1",
+            "--machines",
+            "3",
+            "--replicas",
+            "3",
+        ],
+        vec![
+            "txn",
+            "--fault",
+            "machine-crash@30ms:1",
+            "--fault",
+            "memory-crash@40ms:2",
+            "--machines",
+            "4",
+            "--replicas",
+            "2",
+        ],
         vec![
             "txn",
             "--fault",

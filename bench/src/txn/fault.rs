@@ -42,12 +42,55 @@ struct RunFigures {
     buckets: Vec<u64>,
 }
 
+/// Whether the machines the faults crash leave a cluster FaRM can recover
+/// in. Two things are certain from the plan alone: a new configuration
+/// needs a majority of the machines to answer the new configuration
+/// manager's probes (FaRM §5.2), and every region needs its replicas on
+/// distinct machines, so fewer survivors than replicas can hold no
+/// configuration. Either way the workload could never resume and the
+/// run would stall until its time limit; said here instead, before any
+/// run. Partitions are the experiment's to judge: one that heals before
+/// a lease expires removes nobody.
+fn survivable(faults: &[Fault], machines: u16, replicas: usize) -> Result<(), String> {
+    use nicdrv::sim::FaultKind as K;
+    // On sim a machine is its memory node and its compute node: either
+    // crashing takes the machine out of the configuration.
+    let lost: std::collections::BTreeSet<u16> = faults
+        .iter()
+        .filter_map(|f| match f.kind {
+            K::CrashMachine { machine } => Some(machine),
+            K::CrashMemoryNode { node } | K::CrashComputeNode { node } => Some(node),
+            _ => None,
+        })
+        .collect();
+    let left = machines as usize - lost.len();
+    let why = if 2 * left <= machines as usize {
+        format!(
+            "no majority of the {machines} machines is left to answer the new configuration \
+             manager's probes (FaRM §5.2)"
+        )
+    } else if left < replicas {
+        format!(
+            "fewer than --replicas {replicas} machines are left, so no configuration can hold \
+             each region's replicas on distinct machines"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--fault: the plan crashes {} of {machines} machines, leaving {left}: {why}; the \
+         workload could never resume (--detection-only measures detection alone)",
+        lost.len()
+    ))
+}
+
 pub(super) fn run(
     a: &TxnArgs,
     faults: Vec<Fault>,
     timing: LeaseConfig,
 ) -> Result<crate::run::Outcome, ArgError> {
     let machines = a.machines.unwrap_or(16);
+    survivable(&faults, machines, a.replicas).map_err(ArgError)?;
     let m = mix(a)?;
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
     if first < BEFORE_MS * BUCKET_NS + timing.lease_ns {
