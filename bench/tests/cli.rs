@@ -1198,6 +1198,37 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         v["latency_max_ns_during"].as_u64().unwrap() < 1_000_000,
         "{v}"
     );
+    // Nine clients on one hot key (zipf 4): its word once kept the split
+    // walk from ever moving it, and the insert driving the growth gave up
+    // after a million attempts (exit 1).
+    let out = bench(&[
+        "hash-grow",
+        "--capacity",
+        "1469",
+        "--fill",
+        "0.64",
+        "--memory-nodes",
+        "5",
+        "--compute-nodes",
+        "3",
+        "--threads",
+        "3",
+        "--zipf",
+        "4",
+        "--seed",
+        "16309",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hot: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        hot["slots_after"].as_u64().unwrap() > hot["slots_before"].as_u64().unwrap(),
+        "{hot}"
+    );
     for bad in [
         vec!["hash-grow", "--capacity", "10"],
         vec!["hash-grow", "--fill", "1.5"],

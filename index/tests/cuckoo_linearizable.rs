@@ -156,6 +156,60 @@ fn cuckoo_histories_while_the_table_grows_on_sim() {
     assert!(total.walked_buckets > 0 && total.moves > 0, "{total:?}");
 }
 
+/// The table grows while most clients update four hot keys: an update
+/// that finds its key's word where the split walk has yet to move it
+/// from moves it up first (`grow.rs`, `move_up_to_update`; without it a
+/// hot enough key kept the walk from finishing, which `loch-bench
+/// hash-grow --zipf 4` reproduces: bench/tests/cli.rs). Every history
+/// is per-key linearizable, the table grows, and updates did move words
+/// up.
+#[test]
+fn cuckoo_growth_finishes_under_hot_key_updates_on_sim() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed(
+        "cuckoo_growth_finishes_under_hot_key_updates_on_sim",
+        4,
+        |seed| {
+            let mut cfg = fast_reuse(cfg(64, 8, 40));
+            cfg.max_capacity = 1024;
+            cfg.view_lease_ns = 20_000;
+            let fresh = Arc::new((100..400u64).collect::<Vec<_>>());
+            let hot = Arc::new((0..4u64).collect::<Vec<_>>());
+            let preload: BTreeMap<u64, u64> = (0..4u64).map(|k| (k, 1_000 + k)).collect();
+            let (h, stats, w) = sim_history(seed, &cfg, 3, 2, &preload, vec![], |me| {
+                // Clients 1 and 2 insert (and drive the growth); the other
+                // ten update and read the hot keys.
+                if me <= 2 {
+                    Workload {
+                        put: 10,
+                        get: 0,
+                        keys: fresh.clone(),
+                        ops: 150,
+                    }
+                } else {
+                    Workload {
+                        put: 8,
+                        get: 2,
+                        keys: hot.clone(),
+                        ops: 1500,
+                    }
+                }
+            });
+            let v = h.check(&preload);
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            let audit = audit_sim(&w, 8);
+            assert!(audit.level >= 1, "seed {seed}: never grew");
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    eprintln!("{total:?}");
+    assert!(
+        total.update_moves > 0,
+        "no update moved its word up: {total:?}"
+    );
+}
+
 /// A table spread over three memory nodes (4 KiB chunks: 128 buckets in
 /// two segments, so a key's buckets are often on two nodes and its
 /// collect's two READs travel on two queue pairs, unordered): 900 keys

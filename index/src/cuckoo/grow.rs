@@ -62,6 +62,14 @@
 //! always find room. Reading-phase inserts go to level `l`, which the
 //! same bound covers. Gets, updates and deletes never wait.
 //!
+//! # Updates move what the walk has yet to
+//! An update in Placing, once the walk has begun, that finds its key's
+//! word outside the key's upper buckets moves it up first, by the walk's
+//! move (`move_up_to_update`), then updates it there. A key updated
+//! faster than a move takes would otherwise change the word under every
+//! commit CAS the walk tried, and the walk would never pass its bucket.
+//! It costs that one update the move's round trips, once per word.
+//!
 //! # Who drives it
 //! A put that finds no room (the displacement search failed) while the
 //! table may still grow starts a growth (allocates the segments, publishes
@@ -76,7 +84,7 @@
 //! needs room carries on. Gets, updates and deletes never wait on growth.
 
 use super::layout::{decode_entry, Desc, Phase, Slot, State, BUCKET_BYTES, SLOTS};
-use super::view::{Plan, Reach};
+use super::view::{bucket_of, Plan, Reach};
 use super::{CuckooClient, CuckooError, ROOT_WORD};
 use nicdrv::exec::MAX_BATCH;
 use nicdrv::{Ctx, Nic, OpId};
@@ -284,6 +292,49 @@ impl CuckooClient {
                 return Ok(false);
             }
         }
+    }
+
+    /// For an update under the Placing descriptor `desc` whose key's
+    /// committed word, at position `p` of `loc`, lies outside the key's
+    /// buckets at the upper level: once the split walk has begun, moves
+    /// the word up itself, by the walk's own move, so that the update can
+    /// then be made where the word belongs. Without this a key updated
+    /// faster than a move takes (its READs, then its commit CAS) kept the
+    /// walk from ever passing its bucket, since every update changed the
+    /// word the commit expected; the walk, and the insert driving the
+    /// growth, gave up (`loch-bench hash-grow --zipf 4`: 16 clients on a
+    /// few hot keys). Updaters that move the word do not change it
+    /// meanwhile, so one of their moves commits. Before the walk begins
+    /// a Reading client may still act, and the word is left where it is,
+    /// as the walk leaves it until then. Whether it moved.
+    pub(super) async fn move_up_to_update<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        desc: &Arc<Desc>,
+        loc: &Reach,
+        p: usize,
+        w: Slot,
+    ) -> Result<bool, CuckooError> {
+        let line = desc.walk_at.ok_or(CuckooError::Corrupt {
+            what: "a Placing descriptor without its walk counters",
+        })?;
+        // A walker claims its first group only after waiting out the
+        // phase gap (`grow_step`): a claim means no Reading client is left.
+        if ctx.read(line, 8).await?.u64_at(0) == 0 {
+            return Ok(false);
+        }
+        // As the walk: each move rests on a confirmed view.
+        if self.view_old(ctx) && self.refresh(ctx).await?.generation != desc.generation {
+            return Ok(false);
+        }
+        self.known.clear();
+        let moved = self
+            .migrate(ctx, desc, bucket_of(loc, p), p % SLOTS, w, 0)
+            .await?;
+        if moved {
+            self.stats.update_moves += 1;
+        }
+        Ok(moved)
     }
 
     /// Sleeps `ns` (at most a lease), then reads the root word: whether

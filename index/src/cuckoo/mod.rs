@@ -366,6 +366,9 @@ pub struct CuckooStats {
     /// Split walks this client did whole because claimed groups stayed
     /// undone (their walker stopped, or was slow).
     pub walk_takeovers: u64,
+    /// Updates that found their key's word where the split walk had yet
+    /// to move it from, and moved it up themselves first (`grow.rs`).
+    pub update_moves: u64,
     /// Entry blocks taken from the remote allocator.
     pub entries_allocated: u64,
     /// Entry blocks reused: retired ones after the grace period G, or ones
@@ -415,6 +418,7 @@ impl std::ops::AddAssign for CuckooStats {
         self.walked_buckets += o.walked_buckets;
         self.insert_waits += o.insert_waits;
         self.walk_takeovers += o.walk_takeovers;
+        self.update_moves += o.update_moves;
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;

@@ -5,7 +5,8 @@
 
 use super::layout::{encode_entry, entry_lines, EntryRef, Phase, Slot, State, SLOTS};
 use super::view::{
-    entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict, POSITIONS,
+    bucket_of, entry_sum, judge, push_collect, slot_addr, take_collect, Pair, Plan, Reach, Verdict,
+    POSITIONS,
 };
 use super::{CuckooClient, CuckooError, MAX_ATTEMPTS};
 use crate::cuckoo::layout::Desc;
@@ -341,6 +342,17 @@ impl CuckooClient {
                     }
                     Plan::Resolve(p) => {
                         self.resolve(ctx, &desc, &loc, &snap, p).await?;
+                        continue;
+                    }
+                    Plan::Present(p)
+                        if desc.phase == Phase::Placing
+                            && !loc.place_buckets().contains(&bucket_of(&loc, p))
+                            && self
+                                .move_up_to_update(ctx, &desc, &loc, p, snap.pair.slot(p))
+                                .await? =>
+                    {
+                        // Moved up where the split walk would have put it
+                        // (grow.rs): the next attempt updates it there.
                         continue;
                     }
                     Plan::Present(p) => {
