@@ -345,6 +345,30 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     if n == 0 {
         return Err(ArgError("--records must be positive".into()));
     }
+    // Each doorbell's records must fit the ring whole, where its end falls
+    // among them included: the sender's positions, doorbell by doorbell.
+    // They repeat within one position per 16 bytes of ring (the next
+    // depends only on the last, modulo the capacity), and a shorter last
+    // doorbell takes no more than a whole one would there.
+    let (mut tail, mut sent) = (0u64, 0u64);
+    let mut left = l.capacity / txn::ring::ALIGN + 1;
+    while sent < n && left > 0 {
+        left -= 1;
+        let k = (a.batch as u64).min(n - sent);
+        let lens = std::iter::repeat_n(a.size as u64, k as usize);
+        let need = l
+            .bytes_at(tail, lens)
+            .map_err(|e| ArgError(e.to_string()))?;
+        if need > l.capacity {
+            return Err(ArgError(format!(
+                "--batch {} records of --size {} take up to {need} bytes of the ring where its \
+                 end falls among them, more than --capacity {} holds",
+                a.batch, a.size, a.capacity
+            )));
+        }
+        tail += need;
+        sent += k;
+    }
     // A flag of the other backends is not silently dropped.
     if sim && a.no_pin {
         return Err(ArgError(

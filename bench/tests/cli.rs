@@ -620,11 +620,40 @@ fn ring_moves_records_and_reports_their_latency() {
     assert_eq!(e["backend"], "emu");
     assert!(e["records_per_sec"].as_f64().unwrap() > 0.0);
     assert!(e["model_one_way_us"].is_null());
+    // Doorbells that fill the ring exactly: eight 32-byte records in 256
+    // bytes, never split by its end.
+    let full = run(&[
+        "ring",
+        "--backend",
+        "sim",
+        "--capacity",
+        "256",
+        "--size",
+        "16",
+        "--batch",
+        "8",
+        "-n",
+        "1000",
+        "--json",
+    ]);
+    assert_eq!(full["records"].as_u64(), Some(1000));
     for bad in [
         vec!["ring", "--size", "8"],
         vec!["ring", "--size", "1m"],
         vec!["ring", "--batch", "16"],
         vec!["ring", "--capacity", "1000"],
+        // Doorbells of records the ring cannot hold at once (once found
+        // in the run: "ring full", exit 1).
+        vec!["ring", "--capacity", "256", "--size", "85", "--batch", "15"],
+        vec![
+            "ring",
+            "--capacity",
+            "1024",
+            "--size",
+            "64",
+            "--batch",
+            "13",
+        ],
         vec!["ring", "-n", "0"],
     ] {
         let out = bench(&bad);

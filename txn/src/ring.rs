@@ -143,6 +143,28 @@ impl RingLayout {
     pub fn max_payload(&self) -> u64 {
         self.capacity / 2 - HEADER_BYTES
     }
+
+    /// Bytes that records of payload lengths `lens`, appended at ring
+    /// position `tail`, take: the PAD before any that would cross the
+    /// ring's end included. One doorbell's records must fit the ring
+    /// whole ([`Sender::append_many`] refuses more, `Full`).
+    pub fn bytes_at(
+        &self,
+        tail: u64,
+        lens: impl IntoIterator<Item = u64>,
+    ) -> Result<u64, RingError> {
+        let (max, cap) = (self.max_payload(), self.capacity);
+        let mut pos = tail;
+        for len in lens {
+            if len > max {
+                return Err(RingError::TooLarge { len, max });
+            }
+            let size = record_bytes(len);
+            let room = cap - pos % cap;
+            pos += if size > room { room + size } else { size };
+        }
+        Ok(pos - tail)
+    }
 }
 
 /// Bytes a record of `len` payload bytes takes in the ring.
@@ -643,17 +665,7 @@ impl Sender {
     /// Bytes appending records of payload lengths `lens` at the tail
     /// takes, the PAD before any that would cross the ring's end included.
     fn need(&self, lens: impl IntoIterator<Item = u64>) -> Result<u64, RingError> {
-        let (max, cap) = (self.layout.max_payload(), self.layout.capacity);
-        let mut pos = self.tail;
-        for len in lens {
-            if len > max {
-                return Err(RingError::TooLarge { len, max });
-            }
-            let size = record_bytes(len);
-            let room = cap - pos % cap;
-            pos += if size > room { room + size } else { size };
-        }
-        Ok(pos - self.tail)
+        self.layout.bytes_at(self.tail, lens)
     }
 
     /// Takes a head the receiver piggybacked on a message of its own (FaRM's
