@@ -108,6 +108,23 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
     Ok(g)
 }
 
+/// Why a cluster of `geo` cannot recover from losing a machine, if it
+/// cannot: the remap (`txn::reconfig`) puts each lost replica on a
+/// machine that holds none of its region's, and where every machine holds
+/// a replica of every region none is left. (A majority of the machines
+/// must also survive, which takes three or more: covered, since
+/// replication is 3-way from three machines on.)
+fn loss_warning(geo: &Geometry) -> Option<String> {
+    (geo.machines as usize <= geo.f + 1).then(|| {
+        format!(
+            "every one of the {} machines holds a replica of every region, so the bank cannot \
+             recover from losing one (no machine is left to take its new backups; 4 machines or \
+             more can, 3-way replicated with one to spare)",
+            geo.machines
+        )
+    })
+}
+
 /// What the bank holds at the end, as node 0 reads it.
 struct BankState {
     sum: i64,
@@ -356,6 +373,9 @@ pub fn run_bank_recovering<N: nicdrv::Nic>(
         geo.threads,
         geo.f + 1,
     ));
+    if let Some(w) = loss_warning(&geo) {
+        say(format_args!("{me}: warning: {w}"));
+    }
     let m = o.id as u16;
     let seed = o.seed;
     let start_ns = nicdrv::clock::now_ns();
@@ -655,5 +675,36 @@ fn compare_replicas<N: nicdrv::Nic>(
             return Ok(st);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo(machines: u16) -> Geometry {
+        Geometry {
+            machines,
+            threads: 1,
+            f: usize::from(machines.min(3)) - 1,
+            regions_per_machine: 1,
+            spare_regions_per_machine: 1,
+            region_bytes: 4096,
+            static_bytes: 4096,
+            block_bytes: 4096,
+            log_bytes: 4096,
+            reply_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn clusters_of_three_machines_or_fewer_are_warned_that_a_loss_stops_them() {
+        for n in [2, 3] {
+            let w = loss_warning(&geo(n)).expect("warned");
+            assert!(w.contains(&format!("{n} machines")), "{w}");
+        }
+        for n in [4, 5, 16] {
+            assert_eq!(loss_warning(&geo(n)), None, "{n} machines");
+        }
     }
 }
