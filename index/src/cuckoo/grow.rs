@@ -320,8 +320,12 @@ impl CuckooClient {
         })?;
         // A walker claims its first group only after waiting out the
         // phase gap (`grow_step`): a claim means no Reading client is left.
-        if ctx.read(line, 8).await?.u64_at(0) == 0 {
-            return Ok(false);
+        // Once seen, it stays so for the descriptor.
+        if self.walk_begun != Some(desc.generation) {
+            if ctx.read(line, 8).await?.u64_at(0) == 0 {
+                return Ok(false);
+            }
+            self.walk_begun = Some(desc.generation);
         }
         // As the walk: each move rests on a confirmed view.
         if self.view_old(ctx) && self.refresh(ctx).await?.generation != desc.generation {

@@ -659,6 +659,7 @@ impl Cuckoo {
             desc: None,
             view_ns: 0,
             grow_seen: None,
+            walk_begun: None,
             known: Known::default(),
             ebuf: Vec::new(),
             stale: Vec::new(),
@@ -712,6 +713,9 @@ pub struct CuckooClient {
     /// The growing descriptor's generation and when this client first
     /// knew it (after the READ that showed it completed).
     grow_seen: Option<(u64, u64)>,
+    /// The generation of the Placing descriptor whose split walk this
+    /// client has seen begun (`grow.rs`, `move_up_to_update`).
+    walk_begun: Option<u64>,
     /// Entry verdicts of the current operation ([`view::Known`]).
     known: Known,
     /// The entry being written, encoded.
