@@ -1258,6 +1258,33 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         hot["slots_after"].as_u64().unwrap() > hot["slots_before"].as_u64().unwrap(),
         "{hot}"
     );
+    // A low fill and a short quiet period: the inserts take longer than
+    // the 100 quiet periods the bench once allowed them (exit 1).
+    let out = bench(&[
+        "hash-grow",
+        "--capacity",
+        "17363",
+        "--fill",
+        "0.53",
+        "--memory-nodes",
+        "4",
+        "--compute-nodes",
+        "2",
+        "--threads",
+        "3",
+        "--zipf",
+        "0.5",
+        "--quiet-ms",
+        "1",
+        "--seed",
+        "16877",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for bad in [
         vec!["hash-grow", "--capacity", "10"],
         vec!["hash-grow", "--fill", "1.5"],
