@@ -10,15 +10,20 @@ fn bench(args: &[&str]) -> std::process::Output {
         .expect("run loch-bench")
 }
 
-/// The first point of a `--json` run that must succeed.
-fn first_point(args: &[&str]) -> serde_json::Value {
+/// The JSON document of a `--json` run that must succeed.
+fn json_doc(args: &[&str]) -> serde_json::Value {
     let out = bench(args);
     assert!(
         out.status.success(),
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON array")[0].clone()
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The first point of a `--json` run that must succeed.
+fn first_point(args: &[&str]) -> serde_json::Value {
+    json_doc(args)[0].clone()
 }
 
 #[test]
@@ -242,7 +247,7 @@ fn bad_input_exits_2_with_a_clear_line() {
 
 #[test]
 fn the_hash_table_runs_as_a_system_beside_the_tree() {
-    let out = bench(&[
+    let v = json_doc(&[
         "run",
         "--systems",
         "sherman,cuckoo",
@@ -260,12 +265,6 @@ fn the_hash_table_runs_as_a_system_beside_the_tree() {
         "50",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let systems: Vec<&str> = v
         .as_array()
         .unwrap()
@@ -595,18 +594,8 @@ fn more_threads_than_cpus_online_are_warned_about() {
 /// WRITE and the poll; bad sizes are refused with exit 2.
 #[test]
 fn ring_moves_records_and_reports_their_latency() {
-    let run = |args: &[&str]| {
-        let out = bench(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        all[0].clone()
-    };
     let sim = ["ring", "--backend", "sim", "-n", "5000", "--json"];
-    let a = run(&sim);
+    let a = first_point(&sim);
     assert_eq!(a["records"].as_u64(), Some(5000));
     assert_eq!(a["schema_version"].as_u64(), Some(1));
     let p50 = a["latency_us"]["p50"].as_f64().unwrap();
@@ -615,14 +604,14 @@ fn ring_moves_records_and_reports_their_latency() {
         (p50 - model).abs() < 0.1,
         "sim p50 {p50} us, the model's one WRITE plus the poll {model} us"
     );
-    assert_eq!(a, run(&sim), "a sim run is reproducible");
-    let e = run(&["ring", "-n", "20000", "--batch", "4", "--json", "--no-pin"]);
+    assert_eq!(a, first_point(&sim), "a sim run is reproducible");
+    let e = first_point(&["ring", "-n", "20000", "--batch", "4", "--json", "--no-pin"]);
     assert_eq!(e["backend"], "emu");
     assert!(e["records_per_sec"].as_f64().unwrap() > 0.0);
     assert!(e["model_one_way_us"].is_null());
     // Doorbells that fill the ring exactly: eight 32-byte records in 256
     // bytes, never split by its end.
-    let full = run(&[
+    let full = first_point(&[
         "ring",
         "--backend",
         "sim",
@@ -681,16 +670,6 @@ fn assert_strict_serializable(lines: &str, what: &str) {
 
 #[test]
 fn txn_runs_each_workload_and_counts_its_verbs() {
-    let run = |args: &[&str]| {
-        let out = bench(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        all[0].clone()
-    };
     for w in ["tatp", "smallbank", "ycsb-t", "append", "bank"] {
         let args = [
             "txn",
@@ -704,7 +683,7 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             "60",
             "--json",
         ];
-        let a = run(&args);
+        let a = first_point(&args);
         assert_eq!(a["schema_version"].as_u64(), Some(1));
         assert_eq!(a["workload"], w);
         assert_eq!(a["replicas"].as_u64(), Some(3));
@@ -725,9 +704,9 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             per["writes"], per["messages"],
             "{w}: every WRITE is a ring message"
         );
-        assert_eq!(a, run(&args), "{w}: a sim run is reproducible");
+        assert_eq!(a, first_point(&args), "{w}: a sim run is reproducible");
     }
-    let e = run(&[
+    let e = first_point(&[
         "txn",
         "--backend",
         "emu",
@@ -745,7 +724,7 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("h.jsonl");
     let f = file.to_str().unwrap();
-    run(&[
+    first_point(&[
         "txn",
         "--workload",
         "append",
@@ -766,7 +745,7 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
     assert_strict_serializable(&lines, "sim");
     // On emu the coordinators run at once on threads of their own: the
     // file an outside checker gets from a real concurrent run.
-    let e = run(&[
+    let e = first_point(&[
         "txn",
         "--backend",
         "emu",
@@ -1118,13 +1097,7 @@ fn locks_compares_the_lock_variants() {
 /// 2.
 #[test]
 fn hash_load_fills_the_table_and_reports_round_trips_per_load_factor() {
-    let out = bench(&["hash-load", "--capacity", "2048", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = json_doc(&["hash-load", "--capacity", "2048", "--json"]);
     let full = v["full_at_load"].as_f64().unwrap();
     assert!((0.9..=1.0).contains(&full), "{v}");
     assert_eq!(v["slots"].as_u64(), Some(2048));
@@ -1166,7 +1139,7 @@ fn hash_load_fills_the_table_and_reports_round_trips_per_load_factor() {
 /// ends full at four times its size.
 #[test]
 fn hash_load_grows_the_table_online() {
-    let out = bench(&[
+    let v = json_doc(&[
         "hash-load",
         "--capacity",
         "1024",
@@ -1174,12 +1147,6 @@ fn hash_load_grows_the_table_online() {
         "4096",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["slots"].as_u64(), Some(4096), "{v}");
     let growths = v["growths"].as_array().unwrap();
     assert_eq!(growths.len(), 2, "{v}");
@@ -1194,7 +1161,7 @@ fn hash_load_grows_the_table_online() {
 /// (a small run: 2 compute nodes x 2 clients), and bad input exits 2.
 #[test]
 fn hash_grow_measures_ycsb_a_through_a_doubling() {
-    let out = bench(&[
+    let v = json_doc(&[
         "hash-grow",
         "--capacity",
         "2048",
@@ -1206,12 +1173,6 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(
         v["slots_after"].as_u64(),
         Some(2 * v["slots_before"].as_u64().unwrap())
@@ -1230,7 +1191,7 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
     // Nine clients on one hot key (zipf 4): its word once kept the split
     // walk from ever moving it, and the insert driving the growth gave up
     // after a million attempts (exit 1).
-    let out = bench(&[
+    let hot = json_doc(&[
         "hash-grow",
         "--capacity",
         "1469",
@@ -1249,18 +1210,12 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         "--json",
     ]);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let hot: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert!(
         hot["slots_after"].as_u64().unwrap() > hot["slots_before"].as_u64().unwrap(),
         "{hot}"
     );
     // A low fill and a short quiet period: the inserts take longer than
     // the 100 quiet periods the bench once allowed them (exit 1).
-    let out = bench(&[
+    json_doc(&[
         "hash-grow",
         "--capacity",
         "17363",
@@ -1280,11 +1235,6 @@ fn hash_grow_measures_ycsb_a_through_a_doubling() {
         "16877",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     for bad in [
         vec!["hash-grow", "--capacity", "10"],
         vec!["hash-grow", "--fill", "1.5"],
