@@ -50,7 +50,7 @@ fn sim_history(
     faults: Vec<Fault>,
     wl: impl Fn(u32) -> Workload,
 ) -> (History, CuckooStats, World) {
-    let mut w = World::new(SimConfig {
+    let sim = SimConfig {
         seed,
         memory_nodes: 3,
         compute_nodes: cns,
@@ -58,8 +58,20 @@ fn sim_history(
         dm_bytes: DM,
         faults,
         ..Default::default()
-    })
-    .unwrap();
+    };
+    sim_history_in(sim, cfg, threads, preload, wl)
+}
+
+/// As [`sim_history`], on the cluster `sim` describes.
+fn sim_history_in(
+    sim: SimConfig,
+    cfg: &CuckooConfig,
+    threads: usize,
+    preload: &BTreeMap<u64, u64>,
+    wl: impl Fn(u32) -> Workload,
+) -> (History, CuckooStats, World) {
+    let (seed, cns) = (sim.seed, sim.compute_nodes);
+    let mut w = World::new(sim).unwrap();
     let tables: Vec<Arc<Cuckoo>> = (0..cns)
         .map(|_| Cuckoo::new(cfg.clone()).unwrap())
         .collect();
@@ -120,6 +132,58 @@ fn cuckoo_histories_are_linearizable_on_sim() {
     // deletes and moves of their keys, and were turned down by it too.
     assert!(total.cache_hits > 0, "{total:?}");
     assert!(total.cached_gets > total.cache_hits, "{total:?}");
+}
+
+/// A memory node filled to its last chunk by what puts hold back: 12
+/// clients on 3 compute nodes put, get and delete 96 keys on one memory
+/// node of 48 chunks of 4 KiB, and every entry a put or delete unlinks
+/// waits out G = 2 ms before its client reuses it. The records take a
+/// tenth of the node; the retired entries outgrow it, and puts then wait
+/// for their own retired blocks rather than fail (an allocation error
+/// fails the test). Every history is per-key linearizable.
+#[test]
+fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed(
+        "cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim",
+        4,
+        |seed| {
+            let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
+            let mut cfg = cfg(128, 8, 200);
+            cfg.chunk = mempool::ChunkConfig {
+                chunk_bytes: 4096,
+                ..mempool::ChunkConfig::new(node_bytes)
+            };
+            cfg.window_ns = 200_000;
+            cfg.reuse_grace_ns = 2_000_000;
+            cfg.stale_ns = 400_000;
+            let keys = Arc::new((0..96u64).collect::<Vec<_>>());
+            let sim = SimConfig {
+                seed,
+                memory_nodes: 1,
+                compute_nodes: 3,
+                host_bytes: node_bytes,
+                dm_bytes: DM,
+                ..Default::default()
+            };
+            let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |_| Workload {
+                put: 6,
+                get: 2,
+                keys: keys.clone(),
+                ops: 500,
+            });
+            let v = h.check(&BTreeMap::new());
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            audit_sim(&w, 8);
+            eprintln!(
+                "seed {seed}: waits {} reused {} allocated {}",
+                stats.entry_waits, stats.entries_reused, stats.entries_allocated
+            );
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    assert!(total.entry_waits > 0, "memory never ran out: {total:?}");
 }
 
 /// A table made for 64 keys that may grow to 4096, and 12 clients on 3
@@ -354,6 +418,27 @@ fn emu_history_with(
     .unwrap();
     let stats = *sink.lock().unwrap();
     (rec, stats)
+}
+
+/// The memory of `cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim`
+/// on real threads: two cores × four clients put, get and delete 96 keys
+/// in a table allowed 12 chunks of 4 KiB on each of the two memory nodes,
+/// with the default grace period (20 ms of wall clock), so the entries
+/// held back outgrow the memory within milliseconds and puts wait for
+/// their own retired blocks; the history is per-key linearizable.
+#[test]
+fn cuckoo_puts_wait_for_retired_entries_on_emu_threads() {
+    let mut c = cfg(128, 8, 200);
+    c.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(mempool::layout::first_chunk_off() + 48 * 4096)
+    };
+    let table = Cuckoo::new(c).unwrap();
+    let (rec, stats) = emu_history(&table, 96, (6, 2), 1500, 17);
+    let v = rec.check(&BTreeMap::new());
+    assert!(v.is_ok(), "{v:?}");
+    eprintln!("{stats:?}");
+    assert!(stats.entry_waits > 0, "memory never ran out: {stats:?}");
 }
 
 /// Two cores × four clients put, get and delete 1,000 keys in a table

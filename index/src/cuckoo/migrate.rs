@@ -210,7 +210,7 @@ impl CuckooClient {
         }
         let (s_at, d_at) = (slot_addr(desc, &loc, s_pos), slot_addr(desc, &loc, d_pos));
         // The copy lies beside its new slot (mod.rs, "Cached gets").
-        let x = self.alloc_entry(ctx, e.lines(), d_at.node()).await?;
+        let x = self.alloc_entry(ctx, e.lines(), d_at.node(), false).await?;
         let tent = Slot::entry(State::Tentative, fp, x);
         // Step 1: the copy and the claim in one doorbell, on D's queue pair
         // (the copy lies beside D), so the copy lands before the claim.

@@ -133,6 +133,20 @@
 //! that does not verify is never returned, the operation retries. Entries
 //! of a crashed client's free lists leak; nothing unsafe follows.
 //!
+//! When fresh memory runs out, what is left is what clients hold back:
+//! a client putting faster than G returns its entries keeps up to G's
+//! worth retired, and on a node filled to its last chunk that churn, not
+//! the records, is what runs out. So from the first time a client of a
+//! table handle finds fresh memory out, the handle's clients retire into
+//! one shared pool (the handle's *spares*; a dropped client's lists go
+//! there too), any of them reuses a ready spare of the entry's class or a
+//! larger one, and a put with none ready waits for the first to become
+//! ready (at most G; it fails only after four G without one). It waits
+//! before its snapshot, so the window is untouched; a move, which
+//! allocates after its snapshot, does not wait. The same time rule holds
+//! for a spare: its ready time was taken on the retiring client's clock,
+//! which on one compute node is the same clock as every other client's.
+//!
 //! # Cached gets
 //! Each compute node remembers where it last found a key: the slot and
 //! the word it held ([`CuckooClient`]'s location cache). A cached get
@@ -200,6 +214,13 @@ pub const ROOT_WORD: GlobalAddr = GlobalAddr::host(0, HASH_ROOT_OFF);
 
 /// Attempts of one operation before reporting a livelock.
 const MAX_ATTEMPTS: u32 = 1_000_000;
+
+/// How long, in grace periods G, one allocation waits for retired entries
+/// to come out of theirs once fresh memory is out, before the put fails.
+/// Every entry retired when the wait began is ready within one G; a
+/// client that keeps losing the ready ones to other clients for four is
+/// out of memory in all but name.
+const OUT_OF_MEMORY_GRACES: u64 = 4;
 
 /// Why a table operation failed. Expected failures are values.
 #[derive(Debug)]
@@ -377,6 +398,9 @@ pub struct CuckooStats {
     /// Entries a put wrote apart from the slot it came to name and copied
     /// beside it in the CAS's doorbell ("Cached gets").
     pub entries_moved: u64,
+    /// Times a put found fresh memory out and no retired block ready, and
+    /// waited for the next one, its own or a spare (`alloc_entry`).
+    pub entry_waits: u64,
     /// Gets that tried the location cache (one round trip: the cached
     /// slot and the entry its word named), and those it answered; the
     /// rest went on the two-round-trip way.
@@ -422,6 +446,7 @@ impl std::ops::AddAssign for CuckooStats {
         self.entries_allocated += o.entries_allocated;
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;
+        self.entry_waits += o.entry_waits;
         self.cached_gets += o.cached_gets;
         self.cache_hits += o.cache_hits;
     }
@@ -468,6 +493,15 @@ pub struct Cuckoo {
     /// committed in, its position among the key's 16 slots with a tag of
     /// the key's hash, and when ([`Cuckoo::place_of`]).
     places: Box<[AtomicU64]>,
+    /// Retired entries any client of this handle may reuse: those retired
+    /// once memory is tight, and the lists of clients dropped
+    /// ([`CuckooClient::retire`], `alloc_entry`).
+    spare: Mutex<Reclaim>,
+    /// Set, never cleared, once a client of this handle found fresh memory
+    /// out: from then on its clients retire into `spare`, so an entry one
+    /// client unlinks can serve another's put instead of waiting in the
+    /// first one's lists.
+    tight: AtomicBool,
 }
 
 /// Seed of the location cache's hash of a key (apart from the table's).
@@ -504,6 +538,8 @@ impl Cuckoo {
             .map(|_| AtomicU64::new(0))
             .collect();
         Ok(Arc::new(Cuckoo {
+            spare: Mutex::new(Reclaim::new(cfg.reuse_grace_ns)),
+            tight: AtomicBool::new(false),
             cfg,
             desc: Mutex::new(None),
             places,
@@ -727,6 +763,19 @@ pub struct CuckooClient {
     hold: Option<Arc<AtomicBool>>,
     /// What this client counted; callers read it and may reset it.
     pub stats: CuckooStats,
+}
+
+/// A client's retired entries outlive it: the handle's other clients may
+/// reuse them (they were unlinked, and each keeps its own time).
+impl Drop for CuckooClient {
+    fn drop(&mut self) {
+        if self.reclaim.waiting() > 0 {
+            // A poisoned lock means another client panicked mid-push; the
+            // lists are whole either way (each push is one VecDeque call).
+            let mut spare = self.table.spare.lock().unwrap_or_else(|p| p.into_inner());
+            spare.absorb(&mut self.reclaim);
+        }
+    }
 }
 
 impl CuckooClient {
@@ -1090,12 +1139,24 @@ impl CuckooClient {
     /// A block for an entry of `lines` lines on memory node `node` (the
     /// node of the slot that is to name it: "Cached gets" above): a
     /// retired one of that node past its grace period, else fresh memory,
-    /// of that node while it has any.
+    /// of that node while it has any, else a ready block of any node and
+    /// of the entry's class or a larger one.
+    ///
+    /// Out of all of those, a put (`wait`) waits for the first of its own
+    /// retired blocks to come out of its grace period (at most G) rather
+    /// than failing: a client updating faster than G returns its entries
+    /// holds up to G's worth of them, and on a node filled to its last
+    /// chunk that churn, not the records, is what runs out. Only a client
+    /// holding no retired block that fits is out of memory. A put waits
+    /// before its first snapshot (or between attempts), so no snapshot
+    /// ages while it waits; moves, which allocate after theirs, do not
+    /// wait.
     async fn alloc_entry<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         lines: u32,
         node: NodeId,
+        wait: bool,
     ) -> Result<EntryRef, CuckooError> {
         let c = class_of(lines);
         let addr = match self.reclaim.take(c, node, ctx.now_ns()) {
@@ -1108,14 +1169,7 @@ impl CuckooClient {
                     self.stats.entries_allocated += 1;
                     a
                 }
-                // Out of fresh memory: a ready block of any node will do.
-                Err(e) => match self.reclaim.take_any(c, ctx.now_ns()) {
-                    Some(a) => {
-                        self.stats.entries_reused += 1;
-                        a
-                    }
-                    None => return Err(e.into()),
-                },
+                Err(e) => self.reuse_when_out(ctx, c, wait, e).await?,
             },
         };
         EntryRef::new(addr, lines).ok_or_else(|| {
@@ -1126,10 +1180,66 @@ impl CuckooClient {
         })
     }
 
-    /// Retires an entry this client just unlinked.
+    /// A retired block of class `c` or larger, on any node, once fresh
+    /// memory is out (`e` says how): a ready one of this client's or of
+    /// the handle's spares, else, when `wait`, the first of either to
+    /// become ready (`alloc_entry`). Other clients may take a spare first;
+    /// after [`OUT_OF_MEMORY_GRACES`] grace periods of waiting the put
+    /// fails with `e`.
+    async fn reuse_when_out<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        c: usize,
+        wait: bool,
+        e: AllocError,
+    ) -> Result<GlobalAddr, CuckooError> {
+        // Relaxed: a hint to retire into `spare`; the pool itself is
+        // ordered by its lock, and a client that misses the hint for a
+        // while only keeps its entries a little longer.
+        self.table.tight.store(true, Ordering::Relaxed);
+        let give_up = ctx
+            .now_ns()
+            .saturating_add(OUT_OF_MEMORY_GRACES.saturating_mul(self.cfg().reuse_grace_ns));
+        loop {
+            let now = ctx.now_ns();
+            let spare = || self.table.spare.lock().unwrap_or_else(|p| p.into_inner());
+            let got = self.reclaim.take_at_least(c, now);
+            if let Some(a) = got.or_else(|| spare().take_at_least(c, now)) {
+                self.stats.entries_reused += 1;
+                return Ok(a);
+            }
+            let next = [
+                self.reclaim.earliest_at_least(c),
+                spare().earliest_at_least(c),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let at = match next {
+                Some(at) if wait && at <= give_up => at,
+                _ => return Err(e.into()),
+            };
+            self.stats.entry_waits += 1;
+            ctx.sleep_until(at.max(now))
+                .map_err(|t| CuckooError::Config(format!("waiting for a retired entry: {t}")))?
+                .await;
+        }
+    }
+
+    /// Retires an entry this client just unlinked: into its own lists, or,
+    /// once memory is tight, into the handle's spares.
     fn retire<N: Nic>(&mut self, ctx: &Ctx<N>, e: EntryRef) {
-        self.reclaim
-            .retire(e.addr(), class_of(e.lines()), ctx.now_ns());
+        let (a, c, now) = (e.addr(), class_of(e.lines()), ctx.now_ns());
+        // Relaxed: see `reuse_when_out`.
+        if self.table.tight.load(Ordering::Relaxed) {
+            self.table
+                .spare
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retire(a, c, now);
+        } else {
+            self.reclaim.retire(a, c, now);
+        }
     }
 
     /// Gives back an entry no slot ever named.

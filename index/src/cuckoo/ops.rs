@@ -301,7 +301,7 @@ impl CuckooClient {
             Some(place) if place.pos < loc.positions() => slot_addr(&desc, &loc, place.pos).node(),
             _ => desc.bucket_addr(loc.place_buckets()[0]).node(),
         };
-        let mut v = self.alloc_entry(ctx, lines, near).await?;
+        let mut v = self.alloc_entry(ctx, lines, near, true).await?;
         let mut written = false;
         let mut room_rounds = 0;
         for attempt in 0..MAX_ATTEMPTS {
@@ -400,7 +400,7 @@ impl CuckooClient {
                 Ins::Retry => {}
                 Ins::Burnt => {
                     self.retire(ctx, v);
-                    v = self.alloc_entry(ctx, lines, near).await?;
+                    v = self.alloc_entry(ctx, lines, near, true).await?;
                     written = false;
                     ctx.yield_now().await;
                 }
@@ -591,7 +591,7 @@ impl CuckooClient {
         if v.addr().node() == at.node() || !self.cfg().ordered_reads {
             return false;
         }
-        match self.alloc_entry(ctx, v.lines(), at.node()).await {
+        match self.alloc_entry(ctx, v.lines(), at.node(), false).await {
             Ok(near) if near.addr().node() == at.node() => {
                 self.give_back(*v);
                 *v = near;

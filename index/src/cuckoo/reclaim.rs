@@ -1,7 +1,8 @@
 //! Reuse of data entries after a grace period, and the tags that make every
 //! empty slot word unique.
 //!
-//! Owns one client's free lists. A data entry unlinked from the table (the
+//! Owns a set of free lists: one client's, or a table handle's spares
+//! (`mod.rs`, "Reclamation"). A data entry unlinked from the table (the
 //! client's CAS removed the last slot word naming it) is *retired* with the
 //! time its CAS completed; it is handed out again only once
 //! [`CuckooConfig::reuse_grace_ns`](super::CuckooConfig) has passed on this
@@ -16,8 +17,10 @@
 //! class of the entry it held, which is never above its real class, so a
 //! block is never handed out for more than it holds.
 //!
-//! Entries retired by a client that crashes are lost with it (a leak, not a
-//! hazard), and so are tentative entries it left in the table.
+//! A client dropped gives its lists to its handle's spares
+//! ([`Reclaim::absorb`]); entries retired by a client whose compute node
+//! crashes are lost with it (a leak, not a hazard), and so are tentative
+//! entries it left in the table.
 
 use nicdrv::{GlobalAddr, NodeId};
 use std::collections::VecDeque;
@@ -109,6 +112,26 @@ impl Reclaim {
         (0..n).find_map(|node| self.take(c, node, now_ns))
     }
 
+    /// A ready block of class `c` or, failing that, of the smallest larger
+    /// class that has one, on any node (for when fresh memory has run
+    /// out). A larger block holds the entry; it is retired later under the
+    /// entry's class, never above its own (the module doc).
+    pub fn take_at_least(&mut self, c: usize, now_ns: u64) -> Option<GlobalAddr> {
+        (c..CLASSES).find_map(|k| self.take_any(k, now_ns))
+    }
+
+    /// When the first block [`take_at_least`](Self::take_at_least) could
+    /// hand out becomes ready: the earliest ready time over the fronts of
+    /// classes `c` and above, on every node. `None` when this client holds
+    /// no such block at all.
+    pub fn earliest_at_least(&self, c: usize) -> Option<u64> {
+        self.lists
+            .iter()
+            .flat_map(|n| n[c.min(CLASSES)..].iter())
+            .filter_map(|l| l.front().map(|&(_, ready)| ready))
+            .min()
+    }
+
     /// The lists of the node `block` lies on.
     fn lists_of(&mut self, block: GlobalAddr) -> &mut NodeLists {
         let n = block.node() as usize;
@@ -128,6 +151,22 @@ impl Reclaim {
     /// Gives back a block no one ever saw: reusable at once.
     pub fn give_back(&mut self, block: GlobalAddr, c: usize) {
         self.lists_of(block)[c].push_front((block, 0));
+    }
+
+    /// Takes every block of `other`'s lists into these, each list kept in
+    /// order of ready time (a client's lists given to the handle's spares
+    /// when it is dropped). Tags are not moved: each client keeps its own.
+    pub fn absorb(&mut self, other: &mut Reclaim) {
+        for (node, theirs) in other.lists.iter_mut().enumerate() {
+            if self.lists.len() <= node {
+                self.lists.resize_with(node + 1, Default::default);
+            }
+            for (mine, theirs) in self.lists[node].iter_mut().zip(theirs.iter_mut()) {
+                let mut all: Vec<_> = mine.drain(..).chain(theirs.drain(..)).collect();
+                all.sort_by_key(|&(_, ready)| ready);
+                mine.extend(all);
+            }
+        }
     }
 
     /// Blocks waiting, over all classes.
@@ -172,6 +211,60 @@ mod tests {
         assert_eq!(r.take_any(2, 1059), None, "b is not ready");
         assert_eq!(r.take_any(2, 1060), Some(b), "any node");
         assert_eq!(r.waiting(), 0);
+    }
+
+    #[test]
+    fn out_of_memory_takes_a_larger_block_and_knows_when_one_is_ready() {
+        let mut r = Reclaim::new(1000);
+        assert_eq!(r.earliest_at_least(0), None, "nothing retired");
+        let small = GlobalAddr::host(0, 64);
+        let big = GlobalAddr::host(1, 4096);
+        let bigger = GlobalAddr::host(2, 8192);
+        r.retire(bigger, 4, 10);
+        r.retire(big, 3, 30);
+        r.retire(small, 1, 20);
+        assert_eq!(r.earliest_at_least(0), Some(1010), "any class above");
+        assert_eq!(r.earliest_at_least(2), Some(1010));
+        assert_eq!(r.earliest_at_least(3), Some(1010));
+        assert_eq!(r.earliest_at_least(5), None, "none that large");
+        assert_eq!(r.take_at_least(2, 1009), None, "not ready yet");
+        // Class 3 is ready by 1030 but the smaller class is preferred.
+        assert_eq!(r.take_at_least(2, 1030), Some(big));
+        assert_eq!(r.take_at_least(2, 1030), Some(bigger));
+        assert_eq!(r.take_at_least(2, 5000), None, "class 1 is too small");
+        assert_eq!(r.earliest_at_least(2), None);
+        assert_eq!(r.earliest_at_least(1), Some(1020));
+        assert_eq!(r.take_at_least(1, 1020), Some(small));
+        assert_eq!(r.take_at_least(8, 5000), None, "no class 8");
+    }
+
+    #[test]
+    fn absorbed_lists_keep_their_ready_order() {
+        let mut spare = Reclaim::new(100);
+        let mut gone = Reclaim::new(100);
+        let (a, b, c, d) = (
+            GlobalAddr::host(0, 64),
+            GlobalAddr::host(0, 128),
+            GlobalAddr::host(2, 64),
+            GlobalAddr::host(0, 192),
+        );
+        spare.retire(a, 0, 10);
+        gone.retire(b, 0, 5);
+        gone.retire(d, 0, 20);
+        gone.retire(c, 1, 7);
+        spare.absorb(&mut gone);
+        assert_eq!(gone.waiting(), 0);
+        assert_eq!(spare.waiting(), 4);
+        assert_eq!(spare.take(0, 0, 104), None);
+        assert_eq!(spare.take(0, 0, 105), Some(b), "the earliest first");
+        assert_eq!(spare.take(0, 0, 110), Some(a));
+        assert_eq!(spare.take(0, 0, 119), None);
+        assert_eq!(spare.take(0, 0, 120), Some(d));
+        assert_eq!(
+            spare.take(1, 2, 107),
+            Some(c),
+            "a node the spares had not seen"
+        );
     }
 
     #[test]
