@@ -103,31 +103,54 @@ pub struct IndexLoad {
 impl IndexLoad {
     /// Host bytes of each memory node the workload takes: the records as
     /// the tree's nodes hold them once inserts split leaves
-    /// ([`Layout::bytes_for_records`]; the hash table's entries take
-    /// less), a chunk a task, and 32 MiB for the rest (internal nodes, the
-    /// superblock, a partly used chunk per allocator). Each index starts
-    /// on memory as booted ([`clear_index_memory`]), so this is what the
-    /// larger of the two takes.
+    /// ([`Layout::bytes_for_records`]) or as the hash table holds them
+    /// ([`hash_bytes`]), whichever is more, a chunk a task, and 32 MiB for
+    /// the rest (internal nodes, the superblock, a partly used chunk per
+    /// allocator, entries a hash put holds back for its grace period).
+    /// Each index starts on memory as booted ([`clear_index_memory`]), so
+    /// this is what the larger of the two takes.
     pub fn needed(&self) -> u64 {
-        self.bytes(Layout::bytes_for_records)
+        let sizes = self.sizes;
+        self.bytes(|keys| sizes.0.bytes_for_records(keys).max(hash_bytes(sizes, keys)))
             .saturating_add(32 << 20)
             .next_multiple_of(1 << 20)
     }
 
-    /// The least host bytes of each memory node the workload can run in:
-    /// the records as a bulk load lays them out ([`Layout::bytes_loaded`])
-    /// and a chunk a task, no margin. Less than this cannot hold the load.
-    pub fn least(&self) -> u64 {
-        self.bytes(Layout::bytes_loaded)
+    /// The least host bytes of each memory node index `kind` can run in:
+    /// the records as a bulk load lays them out (the tree's
+    /// [`Layout::bytes_loaded`], the hash table's [`hash_bytes`]) and a
+    /// chunk a task, no margin. Less than this cannot hold the load.
+    pub fn least(&self, kind: IndexKind) -> u64 {
+        let sizes = self.sizes;
+        match kind {
+            IndexKind::Tree => self.bytes(|keys| sizes.0.bytes_loaded(keys)),
+            IndexKind::Hash => self.bytes(|keys| hash_bytes(sizes, keys)),
+        }
     }
 
-    /// `bytes` of the records and the tasks' own keys, spread over the
-    /// memory nodes, plus a chunk a task on each.
-    fn bytes(&self, bytes: fn(&Layout, u64) -> u64) -> u64 {
+    /// `records(keys)` bytes for the records and the tasks' own keys,
+    /// spread over the memory nodes, plus a chunk a task on each.
+    fn bytes(&self, records: impl Fn(u64) -> u64) -> u64 {
         let keys = self.records.saturating_add(self.tasks * OWN_KEYS);
-        (bytes(&self.sizes.0, keys) / self.memory_nodes.max(1))
-            .saturating_add(self.tasks * self.chunk_bytes)
+        (records(keys) / self.memory_nodes.max(1)).saturating_add(self.tasks * self.chunk_bytes)
     }
+}
+
+/// Bytes the hash table takes for `keys` keys of `sizes`, over all memory
+/// nodes: each key's entry in a block of its class (a power of two of
+/// lines, so a 1 KiB value's entry takes 2 KiB), and the table's slots, 8
+/// bytes each, for a quarter more keys than it holds ([`index_handle`]).
+pub fn hash_bytes(sizes: Sizes, keys: u64) -> u64 {
+    use index::cuckoo::layout::{entry_lines, BUCKET_BYTES, SLOTS};
+    use index::cuckoo::reclaim::{block_bytes, class_of};
+    let entry = block_bytes(class_of(entry_lines(
+        sizes.key_bytes(),
+        sizes.value_bytes(),
+    )));
+    let slot = (BUCKET_BYTES / SLOTS) as u64;
+    let capacity = keys.saturating_add(keys / 4);
+    keys.saturating_mul(entry)
+        .saturating_add(capacity.saturating_mul(slot))
 }
 
 /// A compute node's handle on the index of a phase: `records` loaded keys
@@ -419,5 +442,43 @@ mod tests {
             ..ProcessesConfig::default()
         };
         assert!(memory_bytes(&p) >= tree / 2, "{}", memory_bytes(&p));
+    }
+
+    /// The least each index runs in: a hash entry of a 1 KiB value takes
+    /// a 2 KiB block and an 8-byte record's a line, each more than a
+    /// loaded leaf gives its record; what the demo gives holds either.
+    #[test]
+    fn the_least_memory_holds_either_index() {
+        let load = |sizes: Sizes, records: u64| IndexLoad {
+            sizes,
+            records,
+            tasks: 4,
+            memory_nodes: 1,
+            chunk_bytes: 256 << 10,
+        };
+        let keys = |records: u64| records + 4 * OWN_KEYS;
+        let wide_values = Sizes::new(8, 1024).unwrap();
+        assert_eq!(
+            hash_bytes(wide_values, 1000),
+            1000 * 2048 + 1250 * 8,
+            "17 lines in a 32-line block, and 1.25 slots a key"
+        );
+        let l = load(wide_values, 8000);
+        let hash = l.least(IndexKind::Hash);
+        assert!(hash >= keys(8000) * 2048 + 4 * (256 << 10), "{hash}");
+        let tree = l.least(IndexKind::Tree);
+        assert!(tree < hash, "{tree} {hash}");
+        assert_eq!(
+            tree,
+            wide_values.layout().bytes_loaded(keys(8000)) + 4 * (256 << 10)
+        );
+        // What the demo gives memory nodes holds either.
+        assert!(l.needed() >= hash + (32 << 20), "{}", l.needed());
+        let small = load(Sizes::default(), 100_000);
+        assert_eq!(
+            small.least(IndexKind::Hash),
+            hash_bytes(Sizes::default(), keys(100_000)) + 4 * (256 << 10)
+        );
+        assert!(small.least(IndexKind::Tree) < small.least(IndexKind::Hash));
     }
 }

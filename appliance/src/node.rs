@@ -951,7 +951,7 @@ fn workload_fits(
             "the memory nodes need at least {need} bytes each for {cores_total} cores"
         ))
     })?;
-    if node.roles.compute && o.workload.index().is_some() {
+    if let (true, Some(kind)) = (node.roles.compute, o.workload.index()) {
         let chunks = node_index::chunk_config(layout.index_bytes).chunks_on(0);
         if chunks < 4 {
             return Err(NodeError::Usage(format!(
@@ -971,7 +971,7 @@ fn workload_fits(
             memory_nodes: memory.len() as u64,
             chunk_bytes: node_index::CHUNK_BYTES,
         }
-        .least();
+        .least(kind);
         if least > layout.index_bytes {
             return Err(NodeError::Usage(format!(
                 "{} records of {}-byte keys and {}-byte values need at least {} MiB of each of the {} memory nodes for the index, and they leave {} MiB below the verb areas; give them more memory, load fewer records or run fewer --tasks",

@@ -148,6 +148,75 @@ fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
 /// node checks it with `check` in place of `node`, and the flags that
 /// change what fits are counted: each task of the hash table carves a
 /// chunk on every memory node.
+/// A hash run whose records fit but whose puts' retired entries do not:
+/// one node of 16 MiB, 4,000 records of 1 KiB values (2 KiB entries).
+/// Its puts wait for retired entries instead of failing (they failed
+/// with "every memory node is out of chunks", exit 1, before); twice the
+/// records cannot be loaded at all, and both `loch check` and `loch node`
+/// say so before loading (the load ran out of chunks, exit 1, before).
+#[test]
+fn a_hash_run_on_a_full_node_waits_for_entries_and_refuses_what_cannot_load() {
+    let dir = PrivateDir::new("hashfull").unwrap();
+    let (file, _) = cluster_with(&dir, &["both"]);
+    let run = |records: &str| {
+        loch_on(
+            "node",
+            &file,
+            &[
+                "--id",
+                "0",
+                "--workload",
+                "hash",
+                "--records",
+                records,
+                "--value-size",
+                "1024",
+                "--tasks",
+                "4",
+                "--seconds",
+                "1",
+                "--no-pin",
+            ],
+        )
+    };
+    let out = run("4000");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(json["failures"], 0, "{json}");
+    assert_eq!(json["mismatches"], 0, "{json}");
+    assert!(json["ops"].as_u64().unwrap() > 1000, "{json}");
+    let out = run("8000");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("8000 records of 8-byte keys and 1024-byte values need at least"),
+        "{stderr}"
+    );
+    let check = loch_on(
+        "check",
+        &file,
+        &[
+            "--id",
+            "0",
+            "--workload",
+            "hash",
+            "--records",
+            "8000",
+            "--value-size",
+            "1024",
+            "--tasks",
+            "4",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL workload"), "{stdout}");
+}
+
 #[test]
 fn check_takes_the_node_flags_and_counts_the_tasks() {
     let dir = PrivateDir::new("checkflags").unwrap();
