@@ -1142,15 +1142,15 @@ impl CuckooClient {
     /// of that node while it has any, else a ready block of any node and
     /// of the entry's class or a larger one.
     ///
-    /// Out of all of those, a put (`wait`) waits for the first of its own
-    /// retired blocks to come out of its grace period (at most G) rather
-    /// than failing: a client updating faster than G returns its entries
-    /// holds up to G's worth of them, and on a node filled to its last
-    /// chunk that churn, not the records, is what runs out. Only a client
-    /// holding no retired block that fits is out of memory. A put waits
-    /// before its first snapshot (or between attempts), so no snapshot
-    /// ages while it waits; moves, which allocate after theirs, do not
-    /// wait.
+    /// Out of all of those, a put (`wait`) waits for the first retired
+    /// block that fits, its own or one of the handle's spares, to come out
+    /// of its grace period (at most G) rather than failing: a client
+    /// updating faster than G returns its entries holds up to G's worth of
+    /// them, and on a node filled to its last chunk that churn, not the
+    /// records, is what runs out. Only when no retired block fits, or four
+    /// G pass without one, is the put out of memory. A put waits before
+    /// its first snapshot (or between attempts), so no snapshot ages while
+    /// it waits; moves, which allocate after theirs, do not wait.
     async fn alloc_entry<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,

@@ -122,7 +122,7 @@ impl Reclaim {
 
     /// When the first block [`take_at_least`](Self::take_at_least) could
     /// hand out becomes ready: the earliest ready time over the fronts of
-    /// classes `c` and above, on every node. `None` when this client holds
+    /// classes `c` and above, on every node. `None` when these lists hold
     /// no such block at all.
     pub fn earliest_at_least(&self, c: usize) -> Option<u64> {
         self.lists
@@ -228,7 +228,7 @@ mod tests {
         assert_eq!(r.earliest_at_least(3), Some(1010));
         assert_eq!(r.earliest_at_least(5), None, "none that large");
         assert_eq!(r.take_at_least(2, 1009), None, "not ready yet");
-        // Class 3 is ready by 1030 but the smaller class is preferred.
+        // Both are ready by 1030; the smaller class, 3, comes first.
         assert_eq!(r.take_at_least(2, 1030), Some(big));
         assert_eq!(r.take_at_least(2, 1030), Some(bigger));
         assert_eq!(r.take_at_least(2, 5000), None, "class 1 is too small");
