@@ -158,9 +158,10 @@ fn check_refuses_what_node_would_refuse_memory_too_small_for_the_workload() {
 fn a_hash_run_on_a_full_node_waits_for_entries_and_refuses_what_cannot_load() {
     let dir = PrivateDir::new("hashfull").unwrap();
     let (file, _) = cluster_with(&dir, &["both"]);
-    let run = |records: &str| {
+    // `loch check` takes every flag of `loch node`.
+    let run = |cmd: &str, records: &str| {
         loch_on(
-            "node",
+            cmd,
             &file,
             &[
                 "--id",
@@ -179,7 +180,7 @@ fn a_hash_run_on_a_full_node_waits_for_entries_and_refuses_what_cannot_load() {
             ],
         )
     };
-    let out = run("4000");
+    let out = run("node", "4000");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -189,29 +190,14 @@ fn a_hash_run_on_a_full_node_waits_for_entries_and_refuses_what_cannot_load() {
     assert_eq!(json["failures"], 0, "{json}");
     assert_eq!(json["mismatches"], 0, "{json}");
     assert!(json["ops"].as_u64().unwrap() > 1000, "{json}");
-    let out = run("8000");
+    let out = run("node", "8000");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("8000 records of 8-byte keys and 1024-byte values need at least"),
         "{stderr}"
     );
-    let check = loch_on(
-        "check",
-        &file,
-        &[
-            "--id",
-            "0",
-            "--workload",
-            "hash",
-            "--records",
-            "8000",
-            "--value-size",
-            "1024",
-            "--tasks",
-            "4",
-        ],
-    );
+    let check = run("check", "8000");
     let stdout = String::from_utf8_lossy(&check.stdout);
     assert_eq!(check.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("FAIL workload"), "{stdout}");

@@ -546,6 +546,13 @@ impl Cuckoo {
         }))
     }
 
+    /// The handle's spare entries. A poisoned lock means another client
+    /// panicked mid-push; the lists are whole either way (each push is one
+    /// `VecDeque` call).
+    fn spares(&self) -> std::sync::MutexGuard<'_, Reclaim> {
+        self.spare.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The lines `key` may occupy in the location cache (the first word
     /// of each) and its tag, if there is a cache. Two ways per set, so a
     /// hot key is not pushed out by a cold one that hashes alike: with
@@ -770,10 +777,7 @@ pub struct CuckooClient {
 impl Drop for CuckooClient {
     fn drop(&mut self) {
         if self.reclaim.waiting() > 0 {
-            // A poisoned lock means another client panicked mid-push; the
-            // lists are whole either way (each push is one VecDeque call).
-            let mut spare = self.table.spare.lock().unwrap_or_else(|p| p.into_inner());
-            spare.absorb(&mut self.reclaim);
+            self.table.spares().absorb(&mut self.reclaim);
         }
     }
 }
@@ -1202,15 +1206,14 @@ impl CuckooClient {
             .saturating_add(OUT_OF_MEMORY_GRACES.saturating_mul(self.cfg().reuse_grace_ns));
         loop {
             let now = ctx.now_ns();
-            let spare = || self.table.spare.lock().unwrap_or_else(|p| p.into_inner());
             let got = self.reclaim.take_at_least(c, now);
-            if let Some(a) = got.or_else(|| spare().take_at_least(c, now)) {
+            if let Some(a) = got.or_else(|| self.table.spares().take_at_least(c, now)) {
                 self.stats.entries_reused += 1;
                 return Ok(a);
             }
             let next = [
                 self.reclaim.earliest_at_least(c),
-                spare().earliest_at_least(c),
+                self.table.spares().earliest_at_least(c),
             ]
             .into_iter()
             .flatten()
@@ -1232,11 +1235,7 @@ impl CuckooClient {
         let (a, c, now) = (e.addr(), class_of(e.lines()), ctx.now_ns());
         // Relaxed: see `reuse_when_out`.
         if self.table.tight.load(Ordering::Relaxed) {
-            self.table
-                .spare
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retire(a, c, now);
+            self.table.spares().retire(a, c, now);
         } else {
             self.reclaim.retire(a, c, now);
         }
