@@ -465,7 +465,14 @@ fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli: Cli = match cmdline::parse("loch") {
+    // A `loch node` whose command line clap refuses tells the other nodes
+    // why, as one refusing its flags' values does below.
+    let refused = |args: &[std::ffi::OsString], why: &str| {
+        if let Some((config, id)) = node::node_named_by(args) {
+            node::tell_refusal_by_file(&config, id, why);
+        }
+    };
+    let cli: Cli = match cmdline::parse_telling("loch", std::env::args_os(), refused) {
         Ok(c) => c,
         Err(code) => return code,
     };

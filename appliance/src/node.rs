@@ -52,6 +52,7 @@ use cluster::EmuCluster;
 use cmdline::signals;
 use nicdrv::emu::{Backing, EmuConfig, EmuEndpoint, EmuNic, EmuNode, EmuNodeConfig};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId};
+use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -772,6 +773,36 @@ pub fn tell_refusal_by_file(config: &Path, id: u32, why: &str) {
     }
 }
 
+/// The cluster file and node id a `loch node` command line names
+/// (`args`, the program's name first), read without clap: for a command
+/// line clap refused, so that the node can still tell the others why
+/// ([`tell_refusal_by_file`]). `None` where it is not `loch node`, or
+/// either flag is missing, given twice or, for the id, not a number.
+pub fn node_named_by(args: &[OsString]) -> Option<(PathBuf, u32)> {
+    if args.get(1)?.to_str()? != "node" {
+        return None;
+    }
+    let (mut config, mut id) = (Vec::new(), Vec::new());
+    let mut rest = args[2..].iter();
+    while let Some(a) = rest.next() {
+        let Some(flag) = a.to_str() else { continue };
+        if flag == "--" {
+            break;
+        }
+        match flag.split_once('=') {
+            Some(("--config", v)) => config.push(OsString::from(v)),
+            Some(("--id", v)) => id.push(OsString::from(v)),
+            _ if flag == "--config" => config.extend(rest.next().cloned()),
+            _ if flag == "--id" => id.extend(rest.next().cloned()),
+            _ => {}
+        }
+    }
+    match (&config[..], &id[..]) {
+        ([c], [i]) => Some((PathBuf::from(c), i.to_str()?.parse().ok()?)),
+        _ => None,
+    }
+}
+
 /// Tells the other nodes of `cfg` that node `id` will not start, for
 /// `why`, once the node has said its error: each of them then fails at
 /// its first meeting naming it (`node N withdrew from the run: WHY`)
@@ -1131,5 +1162,58 @@ impl CoreSource<EmuNic> for EmuCluster {
         // A dead node's owner process is gone: its endpoint says so.
         let eps = self.endpoints().to_vec();
         Box::new(move |i| eps[i].is_alive())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(args: &[&str]) -> Option<(PathBuf, u32)> {
+        let argv: Vec<OsString> = std::iter::once("loch")
+            .chain(args.iter().copied())
+            .map(Into::into)
+            .collect();
+        node_named_by(&argv)
+    }
+
+    #[test]
+    fn a_refused_command_line_names_its_node_where_it_can() {
+        let at = |c: &str, id| Some((PathBuf::from(c), id));
+        for (args, want) in [
+            (
+                &["node", "--config", "c.toml", "--id", "3", "--tasks", "x"][..],
+                at("c.toml", 3),
+            ),
+            (
+                &["node", "--tasks=x", "--id=7", "--config=a=b.toml"],
+                at("a=b.toml", 7),
+            ),
+            (
+                &["node", "--nope", "--id", "0", "--config", "c.toml"],
+                at("c.toml", 0),
+            ),
+            // Not `loch node`, or no single node named.
+            (&["check", "--config", "c.toml", "--id", "3"], None),
+            (&["demo", "--id", "3"], None),
+            (&["--config", "c.toml", "node", "--id", "3"], None),
+            (&["node", "--config", "c.toml"], None),
+            (&["node", "--id", "3", "--config"], None),
+            (&["node", "--config", "c.toml", "--id", "three"], None),
+            (&["node", "--config", "c.toml", "--id", "-1"], None),
+            (
+                &["node", "--config", "c.toml", "--id", "1", "--id", "2"],
+                None,
+            ),
+            (
+                &["node", "--config", "a", "--config", "b", "--id", "2"],
+                None,
+            ),
+            (&["node", "--", "--config", "c.toml", "--id", "3"], None),
+            (&["node"], None),
+            (&[], None),
+        ] {
+            assert_eq!(named(args), want, "{args:?}");
+        }
     }
 }

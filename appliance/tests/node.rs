@@ -1649,10 +1649,11 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
     }
 }
 
-/// A node that refuses its flags tells the others why, and they fail at
-/// once naming it, rather than waiting out their 30 s join timeout: a
-/// compute node tells the coordinator, which passes it on; a coordinator
-/// tells the nodes that wait for it as they join.
+/// A node that refuses its flags (clap's refusal or its own) tells the
+/// others why, and they fail at once naming it, rather than waiting out
+/// their 30 s join timeout: a compute node tells the coordinator, which
+/// passes it on; a coordinator tells the nodes that wait for it as they
+/// join.
 #[test]
 fn a_node_that_refuses_its_flags_tells_the_others_why() {
     let dir = PrivateDir::new("refusal").unwrap();
@@ -1660,6 +1661,12 @@ fn a_node_that_refuses_its_flags_tells_the_others_why() {
     let run = ["--seconds", "5", "--no-pin"];
     for (late, bad, says) in [
         (2u32, ["--records", "0"], "--records must be 1..="),
+        // clap's own refusal, before the node's options are read.
+        (
+            1,
+            ["--tasks", "lots"],
+            "invalid value 'lots' for '--tasks <N>': invalid digit found in string",
+        ),
         (
             0,
             ["--seconds", "-1"],

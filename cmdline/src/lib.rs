@@ -176,6 +176,18 @@ pub fn parse_from<T: clap::Parser>(
     name: &str,
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<T, std::process::ExitCode> {
+    parse_telling(name, args, |_, _| {})
+}
+
+/// [`parse_from`], and where the command line is bad input that clap
+/// names (not a bare command asking for its help), `refused` is called
+/// after the line is said, with the arguments and that line (without the
+/// command's prefix): a node that will not start tells its peers why.
+pub fn parse_telling<T: clap::Parser>(
+    name: &str,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    refused: impl FnOnce(&[std::ffi::OsString], &str),
+) -> Result<T, std::process::ExitCode> {
     use clap::error::ErrorKind;
     let args: Vec<std::ffi::OsString> = args.into_iter().collect();
     match T::try_parse_from(&args) {
@@ -191,7 +203,9 @@ pub fn parse_from<T: clap::Parser>(
             }
             _ => {
                 let cmd = command_of(&T::command(), name, &args);
-                crate::errln!("{cmd}: {}", one_line(&e, &cmd));
+                let line = one_line(&e, &cmd);
+                crate::errln!("{cmd}: {line}");
+                refused(&args, &line);
                 Err(std::process::ExitCode::from(EXIT_BAD_INPUT))
             }
         },
@@ -272,6 +286,39 @@ mod tests {
         assert!(
             e.starts_with("the following required arguments were not provided: --a <A>, --b <B>;"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_input_is_passed_on_and_help_is_not() {
+        let argv = |args: &[&str]| -> Vec<std::ffi::OsString> {
+            std::iter::once("t")
+                .chain(args.iter().copied())
+                .map(Into::into)
+                .collect()
+        };
+        let mut told = None;
+        let r = parse_telling::<T>("t", argv(&["go", "--size", "lots"]), |a, why| {
+            told = Some((a.len(), why.to_string()))
+        });
+        assert!(r.is_err());
+        let (n, why) = told.expect("bad input is passed on");
+        assert_eq!(n, 4, "every argument, the program's name first");
+        assert_eq!(why, err(&["go", "--size", "lots"]), "the line said");
+        for quiet in [&["go", "--help"][..], &["--help"]] {
+            let mut called = false;
+            let r = parse_telling::<T>("t", argv(quiet), |_, _| called = true);
+            assert!(r.is_err() && !called, "{quiet:?}");
+        }
+        let mut called = false;
+        let t = parse_telling::<T>("t", argv(&["go", "--json"]), |_, _| called = true);
+        assert!(
+            matches!(
+                t,
+                Ok(T {
+                    cmd: Cmd::Go { json: true, .. }
+                })
+            ) && !called
         );
     }
 
