@@ -807,11 +807,12 @@ pub fn node_named_by(args: &[OsString]) -> Option<(PathBuf, u32)> {
 /// `why`, once the node has said its error: each of them then fails at
 /// its first meeting naming it (`node N withdrew from the run: WHY`)
 /// rather than waiting out the 30 s join timeout. A member tells the
-/// coordinator, which passes it on, if the coordinator is listening now
-/// (one try, quietly: a coordinator not started yet has nobody to tell).
-/// The coordinator tells each member that joins within
-/// [`REFUSAL_WINDOW`], and says so first. Nothing is told where the
-/// cluster secret cannot be read: no peer would believe it.
+/// coordinator, which passes it on, as soon as the coordinator listens,
+/// within [`REFUSAL_WINDOW`] (nodes started together may start the
+/// coordinator a moment after this one refused; saying so where it does
+/// not listen yet). The coordinator tells each member that joins within
+/// that window, and says so first. Nothing is told where the cluster
+/// secret cannot be read: no peer would believe it.
 pub fn tell_refusal(cfg: &ClusterConfig, id: u32, why: &str) {
     let me = format!("loch node {id}");
     let Ok(opts) = channel_options(cfg, id) else {
@@ -823,14 +824,27 @@ pub fn tell_refusal(cfg: &ClusterConfig, id: u32, why: &str) {
     };
     if coord.id != id {
         // A refused connection comes only from the join: nobody listens.
-        match Rendezvous::join(addr, coord.id, &opts, Duration::ZERO)
-            .and_then(|rv| rv.withdraw(why))
-        {
+        let unheard = |e: &ChannelError| matches!(e, ChannelError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
+        let mut joined = Rendezvous::join(addr, coord.id, &opts, Duration::ZERO);
+        if joined.as_ref().err().is_some_and(unheard) {
+            say(format_args!(
+                "{me}: the coordinator, node {}, is not listening yet; telling it why once it \
+                 is, for up to {} s (a signal ends it)",
+                coord.id,
+                REFUSAL_WINDOW.as_secs()
+            ));
+            joined = Rendezvous::join(addr, coord.id, &opts, REFUSAL_WINDOW);
+        }
+        match joined.and_then(|rv| rv.withdraw(why)) {
             Ok(()) => say(format_args!(
                 "{me}: told the coordinator, node {}, why; it tells the other nodes",
                 coord.id
             )),
-            Err(ChannelError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(e) if unheard(&e) => say(format_args!(
+                "{me}: the coordinator, node {}, did not listen within {} s; not told",
+                coord.id,
+                REFUSAL_WINDOW.as_secs()
+            )),
             Err(e) => say(format_args!(
                 "{me}: could not tell the coordinator why: {}",
                 channel_problem(e)

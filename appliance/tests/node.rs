@@ -674,6 +674,7 @@ fn nodes_stop_cleanly_on_signals_and_memory_nodes_stay_idle() {
 fn node_rejects_bad_input_with_exit_2() {
     let dir = PrivateDir::new("nodebad").unwrap();
     let (file, _) = cluster(&dir, 1);
+    let mut runs = Vec::new();
     for args in [
         vec!["node", "--id", "1", "--tasks", "0"],
         vec!["node", "--id", "1", "--seconds", "-1"],
@@ -729,17 +730,43 @@ fn node_rejects_bad_input_with_exit_2() {
             "/nonexistent/dir/h.json",
         ],
     ] {
-        let out = Command::new(LOCH)
+        // Together: a `loch node` in the file tries for 5 s to tell its
+        // coordinator, which never starts here.
+        let c = Command::new(LOCH)
             .args([args[0], "--config"])
             .arg(&file)
             .args(&args[1..])
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        runs.push((args, c));
+    }
+    for (args, c) in runs {
+        let out = c.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         let prefix = format!("loch {}: ", args[0]);
-        assert!(stderr.starts_with(&prefix), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert!(lines[0].starts_with(&prefix), "{args:?}: {stderr}");
+        // One line naming it; then, from a node of the file (node 1, named
+        // once), the telling that nobody heard.
+        let told = args[0] == "node" && args[1..3] == ["--id", "1"];
+        let after: &[&str] = if told {
+            &[
+                "is not listening yet",
+                "did not listen within 5 s; not told",
+            ]
+        } else {
+            &[]
+        };
+        assert_eq!(lines.len(), 1 + after.len(), "{args:?}: {stderr}");
+        for (line, says) in lines[1..].iter().zip(after) {
+            assert!(
+                line.starts_with("loch node 1: ") && line.contains(says),
+                "{args:?}: {stderr}"
+            );
+        }
     }
     let mlx5 = std::fs::read_to_string(&file)
         .unwrap()
@@ -1659,34 +1686,29 @@ fn a_node_that_refuses_its_flags_tells_the_others_why() {
     let dir = PrivateDir::new("refusal").unwrap();
     let (file, _) = cluster_of(&dir, 1, 2);
     let run = ["--seconds", "5", "--no-pin"];
-    for (late, bad, says) in [
-        (2u32, ["--records", "0"], "--records must be 1..="),
+    // (the refusing node, its flag, what it says, whether it starts
+    // before the others rather than once they wait for it)
+    for (late, bad, says, first) in [
+        (2u32, ["--records", "0"], "--records must be 1..=", false),
         // clap's own refusal, before the node's options are read.
         (
             1,
             ["--tasks", "lots"],
             "invalid value 'lots' for '--tasks <N>': invalid digit found in string",
+            false,
         ),
         (
             0,
             ["--seconds", "-1"],
             "--seconds must be in (0, 86400], got -1",
+            false,
         ),
+        // Refused before the coordinator listens: told once it does.
+        (2, ["--tasks", "0"], "--tasks must be 1..=64", true),
     ] {
-        // Every node but the late one, then the late one, given `bad`,
-        // once the others wait for it.
         let (tx, rx) = std::sync::mpsc::channel();
         let mut r = Reaper(Vec::new());
         let mut logs = Vec::new();
-        for id in (0..3u32).filter(|&i| i != late) {
-            let extra: &[&str] = if id == 0 { &[] } else { &run };
-            let mut c = spawn_node(&file, id, extra);
-            logs.push((id, collect(&mut c, "waiting for node", tx.clone())));
-            r.0.push(c);
-        }
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("the others wait for the late node");
-        let t0 = Instant::now();
         // Each flag once: one given twice is clap's error, before the
         // cluster file is read.
         let flags = if late == 0 {
@@ -1694,9 +1716,37 @@ fn a_node_that_refuses_its_flags_tells_the_others_why() {
         } else {
             [&run[..], &bad[..]].concat()
         };
-        let mut c = spawn_node(&file, late, &flags);
-        logs.push((late, collect(&mut c, "", tx.clone())));
-        r.0.push(c);
+        let others = |signal: &'static str, r: &mut Reaper, logs: &mut Vec<_>| {
+            for id in (0..3u32).filter(|&i| i != late) {
+                let extra: &[&str] = if id == 0 { &[] } else { &run };
+                let mut c = spawn_node(&file, id, extra);
+                logs.push((id, collect(&mut c, signal, tx.clone())));
+                r.0.push(c);
+            }
+        };
+        let t0 = if first {
+            // The refusing node, then the others once it waits for the
+            // coordinator.
+            let mut c = spawn_node(&file, late, &flags);
+            logs.push((late, collect(&mut c, "is not listening yet", tx.clone())));
+            r.0.push(c);
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the refusing node waits for the coordinator");
+            let t0 = Instant::now();
+            others("", &mut r, &mut logs);
+            t0
+        } else {
+            // Every node but the refusing one, then the refusing one once
+            // the others wait for it.
+            others("waiting for node", &mut r, &mut logs);
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the others wait for the late node");
+            let t0 = Instant::now();
+            let mut c = spawn_node(&file, late, &flags);
+            logs.push((late, collect(&mut c, "", tx.clone())));
+            r.0.push(c);
+            t0
+        };
         let by = t0 + Duration::from_secs(20);
         let codes: Vec<Option<Option<i32>>> =
             r.0.iter_mut()
