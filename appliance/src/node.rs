@@ -82,6 +82,14 @@ pub const INDEX_READY: &str = "index-ready";
 /// has ended, where a node both holds memory and computes
 /// ([`shared_nodes`]): its memory outlives its own run until then.
 pub const COMPUTE_DONE: &str = "compute-done";
+/// How long the coordinator waits at "compute-done" before it names the
+/// nodes whose compute runs have not ended (compute runs of one cluster
+/// end within a second of each other; one that does not may hang).
+pub const COMPUTE_DONE_QUIET: Duration = Duration::from_secs(3);
+/// The first gap between two such lines naming the same nodes; each next
+/// one doubles, up to [`COMPUTE_DONE_GAP_MAX`].
+const COMPUTE_DONE_GAP: Duration = Duration::from_secs(30);
+const COMPUTE_DONE_GAP_MAX: Duration = Duration::from_secs(600);
 /// Most records `--records` may ask for (a hash-table load of this many
 /// puts stays well inside the 60 s "index-ready" barrier timeout).
 pub const RECORDS_MAX: u64 = 10_000_000;
@@ -488,7 +496,9 @@ pub fn shared_nodes(cfg: &ClusterConfig) -> bool {
 /// compute node that leaves early (its run ended, or its process died)
 /// does not end the others' wait; the coordinator leaving does (said),
 /// as does a stop request. Neither is this node's failure: its own part
-/// is done either way.
+/// is done either way. The coordinator names the nodes it still waits
+/// for once it has waited [`COMPUTE_DONE_QUIET`] (`compute_done_waiting`):
+/// a compute node that hangs holds the wait, and is named.
 pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
     if !holds_memory && !rv.is_coordinator() {
         rv.close();
@@ -500,7 +510,8 @@ pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
              coordinates the control channel, through which the nodes holding memory learn it)"
         ));
     }
-    match rv.final_barrier(COMPUTE_DONE) {
+    let waiting = compute_done_waiting(me);
+    match rv.final_barrier_telling(COMPUTE_DONE, Duration::from_secs(1), waiting) {
         Ok(_) | Err(ChannelError::Cancelled) => {}
         Err(e) if rv.is_coordinator() => say(format_args!(
             "{me}: compute-done failed: {}",
@@ -513,6 +524,33 @@ pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
         )),
     }
     rv.close();
+}
+
+/// What the coordinator says while it waits at "compute-done" (given
+/// whom it waits for and how long it has, [`Rendezvous::final_barrier_telling`]):
+/// nothing for [`COMPUTE_DONE_QUIET`], then the nodes whose runs have not
+/// ended, again whenever they change, and otherwise at gaps doubling from
+/// 30 s to 10 minutes, so that a node that hangs is named.
+fn compute_done_waiting(me: &str) -> impl FnMut(&[u32], Duration) + '_ {
+    let mut said: Option<Vec<u32>> = None;
+    let mut gap = COMPUTE_DONE_GAP;
+    let mut next = COMPUTE_DONE_QUIET;
+    move |ids, waited| {
+        if waited < COMPUTE_DONE_QUIET || (said.as_deref() == Some(ids) && waited < next) {
+            return;
+        }
+        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+        say(format_args!(
+            "{me}: compute-done: after {} s, still waiting for node{} {} (a compute run not \
+             ended; SIGINT/SIGTERM ends the wait)",
+            waited.as_secs(),
+            if ids.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        ));
+        said = Some(ids.to_vec());
+        next = waited + gap;
+        gap = (gap * 2).min(COMPUTE_DONE_GAP_MAX);
+    }
 }
 
 /// A memory-only node's part in a run from "index-ready" on: pass it,

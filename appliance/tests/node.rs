@@ -1123,12 +1123,13 @@ fn verbs_run_of(
 const KEEPS_MEMORY: &str = "this node's memory stays until every compute node is done";
 
 /// Nodes that both hold memory and compute keep it until every compute
-/// node is done ("compute-done"). Node 1 (both roles) ends its run 2 s
+/// node is done ("compute-done"). Node 1 (both roles) ends its run 6 s
 /// before node 2 (both) and keeps its memory, so node 2's verbs to it go
 /// on succeeding to the end (they failed as a dead node's once it left);
 /// node 0, the coordinator, a compute node only, ends its run with node
 /// 1 and stays too (the others meet through it: had it left, node 1
-/// would have let its memory go); node 3, a compute node only, leaves
+/// would have let its memory go), naming node 2 as the one it waits for
+/// once 3 s have passed; node 3, a compute node only, leaves
 /// when its run ends, which counts as its arrival. Beside a memory-only
 /// coordinator, such nodes are served a second run too, each publishing
 /// its memory afresh (the coordinator relayed their first run's records
@@ -1139,9 +1140,15 @@ fn nodes_that_hold_memory_and_compute_keep_it_until_every_run_is_done() {
     let (file, ports) = cluster_with(&dir, &["compute", "both", "both", "compute"]);
     let files: Vec<PathBuf> = (1..3).map(|k| node_file(ports[0], k)).collect();
     let _cleanup: Vec<RemoveOnDrop> = files.iter().cloned().map(RemoveOnDrop).collect();
-    let (logs, exits) = verbs_run_of(&file, &[0, 1, 2, 3], &["1", "1", "3", "1"], 0);
+    let (logs, exits) = verbs_run_of(&file, &[0, 1, 2, 3], &["1", "1", "7", "1"], 0);
     assert!(
         logs[0].contains("staying until every compute node is done"),
+        "{}",
+        logs[0]
+    );
+    // Past the quiet 3 s, the coordinator names the node it waits for.
+    assert!(
+        logs[0].contains("compute-done: after ") && logs[0].contains("still waiting for node 2 ("),
         "{}",
         logs[0]
     );

@@ -676,6 +676,93 @@ impl Directory {
     }
 }
 
+/// What member `ch` said at barrier `name` (`got`): `Ok(false)` for its
+/// arrival, `Ok(true)` where it left instead (a goodbye or a closed
+/// connection) and `leaving_arrives`, else the error.
+fn arrival(
+    ch: &ControlChannel,
+    got: Result<Message, ChannelError>,
+    name: &str,
+    epoch: u64,
+    leaving_arrives: bool,
+) -> Result<bool, ChannelError> {
+    match got {
+        Ok(Message::Barrier { name: n, epoch: e }) if n == name && e == epoch => Ok(false),
+        Ok(Message::Bye) | Err(ChannelError::Wire(WireError::Closed | WireError::Io(_)))
+            if leaving_arrives =>
+        {
+            Ok(true)
+        }
+        Ok(m) => Err(ch.protocol(format!(
+            "expected barrier `{name}` (epoch {epoch}), got {m:?}"
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Releases every member of barrier `name` but those that `left`; with
+/// `leaving_arrives`, one that cannot be sent its release left too.
+/// Returns who left.
+fn release(
+    members: &mut [ControlChannel],
+    mut left: Vec<u32>,
+    name: &str,
+    epoch: u64,
+    leaving_arrives: bool,
+) -> Result<Vec<u32>, ChannelError> {
+    for ch in members.iter_mut() {
+        if left.contains(&ch.peer_id) {
+            continue;
+        }
+        let sent = ch.send(&Message::BarrierRelease {
+            name: name.into(),
+            epoch,
+        });
+        match sent {
+            // One that arrived and left since has its release coming to
+            // nobody; the others still get theirs.
+            Err(_) if leaving_arrives => left.push(ch.peer_id),
+            r => r?,
+        }
+    }
+    Ok(left)
+}
+
+/// Which of `members[pending]` have something to read (a message, or
+/// their connection's end), waiting at most `wait` for one.
+fn readable(
+    members: &[ControlChannel],
+    pending: &[usize],
+    wait: Duration,
+) -> Result<Vec<usize>, ChannelError> {
+    let mut fds: Vec<libc::pollfd> = pending
+        .iter()
+        .map(|&i| libc::pollfd {
+            fd: members[i].stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = wait.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfds, each naming
+    // an open socket of `members`, which outlives the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        // A signal: the caller looks at its stop request and polls again.
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(Vec::new()),
+            _ => Err(e.into()),
+        };
+    }
+    Ok(pending
+        .iter()
+        .zip(&fds)
+        .filter(|(_, f)| f.revents != 0)
+        .map(|(&i, _)| i)
+        .collect())
+}
+
 enum Role {
     Coordinator { members: Vec<ControlChannel> },
     Member { coordinator: ControlChannel },
@@ -1068,6 +1155,79 @@ impl Rendezvous {
         self.barrier_within(name, UNBOUNDED, true)
     }
 
+    /// [`Rendezvous::final_barrier`], saying at the coordinator whom it
+    /// still waits for: `waiting` is given their ids and how long this
+    /// barrier has waited, once the arrivals already in are read, then
+    /// whenever one more arrives or leaves while others are still awaited,
+    /// and every `every` while the same ones are. So that a node that
+    /// hangs is named rather than waited for in silence. A member tells
+    /// nothing: it waits for the coordinator alone.
+    pub fn final_barrier_telling(
+        &mut self,
+        name: &str,
+        every: Duration,
+        waiting: impl FnMut(&[u32], Duration),
+    ) -> Result<Vec<u32>, ChannelError> {
+        if !self.is_coordinator() {
+            return self.final_barrier(name);
+        }
+        let r = self.final_meeting(name, every, waiting);
+        self.pass_on(r)
+    }
+
+    /// The coordinator's part in [`Rendezvous::final_barrier_telling`]:
+    /// it reads whichever member has something to say (poll(2) over their
+    /// connections) rather than each in turn, so that it knows who is
+    /// still out.
+    fn final_meeting(
+        &mut self,
+        name: &str,
+        every: Duration,
+        mut waiting: impl FnMut(&[u32], Duration),
+    ) -> Result<Vec<u32>, ChannelError> {
+        assert!(
+            name.len() <= NAME_BYTES_MAX,
+            "barrier names are at most {NAME_BYTES_MAX} bytes"
+        );
+        let epoch = self.next_epoch();
+        let frame_timeout = self.barrier_timeout;
+        let Role::Coordinator { members } = &mut self.role else {
+            unreachable!("only a coordinator meets the members itself");
+        };
+        let t0 = Instant::now();
+        let mut pending: Vec<usize> = (0..members.len()).collect();
+        let mut left = Vec::new();
+        let mut next_tell = t0;
+        let mut first = true;
+        while !pending.is_empty() {
+            if members.iter().any(|ch| cancelled(&ch.cancel)) {
+                return Err(ChannelError::Cancelled);
+            }
+            let wait = if first {
+                Duration::ZERO
+            } else {
+                CANCEL_POLL.min(next_tell.saturating_duration_since(Instant::now()))
+            };
+            let ready = readable(members, &pending, wait)?;
+            for &i in &ready {
+                let ch = &mut members[i];
+                let got = ch.recv_meeting(frame_timeout, true);
+                if arrival(ch, got, name, epoch, true)? {
+                    left.push(ch.peer_id);
+                }
+            }
+            pending.retain(|i| !ready.contains(i));
+            let now = Instant::now();
+            if !pending.is_empty() && (first || !ready.is_empty() || now >= next_tell) {
+                let ids: Vec<u32> = pending.iter().map(|&i| members[i].peer_id).collect();
+                waiting(&ids, now - t0);
+                next_tell = now + every;
+            }
+            first = false;
+        }
+        release(members, left, name, epoch, true)
+    }
+
     /// Whether this node coordinates the rendezvous.
     pub fn is_coordinator(&self) -> bool {
         matches!(self.role, Role::Coordinator { .. })
@@ -1115,38 +1275,12 @@ impl Rendezvous {
             Role::Coordinator { members } => {
                 let mut left = Vec::new();
                 for ch in members.iter_mut() {
-                    match ch.recv_meeting(barrier_timeout, true) {
-                        Ok(Message::Barrier { name: n, epoch: e }) if n == name && e == epoch => {}
-                        Ok(Message::Bye)
-                        | Err(ChannelError::Wire(WireError::Closed | WireError::Io(_)))
-                            if leaving_arrives =>
-                        {
-                            left.push(ch.peer_id)
-                        }
-                        Ok(m) => {
-                            return Err(ch.protocol(format!(
-                                "expected barrier `{name}` (epoch {epoch}), got {m:?}"
-                            )))
-                        }
-                        Err(e) => return Err(e),
+                    let got = ch.recv_meeting(barrier_timeout, true);
+                    if arrival(ch, got, name, epoch, leaving_arrives)? {
+                        left.push(ch.peer_id);
                     }
                 }
-                for ch in members.iter_mut() {
-                    if left.contains(&ch.peer_id) {
-                        continue;
-                    }
-                    let sent = ch.send(&Message::BarrierRelease {
-                        name: name.into(),
-                        epoch,
-                    });
-                    match sent {
-                        // One that arrived and left since has its release
-                        // coming to nobody; the others still get theirs.
-                        Err(_) if leaving_arrives => left.push(ch.peer_id),
-                        r => r?,
-                    }
-                }
-                Ok(left)
+                release(members, left, name, epoch, leaving_arrives)
             }
         }
     }

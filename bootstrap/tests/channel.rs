@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -885,6 +886,74 @@ fn a_final_barrier_waits_past_the_timeout_and_counts_a_member_that_left_as_arriv
         }
         coord.join().unwrap();
     }
+}
+
+/// A telling final barrier names, at the coordinator, the members it
+/// still waits for: once the arrivals already in are read, again when one
+/// leaves, and between times at its period; it counts the one that left
+/// as arrived and releases the others. A stop request ends it.
+#[test]
+fn a_telling_final_barrier_names_whom_it_waits_for() {
+    let (l, addr) = listener();
+    // (id, when it meets the barrier or leaves, whether it leaves)
+    let member = |id: u32, after_ms: u64, leaves: bool| {
+        thread::spawn(move || {
+            let mut rv = Rendezvous::join(addr, 0, &opts(id, 1), Duration::from_secs(5)).unwrap();
+            thread::sleep(Duration::from_millis(after_ms));
+            if leaves {
+                rv.close();
+            } else {
+                let told = Cell::new(false);
+                let left = rv
+                    .final_barrier_telling("done", Duration::from_millis(50), |_, _| told.set(true))
+                    .unwrap();
+                assert!(left.is_empty() && !told.get(), "a member tells nothing");
+            }
+        })
+    };
+    let members = [
+        member(1, 0, false),
+        member(2, 1000, false),
+        member(3, 500, true),
+    ];
+    let mut rv =
+        Rendezvous::coordinate(&l, &[0, 1, 2, 3], &opts(0, 1), Duration::from_secs(5)).unwrap();
+    // Member 1's arrival is in before the coordinator comes.
+    thread::sleep(Duration::from_millis(200));
+    let mut told: Vec<(Vec<u32>, Duration)> = Vec::new();
+    let left = rv
+        .final_barrier_telling("done", Duration::from_millis(100), |ids, waited| {
+            told.push((ids.to_vec(), waited))
+        })
+        .unwrap();
+    assert_eq!(left, vec![3]);
+    for m in members {
+        m.join().unwrap();
+    }
+    let mut sets: Vec<&[u32]> = told.iter().map(|(ids, _)| &ids[..]).collect();
+    let while_three = sets.iter().filter(|s| **s == [2, 3]).count();
+    sets.dedup();
+    assert_eq!(sets, [&[2, 3][..], &[2]], "{told:?}");
+    // Told at once, then about every 100 ms until member 3 left.
+    assert!(told[0].1 < Duration::from_millis(100), "{told:?}");
+    assert!(while_three >= 2, "{told:?}");
+    assert!(told.windows(2).all(|w| w[0].1 <= w[1].1), "{told:?}");
+
+    // A stop request ends the coordinator's wait within the poll.
+    let (l, addr) = listener();
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    let m = thread::spawn(move || {
+        let rv = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5)).unwrap();
+        let _ = hold_rx.recv_timeout(Duration::from_secs(10));
+        rv.close();
+    });
+    let (co, flag) = cancellable(0);
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &co, Duration::from_secs(5)).unwrap();
+    let raised = raise_after(&flag, 300);
+    let r = rv.final_barrier_telling("never", Duration::from_secs(1), |_, _| {});
+    assert_cancelled_promptly(r, raised);
+    hold_tx.send(()).unwrap();
+    m.join().unwrap();
 }
 
 /// Options whose waits end when the returned flag is raised.
