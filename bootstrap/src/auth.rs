@@ -86,6 +86,10 @@ impl Drop for ClusterSecret {
 /// Everything both sides bind their proofs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transcript {
+    /// The control protocol both Hellos named ([`crate::wire::PROTOCOL`]):
+    /// bound into the proofs, so that a version rewritten on the path
+    /// fails them.
+    pub protocol: u16,
     pub initiator_id: u32,
     pub responder_id: u32,
     pub initiator_nonce: [u8; NONCE_BYTES],
@@ -102,6 +106,7 @@ impl Transcript {
             Direction::Responder => LABEL_RESPONDER,
         });
         // Fixed-width fields: no two transcripts encode alike.
+        m.update(&self.protocol.to_be_bytes());
         m.update(&self.initiator_id.to_be_bytes());
         m.update(&self.responder_id.to_be_bytes());
         m.update(&self.initiator_nonce);

@@ -383,6 +383,7 @@ impl ControlChannel {
             return Err(ChannelError::Refused("the peer echoed our nonce".into()));
         }
         let t = Transcript {
+            protocol: PROTOCOL,
             initiator_id: opts.node_id,
             responder_id: peer_id,
             initiator_nonce: nonce,
@@ -473,6 +474,7 @@ impl ControlChannel {
             return Err(protocol_mismatch(peer_id, peer_protocol));
         }
         let t = Transcript {
+            protocol: PROTOCOL,
             initiator_id: peer_id,
             responder_id: opts.node_id,
             initiator_nonce: peer_nonce,

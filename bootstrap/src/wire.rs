@@ -34,11 +34,12 @@ pub const WHY_BYTES_MAX: usize = 1024;
 /// builds whose Hello ended at the nonce (the last of them sent Endpoint
 /// records with `rd_atom`, the earlier ones without); 2: the Hello carries
 /// the version; 3: a node that will not take part in a run says why
-/// ([`Message::Withdraw`]). The version is not in the authenticated transcript: both
-/// ends require an exact match, so rewriting it on the path can only get
-/// a connection refused; a build that accepts more than one version must
-/// bind it into the transcript first.
-pub const PROTOCOL: u16 = 3;
+/// ([`Message::Withdraw`]); 4: the version is in the authenticated
+/// transcript ([`crate::auth::Transcript::protocol`]), so that a version
+/// rewritten on the path fails the proofs (both ends also require an
+/// exact match, and a build that accepts more than one version relies on
+/// the binding).
+pub const PROTOCOL: u16 = 4;
 
 /// A reliable-connection queue pair's address, as the peer needs it to move
 /// its own QP to RTR (IB spec vol. 1 §11.2.4.2, `ibv_modify_qp` attributes).

@@ -200,6 +200,7 @@ fn wrong_secret_is_refused_and_learns_only_a_nonce() {
         panic!("{got_hello:?}")
     };
     let t = Transcript {
+        protocol: wire::PROTOCOL,
         initiator_id: 1,
         responder_id: 0,
         initiator_nonce: nonce,
@@ -330,6 +331,7 @@ fn reflected_proof_is_refused() {
     // bounces the server's own Auth back gets nowhere.
     let s = secret(1);
     let t = Transcript {
+        protocol: wire::PROTOCOL,
         initiator_id: 1,
         responder_id: 0,
         initiator_nonce: [1; 32],
@@ -344,6 +346,12 @@ fn reflected_proof_is_refused() {
         ..t
     };
     assert!(!swapped.verify(&s, Direction::Initiator, &t.prove(&s, Direction::Initiator)));
+    // Nor across protocol versions: a version rewritten on the path fails.
+    let other = Transcript {
+        protocol: t.protocol + 1,
+        ..t
+    };
+    assert!(!other.verify(&s, Direction::Initiator, &t.prove(&s, Direction::Initiator)));
     assert!(!t.verify(
         &secret(2),
         Direction::Initiator,
@@ -549,6 +557,7 @@ fn hand_member(
             panic!()
         };
         let t = Transcript {
+            protocol: wire::PROTOCOL,
             initiator_id: 1,
             responder_id: 0,
             initiator_nonce: nonce,
