@@ -50,6 +50,11 @@ pub const NODES_MAX: usize = 1024;
 /// peer to close after it, so that its last message is read.
 pub const LINGER: Duration = Duration::from_secs(2);
 
+/// Longest a member whose send to the coordinator failed reads for a
+/// withdrawal the coordinator passed on before it went
+/// (`ControlChannel::send_hearing`).
+const HEARD_WAIT: Duration = Duration::from_millis(500);
+
 /// Longest a wait sleeps before looking at [`Cancel`] again.
 pub const CANCEL_POLL: Duration = Duration::from_millis(100);
 
@@ -584,6 +589,24 @@ impl ControlChannel {
         while matches!(r.read(&mut sink), Ok(n) if n > 0) {}
     }
 
+    /// A member's sends to its coordinator (`send`): where they fail, a
+    /// withdrawal the coordinator passed on before it went, still unread
+    /// here, is the error rather than the send's. A coordinator that
+    /// passed one on closes, and a member still sending then meets a
+    /// broken pipe with the reason waiting in its socket.
+    fn send_hearing(
+        &mut self,
+        send: impl FnOnce(&mut Self) -> Result<(), ChannelError>,
+    ) -> Result<(), ChannelError> {
+        let Err(e) = send(self) else {
+            return Ok(());
+        };
+        match self.recv_meeting(HEARD_WAIT, false) {
+            Err(w @ ChannelError::Withdrew { .. }) => Err(w),
+            _ => Err(e),
+        }
+    }
+
     /// The next message of a meeting (an exchange or a barrier) within
     /// `timeout`, a withdrawal being [`ChannelError::Withdrew`]. A member
     /// (`from_member`: this end coordinates) withdraws only itself; the
@@ -1033,10 +1056,12 @@ impl Rendezvous {
         let barrier_timeout = self.barrier_timeout;
         match &mut self.role {
             Role::Member { coordinator } => {
-                coordinator.send_records(mine)?;
-                coordinator.send(&Message::Barrier {
-                    name: EXCHANGE.into(),
-                    epoch,
+                coordinator.send_hearing(|c| {
+                    c.send_records(mine)?;
+                    c.send(&Message::Barrier {
+                        name: EXCHANGE.into(),
+                        epoch,
+                    })
                 })?;
                 let mut all = Directory::default();
                 let limit = RECORDS_PER_NODE_MAX * NODES_MAX;
@@ -1261,9 +1286,11 @@ impl Rendezvous {
         let epoch = self.next_epoch();
         match &mut self.role {
             Role::Member { coordinator } => {
-                coordinator.send(&Message::Barrier {
-                    name: name.into(),
-                    epoch,
+                coordinator.send_hearing(|c| {
+                    c.send(&Message::Barrier {
+                        name: name.into(),
+                        epoch,
+                    })
                 })?;
                 match coordinator.recv_meeting(barrier_timeout, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if n == name && e == epoch => {
@@ -1322,7 +1349,7 @@ impl Rendezvous {
         let me = self.node_id;
         let (release, from) = match &mut self.role {
             Role::Member { coordinator } => {
-                coordinator.send(&Message::Barrier { name: own, epoch })?;
+                coordinator.send_hearing(|c| c.send(&Message::Barrier { name: own, epoch }))?;
                 match coordinator.recv_meeting(barrier_timeout, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if e == epoch => {
                         (n, coordinator.peer_id)

@@ -1248,6 +1248,36 @@ fn a_member_that_withdraws_fails_every_other_node_naming_it_and_why() {
     }
 }
 
+/// A member that comes to the exchange only after the coordinator passed
+/// a withdrawal on and closed meets a broken pipe sending its records;
+/// it still fails naming the node that withdrew and why, which was
+/// waiting in its socket, not with the pipe.
+#[test]
+fn a_member_sending_after_the_coordinator_left_hears_the_withdrawal() {
+    const WHY: &str = "--tasks must be 1..=64";
+    let (l, addr) = listener();
+    let (gone_tx, gone_rx) = std::sync::mpsc::channel::<()>();
+    let withdrawing = thread::spawn(move || {
+        let rv = Rendezvous::join(addr, 0, &patient(1), Duration::from_secs(5)).unwrap();
+        rv.withdraw(WHY).unwrap();
+    });
+    let late = thread::spawn(move || {
+        let mut rv = Rendezvous::join(addr, 0, &patient(2), Duration::from_secs(5)).unwrap();
+        gone_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        // Many records, a frame each: the first draws the reset.
+        rv.exchange(&records(2, 64)).map(drop)
+    });
+    let mut rv =
+        Rendezvous::coordinate(&l, &[0, 1, 2], &patient(0), Duration::from_secs(5)).unwrap();
+    let mine = rv.exchange(&records(0, 3)).map(drop);
+    assert!(withdrew(&mine, 1, WHY), "coordinator: {mine:?}");
+    drop(rv);
+    withdrawing.join().unwrap();
+    gone_tx.send(()).unwrap();
+    let r = late.join().unwrap();
+    assert!(withdrew(&r, 1, WHY), "the late member: {r:?}");
+}
+
 /// A coordinator that will not run tells each member as it joins, the
 /// late one too, and returns once all were told; one that never joins is
 /// named when the wait ends. A coordinator that withdraws after the
