@@ -82,9 +82,10 @@ pub const INDEX_READY: &str = "index-ready";
 /// has ended, where a node both holds memory and computes
 /// ([`shared_nodes`]): its memory outlives its own run until then.
 pub const COMPUTE_DONE: &str = "compute-done";
-/// How long the coordinator waits at "compute-done" before it names the
-/// nodes whose compute runs have not ended (compute runs of one cluster
-/// end within a second of each other; one that does not may hang).
+/// How long after the first compute run of a cluster ended the
+/// coordinator waits at "compute-done" before it names the nodes it still
+/// waits for (compute runs of one cluster end within a second of each
+/// other; one that does not may hang).
 pub const COMPUTE_DONE_QUIET: Duration = Duration::from_secs(3);
 /// The first gap between two such lines naming the same nodes; each next
 /// one doubles, up to [`COMPUTE_DONE_GAP_MAX`].
@@ -497,9 +498,17 @@ pub fn shared_nodes(cfg: &ClusterConfig) -> bool {
 /// does not end the others' wait; the coordinator leaving does (said),
 /// as does a stop request. Neither is this node's failure: its own part
 /// is done either way. The coordinator names the nodes it still waits
-/// for once it has waited [`COMPUTE_DONE_QUIET`] (`compute_done_waiting`):
-/// a compute node that hangs holds the wait, and is named.
-pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
+/// for once [`COMPUTE_DONE_QUIET`] has passed since the first of the
+/// `computing` nodes (the cluster's compute nodes; this one among them
+/// where it `computes`) ended its run ([`DoneWatch`]): a compute node that
+/// hangs holds the wait, and is named.
+pub fn compute_done(
+    mut rv: Rendezvous,
+    me: &str,
+    holds_memory: bool,
+    computing: &[u32],
+    computes: bool,
+) {
     if !holds_memory && !rv.is_coordinator() {
         rv.close();
         return;
@@ -510,7 +519,12 @@ pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
              coordinates the control channel, through which the nodes holding memory learn it)"
         ));
     }
-    let waiting = compute_done_waiting(me);
+    let mut watch = DoneWatch::new(computing, computes);
+    let waiting = |ids: &[u32], waited: Duration| {
+        if let Some(line) = watch.seen(ids, waited) {
+            say(format_args!("{me}: {line}"));
+        }
+    };
     match rv.final_barrier_telling(COMPUTE_DONE, Duration::from_secs(1), waiting) {
         Ok(_) | Err(ChannelError::Cancelled) => {}
         Err(e) if rv.is_coordinator() => say(format_args!(
@@ -526,42 +540,85 @@ pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool) {
     rv.close();
 }
 
-/// What the coordinator says while it waits at "compute-done" (given
-/// whom it waits for and how long it has, [`Rendezvous::final_barrier_telling`]):
-/// nothing for [`COMPUTE_DONE_QUIET`], then the nodes whose runs have not
-/// ended, again whenever they change, and otherwise at gaps doubling from
-/// 30 s to 10 minutes, so that a node that hangs is named.
-fn compute_done_waiting(me: &str) -> impl FnMut(&[u32], Duration) + '_ {
-    let mut said: Option<Vec<u32>> = None;
-    let mut gap = COMPUTE_DONE_GAP;
-    let mut next = COMPUTE_DONE_QUIET;
-    move |ids, waited| {
-        if waited < COMPUTE_DONE_QUIET || (said.as_deref() == Some(ids) && waited < next) {
-            return;
+/// What the coordinator says while it waits at "compute-done", given
+/// whom it waits for and how long it has ([`Rendezvous::final_barrier_telling`]):
+/// nothing until [`COMPUTE_DONE_QUIET`] after the first compute run ended
+/// (its own, where it computes; else the first compute node to arrive or
+/// leave), so that a memory node serving runs says nothing while they
+/// run; then the nodes still awaited, again whenever they change, and
+/// otherwise at gaps doubling from 30 s to 10 minutes, so that a node
+/// that hangs is named.
+pub struct DoneWatch {
+    computing: Vec<u32>,
+    first_done: Option<Duration>,
+    said: Option<Vec<u32>>,
+    gap: Duration,
+    next: Duration,
+}
+
+impl DoneWatch {
+    /// For a cluster whose compute nodes are `computing`, at a
+    /// coordinator that `computes` (its own run is over by now) or not.
+    pub fn new(computing: &[u32], computes: bool) -> DoneWatch {
+        DoneWatch {
+            computing: computing.to_vec(),
+            first_done: computes.then_some(Duration::ZERO),
+            said: None,
+            gap: COMPUTE_DONE_GAP,
+            next: Duration::ZERO,
         }
-        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-        say(format_args!(
-            "{me}: compute-done: after {} s, still waiting for node{} {} (a compute run not \
-             ended; SIGINT/SIGTERM ends the wait)",
-            waited.as_secs(),
-            if ids.len() == 1 { "" } else { "s" },
-            list.join(", ")
-        ));
-        said = Some(ids.to_vec());
-        next = waited + gap;
-        gap = (gap * 2).min(COMPUTE_DONE_GAP_MAX);
     }
+
+    /// The line to say, if any, now that `waiting` are still awaited
+    /// after `waited`.
+    pub fn seen(&mut self, waiting: &[u32], waited: Duration) -> Option<String> {
+        let first = match self.first_done {
+            Some(f) => f,
+            None if self.computing.iter().any(|c| !waiting.contains(c)) => {
+                *self.first_done.insert(waited)
+            }
+            None => return None,
+        };
+        let since = waited.saturating_sub(first);
+        let same = self.said.as_deref() == Some(waiting);
+        if since < COMPUTE_DONE_QUIET || (same && waited < self.next) {
+            return None;
+        }
+        let list: Vec<String> = waiting.iter().map(u32::to_string).collect();
+        self.said = Some(waiting.to_vec());
+        self.next = waited + self.gap;
+        self.gap = (self.gap * 2).min(COMPUTE_DONE_GAP_MAX);
+        Some(format!(
+            "compute-done: {} s after the first compute run ended, still waiting for node{} {} \
+             (SIGINT/SIGTERM ends the wait)",
+            since.as_secs(),
+            if waiting.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        ))
+    }
+}
+
+/// The ids of `cfg`'s compute nodes where its nodes meet at
+/// "compute-done" ([`shared_nodes`]), for [`compute_done`].
+pub fn compute_done_of(cfg: &ClusterConfig) -> Option<Vec<u32>> {
+    shared_nodes(cfg).then(|| {
+        cfg.nodes
+            .iter()
+            .filter(|n| n.roles.compute)
+            .map(|n| n.id)
+            .collect()
+    })
 }
 
 /// A memory-only node's part in a run from "index-ready" on: pass it,
 /// and where a node both holds memory and computes, stay on the control
 /// channel until "compute-done" ([`shared_nodes`]).
 pub fn memory_run_done(mut rv: Rendezvous, cfg: &ClusterConfig, me: &str) -> Result<(), NodeError> {
-    if !shared_nodes(cfg) {
+    let Some(computing) = compute_done_of(cfg) else {
         return index_ready(rv);
-    }
+    };
     index_ready_keeping(&mut rv)?;
-    compute_done(rv, me, true);
+    compute_done(rv, me, true, &computing, false);
     Ok(())
 }
 
@@ -607,8 +664,9 @@ const SERVED_RUN_WAIT: Duration = RENDEZVOUS_TIMEOUT;
 /// `seat`, one rendezvous after another, each handed to `run` (the
 /// backend's part of one compute run, through "index-ready"), until `stop`
 /// (SIGINT/SIGTERM; `opts.cancel` ends any wait on the channel). With
-/// `until_done` ([`shared_nodes`]) each run's rendezvous is held until
-/// "compute-done" before the next one is joined. A run
+/// `until_done` (the cluster's compute nodes, [`compute_done_of`]) each
+/// run's rendezvous is held until "compute-done" before the next one is
+/// joined. A run
 /// that fails to start is said and the node waits for the next; it never
 /// ends the service. Returns the runs served.
 pub fn serve_runs(
@@ -616,7 +674,7 @@ pub fn serve_runs(
     seat: &Seat,
     me: &str,
     stop: &dyn Fn() -> bool,
-    until_done: bool,
+    until_done: Option<&[u32]>,
     run: &mut dyn FnMut(&mut Rendezvous) -> Result<(), RunFailed>,
 ) -> u64 {
     let mut served = 0u64;
@@ -668,8 +726,8 @@ pub fn serve_runs(
                     "{me}: compute run {} joined and started",
                     served + 1
                 ));
-                if until_done {
-                    compute_done(rv, me, true);
+                if let Some(computing) = until_done {
+                    compute_done(rv, me, true, computing, false);
                 } else {
                     rv.close();
                 }
@@ -739,7 +797,7 @@ fn serve_compute_runs(
         &seat,
         me,
         &signals::stop_requested,
-        shared_nodes(cfg),
+        compute_done_of(cfg).as_deref(),
         &mut |rv| {
             rv.exchange_relaying(&mine, &relayed)
                 .map_err(|e| RunFailed {
@@ -1227,6 +1285,54 @@ mod tests {
             .map(Into::into)
             .collect();
         node_named_by(&argv)
+    }
+
+    /// A coordinator that computed names the nodes it waits for from
+    /// 3 s on, again when they change and at doubling gaps; one that did
+    /// not counts from the first compute node done, and says nothing while
+    /// every compute node still runs (only memory nodes arrived).
+    #[test]
+    fn compute_done_names_stragglers_only_after_the_first_run_ended() {
+        let s = Duration::from_secs;
+        let mut w = DoneWatch::new(&[0, 2, 3], true);
+        let said: Vec<(u64, Option<String>)> = [
+            (&[2, 3][..], 0),
+            (&[2, 3], 2),
+            (&[2, 3], 3),
+            (&[2, 3], 4),
+            (&[2], 5),
+            (&[2], 64),
+            (&[2], 65),
+            (&[2], 184),
+            (&[2], 185),
+        ]
+        .into_iter()
+        .map(|(ids, t)| (t, w.seen(ids, s(t))))
+        .collect();
+        let spoke: Vec<u64> = said.iter().filter(|x| x.1.is_some()).map(|x| x.0).collect();
+        // Each gap doubles from 30 s: 60 s after the change at 5 s, then
+        // 120 s.
+        assert_eq!(spoke, [3, 5, 65, 185], "{said:?}");
+        assert_eq!(
+            said[2].1.as_deref(),
+            Some(
+                "compute-done: 3 s after the first compute run ended, still waiting for nodes \
+                 2, 3 (SIGINT/SIGTERM ends the wait)"
+            )
+        );
+        assert!(said[4].1.as_deref().unwrap().contains("for node 2 ("));
+
+        // A memory-only coordinator serving a run of compute nodes 2 and
+        // 3 beside memory node 1: quiet while both run, however long.
+        let mut w = DoneWatch::new(&[2, 3], false);
+        assert_eq!(w.seen(&[1, 2, 3], s(0)), None);
+        assert_eq!(w.seen(&[2, 3], s(0)), None);
+        assert_eq!(w.seen(&[2, 3], s(600)), None);
+        // Node 3 done at 600 s: node 2 is named 3 s later.
+        assert_eq!(w.seen(&[2], s(600)), None);
+        assert_eq!(w.seen(&[2], s(602)), None);
+        let line = w.seen(&[2], s(603)).unwrap();
+        assert!(line.starts_with("compute-done: 3 s after"), "{line}");
     }
 
     #[test]

@@ -336,7 +336,8 @@ pub fn run<N: Nic, S: CoreSource<N>>(
                 "{me}: compute run done; this node's memory stays until every compute node is done"
             ));
         }
-        compute_done(rv, me, node.roles.memory);
+        let computing = crate::node::compute_done_of(cfg).unwrap_or_default();
+        compute_done(rv, me, node.roles.memory, &computing, true);
     }
     Ok(code)
 }

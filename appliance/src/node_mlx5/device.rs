@@ -478,13 +478,13 @@ fn serve_later_runs(
         cores: Vec::new(),
     };
     let (top, regions) = (&booted.top, &booted.own_regions);
-    let until_done = node::shared_nodes(cfg);
+    let until_done = node::compute_done_of(cfg);
     let served = node::serve_runs(
         &opts,
         &seat,
         me,
         &signals::stop_requested,
-        until_done,
+        until_done.as_deref(),
         &mut |rv| serve_memory_run(rv, &mut fabric, top, id, regions),
     );
     log::debug!("{me}: served {served} compute runs after the first");

@@ -781,7 +781,7 @@ fn memory_nodes_pair_each_later_run_afresh() {
                         log,
                         live: 0,
                     };
-                    serve_runs(&o, seat, "memory", &stop, false, &mut |rv| {
+                    serve_runs(&o, seat, "memory", &stop, None, &mut |rv| {
                         let r = serve_memory_run(rv, &mut f, top, id, &regions);
                         if r.is_ok() {
                             // Relaxed: a count the test waits on; it
