@@ -500,15 +500,9 @@ pub fn shared_nodes(cfg: &ClusterConfig) -> bool {
 /// is done either way. The coordinator names the nodes it still waits
 /// for once [`COMPUTE_DONE_QUIET`] has passed since the first of the
 /// `computing` nodes (the cluster's compute nodes; this one among them
-/// where it `computes`) ended its run ([`DoneWatch`]): a compute node that
-/// hangs holds the wait, and is named.
-pub fn compute_done(
-    mut rv: Rendezvous,
-    me: &str,
-    holds_memory: bool,
-    computing: &[u32],
-    computes: bool,
-) {
+/// where it computes, its run over by now) ended its run ([`DoneWatch`]):
+/// a compute node that hangs holds the wait, and is named.
+pub fn compute_done(mut rv: Rendezvous, me: &str, holds_memory: bool, computing: &[u32]) {
     if !holds_memory && !rv.is_coordinator() {
         rv.close();
         return;
@@ -519,7 +513,7 @@ pub fn compute_done(
              coordinates the control channel, through which the nodes holding memory learn it)"
         ));
     }
-    let mut watch = DoneWatch::new(computing, computes);
+    let mut watch = DoneWatch::new(computing, computing.contains(&rv.node_id()));
     let waiting = |ids: &[u32], waited: Duration| {
         if let Some(line) = watch.seen(ids, waited) {
             say(format_args!("{me}: {line}"));
@@ -618,7 +612,7 @@ pub fn memory_run_done(mut rv: Rendezvous, cfg: &ClusterConfig, me: &str) -> Res
         return index_ready(rv);
     };
     index_ready_keeping(&mut rv)?;
-    compute_done(rv, me, true, &computing, false);
+    compute_done(rv, me, true, &computing);
     Ok(())
 }
 
@@ -727,7 +721,7 @@ pub fn serve_runs(
                     served + 1
                 ));
                 if let Some(computing) = until_done {
-                    compute_done(rv, me, true, computing, false);
+                    compute_done(rv, me, true, computing);
                 } else {
                     rv.close();
                 }

@@ -337,7 +337,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             ));
         }
         let computing = crate::node::compute_done_of(cfg).unwrap_or_default();
-        compute_done(rv, me, node.roles.memory, &computing, true);
+        compute_done(rv, me, node.roles.memory, &computing);
     }
     Ok(code)
 }

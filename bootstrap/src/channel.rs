@@ -1224,17 +1224,13 @@ impl Rendezvous {
         let t0 = Instant::now();
         let mut pending: Vec<usize> = (0..members.len()).collect();
         let mut left = Vec::new();
+        // Due at once: the first pass only reads what is in, then tells.
         let mut next_tell = t0;
-        let mut first = true;
         while !pending.is_empty() {
             if members.iter().any(|ch| cancelled(&ch.cancel)) {
                 return Err(ChannelError::Cancelled);
             }
-            let wait = if first {
-                Duration::ZERO
-            } else {
-                CANCEL_POLL.min(next_tell.saturating_duration_since(Instant::now()))
-            };
+            let wait = CANCEL_POLL.min(next_tell.saturating_duration_since(Instant::now()));
             let ready = readable(members, &pending, wait)?;
             for &i in &ready {
                 let ch = &mut members[i];
@@ -1245,12 +1241,11 @@ impl Rendezvous {
             }
             pending.retain(|i| !ready.contains(i));
             let now = Instant::now();
-            if !pending.is_empty() && (first || !ready.is_empty() || now >= next_tell) {
+            if !pending.is_empty() && (!ready.is_empty() || now >= next_tell) {
                 let ids: Vec<u32> = pending.iter().map(|&i| members[i].peer_id).collect();
                 waiting(&ids, now - t0);
                 next_tell = now + every;
             }
-            first = false;
         }
         release(members, left, name, epoch, true)
     }
