@@ -239,7 +239,10 @@ pub enum Chunks {
 }
 
 /// Zeroes what an index keeps on memory nodes `memory` (their `chunks`,
-/// then each one's chunk cursor and, on node 0, the index roots, then the
+/// then each one's chunk cursor and the hash table's lending pool (whose
+/// heads would otherwise name blocks of the cleared chunks, handed out
+/// again by the cursor: `index::cuckoo::lend`) and, on node 0, the index
+/// roots, then the
 /// first `dm_bytes` of each one's device memory: the tree's lock table, all
 /// device memory holds), so that the next index finds them as freshly
 /// booted ones. A run that ended with a lock held, or the verb phase's
@@ -255,7 +258,7 @@ pub async fn clear_index_memory<N: Nic>(
     chunks: &Chunks,
     dm_bytes: u64,
 ) -> Result<(), String> {
-    use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF, HASH_ROOT_OFF, TREE_ROOT_OFF};
+    use mempool::layout::{first_chunk_off, CHUNK_CURSOR_OFF};
     for &m in memory {
         let at = |off| GlobalAddr::host(m, off);
         async {
@@ -268,11 +271,7 @@ pub async fn clear_index_memory<N: Nic>(
             };
             // In pieces within a loader slot's scratch.
             crate::node_work::write_zeros(ctx, at(first_chunk_off()), bytes, 16 << 10).await?;
-            let mut words = vec![CHUNK_CURSOR_OFF];
-            if m == 0 {
-                words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
-            }
-            for w in words {
+            for w in index_words(m) {
                 ctx.write(at(w), &[0u8; 8]).await?;
             }
             crate::node_work::write_zeros(ctx, GlobalAddr::device(m, 0), dm_bytes, 16 << 10).await
@@ -281,6 +280,21 @@ pub async fn clear_index_memory<N: Nic>(
         .map_err(|e: nicdrv::VerbError| format!("clearing memory node {m}: {e}"))?;
     }
     Ok(())
+}
+
+/// The superblock words an index keeps on memory node `m` (offsets): its
+/// chunk cursor, the hash table's lending pool heads and, on node 0, the
+/// index roots.
+fn index_words(m: NodeId) -> Vec<u64> {
+    use mempool::layout::{
+        CHUNK_CURSOR_OFF, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_ROOT_OFF, TREE_ROOT_OFF,
+    };
+    let mut words = vec![CHUNK_CURSOR_OFF];
+    words.extend((0..HASH_LEND_WORDS).map(|c| HASH_LEND_OFF + 64 * c));
+    if m == 0 {
+        words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
+    }
+    words
 }
 
 /// Creates the index and loads `records` records (`key_of(i)` → `i`): the
@@ -442,6 +456,54 @@ mod tests {
             ..ProcessesConfig::default()
         };
         assert!(memory_bytes(&p) >= tree / 2, "{}", memory_bytes(&p));
+    }
+
+    /// A clear leaves every word an index keeps as booted: each node's
+    /// chunk cursor and lending pool heads (a head left over would hand a
+    /// later run blocks its own allocator hands out too), node 0's roots,
+    /// and the chunks; the word between them (the txn root) is not the
+    /// index's and stays.
+    #[test]
+    fn a_clear_zeroes_every_word_an_index_keeps() {
+        use mempool::layout::{first_chunk_off, HASH_LEND_OFF, TXN_ROOT_OFF};
+        use nicdrv::sim::{RunEnd, SimConfig, World};
+        use nicdrv::{GlobalAddr, Space};
+        let host = first_chunk_off() + (64 << 10);
+        let mut w = World::new(SimConfig {
+            seed: 1,
+            memory_nodes: 2,
+            compute_nodes: 1,
+            host_bytes: host,
+            dm_bytes: 4096,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut words: Vec<(NodeId, u64)> = (0..2)
+            .flat_map(|m| index_words(m).into_iter().map(move |off| (m, off)))
+            .collect();
+        assert!(words.contains(&(1, HASH_LEND_OFF + 64 * 7)));
+        words.push((0, first_chunk_off() + 4096));
+        let t = w.add_thread(0, Default::default()).unwrap();
+        let set = words.clone();
+        w.spawn(t, move |ctx| async move {
+            for &(m, off) in set.iter().chain([&(0, TXN_ROOT_OFF)]) {
+                let at = GlobalAddr::host(m, off);
+                ctx.write(at, &7u64.to_le_bytes()).await.unwrap();
+            }
+            clear_index_memory(&ctx, &[0, 1], &Chunks::Below(host), 4096)
+                .await
+                .unwrap();
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done);
+        for (m, off) in words {
+            assert_eq!(
+                w.read_u64(m, Space::Host, off),
+                Some(0),
+                "node {m} at {off}"
+            );
+        }
+        assert_eq!(w.read_u64(0, Space::Host, TXN_ROOT_OFF), Some(7));
     }
 
     /// The least each index runs in: a hash entry of a 1 KiB value takes

@@ -18,7 +18,10 @@
 //! 128     TREE_ROOT_OFF     reserved: B+tree root word, node 0 only (index::tree)
 //! 192     HASH_ROOT_OFF     reserved: cuckoo table descriptor word (index::cuckoo)
 //! 256     TXN_ROOT_OFF      reserved: FaRM allocator/region word (txn)
-//! 320..   unassigned        add new words here, one 64-byte line each
+//! 320     HASH_LEND_OFF     reserved: the cuckoo table's lending pool, one
+//!                           word a line for each of HASH_LEND_WORDS block
+//!                           classes (index::cuckoo::lend), on every node
+//! 832..   unassigned        add new words here, one 64-byte line each
 //! 4096    first chunk
 //! ```
 
@@ -45,6 +48,14 @@ pub const HASH_ROOT_OFF: u64 = 192;
 /// here.
 pub const TXN_ROOT_OFF: u64 = 256;
 
+/// Reserved for `index::cuckoo`: on every memory node, the heads of the
+/// cuckoo table's pool of free entry blocks of that node, one word per
+/// block class, [`HASH_LEND_WORDS`] lines from here. Unused here.
+pub const HASH_LEND_OFF: u64 = 320;
+
+/// Words (one a line) from [`HASH_LEND_OFF`].
+pub const HASH_LEND_WORDS: u64 = 8;
+
 /// Chunks start on this boundary, and allocations may ask for at most this
 /// alignment.
 ///
@@ -67,13 +78,14 @@ mod tests {
 
     #[test]
     fn words_are_aligned_alone_and_inside_the_superblock() {
-        let words = [
+        let mut words = vec![
             NULL_WORD_OFF,
             CHUNK_CURSOR_OFF,
             TREE_ROOT_OFF,
             HASH_ROOT_OFF,
             TXN_ROOT_OFF,
         ];
+        words.extend((0..HASH_LEND_WORDS).map(|c| HASH_LEND_OFF + 64 * c));
         for (i, &w) in words.iter().enumerate() {
             assert_eq!(w % 64, 0, "word {w} not on its own line");
             assert!(w + 8 <= SUPERBLOCK_BYTES);
