@@ -186,6 +186,72 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
     assert!(total.entry_waits > 0, "memory never ran out: {total:?}");
 }
 
+/// Memory out, with the entries freed on other compute nodes than the one
+/// that needs them: one memory node of 48 chunks of 4 KiB; the 4 clients
+/// of compute node 0 only put, the 8 of compute nodes 1 and 2 only delete,
+/// over 96 keys. Node 0's puts, mostly inserts, use the memory up, and
+/// their own updates return too few entries to go on; the entries the
+/// deletes unlink are retired on the other two compute nodes, which lend
+/// them to the memory node's pool (`index::cuckoo::lend`), and node 0's
+/// puts borrow them. Without lending, a put fails out of memory (which
+/// fails the test). Every history is per-key linearizable, and the
+/// table's memory audits clean.
+#[test]
+fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed(
+        "cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim",
+        4,
+        |seed| {
+            let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
+            let mut cfg = cfg(128, 8, 200);
+            cfg.chunk = mempool::ChunkConfig {
+                chunk_bytes: 4096,
+                ..mempool::ChunkConfig::new(node_bytes)
+            };
+            cfg.window_ns = 200_000;
+            cfg.reuse_grace_ns = 2_000_000;
+            cfg.stale_ns = 400_000;
+            let keys = Arc::new((0..96u64).collect::<Vec<_>>());
+            let sim = SimConfig {
+                seed,
+                memory_nodes: 1,
+                compute_nodes: 3,
+                host_bytes: node_bytes,
+                dm_bytes: DM,
+                ..Default::default()
+            };
+            // Clients 1..=4 are compute node 0's (2 threads × 2 tasks).
+            // The deletes, most of them of absent keys and quick, run on
+            // past the puts: a compute node lends what its clients hold
+            // only while they run.
+            let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |me| Workload {
+                put: if me <= 4 { 10 } else { 0 },
+                get: 0,
+                keys: keys.clone(),
+                ops: if me <= 4 { 1500 } else { 12000 },
+            });
+            let v = h.check(&BTreeMap::new());
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            audit_sim(&w, 8);
+            eprintln!(
+                "seed {seed}: borrowed {} lent {} reused {} allocated {} waits {}",
+                stats.entries_borrowed,
+                stats.entries_lent,
+                stats.entries_reused,
+                stats.entries_allocated,
+                stats.entry_waits
+            );
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    assert!(
+        total.entries_borrowed > 0,
+        "nothing was borrowed: {total:?}"
+    );
+}
+
 /// A table made for 64 keys that may grow to 4096, and 12 clients on 3
 /// compute nodes putting, getting and deleting 700 keys: it doubles four
 /// or five times while they run (each compute node with its own view of
@@ -385,7 +451,7 @@ fn emu_history(
     seed: u64,
 ) -> (Recorder, CuckooStats) {
     let keys = Arc::new((0..keys).collect::<Vec<_>>());
-    emu_history_with(table, seed, |_| Workload {
+    emu_history_with(std::slice::from_ref(table), seed, |_| Workload {
         put,
         get,
         keys: keys.clone(),
@@ -393,19 +459,22 @@ fn emu_history(
     })
 }
 
-/// As [`emu_history`], client `me` (1 ..= 8) running `wl(me)`.
+/// As [`emu_history`], client `me` (1 ..= 8) running `wl(me)`; core `i`'s
+/// clients use the handle `tables[i % tables.len()]` (handles of one
+/// table: two stand for two compute nodes).
 fn emu_history_with(
-    table: &Arc<Cuckoo>,
+    tables: &[Arc<Cuckoo>],
     seed: u64,
     wl: impl Fn(u32) -> Workload + Sync,
 ) -> (Recorder, CuckooStats) {
     let emu = emu_cluster(2);
-    emu_create_table(&emu, table);
+    emu_create_table(&emu, &tables[0]);
     let rec = Recorder::new();
     let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
     emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        let table = tables[th % tables.len()].clone();
         let th = th as u32;
-        let (table, rec, sink) = (table.clone(), rec.clone(), sink.clone());
+        let (rec, sink) = (rec.clone(), sink.clone());
         for t in 0..4u32 {
             let me = 1 + th * 4 + t;
             let c = table.client().unwrap();
@@ -418,6 +487,38 @@ fn emu_history_with(
     .unwrap();
     let stats = *sink.lock().unwrap();
     (rec, stats)
+}
+
+/// `cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim` on real
+/// threads: two handles of one table, one per core, stand for two compute
+/// nodes; core 0's four clients only put, core 1's only delete, 96 keys,
+/// 48 chunks of 4 KiB on each of two memory nodes, the default grace
+/// period (20 ms of wall clock). Core 0's puts use the memory up and go on
+/// with the entries core 1's handle lends (an allocation error fails the
+/// test); the deletes, most of them of absent keys, run on well past the
+/// puts. The history is per-key linearizable.
+#[test]
+fn cuckoo_puts_borrow_entries_another_handle_freed_on_emu_threads() {
+    let mut c = cfg(128, 8, 200);
+    c.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(mempool::layout::first_chunk_off() + 48 * 4096)
+    };
+    let tables = [Cuckoo::new(c.clone()).unwrap(), Cuckoo::new(c).unwrap()];
+    let keys = Arc::new((0..96u64).collect::<Vec<_>>());
+    let (rec, stats) = emu_history_with(&tables, 23, |me| Workload {
+        put: if me <= 4 { 10 } else { 0 },
+        get: 0,
+        keys: keys.clone(),
+        ops: if me <= 4 { 800 } else { 40_000 },
+    });
+    let v = rec.check(&BTreeMap::new());
+    assert!(v.is_ok(), "{v:?}");
+    eprintln!("{stats:?}");
+    assert!(
+        stats.entries_borrowed > 0,
+        "nothing was borrowed: {stats:?}"
+    );
 }
 
 /// The memory of `cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim`
@@ -474,7 +575,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
     let table = Cuckoo::new(c).unwrap();
     let fresh = Arc::new((100..700u64).collect::<Vec<_>>());
     let hot = Arc::new((0..4u64).collect::<Vec<_>>());
-    let (rec, stats) = emu_history_with(&table, 13, |me| {
+    let (rec, stats) = emu_history_with(std::slice::from_ref(&table), 13, |me| {
         if me % 4 == 1 {
             Workload {
                 put: 10,

@@ -676,3 +676,121 @@ fn puts_without_a_hint_move_their_entry_beside_the_slot() {
         }
     });
 }
+
+/// A lending pool whose words name no block of the node's chunks (a
+/// corrupt superblock: one class's head names a superblock line, the
+/// others lines past the node's end) is never followed. Puts out of
+/// memory fail with `Alloc` after their wait, writing nothing there; a
+/// surplus offered to the pool is refused and stays the client's, whose
+/// next put reuses it; the superblock's words are unchanged, and every key
+/// put reads back.
+#[test]
+fn a_corrupt_lending_pool_is_never_followed() {
+    use index::cuckoo::lend::{head_addr, Head};
+    use mempool::layout::{first_chunk_off, TXN_ROOT_OFF};
+    use nicdrv::GlobalAddr;
+    let node_bytes = first_chunk_off() + 24 * 4096;
+    let mut cfg = cfg(2048, 8, 8);
+    cfg.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(node_bytes)
+    };
+    cfg.window_ns = 200_000;
+    cfg.reuse_grace_ns = 1_000_000;
+    cfg.stale_ns = 400_000;
+    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        seed: 5,
+        memory_nodes: 1,
+        compute_nodes: 1,
+        host_bytes: node_bytes,
+        dm_bytes: DM,
+        ..Default::default()
+    })
+    .unwrap();
+    let table = Cuckoo::new(cfg).unwrap();
+    sim_create_table(&mut w, &table);
+    let bad: Vec<u64> = (0..8u64)
+        .map(|c| match c {
+            0 => Head::new(TXN_ROOT_OFF / 64, 7).0,
+            _ => Head::new(node_bytes / 64 + c, 7).0,
+        })
+        .collect();
+    let t = table.clone();
+    let heads = bad.clone();
+    sim_task(&mut w, move |ctx| async move {
+        for (c, &h) in heads.iter().enumerate() {
+            ctx.write(head_addr(0, c), &h.to_le_bytes()).await.unwrap();
+        }
+        let word = |off: u64| {
+            let ctx = &ctx;
+            async move {
+                ctx.read(GlobalAddr::host(0, off), 8)
+                    .await
+                    .unwrap()
+                    .u64_at(0)
+            }
+        };
+        let mut c = t.client().unwrap();
+        let mut n = 0u64;
+        // An entry written where the class-0 head points would land on
+        // the (unused, zero) TXN root line.
+        let untouched = || async {
+            let line = ctx
+                .read(GlobalAddr::host(0, TXN_ROOT_OFF), 64)
+                .await
+                .unwrap();
+            line.as_slice().iter().all(|&b| b == 0)
+        };
+        loop {
+            match put_u64(&mut c, &ctx, n, n).await {
+                Ok(()) => n += 1,
+                Err(CuckooError::Alloc(_)) => break,
+                Err(e) => panic!("put {n}: {e}"),
+            }
+        }
+        assert!(n > 100, "memory ran out after {n} puts");
+        assert!(c.stats.pool_faults > 0, "{:?}", c.stats);
+        assert_eq!(c.stats.entries_borrowed, 0);
+        assert!(untouched().await, "an entry written into the superblock");
+        for (k, &h) in heads.iter().enumerate() {
+            assert_eq!(
+                word(head_addr(0, k).offset()).await,
+                h,
+                "class {k}'s head changed"
+            );
+        }
+        for k in 0..n {
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), Some(k), "key {k}");
+        }
+        // 40 deletes free a surplus of one class once G has passed; the
+        // next operation offers it, and the corrupt pool refuses it.
+        for k in 0..40 {
+            assert!(delete_u64(&mut c, &ctx, k).await.unwrap());
+        }
+        ctx.sleep(2_000_000).unwrap().await;
+        let (faults, reused) = (c.stats.pool_faults, c.stats.entries_reused);
+        assert!(!delete_u64(&mut c, &ctx, 0).await.unwrap());
+        assert_eq!(c.stats.pool_faults, faults + 1, "{:?}", c.stats);
+        assert_eq!(c.stats.entries_lent, 0);
+        for k in 0..40 {
+            put_u64(&mut c, &ctx, k, k + 1000).await.unwrap();
+        }
+        assert_eq!(c.stats.entries_reused, reused + 40, "{:?}", c.stats);
+        assert!(untouched().await, "an entry written into the superblock");
+        for (k, &h) in heads.iter().enumerate() {
+            assert_eq!(
+                word(head_addr(0, k).offset()).await,
+                h,
+                "class {k}'s head changed"
+            );
+        }
+        for k in 0..n {
+            let want = if k < 40 { k + 1000 } else { k };
+            assert_eq!(
+                get_u64(&mut c, &ctx, k).await.unwrap(),
+                Some(want),
+                "key {k}"
+            );
+        }
+    });
+}

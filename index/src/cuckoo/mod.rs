@@ -147,6 +147,14 @@
 //! for a spare: its ready time was taken on the retiring client's clock,
 //! which on one compute node is the same clock as every other client's.
 //!
+//! Entries unlinked on one compute node may be needed on another (one
+//! node's clients delete what another's put): a list holding more ready
+//! blocks than it keeps lends the surplus to a pool on the blocks' memory
+//! node, and a put that finds fresh memory out and nothing of its own
+//! borrows from the pools before it waits (and looks at them again every
+//! G / 4 while it waits). A lent block is past its grace period, so it is
+//! reusable at once on any compute node ([`lend`]).
+//!
 //! # Cached gets
 //! Each compute node remembers where it last found a key: the slot and
 //! the word it held ([`CuckooClient`]'s location cache). A cached get
@@ -191,6 +199,7 @@
 pub mod config;
 pub mod grow;
 pub mod layout;
+pub mod lend;
 pub mod migrate;
 pub mod ops;
 pub mod place;
@@ -399,8 +408,18 @@ pub struct CuckooStats {
     /// beside it in the CAS's doorbell ("Cached gets").
     pub entries_moved: u64,
     /// Times a put found fresh memory out and no retired block ready, and
-    /// waited for the next one, its own or a spare (`alloc_entry`).
+    /// waited for the next one, its own or a spare, or for one lent
+    /// (`alloc_entry`).
     pub entry_waits: u64,
+    /// Ready blocks this client lent to a memory node's pool, beyond what
+    /// it keeps (`lend.rs`).
+    pub entries_lent: u64,
+    /// Blocks a put took from a memory node's pool, fresh memory being out
+    /// (`lend.rs`).
+    pub entries_borrowed: u64,
+    /// Lends and borrows cut short by a verb that failed or a pool word
+    /// that named no block (`lend.rs`, "Faults").
+    pub pool_faults: u64,
     /// Gets that tried the location cache (one round trip: the cached
     /// slot and the entry its word named), and those it answered; the
     /// rest went on the two-round-trip way.
@@ -447,6 +466,9 @@ impl std::ops::AddAssign for CuckooStats {
         self.entries_reused += o.entries_reused;
         self.entries_moved += o.entries_moved;
         self.entry_waits += o.entry_waits;
+        self.entries_lent += o.entries_lent;
+        self.entries_borrowed += o.entries_borrowed;
+        self.pool_faults += o.pool_faults;
         self.cached_gets += o.cached_gets;
         self.cache_hits += o.cache_hits;
     }
@@ -1144,15 +1166,16 @@ impl CuckooClient {
     /// node of the slot that is to name it: "Cached gets" above): a
     /// retired one of that node past its grace period, else fresh memory,
     /// of that node while it has any, else a ready block of any node and
-    /// of the entry's class or a larger one.
+    /// of the entry's class or a larger one, its own, a spare or one
+    /// another compute node lent (`lend.rs`).
     ///
     /// Out of all of those, a put (`wait`) waits for the first retired
-    /// block that fits, its own or one of the handle's spares, to come out
-    /// of its grace period (at most G) rather than failing: a client
+    /// block that fits, its own, one of the handle's spares or one lent,
+    /// to turn up (its own within G) rather than failing: a client
     /// updating faster than G returns its entries holds up to G's worth of
     /// them, and on a node filled to its last chunk that churn, not the
-    /// records, is what runs out. Only when no retired block fits, or four
-    /// G pass without one, is the put out of memory. A put waits before
+    /// records, is what runs out. Only when four G pass without a block
+    /// that fits is the put out of memory. A put waits before
     /// its first snapshot (or between attempts), so no snapshot ages while
     /// it waits; moves, which allocate after theirs, do not wait.
     async fn alloc_entry<N: Nic>(
@@ -1186,10 +1209,13 @@ impl CuckooClient {
 
     /// A retired block of class `c` or larger, on any node, once fresh
     /// memory is out (`e` says how): a ready one of this client's or of
-    /// the handle's spares, else, when `wait`, the first of either to
-    /// become ready (`alloc_entry`). Other clients may take a spare first;
-    /// after [`OUT_OF_MEMORY_GRACES`] grace periods of waiting the put
-    /// fails with `e`.
+    /// the handle's spares, else one lent by another compute node
+    /// (`lend.rs`), else, when `wait`, the first of these to turn up: it
+    /// sleeps until the first of its own or the spares becomes ready, or
+    /// for G / 4 to look at the pools again, whichever is sooner
+    /// (`alloc_entry`). Other clients may take a block first; after
+    /// [`OUT_OF_MEMORY_GRACES`] grace periods of waiting the put fails
+    /// with `e`.
     async fn reuse_when_out<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -1201,9 +1227,10 @@ impl CuckooClient {
         // ordered by its lock, and a client that misses the hint for a
         // while only keeps its entries a little longer.
         self.table.tight.store(true, Ordering::Relaxed);
+        let grace = self.cfg().reuse_grace_ns;
         let give_up = ctx
             .now_ns()
-            .saturating_add(OUT_OF_MEMORY_GRACES.saturating_mul(self.cfg().reuse_grace_ns));
+            .saturating_add(OUT_OF_MEMORY_GRACES.saturating_mul(grace));
         loop {
             let now = ctx.now_ns();
             let got = self.reclaim.take_at_least(c, now);
@@ -1211,19 +1238,24 @@ impl CuckooClient {
                 self.stats.entries_reused += 1;
                 return Ok(a);
             }
+            if let Some(a) = self.borrow(ctx, c).await {
+                return Ok(a);
+            }
+            let now = ctx.now_ns();
             let next = [
                 self.reclaim.earliest_at_least(c),
                 self.table.spares().earliest_at_least(c),
+                Some(now.saturating_add(grace / 4)),
             ]
             .into_iter()
             .flatten()
-            .min();
-            let at = match next {
-                Some(at) if wait && at <= give_up => at,
-                _ => return Err(e.into()),
-            };
+            .min()
+            .unwrap_or(now);
+            if !wait || next > give_up {
+                return Err(e.into());
+            }
             self.stats.entry_waits += 1;
-            ctx.sleep_until(at.max(now))
+            ctx.sleep_until(next.max(now))
                 .map_err(|t| CuckooError::Config(format!("waiting for a retired entry: {t}")))?
                 .await;
         }

@@ -281,6 +281,9 @@ impl CuckooClient {
         let r = self.put_inner(ctx, desc, key, value).await;
         self.stats.puts += 1;
         self.stats.put_round_trips += ctx.counters().round_trips - rt0;
+        // After the put's own round trips are counted: lending is not the
+        // put's work, and the put's outcome stands whatever it meets.
+        self.lend_surplus(ctx).await;
         r
     }
 
@@ -704,6 +707,7 @@ impl CuckooClient {
         let r = self.delete_inner(ctx, desc, key).await;
         self.stats.deletes += 1;
         self.stats.delete_round_trips += ctx.counters().round_trips - rt0;
+        self.lend_surplus(ctx).await;
         r
     }
 

@@ -28,6 +28,14 @@ use std::collections::VecDeque;
 /// Block classes: 1, 2, 4, …, 128 lines.
 pub const CLASSES: usize = 8;
 
+/// Ready blocks one list (a node's, a class's) keeps for its own puts
+/// before it lends any to the memory node's pool (`lend.rs`).
+pub const LEND_KEEP: usize = 16;
+
+/// Blocks lent at once: one chain, linked in one doorbell (at most
+/// `MAX_BATCH` WRITEs), published by one CAS.
+pub const LEND_BATCH: usize = 16;
+
 /// Bits of a tag's per-incarnation counter.
 const COUNT_BITS: u32 = 42;
 /// Largest incarnation a tag can carry (the other 20 bits of 62).
@@ -169,6 +177,39 @@ impl Reclaim {
         }
     }
 
+    /// The oldest [`LEND_BATCH`] blocks of one node's list of one class,
+    /// taken out, when that list holds at least `LEND_KEEP + LEND_BATCH`
+    /// blocks ready by `now_ns`: blocks its owner does not need (a client
+    /// that deletes more than it puts), to lend (`lend.rs`). Each block
+    /// taken is checked ready (a list's order is by retirement, and a
+    /// handle's spares gather the retirements of several clients, whose
+    /// clock readings may interleave). A client whose puts reuse what it
+    /// retires never holds that many ready, so lends nothing.
+    pub fn surplus(&mut self, now_ns: u64) -> Option<(NodeId, usize, Vec<GlobalAddr>)> {
+        for (node, lists) in self.lists.iter_mut().enumerate() {
+            for (c, l) in lists.iter_mut().enumerate() {
+                let ready = l
+                    .iter()
+                    .take(LEND_KEEP + LEND_BATCH)
+                    .take_while(|&&(_, r)| r <= now_ns)
+                    .count();
+                if ready == LEND_KEEP + LEND_BATCH {
+                    let batch = l.drain(..LEND_BATCH).map(|(a, _)| a).collect();
+                    return Some((node as NodeId, c, batch));
+                }
+            }
+        }
+        None
+    }
+
+    /// Takes back, ready at once and first in line, blocks
+    /// [`surplus`](Self::surplus) gave that were not lent after all.
+    pub fn restore(&mut self, blocks: &[GlobalAddr], c: usize) {
+        for &b in blocks.iter().rev() {
+            self.give_back(b, c);
+        }
+    }
+
     /// Blocks waiting, over all classes.
     pub fn waiting(&self) -> usize {
         self.lists.iter().flatten().map(|l| l.len()).sum()
@@ -265,6 +306,39 @@ mod tests {
             Some(c),
             "a node the spares had not seen"
         );
+    }
+
+    #[test]
+    fn only_a_surplus_of_ready_blocks_is_lent_and_the_oldest_first() {
+        let mut r = Reclaim::new(100);
+        let block = |i: u64| GlobalAddr::host(1, 4096 + 64 * i);
+        let n = (LEND_KEEP + LEND_BATCH) as u64;
+        // One short of the surplus, every block ready: nothing to lend.
+        for i in 0..n - 1 {
+            r.retire(block(i), 2, i);
+        }
+        assert_eq!(r.surplus(u64::MAX), None);
+        // The last one retired, but not yet ready at 100 + n - 2.
+        r.retire(block(n - 1), 2, n - 1);
+        assert_eq!(r.surplus(100 + n - 2), None, "one is not ready yet");
+        let (node, c, lent) = r.surplus(100 + n - 1).expect("a surplus");
+        assert_eq!((node, c), (1, 2));
+        assert_eq!(lent, (0..LEND_BATCH as u64).map(block).collect::<Vec<_>>());
+        assert_eq!(r.waiting(), LEND_KEEP, "the keep stays");
+        assert_eq!(r.surplus(u64::MAX), None);
+        // Not lent after all: back at the front, ready at once.
+        r.restore(&lent, 2);
+        assert_eq!(r.take(2, 1, 0), Some(block(0)));
+        assert_eq!(r.take(2, 1, 0), Some(block(1)));
+        // A block out of order (a spare retired later by a client whose
+        // clock read earlier) is never lent before it is ready.
+        let mut s = Reclaim::new(100);
+        s.retire(block(0), 0, 1000);
+        for i in 1..n {
+            s.retire(block(i), 0, 0);
+        }
+        assert_eq!(s.surplus(100 + 999), None, "the front is not ready");
+        assert!(s.surplus(1100).is_some());
     }
 
     #[test]

@@ -1,0 +1,332 @@
+//! Lending free entry blocks between compute nodes, through a pool on each
+//! memory node.
+//!
+//! Owns the pools: on every memory node, one stack of free blocks of that
+//! node per block class, whose head words sit in the node's superblock
+//! ([`mempool::layout::HASH_LEND_OFF`], one line each). A block is retired
+//! to the client that unlinked it (`reclaim.rs`), so without lending a
+//! compute node whose clients delete more than they put keeps the entries
+//! it frees, while another, whose puts use the memory up, fails out of
+//! memory beside them. After a put or delete, a client holding
+//! [`LEND_KEEP`](super::reclaim::LEND_KEEP) ready blocks of one node and
+//! class beyond a batch of [`LEND_BATCH`](super::reclaim::LEND_BATCH)
+//! lends its oldest batch to that node's pool; a put that finds fresh
+//! memory out and nothing ready of its own borrows from any node's pool
+//! before it waits, and looks again while it waits.
+//!
+//! # A pool
+//! A Treiber stack in remote memory. The head word holds the line index
+//! (offset / 64) of the top block in its low [`LINE_BITS`] bits, 0 when
+//! the pool is empty (offset 0 is the superblock's null word, never a
+//! block), and a count of the CASes that replaced it in the rest. A free
+//! block's first word holds the line index of the block below it.
+//! - **Lend** a chain b₁…bₙ: WRITE each bᵢ's link to bᵢ₊₁ (one doorbell),
+//!   READ the head h, WRITE bₙ's link to h's top, CAS the head from h to
+//!   (b₁, count + 1); on a lost CAS, link bₙ to the new top and CAS again.
+//!   Every WRITE has completed before the CAS that publishes the chain, so
+//!   whoever finds a block through the head finds its link.
+//! - **Borrow**: READ the head h (every class's in one READ), READ the top
+//!   block's link l, CAS the head from h to (l, count + 1); the block is
+//!   the borrower's when the CAS takes.
+//!
+//! A borrow's CAS takes only if no CAS took on the head since the head was
+//! read (each one changes the count), unless the count came round: 2^29
+//! CASes on one word, which no NIC executes within the window W (2 ms by
+//! default; at 10^8 atomics a second, about 5 s), and a borrower acts
+//! within W of the READ it rests on or starts over. So while its CAS is in
+//! flight the top it read was never taken: its link, written before it was
+//! published and untouched while it lies in the pool, is the link READ
+//! returned. A block taken meanwhile and reused may hold anything where
+//! its link was; the CAS then fails and the borrower starts over.
+//!
+//! # Why a lent block is safe to reuse at once
+//! Only blocks past their grace period are lent (G has passed on the
+//! lender's clock since the CAS that unlinked them), and clocks run at
+//! the same rate (`mod.rs`, "Reclamation"): whoever read a word naming
+//! the entry is done with it, whichever compute node it runs on. A pool's
+//! link words are written only into blocks nobody else can name: the
+//! lender's before their CAS, nobody's after.
+//!
+//! # Faults
+//! A verb that fails before the publishing CAS leaves the chain the
+//! lender's (taken back, ready at once); one whose CAS's outcome is
+//! unknown leaks the chain (it may be in the pool, so it is not reused
+//! here), as a borrow's unknown CAS leaks its block: memory lost, never a
+//! block handed out twice. A head or link naming no block of the node's
+//! chunks (a corrupt pool) is never followed: the pool reads as empty.
+
+use super::reclaim::{block_bytes, CLASSES};
+use super::CuckooClient;
+use mempool::layout::{first_chunk_off, HASH_LEND_OFF, HASH_LEND_WORDS};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
+use std::sync::atomic::Ordering;
+
+/// Bits of a head word that hold the top block's line index: 2^35 lines
+/// of 64 bytes cover the 2 TiB a slot word can name on a node.
+pub const LINE_BITS: u32 = 35;
+
+/// Attempts of one lend or borrow on one head before it gives up (a head
+/// this busy is a lending storm; the blocks stay where they are).
+const TRIES: usize = 8;
+
+/// A pool's head word: the top block's line index and the count of CASes
+/// that replaced the head.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Head(pub u64);
+
+impl Head {
+    /// The head naming `line` (below 2^[`LINE_BITS`]) with count `count`
+    /// (kept modulo 2^(64 − LINE_BITS)).
+    pub fn new(line: u64, count: u64) -> Head {
+        debug_assert!(line < 1 << LINE_BITS, "line {line} past {LINE_BITS} bits");
+        Head((count << LINE_BITS) | line)
+    }
+
+    /// The top block's line index; 0 when the pool is empty.
+    pub fn line(self) -> u64 {
+        self.0 & ((1 << LINE_BITS) - 1)
+    }
+
+    pub fn count(self) -> u64 {
+        self.0 >> LINE_BITS
+    }
+
+    /// The head that replaces this one with `line` on top.
+    pub fn then(self, line: u64) -> Head {
+        Head::new(line, self.count().wrapping_add(1))
+    }
+}
+
+/// The head word of memory node `node`'s pool of class `c`.
+pub fn head_addr(node: NodeId, c: usize) -> GlobalAddr {
+    debug_assert!(c < CLASSES && CLASSES as u64 <= HASH_LEND_WORDS);
+    GlobalAddr::host(node, HASH_LEND_OFF + 64 * c as u64)
+}
+
+/// The line index a head or link names `block` by.
+fn line_of(block: GlobalAddr) -> u64 {
+    block.offset() / 64
+}
+
+/// What became of a chain offered to a pool.
+enum Lent {
+    /// In the pool.
+    Yes,
+    /// Still the lender's: no CAS took.
+    No,
+    /// A CAS's outcome is unknown: the chain may be in the pool.
+    Unknown,
+}
+
+impl CuckooClient {
+    /// The block of class `c` that line index `line` names on `node`, if
+    /// it lies wholly within the node's chunks; `None` for anything else
+    /// (a corrupt head or link).
+    fn pool_block(&self, node: NodeId, c: usize, line: u64) -> Option<GlobalAddr> {
+        let off = line.checked_mul(64)?;
+        let end = off.checked_add(block_bytes(c))?;
+        (line < 1 << LINE_BITS
+            && off >= first_chunk_off()
+            && end <= self.cfg().chunk.node_bytes_of(node))
+        .then(|| GlobalAddr::host(node, off))
+    }
+
+    /// Lends one batch of what this client's lists hold beyond their keep
+    /// or, once memory is tight, what the handle's spares do (`surplus`
+    /// in `reclaim.rs`). Called after each put and delete: a client whose
+    /// puts reuse what it retires finds nothing to lend and posts no verb.
+    pub(super) async fn lend_surplus<N: Nic>(&mut self, ctx: &Ctx<N>) {
+        // A client its test hook stopped stands for one that crashed: it
+        // posts nothing more (its blocks leak, as a crashed client's do).
+        if self.stopped {
+            return;
+        }
+        let now = ctx.now_ns();
+        if let Some((node, c, blocks)) = self.reclaim.surplus(now) {
+            if !self.lend(ctx, node, c, &blocks).await {
+                self.reclaim.restore(&blocks, c);
+            }
+            return;
+        }
+        // Relaxed: a hint, as in `reuse_when_out`; the spares are ordered
+        // by their lock.
+        if !self.table.tight.load(Ordering::Relaxed) {
+            return;
+        }
+        let spare = self.table.spares().surplus(now);
+        if let Some((node, c, blocks)) = spare {
+            if !self.lend(ctx, node, c, &blocks).await {
+                self.table.spares().restore(&blocks, c);
+            }
+        }
+    }
+
+    /// Offers `blocks`, ready blocks of class `c` on `node`, to the node's
+    /// pool. `false` when they are still this client's to keep; `true`
+    /// when they are in the pool or may be (then they are not kept).
+    async fn lend<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        node: NodeId,
+        c: usize,
+        blocks: &[GlobalAddr],
+    ) -> bool {
+        match self.push_chain(ctx, node, c, blocks).await {
+            Lent::Yes => {
+                self.stats.entries_lent += blocks.len() as u64;
+                true
+            }
+            Lent::No => {
+                self.stats.pool_faults += 1;
+                false
+            }
+            Lent::Unknown => {
+                self.stats.pool_faults += 1;
+                true
+            }
+        }
+    }
+
+    async fn push_chain<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        node: NodeId,
+        c: usize,
+        blocks: &[GlobalAddr],
+    ) -> Lent {
+        let (Some(&first), Some(&last)) = (blocks.first(), blocks.last()) else {
+            return Lent::No;
+        };
+        debug_assert!(blocks.iter().all(|b| b.node() == node));
+        if blocks.len() > 1 {
+            let mut b = ctx.batch();
+            for w in blocks.windows(2) {
+                b.write_u64(w[0], line_of(w[1]));
+            }
+            if b.submit().await.is_err() {
+                return Lent::No;
+            }
+        }
+        let at = head_addr(node, c);
+        let mut seen = match ctx.read(at, 8).await {
+            Ok(b) => Head(b.u64_at(0)),
+            Err(_) => return Lent::No,
+        };
+        for _ in 0..TRIES {
+            // A head naming no block is not linked to: a borrower would
+            // follow the chain into it.
+            if seen.line() != 0 && self.pool_block(node, c, seen.line()).is_none() {
+                return Lent::No;
+            }
+            if ctx.write(last, &seen.line().to_le_bytes()).await.is_err() {
+                return Lent::No;
+            }
+            let new = seen.then(line_of(first));
+            match ctx.cas(at, seen.0, new.0).await {
+                Ok(old) if old == seen.0 => return Lent::Yes,
+                Ok(old) => seen = Head(old),
+                Err(_) => return Lent::Unknown,
+            }
+        }
+        Lent::No
+    }
+
+    /// A lent block of class `c` or larger from any memory node's pool,
+    /// the smallest class first on each node; `None` when no pool has one
+    /// this client could take (empty, contended past [`TRIES`], corrupt,
+    /// or its node unreachable).
+    pub(super) async fn borrow<N: Nic>(&mut self, ctx: &Ctx<N>, c: usize) -> Option<GlobalAddr> {
+        for node in ctx.nodes() {
+            let t0 = ctx.now_ns();
+            let heads = match ctx.read(head_addr(node, 0), 64 * CLASSES).await {
+                Ok(b) => b,
+                Err(_) => {
+                    self.stats.pool_faults += 1;
+                    continue;
+                }
+            };
+            for k in c..CLASSES {
+                let seen = Head(heads.u64_at(64 * k));
+                if seen.line() == 0 {
+                    continue;
+                }
+                if let Some(b) = self.pop(ctx, node, k, seen, t0).await {
+                    self.stats.entries_borrowed += 1;
+                    return Some(b);
+                }
+            }
+        }
+        None
+    }
+
+    /// Takes the top block of `node`'s pool of class `c`, whose head read
+    /// `seen` in a READ posted at `t0` (module doc, "A pool").
+    async fn pop<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        node: NodeId,
+        c: usize,
+        mut seen: Head,
+        mut t0: u64,
+    ) -> Option<GlobalAddr> {
+        let at = head_addr(node, c);
+        for _ in 0..TRIES {
+            if seen.line() == 0 {
+                return None;
+            }
+            let Some(top) = self.pool_block(node, c, seen.line()) else {
+                self.stats.pool_faults += 1;
+                return None;
+            };
+            let link = ctx.read(top, 8).await.ok()?.u64_at(0);
+            let window = self.cfg().window_ns;
+            // A link naming no block, read from a top someone took and
+            // reused meanwhile (or a corrupt one), or a head read longer
+            // than W ago: read the head again.
+            if ctx.now_ns().saturating_sub(t0) > window
+                || (link != 0 && self.pool_block(node, c, link).is_none())
+            {
+                t0 = ctx.now_ns();
+                seen = Head(ctx.read(at, 8).await.ok()?.u64_at(0));
+                continue;
+            }
+            t0 = ctx.now_ns();
+            match ctx.cas(at, seen.0, seen.then(link).0).await {
+                Ok(old) if old == seen.0 => return Some(top),
+                Ok(old) => seen = Head(old),
+                // The CAS may have taken: the block is lost, not shared.
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_keeps_its_line_and_counts_every_replacement() {
+        let h = Head::new(0x7_ffff_ffff, 5);
+        assert_eq!(h.line(), (1 << LINE_BITS) - 1);
+        assert_eq!(h.count(), 5);
+        let n = h.then(64);
+        assert_eq!((n.line(), n.count()), (64, 6));
+        assert_eq!(Head(0).line(), 0, "a zero word is an empty pool");
+        // The count comes round after 2^29 replacements, the line intact.
+        let top = Head::new(9, (1 << (64 - LINE_BITS)) - 1);
+        assert_eq!((top.then(10).line(), top.then(10).count()), (10, 0));
+    }
+
+    #[test]
+    fn every_class_head_has_its_own_line_in_the_superblock() {
+        for c in 0..CLASSES {
+            let a = head_addr(3, c);
+            assert_eq!(a.node(), 3);
+            assert_eq!(a.offset() % 64, 0);
+            assert!(a.offset() + 8 <= mempool::layout::SUPERBLOCK_BYTES);
+        }
+        assert_eq!(head_addr(0, 1).offset() - head_addr(0, 0).offset(), 64);
+    }
+}
