@@ -112,7 +112,8 @@ fn line_of(block: GlobalAddr) -> u64 {
 enum Lent {
     /// In the pool.
     Yes,
-    /// Still the lender's: no CAS took.
+    /// Still the lender's: no CAS took (a fault, counted where met, or a
+    /// head too busy).
     No,
     /// A CAS's outcome is unknown: the chain may be in the pool.
     Unknown,
@@ -176,15 +177,19 @@ impl CuckooClient {
                 self.stats.entries_lent += blocks.len() as u64;
                 true
             }
-            Lent::No => {
-                self.stats.pool_faults += 1;
-                false
-            }
+            Lent::No => false,
             Lent::Unknown => {
                 self.stats.pool_faults += 1;
                 true
             }
         }
+    }
+
+    /// [`push_chain`](Self::push_chain)'s way out on a fault: counted, and
+    /// the chain still the lender's.
+    fn refused(&mut self) -> Lent {
+        self.stats.pool_faults += 1;
+        Lent::No
     }
 
     async fn push_chain<N: Nic>(
@@ -204,22 +209,22 @@ impl CuckooClient {
                 b.write_u64(w[0], line_of(w[1]));
             }
             if b.submit().await.is_err() {
-                return Lent::No;
+                return self.refused();
             }
         }
         let at = head_addr(node, c);
         let mut seen = match ctx.read(at, 8).await {
             Ok(b) => Head(b.u64_at(0)),
-            Err(_) => return Lent::No,
+            Err(_) => return self.refused(),
         };
         for _ in 0..TRIES {
             // A head naming no block is not linked to: a borrower would
             // follow the chain into it.
             if seen.line() != 0 && self.pool_block(node, c, seen.line()).is_none() {
-                return Lent::No;
+                return self.refused();
             }
             if ctx.write(last, &seen.line().to_le_bytes()).await.is_err() {
-                return Lent::No;
+                return self.refused();
             }
             let new = seen.then(line_of(first));
             match ctx.cas(at, seen.0, new.0).await {
@@ -228,6 +233,7 @@ impl CuckooClient {
                 Err(_) => return Lent::Unknown,
             }
         }
+        // Contended past TRIES: not a fault; the lender keeps the chain.
         Lent::No
     }
 
