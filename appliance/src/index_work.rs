@@ -284,15 +284,16 @@ pub async fn clear_index_memory<N: Nic>(
 
 /// The superblock words an index keeps on memory node `m` (offsets): its
 /// chunk cursor, the hash table's lending pool heads and, on node 0, the
-/// index roots.
+/// index roots and the hash table's want count.
 fn index_words(m: NodeId) -> Vec<u64> {
     use mempool::layout::{
-        CHUNK_CURSOR_OFF, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_ROOT_OFF, TREE_ROOT_OFF,
+        CHUNK_CURSOR_OFF, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_ROOT_OFF, HASH_WANT_OFF,
+        TREE_ROOT_OFF,
     };
     let mut words = vec![CHUNK_CURSOR_OFF];
     words.extend((0..HASH_LEND_WORDS).map(|c| HASH_LEND_OFF + 64 * c));
     if m == 0 {
-        words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF]);
+        words.extend([TREE_ROOT_OFF, HASH_ROOT_OFF, HASH_WANT_OFF]);
     }
     words
 }
@@ -482,6 +483,7 @@ mod tests {
             .flat_map(|m| index_words(m).into_iter().map(move |off| (m, off)))
             .collect();
         assert!(words.contains(&(1, HASH_LEND_OFF + 64 * 7)));
+        assert!(words.contains(&(0, mempool::layout::HASH_WANT_OFF)));
         words.push((0, first_chunk_off() + 4096));
         let t = w.add_thread(0, Default::default()).unwrap();
         let set = words.clone();

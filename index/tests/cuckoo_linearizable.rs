@@ -451,7 +451,7 @@ fn emu_history(
     seed: u64,
 ) -> (Recorder, CuckooStats) {
     let keys = Arc::new((0..keys).collect::<Vec<_>>());
-    emu_history_with(std::slice::from_ref(table), seed, |_| Workload {
+    emu_history_with(table, seed, |_| Workload {
         put,
         get,
         keys: keys.clone(),
@@ -459,22 +459,19 @@ fn emu_history(
     })
 }
 
-/// As [`emu_history`], client `me` (1 ..= 8) running `wl(me)`; core `i`'s
-/// clients use the handle `tables[i % tables.len()]` (handles of one
-/// table: two stand for two compute nodes).
+/// As [`emu_history`], client `me` (1 ..= 8) running `wl(me)`.
 fn emu_history_with(
-    tables: &[Arc<Cuckoo>],
+    table: &Arc<Cuckoo>,
     seed: u64,
     wl: impl Fn(u32) -> Workload + Sync,
 ) -> (Recorder, CuckooStats) {
     let emu = emu_cluster(2);
-    emu_create_table(&emu, &tables[0]);
+    emu_create_table(&emu, table);
     let rec = Recorder::new();
     let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
     emu.run_cores(2, exec_cfg(4), false, |th, ex| {
-        let table = tables[th % tables.len()].clone();
         let th = th as u32;
-        let (rec, sink) = (rec.clone(), sink.clone());
+        let (table, rec, sink) = (table.clone(), rec.clone(), sink.clone());
         for t in 0..4u32 {
             let me = 1 + th * 4 + t;
             let c = table.client().unwrap();
@@ -491,27 +488,84 @@ fn emu_history_with(
 
 /// `cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim` on real
 /// threads: two handles of one table, one per core, stand for two compute
-/// nodes; core 0's four clients only put, core 1's only delete, 96 keys,
-/// 48 chunks of 4 KiB on each of two memory nodes, the default grace
-/// period (20 ms of wall clock). Core 0's puts use the memory up and go on
-/// with the entries core 1's handle lends (an allocation error fails the
-/// test); the deletes, most of them of absent keys, run on well past the
-/// puts. The history is per-key linearizable.
+/// nodes; core 0's four clients put 800 times each, core 1's four delete
+/// until those puts are done, over 96 keys, on 48 chunks of 4 KiB on each
+/// of two memory nodes, with the default grace period (20 ms of wall
+/// clock). A put starts only once as many deletes have as puts, so that
+/// the deletes keep most keys absent however the threads are scheduled:
+/// the puts, mostly inserts, use the memory up and go on with the entries
+/// core 1's handle lends (an allocation error fails the test). The
+/// history is per-key linearizable.
 #[test]
 fn cuckoo_puts_borrow_entries_another_handle_freed_on_emu_threads() {
+    use std::sync::atomic::{AtomicU64, Ordering};
     let mut c = cfg(128, 8, 200);
     c.chunk = mempool::ChunkConfig {
         chunk_bytes: 4096,
         ..mempool::ChunkConfig::new(mempool::layout::first_chunk_off() + 48 * 4096)
     };
     let tables = [Cuckoo::new(c.clone()).unwrap(), Cuckoo::new(c).unwrap()];
+    let emu = emu_cluster(2);
+    emu_create_table(&emu, &tables[0]);
+    let rec = Recorder::new();
+    let sink: StatsSink = Arc::new(Mutex::new(CuckooStats::default()));
     let keys = Arc::new((0..96u64).collect::<Vec<_>>());
-    let (rec, stats) = emu_history_with(&tables, 23, |me| Workload {
-        put: if me <= 4 { 10 } else { 0 },
-        get: 0,
-        keys: keys.clone(),
-        ops: if me <= 4 { 800 } else { 40_000 },
-    });
+    // Puts started, puts finished and deletes done, over all clients.
+    // Relaxed: counts that pace the clients; the history is ordered by
+    // its own lock and nothing else is published through them.
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    const PUTS: u64 = 800;
+    emu.run_cores(2, exec_cfg(4), false, |th, ex| {
+        for t in 0..4u32 {
+            let me = 1 + th as u32 * 4 + t;
+            let mut c = tables[th].client().unwrap();
+            let (r, sink, keys, n) = (
+                Rec::Shared(rec.clone()),
+                sink.clone(),
+                keys.clone(),
+                counts.clone(),
+            );
+            ex.spawn(move |ctx| async move {
+                use history::map::{Op, Ret};
+                let mut rng = nicdrv::rng::Rng::stream(23, nicdrv::rng::Domain::Client, me as u64);
+                let (started, finished, deleted) = (&n[0], &n[1], &n[2]);
+                let mut i = 0u64;
+                loop {
+                    let k = keys[rng.below(keys.len() as u64) as usize];
+                    if th == 0 {
+                        if i == PUTS {
+                            break;
+                        }
+                        while deleted.load(Ordering::Relaxed) < started.load(Ordering::Relaxed) {
+                            ctx.sleep(20_000).unwrap().await;
+                        }
+                        started.fetch_add(1, Ordering::Relaxed);
+                        let v = ((me as u64) << 40) | i;
+                        let id = r.invoke(me, Op::Put(k, v), wall_clock(&ctx));
+                        put_u64(&mut c, &ctx, k, v).await.unwrap();
+                        r.complete(id, Ret::Put, wall_clock(&ctx));
+                        finished.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        if finished.load(Ordering::Relaxed) == 4 * PUTS {
+                            break;
+                        }
+                        // A put that failed never finishes the rest.
+                        assert!(i < 10_000_000, "client {me}: the puts never finished");
+                        let id = r.invoke(me, Op::Delete(k), wall_clock(&ctx));
+                        let found = delete_u64(&mut c, &ctx, k).await.unwrap();
+                        r.complete(id, Ret::Delete(Some(found)), wall_clock(&ctx));
+                        deleted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                }
+                *sink.lock().unwrap() += c.stats;
+            })
+            .unwrap();
+        }
+        ex.run();
+    })
+    .unwrap();
+    let stats = *sink.lock().unwrap();
     let v = rec.check(&BTreeMap::new());
     assert!(v.is_ok(), "{v:?}");
     eprintln!("{stats:?}");
@@ -575,7 +629,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
     let table = Cuckoo::new(c).unwrap();
     let fresh = Arc::new((100..700u64).collect::<Vec<_>>());
     let hot = Arc::new((0..4u64).collect::<Vec<_>>());
-    let (rec, stats) = emu_history_with(std::slice::from_ref(&table), 13, |me| {
+    let (rec, stats) = emu_history_with(&table, 13, |me| {
         if me % 4 == 1 {
             Workload {
                 put: 10,

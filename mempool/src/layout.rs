@@ -21,7 +21,9 @@
 //! 320     HASH_LEND_OFF     reserved: the cuckoo table's lending pool, one
 //!                           word a line for each of HASH_LEND_WORDS block
 //!                           classes (index::cuckoo::lend), on every node
-//! 832..   unassigned        add new words here, one 64-byte line each
+//! 832     HASH_WANT_OFF     reserved: the cuckoo table's want count, node 0
+//!                           only (index::cuckoo::lend)
+//! 896..   unassigned        add new words here, one 64-byte line each
 //! 4096    first chunk
 //! ```
 
@@ -56,6 +58,11 @@ pub const HASH_LEND_OFF: u64 = 320;
 /// Words (one a line) from [`HASH_LEND_OFF`].
 pub const HASH_LEND_WORDS: u64 = 8;
 
+/// Reserved for `index::cuckoo`: on node 0, a count that puts out of
+/// memory add to, telling clients with blocks to spare to lend them.
+/// Unused here.
+pub const HASH_WANT_OFF: u64 = HASH_LEND_OFF + 64 * HASH_LEND_WORDS;
+
 /// Chunks start on this boundary, and allocations may ask for at most this
 /// alignment.
 ///
@@ -86,6 +93,7 @@ mod tests {
             TXN_ROOT_OFF,
         ];
         words.extend((0..HASH_LEND_WORDS).map(|c| HASH_LEND_OFF + 64 * c));
+        words.push(HASH_WANT_OFF);
         for (i, &w) in words.iter().enumerate() {
             assert_eq!(w % 64, 0, "word {w} not on its own line");
             assert!(w + 8 <= SUPERBLOCK_BYTES);

@@ -152,8 +152,9 @@
 //! blocks than it keeps lends the surplus to a pool on the blocks' memory
 //! node, and a put that finds fresh memory out and nothing of its own
 //! borrows from the pools before it waits (and looks at them again every
-//! G / 4 while it waits). A lent block is past its grace period, so it is
-//! reusable at once on any compute node ([`lend`]).
+//! G / 4 while it waits), telling lenders it wants blocks when it finds
+//! none. A lent block is past its grace period, so it is reusable at once
+//! on any compute node ([`lend`]).
 //!
 //! # Cached gets
 //! Each compute node remembers where it last found a key: the slot and
@@ -728,6 +729,8 @@ impl Cuckoo {
             known: Known::default(),
             ebuf: Vec::new(),
             stale: Vec::new(),
+            lend_check_ns: 0,
+            wanted: Default::default(),
             stop_after_cas: None,
             stopped: false,
             hold: None,
@@ -787,6 +790,10 @@ pub struct CuckooClient {
     ebuf: Vec<u8>,
     /// Tentative words of others and when this client first saw each.
     stale: Vec<(u64, u64)>,
+    /// When this client next looks for a surplus to lend (`lend.rs`).
+    lend_check_ns: u64,
+    /// Whether puts elsewhere want blocks lent (`lend.rs`).
+    wanted: lend::Wanted,
     stop_after_cas: Option<u32>,
     stopped: bool,
     hold: Option<Arc<AtomicBool>>,
@@ -1241,6 +1248,7 @@ impl CuckooClient {
             if let Some(a) = self.borrow(ctx, c).await {
                 return Ok(a);
             }
+            self.want(ctx).await;
             let now = ctx.now_ns();
             let next = [
                 self.reclaim.earliest_at_least(c),

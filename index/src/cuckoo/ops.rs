@@ -283,7 +283,9 @@ impl CuckooClient {
         self.stats.put_round_trips += ctx.counters().round_trips - rt0;
         // After the put's own round trips are counted: lending is not the
         // put's work, and the put's outcome stands whatever it meets.
-        self.lend_surplus(ctx).await;
+        if self.lend_due(ctx.now_ns()) {
+            self.lend_surplus(ctx).await;
+        }
         r
     }
 
@@ -707,7 +709,9 @@ impl CuckooClient {
         let r = self.delete_inner(ctx, desc, key).await;
         self.stats.deletes += 1;
         self.stats.delete_round_trips += ctx.counters().round_trips - rt0;
-        self.lend_surplus(ctx).await;
+        if self.lend_due(ctx.now_ns()) {
+            self.lend_surplus(ctx).await;
+        }
         r
     }
 

@@ -180,26 +180,35 @@ impl Reclaim {
     /// The oldest [`LEND_BATCH`] blocks of one node's list of one class,
     /// taken out, when that list holds at least `LEND_KEEP + LEND_BATCH`
     /// blocks ready by `now_ns`: blocks its owner does not need (a client
-    /// that deletes more than it puts), to lend (`lend.rs`). Each block
-    /// taken is checked ready (a list's order is by retirement, and a
-    /// handle's spares gather the retirements of several clients, whose
+    /// that deletes more than it puts, or whose old entries lie on
+    /// another node than the slots it writes), to lend (`lend.rs`). Each
+    /// block taken is checked ready (a list's order is by retirement, and
+    /// a handle's spares gather the retirements of several clients, whose
     /// clock readings may interleave). A client whose puts reuse what it
     /// retires never holds that many ready, so lends nothing.
     pub fn surplus(&mut self, now_ns: u64) -> Option<(NodeId, usize, Vec<GlobalAddr>)> {
-        for (node, lists) in self.lists.iter_mut().enumerate() {
-            for (c, l) in lists.iter_mut().enumerate() {
-                let ready = l
-                    .iter()
-                    .take(LEND_KEEP + LEND_BATCH)
-                    .take_while(|&&(_, r)| r <= now_ns)
-                    .count();
-                if ready == LEND_KEEP + LEND_BATCH {
-                    let batch = l.drain(..LEND_BATCH).map(|(a, _)| a).collect();
-                    return Some((node as NodeId, c, batch));
-                }
-            }
-        }
-        None
+        let (node, c) = self.surplus_at(now_ns)?;
+        let batch = self.lists[node][c].drain(..LEND_BATCH).map(|(a, _)| a);
+        Some((node as NodeId, c, batch.collect()))
+    }
+
+    /// Whether [`surplus`](Self::surplus) would give a batch.
+    pub fn has_surplus(&self, now_ns: u64) -> bool {
+        self.surplus_at(now_ns).is_some()
+    }
+
+    /// The first list (node, class) holding a surplus at `now_ns`.
+    fn surplus_at(&self, now_ns: u64) -> Option<(usize, usize)> {
+        let need = LEND_KEEP + LEND_BATCH;
+        self.lists.iter().enumerate().find_map(|(node, lists)| {
+            lists
+                .iter()
+                .position(|l| {
+                    let ready = l.iter().take(need).take_while(|&&(_, r)| r <= now_ns);
+                    ready.count() == need
+                })
+                .map(|c| (node, c))
+        })
     }
 
     /// Takes back, ready at once and first in line, blocks
@@ -318,9 +327,11 @@ mod tests {
             r.retire(block(i), 2, i);
         }
         assert_eq!(r.surplus(u64::MAX), None);
+        assert!(!r.has_surplus(u64::MAX));
         // The last one retired, but not yet ready at 100 + n - 2.
         r.retire(block(n - 1), 2, n - 1);
         assert_eq!(r.surplus(100 + n - 2), None, "one is not ready yet");
+        assert!(r.has_surplus(100 + n - 1));
         let (node, c, lent) = r.surplus(100 + n - 1).expect("a surplus");
         assert_eq!((node, c), (1, 2));
         assert_eq!(lent, (0..LEND_BATCH as u64).map(block).collect::<Vec<_>>());
