@@ -808,3 +808,85 @@ fn a_corrupt_lending_pool_is_never_followed() {
         }
     });
 }
+
+/// A dropped client's retired entries go to its handle's spares; the
+/// handle's other clients lend them when a put elsewhere wants blocks.
+/// On one memory node of 24 chunks of 4 KiB: compute node 1's first
+/// client puts 300 keys, deletes them and is dropped; its second client
+/// then deletes absent keys (retiring nothing) while compute node 0's
+/// client puts new keys, past what the memory holds, until 100 of its
+/// puts have borrowed an entry. Every put succeeds (an allocation error
+/// fails the test), and every key reads back.
+#[test]
+fn a_dropped_clients_entries_are_lent_by_its_handles_other_clients() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let node_bytes = mempool::layout::first_chunk_off() + 24 * 4096;
+    let mut cfg = cfg(2048, 8, 8);
+    cfg.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(node_bytes)
+    };
+    cfg.window_ns = 200_000;
+    cfg.reuse_grace_ns = 1_000_000;
+    cfg.stale_ns = 400_000;
+    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        seed: 11,
+        memory_nodes: 1,
+        compute_nodes: 2,
+        host_bytes: node_bytes,
+        dm_bytes: DM,
+        ..Default::default()
+    })
+    .unwrap();
+    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
+    sim_create_table(&mut w, &a);
+    let t = b.clone();
+    let freed = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(freed, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        for k in 10_000..10_300 {
+            put_u64(&mut c, &ctx, k, k).await.unwrap();
+        }
+        delete_present(&mut c, &ctx, 10_000..10_300).await;
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let done = Arc::new(AtomicBool::new(false));
+    let stats = Rc::new(RefCell::new(CuckooStats::default()));
+    let (t, d, st) = (b.clone(), done.clone(), stats.clone());
+    let lender = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(lender, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        // Relaxed: a flag the putting task sets last; nothing rides on it.
+        while !d.load(Ordering::Relaxed) {
+            assert!(!delete_u64(&mut c, &ctx, 20_000).await.unwrap());
+            ctx.sleep(10_000).unwrap().await;
+        }
+        *st.borrow_mut() += c.stats;
+    })
+    .unwrap();
+    let (t, d, st) = (a.clone(), done, stats.clone());
+    let putter = w.add_thread(0, exec_cfg(1)).unwrap();
+    w.spawn(putter, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let mut n = 0;
+        while c.stats.entries_borrowed < 100 {
+            assert!(n < 1200, "{n} puts and still no borrowing: {:?}", c.stats);
+            put_u64(&mut c, &ctx, n, n + 7).await.unwrap();
+            n += 1;
+        }
+        for k in 0..n {
+            assert_eq!(
+                get_u64(&mut c, &ctx, k).await.unwrap(),
+                Some(k + 7),
+                "key {k}"
+            );
+        }
+        d.store(true, Ordering::Relaxed);
+        *st.borrow_mut() += c.stats;
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let s = *stats.borrow();
+    assert!(s.entries_lent >= s.entries_borrowed, "{s:?}");
+}

@@ -62,7 +62,6 @@ use super::reclaim::{block_bytes, CLASSES};
 use super::CuckooClient;
 use mempool::layout::{first_chunk_off, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_WANT_OFF};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
-use std::sync::atomic::Ordering;
 
 /// Bits of a head word that hold the top block's line index: 2^35 lines
 /// of 64 bytes cover the 2 TiB a slot word can name on a node.
@@ -158,9 +157,9 @@ impl CuckooClient {
         now >= self.lend_check_ns
     }
 
-    /// Lends one batch of what this client's lists hold beyond their keep
-    /// or, once memory is tight, what the handle's spares do (`surplus`
-    /// in `reclaim.rs`), when some put wants blocks ([`lending`]). Called
+    /// Lends one batch of what this client's lists hold beyond their keep,
+    /// else of what the handle's spares do (`surplus` in `reclaim.rs`),
+    /// when some put wants blocks ([`lending`]). Called
     /// after a put or delete when [`lend_due`](Self::lend_due): a client
     /// whose puts reuse what it retires finds nothing to lend, and one
     /// with a surplus nobody wants posts one READ each G / 2 at most.
@@ -174,11 +173,12 @@ impl CuckooClient {
         }
         let now = ctx.now_ns();
         self.lend_check_ns = now.saturating_add(self.cfg().reuse_grace_ns / 8);
-        // Relaxed: a hint, as in `reuse_when_out`; the spares are ordered
-        // by their lock.
-        let tight = self.table.tight.load(Ordering::Relaxed);
+        // The spares too: what clients retired once memory was tight, and
+        // the lists of clients dropped (their handle's other clients are
+        // the only ones left to lend them). Their lock is taken at most
+        // every G / 8 here.
         let mine = self.reclaim.has_surplus(now);
-        if !(mine || tight && self.table.spares().has_surplus(now)) {
+        if !(mine || self.table.spares().has_surplus(now)) {
             return;
         }
         if !self.lending(ctx, now).await {
