@@ -148,13 +148,14 @@
 //! which on one compute node is the same clock as every other client's.
 //!
 //! Entries unlinked on one compute node may be needed on another (one
-//! node's clients delete what another's put): a list holding more ready
-//! blocks than it keeps lends the surplus to a pool on the blocks' memory
-//! node, and a put that finds fresh memory out and nothing of its own
-//! borrows from the pools before it waits (and looks at them again every
-//! G / 4 while it waits), telling lenders it wants blocks when it finds
-//! none. A lent block is past its grace period, so it is reusable at once
-//! on any compute node ([`lend`]).
+//! node's clients delete what another's put): a put that finds fresh
+//! memory out and nothing of its own borrows from a pool on each memory
+//! node before it waits (and looks at them again every G / 4 while it
+//! waits), telling lenders it wants blocks when it finds none; while
+//! some put wants them, a client's lists, or its handle's spares,
+//! holding more ready blocks than they keep lend the surplus to the pool
+//! of the blocks' memory node. A lent block is past its grace period, so
+//! it is reusable at once on any compute node ([`lend`]).
 //!
 //! # Cached gets
 //! Each compute node remembers where it last found a key: the slot and
