@@ -10,12 +10,13 @@
 //! memory beside them. A put that finds fresh memory out and nothing
 //! ready of its own borrows from any node's pool before it waits, and
 //! looks again while it waits; finding none, it adds one to a *want
-//! count* on node 0. After a put or delete, a client holding
+//! count* on node 0 (moves, which allocate after their snapshot, do
+//! neither). After a put or delete, a client holding
 //! [`LEND_KEEP`](super::reclaim::LEND_KEEP) ready blocks of one node and
 //! class beyond a batch of [`LEND_BATCH`](super::reclaim::LEND_BATCH)
-//! lends its oldest batch to that node's pool, if the want count has
-//! changed within the last 2 G (read at most every G / 2): nobody pays
-//! for lending while no one is short.
+//! lends its oldest batch to that node's pool within 2 G of one of its
+//! READs of the want count (at most every G / 2) finding it changed
+//! since its READ before: nobody pays for lending while no one is short.
 //!
 //! # A pool
 //! A Treiber stack in remote memory. The head word holds the line index
@@ -35,8 +36,8 @@
 //! A borrow's CAS takes only if no CAS took on the head since the head was
 //! read (each one changes the count), unless the count came round: 2^29
 //! CASes on one word, which no NIC executes within the window W (2 ms by
-//! default; at 10^8 atomics a second, about 5 s), and a borrower acts
-//! within W of the READ it rests on or starts over. So while its CAS is in
+//! default; at 10^8 atomics a second, about 5 s), and a borrower, as a
+//! lender, posts its CAS within W of the READ it rests on or reads again. So while its CAS is in
 //! flight the top it read was never taken: its link, written before it was
 //! published and untouched while it lies in the pool, is the link READ
 //! returned. A block taken meanwhile and reused may hold anything where
@@ -55,8 +56,10 @@
 //! lender's (taken back, ready at once); one whose CAS's outcome is
 //! unknown leaks the chain (it may be in the pool, so it is not reused
 //! here), as a borrow's unknown CAS leaks its block: memory lost, never a
-//! block handed out twice. A head or link naming no block of the node's
-//! chunks (a corrupt pool) is never followed: the pool reads as empty.
+//! block handed out twice. A head or link naming a line outside the
+//! node's whole chunks (a corrupt pool) is never followed: the pool reads
+//! as empty (a range check only: a corrupt word naming a line within the
+//! chunks is not told from a free block's).
 
 use super::reclaim::{block_bytes, CLASSES};
 use super::CuckooClient;
@@ -137,15 +140,19 @@ enum Lent {
 
 impl CuckooClient {
     /// The block of class `c` that line index `line` names on `node`, if
-    /// it lies wholly within the node's chunks; `None` for anything else
-    /// (a corrupt head or link).
+    /// it lies wholly within the node's whole chunks; `None` for anything
+    /// else (a corrupt head or link). A range check: a corrupt word naming
+    /// a line within the chunks (a bucket, a live entry) is not caught.
     fn pool_block(&self, node: NodeId, c: usize, line: u64) -> Option<GlobalAddr> {
+        let chunk = &self.cfg().chunk;
         let off = line.checked_mul(64)?;
         let end = off.checked_add(block_bytes(c))?;
-        (line < 1 << LINE_BITS
-            && off >= first_chunk_off()
-            && end <= self.cfg().chunk.node_bytes_of(node))
-        .then(|| GlobalAddr::host(node, off))
+        let chunks_end = chunk
+            .chunks_on(node)
+            .checked_mul(chunk.chunk_bytes)?
+            .checked_add(first_chunk_off())?;
+        (line < 1 << LINE_BITS && off >= first_chunk_off() && end <= chunks_end)
+            .then(|| GlobalAddr::host(node, off))
     }
 
     /// Whether a put or delete ending at `now` looks for a surplus to
@@ -296,6 +303,8 @@ impl CuckooClient {
             }
         }
         let at = head_addr(node, c);
+        let window = self.cfg().window_ns;
+        let mut t0 = ctx.now_ns();
         let mut seen = match ctx.read(at, 8).await {
             Ok(b) => Head(b.u64_at(0)),
             Err(_) => return self.refused(),
@@ -309,7 +318,19 @@ impl CuckooClient {
             if ctx.write(last, &seen.line().to_le_bytes()).await.is_err() {
                 return self.refused();
             }
+            // As a borrower does (module doc, "A pool"): a CAS against a
+            // head read more than W ago could meet a count come round, and
+            // link the chain to a top taken since. Read it again.
+            if ctx.now_ns().saturating_sub(t0) > window {
+                t0 = ctx.now_ns();
+                seen = match ctx.read(at, 8).await {
+                    Ok(b) => Head(b.u64_at(0)),
+                    Err(_) => return self.refused(),
+                };
+                continue;
+            }
             let new = seen.then(line_of(first));
+            t0 = ctx.now_ns();
             match ctx.cas(at, seen.0, new.0).await {
                 Ok(old) if old == seen.0 => return Lent::Yes,
                 Ok(old) => seen = Head(old),
@@ -367,7 +388,10 @@ impl CuckooClient {
                 self.stats.pool_faults += 1;
                 return None;
             };
-            let link = ctx.read(top, 8).await.ok()?.u64_at(0);
+            let Ok(link) = ctx.read(top, 8).await.map(|b| b.u64_at(0)) else {
+                self.stats.pool_faults += 1;
+                return None;
+            };
             let window = self.cfg().window_ns;
             // A link naming no block, read from a top someone took and
             // reused meanwhile (or a corrupt one), or a head read longer
@@ -376,7 +400,13 @@ impl CuckooClient {
                 || (link != 0 && self.pool_block(node, c, link).is_none())
             {
                 t0 = ctx.now_ns();
-                seen = Head(ctx.read(at, 8).await.ok()?.u64_at(0));
+                seen = match ctx.read(at, 8).await {
+                    Ok(b) => Head(b.u64_at(0)),
+                    Err(_) => {
+                        self.stats.pool_faults += 1;
+                        return None;
+                    }
+                };
                 continue;
             }
             t0 = ctx.now_ns();

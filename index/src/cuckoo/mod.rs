@@ -1217,8 +1217,9 @@ impl CuckooClient {
 
     /// A retired block of class `c` or larger, on any node, once fresh
     /// memory is out (`e` says how): a ready one of this client's or of
-    /// the handle's spares, else one lent by another compute node
-    /// (`lend.rs`), else, when `wait`, the first of these to turn up: it
+    /// the handle's spares, else, when `wait` (a put before its snapshot,
+    /// not a move), one lent by another compute node (`lend.rs`), else the
+    /// first of these to turn up: it
     /// sleeps until the first of its own or the spares becomes ready, or
     /// for G / 4 to look at the pools again, whichever is sooner
     /// (`alloc_entry`). Other clients may take a block first; after
@@ -1246,6 +1247,12 @@ impl CuckooClient {
                 self.stats.entries_reused += 1;
                 return Ok(a);
             }
+            // A move (not `wait`) allocates after its snapshot: it neither
+            // spends round trips on the pools nor tells lenders it wants
+            // (a put that moves its entry beside its slot already has one).
+            if !wait {
+                return Err(e.into());
+            }
             if let Some(a) = self.borrow(ctx, c).await {
                 return Ok(a);
             }
@@ -1260,7 +1267,7 @@ impl CuckooClient {
             .flatten()
             .min()
             .unwrap_or(now);
-            if !wait || next > give_up {
+            if next > give_up {
                 return Err(e.into());
             }
             self.stats.entry_waits += 1;
