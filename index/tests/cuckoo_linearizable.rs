@@ -134,6 +134,30 @@ fn cuckoo_histories_are_linearizable_on_sim() {
     assert!(total.cached_gets > total.cache_hits, "{total:?}");
 }
 
+/// The table and cluster of the tests that run memory out: one memory
+/// node of 48 chunks of 4 KiB, three compute nodes, W = 200 µs and
+/// G = 2 ms.
+fn short_of_memory(seed: u64) -> (CuckooConfig, SimConfig) {
+    let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
+    let mut cfg = cfg(128, 8, 200);
+    cfg.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(node_bytes)
+    };
+    cfg.window_ns = 200_000;
+    cfg.reuse_grace_ns = 2_000_000;
+    cfg.stale_ns = 400_000;
+    let sim = SimConfig {
+        seed,
+        memory_nodes: 1,
+        compute_nodes: 3,
+        host_bytes: node_bytes,
+        dm_bytes: DM,
+        ..Default::default()
+    };
+    (cfg, sim)
+}
+
 /// A memory node filled to its last chunk by what puts hold back: 12
 /// clients on 3 compute nodes put, get and delete 96 keys on one memory
 /// node of 48 chunks of 4 KiB, and every entry a put or delete unlinks
@@ -148,24 +172,8 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
         "cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim",
         4,
         |seed| {
-            let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
-            let mut cfg = cfg(128, 8, 200);
-            cfg.chunk = mempool::ChunkConfig {
-                chunk_bytes: 4096,
-                ..mempool::ChunkConfig::new(node_bytes)
-            };
-            cfg.window_ns = 200_000;
-            cfg.reuse_grace_ns = 2_000_000;
-            cfg.stale_ns = 400_000;
+            let (cfg, sim) = short_of_memory(seed);
             let keys = Arc::new((0..96u64).collect::<Vec<_>>());
-            let sim = SimConfig {
-                seed,
-                memory_nodes: 1,
-                compute_nodes: 3,
-                host_bytes: node_bytes,
-                dm_bytes: DM,
-                ..Default::default()
-            };
             let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |_| Workload {
                 put: 6,
                 get: 2,
@@ -203,24 +211,8 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
         "cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim",
         4,
         |seed| {
-            let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
-            let mut cfg = cfg(128, 8, 200);
-            cfg.chunk = mempool::ChunkConfig {
-                chunk_bytes: 4096,
-                ..mempool::ChunkConfig::new(node_bytes)
-            };
-            cfg.window_ns = 200_000;
-            cfg.reuse_grace_ns = 2_000_000;
-            cfg.stale_ns = 400_000;
+            let (cfg, sim) = short_of_memory(seed);
             let keys = Arc::new((0..96u64).collect::<Vec<_>>());
-            let sim = SimConfig {
-                seed,
-                memory_nodes: 1,
-                compute_nodes: 3,
-                host_bytes: node_bytes,
-                dm_bytes: DM,
-                ..Default::default()
-            };
             // Clients 1..=4 are compute node 0's (2 threads × 2 tasks).
             // The deletes, most of them of absent keys and quick, run on
             // past the puts: a compute node lends what its clients hold

@@ -677,6 +677,32 @@ fn puts_without_a_hint_move_their_entry_beside_the_slot() {
     });
 }
 
+/// A 2048-slot table of 8-byte keys and values on one memory node of 24
+/// chunks of 4 KiB (so memory runs out before the table fills), W =
+/// 200 µs and G = 1 ms, in a world of `compute_nodes`; and the node's
+/// bytes.
+fn short_of_memory(seed: u64, compute_nodes: usize) -> (CuckooConfig, nicdrv::sim::World, u64) {
+    let node_bytes = mempool::layout::first_chunk_off() + 24 * 4096;
+    let mut cfg = cfg(2048, 8, 8);
+    cfg.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(node_bytes)
+    };
+    cfg.window_ns = 200_000;
+    cfg.reuse_grace_ns = 1_000_000;
+    cfg.stale_ns = 400_000;
+    let w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        seed,
+        memory_nodes: 1,
+        compute_nodes,
+        host_bytes: node_bytes,
+        dm_bytes: DM,
+        ..Default::default()
+    })
+    .unwrap();
+    (cfg, w, node_bytes)
+}
+
 /// Deletes keys `keys`, each of which must be present.
 async fn delete_present<N: Nic>(c: &mut CuckooClient, ctx: &Ctx<N>, keys: std::ops::Range<u64>) {
     for k in keys {
@@ -695,26 +721,9 @@ async fn delete_present<N: Nic>(c: &mut CuckooClient, ctx: &Ctx<N>, keys: std::o
 #[test]
 fn a_corrupt_lending_pool_is_never_followed() {
     use index::cuckoo::lend::{head_addr, Head};
-    use mempool::layout::{first_chunk_off, TXN_ROOT_OFF};
+    use mempool::layout::TXN_ROOT_OFF;
     use nicdrv::GlobalAddr;
-    let node_bytes = first_chunk_off() + 24 * 4096;
-    let mut cfg = cfg(2048, 8, 8);
-    cfg.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(node_bytes)
-    };
-    cfg.window_ns = 200_000;
-    cfg.reuse_grace_ns = 1_000_000;
-    cfg.stale_ns = 400_000;
-    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
-        seed: 5,
-        memory_nodes: 1,
-        compute_nodes: 1,
-        host_bytes: node_bytes,
-        dm_bytes: DM,
-        ..Default::default()
-    })
-    .unwrap();
+    let (cfg, mut w, node_bytes) = short_of_memory(5, 1);
     let table = Cuckoo::new(cfg).unwrap();
     sim_create_table(&mut w, &table);
     let bad: Vec<u64> = (0..8u64)
@@ -820,24 +829,7 @@ fn a_corrupt_lending_pool_is_never_followed() {
 #[test]
 fn a_dropped_clients_entries_are_lent_by_its_handles_other_clients() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let node_bytes = mempool::layout::first_chunk_off() + 24 * 4096;
-    let mut cfg = cfg(2048, 8, 8);
-    cfg.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(node_bytes)
-    };
-    cfg.window_ns = 200_000;
-    cfg.reuse_grace_ns = 1_000_000;
-    cfg.stale_ns = 400_000;
-    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
-        seed: 11,
-        memory_nodes: 1,
-        compute_nodes: 2,
-        host_bytes: node_bytes,
-        dm_bytes: DM,
-        ..Default::default()
-    })
-    .unwrap();
+    let (cfg, mut w, _) = short_of_memory(11, 2);
     let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
     sim_create_table(&mut w, &a);
     let t = b.clone();
