@@ -1031,8 +1031,8 @@ pub struct MachineLeases {
 /// One machine of a cluster whose other machines run elsewhere: its lease
 /// core and its reconfiguration core on OS threads, for `run_ns` of the
 /// executor clock, in configuration `current` of `store`. Failure
-/// detection and reconfiguration alone: no workload (recovering
-/// transactions is not built yet).
+/// detection and reconfiguration alone, with no workload ([`run_machine`]
+/// runs one, with the whole failure handling).
 pub fn run_machine_leases<N: Nic>(
     geo: Geometry,
     machine: u16,

@@ -52,8 +52,9 @@
 //!    CM elsewhere is dead or stepped down), the CM sends
 //!    NEW-CONFIG-COMMIT.
 //!
-//! Transaction-state recovery (§5.3), which would run between steps 6 and
-//! 7 for the regions the failed machines held, is not built yet.
+//! What a machine does with the configuration it applies — the remap
+//! below, then transaction-state recovery (§5.3) between steps 6 and 7,
+//! and the background work after — is [`crate::recovery`]'s.
 
 use crate::config::{ConfigError, ConfigStore, Configuration, Stored, Swap};
 use crate::error::TxError;
@@ -115,15 +116,17 @@ pub enum Event {
     /// It saw NEW-CONFIG-COMMIT of its configuration.
     CommitSeen { at_ns: u64, id: u64 },
     /// It applied configuration `id` to its region map: the regions it
-    /// became primary of, and those it became a new backup of.
+    /// became primary of, those it became a new backup of, and those
+    /// left with fewer than f backups (no machine could take one).
     Remapped {
         at_ns: u64,
         id: u64,
         promoted: Vec<u32>,
         new_backups: Vec<u32>,
+        short_of_backups: Vec<u32>,
     },
     /// Configuration `id` could not be applied to its region map (a
-    /// region lost every replica, or no machine has room for a backup).
+    /// region lost every replica).
     RemapFailed { at_ns: u64, id: u64, error: String },
     /// A configuration message it refused (malformed, stale, replayed, or
     /// one the store does not back).
@@ -541,6 +544,7 @@ impl Reconfig {
                 id: c.config,
                 promoted: c.promoted,
                 new_backups: c.new_backups.iter().map(|b| b.region).collect(),
+                short_of_backups: c.short_of_backups,
             }),
             Ok(None) => {}
             Err(e) => {
@@ -899,8 +903,14 @@ fn node_of(e: &nicdrv::VerbError) -> Option<NodeId> {
 /// those, the machine with the fewest replicas so far (then the lowest
 /// id), so load stays spread. `slot(machine, region)` gives a free
 /// replica base on a machine for a new backup, or none (the machine is
-/// skipped). A region with no surviving replica is lost, and one that
-/// cannot get f backups cannot be placed: the error names it.
+/// skipped). A region with no surviving replica is lost: the error names
+/// it. One that cannot get f backups (every machine of `next` holds a
+/// replica of it, or has no free slot) keeps the replicas it has and
+/// gets as many new ones as there is room for: FaRM stays available
+/// while one replica of each region survives (§5.3). A later remap would
+/// top it up where a machine had room, but configurations here only ever
+/// lose machines (none joins a running cluster), so a region short of
+/// backups stays so until the cluster is restarted.
 pub fn remap(
     map: &RegionMap,
     next: &Configuration,
@@ -943,10 +953,9 @@ pub fn remap(
                 .iter()
                 .find_map(|c| slot(c.2, r).map(|b| (c.2, b)))
             else {
-                return Err(TxError::Protocol(format!(
-                    "region {}: no machine of configuration {} can take a new backup",
-                    r.id, next.id
-                )));
+                // Every machine left holds a replica of the region or has
+                // no free slot: it runs on with the replicas it has.
+                break;
             };
             *load.get_mut(&base.0).expect("a machine of next") += 1;
             live.push(Replica {
@@ -954,7 +963,7 @@ pub fn remap(
                 base: base.1,
             });
         }
-        out.add(Region {
+        out.add_remapped(Region {
             id: r.id,
             bytes: r.bytes,
             primary: live[0],

@@ -88,6 +88,9 @@ pub struct Change {
     pub promoted: Vec<u32>,
     /// Regions this machine became a backup of.
     pub new_backups: Vec<NewBackup>,
+    /// Regions of the new map with fewer than f backups: no machine left
+    /// could take a lost replica's place, so they run on with fewer.
+    pub short_of_backups: Vec<u32>,
 }
 
 /// Background work done for a change.
@@ -482,7 +485,17 @@ impl Machine {
                 .collect(),
             promoted: Vec::new(),
             new_backups: Vec::new(),
+            short_of_backups: next.short_of_backups().map(|r| r.id).collect(),
         };
+        if !change.short_of_backups.is_empty() {
+            log::warn!(
+                "machine {me}: configuration {}: regions {:?} run on with fewer than {} \
+                 backups; no machine left can take their lost replicas' place",
+                s.config.id,
+                change.short_of_backups,
+                next.backups_per_region()
+            );
+        }
         for r in next.iter() {
             let old = map.get(r.id)?;
             if r.primary.machine == me && old.primary.machine != me {

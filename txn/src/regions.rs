@@ -90,7 +90,8 @@ impl std::error::Error for RegionError {}
 /// operation, written when a region is created.
 pub type SharedMap = std::sync::Arc<std::sync::RwLock<RegionMap>>;
 
-/// The region map: every region's replicas, with `f` backups each.
+/// The region map: every region's replicas, with `f` backups each (fewer
+/// only after failures left no machine to take a lost one's place).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionMap {
     f: usize,
@@ -119,10 +120,31 @@ impl RegionMap {
     /// replica on its own machine, a size whose end fits every replica's
     /// addresses.
     pub fn add(&mut self, r: Region) -> Result<(), RegionError> {
+        self.insert(r, self.f)
+    }
+
+    /// Adds a region of a later configuration's map, checked as [`add`]
+    /// does except that it may have fewer backups than `f` (none at the
+    /// least): a region whose lost replicas no surviving machine could
+    /// take runs on with the ones left (FaRM §5.3: available while one
+    /// replica of each region survives).
+    ///
+    /// [`add`]: RegionMap::add
+    pub fn add_remapped(&mut self, r: Region) -> Result<(), RegionError> {
+        self.insert(r, 0)
+    }
+
+    /// The regions with fewer than `f` backups.
+    pub fn short_of_backups(&self) -> impl Iterator<Item = &Region> {
+        self.regions.values().filter(|r| r.backups.len() < self.f)
+    }
+
+    /// [`add`](RegionMap::add), with `least` to `f` backups allowed.
+    fn insert(&mut self, r: Region, least: usize) -> Result<(), RegionError> {
         if self.regions.contains_key(&r.id) {
             return Err(RegionError::Duplicate(r.id));
         }
-        if r.backups.len() != self.f {
+        if r.backups.len() > self.f || r.backups.len() < least {
             return Err(RegionError::Replication {
                 id: r.id,
                 backups: r.backups.len(),
@@ -294,6 +316,39 @@ mod tests {
         );
         assert_eq!(m.primary_of(1).map(|r| r.id).collect::<Vec<_>>(), [8]);
         assert_eq!(m.len(), 2);
+    }
+
+    /// A fresh region takes exactly f backups; a remapped one (after
+    /// failures) fewer too, never more, and the map says which are short.
+    #[test]
+    fn only_remapped_regions_may_have_fewer_backups() {
+        let mut m = RegionMap::new(2);
+        let short = Err(RegionError::Replication {
+            id: 1,
+            backups: 1,
+            want: 2,
+        });
+        assert_eq!(m.add(region(1, 0, &[1])), short);
+        m.add_remapped(region(1, 0, &[1])).unwrap();
+        m.add_remapped(region(2, 0, &[])).unwrap();
+        m.add_remapped(region(3, 0, &[1, 2])).unwrap();
+        assert!(matches!(
+            m.add_remapped(region(4, 0, &[1, 2, 3])),
+            Err(RegionError::Replication { backups: 3, .. })
+        ));
+        assert_eq!(
+            m.add_remapped(region(5, 0, &[0])),
+            Err(RegionError::SameMachine { id: 5, machine: 0 })
+        );
+        let ids: Vec<u32> = m.short_of_backups().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2]);
+        // A region with no backup left is served from its primary alone.
+        let at = ObjAddr {
+            region: 2,
+            offset: 64,
+        };
+        assert_eq!(m.on_backups(at, 64), Ok(vec![]));
+        assert!(m.on_primary(at, 64).is_ok());
     }
 
     #[test]

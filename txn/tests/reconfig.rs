@@ -236,21 +236,28 @@ fn map_of(g: Geometry) -> txn::regions::RegionMap {
 }
 
 proptest! {
-    /// Remapping after any set of failures that leaves every region a
-    /// replica: primaries are old replicas that survived, every region has
-    /// f backups on live machines, all distinct, none on a failed one; a
-    /// region that kept its primary keeps it.
+    /// Remapping after any set of failures: a region that lost every
+    /// replica is an error; otherwise primaries are old replicas that
+    /// survived, every region has f backups on live machines, all
+    /// distinct, none on a failed one — or, where the machines left
+    /// cannot hold f + 1 replicas (too few, or `full` of them have no free
+    /// slot), as many as they can, the surviving replicas kept; a region
+    /// that kept its primary keeps it.
     #[test]
     fn remap_keeps_every_region_on_live_machines(
-        machines in 4u16..9, failed_bits in any::<u16>(),
+        machines in 3u16..9, failed_bits in any::<u16>(), full_bits in any::<u16>(),
     ) {
         let g = geo(machines);
         let map = map_of(g);
         let failed: Vec<u16> = (0..machines).filter(|m| failed_bits & (1 << m) != 0).collect();
+        let full = |m: u16| full_bits & (1 << m) != 0;
         let next = Configuration { id: 2, machines: without(machines, &failed), cm: 0 };
-        prop_assume!(next.machines.len() > g.f);
+        prop_assume!(!next.machines.is_empty());
         let mut spare = std::collections::BTreeMap::<u16, u64>::new();
         let out = remap(&map, &next, |m, r| {
+            if full(m) {
+                return None;
+            }
             let k = spare.entry(m).or_insert(0);
             *k += 1;
             Some(1 << 30 | (*k * r.bytes))
@@ -266,15 +273,28 @@ proptest! {
                 for r in map.iter() {
                     let n = m2.get(r.id).unwrap();
                     let old: Vec<u16> = std::iter::once(&r.primary).chain(&r.backups).map(|x| x.machine).collect();
+                    let kept: Vec<u16> = old.iter().copied().filter(|m| !failed.contains(m)).collect();
                     prop_assert!(old.contains(&n.primary.machine));
                     if !failed.contains(&r.primary.machine) {
                         prop_assert_eq!(n.primary, r.primary);
                     }
-                    prop_assert_eq!(n.backups.len(), g.f);
+                    let now: Vec<u16> = std::iter::once(&n.primary).chain(&n.backups).map(|x| x.machine).collect();
+                    for m in &kept {
+                        prop_assert!(now.contains(m), "replica on {} dropped: {:?}", m, n);
+                    }
+                    // Every machine that could take a new backup (live,
+                    // holding none of the region's, with room) took one,
+                    // up to f.
+                    let room = next.machines.iter().filter(|x| !kept.contains(&x.0) && !full(x.0)).count();
+                    prop_assert_eq!(n.backups.len(), g.f.min(kept.len() - 1 + room));
                     for x in std::iter::once(&n.primary).chain(&n.backups) {
                         prop_assert!(!failed.contains(&x.machine));
                     }
                 }
+                prop_assert_eq!(
+                    m2.short_of_backups().count(),
+                    m2.iter().filter(|r| r.backups.len() < g.f).count()
+                );
             }
         }
     }
