@@ -108,19 +108,27 @@ pub fn geometry(o: &NodeOptions, cfg: &ClusterConfig) -> Result<Geometry, NodeEr
     Ok(g)
 }
 
-/// Why a cluster of `geo` cannot recover from losing a machine, if it
-/// cannot: the remap (`txn::reconfig`) puts each lost replica on a
-/// machine that holds none of its region's, and where every machine holds
-/// a replica of every region none is left. (A majority of the machines
-/// must also survive, which takes three or more: covered, since
-/// replication is 3-way from three machines on.)
+/// What losing a machine costs a cluster of `geo`, where it costs more
+/// than a new backup per lost replica: with two machines or fewer no
+/// majority survives a loss, so no configuration can follow and the
+/// bank stops (FaRM §5.2); where every machine holds a replica of every
+/// region (machines ≤ replicas), the remap (`txn::reconfig`) finds no
+/// machine for the lost replicas' new backups, and the bank runs on with
+/// one replica fewer of each region, for good.
 fn loss_warning(geo: &Geometry) -> Option<String> {
-    (geo.machines as usize <= geo.f + 1).then(|| {
+    let n = geo.machines as usize;
+    if n <= 2 {
+        return Some(format!(
+            "no majority of the {n} machines survives losing one, so the bank stops at a loss \
+             (3 machines or more go on)"
+        ));
+    }
+    (n <= geo.f + 1).then(|| {
         format!(
-            "every one of the {} machines holds a replica of every region, so the bank cannot \
-             recover from losing one (no machine is left to take its new backups; 4 machines or \
-             more can, 3-way replicated with one to spare)",
-            geo.machines
+            "every one of the {n} machines holds a replica of every region, so after losing one \
+             the bank runs on with {} replicas of each (no machine is left to take new backups; \
+             4 machines or more re-replicate, 3-way with one to spare)",
+            geo.f
         )
     })
 }
@@ -482,6 +490,7 @@ pub fn run_bank_recovering<N: nicdrv::Nic>(
         "config": mr.map(|m| m.config),
         "removed": removed,
         "members": mr.map(|m| m.map.iter().map(|r| r.primary.machine).collect::<std::collections::BTreeSet<_>>()),
+        "short_of_backups": mr.map(|m| m.map.short_of_backups().map(|r| r.id).collect::<Vec<_>>()),
         "recovered": {"committed": cs.recovered_commits, "aborted": cs.recovered_aborts},
         "copies": copies.as_ref().map(|c| json!({"primaries": c.objects, "backups": c.copies, "differ": c.differ})),
         "suspicions": report.suspicions.iter().map(|s| json!({"machine": s.machine, "config": s.config, "at_ms": rel(s.at_ns)})).collect::<Vec<_>>(),
@@ -698,11 +707,11 @@ mod tests {
     }
 
     #[test]
-    fn clusters_of_three_machines_or_fewer_are_warned_that_a_loss_stops_them() {
-        for n in [2, 3] {
-            let w = loss_warning(&geo(n)).expect("warned");
-            assert!(w.contains(&format!("{n} machines")), "{w}");
-        }
+    fn clusters_of_three_machines_or_fewer_are_warned_what_a_loss_costs() {
+        let w = loss_warning(&geo(2)).expect("warned");
+        assert!(w.contains("no majority of the 2 machines"), "{w}");
+        let w = loss_warning(&geo(3)).expect("warned");
+        assert!(w.contains("runs on with 2 replicas"), "{w}");
         for n in [4, 5, 16] {
             assert_eq!(loss_warning(&geo(n)), None, "{n} machines");
         }

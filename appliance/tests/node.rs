@@ -1578,7 +1578,9 @@ fn machines_in_processes_reconfigure_through_etcd_when_one_is_killed() {
 /// with FaRM's failure handling; SIGKILL one under load (a machine, then in
 /// a second cluster the CM) and the others reconfigure through etcd,
 /// recover the transactions it cut off and go on committing: every audit
-/// each survivor committed saw the bank's total.
+/// each survivor committed saw the bank's total. In a third cluster, of
+/// three machines, every machine holds a replica of every region: the two
+/// left run on with two replicas of each.
 #[test]
 fn machines_in_processes_recover_transactions_when_one_is_killed() {
     let _one = one_failure_test();
@@ -1591,10 +1593,10 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
         eprintln!("skipped: no etcd binary");
         return;
     }
-    for victim in [3u32, 0] {
+    for (n, victim) in [(4usize, 3u32), (4, 0), (3, 1)] {
         let etcd = LocalEtcd::start(Duration::from_secs(20)).expect("etcd starts");
-        let dir = PrivateDir::new(&format!("recover{victim}")).unwrap();
-        let file = machines(&dir, 4);
+        let dir = PrivateDir::new(&format!("recover{n}.{victim}")).unwrap();
+        let file = machines(&dir, n);
         let _killed = RemoveOnDrop(node_file(ports_of(&file)[0], victim));
         // Long leases: four processes of four spinning threads each share
         // two CPUs here, beside the other tests' processes.
@@ -1608,13 +1610,17 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
             "--seconds",
             "9",
         ];
-        let mut r = Reaper((0..4).map(|i| spawn_node(&file, i, &flags)).collect());
+        let mut r = Reaper(
+            (0..n)
+                .map(|i| spawn_node(&file, i as u32, &flags))
+                .collect(),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
-        let logs: Vec<_> = (0..4)
+        let logs: Vec<_> = (0..n)
             .map(|i| collect(&mut r.0[i], "machine role: a bank", tx.clone()))
             .collect();
-        let outs: Vec<_> = (0..4).map(|i| read_all(&mut r.0[i])).collect();
-        for _ in 0..4 {
+        let outs: Vec<_> = (0..n).map(|i| read_all(&mut r.0[i])).collect();
+        for _ in 0..n {
             rx.recv_timeout(Duration::from_secs(60))
                 .expect("every machine starts");
         }
@@ -1626,7 +1632,7 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
             * 1e3;
         r.0[victim as usize].kill().unwrap();
         let by = Instant::now() + Duration::from_secs(90);
-        let status: Vec<_> = (0..4)
+        let status: Vec<_> = (0..n)
             .map(|i| wait_until(&mut r.0[i], by).expect("a machine hung"))
             .collect();
         let logs: Vec<String> = logs.into_iter().map(|h| h.join().unwrap()).collect();
@@ -1640,7 +1646,7 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
         assert!(!c.contains(victim as u16), "{c:?}");
         let mut after = 0;
         let mut owned = 0;
-        for id in (0..4).filter(|&m| m != victim as usize) {
+        for id in (0..n).filter(|&m| m != victim as usize) {
             let json: serde_json::Value =
                 serde_json::from_str(outs[id].lines().last().unwrap_or("")).unwrap_or_else(|e| {
                     panic!(
@@ -1659,11 +1665,19 @@ fn machines_in_processes_recover_transactions_when_one_is_killed() {
             assert_eq!(json["bad_audits"], 0, "{json}");
             assert!(json["audits"].as_u64().unwrap() > 0, "{json}");
             // Its accounts' copies on the other survivors agree with it,
-            // re-replicated: three copies of each again.
+            // re-replicated: three copies of each again (of three
+            // machines, the two copies left).
             let copies = &json["copies"];
             assert_eq!(copies["differ"], 0, "machine {id}: {json}");
             let primaries = copies["primaries"].as_u64().unwrap();
-            assert_eq!(copies["backups"].as_u64(), Some(2 * primaries), "{json}");
+            let backups = if n == 4 { 2 } else { 1 };
+            assert_eq!(
+                copies["backups"].as_u64(),
+                Some(backups * primaries),
+                "{json}"
+            );
+            let short = if n == 4 { vec![] } else { vec![0, 1, 2] };
+            assert_eq!(json["short_of_backups"], serde_json::json!(short), "{json}");
             owned += primaries;
             let t = &json["timeline"];
             let start = t["unix_ms"].as_f64().unwrap();

@@ -95,8 +95,8 @@ pub struct TxnArgs {
     /// configuration stored and committed, to every region active, to 80%
     /// of the throughput before, and to every new backup copied (the
     /// first fault at 20 ms or later). The machines crashed must leave a
-    /// majority of them, and at least --replicas, for the workload to
-    /// resume
+    /// majority of them for the workload to resume; fewer than --replicas
+    /// left run on with fewer replicas of each region (nothing to copy)
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
     /// With --fault: runs (seeds from --seed on) [default: 40]

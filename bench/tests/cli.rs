@@ -832,15 +832,6 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             "txn",
             "--fault",
             "machine-crash@30ms:1",
-            "--machines",
-            "3",
-            "--replicas",
-            "3",
-        ],
-        vec![
-            "txn",
-            "--fault",
-            "machine-crash@30ms:1",
             "--fault",
             "memory-crash@40ms:2",
             "--machines",
@@ -984,6 +975,37 @@ fn txn_reports_leases_and_fault_timelines() {
             back.is_some_and(|i| (i as f64 - 10.0) < t("committed_ms") + 5.0),
             "{r}"
         );
+    }
+    // Three machines, 3-way: no machine is left to take the lost
+    // replicas' place, so the two left run on with two replicas of each
+    // region (once refused: the bank never resumed) and nothing is
+    // re-replicated.
+    let d = json(&[
+        "txn",
+        "--machines",
+        "3",
+        "--replicas",
+        "3",
+        "--workload",
+        "bank",
+        "--keys",
+        "40",
+        "--fault",
+        "machine-crash@20ms:1",
+        "--seeds",
+        "2",
+        "--json",
+    ]);
+    for r in d["runs"].as_array().unwrap() {
+        let t = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+        assert!(t("committed_ms") <= t("active_ms"), "{r}");
+        assert!(r["rereplicated_ms"].is_null(), "{r}");
+        let line = r["timeline"]["committed"].as_array().unwrap();
+        let after = line[10 + t("active_ms") as usize + 1..]
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum::<u64>();
+        assert!(after > 0, "{r}");
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));

@@ -43,15 +43,15 @@ struct RunFigures {
 }
 
 /// Whether the machines the faults crash leave a cluster FaRM can recover
-/// in. Two things are certain from the plan alone: a new configuration
-/// needs a majority of the machines to answer the new configuration
-/// manager's probes (FaRM §5.2), and every region needs its replicas on
-/// distinct machines, so fewer survivors than replicas can hold no
-/// configuration. Either way the workload could never resume and the
-/// run would stall until its time limit; said here instead, before any
-/// run. Partitions are the experiment's to judge: one that heals before
-/// a lease expires removes nobody.
-fn survivable(faults: &[Fault], machines: u16, replicas: usize) -> Result<(), String> {
+/// in: a new configuration needs a majority of the machines to answer the
+/// new configuration manager's probes (FaRM §5.2), certain from the plan
+/// alone. Without one the workload could never resume and the run would
+/// stall until its time limit; said here instead, before any run. (Fewer
+/// survivors than replicas are fine: regions run on with the replicas
+/// left, and the run reports no re-replication.) Partitions are the
+/// experiment's to judge: one that heals before a lease expires removes
+/// nobody.
+fn survivable(faults: &[Fault], machines: u16) -> Result<(), String> {
     use nicdrv::sim::FaultKind as K;
     // On sim a machine is its memory node and its compute node: either
     // crashing takes the machine out of the configuration.
@@ -64,22 +64,14 @@ fn survivable(faults: &[Fault], machines: u16, replicas: usize) -> Result<(), St
         })
         .collect();
     let left = machines as usize - lost.len();
-    let why = if 2 * left <= machines as usize {
-        format!(
-            "no majority of the {machines} machines is left to answer the new configuration \
-             manager's probes (FaRM §5.2)"
-        )
-    } else if left < replicas {
-        format!(
-            "fewer than --replicas {replicas} machines are left, so no configuration can hold \
-             each region's replicas on distinct machines"
-        )
-    } else {
+    if 2 * left > machines as usize {
         return Ok(());
-    };
+    }
     Err(format!(
-        "--fault: the plan crashes {} of {machines} machines, leaving {left}: {why}; the \
-         workload could never resume (--detection-only measures detection alone)",
+        "--fault: the plan crashes {} of {machines} machines, leaving {left}: no majority of \
+         the {machines} machines is left to answer the new configuration manager's probes \
+         (FaRM §5.2); the workload could never resume (--detection-only measures detection \
+         alone)",
         lost.len()
     ))
 }
@@ -90,7 +82,7 @@ pub(super) fn run(
     timing: LeaseConfig,
 ) -> Result<crate::run::Outcome, ArgError> {
     let machines = a.machines.unwrap_or(16);
-    survivable(&faults, machines, a.replicas).map_err(ArgError)?;
+    survivable(&faults, machines).map_err(ArgError)?;
     let m = mix(a)?;
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
     if first < BEFORE_MS * BUCKET_NS + timing.lease_ns {
