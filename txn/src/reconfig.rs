@@ -126,7 +126,8 @@ pub enum Event {
         short_of_backups: Vec<u32>,
     },
     /// Configuration `id` could not be applied to its region map (a
-    /// region lost every replica).
+    /// region lost every replica, or would be led from a copy here that
+    /// never ended): the machine stopped.
     RemapFailed { at_ns: u64, id: u64, error: String },
     /// A configuration message it refused (malformed, stale, replayed, or
     /// one the store does not back).
@@ -341,7 +342,9 @@ impl Reconfig {
                         return;
                     }
                     self.membership.install(s.clone());
-                    self.apply(ctx, &s, ev);
+                    if !self.apply(ctx, &s, ev) {
+                        return;
+                    }
                     self.quiesce(ctx).await;
                     ev.push(Event::Applied {
                         at_ns: ctx.now_ns(),
@@ -525,7 +528,9 @@ impl Reconfig {
             // Its CM's lease, or the lack of it, decides what follows.
             let from = s.config.cm;
             self.membership.install(s.clone());
-            self.apply(ctx, &s, ev);
+            if !self.apply(ctx, &s, ev) {
+                return;
+            }
             ev.push(Event::Applied {
                 at_ns: ctx.now_ns(),
                 id,
@@ -535,9 +540,14 @@ impl Reconfig {
     }
 
     /// Applies the configuration just installed to the machine's servers
-    /// and coordinators, if it runs them.
-    fn apply<N: Nic>(&self, ctx: &Ctx<N>, s: &Stored, ev: &mut Vec<Event>) {
-        let Some(m) = &self.machine else { return };
+    /// and coordinators, if it runs them. A machine that cannot apply it
+    /// (a region lost every replica, or would be served from a copy here
+    /// that never ended) cannot serve it either: it stops, as a removed
+    /// machine does, and neither acknowledges nor (as the CM) sends the
+    /// configuration, which so never commits; the others remove it in
+    /// turn. Whether it applied.
+    fn apply<N: Nic>(&self, ctx: &Ctx<N>, s: &Stored, ev: &mut Vec<Event>) -> bool {
+        let Some(m) = &self.machine else { return true };
         match m.apply(ctx, s) {
             Ok(Some(c)) => ev.push(Event::Remapped {
                 at_ns: ctx.now_ns(),
@@ -549,17 +559,20 @@ impl Reconfig {
             Ok(None) => {}
             Err(e) => {
                 log::error!(
-                    "machine {}: configuration {} cannot be applied: {e}",
+                    "machine {}: configuration {} cannot be applied, so this machine stops: {e}",
                     self.me(),
                     s.config.id
                 );
+                self.membership.remove();
                 ev.push(Event::RemapFailed {
                     at_ns: ctx.now_ns(),
                     id: s.config.id,
                     error: e.to_string(),
-                })
+                });
+                return false;
             }
         }
+        true
     }
 
     /// Before acknowledging a configuration (or, as its CM, committing
@@ -709,7 +722,9 @@ impl Reconfig {
             .filter(|&m| m != me)
             .collect();
         self.membership.install(new.clone());
-        self.apply(ctx, &new, ev);
+        if !self.apply(ctx, &new, ev) {
+            return Ok(());
+        }
         self.quiesce(ctx).await;
         // Leases granted in the old configuration to machines not in this
         // one: this machine granted its last at the latest now (its grant

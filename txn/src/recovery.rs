@@ -149,6 +149,9 @@ pub struct Machine {
     copying: Mutex<BTreeSet<u32>>,
     /// How many regions `copying` holds, for a cheap look.
     copies: AtomicUsize,
+    /// Regions this machine became a new backup of whose copy has not
+    /// ended whole (being copied, or cut off and waiting to start over).
+    unfinished: Mutex<BTreeSet<u32>>,
     /// The map before the last change, and the configuration it was of:
     /// records of that configuration still drain against it.
     previous: Mutex<Option<(u64, Arc<RegionMap>)>>,
@@ -261,6 +264,7 @@ impl Machine {
             applied,
             copies: AtomicUsize::new(0),
             copying: Mutex::new(BTreeSet::new()),
+            unfinished: Mutex::new(BTreeSet::new()),
             previous: Mutex::new(None),
             inflight: AtomicUsize::new(0),
             rlocks: Mutex::new(HashMap::new()),
@@ -496,9 +500,22 @@ impl Machine {
                 next.backups_per_region()
             );
         }
+        let unfinished = self.unfinished.lock().expect("no panics hold it");
         for r in next.iter() {
             let old = map.get(r.id)?;
             if r.primary.machine == me && old.primary.machine != me {
+                if unfinished.contains(&r.id) {
+                    // Every replica before this one in the region's order
+                    // failed, and those are the only ones known whole (new
+                    // backups come last): served from here, the region
+                    // would read as the part copied so far.
+                    return Err(TxError::Protocol(format!(
+                        "region {}: configuration {} makes machine {me} its primary, but its \
+                         copy here is unfinished (every replica known whole failed before the \
+                         copy ended); this machine cannot serve the configuration",
+                        r.id, s.config.id
+                    )));
+                }
                 change.promoted.push(r.id);
             }
             if let Some(b) = r.backups.iter().find(|b| b.machine == me) {
@@ -512,6 +529,7 @@ impl Machine {
                 }
             }
         }
+        drop(unfinished);
         let zeros = vec![0u8; 64 << 10];
         let l = ctx.local();
         for b in &change.new_backups {
@@ -529,6 +547,10 @@ impl Machine {
             }
         }
         if !change.new_backups.is_empty() {
+            self.unfinished
+                .lock()
+                .expect("no panics hold it")
+                .extend(change.new_backups.iter().map(|b| b.region));
             let mut copying = self.copying.lock().expect("no panics hold it");
             copying.extend(change.new_backups.iter().map(|b| b.region));
             self.copies.store(copying.len(), Ordering::Release);
@@ -598,6 +620,11 @@ impl Machine {
                     self.copies.store(copying.len(), Ordering::Release);
                     if matches!(w, Work::Failed { .. }) {
                         unfinished.push(b.region);
+                    } else if matches!(w, Work::Copied { .. }) {
+                        self.unfinished
+                            .lock()
+                            .expect("no panics hold it")
+                            .remove(&b.region);
                     }
                     out.push(w);
                 }

@@ -6,7 +6,8 @@
 //! machines fail at once; a partition cuts a minority off; a second
 //! machine fails while recovery of the first runs; clusters where no
 //! machine is left to take a lost replica's place (three machines, or
-//! four losing two) run on with fewer replicas.
+//! four losing two) run on with fewer replicas; a region whose replicas
+//! all fail before its new backups' copies end is not served from them.
 //!
 //! Every run records one history shared by every client as it happens
 //! (the failed machines' clients' part too, in-doubt transactions as
@@ -30,6 +31,7 @@ use txn::config::{ConfigError, ConfigStore, Configuration, EmbeddedStore, Stored
 use txn::coord::{Step, Trap, TrapPoint};
 use txn::harness::{run_sim_with, Report, RunOptions};
 use txn::lease::LeaseConfig;
+use txn::reconfig::Event;
 use txn::recovery::Work;
 use txn::Geometry;
 
@@ -329,6 +331,76 @@ fn four_machines_lose_two_in_turn_and_run_on() {
         let mut out = vec![a, b];
         out.sort();
         check_on(g, seed, &run, &out);
+    });
+}
+
+/// Five machines, 3-way replicated, copies slowed down: the three
+/// replicas of region 0 fail one after another (0, then 1, then 2), each
+/// before the copies to its new backups ended. No replica known whole is
+/// left, so the machine the remap makes the primary (3, whose copy is
+/// unfinished) must not serve the region: it stops rather than apply the
+/// configuration, which so never commits. Before, it was promoted and
+/// served the part of the region copied so far.
+#[test]
+fn a_region_whose_whole_replicas_all_failed_is_never_served_from_an_unfinished_copy() {
+    for_each_seed("unfinished_copy", 3, |seed| {
+        let g = geo();
+        let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
+        let t0 = 4_000_000 + (seed * 137_000) % 3_000_000;
+        let faults = (0..3)
+            .map(|k| Fault {
+                at_ns: t0 + k * 3 * L,
+                kind: FaultKind::CrashMachine {
+                    machine: k as NodeId,
+                },
+            })
+            .collect();
+        let opts = RunOptions {
+            faults,
+            leases: Some(LeaseConfig::of(L)),
+            recovery: Some(store.clone()),
+            // A 64 KiB region copied 8 KiB a second: no copy ends.
+            copy_pace: txn::recovery::CopyPace {
+                bytes: 8 << 10,
+                pause_ns: 1_000_000_000,
+            },
+            serve_until_ns: Some(t0 + 200_000_000),
+            ..Default::default()
+        };
+        let history: Shared = Arc::default();
+        let r = run_sim_with(g, seed, SimModel::default(), &opts, |m, t| Appender {
+            g,
+            seed: seed * 977 + (m * g.threads + t) as u64,
+            process: (m * g.threads + t) as u64,
+            txs: 10 * TXS,
+            history: history.clone(),
+            read_all: true,
+            flush_every: 0,
+            trap: None,
+        });
+        let (r, _) = r.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_strict_serializable(seed, &history);
+        let events = |m: &txn::harness::MachineReport| match &m.events {
+            Some(Ok(ev)) => ev.clone(),
+            other => panic!("seed {seed}: machine {}: {other:?}", m.machine),
+        };
+        // Configuration 4 (without 0, 1 and 2) makes 3 region 0's
+        // primary: 3 stops, and it never commits anywhere.
+        let m3 = &r.machines[3];
+        assert!(m3.removed, "seed {seed}");
+        assert!(
+            events(m3).iter().any(|e| matches!(e,
+                Event::RemapFailed { id: 4, error, .. } if error.contains("unfinished"))),
+            "seed {seed}: {:?}",
+            events(m3)
+        );
+        for m in r.machines.iter().skip(3) {
+            for e in events(m) {
+                if let Event::Committed { id, .. } | Event::CommitSeen { id, .. } = e {
+                    assert!(id < 4, "seed {seed}: machine {}: {e:?}", m.machine);
+                }
+            }
+        }
     });
 }
 
