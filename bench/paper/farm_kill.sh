@@ -12,7 +12,9 @@
 # Needs target/release/loch (cargo build --release) and etcd (Debian's
 # etcd-server, or LOCH_ETCD=/path/to/etcd). On a small host the four
 # processes oversubscribe the CPUs: shorter leases there see false
-# suspicions (a second failure of four 3-way machines cannot be placed).
+# suspicions (a machine suspected falsely is removed like a failed one,
+# and after a second removal of four the bank runs on with two replicas
+# of each region).
 set -euo pipefail
 VICTIM=${1:-3}
 LEASE_MS=${2:-300}

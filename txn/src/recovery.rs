@@ -491,15 +491,6 @@ impl Machine {
             new_backups: Vec::new(),
             short_of_backups: next.short_of_backups().map(|r| r.id).collect(),
         };
-        if !change.short_of_backups.is_empty() {
-            log::warn!(
-                "machine {me}: configuration {}: regions {:?} run on with fewer than {} \
-                 backups; no machine left can take their lost replicas' place",
-                s.config.id,
-                change.short_of_backups,
-                next.backups_per_region()
-            );
-        }
         let unfinished = self.unfinished.lock().expect("no panics hold it");
         for r in next.iter() {
             let old = map.get(r.id)?;
@@ -530,6 +521,15 @@ impl Machine {
             }
         }
         drop(unfinished);
+        if !change.short_of_backups.is_empty() {
+            log::warn!(
+                "machine {me}: configuration {}: regions {:?} run on with fewer than {} \
+                 backups; no machine left can take their lost replicas' place",
+                s.config.id,
+                change.short_of_backups,
+                next.backups_per_region()
+            );
+        }
         let zeros = vec![0u8; 64 << 10];
         let l = ctx.local();
         for b in &change.new_backups {
@@ -842,12 +842,65 @@ const QUIESCE_POLL_NS: u64 = 5_000;
 /// (another server thread may hold it a moment, applying a truncation).
 pub fn lock_header<N: Nic>(ctx: &Ctx<N>, off: u64) -> Result<(), TxError> {
     let l = ctx.local();
+    let mut wait = LocalLockWait::new(LOCAL_LOCK_WAIT);
     loop {
         let cur = Header(l.load(off)?);
         if !cur.locked() && l.cas(off, cur.0, cur.with_lock().0)? == cur.0 {
             return Ok(());
         }
-        std::hint::spin_loop();
+        wait.again(off)?;
+    }
+}
+
+/// How long a server thread waits for a header lock bit that another
+/// server thread of its machine holds, before it calls the machine
+/// broken. Such a bit (a backup copy's, or a promoted region's during
+/// lock recovery) is held only within one synchronous step of the
+/// holder, microseconds, or as long as its OS thread is descheduled:
+/// seconds of it mean the holder stopped inside the step.
+pub const LOCAL_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A wait for a local header lock bit: spins a while, then yields the
+/// CPU (the holder may share this thread's core: emu on fewer cores than
+/// threads), and past `limit` of wall time fails rather than spin for
+/// good. (On sim every step runs to its end before another task does,
+/// so a bit is never found held there.)
+pub(crate) struct LocalLockWait {
+    spins: u32,
+    since: Option<std::time::Instant>,
+    limit: std::time::Duration,
+}
+
+impl LocalLockWait {
+    /// Spins before the wait yields and starts its clock.
+    const SPINS: u32 = 1 << 10;
+
+    pub(crate) fn new(limit: std::time::Duration) -> LocalLockWait {
+        LocalLockWait {
+            spins: 0,
+            since: None,
+            limit,
+        }
+    }
+
+    /// Waits a little more for the bit of the header at local offset
+    /// `off`; an error once the wait has lasted `limit`.
+    pub(crate) fn again(&mut self, off: u64) -> Result<(), TxError> {
+        if self.spins < Self::SPINS {
+            self.spins += 1;
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= self.limit {
+            return Err(TxError::Protocol(format!(
+                "the object header at local offset {off} stayed locked for {:?}: the server \
+                 thread holding it stopped inside a step",
+                self.limit
+            )));
+        }
+        std::thread::yield_now();
+        Ok(())
     }
 }
 
@@ -876,4 +929,29 @@ pub fn next_map(geo: &Geometry, map: &RegionMap, s: &Stored) -> Result<RegionMap
         used.insert((m, base));
         Some(base)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A bit never released: the wait yields past its spins and fails
+    /// once its limit has passed (not before), naming the header.
+    #[test]
+    fn a_local_lock_held_for_good_fails_the_wait_after_its_limit() {
+        let limit = Duration::from_millis(30);
+        let start = Instant::now();
+        let mut w = LocalLockWait::new(limit);
+        let mut tries = 0u64;
+        let e = loop {
+            tries += 1;
+            if let Err(e) = w.again(4096) {
+                break e;
+            }
+        };
+        assert!(start.elapsed() >= limit);
+        assert!(tries > u64::from(LocalLockWait::SPINS), "{tries}");
+        assert!(e.to_string().contains("local offset 4096"), "{e}");
+    }
 }

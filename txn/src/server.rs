@@ -1121,10 +1121,11 @@ impl Server {
         // the header's lock bit keeps them apart (a local CAS, atomic
         // against theirs; nothing else touches a backup copy).
         let l = ctx.local();
+        let mut wait = crate::recovery::LocalLockWait::new(crate::recovery::LOCAL_LOCK_WAIT);
         loop {
             let cur = Header(l.load(off)?);
             if cur.locked() {
-                std::hint::spin_loop();
+                wait.again(off)?;
                 continue;
             }
             if cur.version() > new.version() {
