@@ -818,6 +818,95 @@ fn a_corrupt_lending_pool_is_never_followed() {
     });
 }
 
+/// A pool whose top block's link was corrupted after it was lent (it
+/// names a superblock line) is not followed past that block: one client
+/// runs memory out, frees entries and lends a batch once a put wants
+/// them; its top's link is then overwritten. A client of another handle,
+/// out of memory with nothing of its own, never borrows (its puts fail
+/// with `Alloc` after their wait), the head is left as it was, nothing
+/// is written into the superblock, and every key reads back.
+#[test]
+fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
+    use index::cuckoo::lend::{head_addr, Head, WANT_WORD};
+    use mempool::layout::TXN_ROOT_OFF;
+    use nicdrv::GlobalAddr;
+    let (cfg, mut w, _) = short_of_memory(7, 1);
+    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
+    sim_create_table(&mut w, &a);
+    sim_task(&mut w, move |ctx| async move {
+        let mut lender = a.client().unwrap();
+        let mut n = 0u64;
+        loop {
+            match put_u64(&mut lender, &ctx, n, n).await {
+                Ok(()) => n += 1,
+                Err(CuckooError::Alloc(_)) => break,
+                Err(e) => panic!("put {n}: {e}"),
+            }
+        }
+        assert!(n > 200, "memory ran out after {n} puts");
+        // As in the corrupt-pool test above: 80 deletes make a surplus
+        // once G has passed; the next retirements first learn the want
+        // count, then see a put elsewhere want blocks, and lend a batch.
+        delete_present(&mut lender, &ctx, 0..80).await;
+        ctx.sleep(2_000_000).unwrap().await;
+        delete_present(&mut lender, &ctx, 80..96).await;
+        ctx.faa(WANT_WORD, 1).await.unwrap();
+        ctx.sleep(1_000_000).unwrap().await;
+        delete_present(&mut lender, &ctx, 96..112).await;
+        assert!(lender.stats.entries_lent > 0, "{:?}", lender.stats);
+        let mut heads = Vec::new();
+        for c in 0..8 {
+            let h = ctx.read(head_addr(0, c), 8).await.unwrap().u64_at(0);
+            heads.push(h);
+        }
+        let c = heads
+            .iter()
+            .position(|&h| Head(h).line() != 0)
+            .expect("a class's pool holds the lent blocks");
+        let top = GlobalAddr::host(0, Head(heads[c]).line() * 64);
+        ctx.write(top, &(TXN_ROOT_OFF / 64).to_le_bytes())
+            .await
+            .unwrap();
+        let mut borrower = b.client().unwrap();
+        let mut m = 0u64;
+        let failed = loop {
+            match put_u64(&mut borrower, &ctx, 50_000 + m, m).await {
+                Ok(()) => m += 1,
+                Err(e) => break e,
+            }
+            assert!(m < 1000, "puts never ran out of memory");
+        };
+        assert!(matches!(failed, CuckooError::Alloc(_)), "{failed}");
+        assert_eq!(borrower.stats.entries_borrowed, 0, "{:?}", borrower.stats);
+        for (k, &h) in heads.iter().enumerate() {
+            let now = ctx.read(head_addr(0, k), 8).await.unwrap().u64_at(0);
+            assert_eq!(now, h, "class {k}'s head changed");
+        }
+        let root = ctx
+            .read(GlobalAddr::host(0, TXN_ROOT_OFF), 64)
+            .await
+            .unwrap();
+        assert!(
+            root.as_slice().iter().all(|&b| b == 0),
+            "an entry written into the superblock"
+        );
+        for k in 0..n {
+            let want = (k >= 112).then_some(k);
+            assert_eq!(
+                get_u64(&mut lender, &ctx, k).await.unwrap(),
+                want,
+                "key {k}"
+            );
+        }
+        for k in 0..m {
+            assert_eq!(
+                get_u64(&mut borrower, &ctx, 50_000 + k).await.unwrap(),
+                Some(k)
+            );
+        }
+    });
+}
+
 /// A dropped client's retired entries go to its handle's spares; the
 /// handle's other clients lend them when a put elsewhere wants blocks.
 /// On one memory node of 24 chunks of 4 KiB: compute node 1's first
