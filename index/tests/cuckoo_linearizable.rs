@@ -138,12 +138,7 @@ fn cuckoo_histories_are_linearizable_on_sim() {
 /// node of 48 chunks of 4 KiB, three compute nodes, W = 200 µs and
 /// G = 2 ms.
 fn short_of_memory(seed: u64) -> (CuckooConfig, SimConfig) {
-    let node_bytes = mempool::layout::first_chunk_off() + 48 * 4096;
-    let mut cfg = cfg(128, 8, 200);
-    cfg.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(node_bytes)
-    };
+    let (mut cfg, node_bytes) = on_chunks(cfg(128, 8, 200), 48);
     cfg.window_ns = 200_000;
     cfg.reuse_grace_ns = 2_000_000;
     cfg.stale_ns = 400_000;
@@ -493,11 +488,7 @@ fn emu_history_with(
 #[test]
 fn cuckoo_puts_borrow_entries_another_handle_freed_on_emu_threads() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let mut c = cfg(128, 8, 200);
-    c.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(mempool::layout::first_chunk_off() + 48 * 4096)
-    };
+    let (c, _) = on_chunks(cfg(128, 8, 200), 48);
     let tables = [Cuckoo::new(c.clone()).unwrap(), Cuckoo::new(c).unwrap()];
     let emu = emu_cluster(2);
     emu_create_table(&emu, &tables[0]);
@@ -594,11 +585,7 @@ fn cuckoo_puts_borrow_entries_another_handle_freed_on_emu_threads() {
 /// their own retired blocks; the history is per-key linearizable.
 #[test]
 fn cuckoo_puts_wait_for_retired_entries_on_emu_threads() {
-    let mut c = cfg(128, 8, 200);
-    c.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(mempool::layout::first_chunk_off() + 48 * 4096)
-    };
+    let (c, _) = on_chunks(cfg(128, 8, 200), 48);
     let table = Cuckoo::new(c).unwrap();
     let (rec, stats) = emu_history(&table, 96, (6, 2), 1500, 17);
     let v = rec.check(&BTreeMap::new());

@@ -682,12 +682,7 @@ fn puts_without_a_hint_move_their_entry_beside_the_slot() {
 /// 200 µs and G = 1 ms, in a world of `compute_nodes`; and the node's
 /// bytes.
 fn short_of_memory(seed: u64, compute_nodes: usize) -> (CuckooConfig, nicdrv::sim::World, u64) {
-    let node_bytes = mempool::layout::first_chunk_off() + 24 * 4096;
-    let mut cfg = cfg(2048, 8, 8);
-    cfg.chunk = mempool::ChunkConfig {
-        chunk_bytes: 4096,
-        ..mempool::ChunkConfig::new(node_bytes)
-    };
+    let (mut cfg, node_bytes) = on_chunks(cfg(2048, 8, 8), 24);
     cfg.window_ns = 200_000;
     cfg.reuse_grace_ns = 1_000_000;
     cfg.stale_ns = 400_000;
@@ -701,6 +696,21 @@ fn short_of_memory(seed: u64, compute_nodes: usize) -> (CuckooConfig, nicdrv::si
     })
     .unwrap();
     (cfg, w, node_bytes)
+}
+
+/// Puts keys 0, 1, … (each its own value) until memory runs out, which
+/// must not come before 200 of them; how many were put.
+async fn puts_until_memory_is_out<N: Nic>(c: &mut CuckooClient, ctx: &Ctx<N>) -> u64 {
+    let mut n = 0u64;
+    loop {
+        match put_u64(c, ctx, n, n).await {
+            Ok(()) => n += 1,
+            Err(CuckooError::Alloc(_)) => break,
+            Err(e) => panic!("put {n}: {e}"),
+        }
+    }
+    assert!(n > 200, "memory ran out after {n} puts");
+    n
 }
 
 /// Deletes keys `keys`, each of which must be present.
@@ -748,7 +758,6 @@ fn a_corrupt_lending_pool_is_never_followed() {
             }
         };
         let mut c = t.client().unwrap();
-        let mut n = 0u64;
         // An entry written where the class-0 head points would land on
         // the (unused, zero) TXN root line.
         let untouched = || async {
@@ -758,14 +767,7 @@ fn a_corrupt_lending_pool_is_never_followed() {
                 .unwrap();
             line.as_slice().iter().all(|&b| b == 0)
         };
-        loop {
-            match put_u64(&mut c, &ctx, n, n).await {
-                Ok(()) => n += 1,
-                Err(CuckooError::Alloc(_)) => break,
-                Err(e) => panic!("put {n}: {e}"),
-            }
-        }
-        assert!(n > 200, "memory ran out after {n} puts");
+        let n = puts_until_memory_is_out(&mut c, &ctx).await;
         assert!(c.stats.pool_faults > 0, "{:?}", c.stats);
         assert_eq!(c.stats.entries_borrowed, 0);
         assert!(untouched().await, "an entry written into the superblock");
@@ -835,15 +837,7 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
     sim_create_table(&mut w, &a);
     sim_task(&mut w, move |ctx| async move {
         let mut lender = a.client().unwrap();
-        let mut n = 0u64;
-        loop {
-            match put_u64(&mut lender, &ctx, n, n).await {
-                Ok(()) => n += 1,
-                Err(CuckooError::Alloc(_)) => break,
-                Err(e) => panic!("put {n}: {e}"),
-            }
-        }
-        assert!(n > 200, "memory ran out after {n} puts");
+        let n = puts_until_memory_is_out(&mut lender, &ctx).await;
         // As in the corrupt-pool test above: 80 deletes make a surplus
         // once G has passed; the next retirements first learn the want
         // count, then see a put elsewhere want blocks, and lend a batch.

@@ -37,10 +37,10 @@
 //! read (each one changes the count), unless the count came round: 2^29
 //! CASes on one word, which no NIC executes within the window W (2 ms by
 //! default; at 10^8 atomics a second, about 5 s), and a borrower, as a
-//! lender, posts its CAS within W of the READ it rests on or reads again. So while its CAS is in
-//! flight the top it read was never taken: its link, written before it was
-//! published and untouched while it lies in the pool, is the link READ
-//! returned. A block taken meanwhile and reused may hold anything where
+//! lender, posts its CAS within W of the READ it rests on or reads again.
+//! So while its CAS is in flight the top it read was never taken: its
+//! link, written before it was published and untouched while it lies in
+//! the pool, is the link READ returned. A block taken meanwhile and reused may hold anything where
 //! its link was; the CAS then fails and the borrower starts over.
 //!
 //! # Why a lent block is safe to reuse at once

@@ -17,6 +17,17 @@ pub fn cfg(capacity: u64, key_bytes: usize, max_value: usize) -> CuckooConfig {
     CuckooConfig::new(capacity, key_bytes, max_value, HOST)
 }
 
+/// `c` on memory nodes of `chunks` chunks of 4 KiB each (small, so that
+/// tests run the memory out), and those nodes' bytes.
+pub fn on_chunks(mut c: CuckooConfig, chunks: u64) -> (CuckooConfig, u64) {
+    let node_bytes = mempool::layout::first_chunk_off() + chunks * 4096;
+    c.chunk = mempool::ChunkConfig {
+        chunk_bytes: 4096,
+        ..mempool::ChunkConfig::new(node_bytes)
+    };
+    (c, node_bytes)
+}
+
 /// The bytes of key `k`: its little-endian bytes, then a pattern of it.
 pub fn key(k: u64, key_bytes: usize) -> Vec<u8> {
     let kb = k.to_le_bytes();
