@@ -115,30 +115,30 @@ fn run_with(
     flush_every: u64,
     unreachable: &[NodeId],
 ) -> Run {
-    run_on(geo(), TXS, seed, faults, traps, flush_every, unreachable)
-}
-
-/// [`run_with`] on the cluster `g`, `txs` transactions a client.
-fn run_on(
-    g: Geometry,
-    txs: u64,
-    seed: u64,
-    faults: Vec<Fault>,
-    traps: &mut dyn FnMut(u16, u16) -> Option<Trap>,
-    flush_every: u64,
-    unreachable: &[NodeId],
-) -> Run {
-    let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
     let opts = RunOptions {
         faults,
-        leases: Some(LeaseConfig::of(L)),
-        recovery: Some(store.clone()),
         store_of: unreachable
             .iter()
             .map(|&m| (m, Arc::new(Unreachable) as Arc<dyn ConfigStore>))
             .collect(),
         ..Default::default()
     };
+    run_on(geo(), TXS, seed, opts, traps, flush_every)
+}
+
+/// [`run`] on the cluster `g`, `txs` transactions a client, with `opts`
+/// (its leases and store are the run's own).
+fn run_on(
+    g: Geometry,
+    txs: u64,
+    seed: u64,
+    mut opts: RunOptions,
+    traps: &mut dyn FnMut(u16, u16) -> Option<Trap>,
+    flush_every: u64,
+) -> Run {
+    let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
+    opts.leases = Some(LeaseConfig::of(L));
+    opts.recovery = Some(store.clone());
     let history: Shared = Arc::default();
     let (r, _w) = run_sim_with(g, seed, SimModel::default(), &opts, |m, t| Appender {
         g,
@@ -258,10 +258,9 @@ fn at_step_on(g: Geometry, step: Step, role: Role, seed: u64, flush_every: u64, 
         g,
         TXS,
         seed,
-        Vec::new(),
+        RunOptions::default(),
         &mut |m, t| (m == TRAPPER && t == 0).then(|| trap(step, role, nth, fired.clone())),
         flush_every,
-        &[],
     );
     let victim = fired
         .lock()
@@ -327,7 +326,11 @@ fn four_machines_lose_two_in_turn_and_run_on() {
             })
             .to_vec();
         // Clients run on past the second failure.
-        let run = run_on(g, 3 * TXS, seed, faults, &mut |_, _| None, 0, &[]);
+        let opts = RunOptions {
+            faults,
+            ..Default::default()
+        };
+        let run = run_on(g, 3 * TXS, seed, opts, &mut |_, _| None, 0);
         let mut out = vec![a, b];
         out.sort();
         check_on(g, seed, &run, &out);
@@ -344,8 +347,6 @@ fn four_machines_lose_two_in_turn_and_run_on() {
 #[test]
 fn a_region_whose_whole_replicas_all_failed_is_never_served_from_an_unfinished_copy() {
     for_each_seed("unfinished_copy", 3, |seed| {
-        let g = geo();
-        let store: Arc<dyn ConfigStore> = Arc::new(EmbeddedStore::default());
         let t0 = 4_000_000 + (seed * 137_000) % 3_000_000;
         let faults = (0..3)
             .map(|k| Fault {
@@ -357,8 +358,6 @@ fn a_region_whose_whole_replicas_all_failed_is_never_served_from_an_unfinished_c
             .collect();
         let opts = RunOptions {
             faults,
-            leases: Some(LeaseConfig::of(L)),
-            recovery: Some(store.clone()),
             // A 64 KiB region copied 8 KiB a second: no copy ends.
             copy_pace: txn::recovery::CopyPace {
                 bytes: 8 << 10,
@@ -367,18 +366,7 @@ fn a_region_whose_whole_replicas_all_failed_is_never_served_from_an_unfinished_c
             serve_until_ns: Some(t0 + 200_000_000),
             ..Default::default()
         };
-        let history: Shared = Arc::default();
-        let r = run_sim_with(g, seed, SimModel::default(), &opts, |m, t| Appender {
-            g,
-            seed: seed * 977 + (m * g.threads + t) as u64,
-            process: (m * g.threads + t) as u64,
-            txs: 10 * TXS,
-            history: history.clone(),
-            read_all: true,
-            flush_every: 0,
-            trap: None,
-        });
-        let (r, _) = r.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let Run { r, history, .. } = run_on(geo(), 10 * TXS, seed, opts, &mut |_, _| None, 0);
         assert_strict_serializable(seed, &history);
         let events = |m: &txn::harness::MachineReport| match &m.events {
             Some(Ok(ev)) => ev.clone(),
