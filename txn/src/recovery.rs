@@ -588,10 +588,6 @@ impl Machine {
     pub async fn maintain<N: Nic>(&self, ctx: &Ctx<N>, stop: &dyn Fn() -> bool) -> Vec<Work> {
         let mut out = Vec::new();
         let mut next = 0;
-        // Copies cut off by their primary's failure: taken up again from
-        // the next configuration's primary, while this machine is still a
-        // backup of the region.
-        let mut unfinished: Vec<u32> = Vec::new();
         loop {
             // A change's work starts once it is committed (FaRM starts
             // re-replication once every region is active): every machine
@@ -608,7 +604,7 @@ impl Machine {
                     out.push(self.recover_allocator(ctx, r, c.config, stop).await);
                 }
                 let mut copies = c.new_backups;
-                for r in std::mem::take(&mut unfinished) {
+                for r in self.cut_off_copies() {
                     if copies.iter().all(|b| b.region != r) {
                         copies.extend(self.backup_here(r));
                     }
@@ -618,9 +614,10 @@ impl Machine {
                     let mut copying = self.copying.lock().expect("no panics hold it");
                     copying.remove(&b.region);
                     self.copies.store(copying.len(), Ordering::Release);
-                    if matches!(w, Work::Failed { .. }) {
-                        unfinished.push(b.region);
-                    } else if matches!(w, Work::Copied { .. }) {
+                    drop(copying);
+                    // A failed copy stays unfinished and not copying: the
+                    // next change takes it up again (cut_off_copies).
+                    if matches!(w, Work::Copied { .. }) {
                         self.unfinished
                             .lock()
                             .expect("no panics hold it")
@@ -639,19 +636,41 @@ impl Machine {
         }
     }
 
+    /// Copies cut off by their primary's failure, to take up again from
+    /// the next configuration's primary: regions whose copy here has not
+    /// ended and is not under way (a change applied but not yet worked
+    /// on marks its new backups copying). Ascending.
+    fn cut_off_copies(&self) -> Vec<u32> {
+        let unfinished = self.unfinished.lock().expect("no panics hold it");
+        let copying = self.copying.lock().expect("no panics hold it");
+        unfinished.difference(&copying).copied().collect()
+    }
+
     /// Region `region` as this machine backs it up in its map now (from
     /// the primary of now), marked as being copied; `None` if this
-    /// machine holds no backup of it any more.
+    /// machine holds no backup of it any more (nor will again: machines
+    /// only leave), and then no longer unfinished here.
     fn backup_here(&self, region: u32) -> Option<NewBackup> {
         let b = {
             let map = self.map.read().expect("no panics hold the map");
-            let r = map.get(region).ok()?;
-            let mine = r.backups.iter().find(|x| x.machine == self.me())?;
-            NewBackup {
-                region,
-                bytes: r.bytes,
-                primary: r.primary,
-                base: mine.base,
+            let mine = map.get(region).ok().and_then(|r| {
+                let mine = r.backups.iter().find(|x| x.machine == self.me())?;
+                Some(NewBackup {
+                    region,
+                    bytes: r.bytes,
+                    primary: r.primary,
+                    base: mine.base,
+                })
+            });
+            match mine {
+                Some(b) => b,
+                None => {
+                    self.unfinished
+                        .lock()
+                        .expect("no panics hold it")
+                        .remove(&region);
+                    return None;
+                }
             }
         };
         let mut copying = self.copying.lock().expect("no panics hold it");
