@@ -282,6 +282,17 @@ impl CuckooClient {
         Lent::No
     }
 
+    /// The pool head at `at`; a failed READ counts as a pool fault.
+    async fn read_head<N: Nic>(&mut self, ctx: &Ctx<N>, at: GlobalAddr) -> Option<Head> {
+        match ctx.read(at, 8).await {
+            Ok(b) => Some(Head(b.u64_at(0))),
+            Err(_) => {
+                self.stats.pool_faults += 1;
+                None
+            }
+        }
+    }
+
     async fn push_chain<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -305,9 +316,8 @@ impl CuckooClient {
         let at = head_addr(node, c);
         let window = self.cfg().window_ns;
         let mut t0 = ctx.now_ns();
-        let mut seen = match ctx.read(at, 8).await {
-            Ok(b) => Head(b.u64_at(0)),
-            Err(_) => return self.refused(),
+        let Some(mut seen) = self.read_head(ctx, at).await else {
+            return Lent::No;
         };
         for _ in 0..TRIES {
             // A head naming no block is not linked to: a borrower would
@@ -323,10 +333,10 @@ impl CuckooClient {
             // link the chain to a top taken since. Read it again.
             if ctx.now_ns().saturating_sub(t0) > window {
                 t0 = ctx.now_ns();
-                seen = match ctx.read(at, 8).await {
-                    Ok(b) => Head(b.u64_at(0)),
-                    Err(_) => return self.refused(),
+                let Some(h) = self.read_head(ctx, at).await else {
+                    return Lent::No;
                 };
+                seen = h;
                 continue;
             }
             let new = seen.then(line_of(first));
@@ -400,13 +410,7 @@ impl CuckooClient {
                 || (link != 0 && self.pool_block(node, c, link).is_none())
             {
                 t0 = ctx.now_ns();
-                seen = match ctx.read(at, 8).await {
-                    Ok(b) => Head(b.u64_at(0)),
-                    Err(_) => {
-                        self.stats.pool_faults += 1;
-                        return None;
-                    }
-                };
+                seen = self.read_head(ctx, at).await?;
                 continue;
             }
             t0 = ctx.now_ns();
