@@ -197,8 +197,9 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
 /// deletes unlink are retired on the other two compute nodes, which lend
 /// them to the memory node's pool (`index::cuckoo::lend`), and node 0's
 /// puts borrow them. Without lending, a put fails out of memory (which
-/// fails the test). Every history is per-key linearizable, and the
-/// table's memory audits clean.
+/// fails the test). Every history is per-key linearizable, the
+/// table's memory audits clean, and some lends and borrows lost their
+/// head CAS to another and tried again.
 #[test]
 fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
     let total = RefCell::new(CuckooStats::default());
@@ -222,12 +223,15 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
             assert!(v.is_ok(), "seed {seed}: {v:?}");
             audit_sim(&w, 8);
             eprintln!(
-                "seed {seed}: borrowed {} lent {} reused {} allocated {} waits {}",
+                "seed {seed}: borrowed {} lent {} reused {} allocated {} waits {} \
+                 CASes lost: lend {} borrow {}",
                 stats.entries_borrowed,
                 stats.entries_lent,
                 stats.entries_reused,
                 stats.entries_allocated,
-                stats.entry_waits
+                stats.entry_waits,
+                stats.lend_cas_lost,
+                stats.borrow_cas_lost
             );
             *total.borrow_mut() += stats;
         },
@@ -236,6 +240,12 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
     assert!(
         total.entries_borrowed > 0,
         "nothing was borrowed: {total:?}"
+    );
+    // The histories cover a head CAS that lost to another lend or borrow
+    // and tried again from the head it found.
+    assert!(
+        total.lend_cas_lost > 0 && total.borrow_cas_lost > 0,
+        "no pool CAS was lost: {total:?}"
     );
 }
 

@@ -801,6 +801,9 @@ fn a_corrupt_lending_pool_is_never_followed() {
             put_u64(&mut c, &ctx, k, k + 1000).await.unwrap();
         }
         assert_eq!(c.stats.entries_reused, reused + 40, "{:?}", c.stats);
+        // Leaving, the client offers all it holds; the pool refuses it.
+        let all = c.lend_all(&ctx).await.unwrap();
+        assert!(all.lent == 0 && all.kept > 0, "{all:?}");
         assert!(untouched().await, "an entry written into the superblock");
         for (k, &h) in heads.iter().enumerate() {
             assert_eq!(
@@ -893,6 +896,60 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
             );
         }
         for k in 0..m {
+            assert_eq!(
+                get_u64(&mut borrower, &ctx, 50_000 + k).await.unwrap(),
+                Some(k)
+            );
+        }
+    });
+}
+
+/// A compute node leaving the table lends every entry block it holds,
+/// its clients' own and its handle's spares, whether or not a put wants
+/// them yet. On one memory node of 24 chunks of 4 KiB: compute node 1's
+/// client puts keys until memory is out; it and a second client delete
+/// half of them each, the second is dropped (its lists go to the spares)
+/// and the first calls `lend_all`, then the handle is dropped. Compute
+/// node 0's client then puts new keys: each borrows one of the lent
+/// blocks, until they are out and its next put fails `Alloc`. Every
+/// key reads back. Without `lend_all` nothing is borrowed (the blocks
+/// are lost with the handle).
+#[test]
+fn a_leaving_compute_node_lends_every_entry_it_holds() {
+    use index::cuckoo::lend::LentAll;
+    let (cfg, mut w, _) = short_of_memory(13, 1);
+    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
+    sim_create_table(&mut w, &a);
+    sim_task(&mut w, move |ctx| async move {
+        let mut leaving = b.client().unwrap();
+        let n = puts_until_memory_is_out(&mut leaving, &ctx).await;
+        {
+            let mut other = b.client().unwrap();
+            delete_present(&mut other, &ctx, 0..n / 2).await;
+        }
+        delete_present(&mut leaving, &ctx, n / 2..n).await;
+        let t0 = ctx.now_ns();
+        let all = leaving.lend_all(&ctx).await.unwrap();
+        // Each delete retired its entry's block; the last ones waited out
+        // their grace period.
+        assert_eq!(all, LentAll { lent: n, kept: 0 }, "{:?}", leaving.stats);
+        assert!(ctx.now_ns() - t0 < 2 * 1_000_000, "waited past G");
+        assert_eq!(leaving.lend_all(&ctx).await.unwrap(), LentAll::default());
+        drop((leaving, b));
+        let mut borrower = a.client().unwrap();
+        let mut m = 0u64;
+        let failed = loop {
+            match put_u64(&mut borrower, &ctx, 50_000 + m, m).await {
+                Ok(()) => m += 1,
+                Err(e) => break e,
+            }
+            assert!(m <= n, "more puts than entries lent");
+        };
+        assert!(matches!(failed, CuckooError::Alloc(_)), "{failed}");
+        assert_eq!(m, n, "{:?}", borrower.stats);
+        assert_eq!(borrower.stats.entries_borrowed, n);
+        for k in 0..n {
+            assert_eq!(get_u64(&mut borrower, &ctx, k).await.unwrap(), None);
             assert_eq!(
                 get_u64(&mut borrower, &ctx, 50_000 + k).await.unwrap(),
                 Some(k)

@@ -17,6 +17,8 @@
 //! lends its oldest batch to that node's pool within 2 G of one of its
 //! READs of the want count (at most every G / 2) finding it changed
 //! since its READ before: nobody pays for lending while no one is short.
+//! A compute node leaving the table lends everything its handle holds,
+//! wanted or not ([`CuckooClient::lend_all`]).
 //!
 //! # A pool
 //! A Treiber stack in remote memory. The head word holds the line index
@@ -62,7 +64,7 @@
 //! chunks is not told from a free block's).
 
 use super::reclaim::{block_bytes, CLASSES};
-use super::CuckooClient;
+use super::{CuckooClient, CuckooError};
 use mempool::layout::{first_chunk_off, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_WANT_OFF};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
 
@@ -125,6 +127,16 @@ pub(super) struct Wanted {
     read_ns: Option<u64>,
     /// Until when this client lends without reading the count again.
     until_ns: u64,
+}
+
+/// What [`CuckooClient::lend_all`] did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LentAll {
+    /// Blocks now in a pool.
+    pub lent: u64,
+    /// Blocks a pool refused (a fault, or a head too busy), still this
+    /// client's.
+    pub kept: u64,
 }
 
 /// What became of a chain offered to a pool.
@@ -209,6 +221,57 @@ impl CuckooClient {
         if lent {
             self.lend_check_ns = now;
         }
+    }
+
+    /// Lends every entry block this client holds, and every spare of its
+    /// handle (the lists of its clients dropped), to the memory nodes'
+    /// pools, each block once its grace period has passed (it waits for
+    /// the last), whether or not a put wants them now: for a compute
+    /// node leaving the table. Blocks retired on a compute node are
+    /// otherwise reused only there, or lent while its clients run, so
+    /// what its handle holds when dropped would be lost to every other
+    /// compute node. Call it from the handle's last client, once the
+    /// others are done; fresh memory left in a client's chunk is not
+    /// lent. A batch a pool refuses (a fault, or a head too busy) stays
+    /// this client's, as a chain whose CAS's outcome is unknown is lost
+    /// ("Faults" above): the blocks handed to the pools are counted in
+    /// `stats.entries_lent`, the refused ones in the result.
+    pub async fn lend_all<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<LentAll, CuckooError> {
+        if self.stopped {
+            return Err(CuckooError::Stopped);
+        }
+        let lent_before = self.stats.entries_lent;
+        let mut refused: Vec<(usize, Vec<GlobalAddr>)> = Vec::new();
+        loop {
+            let now = ctx.now_ns();
+            let taken = match self.reclaim.ready_batch(now) {
+                Some(t) => Some(t),
+                None => self.table.spares().ready_batch(now),
+            };
+            if let Some((node, c, blocks)) = taken {
+                // Not kept: in the pool, or maybe (an unknown CAS).
+                if !self.lend(ctx, node, c, &blocks).await {
+                    refused.push((c, blocks));
+                }
+                continue;
+            }
+            let next = self.reclaim.earliest_at_least(0);
+            let spare = self.table.spares().earliest_at_least(0);
+            let Some(at) = next.into_iter().chain(spare).min() else {
+                break;
+            };
+            ctx.sleep_until(at.max(now))
+                .map_err(|t| CuckooError::Config(format!("waiting to lend a retired entry: {t}")))?
+                .await;
+        }
+        let kept = refused.iter().map(|(_, b)| b.len() as u64).sum();
+        for (c, blocks) in &refused {
+            self.reclaim.restore(blocks, *c);
+        }
+        Ok(LentAll {
+            lent: self.stats.entries_lent - lent_before,
+            kept,
+        })
     }
 
     /// Whether some put wants blocks lent: within 2 G of this client
@@ -343,7 +406,10 @@ impl CuckooClient {
             t0 = ctx.now_ns();
             match ctx.cas(at, seen.0, new.0).await {
                 Ok(old) if old == seen.0 => return Lent::Yes,
-                Ok(old) => seen = Head(old),
+                Ok(old) => {
+                    self.stats.lend_cas_lost += 1;
+                    seen = Head(old);
+                }
                 Err(_) => return Lent::Unknown,
             }
         }
@@ -416,7 +482,10 @@ impl CuckooClient {
             t0 = ctx.now_ns();
             match ctx.cas(at, seen.0, seen.then(link).0).await {
                 Ok(old) if old == seen.0 => return Some(top),
-                Ok(old) => seen = Head(old),
+                Ok(old) => {
+                    self.stats.borrow_cas_lost += 1;
+                    seen = Head(old);
+                }
                 // The CAS may have taken: the block is lost, not shared.
                 Err(_) => return None,
             }

@@ -155,7 +155,10 @@
 //! some put wants them, a client's lists, or its handle's spares,
 //! holding more ready blocks than they keep lend the surplus to the pool
 //! of the blocks' memory node. A lent block is past its grace period, so
-//! it is reusable at once on any compute node ([`lend`]).
+//! it is reusable at once on any compute node ([`lend`]). A compute node
+//! leaving the table lends all its handle holds, wanted or not
+//! ([`CuckooClient::lend_all`]); a handle dropped without it takes its
+//! blocks with it.
 //!
 //! # Cached gets
 //! Each compute node remembers where it last found a key: the slot and
@@ -422,6 +425,12 @@ pub struct CuckooStats {
     /// Lends and borrows cut short by a verb that failed or a pool word
     /// that named no block (`lend.rs`, "Faults").
     pub pool_faults: u64,
+    /// Lends whose head CAS found another head (another lend or a borrow
+    /// took the pool meanwhile) and tried again (`lend.rs`, `push_chain`).
+    pub lend_cas_lost: u64,
+    /// Borrows whose head CAS found another head and tried again from it
+    /// (`lend.rs`, `pop`).
+    pub borrow_cas_lost: u64,
     /// Gets that tried the location cache (one round trip: the cached
     /// slot and the entry its word named), and those it answered; the
     /// rest went on the two-round-trip way.
@@ -471,6 +480,8 @@ impl std::ops::AddAssign for CuckooStats {
         self.entries_lent += o.entries_lent;
         self.entries_borrowed += o.entries_borrowed;
         self.pool_faults += o.pool_faults;
+        self.lend_cas_lost += o.lend_cas_lost;
+        self.borrow_cas_lost += o.borrow_cas_lost;
         self.cached_gets += o.cached_gets;
         self.cache_hits += o.cache_hits;
     }

@@ -211,6 +211,23 @@ impl Reclaim {
         })
     }
 
+    /// Up to [`LEND_BATCH`] blocks ready by `now_ns` from the front of
+    /// the first list (node, class) whose front is, keeping none back:
+    /// what a client leaving the table holds, to lend (`lend.rs`,
+    /// `lend_all`). A batch ends at the first block not yet ready.
+    pub fn ready_batch(&mut self, now_ns: u64) -> Option<(NodeId, usize, Vec<GlobalAddr>)> {
+        self.lists.iter_mut().enumerate().find_map(|(node, lists)| {
+            lists.iter_mut().enumerate().find_map(|(c, l)| {
+                let n = l
+                    .iter()
+                    .take(LEND_BATCH)
+                    .take_while(|&&(_, r)| r <= now_ns)
+                    .count();
+                (n > 0).then(|| (node as NodeId, c, l.drain(..n).map(|(a, _)| a).collect()))
+            })
+        })
+    }
+
     /// Takes back, ready at once and first in line, blocks
     /// [`surplus`](Self::surplus) gave that were not lent after all.
     pub fn restore(&mut self, blocks: &[GlobalAddr], c: usize) {
@@ -350,6 +367,40 @@ mod tests {
         }
         assert_eq!(s.surplus(100 + 999), None, "the front is not ready");
         assert!(s.surplus(1100).is_some());
+    }
+
+    #[test]
+    fn a_leaving_client_lends_every_ready_block_in_batches() {
+        let mut r = Reclaim::new(100);
+        let block = |node: NodeId, i: u64| GlobalAddr::host(node, 4096 + 64 * i);
+        assert_eq!(r.ready_batch(u64::MAX), None, "nothing held");
+        // Node 1, class 3: a batch and 3 more, the last not ready before
+        // 100 + 1000; node 0, class 0: one block, never seen (ready now).
+        let n = LEND_BATCH as u64 + 3;
+        for i in 0..n - 1 {
+            r.retire(block(1, i), 3, i);
+        }
+        r.retire(block(1, n - 1), 3, 1000);
+        r.give_back(block(0, 0), 0);
+        assert_eq!(r.ready_batch(0), Some((0, 0, vec![block(0, 0)])));
+        assert_eq!(r.ready_batch(50), None, "nothing else ready yet");
+        let (node, c, first) = r.ready_batch(1099).unwrap();
+        assert_eq!((node, c), (1, 3));
+        assert_eq!(
+            first,
+            (0..LEND_BATCH as u64)
+                .map(|i| block(1, i))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            r.ready_batch(1099),
+            Some((1, 3, vec![block(1, n - 3), block(1, n - 2)])),
+            "the batch ends before the block not yet ready"
+        );
+        assert_eq!(r.ready_batch(1099), None);
+        assert_eq!(r.earliest_at_least(0), Some(1100));
+        assert_eq!(r.ready_batch(1100), Some((1, 3, vec![block(1, n - 1)])));
+        assert_eq!(r.waiting(), 0);
     }
 
     #[test]
