@@ -344,6 +344,30 @@ impl RemoteAllocator {
         self.alloc(ctx, bytes, align).await
     }
 
+    /// Takes the unused rest of every chunk this allocator is carving (the
+    /// one `alloc` carves and each node's `alloc_on` one), as (start,
+    /// bytes) with each start rounded up to `align` (a power of two, at
+    /// most `CHUNK_ALIGN`): memory never handed out, for an owner leaving
+    /// to pass on (a hash table's entry blocks: `index::cuckoo::lend`).
+    /// They are carved no more: the next allocation takes a fresh chunk.
+    /// No verb. Not while an `alloc` of the same allocator is in flight
+    /// (a task sharing it through an `Rc`): that refill would keep its
+    /// chunk's rest beside the one handed over.
+    pub fn take_rests(&self, align: u64) -> Vec<(GlobalAddr, u64)> {
+        debug_assert!(align.is_power_of_two() && align <= CHUNK_ALIGN);
+        let slots = self.nodes.get().map(|n| n.iter()).into_iter().flatten();
+        let near = slots.map(|s| s.near.take());
+        std::iter::once(self.cur.take())
+            .chain(near)
+            .flatten()
+            .filter_map(|c| {
+                let start = c.next.checked_next_multiple_of(align)?;
+                let addr = host_addr(c.node, start).ok()?;
+                (start < c.end).then_some((addr, c.end - start))
+            })
+            .collect()
+    }
+
     /// Validates a request; returns (length rounded to 8, effective align).
     fn check_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
         if bytes == 0 {

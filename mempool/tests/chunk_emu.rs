@@ -7,7 +7,7 @@ mod common;
 
 use common::{check_history, chunk_of, cursor, exec_cfg, executor, make_nodes, Alloc, Rng};
 use mempool::{first_chunk_off, AllocError, ChunkConfig, RemoteAllocator};
-use nicdrv::{NodeId, VerbCounters};
+use nicdrv::{GlobalAddr, NodeId, VerbCounters};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
@@ -483,4 +483,65 @@ fn alloc_on_keeps_to_its_node_until_it_is_full() {
         .map(|&n| chunks.get(&n).map_or(0, |c| c.len() as u64))
         .sum();
     assert_eq!(alloc.chunks_taken(), used, "one FAA per chunk");
+}
+
+/// `take_rests` hands over the unused rest of every chunk the allocator
+/// carves (its round-robin chunk and node 1's `alloc_on` chunk), each
+/// aligned as asked and running to its chunk's end, once: no byte of a
+/// rest was handed out before, none is after (the next allocations take
+/// fresh chunks), and a second call right after hands over nothing.
+#[test]
+fn the_rests_of_its_chunks_are_handed_over_once() {
+    let cfg = cfg_with(8);
+    let ids = [0, 1];
+    let nodes = make_nodes(&ids, &cfg);
+    let eps: Vec<_> = nodes.iter().map(|n| n.endpoint()).collect();
+    let mut ex = executor(&eps, exec_cfg(1));
+    let log: Rc<RefCell<Vec<Alloc>>> = Rc::default();
+    let rests: Rc<RefCell<Vec<(GlobalAddr, u64)>>> = Rc::default();
+    let (l, r, c) = (log.clone(), rests.clone(), cfg.clone());
+    ex.spawn(move |ctx| async move {
+        let alloc = RemoteAllocator::new(c).unwrap();
+        assert!(alloc.take_rests(64).is_empty(), "no chunk yet");
+        let push = |addr, bytes, align| {
+            l.borrow_mut().push(Alloc {
+                addr,
+                bytes,
+                align,
+                allocator: 0,
+            })
+        };
+        for _round in 0..2 {
+            for i in 0..10u64 {
+                let bytes = 100 + 37 * i;
+                let a = if i % 2 == 0 {
+                    alloc.alloc(&ctx, bytes, 8).await
+                } else {
+                    alloc.alloc_on(&ctx, 1, bytes, 8).await
+                };
+                push(a.unwrap(), bytes, 8);
+            }
+            let got = alloc.take_rests(64);
+            assert_eq!(got.len(), 2, "{got:?}");
+            for &(a, n) in &got {
+                assert_eq!(a.offset() % 64, 0);
+                push(a, n, 64);
+                r.borrow_mut().push((a, n));
+            }
+            assert!(alloc.take_rests(64).is_empty(), "handed over twice");
+        }
+    })
+    .unwrap();
+    ex.run();
+    let chunks = check_history(&cfg, &log.borrow());
+    assert_eq!(chunks.values().map(|c| c.len()).sum::<usize>(), 4);
+    let rests = rests.borrow();
+    assert_eq!(rests.len(), 4);
+    for &(a, n) in rests.iter() {
+        assert_eq!(
+            (a.offset() + n - first_chunk_off()) % CHUNK,
+            0,
+            "the rest at {a} of {n} bytes ends before its chunk"
+        );
+    }
 }
