@@ -905,15 +905,16 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
 }
 
 /// A compute node leaving the table lends every entry block it holds,
-/// its clients' own and its handle's spares, whether or not a put wants
-/// them yet. On one memory node of 24 chunks of 4 KiB: compute node 1's
-/// client puts keys until memory is out; it and a second client delete
-/// half of them each, the second is dropped (its lists go to the spares)
-/// and the first calls `lend_all`, then the handle is dropped. Compute
-/// node 0's client then puts new keys: each borrows one of the lent
-/// blocks, until they are out and its next put fails `Alloc`. Every
-/// key reads back. Without `lend_all` nothing is borrowed (the blocks
-/// are lost with the handle).
+/// its clients' own and its handle's spares, and the unused rest of their
+/// chunks, whether or not a put wants them yet. On one memory node of 24
+/// chunks of 4 KiB: compute node 1's first client puts 10 keys (one
+/// chunk, 10 of its 64 blocks) and is dropped; compute node 0's client
+/// puts keys until memory is out; node 1's second client deletes them
+/// all and calls `lend_all`, then the handle is dropped. Node 0's client
+/// then puts new keys, each borrowing a lent block, until they are out
+/// and its next put fails `Alloc`: the deleted entries and the 54 blocks
+/// left in the first client's chunk. Every key reads back. Without
+/// `lend_all` nothing is borrowed (the blocks are lost with the handle).
 #[test]
 fn a_leaving_compute_node_lends_every_entry_it_holds() {
     use index::cuckoo::lend::LentAll;
@@ -921,41 +922,89 @@ fn a_leaving_compute_node_lends_every_entry_it_holds() {
     let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
     sim_create_table(&mut w, &a);
     sim_task(&mut w, move |ctx| async move {
-        let mut leaving = b.client().unwrap();
-        let n = puts_until_memory_is_out(&mut leaving, &ctx).await;
         {
-            let mut other = b.client().unwrap();
-            delete_present(&mut other, &ctx, 0..n / 2).await;
+            let mut first = b.client().unwrap();
+            for k in 10_000..10_010 {
+                put_u64(&mut first, &ctx, k, k).await.unwrap();
+            }
         }
-        delete_present(&mut leaving, &ctx, n / 2..n).await;
+        let mut borrower = a.client().unwrap();
+        let n = puts_until_memory_is_out(&mut borrower, &ctx).await;
+        let mut leaving = b.client().unwrap();
+        delete_present(&mut leaving, &ctx, 0..n).await;
         let t0 = ctx.now_ns();
         let all = leaving.lend_all(&ctx).await.unwrap();
-        // Each delete retired its entry's block; the last ones waited out
-        // their grace period.
-        assert_eq!(all, LentAll { lent: n, kept: 0 }, "{:?}", leaving.stats);
+        // Each delete retired its entry's block (the last ones waited out
+        // their grace period); the first client's chunk had 54 left.
+        assert_eq!(
+            all,
+            LentAll {
+                lent: n + 54,
+                kept: 0
+            },
+            "{:?}",
+            leaving.stats
+        );
         assert!(ctx.now_ns() - t0 < 2 * 1_000_000, "waited past G");
         assert_eq!(leaving.lend_all(&ctx).await.unwrap(), LentAll::default());
         drop((leaving, b));
-        let mut borrower = a.client().unwrap();
         let mut m = 0u64;
         let failed = loop {
             match put_u64(&mut borrower, &ctx, 50_000 + m, m).await {
                 Ok(()) => m += 1,
                 Err(e) => break e,
             }
-            assert!(m <= n, "more puts than entries lent");
+            assert!(m <= all.lent, "more puts than entries lent");
         };
         assert!(matches!(failed, CuckooError::Alloc(_)), "{failed}");
-        assert_eq!(m, n, "{:?}", borrower.stats);
-        assert_eq!(borrower.stats.entries_borrowed, n);
+        assert_eq!(m, all.lent, "{:?}", borrower.stats);
+        assert_eq!(borrower.stats.entries_borrowed, m);
         for k in 0..n {
             assert_eq!(get_u64(&mut borrower, &ctx, k).await.unwrap(), None);
+        }
+        for k in 0..m {
             assert_eq!(
                 get_u64(&mut borrower, &ctx, 50_000 + k).await.unwrap(),
                 Some(k)
             );
         }
+        for k in 10_000..10_010 {
+            assert_eq!(get_u64(&mut borrower, &ctx, k).await.unwrap(), Some(k));
+        }
     });
+}
+
+/// The unused rest of a dropped client's chunk serves its handle's other
+/// clients once fresh memory is out: a client that put 10 keys (10 blocks
+/// of its chunk's 64) is dropped, and another then puts until memory is
+/// out; together they put as many keys as one client alone on the same
+/// memory (before, the 54 blocks left were lost with the first client).
+#[test]
+fn a_dropped_clients_chunk_rest_serves_its_handles_other_clients() {
+    let fits = |first: u64| {
+        let (cfg, mut w, _) = short_of_memory(17, 1);
+        let t = Cuckoo::new(cfg).unwrap();
+        sim_create_table(&mut w, &t);
+        let out = Rc::new(std::cell::Cell::new(0));
+        let o = out.clone();
+        sim_task(&mut w, move |ctx| async move {
+            {
+                let mut c = t.client().unwrap();
+                for k in 0..first {
+                    put_u64(&mut c, &ctx, 100_000 + k, k).await.unwrap();
+                }
+            }
+            let mut c = t.client().unwrap();
+            let n = puts_until_memory_is_out(&mut c, &ctx).await;
+            for k in 0..first {
+                assert_eq!(get_u64(&mut c, &ctx, 100_000 + k).await.unwrap(), Some(k));
+            }
+            o.set(first + n);
+        });
+        out.get()
+    };
+    let alone = fits(0);
+    assert_eq!(fits(10), alone);
 }
 
 /// A dropped client's retired entries go to its handle's spares; the

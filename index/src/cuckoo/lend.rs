@@ -63,7 +63,7 @@
 //! as empty (a range check only: a corrupt word naming a line within the
 //! chunks is not told from a free block's).
 
-use super::reclaim::{block_bytes, CLASSES};
+use super::reclaim::{block_bytes, blocks_of, CLASSES};
 use super::{CuckooClient, CuckooError};
 use mempool::layout::{first_chunk_off, HASH_LEND_OFF, HASH_LEND_WORDS, HASH_WANT_OFF};
 use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
@@ -224,21 +224,32 @@ impl CuckooClient {
     }
 
     /// Lends every entry block this client holds, and every spare of its
-    /// handle (the lists of its clients dropped), to the memory nodes'
-    /// pools, each block once its grace period has passed (it waits for
-    /// the last), whether or not a put wants them now: for a compute
-    /// node leaving the table. Blocks retired on a compute node are
-    /// otherwise reused only there, or lent while its clients run, so
-    /// what its handle holds when dropped would be lost to every other
-    /// compute node. Call it from the handle's last client, once the
-    /// others are done; fresh memory left in a client's chunk is not
-    /// lent. A batch a pool refuses (a fault, or a head too busy) stays
-    /// this client's, as a chain whose CAS's outcome is unknown is lost
-    /// ("Faults" above): the blocks handed to the pools are counted in
-    /// `stats.entries_lent`, the refused ones in the result.
+    /// handle (the lists of its clients dropped, and the unused rest of
+    /// their chunks), to the memory nodes' pools, each block once its
+    /// grace period has passed (it waits for the last), whether or not a
+    /// put wants them now: for a compute node leaving the table. The
+    /// rests of chunks (this client's and those of its handle's dropped
+    /// clients) go carved into blocks of the class their allocations
+    /// took most, the tail into smaller ones. Blocks retired on a compute
+    /// node are otherwise reused only there, or lent while its clients
+    /// run, so what its handle holds when dropped would be lost to every
+    /// other compute node. Call it from the handle's last client, once
+    /// the others are done (dropped). A batch a pool refuses (a fault, or
+    /// a head too busy) stays this client's, as a chain whose CAS's
+    /// outcome is unknown is lost ("Faults" above): the blocks handed to
+    /// the pools are counted in `stats.entries_lent`, the refused ones in
+    /// the result.
     pub async fn lend_all<N: Nic>(&mut self, ctx: &Ctx<N>) -> Result<LentAll, CuckooError> {
         if self.stopped {
             return Err(CuckooError::Stopped);
+        }
+        let c = self.class_taken_most();
+        let mut rests = self.alloc.take_rests(64);
+        rests.append(&mut self.table.spares().take_rests());
+        for (start, bytes) in rests {
+            for (b, k) in blocks_of(start, bytes, c) {
+                self.reclaim.give_back(b, k);
+            }
         }
         let lent_before = self.stats.entries_lent;
         let mut refused: Vec<(usize, Vec<GlobalAddr>)> = Vec::new();
@@ -272,6 +283,15 @@ impl CuckooClient {
             lent: self.stats.entries_lent - lent_before,
             kept,
         })
+    }
+
+    /// The class the allocations of this client and of its handle's
+    /// dropped clients took most (the smallest of equals; 0 before any).
+    fn class_taken_most(&self) -> usize {
+        let (mine, spares) = (self.reclaim.taken(), self.table.spares().taken());
+        (0..CLASSES)
+            .max_by_key(|&c| (mine[c] + spares[c], std::cmp::Reverse(c)))
+            .unwrap_or(0)
     }
 
     /// Whether some put wants blocks lent: within 2 G of this client

@@ -139,8 +139,9 @@
 //! the records, is what runs out. So from the first time a client of a
 //! table handle finds fresh memory out, the handle's clients retire into
 //! one shared pool (the handle's *spares*; a dropped client's lists go
-//! there too), any of them reuses a ready spare of the entry's class or a
-//! larger one, and a put with none ready waits for the first to become
+//! there too, and the unused rest of its chunks), any of them reuses a
+//! ready spare of the entry's class or a larger one, or carves a block
+//! from such a rest, and a put with none ready waits for the first to become
 //! ready (at most G; it fails only after four G without one). It waits
 //! before its snapshot, so the window is untouched; a move, which
 //! allocates after its snapshot, does not wait. The same time rule holds
@@ -529,8 +530,9 @@ pub struct Cuckoo {
     /// the key's hash, and when ([`Cuckoo::place_of`]).
     places: Box<[AtomicU64]>,
     /// Retired entries any client of this handle may reuse: those retired
-    /// once memory is tight, and the lists of clients dropped
-    /// ([`CuckooClient::retire`], `alloc_entry`).
+    /// once memory is tight, and the lists of clients dropped, with the
+    /// unused rest of their chunks ([`CuckooClient::retire`],
+    /// `alloc_entry`).
     spare: Mutex<Reclaim>,
     /// Set, never cleared, once a client of this handle found fresh memory
     /// out: from then on its clients retire into `spare`, so an entry one
@@ -814,12 +816,16 @@ pub struct CuckooClient {
 }
 
 /// A client's retired entries outlive it: the handle's other clients may
-/// reuse them (they were unlinked, and each keeps its own time).
+/// reuse them (they were unlinked, and each keeps its own time), and so
+/// may they the unused rest of its chunks, as blocks no one ever saw.
 impl Drop for CuckooClient {
     fn drop(&mut self) {
-        if self.reclaim.waiting() > 0 {
-            self.table.spares().absorb(&mut self.reclaim);
+        // One stopped by its test hook stands for one that crashed: its
+        // chunks' rest is lost with it.
+        if !self.stopped {
+            self.reclaim.add_rests(self.alloc.take_rests(64));
         }
+        self.table.spares().absorb(&mut self.reclaim);
     }
 }
 
@@ -1205,6 +1211,7 @@ impl CuckooClient {
         wait: bool,
     ) -> Result<EntryRef, CuckooError> {
         let c = class_of(lines);
+        self.reclaim.note_taken(c);
         let addr = match self.reclaim.take(c, node, ctx.now_ns()) {
             Some(a) => {
                 self.stats.entries_reused += 1;
@@ -1228,7 +1235,8 @@ impl CuckooClient {
 
     /// A retired block of class `c` or larger, on any node, once fresh
     /// memory is out (`e` says how): a ready one of this client's or of
-    /// the handle's spares, else, when `wait` (a put before its snapshot,
+    /// the handle's spares, or one carved from the unused rest of a
+    /// dropped client's chunk, else, when `wait` (a put before its snapshot,
     /// not a move), one lent by another compute node (`lend.rs`), else the
     /// first of these to turn up: it
     /// sleeps until the first of its own or the spares becomes ready, or
@@ -1256,6 +1264,11 @@ impl CuckooClient {
             let got = self.reclaim.take_at_least(c, now);
             if let Some(a) = got.or_else(|| self.table.spares().take_at_least(c, now)) {
                 self.stats.entries_reused += 1;
+                return Ok(a);
+            }
+            // The unused rest of a dropped client's chunk: fresh memory.
+            if let Some(a) = self.table.spares().carve(c) {
+                self.stats.entries_allocated += 1;
                 return Ok(a);
             }
             // A move (not `wait`) allocates after its snapshot: it neither

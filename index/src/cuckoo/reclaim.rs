@@ -62,6 +62,12 @@ pub struct Reclaim {
     /// client that places entries beside their slots (`mod.rs`, "Cached
     /// gets") can ask for a block on a given node.
     lists: Vec<NodeLists>,
+    /// Memory never handed out, (start, bytes), lines: the unused rest of
+    /// dropped clients' chunks, in a handle's spares ([`Reclaim::carve`]).
+    rests: Vec<(GlobalAddr, u64)>,
+    /// Entry blocks allocated, by class (fresh or reused): what the rests
+    /// are carved into when a compute node leaves (`lend.rs`, `lend_all`).
+    taken: [u64; CLASSES],
     incarnation: u64,
     count: u64,
 }
@@ -71,6 +77,8 @@ impl Reclaim {
         Reclaim {
             grace_ns,
             lists: Vec::new(),
+            rests: Vec::new(),
+            taken: [0; CLASSES],
             incarnation: 0,
             count: 0,
         }
@@ -162,14 +170,23 @@ impl Reclaim {
     }
 
     /// Takes every block of `other`'s lists into these, each list kept in
-    /// order of ready time (a client's lists given to the handle's spares
-    /// when it is dropped). Tags are not moved: each client keeps its own.
+    /// order of ready time, and its rests and counts of blocks taken (a
+    /// client's lists given to the handle's spares when it is dropped).
+    /// Tags are not moved: each client keeps its own.
     pub fn absorb(&mut self, other: &mut Reclaim) {
+        self.rests.append(&mut other.rests);
+        for (mine, theirs) in self.taken.iter_mut().zip(other.taken) {
+            *mine += theirs;
+        }
+        other.taken = [0; CLASSES];
         for (node, theirs) in other.lists.iter_mut().enumerate() {
             if self.lists.len() <= node {
                 self.lists.resize_with(node + 1, Default::default);
             }
             for (mine, theirs) in self.lists[node].iter_mut().zip(theirs.iter_mut()) {
+                if theirs.is_empty() {
+                    continue;
+                }
                 let mut all: Vec<_> = mine.drain(..).chain(theirs.drain(..)).collect();
                 all.sort_by_key(|&(_, ready)| ready);
                 mine.extend(all);
@@ -240,6 +257,67 @@ impl Reclaim {
     pub fn waiting(&self) -> usize {
         self.lists.iter().flatten().map(|l| l.len()).sum()
     }
+
+    /// Keeps `rests`, memory never handed out ((start, bytes), the start
+    /// line-aligned), to carve blocks from.
+    pub fn add_rests(&mut self, rests: impl IntoIterator<Item = (GlobalAddr, u64)>) {
+        for (start, n) in rests {
+            debug_assert_eq!(start.offset() % 64, 0, "a rest at {start}");
+            if n >= block_bytes(0) {
+                self.rests.push((start, n));
+            }
+        }
+    }
+
+    /// Counts an entry block of class `c` allocated.
+    pub fn note_taken(&mut self, c: usize) {
+        self.taken[c] += 1;
+    }
+
+    /// Entry blocks allocated by class, as counted here (a handle's
+    /// spares count those of its dropped clients).
+    pub fn taken(&self) -> [u64; CLASSES] {
+        self.taken
+    }
+
+    /// Whether any rest is kept.
+    pub fn has_rests(&self) -> bool {
+        !self.rests.is_empty()
+    }
+
+    /// A block of class `c` from the first rest with room for one (for
+    /// when fresh memory has run out): never seen, so usable at once.
+    pub fn carve(&mut self, c: usize) -> Option<GlobalAddr> {
+        let len = block_bytes(c);
+        let i = self.rests.iter().position(|&(_, n)| n >= len)?;
+        let (start, n) = self.rests[i];
+        if n - len < block_bytes(0) {
+            self.rests.swap_remove(i);
+        } else {
+            self.rests[i] = (start.add(len), n - len);
+        }
+        Some(start)
+    }
+
+    /// Every rest kept, taken out.
+    pub fn take_rests(&mut self) -> Vec<(GlobalAddr, u64)> {
+        std::mem::take(&mut self.rests)
+    }
+}
+
+/// The blocks memory never handed out, `bytes` from line-aligned
+/// `start`, is carved into: of class `c` while they fit, then the tail
+/// into ever smaller ones down to a line (what is left is under a line).
+pub fn blocks_of(start: GlobalAddr, bytes: u64, c: usize) -> Vec<(GlobalAddr, usize)> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    for k in (0..=c.min(CLASSES - 1)).rev() {
+        while bytes - off >= block_bytes(k) {
+            out.push((start.add(off), k));
+            off += block_bytes(k);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -401,6 +479,33 @@ mod tests {
         assert_eq!(r.earliest_at_least(0), Some(1100));
         assert_eq!(r.ready_batch(1100), Some((1, 3, vec![block(1, n - 1)])));
         assert_eq!(r.waiting(), 0);
+    }
+
+    #[test]
+    fn rests_are_carved_once_and_whole() {
+        let at = |off: u64| GlobalAddr::host(2, off);
+        // 3 blocks of class 2 (256 B), then 128 + 64; 40 B are left over.
+        let blocks = blocks_of(at(4096), 3 * 256 + 192 + 40, 2);
+        let want = [(4096, 2), (4352, 2), (4608, 2), (4864, 1), (4992, 0)];
+        let want: Vec<_> = want.iter().map(|&(o, c)| (at(o), c)).collect();
+        assert_eq!(blocks, want);
+        assert!(blocks_of(at(4096), 63, 0).is_empty());
+        let mut r = Reclaim::new(100);
+        r.add_rests([(at(8192), 40), (at(4096), 300), (at(16384), 128)]);
+        assert!(r.has_rests(), "a rest under a line is not kept");
+        assert_eq!(r.carve(2), Some(at(4096)));
+        assert_eq!(r.carve(2), None, "44 bytes left there, 128 elsewhere");
+        assert_eq!(r.carve(1), Some(at(16384)));
+        assert!(!r.has_rests(), "the 44 bytes left are under a line");
+        r.add_rests([(at(4096), 256)]);
+        let mut other = Reclaim::new(100);
+        other.absorb(&mut r);
+        assert!(
+            !r.has_rests() && other.has_rests(),
+            "absorbed with the lists"
+        );
+        assert_eq!(other.take_rests(), vec![(at(4096), 256)]);
+        assert_eq!(other.carve(0), None);
     }
 
     #[test]
