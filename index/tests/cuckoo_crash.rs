@@ -370,12 +370,14 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
                     get: 6,
                     keys: hot,
                     ops: 400,
+                    leave: false,
                 },
                 Workload {
                     put: 6,
                     get: 0,
                     keys: movers,
                     ops: 400,
+                    leave: false,
                 },
                 crash_ns,
             );
@@ -469,12 +471,14 @@ fn cuckoo_compute_node_crash_during_growth_on_sim() {
                     get: 6,
                     keys: hot,
                     ops: 400,
+                    leave: false,
                 },
                 Workload {
                     put: 9,
                     get: 1,
                     keys: growers,
                     ops: 400,
+                    leave: false,
                 },
                 crash_ns,
             );

@@ -118,6 +118,7 @@ fn cuckoo_histories_are_linearizable_on_sim() {
             get: 3,
             keys: keys.clone(),
             ops: 150,
+            leave: false,
         });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -174,6 +175,7 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
                 get: 2,
                 keys: keys.clone(),
                 ops: 500,
+                leave: false,
             });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -196,7 +198,8 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
 /// their own updates return too few entries to go on; the entries the
 /// deletes unlink are retired on the other two compute nodes, which lend
 /// them to the memory node's pool (`index::cuckoo::lend`), and node 0's
-/// puts borrow them. Without lending, a put fails out of memory (which
+/// puts borrow them; node 2's clients leave the table while the puts run
+/// (`lend_all`). Without lending, a put fails out of memory (which
 /// fails the test). Every history is per-key linearizable, the
 /// table's memory audits clean, and some lends and borrows lost their
 /// head CAS to another and tried again.
@@ -210,14 +213,22 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
             let (cfg, sim) = short_of_memory(seed);
             let keys = Arc::new((0..96u64).collect::<Vec<_>>());
             // Clients 1..=4 are compute node 0's (2 threads × 2 tasks).
-            // The deletes, most of them of absent keys and quick, run on
-            // past the puts: a compute node lends what its clients hold
-            // only while they run.
+            // Compute node 1's deletes, most of them of absent keys and
+            // quick, run on past the puts: a compute node lends what its
+            // clients hold only while they run, unless it leaves the
+            // table. Compute node 2's clients (9..=12) leave after 3000
+            // deletes, while the puts run: each lends all it holds and
+            // its handle's spares (`lend_all`).
             let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |me| Workload {
                 put: if me <= 4 { 10 } else { 0 },
                 get: 0,
                 keys: keys.clone(),
-                ops: if me <= 4 { 1500 } else { 12000 },
+                ops: match me {
+                    1..=4 => 1500,
+                    5..=8 => 12000,
+                    _ => 3000,
+                },
+                leave: me > 8,
             });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -267,6 +278,7 @@ fn cuckoo_histories_while_the_table_grows_on_sim() {
             get: 2,
             keys: keys.clone(),
             ops: 150,
+            leave: false,
         });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -312,6 +324,7 @@ fn cuckoo_growth_finishes_under_hot_key_updates_on_sim() {
                         get: 0,
                         keys: fresh.clone(),
                         ops: 150,
+                        leave: false,
                     }
                 } else {
                     Workload {
@@ -319,6 +332,7 @@ fn cuckoo_growth_finishes_under_hot_key_updates_on_sim() {
                         get: 2,
                         keys: hot.clone(),
                         ops: 1500,
+                        leave: false,
                     }
                 }
             });
@@ -353,6 +367,7 @@ fn cuckoo_histories_on_a_table_spread_over_nodes() {
             get: 3,
             keys: keys.clone(),
             ops: 150,
+            leave: false,
         });
         let v = h.check(&preload);
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -387,6 +402,7 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
                         get: 7,
                         keys: hot.clone(),
                         ops: 200,
+                        leave: false,
                     }
                 } else {
                     Workload {
@@ -394,6 +410,7 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
                         get: 0,
                         keys: movers.clone(),
                         ops: 200,
+                        leave: false,
                     }
                 }
             });
@@ -453,6 +470,7 @@ fn emu_history(
         get,
         keys: keys.clone(),
         ops,
+        leave: false,
     })
 }
 
@@ -644,6 +662,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
                 get: 0,
                 keys: fresh.clone(),
                 ops: 600,
+                leave: false,
             }
         } else {
             Workload {
@@ -651,6 +670,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
                 get: 2,
                 keys: hot.clone(),
                 ops: 6000,
+                leave: false,
             }
         }
     });
@@ -690,6 +710,7 @@ fn cuckoo_concurrent_inserts_of_one_key_never_duplicate() {
                     get: 2,
                     keys: keys.clone(),
                     ops: 120,
+                    leave: false,
                 });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -755,6 +776,7 @@ fn cuckoo_entry_reuse_never_feeds_readers() {
                 get: if me <= 2 { 0 } else { 10 },
                 keys: Arc::new(vec![keys[(me as usize - 1) % 2]]),
                 ops: 300,
+                leave: false,
             });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -802,6 +824,7 @@ fn cuckoo_updates_racing_moves_are_never_lost() {
                     get: 3,
                     keys: hot.clone(),
                     ops: 150,
+                    leave: false,
                 }
             } else {
                 Workload {
@@ -809,6 +832,7 @@ fn cuckoo_updates_racing_moves_are_never_lost() {
                     get: 0,
                     keys: movers.clone(),
                     ops: 150,
+                    leave: false,
                 }
             }
         });

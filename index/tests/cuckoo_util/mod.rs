@@ -157,6 +157,9 @@ pub struct Workload {
     pub get: u64,
     pub keys: Arc<Vec<u64>>,
     pub ops: u32,
+    /// Whether the client, its operations done, leaves the table
+    /// (`CuckooClient::lend_all`; what it lent is in its stats).
+    pub leave: bool,
 }
 
 /// Random recorded operations. Every value written is unique to its put.
@@ -206,6 +209,11 @@ pub async fn random_client<N: Nic>(
                 rec.complete(id, Ret::Unknown, clock(&ctx));
                 panic!("client {me}: {e}");
             }
+        }
+    }
+    if wl.leave {
+        if let Err(e) = c.lend_all(&ctx).await {
+            panic!("client {me}: lend_all: {e}");
         }
     }
     *sink.lock().unwrap() += c.stats;
