@@ -698,6 +698,15 @@ fn short_of_memory(seed: u64, compute_nodes: usize) -> (CuckooConfig, nicdrv::si
     (cfg, w, node_bytes)
 }
 
+/// [`short_of_memory`]'s table as two compute nodes see it (two
+/// handles), created through the first.
+fn two_handles(seed: u64, compute_nodes: usize) -> (nicdrv::sim::World, Arc<Cuckoo>, Arc<Cuckoo>) {
+    let (cfg, mut w, _) = short_of_memory(seed, compute_nodes);
+    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
+    sim_create_table(&mut w, &a);
+    (w, a, b)
+}
+
 /// Puts keys 0, 1, … (each its own value) until memory runs out, which
 /// must not come before 200 of them; how many were put.
 async fn puts_until_memory_is_out<N: Nic>(c: &mut CuckooClient, ctx: &Ctx<N>) -> u64 {
@@ -835,9 +844,7 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
     use index::cuckoo::lend::{head_addr, Head, WANT_WORD};
     use mempool::layout::TXN_ROOT_OFF;
     use nicdrv::GlobalAddr;
-    let (cfg, mut w, _) = short_of_memory(7, 1);
-    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
-    sim_create_table(&mut w, &a);
+    let (mut w, a, b) = two_handles(7, 1);
     sim_task(&mut w, move |ctx| async move {
         let mut lender = a.client().unwrap();
         let n = puts_until_memory_is_out(&mut lender, &ctx).await;
@@ -918,9 +925,7 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
 #[test]
 fn a_leaving_compute_node_lends_every_entry_it_holds() {
     use index::cuckoo::lend::LentAll;
-    let (cfg, mut w, _) = short_of_memory(13, 1);
-    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
-    sim_create_table(&mut w, &a);
+    let (mut w, a, b) = two_handles(13, 1);
     sim_task(&mut w, move |ctx| async move {
         {
             let mut first = b.client().unwrap();
@@ -1018,9 +1023,7 @@ fn a_dropped_clients_chunk_rest_serves_its_handles_other_clients() {
 #[test]
 fn a_dropped_clients_entries_are_lent_by_its_handles_other_clients() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let (cfg, mut w, _) = short_of_memory(11, 2);
-    let (a, b) = (Cuckoo::new(cfg.clone()).unwrap(), Cuckoo::new(cfg).unwrap());
-    sim_create_table(&mut w, &a);
+    let (mut w, a, b) = two_handles(11, 2);
     let t = b.clone();
     let freed = w.add_thread(1, exec_cfg(1)).unwrap();
     w.spawn(freed, move |ctx| async move {
