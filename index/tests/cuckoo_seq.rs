@@ -1012,6 +1012,67 @@ fn a_dropped_clients_chunk_rest_serves_its_handles_other_clients() {
     assert_eq!(fits(10), alone);
 }
 
+/// A client with nothing to do lends what it holds when it calls
+/// `lend_while_idle` now and then: on one memory node of 24 chunks of
+/// 4 KiB, compute node 1's client puts until memory is out, deletes 80
+/// keys and then only calls `lend_while_idle` every G / 8; compute node
+/// 0's client then puts new keys until 40 of its puts have borrowed an
+/// entry (of the 64 lendable: 80 less the 16 kept). Every put succeeds
+/// (without the idle calls none borrows, and the first fails `Alloc`),
+/// and every key reads back.
+#[test]
+fn an_idle_client_lends_when_it_is_told_to() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let (mut w, a, b) = two_handles(19, 2);
+    // 0: filling, 1: filled, 2: done. Relaxed: a flag between two tasks
+    // of one simulated world (one OS thread); nothing rides on it.
+    let phase = Arc::new(AtomicU8::new(0));
+    let n = Rc::new(std::cell::Cell::new(0u64));
+    let (t, p, nn) = (b.clone(), phase.clone(), n.clone());
+    let idle = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(idle, move |ctx| async move {
+        let mut c = t.client().unwrap();
+        let n = puts_until_memory_is_out(&mut c, &ctx).await;
+        nn.set(n);
+        delete_present(&mut c, &ctx, 0..80).await;
+        p.store(1, Ordering::Relaxed);
+        while p.load(Ordering::Relaxed) != 2 {
+            c.lend_while_idle(&ctx).await;
+            ctx.sleep(1_000_000 / 8).unwrap().await;
+        }
+        assert!(c.stats.entries_lent >= 40, "{:?}", c.stats);
+    })
+    .unwrap();
+    let (t, p, nn) = (a.clone(), phase, n);
+    let putter = w.add_thread(0, exec_cfg(1)).unwrap();
+    w.spawn(putter, move |ctx| async move {
+        while p.load(Ordering::Relaxed) == 0 {
+            ctx.sleep(100_000).unwrap().await;
+        }
+        let mut c = t.client().unwrap();
+        let mut m = 0;
+        while c.stats.entries_borrowed < 40 {
+            put_u64(&mut c, &ctx, 50_000 + m, m).await.unwrap();
+            m += 1;
+            assert!(
+                m < 200,
+                "{m} puts and still too little borrowed: {:?}",
+                c.stats
+            );
+        }
+        for k in 0..nn.get() {
+            let want = (k >= 80).then_some(k);
+            assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), want, "key {k}");
+        }
+        for k in 0..m {
+            assert_eq!(get_u64(&mut c, &ctx, 50_000 + k).await.unwrap(), Some(k));
+        }
+        p.store(2, Ordering::Relaxed);
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+}
+
 /// A dropped client's retired entries go to its handle's spares; the
 /// handle's other clients lend them when a put elsewhere wants blocks.
 /// On one memory node of 24 chunks of 4 KiB: compute node 1's first

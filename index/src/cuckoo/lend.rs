@@ -18,7 +18,8 @@
 //! READs of the want count (at most every G / 2) finding it changed
 //! since its READ before: nobody pays for lending while no one is short.
 //! A compute node leaving the table lends everything its handle holds,
-//! wanted or not ([`CuckooClient::lend_all`]).
+//! wanted or not ([`CuckooClient::lend_all`]); one whose clients sit idle
+//! lends when they call [`CuckooClient::lend_while_idle`].
 //!
 //! # A pool
 //! A Treiber stack in remote memory. The head word holds the line index
@@ -220,6 +221,20 @@ impl CuckooClient {
         // Lent, and wanted: look again after the next operation.
         if lent {
             self.lend_check_ns = now;
+        }
+    }
+
+    /// For a client with no operation to run: lends a batch of what it
+    /// holds beyond its keep, or of its handle's spares, if a put
+    /// elsewhere wants blocks, as it would after a put or delete
+    /// (`lend_surplus`). A compute node whose clients all sit idle
+    /// otherwise keeps what they hold while others run out; call it now
+    /// and then (every G / 8 is the pace puts and deletes keep). Nothing
+    /// is posted more often than that, and while nobody wants blocks,
+    /// one READ of the want count each G / 2 at most.
+    pub async fn lend_while_idle<N: Nic>(&mut self, ctx: &Ctx<N>) {
+        if self.lend_due(ctx.now_ns()) {
+            self.lend_surplus(ctx).await;
         }
     }
 
