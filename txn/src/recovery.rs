@@ -651,9 +651,9 @@ impl Machine {
     /// machine holds no backup of it any more (nor will again: machines
     /// only leave), and then no longer unfinished here.
     fn backup_here(&self, region: u32) -> Option<NewBackup> {
-        let b = {
+        let found = {
             let map = self.map.read().expect("no panics hold the map");
-            let mine = map.get(region).ok().and_then(|r| {
+            map.get(region).ok().and_then(|r| {
                 let mine = r.backups.iter().find(|x| x.machine == self.me())?;
                 Some(NewBackup {
                     region,
@@ -661,17 +661,14 @@ impl Machine {
                     primary: r.primary,
                     base: mine.base,
                 })
-            });
-            match mine {
-                Some(b) => b,
-                None => {
-                    self.unfinished
-                        .lock()
-                        .expect("no panics hold it")
-                        .remove(&region);
-                    return None;
-                }
-            }
+            })
+        };
+        let Some(b) = found else {
+            self.unfinished
+                .lock()
+                .expect("no panics hold it")
+                .remove(&region);
+            return None;
         };
         let mut copying = self.copying.lock().expect("no panics hold it");
         copying.insert(region);
