@@ -710,16 +710,29 @@ fn two_handles(seed: u64, compute_nodes: usize) -> (nicdrv::sim::World, Arc<Cuck
 /// Puts keys 0, 1, … (each its own value) until memory runs out, which
 /// must not come before 200 of them; how many were put.
 async fn puts_until_memory_is_out<N: Nic>(c: &mut CuckooClient, ctx: &Ctx<N>) -> u64 {
-    let mut n = 0u64;
-    loop {
-        match put_u64(c, ctx, n, n).await {
-            Ok(()) => n += 1,
-            Err(CuckooError::Alloc(_)) => break,
-            Err(e) => panic!("put {n}: {e}"),
-        }
-    }
+    let n = puts_from_until_alloc(c, ctx, 0, u64::MAX).await;
     assert!(n > 200, "memory ran out after {n} puts");
     n
+}
+
+/// Puts keys `first`, `first + 1`, … (the i-th with value i) until one
+/// fails, which must be with `Alloc` and after at most `max` puts; how
+/// many were put.
+async fn puts_from_until_alloc<N: Nic>(
+    c: &mut CuckooClient,
+    ctx: &Ctx<N>,
+    first: u64,
+    max: u64,
+) -> u64 {
+    let mut n = 0u64;
+    loop {
+        match put_u64(c, ctx, first + n, n).await {
+            Ok(()) => n += 1,
+            Err(CuckooError::Alloc(_)) => return n,
+            Err(e) => panic!("put {n}: {e}"),
+        }
+        assert!(n <= max, "{n} puts and memory not yet out");
+    }
 }
 
 /// Deletes keys `keys`, each of which must be present.
@@ -872,15 +885,7 @@ fn a_corrupt_link_in_a_lending_pool_is_never_followed() {
             .await
             .unwrap();
         let mut borrower = b.client().unwrap();
-        let mut m = 0u64;
-        let failed = loop {
-            match put_u64(&mut borrower, &ctx, 50_000 + m, m).await {
-                Ok(()) => m += 1,
-                Err(e) => break e,
-            }
-            assert!(m < 1000, "puts never ran out of memory");
-        };
-        assert!(matches!(failed, CuckooError::Alloc(_)), "{failed}");
+        let m = puts_from_until_alloc(&mut borrower, &ctx, 50_000, 999).await;
         assert_eq!(borrower.stats.entries_borrowed, 0, "{:?}", borrower.stats);
         for (k, &h) in heads.iter().enumerate() {
             let now = ctx.read(head_addr(0, k), 8).await.unwrap().u64_at(0);
@@ -953,15 +958,8 @@ fn a_leaving_compute_node_lends_every_entry_it_holds() {
         assert!(ctx.now_ns() - t0 < 2 * 1_000_000, "waited past G");
         assert_eq!(leaving.lend_all(&ctx).await.unwrap(), LentAll::default());
         drop((leaving, b));
-        let mut m = 0u64;
-        let failed = loop {
-            match put_u64(&mut borrower, &ctx, 50_000 + m, m).await {
-                Ok(()) => m += 1,
-                Err(e) => break e,
-            }
-            assert!(m <= all.lent, "more puts than entries lent");
-        };
-        assert!(matches!(failed, CuckooError::Alloc(_)), "{failed}");
+        // No more puts than entries lent.
+        let m = puts_from_until_alloc(&mut borrower, &ctx, 50_000, all.lent).await;
         assert_eq!(m, all.lent, "{:?}", borrower.stats);
         assert_eq!(borrower.stats.entries_borrowed, m);
         for k in 0..n {
