@@ -259,7 +259,7 @@ impl CuckooClient {
             return Err(CuckooError::Stopped);
         }
         let c = self.class_taken_most();
-        let mut rests = self.alloc.take_rests(64);
+        let mut rests = self.take_chunk_rests();
         rests.append(&mut self.table.spares().take_rests());
         for (start, bytes) in rests {
             for (b, k) in blocks_of(start, bytes, c) {
@@ -281,9 +281,7 @@ impl CuckooClient {
                 }
                 continue;
             }
-            let next = self.reclaim.earliest_at_least(0);
-            let spare = self.table.spares().earliest_at_least(0);
-            let Some(at) = next.into_iter().chain(spare).min() else {
+            let Some(at) = self.earliest_ready(0) else {
                 break;
             };
             ctx.sleep_until(at.max(now))

@@ -823,7 +823,8 @@ impl Drop for CuckooClient {
         // One stopped by its test hook stands for one that crashed: its
         // chunks' rest is lost with it.
         if !self.stopped {
-            self.reclaim.add_rests(self.alloc.take_rests(64));
+            let rests = self.take_chunk_rests();
+            self.reclaim.add_rests(rests);
         }
         self.table.spares().absorb(&mut self.reclaim);
     }
@@ -1233,6 +1234,21 @@ impl CuckooClient {
         })
     }
 
+    /// When the first block of class `c` or larger that this client or
+    /// its handle's spares hold becomes ready; `None` when they hold none.
+    fn earliest_ready(&self, c: usize) -> Option<u64> {
+        let mine = self.reclaim.earliest_at_least(c);
+        mine.into_iter()
+            .chain(self.table.spares().earliest_at_least(c))
+            .min()
+    }
+
+    /// The unused rest of every chunk this client's allocator carved, in
+    /// whole lines (the smallest block), handed over once.
+    fn take_chunk_rests(&mut self) -> Vec<(GlobalAddr, u64)> {
+        self.alloc.take_rests(block_bytes(0))
+    }
+
     /// A retired block of class `c` or larger, on any node, once fresh
     /// memory is out (`e` says how): a ready one of this client's or of
     /// the handle's spares, or one carved from the unused rest of a
@@ -1282,15 +1298,10 @@ impl CuckooClient {
             }
             self.want(ctx).await;
             let now = ctx.now_ns();
-            let next = [
-                self.reclaim.earliest_at_least(c),
-                self.table.spares().earliest_at_least(c),
-                Some(now.saturating_add(grace / 4)),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(now);
+            let look_again = now.saturating_add(grace / 4);
+            let next = self
+                .earliest_ready(c)
+                .map_or(look_again, |t| t.min(look_again));
             if next > give_up {
                 return Err(e.into());
             }
