@@ -551,9 +551,7 @@ impl Machine {
                 .lock()
                 .expect("no panics hold it")
                 .extend(change.new_backups.iter().map(|b| b.region));
-            let mut copying = self.copying.lock().expect("no panics hold it");
-            copying.extend(change.new_backups.iter().map(|b| b.region));
-            self.copies.store(copying.len(), Ordering::Release);
+            self.change_copying(|c| c.extend(change.new_backups.iter().map(|b| b.region)));
         }
         let old = std::mem::replace(&mut *map, next);
         *self.previous.lock().expect("no panics hold it") =
@@ -611,10 +609,9 @@ impl Machine {
                 }
                 for b in copies {
                     let w = self.copy(ctx, &b, c.config, stop).await;
-                    let mut copying = self.copying.lock().expect("no panics hold it");
-                    copying.remove(&b.region);
-                    self.copies.store(copying.len(), Ordering::Release);
-                    drop(copying);
+                    self.change_copying(|c| {
+                        c.remove(&b.region);
+                    });
                     // A failed copy stays unfinished and not copying: the
                     // next change takes it up again (cut_off_copies).
                     if matches!(w, Work::Copied { .. }) {
@@ -670,10 +667,18 @@ impl Machine {
                 .remove(&region);
             return None;
         };
-        let mut copying = self.copying.lock().expect("no panics hold it");
-        copying.insert(region);
-        self.copies.store(copying.len(), Ordering::Release);
+        self.change_copying(|c| {
+            c.insert(region);
+        });
         Some(b)
+    }
+
+    /// Changes the set of regions being copied here, and its count under
+    /// the same lock (Release: pairs with `copy_guard`'s Acquire load).
+    fn change_copying(&self, f: impl FnOnce(&mut BTreeSet<u32>)) {
+        let mut copying = self.copying.lock().expect("no panics hold it");
+        f(&mut copying);
+        self.copies.store(copying.len(), Ordering::Release);
     }
 
     /// Allocator recovery of `region`, promoted in configuration
