@@ -1133,3 +1133,168 @@ fn a_dropped_clients_entries_are_lent_by_its_handles_other_clients() {
     let s = *stats.borrow();
     assert!(s.entries_lent >= s.entries_borrowed, "{s:?}");
 }
+
+/// A lend whose head CAS loses its answer to a cut link learns from the
+/// head whether it took, and no block is lost or lent twice. On one memory
+/// node of 24 chunks of 4 KiB, compute node 0's client puts until memory
+/// is out; compute node 2 deletes 16 keys (one batch) and node 1 the
+/// rest; both then lend everything (`lend_all`), node 1 starting 2 µs
+/// after node 2, so that node 2's batch takes the pool's head between
+/// node 1's READ of it and node 1's CAS. Node 1's link to the memory node
+/// is cut for 100 µs at an instant swept over the first 24 µs of the
+/// lending (every 200 ns; the transport reports a lost answer after 1 ms,
+/// by when the link carries packets again). Each run: each lender's
+/// blocks lent, kept and leaked add up to its deletes; node 0's client
+/// then borrows, each for one new key and never following a link that
+/// names no free block, at least the blocks lent and at most those and
+/// the leaked ones, before a put fails `Alloc`; the pools are left empty
+/// and every key reads back. Some cuts lose the answer of a CAS that
+/// lost to node 2's, some that of one that took (without reading the
+/// head again, each such run leaks a batch); the others fail a verb
+/// before the CAS (the batch kept). On the simulator a cut drops a
+/// request only when it is posted, and a lend posts its CAS as the WRITE
+/// before it completes, so a cut never drops the CAS itself.
+#[test]
+fn a_lend_whose_cas_answer_is_lost_reads_the_head_to_settle_it() {
+    use index::cuckoo::lend::{head_addr, Head, LentAll};
+    use nicdrv::sim::{Fault, FaultKind, RunEnd, World};
+    use std::cell::Cell;
+    type Slot = Rc<RefCell<Option<CuckooClient>>>;
+    // Spawns `f` with the client in `slot` on a new thread of compute node
+    // `cn`; the client goes back once `f` is done.
+    fn spawn_with<F, Fut>(w: &mut World, cn: u16, slot: &Slot, f: F)
+    where
+        F: FnOnce(Ctx<nicdrv::sim::SimNic>, CuckooClient) -> Fut + 'static,
+        Fut: std::future::Future<Output = CuckooClient> + 'static,
+    {
+        let s = slot.clone();
+        let t = w.add_thread(cn, exec_cfg(1)).unwrap();
+        w.spawn(t, move |ctx| async move {
+            let c = s.borrow_mut().take().unwrap();
+            let c = f(ctx, c).await;
+            *s.borrow_mut() = Some(c);
+        })
+        .unwrap();
+    }
+    // One run, node 1's link cut `cut` ns into the lending (none: no
+    // cut): per lender, its deletes, what `lend_all` did and its stats;
+    // and the keys borrowed.
+    let run = |cut: Option<u64>| {
+        let (cfg, mut w, _) = short_of_memory(23, 3);
+        let handles: Vec<Arc<Cuckoo>> = (0..3).map(|_| Cuckoo::new(cfg.clone()).unwrap()).collect();
+        sim_create_table(&mut w, &handles[0]);
+        let slots: Vec<Slot> = handles
+            .iter()
+            .map(|h| Rc::new(RefCell::new(Some(h.client().unwrap()))))
+            .collect();
+        let n = Rc::new(Cell::new(0));
+        let nn = n.clone();
+        spawn_with(&mut w, 0, &slots[0], move |ctx, mut c| async move {
+            nn.set(puts_until_memory_is_out(&mut c, &ctx).await);
+            c
+        });
+        assert_eq!(w.run(), RunEnd::Done);
+        let n = n.get();
+        let halves = [0..n - 16, n - 16..n];
+        for (cn, keys) in [1, 2].into_iter().zip(halves.clone()) {
+            spawn_with(
+                &mut w,
+                cn,
+                &slots[cn as usize],
+                move |ctx, mut c| async move {
+                    delete_present(&mut c, &ctx, keys).await;
+                    c
+                },
+            );
+        }
+        assert_eq!(w.run(), RunEnd::Done);
+        if let Some(at) = cut {
+            let (compute, memory) = (1, 0);
+            let t = w.now_ns() + at;
+            w.add_faults(&[
+                Fault {
+                    at_ns: t,
+                    kind: FaultKind::CutLink { compute, memory },
+                },
+                Fault {
+                    at_ns: t + 100_000,
+                    kind: FaultKind::HealLink { compute, memory },
+                },
+            ])
+            .unwrap();
+        }
+        let all: Vec<Rc<Cell<LentAll>>> = (0..2).map(|_| Rc::default()).collect();
+        for (cn, out) in [1u16, 2].into_iter().zip(all.clone()) {
+            spawn_with(
+                &mut w,
+                cn,
+                &slots[cn as usize],
+                move |ctx, mut c| async move {
+                    if cn == 1 {
+                        ctx.sleep(2_000).unwrap().await;
+                    }
+                    out.set(c.lend_all(&ctx).await.unwrap());
+                    c
+                },
+            );
+        }
+        assert_eq!(w.run(), RunEnd::Done);
+        let lenders: Vec<(u64, LentAll, CuckooStats)> = halves
+            .into_iter()
+            .zip(&all)
+            .zip(&slots[1..])
+            .map(|((keys, all), slot)| {
+                let stats = slot.borrow().as_ref().unwrap().stats;
+                (keys.end - keys.start, all.get(), stats)
+            })
+            .collect();
+        let lent: u64 = lenders.iter().map(|l| l.1.lent).sum();
+        let leaked: u64 = lenders.iter().map(|l| l.2.entries_leaked).sum();
+        let m = Rc::new(Cell::new(0));
+        let mm = m.clone();
+        spawn_with(&mut w, 0, &slots[0], move |ctx, mut c| async move {
+            let m = puts_from_until_alloc(&mut c, &ctx, 50_000, lent + leaked).await;
+            // Every link it followed named a free block.
+            assert_eq!(c.stats.pool_faults, 0, "{:?}", c.stats);
+            assert_eq!(c.stats.entries_borrowed, m, "{:?}", c.stats);
+            for k in 0..n {
+                assert_eq!(get_u64(&mut c, &ctx, k).await.unwrap(), None, "key {k}");
+            }
+            for k in 0..m {
+                assert_eq!(get_u64(&mut c, &ctx, 50_000 + k).await.unwrap(), Some(k));
+            }
+            mm.set(m);
+            c
+        });
+        assert_eq!(w.run(), RunEnd::Done);
+        // Every block in a pool was borrowed: the pools are empty.
+        for c in 0..index::cuckoo::reclaim::CLASSES {
+            let word = w
+                .read_u64(0, nicdrv::Space::Host, head_addr(0, c).offset())
+                .unwrap();
+            assert_eq!(Head(word).line(), 0, "class {c}");
+        }
+        (lenders, m.get())
+    };
+    let (lenders, m) = run(None);
+    for (n, all, stats) in &lenders {
+        assert_eq!(*all, LentAll { lent: *n, kept: 0 }, "{stats:?}");
+    }
+    assert_eq!(m, lenders.iter().map(|l| l.0).sum::<u64>());
+    let mut total = CuckooStats::default();
+    for at in (0..24_000).step_by(200) {
+        let (lenders, m) = run(Some(at));
+        let why = format!("cut at {at} ns: {lenders:?}");
+        for (n, all, stats) in &lenders {
+            assert_eq!(all.lent + all.kept + stats.entries_leaked, *n, "{why}");
+        }
+        let lent: u64 = lenders.iter().map(|l| l.1.lent).sum();
+        let leaked: u64 = lenders.iter().map(|l| l.2.entries_leaked).sum();
+        assert!(m >= lent && m <= lent + leaked, "{m} borrowed; {why}");
+        total += lenders[0].2;
+    }
+    assert!(
+        total.lends_settled_taken > 0 && total.lends_settled_not_taken > 0,
+        "{total:?}"
+    );
+}

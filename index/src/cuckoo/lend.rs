@@ -56,10 +56,22 @@
 //!
 //! # Faults
 //! A verb that fails before the publishing CAS leaves the chain the
-//! lender's (taken back, ready at once); one whose CAS's outcome is
-//! unknown leaks the chain (it may be in the pool, so it is not reused
-//! here), as a borrow's unknown CAS leaks its block: memory lost, never a
-//! block handed out twice. A head or link naming a line outside the
+//! lender's (taken back, ready at once). When the CAS itself fails (its
+//! answer lost: it may have taken), the lender reads the head again. Its
+//! CAS from h would have made the head (b₁, count + 1), a word no other
+//! CAS makes (b₁ was nobody else's to push, nor in the pool to pop
+//! towards); so a head equal to that says it took, a head still h or at
+//! count + 1 with another top says it did not (no CAS took, or another
+//! one from h did), and the lend goes on from there. A head further on,
+//! or one not read within [`SETTLE_NS`], leaves the outcome unknown and
+//! the chain leaks (it may be in the pool, so it is not reused here), as
+//! a borrow's failed CAS leaks its block: another borrow's CAS from the
+//! same head makes the same word, so the borrower cannot tell. Memory
+//! lost, never a block handed out twice. This rests on a request the
+//! transport has given up on (its error completion seen) reaching no
+//! memory afterwards: the transport retries for far longer than a packet
+//! lives in the fabric (the simulator drops such a request). A head or
+//! link naming a line outside the
 //! node's whole chunks (a corrupt pool) is never followed: the pool reads
 //! as empty (a range check only: a corrupt word naming a line within the
 //! chunks is not told from a free block's).
@@ -72,6 +84,12 @@ use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
 /// Bits of a head word that hold the top block's line index: 2^35 lines
 /// of 64 bytes cover the 2 TiB a slot word can name on a node.
 pub const LINE_BITS: u32 = 35;
+
+/// How long after the READ its CAS rested on a lender may still read the
+/// head to settle a CAS whose answer was lost ("Faults" above): well
+/// inside the time the head's count takes to come round (2^29 CASes, about
+/// 5 s at 10^8 atomics a second), so an unchanged count means no CAS took.
+pub const SETTLE_NS: u64 = 1_000_000_000;
 
 /// Attempts of one lend or borrow on one head before it gives up (a head
 /// this busy is a lending storm; the blocks stay where they are).
@@ -364,8 +382,9 @@ impl CuckooClient {
                 true
             }
             Lent::No => false,
+            // Counted as a pool fault where its CAS failed.
             Lent::Unknown => {
-                self.stats.pool_faults += 1;
+                self.stats.entries_leaked += blocks.len() as u64;
                 true
             }
         }
@@ -437,17 +456,57 @@ impl CuckooClient {
             }
             let new = seen.then(line_of(first));
             t0 = ctx.now_ns();
-            match ctx.cas(at, seen.0, new.0).await {
+            let found = match ctx.cas(at, seen.0, new.0).await {
                 Ok(old) if old == seen.0 => return Lent::Yes,
-                Ok(old) => {
-                    self.stats.lend_cas_lost += 1;
-                    seen = Head(old);
-                }
-                Err(_) => return Lent::Unknown,
+                Ok(old) => Head(old),
+                // Its answer lost: the head may tell whether it took.
+                Err(_) => match self.settle_lend(ctx, at, seen, new, t0).await {
+                    Some((h, _)) if h == new => return Lent::Yes,
+                    Some((h, read_at)) => {
+                        t0 = read_at;
+                        h
+                    }
+                    None => return Lent::Unknown,
+                },
+            };
+            if found != seen {
+                self.stats.lend_cas_lost += 1;
             }
+            seen = found;
         }
         // Contended past TRIES: not a fault; the lender keeps the chain.
         Lent::No
+    }
+
+    /// After a lend's CAS from `seen` to `new`, resting on a READ posted
+    /// at `t0`, failed with a verb error: READs the head again and returns
+    /// it, with when that READ was posted, if it tells whether the CAS
+    /// took ("Faults" above): `new` itself if it did; `seen`, or another
+    /// head at `new`'s count, if not. `None` when the head cannot tell (it
+    /// moved further, or is read past [`SETTLE_NS`]) or cannot be read.
+    /// The failed CAS counts as a pool fault.
+    async fn settle_lend<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        at: GlobalAddr,
+        seen: Head,
+        new: Head,
+        t0: u64,
+    ) -> Option<(Head, u64)> {
+        self.stats.pool_faults += 1;
+        let read_at = ctx.now_ns();
+        if read_at.saturating_sub(t0) > SETTLE_NS {
+            return None;
+        }
+        let h = self.read_head(ctx, at).await?;
+        if h == new {
+            self.stats.lends_settled_taken += 1;
+        } else if h == seen || h.count() == new.count() {
+            self.stats.lends_settled_not_taken += 1;
+        } else {
+            return None;
+        }
+        Some((h, read_at))
     }
 
     /// A lent block of class `c` or larger from any memory node's pool,
@@ -520,7 +579,11 @@ impl CuckooClient {
                     seen = Head(old);
                 }
                 // The CAS may have taken: the block is lost, not shared.
-                Err(_) => return None,
+                Err(_) => {
+                    self.stats.pool_faults += 1;
+                    self.stats.entries_leaked += 1;
+                    return None;
+                }
             }
         }
         None

@@ -432,6 +432,15 @@ pub struct CuckooStats {
     /// Borrows whose head CAS found another head and tried again from it
     /// (`lend.rs`, `pop`).
     pub borrow_cas_lost: u64,
+    /// Lends whose head CAS failed with a verb error (its answer lost)
+    /// and whose next READ of the head showed it had taken (the chain
+    /// lent), and those it showed had not (the lend went on) (`lend.rs`,
+    /// "Faults").
+    pub lends_settled_taken: u64,
+    pub lends_settled_not_taken: u64,
+    /// Blocks lost to a lend or borrow whose CAS's outcome stayed unknown
+    /// (in a pool, maybe, or taken by nobody; `lend.rs`, "Faults").
+    pub entries_leaked: u64,
     /// Gets that tried the location cache (one round trip: the cached
     /// slot and the entry its word named), and those it answered; the
     /// rest went on the two-round-trip way.
@@ -483,6 +492,9 @@ impl std::ops::AddAssign for CuckooStats {
         self.pool_faults += o.pool_faults;
         self.lend_cas_lost += o.lend_cas_lost;
         self.borrow_cas_lost += o.borrow_cas_lost;
+        self.lends_settled_taken += o.lends_settled_taken;
+        self.lends_settled_not_taken += o.lends_settled_not_taken;
+        self.entries_leaked += o.entries_leaked;
         self.cached_gets += o.cached_gets;
         self.cache_hits += o.cache_hits;
     }
