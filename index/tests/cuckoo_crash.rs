@@ -371,6 +371,7 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
                     keys: hot,
                     ops: 400,
                     leave: false,
+                    verb_errors: None,
                 },
                 Workload {
                     put: 6,
@@ -378,6 +379,7 @@ fn cuckoo_compute_node_crash_during_displacement_on_sim() {
                     keys: movers,
                     ops: 400,
                     leave: false,
+                    verb_errors: None,
                 },
                 crash_ns,
             );
@@ -472,6 +474,7 @@ fn cuckoo_compute_node_crash_during_growth_on_sim() {
                     keys: hot,
                     ops: 400,
                     leave: false,
+                    verb_errors: None,
                 },
                 Workload {
                     put: 9,
@@ -479,6 +482,7 @@ fn cuckoo_compute_node_crash_during_growth_on_sim() {
                     keys: growers,
                     ops: 400,
                     leave: false,
+                    verb_errors: None,
                 },
                 crash_ns,
             );

@@ -119,6 +119,7 @@ fn cuckoo_histories_are_linearizable_on_sim() {
             keys: keys.clone(),
             ops: 150,
             leave: false,
+            verb_errors: None,
         });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -133,6 +134,53 @@ fn cuckoo_histories_are_linearizable_on_sim() {
     // deletes and moves of their keys, and were turned down by it too.
     assert!(total.cache_hits > 0, "{total:?}");
     assert!(total.cached_gets > total.cache_hits, "{total:?}");
+}
+
+/// The histories of the test above with links cut now and then: each of
+/// compute nodes 1 and 2 loses its link to one of the three memory nodes
+/// four times, at seed-drawn instants in the first 2 ms, for 20 to 300 µs
+/// each (a request lost in a cut fails after the 1 ms transport timeout,
+/// and every one behind it on its queue pair with it). Their clients'
+/// operations that fail with a verb error are recorded as pending (a put
+/// may have claimed or committed its slot, a delete may have cleared
+/// it), and they go on once the link carries packets again; node 0's,
+/// whose links stay up, never fail. Every history is per-key
+/// linearizable and the table's memory audits clean (no key committed
+/// twice), whatever the cut clients left behind.
+#[test]
+fn cuckoo_histories_through_cut_links_on_sim() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let errors = Arc::new(AtomicU64::new(0));
+    let total = RefCell::new(CuckooStats::default());
+    for_each_seed("cuckoo_histories_through_cut_links_on_sim", 8, |seed| {
+        let cfg = fast_reuse(cfg(96, 8, 120));
+        let keys = Arc::new((0..120u64).collect::<Vec<_>>());
+        let faults = cut_links(seed, &[1, 2], 3, 4, 100_000..2_000_000, 20_000..300_000);
+        let (h, stats, w) =
+            sim_history(seed, &cfg, 3, 2, &BTreeMap::new(), faults, |me| Workload {
+                put: 5,
+                get: 3,
+                keys: keys.clone(),
+                ops: 300,
+                leave: false,
+                verb_errors: (me > 4).then(|| errors.clone()),
+            });
+        let v = h.check(&BTreeMap::new());
+        assert!(v.is_ok(), "seed {seed}: {v:?}");
+        audit_sim(&w, 8);
+        // Relaxed: read between runs, on this thread (the simulated
+        // cluster runs on it too).
+        let failed = errors.load(Ordering::Relaxed);
+        eprintln!("seed {seed}: operations failed by cuts so far {failed}");
+        *total.borrow_mut() += stats;
+    });
+    let total = total.into_inner();
+    // Relaxed: read after every run, on the thread that ran them.
+    assert!(
+        errors.load(Ordering::Relaxed) > 0,
+        "no cut hit an operation"
+    );
+    assert!(total.moves > 0, "no displacement happened: {total:?}");
 }
 
 /// The table and cluster of the tests that run memory out: one memory
@@ -176,6 +224,7 @@ fn cuckoo_puts_wait_for_retired_entries_when_memory_runs_out_on_sim() {
                 keys: keys.clone(),
                 ops: 500,
                 leave: false,
+                verb_errors: None,
             });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -219,16 +268,8 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
             // table. Compute node 2's clients (9..=12) leave after 3000
             // deletes, while the puts run: each lends all it holds and
             // its handle's spares (`lend_all`).
-            let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |me| Workload {
-                put: if me <= 4 { 10 } else { 0 },
-                get: 0,
-                keys: keys.clone(),
-                ops: match me {
-                    1..=4 => 1500,
-                    5..=8 => 12000,
-                    _ => 3000,
-                },
-                leave: me > 8,
+            let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |me| {
+                lenders_and_borrowers(&keys, me)
             });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -260,6 +301,106 @@ fn cuckoo_puts_borrow_entries_other_compute_nodes_freed_on_sim() {
     );
 }
 
+/// The workload of the lending tests on [`short_of_memory`]'s cluster:
+/// compute node 0's clients (1..=4) put, the others delete, over `keys`.
+fn lenders_and_borrowers(keys: &Arc<Vec<u64>>, me: u32) -> Workload {
+    Workload {
+        put: if me <= 4 { 10 } else { 0 },
+        get: 0,
+        keys: keys.clone(),
+        ops: match me {
+            1..=4 => 1500,
+            5..=8 => 12000,
+            _ => 3000,
+        },
+        leave: me > 8,
+        verb_errors: None,
+    }
+}
+
+/// Links cut now and then, drawn from `seed`: each compute node of
+/// `computes` loses its link to a memory node (of the first `memories`)
+/// `cuts` times, at an instant in `at`, for a time in `lasting`.
+fn cut_links(
+    seed: u64,
+    computes: &[u16],
+    memories: u64,
+    cuts: usize,
+    at: std::ops::Range<u64>,
+    lasting: std::ops::Range<u64>,
+) -> Vec<Fault> {
+    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Faults, 0);
+    let mut faults = Vec::new();
+    for &compute in computes {
+        for _ in 0..cuts {
+            let memory = rng.below(memories) as u16;
+            let at_ns = at.start + rng.below(at.end - at.start);
+            let heal = at_ns + lasting.start + rng.below(lasting.end - lasting.start);
+            faults.push(Fault {
+                at_ns,
+                kind: FaultKind::CutLink { compute, memory },
+            });
+            faults.push(Fault {
+                at_ns: heal,
+                kind: FaultKind::HealLink { compute, memory },
+            });
+        }
+    }
+    faults
+}
+
+/// The lending of the test above, with the lenders' links cut now and
+/// then: each of compute nodes 1 and 2 loses its link to the memory node
+/// ten times, at seed-drawn instants from 1 to 40 ms, for 50 to 500 µs
+/// each. Their operations that fail with a verb error are recorded as
+/// pending, and they go on once the link carries packets again (a
+/// request lost in a cut fails after the 1 ms transport timeout, and
+/// every one behind it on its queue pair with it). Node 0's puts, whose
+/// link stays up, never fail; every history is per-key linearizable, the
+/// table's memory audits clean, and some lends and borrows met a fault.
+#[test]
+fn cuckoo_puts_borrow_entries_through_cut_links_on_sim() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let total = RefCell::new(CuckooStats::default());
+    let errors = Arc::new(AtomicU64::new(0));
+    for_each_seed(
+        "cuckoo_puts_borrow_entries_through_cut_links_on_sim",
+        4,
+        |seed| {
+            let (cfg, mut sim) = short_of_memory(seed);
+            sim.faults = cut_links(seed, &[1, 2], 1, 10, 1_000_000..40_000_000, 50_000..500_000);
+            let keys = Arc::new((0..96u64).collect::<Vec<_>>());
+            let (h, stats, w) = sim_history_in(sim, &cfg, 2, &BTreeMap::new(), |me| Workload {
+                verb_errors: (me > 4).then(|| errors.clone()),
+                ..lenders_and_borrowers(&keys, me)
+            });
+            let v = h.check(&BTreeMap::new());
+            assert!(v.is_ok(), "seed {seed}: {v:?}");
+            audit_sim(&w, 8);
+            eprintln!(
+                "seed {seed}: borrowed {} lent {} pool faults {} settled {} {} leaked {}",
+                stats.entries_borrowed,
+                stats.entries_lent,
+                stats.pool_faults,
+                stats.lends_settled_taken,
+                stats.lends_settled_not_taken,
+                stats.entries_leaked,
+            );
+            *total.borrow_mut() += stats;
+        },
+    );
+    let total = total.into_inner();
+    // Relaxed: read after every run, on the thread that ran them.
+    assert!(
+        errors.load(Ordering::Relaxed) > 0,
+        "no cut hit an operation"
+    );
+    assert!(
+        total.entries_borrowed > 0 && total.pool_faults > 0,
+        "{total:?}"
+    );
+}
+
 /// A table made for 64 keys that may grow to 4096, and 12 clients on 3
 /// compute nodes putting, getting and deleting 700 keys: it doubles four
 /// or five times while they run (each compute node with its own view of
@@ -279,6 +420,7 @@ fn cuckoo_histories_while_the_table_grows_on_sim() {
             keys: keys.clone(),
             ops: 150,
             leave: false,
+            verb_errors: None,
         });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -325,6 +467,7 @@ fn cuckoo_growth_finishes_under_hot_key_updates_on_sim() {
                         keys: fresh.clone(),
                         ops: 150,
                         leave: false,
+                        verb_errors: None,
                     }
                 } else {
                     Workload {
@@ -333,6 +476,7 @@ fn cuckoo_growth_finishes_under_hot_key_updates_on_sim() {
                         keys: hot.clone(),
                         ops: 1500,
                         leave: false,
+                        verb_errors: None,
                     }
                 }
             });
@@ -368,6 +512,7 @@ fn cuckoo_histories_on_a_table_spread_over_nodes() {
             keys: keys.clone(),
             ops: 150,
             leave: false,
+            verb_errors: None,
         });
         let v = h.check(&preload);
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -403,6 +548,7 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
                         keys: hot.clone(),
                         ops: 200,
                         leave: false,
+                        verb_errors: None,
                     }
                 } else {
                     Workload {
@@ -411,6 +557,7 @@ fn cuckoo_displacement_races_gets_and_puts_on_sim() {
                         keys: movers.clone(),
                         ops: 200,
                         leave: false,
+                        verb_errors: None,
                     }
                 }
             });
@@ -471,6 +618,7 @@ fn emu_history(
         keys: keys.clone(),
         ops,
         leave: false,
+        verb_errors: None,
     })
 }
 
@@ -663,6 +811,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
                 keys: fresh.clone(),
                 ops: 600,
                 leave: false,
+                verb_errors: None,
             }
         } else {
             Workload {
@@ -671,6 +820,7 @@ fn cuckoo_growth_under_hot_key_updates_on_emu_threads() {
                 keys: hot.clone(),
                 ops: 6000,
                 leave: false,
+                verb_errors: None,
             }
         }
     });
@@ -711,6 +861,7 @@ fn cuckoo_concurrent_inserts_of_one_key_never_duplicate() {
                     keys: keys.clone(),
                     ops: 120,
                     leave: false,
+                    verb_errors: None,
                 });
             let v = h.check(&BTreeMap::new());
             assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -777,6 +928,7 @@ fn cuckoo_entry_reuse_never_feeds_readers() {
                 keys: Arc::new(vec![keys[(me as usize - 1) % 2]]),
                 ops: 300,
                 leave: false,
+                verb_errors: None,
             });
         let v = h.check(&BTreeMap::new());
         assert!(v.is_ok(), "seed {seed}: {v:?}");
@@ -825,6 +977,7 @@ fn cuckoo_updates_racing_moves_are_never_lost() {
                     keys: hot.clone(),
                     ops: 150,
                     leave: false,
+                    verb_errors: None,
                 }
             } else {
                 Workload {
@@ -833,6 +986,7 @@ fn cuckoo_updates_racing_moves_are_never_lost() {
                     keys: movers.clone(),
                     ops: 150,
                     leave: false,
+                    verb_errors: None,
                 }
             }
         });

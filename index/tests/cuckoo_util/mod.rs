@@ -160,11 +160,18 @@ pub struct Workload {
     /// Whether the client, its operations done, leaves the table
     /// (`CuckooClient::lend_all`; what it lent is in its stats).
     pub leave: bool,
+    /// Where verb errors are counted when they are expected (a link cut
+    /// while the client runs): an operation failing with one is recorded
+    /// as unknown (pending) and the client goes on. `None`: any error
+    /// but `TableFull` panics.
+    pub verb_errors: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Random recorded operations. Every value written is unique to its put.
 /// A put refused with `TableFull` had no effect and is recorded as
-/// unknown (the checker may take it or not); any other error panics.
+/// unknown (the checker may take it or not), as is, when the workload
+/// expects them, an operation that met a verb error (counted in the
+/// workload's `verb_errors`); any other error panics.
 #[allow(clippy::too_many_arguments)]
 pub async fn random_client<N: Nic>(
     ctx: Ctx<N>,
@@ -203,9 +210,15 @@ pub async fn random_client<N: Nic>(
                     .map(|b| Ret::Delete(Some(b))),
             )
         };
-        match r {
-            Ok(ret) => rec.complete(id, ret, clock(&ctx)),
-            Err(e) => {
+        match (r, &wl.verb_errors) {
+            (Ok(ret), _) => rec.complete(id, ret, clock(&ctx)),
+            (Err(index::cuckoo::CuckooError::Verb(_)), Some(n)) => {
+                rec.complete(id, Ret::Unknown, clock(&ctx));
+                // Relaxed: a count, read once every client is done (the
+                // run's end, or the threads' joins, order it).
+                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            (Err(e), _) => {
                 rec.complete(id, Ret::Unknown, clock(&ctx));
                 panic!("client {me}: {e}");
             }
