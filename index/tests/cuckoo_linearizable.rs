@@ -318,37 +318,6 @@ fn lenders_and_borrowers(keys: &Arc<Vec<u64>>, me: u32) -> Workload {
     }
 }
 
-/// Links cut now and then, drawn from `seed`: each compute node of
-/// `computes` loses its link to a memory node (of the first `memories`)
-/// `cuts` times, at an instant in `at`, for a time in `lasting`.
-fn cut_links(
-    seed: u64,
-    computes: &[u16],
-    memories: u64,
-    cuts: usize,
-    at: std::ops::Range<u64>,
-    lasting: std::ops::Range<u64>,
-) -> Vec<Fault> {
-    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Faults, 0);
-    let mut faults = Vec::new();
-    for &compute in computes {
-        for _ in 0..cuts {
-            let memory = rng.below(memories) as u16;
-            let at_ns = at.start + rng.below(at.end - at.start);
-            let heal = at_ns + lasting.start + rng.below(lasting.end - lasting.start);
-            faults.push(Fault {
-                at_ns,
-                kind: FaultKind::CutLink { compute, memory },
-            });
-            faults.push(Fault {
-                at_ns: heal,
-                kind: FaultKind::HealLink { compute, memory },
-            });
-        }
-    }
-    faults
-}
-
 /// The lending of the test above, with the lenders' links cut now and
 /// then: each of compute nodes 1 and 2 loses its link to the memory node
 /// ten times, at seed-drawn instants from 1 to 40 ms, for 50 to 500 µs

@@ -78,3 +78,34 @@ pub fn emu_executor(emu: &EmuCluster, slots: usize) -> Executor<EmuNic> {
 pub fn sherman() -> TreeConfig {
     TreeConfig::sherman(HOST)
 }
+
+/// Links cut now and then, drawn from `seed`: each compute node of
+/// `computes` loses its link to a memory node (of the first `memories`)
+/// `cuts` times, at an instant in `at`, for a time in `lasting`.
+pub fn cut_links(
+    seed: u64,
+    computes: &[u16],
+    memories: u64,
+    cuts: usize,
+    at: std::ops::Range<u64>,
+    lasting: std::ops::Range<u64>,
+) -> Vec<nicdrv::sim::Fault> {
+    let mut rng = nicdrv::rng::Rng::stream(seed, nicdrv::rng::Domain::Faults, 0);
+    let mut faults = Vec::new();
+    for &compute in computes {
+        for _ in 0..cuts {
+            let memory = rng.below(memories) as u16;
+            let at_ns = at.start + rng.below(at.end - at.start);
+            let heal = at_ns + lasting.start + rng.below(lasting.end - lasting.start);
+            faults.push(nicdrv::sim::Fault {
+                at_ns,
+                kind: nicdrv::sim::FaultKind::CutLink { compute, memory },
+            });
+            faults.push(nicdrv::sim::Fault {
+                at_ns: heal,
+                kind: nicdrv::sim::FaultKind::HealLink { compute, memory },
+            });
+        }
+    }
+    faults
+}
