@@ -98,6 +98,8 @@ fn delta(now: TreeStats, before: TreeStats) -> TreeStats {
         splits: now.splits - before.splits,
         clean_lookups: now.clean_lookups - before.clean_lookups,
         lookups: now.lookups - before.lookups,
+        locks_stranded: now.locks_stranded - before.locks_stranded,
+        stranded_released: now.stranded_released - before.stranded_released,
     }
 }
 

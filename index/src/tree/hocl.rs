@@ -45,6 +45,9 @@ struct LocalLock {
     remote_held: AtomicBool,
     /// The global lock word held (raw address) while `remote_held`.
     held_word: AtomicU64,
+    /// What that word holds: the id of the client whose CAS took it (a
+    /// handover leaves the word as it is).
+    held_by: AtomicU64,
     handovers: AtomicU32,
     /// The node a holder handing the lock over left with it (raw address
     /// and bytes as they are at the memory node), when the configuration
@@ -104,6 +107,7 @@ impl LocalLocks {
                     taken: AtomicBool::new(false),
                     remote_held: AtomicBool::new(false),
                     held_word: AtomicU64::new(0),
+                    held_by: AtomicU64::new(0),
                     handovers: AtomicU32::new(0),
                     page: Mutex::new(Page::default()),
                 })
@@ -167,13 +171,14 @@ pub enum Turn {
 /// What a local acquire found.
 pub enum Local {
     /// The previous local holder handed the global lock over: no remote
-    /// CAS; with the page it left, if any.
-    HandedOver(Option<Page>),
+    /// CAS; with the page it left, if any, and what the word holds (the
+    /// id of the client whose CAS took it).
+    HandedOver(Option<Page>, u64),
     /// This thread must take the global lock itself.
     MustAcquire,
     /// The entry holds another global word (a hash collision across memory
-    /// nodes): release it, then take ours.
-    ReleaseFirst(GlobalAddr),
+    /// nodes), holding the id given: release it, then take ours.
+    ReleaseFirst(GlobalAddr, u64),
 }
 
 impl LocalLocks {
@@ -211,18 +216,23 @@ impl LocalLocks {
         // this holder (dropped with it, unless it is the node it locks).
         let page = std::mem::take(&mut *l.page.lock().expect("no panics hold a page"));
         let held = GlobalAddr::from_raw(l.held_word.load(Ordering::Relaxed));
+        let by = l.held_by.load(Ordering::Relaxed);
         if held == word {
-            Local::HandedOver((page.node != 0).then_some(page))
+            Local::HandedOver((page.node != 0).then_some(page), by)
         } else {
             l.remote_held.store(false, Ordering::Relaxed);
             l.handovers.store(0, Ordering::Relaxed);
-            Local::ReleaseFirst(held)
+            Local::ReleaseFirst(held, by)
         }
     }
 
-    pub fn set_remote_held(&self, i: usize, word: GlobalAddr) {
+    /// Records that this compute node holds global word `word`, taken by
+    /// the CAS of client `by` (what the word holds). Relaxed: read only by
+    /// the entry's next holder, after `pass`'s Release.
+    pub fn set_remote_held(&self, i: usize, word: GlobalAddr, by: u64) {
         let l = self.at(i);
         l.held_word.store(word.raw(), Ordering::Relaxed);
+        l.held_by.store(by, Ordering::Relaxed);
         l.remote_held.store(true, Ordering::Relaxed);
     }
 
@@ -305,7 +315,7 @@ mod tests {
         assert!(locks.try_take(3), "entries are apart");
         // Without a queue there is no next waiter to hand over to: the
         // holder releases the global word, and the next taker takes it.
-        locks.set_remote_held(2, w);
+        locks.set_remote_held(2, w, 7);
         assert!(!locks.plan_release(2, Turn::Taken, 8, true));
         locks.pass(2, Turn::Taken);
         assert!(locks.try_take(2), "free again");
@@ -325,9 +335,12 @@ mod tests {
         // The turn of a holder handed entry 3 for word `wa`: the page it
         // gets, which leaves the entry then.
         let handed = || {
-            locks.set_remote_held(3, wa);
+            locks.set_remote_held(3, wa, 7);
             match locks.on_turn(3, wa) {
-                Local::HandedOver(page) => page,
+                Local::HandedOver(page, by) => {
+                    assert_eq!(by, 7, "the word's holder goes with it");
+                    page
+                }
                 _ => panic!("handed over"),
             }
         };
@@ -356,9 +369,9 @@ mod tests {
         assert!(!locks.holds_page(3));
         // Handed an entry holding another node's word (entries shared
         // across memory nodes): the page of that word's node goes with it.
-        locks.set_remote_held(3, wa);
+        locks.set_remote_held(3, wa, 9);
         locks.leave_page(3, Some((a, &[5u8; 8])));
-        assert!(matches!(locks.on_turn(3, wb), Local::ReleaseFirst(w) if w == wa));
+        assert!(matches!(locks.on_turn(3, wb), Local::ReleaseFirst(w, 9) if w == wa));
         assert!(!locks.holds_page(3));
     }
 }

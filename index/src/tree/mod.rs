@@ -44,7 +44,7 @@ use layout::{Layout, LeafItems, Node, NodeMut};
 use mempool::{AllocError, RemoteAllocator, TREE_ROOT_OFF};
 use nicdrv::{Buf, Ctx, GlobalAddr, Nic, VerbError};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The well-known word on memory node 0 holding the root's address and
@@ -200,6 +200,11 @@ pub struct TreeStats {
     pub clean_lookups: u64,
     /// Gets of a valid key, whether they succeeded or not.
     pub lookups: u64,
+    /// Lock words this client may have left taken after a verb failed
+    /// (a release that did not land, or a CAS whose answer was lost), and
+    /// those it released later (`write.rs`, "Stranded locks").
+    pub locks_stranded: u64,
+    pub stranded_released: u64,
 }
 
 impl std::ops::AddAssign for TreeStats {
@@ -214,6 +219,8 @@ impl std::ops::AddAssign for TreeStats {
         self.splits += o.splits;
         self.clean_lookups += o.clean_lookups;
         self.lookups += o.lookups;
+        self.locks_stranded += o.locks_stranded;
+        self.stranded_released += o.stranded_released;
     }
 }
 
@@ -273,6 +280,18 @@ pub struct TreeOf<K: TreeKey> {
     locks: LocalLocks,
     cache: IndexCache<K>,
     table_words: u64,
+    /// Lock words this compute node's clients may have left taken
+    /// (`write.rs`, "Stranded locks"), with the id each holds.
+    stranded: std::sync::Mutex<Vec<Stranded>>,
+    /// How many `stranded` holds, for a cheap look at each operation.
+    strand_count: AtomicUsize,
+}
+
+/// A lock word a failed verb may have left taken: `lock`, holding `taker`.
+#[derive(Copy, Clone, Debug)]
+struct Stranded {
+    lock: LockRef,
+    taker: u64,
 }
 
 /// The tree of `u64` keys.
@@ -305,6 +324,8 @@ impl<K: TreeKey> TreeOf<K> {
             cache: IndexCache::new(cfg.cache_bytes),
             table_words: table_words.max(1),
             cfg,
+            stranded: std::sync::Mutex::new(Vec::new()),
+            strand_count: AtomicUsize::new(0),
         }))
     }
 
@@ -328,9 +349,36 @@ impl<K: TreeKey> TreeOf<K> {
         hocl::lock_of(&self.cfg, self.table_words, self.locks.entries(), node)
     }
 
+    /// Takes the stranded word `word` holding `taker` off the list; whether
+    /// it was on it.
+    fn unstrand(&self, word: GlobalAddr, taker: u64) -> bool {
+        // Acquire: as in `release_stranded`.
+        if self.strand_count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.change_stranded(|s| {
+            let at = s
+                .iter()
+                .position(|x| x.lock.word == word && x.taker == taker);
+            at.map(|i| s.swap_remove(i)).is_some()
+        })
+    }
+
+    /// Changes the stranded locks, and their count under the same lock
+    /// (Release: pairs with the Acquire look in `release_stranded`).
+    fn change_stranded<R>(&self, f: impl FnOnce(&mut Vec<Stranded>) -> R) -> R {
+        let mut s = self.stranded.lock().expect("no panics hold it");
+        let r = f(&mut s);
+        self.strand_count.store(s.len(), Ordering::Release);
+        r
+    }
+
     /// A client for one task. `id` must be non-zero and unique among live
-    /// clients of the cluster (it marks the locks it holds). Reads and
-    /// writes nothing. Fails with [`TreeError::Config`] for an `id` of 0.
+    /// clients of the cluster (it marks the locks it holds), and not used
+    /// on another compute node while this handle lives: a lock word a
+    /// failed verb may have left holding it is released later by CAS from
+    /// it (`write.rs`, "Stranded locks"). Reads and writes nothing. Fails
+    /// with [`TreeError::Config`] for an `id` of 0.
     pub fn client(self: &Arc<TreeOf<K>>, id: u64) -> Result<TreeClientOf<K>, TreeError> {
         if id == 0 {
             return Err(TreeError::Config("client id must be non-zero".into()));
@@ -357,6 +405,9 @@ pub struct NodeLock(Held);
 #[must_use = "a held lock must be released (write_and_release or abandon)"]
 struct Held {
     lock: LockRef,
+    /// What the lock word holds while held: the id of the client whose CAS
+    /// took it (this one's, or a local holder's before a handover).
+    taker: u64,
     /// How the local lock table entry is held (None: no local table).
     local: Option<Turn>,
     /// The tree node the lock was taken for.

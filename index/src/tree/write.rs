@@ -1,6 +1,26 @@
 //! Locking and write-back: taking a node's HOCL lock, giving it up, and
 //! writing a changed node back with the unlock (command combination); put
 //! and delete, which change a leaf in place or split it.
+//!
+//! # Stranded locks
+//! Sherman's locks have no leases: a lock word stays taken until its
+//! holder writes it back to 0. When a verb fails with the link to the
+//! lock's memory node cut, the holder's release may not land, or its
+//! acquiring CAS may have taken with its answer lost; before, such a word
+//! stayed taken for good, and every later writer of the nodes it guards,
+//! on every compute node, failed with `LockWait`. Such a word is now
+//! *stranded*: recorded in the tree handle with what it holds (`taker`,
+//! the id of the client whose CAS took it), and released by CAS from
+//! `taker` to 0 at the start of a later operation of one of the compute
+//! node's clients (`release_stranded`), in the turn of the word's local
+//! entry; a failed release stays recorded. Sound because a client id is
+//! used on one compute node only ([`TreeOf::client`]), so only this
+//! compute node's clients ever put `taker` in the word, and they take it,
+//! or get it handed over, only in the entry's turn: in that turn, with no
+//! handover, the word holding `taker` is held by nobody. A handover found
+//! there (the word taken again since and handed on) is released as its
+//! holder would. Without a local table (FG+), only the taker releases
+//! its word, between its operations, when it holds no lock.
 
 use super::*;
 
@@ -14,10 +34,20 @@ impl<K: TreeKey> TreeClientOf<K> {
         ctx: &Ctx<N>,
         node: GlobalAddr,
     ) -> Result<(Held, Option<Option<Page>>), TreeError> {
-        let lock = self.tree.lock_of(node);
+        self.queue_at(ctx, self.tree.lock_of(node), node).await
+    }
+
+    /// [`Self::queue`] for the lock `lock` of the node at `node`.
+    async fn queue_at<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        lock: LockRef,
+        node: GlobalAddr,
+    ) -> Result<(Held, Option<Option<Page>>), TreeError> {
         if !self.tree.cfg.local_lock_table {
             let held = Held {
                 lock,
+                taker: self.id,
                 local: None,
                 node,
             };
@@ -36,27 +66,94 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             Turn::Taken
         };
-        let held = Held {
+        let mut held = Held {
             lock,
+            taker: self.id,
             local: Some(turn),
             node,
         };
         match locks.on_turn(lock.local, lock.word) {
-            Local::HandedOver(page) => {
+            Local::HandedOver(page, taker) => {
                 self.stats.handovers += 1;
+                held.taker = taker;
                 Ok((held, Some(page)))
             }
             Local::MustAcquire => Ok((held, None)),
-            Local::ReleaseFirst(other) => {
+            Local::ReleaseFirst(other, taker) => {
                 // The previous holder finished its writes before passing
                 // the entry on, so releasing its word now is safe.
                 if let Err(e) = ctx.write(other, &0u64.to_le_bytes()).await {
+                    let other = LockRef {
+                        word: other,
+                        ..lock
+                    };
+                    self.strand(other, taker);
                     self.abandon(ctx, held, false).await;
                     return Err(e.into());
                 }
                 Ok((held, None))
             }
         }
+    }
+
+    /// Records that `lock` may be left taken, holding `taker` ("Stranded
+    /// locks" above).
+    fn strand(&mut self, lock: LockRef, taker: u64) {
+        self.stats.locks_stranded += 1;
+        self.tree
+            .change_stranded(|s| s.push(Stranded { lock, taker }));
+    }
+
+    /// Releases the lock words this compute node's clients stranded
+    /// ("Stranded locks" above), each by CAS from what it holds to 0 in
+    /// its local entry's turn; without a local table, only those this
+    /// client stranded. One whose verb fails again stays stranded. At the
+    /// start of each operation: one load while there are none.
+    pub(super) async fn release_stranded<N: Nic>(&mut self, ctx: &Ctx<N>) {
+        // Acquire: pairs with change_stranded's Release; a count read
+        // stale only defers the release to a later operation.
+        if self.tree.strand_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // Without a local table only the taker itself may: nothing orders
+        // it with another client's release.
+        let (me, anyone) = (self.id, self.tree.cfg.local_lock_table);
+        let todo: Vec<Stranded> = self.tree.change_stranded(|s| {
+            s.iter()
+                .filter(|x| anyone || x.taker == me)
+                .copied()
+                .collect()
+        });
+        for x in todo {
+            self.release_one(ctx, x).await;
+        }
+    }
+
+    /// Releases the stranded word `x` in its local entry's turn, unless
+    /// another client did first (a local waiter takes a stranded word
+    /// over: `acquire_with`). Left stranded if its verb fails again.
+    async fn release_one<N: Nic>(&mut self, ctx: &Ctx<N>, x: Stranded) {
+        // No node: nothing is read under this lock, and a handover leaves
+        // no page for it.
+        let Ok((held, handed)) = self.queue_at(ctx, x.lock, GlobalAddr::NULL).await else {
+            return;
+        };
+        let mine = self.tree.unstrand(x.lock.word, x.taker);
+        if handed.is_some() {
+            // A local client took the word again since (the release did
+            // land) and handed it on: held now, released as holders do.
+            let _ = self.write_and_release(ctx, held, &[], &[]).await;
+            return;
+        }
+        // In the entry's turn (or, without a local table, between this
+        // client's operations): nobody holds the word on `taker`'s behalf.
+        if mine {
+            match ctx.cas(x.lock.word, x.taker, 0).await {
+                Ok(_) => self.stats.stranded_released += 1,
+                Err(_) => self.tree.change_stranded(|s| s.push(x)),
+            }
+        }
+        self.abandon(ctx, held, false).await;
     }
 
     /// Takes the global lock of `held` by CAS, retrying while it is taken.
@@ -111,17 +208,30 @@ impl<K: TreeKey> TreeClientOf<K> {
         mut buf: Option<Buf>,
     ) -> Result<(Held, Option<Buf>), TreeError> {
         let mut since = None;
+        // What the CAS expects: 0, or a stranded word's holder to take it
+        // over from ("Stranded locks" above).
+        let mut expect = 0;
         loop {
             let mut b = ctx.batch();
-            let cas = b.cas(held.lock.word, 0, self.id);
+            let cas = b.cas(held.lock.word, expect, self.id);
             let rd = buf.take().map(|x| b.read(held.node, x));
             match b.submit().await {
                 Ok(mut done) => {
                     let holder = done.old(cas);
                     buf = rd.map(|op| done.take_buf(op));
                     drop(done);
-                    if holder == 0 {
+                    if holder == expect {
+                        if expect != 0 {
+                            self.stats.stranded_released += 1;
+                        }
                         break;
+                    }
+                    // In the local entry's turn, a word this compute node
+                    // stranded is nobody's: take it over.
+                    expect = 0;
+                    if held.local.is_some() && self.tree.unstrand(held.lock.word, holder) {
+                        expect = holder;
+                        continue;
                     }
                     self.stats.lock_retries += 1;
                     let now = ctx.now_ns();
@@ -138,15 +248,24 @@ impl<K: TreeKey> TreeClientOf<K> {
                     ctx.yield_now().await;
                 }
                 Err(e) => {
+                    // The CAS may have taken, its answer lost.
+                    self.strand(held.lock, self.id);
+                    if expect != 0 {
+                        self.strand(held.lock, expect);
+                    }
                     self.abandon(ctx, held, false).await;
                     return Err(e.into());
                 }
             }
         }
+        let held = Held {
+            taker: self.id,
+            ..held
+        };
         if held.local.is_some() {
             self.tree
                 .locks
-                .set_remote_held(held.lock.local, held.lock.word);
+                .set_remote_held(held.lock.local, held.lock.word, self.id);
         }
         Ok((held, buf))
     }
@@ -223,6 +342,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         node: GlobalAddr,
     ) -> Result<NodeLock, TreeError> {
         check_node_addr(node)?;
+        self.release_stranded(ctx).await;
         let (held, handed) = self.queue(ctx, node).await?;
         let held = if handed.is_some() {
             held
@@ -263,8 +383,13 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// we took the global lock, tries to release it (best effort: the node
     /// may be dead).
     pub(super) async fn abandon<N: Nic>(&mut self, ctx: &Ctx<N>, held: Held, remote: bool) {
-        if remote {
-            let _ = ctx.write(held.lock.word, &0u64.to_le_bytes()).await;
+        if remote
+            && ctx
+                .write(held.lock.word, &0u64.to_le_bytes())
+                .await
+                .is_err()
+        {
+            self.strand(held.lock, held.taker);
         }
         if let Some(t) = held.local {
             let locks = &self.tree.locks;
@@ -313,6 +438,11 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             other => other,
         };
+        // Released remotely (or meant to be, the writes before failing):
+        // the unlock may not have landed.
+        if r.is_err() && !hand_over {
+            self.strand(held.lock, held.taker);
+        }
         if let Some(t) = held.local {
             if hand_over && cfg.handover_page {
                 // A failed write leaves the node unknown: no page.
@@ -394,6 +524,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         key: K,
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
+        self.release_stranded(ctx).await;
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
             let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
