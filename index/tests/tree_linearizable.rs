@@ -191,8 +191,7 @@ fn sim_history<K: TestKey>(
 
 /// [`sim_history`] with `faults`; the clients on compute nodes other than
 /// 0 count their verb errors and statistics in `cut` and go on (node 0's
-/// panic on
-/// any error).
+/// panic on any error).
 #[allow(clippy::too_many_arguments)]
 fn sim_history_cut<K: TestKey>(
     seed: u64,
