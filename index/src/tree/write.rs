@@ -149,7 +149,9 @@ impl<K: TreeKey> TreeClientOf<K> {
         // client's operations): nobody holds the word on `taker`'s behalf.
         if mine {
             match ctx.cas(x.lock.word, x.taker, 0).await {
-                Ok(_) => self.stats.stranded_released += 1,
+                Ok(old) if old == x.taker => self.stats.stranded_released += 1,
+                // Released after all (the lost release had landed).
+                Ok(_) => {}
                 Err(_) => self.tree.change_stranded(|s| s.push(x)),
             }
         }
