@@ -798,3 +798,104 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
         });
     }
 }
+
+/// A root split whose new root was never installed (its client's link cut
+/// after the split was written) is installed by the next client that
+/// needs the level above. On one memory node: compute node 1's client
+/// fills the root leaf to its fanout, then puts one key more, which
+/// splits the root, while its link is cut for 200 µs at an instant swept
+/// over the first 20 µs of that put (every 250 ns), and after the cut
+/// gets a key (which releases a lock the cut left taken). Compute node 0's
+/// client then puts 400 keys above all of those, splitting the right
+/// half again and again: every put succeeds,
+/// every key reads back (the splitting put's own as before it, or not at
+/// all), and across the sweep some cut left a root split uninstalled and
+/// node 0's client installed it (before, its splits waited for the
+/// install without end and failed `Corrupt`).
+#[test]
+fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
+    use nicdrv::sim::{Fault, FaultKind, RunEnd};
+    let cfg = TreeConfig::sherman(HOST);
+    let fanout = index::tree::layout::Layout::new(8, 8)
+        .unwrap()
+        .leaf_fanout() as u64;
+    let run = |cut: Option<u64>| {
+        let mut w = sim_world(5, 1, 2);
+        let (a, b) = (
+            Tree::new(cfg.clone(), DM).unwrap(),
+            Tree::new(cfg.clone(), DM).unwrap(),
+        );
+        sim_create(&mut w, &a);
+        let slot = Rc::new(RefCell::new(Some(b.client(7).unwrap())));
+        let s = slot.clone();
+        let t = w.add_thread(1, exec_cfg(1)).unwrap();
+        w.spawn(t, move |ctx| async move {
+            let mut c = s.borrow_mut().take().unwrap();
+            for k in 0..fanout {
+                c.put(&ctx, k * 10, k).await.unwrap();
+            }
+            *s.borrow_mut() = Some(c);
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done);
+        let heal = cut.map(|c| {
+            let (at, compute, memory) = (w.now_ns() + c, 1, 0);
+            w.add_faults(&[
+                Fault {
+                    at_ns: at,
+                    kind: FaultKind::CutLink { compute, memory },
+                },
+                Fault {
+                    at_ns: at + 200_000,
+                    kind: FaultKind::HealLink { compute, memory },
+                },
+            ])
+            .unwrap();
+            at + 200_000
+        });
+        let split_put = Rc::new(RefCell::new(None));
+        let (s, sp) = (slot.clone(), split_put.clone());
+        let t = w.add_thread(1, exec_cfg(1)).unwrap();
+        w.spawn(t, move |ctx| async move {
+            let mut c = s.borrow_mut().take().unwrap();
+            *sp.borrow_mut() = Some(c.put(&ctx, fanout * 10, fanout).await.is_ok());
+            // Its next operation, once the link is back, releases a lock
+            // word the cut may have left taken (write.rs, "Stranded
+            // locks").
+            if let Some(heal) = heal {
+                ctx.sleep_until(heal.max(ctx.now_ns())).unwrap().await;
+            }
+            c.get(&ctx, 0).await.unwrap();
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done);
+        let helps = Rc::new(RefCell::new(0));
+        let h = helps.clone();
+        let ok = split_put.borrow().unwrap();
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = a.client(1).unwrap();
+            // Above every key of the first leaf: into the split's right
+            // half, whose own splits need the level above the root.
+            for k in 0..400u64 {
+                c.put(&ctx, 100_000 + k, k).await.unwrap();
+            }
+            for k in 0..400u64 {
+                assert_eq!(c.get(&ctx, 100_000 + k).await.unwrap(), Some(k));
+            }
+            for k in 0..fanout {
+                assert_eq!(c.get(&ctx, k * 10).await.unwrap(), Some(k));
+            }
+            let last = c.get(&ctx, fanout * 10).await.unwrap();
+            assert!(last == Some(fanout) || (!ok && last.is_none()), "{last:?}");
+            *h.borrow_mut() = c.stats.root_helps;
+        });
+        let helps = *helps.borrow();
+        helps
+    };
+    assert_eq!(run(None), 0, "no cut: nothing to help");
+    let helped = (0..20_000)
+        .step_by(250)
+        .filter(|&at| run(Some(at)) > 0)
+        .count();
+    assert!(helped > 0, "no cut left a root split uninstalled");
+}

@@ -55,6 +55,14 @@ const LEVEL_MASK: u64 = layout::NODE_ALIGN - 1;
 const MAX_READ_RETRIES: u32 = 100_000;
 /// Restarts of one operation before reporting a livelock.
 const MAX_RESTARTS: u32 = 1_000_000;
+
+/// How long a split needing a level above the root waits for another
+/// client's root split to be installed before installing it itself
+/// (`split.rs`, `help_grow_root`). An install is three round trips and
+/// roots split a handful of times in a tree's life, so 1 ms (hundreds of
+/// round trips) is passed almost only by an installer whose link failed
+/// or whose thread stalled; helping one that was only slow costs a node.
+const ROOT_HELP_NS: u64 = 1_000_000;
 /// Sibling pointers one descent or parent update follows, over all its
 /// restarts, before calling the chain corrupt (a cycle of pointers, which
 /// no tree makes: a chain is as long as the splits since its start was
@@ -205,6 +213,9 @@ pub struct TreeStats {
     /// those it released later (`write.rs`, "Stranded locks").
     pub locks_stranded: u64,
     pub stranded_released: u64,
+    /// Root splits another client left uninstalled past `ROOT_HELP_NS`,
+    /// that this one installed (`split.rs`, `help_grow_root`).
+    pub root_helps: u64,
 }
 
 impl std::ops::AddAssign for TreeStats {
@@ -221,6 +232,7 @@ impl std::ops::AddAssign for TreeStats {
         self.lookups += o.lookups;
         self.locks_stranded += o.locks_stranded;
         self.stranded_released += o.stranded_released;
+        self.root_helps += o.root_helps;
     }
 }
 

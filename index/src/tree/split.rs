@@ -73,18 +73,28 @@ impl<K: TreeKey> TreeClientOf<K> {
         left: GlobalAddr,
     ) -> Result<(), TreeError> {
         let mut hops = 0;
+        let mut pending_since = None;
         for _ in 0..MAX_RESTARTS {
             let (root, root_level) = self.root(ctx, true).await?;
             if root_level < level {
+                let old = root.raw() | (root_level as u64);
                 if root == left {
                     // We split the root: grow the tree.
-                    let old = root.raw() | (root_level as u64);
                     if self.grow_root(ctx, level, sep, child, left, old).await? {
                         return Ok(());
                     }
                     continue;
                 }
-                // Someone else's root split is still being installed.
+                // Someone else's root split is still being installed; one
+                // not installed within ROOT_HELP_NS may never be (its
+                // client's link failed after the split): install it.
+                let now = ctx.now_ns();
+                let since = *pending_since.get_or_insert(now);
+                if now.saturating_sub(since) >= ROOT_HELP_NS {
+                    pending_since = None;
+                    self.help_grow_root(ctx, root, root_level, old).await?;
+                    continue;
+                }
                 ctx.yield_now().await;
                 continue;
             }
@@ -153,6 +163,33 @@ impl<K: TreeKey> TreeClientOf<K> {
             addr: left,
             why: "parent insert restarted without end",
         })
+    }
+
+    /// Installs the new root a split of the root at `root` (at level
+    /// `root_level`, the root word holding `old`) left uninstalled: over
+    /// the root and its sibling, the root's high fence between them, as
+    /// the splitter would have. Nothing when the root has no sibling (the
+    /// root word moved on, or the split is not written yet). The splitter,
+    /// should it come back, finds the root word changed and its separator
+    /// in place (one node it allocated is then lost).
+    async fn help_grow_root<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        root: GlobalAddr,
+        root_level: u8,
+        old: u64,
+    ) -> Result<(), TreeError> {
+        let buf = self.read_node(ctx, root).await?;
+        let n = self.node(buf.as_slice());
+        let (level, high, sibling) = (n.level(), n.high(), n.sibling());
+        drop(buf);
+        if level != root_level || sibling.is_null() || high == K::INFINITY {
+            return Ok(());
+        }
+        self.stats.root_helps += 1;
+        self.grow_root(ctx, root_level + 1, high, sibling, root, old)
+            .await
+            .map(drop)
     }
 
     /// Installs a new root at `level` over `left` and its new sibling
