@@ -361,11 +361,19 @@ impl<K: TreeKey> TreeOf<K> {
         hocl::lock_of(&self.cfg, self.table_words, self.locks.entries(), node)
     }
 
+    /// Whether some lock word is stranded (`write.rs`, "Stranded locks"):
+    /// one load.
+    #[inline]
+    fn has_stranded(&self) -> bool {
+        // Acquire: pairs with change_stranded's Release; a count read
+        // stale only defers a release to a later operation.
+        self.strand_count.load(Ordering::Acquire) != 0
+    }
+
     /// Takes the stranded word `word` holding `taker` off the list; whether
     /// it was on it.
     fn unstrand(&self, word: GlobalAddr, taker: u64) -> bool {
-        // Acquire: as in `release_stranded`.
-        if self.strand_count.load(Ordering::Acquire) == 0 {
+        if !self.has_stranded() {
             return false;
         }
         self.change_stranded(|s| {

@@ -212,7 +212,11 @@ impl<K: TreeKey> TreeClientOf<K> {
         out: Option<&mut [u8]>,
     ) -> Result<Option<u64>, TreeError> {
         check_key(key)?;
-        self.release_stranded(ctx).await;
+        // Checked here, not in an awaited call: the lookup polls no
+        // nested future while nothing is stranded.
+        if self.tree.has_stranded() {
+            self.release_stranded(ctx).await;
+        }
         self.stats.lookups += 1;
         let retries0 = self.stats.read_retries;
         // A cache hit is the common case: settled here, with no descent's

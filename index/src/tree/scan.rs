@@ -57,7 +57,9 @@ impl<K: TreeKey> TreeClientOf<K> {
         if low >= high || limit == 0 {
             return Ok(st);
         }
-        self.release_stranded(ctx).await;
+        if self.tree.has_stranded() {
+            self.release_stranded(ctx).await;
+        }
         let r = self.scan_walk(ctx, &mut st).await;
         // The fill of the leaves this scan took guides the next scan's
         // first read (a moving mean over about 8 scans).

@@ -108,13 +108,8 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// ("Stranded locks" above), each by CAS from what it holds to 0 in
     /// its local entry's turn; without a local table, only those this
     /// client stranded. One whose verb fails again stays stranded. At the
-    /// start of each operation: one load while there are none.
+    /// start of each operation, when [`TreeOf::has_stranded`].
     pub(super) async fn release_stranded<N: Nic>(&mut self, ctx: &Ctx<N>) {
-        // Acquire: pairs with change_stranded's Release; a count read
-        // stale only defers the release to a later operation.
-        if self.tree.strand_count.load(Ordering::Acquire) == 0 {
-            return;
-        }
         // Without a local table only the taker itself may: nothing orders
         // it with another client's release.
         let (me, anyone) = (self.id, self.tree.cfg.local_lock_table);
@@ -344,7 +339,9 @@ impl<K: TreeKey> TreeClientOf<K> {
         node: GlobalAddr,
     ) -> Result<NodeLock, TreeError> {
         check_node_addr(node)?;
-        self.release_stranded(ctx).await;
+        if self.tree.has_stranded() {
+            self.release_stranded(ctx).await;
+        }
         let (held, handed) = self.queue(ctx, node).await?;
         let held = if handed.is_some() {
             held
@@ -526,7 +523,9 @@ impl<K: TreeKey> TreeClientOf<K> {
         key: K,
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
-        self.release_stranded(ctx).await;
+        if self.tree.has_stranded() {
+            self.release_stranded(ctx).await;
+        }
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
             let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
