@@ -1157,7 +1157,7 @@ fn a_dropped_clients_entries_are_lent_by_its_handles_other_clients() {
 #[test]
 fn a_lend_whose_cas_answer_is_lost_reads_the_head_to_settle_it() {
     use index::cuckoo::lend::{head_addr, Head, LentAll};
-    use nicdrv::sim::{Fault, FaultKind, RunEnd, World};
+    use nicdrv::sim::{RunEnd, World};
     use std::cell::Cell;
     type Slot = Rc<RefCell<Option<CuckooClient>>>;
     // Spawns `f` with the client in `slot` on a new thread of compute node
@@ -1209,19 +1209,7 @@ fn a_lend_whose_cas_answer_is_lost_reads_the_head_to_settle_it() {
         }
         assert_eq!(w.run(), RunEnd::Done);
         if let Some(at) = cut {
-            let (compute, memory) = (1, 0);
-            let t = w.now_ns() + at;
-            w.add_faults(&[
-                Fault {
-                    at_ns: t,
-                    kind: FaultKind::CutLink { compute, memory },
-                },
-                Fault {
-                    at_ns: t + 100_000,
-                    kind: FaultKind::HealLink { compute, memory },
-                },
-            ])
-            .unwrap();
+            cut_for(&mut w, 1, 0, at, 100_000);
         }
         let all: Vec<Rc<Cell<LentAll>>> = (0..2).map(|_| Rc::default()).collect();
         for (cn, out) in [1u16, 2].into_iter().zip(all.clone()) {

@@ -814,7 +814,7 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
 /// install without end and failed `Corrupt`).
 #[test]
 fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
-    use nicdrv::sim::{Fault, FaultKind, RunEnd};
+    use nicdrv::sim::RunEnd;
     let cfg = TreeConfig::sherman(HOST);
     let fanout = index::tree::layout::Layout::new(8, 8)
         .unwrap()
@@ -838,21 +838,7 @@ fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
         })
         .unwrap();
         assert_eq!(w.run(), RunEnd::Done);
-        let heal = cut.map(|c| {
-            let (at, compute, memory) = (w.now_ns() + c, 1, 0);
-            w.add_faults(&[
-                Fault {
-                    at_ns: at,
-                    kind: FaultKind::CutLink { compute, memory },
-                },
-                Fault {
-                    at_ns: at + 200_000,
-                    kind: FaultKind::HealLink { compute, memory },
-                },
-            ])
-            .unwrap();
-            at + 200_000
-        });
+        let heal = cut.map(|c| cut_for(&mut w, 1, 0, c, 200_000));
         let split_put = Rc::new(RefCell::new(None));
         let (s, sp) = (slot.clone(), split_put.clone());
         let t = w.add_thread(1, exec_cfg(1)).unwrap();

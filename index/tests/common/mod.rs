@@ -109,3 +109,22 @@ pub fn cut_links(
     }
     faults
 }
+
+/// Cuts the link between compute node `compute` and memory node `memory`
+/// of `w` at `after` ns from now, for `lasting` ns; when it heals.
+pub fn cut_for(w: &mut World, compute: u16, memory: u16, after: u64, lasting: u64) -> u64 {
+    use nicdrv::sim::{Fault, FaultKind};
+    let at = w.now_ns() + after;
+    w.add_faults(&[
+        Fault {
+            at_ns: at,
+            kind: FaultKind::CutLink { compute, memory },
+        },
+        Fault {
+            at_ns: at + lasting,
+            kind: FaultKind::HealLink { compute, memory },
+        },
+    ])
+    .unwrap();
+    at + lasting
+}
