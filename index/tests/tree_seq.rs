@@ -885,3 +885,100 @@ fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
         .count();
     assert!(helped > 0, "no cut left a root split uninstalled");
 }
+
+/// A lock word a cut stranded on a compute node whose clients then sit
+/// idle: another compute node's writer of it fails `LockWait` until a
+/// client of the stranding node calls `release_while_idle`. On one
+/// memory node: compute node 1's client 7 takes a node's lock, its link
+/// is cut for 200 µs, and its unlock fails (the word stays taken,
+/// holding 7); once the link is back, `releaser` (if any, a client of
+/// compute node 1) calls `release_while_idle`, and then compute node 0's
+/// client takes the same lock within a 1 ms wait bound, or fails. The
+/// holder it found (0: none), what it released, and whether a word
+/// stays stranded on node 1.
+fn idle_release(name: &str, releaser: Option<u64>) -> (u64, u64, bool) {
+    use nicdrv::sim::RunEnd;
+    use nicdrv::GlobalAddr;
+    let cfg = TreeConfig {
+        lock_wait_ns: 1_000_000,
+        ..TreeConfig::named(name, HOST).unwrap()
+    };
+    let mut w = sim_world(5, 1, 2);
+    let (a, b) = (
+        Tree::new(cfg.clone(), DM).unwrap(),
+        Tree::new(cfg, DM).unwrap(),
+    );
+    sim_create(&mut w, &a);
+    // A node-aligned address in host memory: its lock word (in device
+    // memory, or in the node's header) is what matters here.
+    let node = GlobalAddr::host(0, 16 << 20);
+    let holder = Rc::new(RefCell::new(None));
+    let (b2, h) = (b.clone(), holder.clone());
+    let t = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(t, move |ctx| async move {
+        let mut c = b2.client(7).unwrap();
+        let lock = c.lock_node(&ctx, node).await.unwrap();
+        *h.borrow_mut() = Some((c, lock));
+    })
+    .unwrap();
+    assert_eq!(w.run(), RunEnd::Done, "{name}");
+    let heal = cut_for(&mut w, 1, 0, 1_000, 200_000);
+    let (h, b2) = (holder.clone(), b.clone());
+    let released = Rc::new(RefCell::new((0, true)));
+    let r = released.clone();
+    let t = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(t, move |ctx| async move {
+        let (mut c, lock) = h.borrow_mut().take().unwrap();
+        ctx.sleep(2_000).unwrap().await;
+        let e = c.unlock_node(&ctx, lock).await.unwrap_err();
+        assert!(matches!(e, TreeError::Verb(_)), "{e}");
+        // The failed unlock came back after the transport's timeout, the
+        // link likely healed by then.
+        ctx.sleep_until((heal + 1_000).max(ctx.now_ns()))
+            .unwrap()
+            .await;
+        let mut other = b2.client(8).unwrap();
+        let c = match releaser {
+            Some(7) => &mut c,
+            Some(8) => &mut other,
+            None => return,
+            Some(id) => panic!("no client {id}"),
+        };
+        let left = c.release_while_idle(&ctx).await;
+        *r.borrow_mut() = (c.stats.stranded_released, left);
+    })
+    .unwrap();
+    assert_eq!(w.run(), RunEnd::Done, "{name}");
+    let found = Rc::new(RefCell::new(u64::MAX));
+    let f = found.clone();
+    sim_task(&mut w, move |ctx| async move {
+        let mut c = a.client(1).unwrap();
+        *f.borrow_mut() = match c.lock_node(&ctx, node).await {
+            Ok(lock) => {
+                c.unlock_node(&ctx, lock).await.unwrap();
+                0
+            }
+            Err(TreeError::LockWait { holder, .. }) => holder,
+            Err(e) => panic!("{e}"),
+        };
+    });
+    let (n, left) = *released.borrow();
+    let found = *found.borrow();
+    (found, n, left)
+}
+
+/// `release_while_idle` releases what a cut stranded on a compute node
+/// whose clients sit idle (`idle_release`): any of its clients with a
+/// local lock table; without one (FG+), only the client that stranded
+/// the word. Without the call, the other node's writer fails `LockWait`
+/// on client 7.
+#[test]
+fn an_idle_compute_node_releases_a_stranded_lock_when_asked() {
+    for name in ["sherman", "sherman-2rt"] {
+        assert_eq!(idle_release(name, None), (7, 0, true), "{name}");
+        assert_eq!(idle_release(name, Some(8)), (0, 1, false), "{name}");
+    }
+    assert_eq!(idle_release("fg", None), (7, 0, true));
+    assert_eq!(idle_release("fg", Some(8)), (7, 0, true));
+    assert_eq!(idle_release("fg", Some(7)), (0, 1, false));
+}

@@ -12,7 +12,8 @@
 //! *stranded*: recorded in the tree handle with what it holds (`taker`,
 //! the id of the client whose CAS took it), and released by CAS from
 //! `taker` to 0 at the start of a later operation of one of the compute
-//! node's clients (`release_stranded`), in the turn of the word's local
+//! node's clients (`release_stranded`), or when one that sits idle calls
+//! [`TreeClientOf::release_while_idle`], in the turn of the word's local
 //! entry; a failed release stays recorded. Sound because a client id is
 //! used on one compute node only ([`TreeOf::client`]), so only this
 //! compute node's clients ever put `taker` in the word, and they take it,
@@ -122,6 +123,26 @@ impl<K: TreeKey> TreeClientOf<K> {
         for x in todo {
             self.release_one(ctx, x).await;
         }
+    }
+
+    /// For a client with no operation to run: releases the lock words
+    /// this compute node's clients stranded ("Stranded locks" above), as
+    /// the start of its next operation would; whether any stays stranded
+    /// (its release failed again: call it again later; or, without a
+    /// local table, another client stranded it, and only that client
+    /// releases it). A stranded word
+    /// is otherwise released only when one of the node's clients runs an
+    /// operation, and until then every other compute node's writer of
+    /// the nodes it guards waits and fails with `LockWait`: a compute node
+    /// whose clients may sit idle calls this now and then (one load while
+    /// nothing is stranded). Call it between operations, holding no
+    /// [`NodeLock`]: a release waits for its word's local entry, which a
+    /// lock this client holds may share.
+    pub async fn release_while_idle<N: Nic>(&mut self, ctx: &Ctx<N>) -> bool {
+        if self.tree.has_stranded() {
+            self.release_stranded(ctx).await;
+        }
+        self.tree.has_stranded()
     }
 
     /// Releases the stranded word `x` in its local entry's turn, unless
@@ -332,7 +353,9 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// Takes the lock of the node at `node` as a write does (its turn in
     /// the local lock table, a handover, or the remote CAS until it wins)
     /// without reading the node: the lock microbenchmark's acquisition
-    /// (`loch-bench locks`). Release it with [`Self::unlock_node`].
+    /// (`loch-bench locks`). Release it with [`Self::unlock_node`]
+    /// before taking another: two nodes' locks may share a local entry,
+    /// whose turn this client would then wait for behind itself.
     pub async fn lock_node<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
