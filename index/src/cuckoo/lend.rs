@@ -440,6 +440,14 @@ impl CuckooClient {
             if seen.line() != 0 && self.pool_block(node, c, seen.line()).is_none() {
                 return self.refused();
             }
+            // A head at one of the chain's own blocks: a CAS of this lend
+            // that was told not to have taken did take (a transport that
+            // landed a request it reported failed). Linking the chain to
+            // it would close a cycle that borrowers follow for good; its
+            // blocks are in the pool already, so leave them there.
+            if blocks.iter().any(|&b| line_of(b) == seen.line()) {
+                return Lent::Unknown;
+            }
             if ctx.write(last, &seen.line().to_le_bytes()).await.is_err() {
                 return self.refused();
             }
@@ -478,13 +486,14 @@ impl CuckooClient {
         Lent::No
     }
 
-    /// After a lend's CAS from `seen` to `new`, resting on a READ posted
-    /// at `t0`, failed with a verb error: READs the head again and returns
-    /// it, with when that READ was posted, if it tells whether the CAS
-    /// took ("Faults" above): `new` itself if it did; `seen`, or another
-    /// head at `new`'s count, if not. `None` when the head cannot tell (it
-    /// moved further, or is read past [`SETTLE_NS`]) or cannot be read.
-    /// The failed CAS counts as a pool fault.
+    /// After a lend's CAS from `seen` to `new`, posted at `t0`, failed
+    /// with a verb error: READs the head again and returns it, with when
+    /// that READ was posted, if it tells whether the CAS took ("Faults"
+    /// above): `new` itself if it did; `seen`, or another head at `new`'s
+    /// count, if not. `None` when the head cannot tell (it moved further,
+    /// or its READ came back past [`SETTLE_NS`] after the CAS: the count
+    /// could have come round since) or cannot be read. The failed CAS
+    /// counts as a pool fault.
     async fn settle_lend<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -499,6 +508,11 @@ impl CuckooClient {
             return None;
         }
         let h = self.read_head(ctx, at).await?;
+        // Checked again once the READ is back: a READ the link retried
+        // may have executed long after it was posted.
+        if ctx.now_ns().saturating_sub(t0) > SETTLE_NS {
+            return None;
+        }
         if h == new {
             self.stats.lends_settled_taken += 1;
         } else if h == seen || h.count() == new.count() {
