@@ -384,6 +384,20 @@ impl<K: TreeKey> TreeOf<K> {
         })
     }
 
+    /// Records the stranded word `x`, once: while a link stays down, every
+    /// failed operation could add the same word again, and every
+    /// operation of the compute node walks the list.
+    fn add_stranded(&self, x: Stranded) {
+        self.change_stranded(|s| {
+            if !s
+                .iter()
+                .any(|y| y.lock.word == x.lock.word && y.taker == x.taker)
+            {
+                s.push(x);
+            }
+        });
+    }
+
     /// Changes the stranded locks, and their count under the same lock
     /// (Release: pairs with the Acquire look in `release_stranded`).
     fn change_stranded<R>(&self, f: impl FnOnce(&mut Vec<Stranded>) -> R) -> R {

@@ -88,8 +88,13 @@ impl<K: TreeKey> TreeClientOf<K> {
                 // Someone else's root split is still being installed; one
                 // not installed within ROOT_HELP_NS may never be (its
                 // client's link failed after the split): install it.
+                // Timed per root word: a root that moved on since is a
+                // new split, given its own ROOT_HELP_NS.
                 let now = ctx.now_ns();
-                let since = *pending_since.get_or_insert(now);
+                let since = match pending_since {
+                    Some((word, t)) if word == old => t,
+                    _ => pending_since.insert((old, now)).1,
+                };
                 if now.saturating_sub(since) >= ROOT_HELP_NS {
                     pending_since = None;
                     self.help_grow_root(ctx, root, root_level, old).await?;

@@ -101,8 +101,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// locks" above).
     fn strand(&mut self, lock: LockRef, taker: u64) {
         self.stats.locks_stranded += 1;
-        self.tree
-            .change_stranded(|s| s.push(Stranded { lock, taker }));
+        self.tree.add_stranded(Stranded { lock, taker });
     }
 
     /// Releases the lock words this compute node's clients stranded
@@ -168,7 +167,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                 Ok(old) if old == x.taker => self.stats.stranded_released += 1,
                 // Released after all (the lost release had landed).
                 Ok(_) => {}
-                Err(_) => self.tree.change_stranded(|s| s.push(x)),
+                Err(_) => self.tree.add_stranded(x),
             }
         }
         self.abandon(ctx, held, false).await;
