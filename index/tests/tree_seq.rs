@@ -982,3 +982,86 @@ fn an_idle_compute_node_releases_a_stranded_lock_when_asked() {
     assert_eq!(idle_release("fg", Some(8)), (7, 0, true));
     assert_eq!(idle_release("fg", Some(7)), (0, 1, false));
 }
+
+/// A root splitter that only stalls between its split and the new root's
+/// install, past `ROOT_HELP_NS`, races the client that helps it: both
+/// try to install a root, one wins, and the other goes on from the
+/// root the winner installed. On one memory node: compute node 1's
+/// client fills the root leaf to its fanout, then puts one key more,
+/// which splits the root, while its thread stalls for 3 ms at an instant
+/// swept over the first 20 µs of that put (every 250 ns); compute node
+/// 0's client meanwhile puts 400 keys above all of those (its splits
+/// need the level above the root). Every put succeeds, every key reads
+/// back, and across the sweep some stall left the install to node 0's
+/// client, which helped.
+#[test]
+fn a_stalled_root_splitter_and_its_helper_install_one_root() {
+    use nicdrv::sim::{Fault, FaultKind, RunEnd};
+    let cfg = TreeConfig::sherman(HOST);
+    let fanout = index::tree::layout::Layout::new(8, 8)
+        .unwrap()
+        .leaf_fanout() as u64;
+    let run = |stall: Option<u64>| {
+        let mut w = sim_world(5, 1, 2);
+        let (a, b) = (
+            Tree::new(cfg.clone(), DM).unwrap(),
+            Tree::new(cfg.clone(), DM).unwrap(),
+        );
+        sim_create(&mut w, &a);
+        let t = w.add_thread(1, exec_cfg(1)).unwrap();
+        let b2 = b.clone();
+        w.spawn(t, move |ctx| async move {
+            let mut c = b2.client(7).unwrap();
+            for k in 0..fanout {
+                c.put(&ctx, k * 10, k).await.unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done);
+        let splitter = w.add_thread(1, exec_cfg(1)).unwrap();
+        w.spawn(splitter, move |ctx| async move {
+            let mut c = b.client(8).unwrap();
+            c.put(&ctx, fanout * 10, fanout).await.unwrap();
+        })
+        .unwrap();
+        let helps = Rc::new(RefCell::new(0));
+        let h = helps.clone();
+        let a2 = a.clone();
+        let t = w.add_thread(0, exec_cfg(1)).unwrap();
+        w.spawn(t, move |ctx| async move {
+            let mut c = a2.client(1).unwrap();
+            for k in 0..400u64 {
+                c.put(&ctx, 100_000 + k, k).await.unwrap();
+            }
+            *h.borrow_mut() = c.stats.root_helps;
+        })
+        .unwrap();
+        if let Some(at) = stall {
+            let at_ns = w.now_ns() + at;
+            let kind = FaultKind::StallThread {
+                thread: splitter,
+                duration_ns: 3_000_000,
+            };
+            w.add_faults(&[Fault { at_ns, kind }]).unwrap();
+        }
+        assert_eq!(w.run(), RunEnd::Done);
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = a.client(2).unwrap();
+            for k in 0..400u64 {
+                assert_eq!(c.get(&ctx, 100_000 + k).await.unwrap(), Some(k));
+            }
+            for k in 0..=fanout {
+                assert_eq!(c.get(&ctx, k * 10).await.unwrap(), Some(k));
+            }
+        });
+        let helps = *helps.borrow();
+        helps
+    };
+    assert_eq!(run(None), 0, "no stall: nothing to help");
+    let helped = (0..20_000)
+        .step_by(250)
+        .filter(|&at| run(Some(at)) > 0)
+        .count();
+    assert!(helped > 0, "no stall left a root split to its helper");
+    eprintln!("{helped} of 80 stalls left the root split to its helper");
+}
