@@ -1065,3 +1065,73 @@ fn a_stalled_root_splitter_and_its_helper_install_one_root() {
     assert!(helped > 0, "no stall left a root split to its helper");
     eprintln!("{helped} of 80 stalls left the root split to its helper");
 }
+
+/// Lookups wait for no lock, stranded words included: a word stranded
+/// while a writer of the same compute node then holds its local entry is
+/// left to a later operation by a lookup, not waited for. On one memory
+/// node, compute node 1: client 7 takes a node's lock while the link is
+/// cut (its CAS fails and strands the word), client 9, queued behind it,
+/// then takes the lock and holds it for 5 ms; a lookup by client 10 in
+/// that time completes within 100 µs (it waited for the writer's 5 ms
+/// before), and client 10's put after that leaves nothing stranded; then
+/// compute node 0 takes the lock within its 1 ms bound.
+#[test]
+fn a_lookup_does_not_wait_for_a_stranded_word_a_writer_holds() {
+    use nicdrv::sim::RunEnd;
+    use nicdrv::GlobalAddr;
+    for name in ["sherman", "sherman-2rt", "fg+comb+onchip+hier"] {
+        let cfg = TreeConfig {
+            lock_wait_ns: 1_000_000,
+            ..TreeConfig::named(name, HOST).unwrap()
+        };
+        let mut w = sim_world(5, 1, 2);
+        let (a, b) = (
+            Tree::new(cfg.clone(), DM).unwrap(),
+            Tree::new(cfg, DM).unwrap(),
+        );
+        sim_create(&mut w, &a);
+        let node = GlobalAddr::host(0, 16 << 20);
+        let t = w.add_thread(1, exec_cfg(3)).unwrap();
+        cut_for(&mut w, 1, 0, 1_000, 100_000);
+        let b7 = b.clone();
+        w.spawn(t, move |ctx| async move {
+            let mut c = b7.client(7).unwrap();
+            ctx.sleep(2_000).unwrap().await;
+            let Err(e) = c.lock_node(&ctx, node).await else {
+                panic!("took a lock through a cut link");
+            };
+            assert!(matches!(e, TreeError::Verb(_)), "{e}");
+        })
+        .unwrap();
+        let b9 = b.clone();
+        w.spawn(t, move |ctx| async move {
+            let mut c = b9.client(9).unwrap();
+            ctx.sleep(3_000).unwrap().await;
+            let lock = c.lock_node(&ctx, node).await.unwrap();
+            ctx.sleep(5_000_000).unwrap().await;
+            c.unlock_node(&ctx, lock).await.unwrap();
+        })
+        .unwrap();
+        let took = Rc::new(RefCell::new(u64::MAX));
+        let tk = took.clone();
+        w.spawn(t, move |ctx| async move {
+            let mut c = b.client(10).unwrap();
+            ctx.sleep(1_500_000).unwrap().await;
+            let t0 = ctx.now_ns();
+            assert_eq!(c.get(&ctx, 5).await.unwrap(), None);
+            *tk.borrow_mut() = ctx.now_ns() - t0;
+            ctx.sleep(6_000_000).unwrap().await;
+            c.put(&ctx, 5, 1).await.unwrap();
+            assert!(!c.release_while_idle(&ctx).await, "left stranded");
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done, "{name}");
+        let took = *took.borrow();
+        assert!(took < 100_000, "{name}: the lookup took {took} ns");
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = a.client(1).unwrap();
+            let lock = c.lock_node(&ctx, node).await.unwrap();
+            c.unlock_node(&ctx, lock).await.unwrap();
+        });
+    }
+}

@@ -189,6 +189,26 @@ impl LocalLocks {
         self.at(i).next_ticket.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A ticket of entry `i` that is its turn at once, if nobody holds or
+    /// waits for the entry; `None` (and no ticket taken) otherwise.
+    pub fn try_ticket(&self, i: usize) -> Option<u32> {
+        let l = self.at(i);
+        // Acquire pairs with the Release in `pass`, as `is_turn` does.
+        let serving = l.now_serving.load(Ordering::Acquire);
+        // Ticket `serving` is only ever taken once (the counter moves on),
+        // and the entry cannot be served past it before its holder passes
+        // it: taking it is taking the turn. Relaxed: the load above ordered
+        // what the turn reads.
+        l.next_ticket
+            .compare_exchange(
+                serving,
+                serving.wrapping_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .ok()
+    }
+
     /// Takes entry `i`'s test-and-set word if it is free (no wait queues);
     /// the caller retries later when not.
     pub fn try_take(&self, i: usize) -> bool {
@@ -305,6 +325,22 @@ impl LocalLocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ticket_taken_at_once_is_the_turn_and_only_on_an_idle_entry() {
+        let locks = LocalLocks::new(2);
+        assert_eq!(locks.try_ticket(1), Some(0), "idle: the turn");
+        assert!(locks.is_turn(1, 0));
+        assert_eq!(locks.try_ticket(1), None, "held");
+        let waiter = locks.ticket(1);
+        locks.pass(1, Turn::Ticket(0));
+        assert!(locks.is_turn(1, waiter));
+        assert_eq!(locks.try_ticket(1), None, "the waiter's turn");
+        assert_eq!(locks.try_ticket(0), Some(0), "entries are apart");
+        locks.pass(1, Turn::Ticket(waiter));
+        assert_eq!(locks.try_ticket(1), Some(waiter + 1), "idle again");
+        assert_eq!(locks.ticket(1), waiter + 2, "no ticket skipped");
+    }
 
     #[test]
     fn a_test_and_set_entry_is_held_once_and_never_handed_over() {

@@ -215,7 +215,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         // Checked here, not in an awaited call: the lookup polls no
         // nested future while nothing is stranded.
         if self.tree.has_stranded() {
-            self.release_stranded(ctx).await;
+            self.release_stranded(ctx, false).await;
         }
         self.stats.lookups += 1;
         let retries0 = self.stats.read_retries;

@@ -58,7 +58,7 @@ impl<K: TreeKey> TreeClientOf<K> {
             return Ok(st);
         }
         if self.tree.has_stranded() {
-            self.release_stranded(ctx).await;
+            self.release_stranded(ctx, false).await;
         }
         let r = self.scan_walk(ctx, &mut st).await;
         // The fill of the leaves this scan took guides the next scan's

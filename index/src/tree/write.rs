@@ -67,6 +67,30 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             Turn::Taken
         };
+        self.in_turn(ctx, lock, node, turn).await
+    }
+
+    /// Entry `lock.local`'s turn now, if nobody holds or waits for it
+    /// (with a local table): a turn taken without waiting.
+    fn turn_now(&self, lock: LockRef) -> Option<Turn> {
+        let locks = &self.tree.locks;
+        if self.tree.cfg.local_wait_queue {
+            locks.try_ticket(lock.local).map(Turn::Ticket)
+        } else {
+            locks.try_take(lock.local).then_some(Turn::Taken)
+        }
+    }
+
+    /// [`Self::queue_at`] once `turn` at `lock`'s local entry is this
+    /// client's.
+    async fn in_turn<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        lock: LockRef,
+        node: GlobalAddr,
+        turn: Turn,
+    ) -> Result<(Held, Option<Option<Page>>), TreeError> {
+        let locks = &self.tree.locks;
         let mut held = Held {
             lock,
             taker: self.id,
@@ -108,8 +132,11 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// ("Stranded locks" above), each by CAS from what it holds to 0 in
     /// its local entry's turn; without a local table, only those this
     /// client stranded. One whose verb fails again stays stranded. At the
-    /// start of each operation, when [`TreeOf::has_stranded`].
-    pub(super) async fn release_stranded<N: Nic>(&mut self, ctx: &Ctx<N>) {
+    /// start of each operation, when [`TreeOf::has_stranded`]. Unless
+    /// `wait`, only the words whose entry's turn comes at once: lookups
+    /// and scans wait for no lock, so they leave a word whose entry a
+    /// writer holds (or waits for) to a later operation.
+    pub(super) async fn release_stranded<N: Nic>(&mut self, ctx: &Ctx<N>, wait: bool) {
         // Without a local table only the taker itself may: nothing orders
         // it with another client's release.
         let (me, anyone) = (self.id, self.tree.cfg.local_lock_table);
@@ -120,7 +147,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                 .collect()
         });
         for x in todo {
-            self.release_one(ctx, x).await;
+            self.release_one(ctx, x, wait).await;
         }
     }
 
@@ -139,18 +166,27 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// lock this client holds may share.
     pub async fn release_while_idle<N: Nic>(&mut self, ctx: &Ctx<N>) -> bool {
         if self.tree.has_stranded() {
-            self.release_stranded(ctx).await;
+            self.release_stranded(ctx, true).await;
         }
         self.tree.has_stranded()
     }
 
     /// Releases the stranded word `x` in its local entry's turn, unless
     /// another client did first (a local waiter takes a stranded word
-    /// over: `acquire_with`). Left stranded if its verb fails again.
-    async fn release_one<N: Nic>(&mut self, ctx: &Ctx<N>, x: Stranded) {
+    /// over: `acquire_with`). Left stranded if its verb fails again, or,
+    /// unless `wait`, if the turn does not come at once.
+    async fn release_one<N: Nic>(&mut self, ctx: &Ctx<N>, x: Stranded, wait: bool) {
         // No node: nothing is read under this lock, and a handover leaves
         // no page for it.
-        let Ok((held, handed)) = self.queue_at(ctx, x.lock, GlobalAddr::NULL).await else {
+        let none = GlobalAddr::NULL;
+        let queued = if wait || !self.tree.cfg.local_lock_table {
+            self.queue_at(ctx, x.lock, none).await
+        } else if let Some(turn) = self.turn_now(x.lock) {
+            self.in_turn(ctx, x.lock, none, turn).await
+        } else {
+            return;
+        };
+        let Ok((held, handed)) = queued else {
             return;
         };
         let mine = self.tree.unstrand(x.lock.word, x.taker);
@@ -362,7 +398,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     ) -> Result<NodeLock, TreeError> {
         check_node_addr(node)?;
         if self.tree.has_stranded() {
-            self.release_stranded(ctx).await;
+            self.release_stranded(ctx, true).await;
         }
         let (held, handed) = self.queue(ctx, node).await?;
         let held = if handed.is_some() {
@@ -546,7 +582,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {
         if self.tree.has_stranded() {
-            self.release_stranded(ctx).await;
+            self.release_stranded(ctx, true).await;
         }
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
