@@ -39,8 +39,8 @@ use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, Round, TxId, Write};
 use crate::recovery::{recovered_word, Machine};
 use crate::regions::{RegionMap, SharedMap};
-use crate::ring::{Receiver, Reservation, RingError, Sender};
-use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
+use crate::ring::{Receiver, Reservation, RingError, Sender, FETCH_HEAD_NS};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId, Woken};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -184,6 +184,9 @@ pub struct CoordStats {
     /// Rings whose records in flight a configuration change cut off,
     /// made void so that the ring serves again (`Coordinator::void`).
     pub rings_voided: u64,
+    /// Log rings' heads READ from their receivers after waiting for a
+    /// report short of room (`Sender::fetch_head`) that moved them.
+    pub heads_fetched: u64,
 }
 
 impl CoordStats {
@@ -232,6 +235,7 @@ impl std::ops::AddAssign for CoordStats {
         self.resends += o.resends;
         self.reports += o.reports;
         self.rings_voided += o.rings_voided;
+        self.heads_fetched += o.heads_fetched;
         self.stuck_commits += o.stuck_commits;
     }
 }
@@ -1823,7 +1827,18 @@ impl Coordinator {
                             .geo
                             .log_ring(self.thread, self.machine, d)
                             .sender_head_off;
-                        ctx.wait_for_write(head, 8, Some(deadline))?.await;
+                        let until = deadline.min(ctx.now_ns() + FETCH_HEAD_NS);
+                        let w = ctx.wait_for_write(head, 8, Some(until))?.await;
+                        // No report: a server reports each quarter ring, and
+                        // a backup's sends no reply to piggyback a head on;
+                        // this record may need more than what it consumed
+                        // since leaves. Read the head it persists (a failed
+                        // READ leaves the wait to the deadline).
+                        if w == Woken::Deadline && ctx.now_ns() < deadline {
+                            if let Ok(true) = self.logs[d as usize].fetch_head(ctx).await {
+                                self.stats.heads_fetched += 1;
+                            }
+                        }
                         continue 'again;
                     }
                     Err(e) => return Err(e.into()),

@@ -37,8 +37,13 @@
 //! The sender never overwrites unread records: it knows the receiver's
 //! head from a word in its *own* memory (`sender_head_off`) that the
 //! receiver writes lazily — when a quarter of the ring was consumed since
-//! it last did, and always before it waits for more records, so a sender
-//! blocked on a full ring is always released. The receiver persists its
+//! it last did, and, where it waits for records ([`Receiver::recv`]),
+//! once it has waited [`IDLE_REPORT_NS`] with some consumed unreported.
+//! A receiver that only polls (a server's log rings, whose senders may
+//! get no reply to piggyback a head on) reports each quarter only; a
+//! sender short of room that has waited [`FETCH_HEAD_NS`] for a report
+//! READs the head the receiver persists ([`Sender::fetch_head`]), so a
+//! sender blocked on a full ring is always released. The receiver persists its
 //! head in its own memory (`receiver_head_off`) after every record; a
 //! receiver restarted from it resumes at the first unconsumed record. The
 //! sender persists its tail likewise (`sender_tail_off`).
@@ -66,6 +71,14 @@ use std::fmt;
 /// it has not reported: 20 µs, a few round trips, so a sender blocked on a
 /// full ring waits at most that long after the receiver caught up.
 pub const IDLE_REPORT_NS: u64 = 20_000;
+
+/// How long a sender short of room waits for the receiver to report its
+/// head before it READs the head the receiver persists
+/// ([`Sender::fetch_head`]): a receiver that only polls reports each
+/// quarter ring, and a record may need more than the bytes it consumed
+/// since leave. Past a few round trips, so that a receiver that does
+/// report is not raced; the READ is the only cost, and only while short.
+pub const FETCH_HEAD_NS: u64 = 50_000;
 
 /// Most records one doorbell carries ([`Sender::append_many`]): with the
 /// one PAD they may need, a batch's worth of WRITEs.
@@ -668,13 +681,24 @@ impl Sender {
         self.layout.bytes_at(self.tail, lens)
     }
 
+    /// READs the head the receiver persists after every record and takes
+    /// it as told ([`Sender::note_head`]): for a sender short of room that
+    /// waited [`FETCH_HEAD_NS`] for a report. Whether the head moved.
+    pub async fn fetch_head<N: Nic>(&self, ctx: &Ctx<N>) -> Result<bool, RingError> {
+        let at = GlobalAddr::host(self.layout.receiver, self.layout.receiver_head_off);
+        let head = ctx.read(at, 8).await?.u64_at(0);
+        let before = ctx.local().load(self.layout.sender_head_off)?;
+        self.note_head(ctx, head)?;
+        Ok(head > before)
+    }
+
     /// Takes a head the receiver piggybacked on a message of its own (FaRM's
     /// lazy head return): stored in the word the receiver would otherwise
     /// WRITE, if it is news. A head beyond the tail, or misaligned, is a
     /// corrupt message, refused.
     pub fn note_head<N: Nic>(&self, ctx: &Ctx<N>, head: u64) -> Result<(), RingError> {
         let l = ctx.local();
-        let known = l.load(self.layout.sender_head_off)?;
+        let mut known = l.load(self.layout.sender_head_off)?;
         if head <= known {
             return Ok(());
         }
@@ -684,7 +708,17 @@ impl Sender {
                 self.tail
             )));
         }
-        l.store(self.layout.sender_head_off, head)?;
+        // By CAS: the receiver's WRITE of a newer head may land between
+        // the load and a plain store, which would take the word back to an
+        // older head the receiver counts as told; the sender would then
+        // wait for room the receiver never reports again.
+        while head > known {
+            let was = l.cas(self.layout.sender_head_off, known, head)?;
+            if was == known {
+                break;
+            }
+            known = was;
+        }
         Ok(())
     }
 
@@ -734,14 +768,17 @@ impl Sender {
             return Err(RingError::Full { need, free: most });
         }
         while self.free(ctx)? < need {
-            if deadline_ns.is_some_and(|d| ctx.now_ns() >= d) {
+            let now = ctx.now_ns();
+            if deadline_ns.is_some_and(|d| now >= d) {
                 return Err(RingError::Deadline);
             }
+            let fetch_at = now.saturating_add(FETCH_HEAD_NS);
+            let until = deadline_ns.map_or(fetch_at, |d| d.min(fetch_at));
             let w = ctx
-                .wait_for_write(self.layout.sender_head_off, 8, deadline_ns)?
+                .wait_for_write(self.layout.sender_head_off, 8, Some(until))?
                 .await;
             if w == Woken::Deadline && self.free(ctx)? < need {
-                return Err(RingError::Deadline);
+                self.fetch_head(ctx).await?;
             }
         }
         self.write(ctx, payloads).await

@@ -436,7 +436,8 @@ impl Server {
             }
             self.buf = buf;
             // Heads go back piggybacked on replies; a ring whose sender
-            // gets no replies from here (a backup's) hears every quarter.
+            // gets no replies from here (a backup's) hears every quarter,
+            // and reads the head when short of room (`Sender::fetch_head`).
             // A failed machine's ring is read (its records drain) but not
             // reported to.
             if !self.reachable(m) {

@@ -735,3 +735,99 @@ fn sim_a_reply_that_did_not_go_leaves_its_head_unreported() {
     assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
     assert!(*done.lock().unwrap());
 }
+
+/// A sender short of room whose receiver only polls and reports each
+/// quarter ring (a server's log rings: a backup sends no reply to
+/// piggyback a head on) READs the head the receiver persists
+/// (`Sender::fetch_head`) after waiting `FETCH_HEAD_NS`, rather than
+/// waiting for a report that never comes. In a 1 KiB ring: records of
+/// 384 bytes (reported: a quarter) and 240 (consumed, not reported), then
+/// an append of 496 bytes that, with the PAD to the lap's end, needs 896
+/// against 784 that look free (waiting inside `append`); then a record
+/// of 240 bytes, and a reservation of 832 bytes against 784 that look
+/// free, waiting as a coordinator does. Each gets its room within two
+/// `FETCH_HEAD_NS`.
+#[test]
+fn sim_a_sender_short_of_room_reads_the_head_a_polling_receiver_left() {
+    use txn::ring::FETCH_HEAD_NS;
+    let l = layout(1024);
+    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        memory_nodes: 2,
+        compute_nodes: 2,
+        machines: 2,
+        host_bytes: common::HOST,
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg = nicdrv::ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    let t0 = w.add_thread(0, cfg).unwrap();
+    let waited = Arc::new(Mutex::new(Vec::new()));
+    let wt = waited.clone();
+    w.spawn(t0, move |ctx| async move {
+        let mut s = Sender::open(&ctx, l).unwrap();
+        assert_eq!(record_bytes(224), 240);
+        // 384 bytes, reported (a quarter), then 240, not: the tail at 624.
+        s.append(&ctx, &[7; 368], None).await.unwrap();
+        // The receiver polls each 5 us: it takes and reports these first.
+        ctx.sleep(20_000).unwrap().await;
+        assert_eq!(s.free(&ctx).unwrap(), 1024);
+        s.append(&ctx, &[7; 224], None).await.unwrap();
+        // 496 bytes do not fit the lap's last 400: with the PAD, 896
+        // against 784 that look free.
+        let t = ctx.now_ns();
+        s.append(&ctx, &[9; 480], Some(t + 1_000_000))
+            .await
+            .unwrap();
+        wt.lock().unwrap().push(ctx.now_ns() - t);
+        // Consumed past a quarter: reported. Then 240 bytes, not.
+        ctx.sleep(20_000).unwrap().await;
+        assert_eq!(s.free(&ctx).unwrap(), 1024);
+        s.append(&ctx, &[7; 224], None).await.unwrap();
+        // As the coordinator's reserve does: wait for a report, and READ
+        // the head when none comes. 832 bytes against 784.
+        let t = ctx.now_ns();
+        let mut r = loop {
+            match s.reserve(&ctx, &[400]) {
+                Ok(r) => break r,
+                Err(RingError::ReservationTooLarge { want: 832, .. }) => {
+                    assert!(ctx.now_ns() - t < 1_000_000, "no room came");
+                    let head = l.sender_head_off;
+                    let w = ctx.wait_for_write(head, 8, Some(ctx.now_ns() + FETCH_HEAD_NS));
+                    if w.unwrap().await == nicdrv::Woken::Deadline {
+                        s.fetch_head(&ctx).await.unwrap();
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        wt.lock().unwrap().push(ctx.now_ns() - t);
+        s.append_reserved(&ctx, &mut r, &[8; 400]).await.unwrap();
+        s.release(r).unwrap();
+    })
+    .unwrap();
+    let t1 = w.add_thread(1, cfg).unwrap();
+    w.spawn(t1, move |ctx| async move {
+        let mut r = Receiver::open(&ctx, l).unwrap();
+        let (mut got, mut buf) = (0, Vec::new());
+        let deadline = patience(&ctx);
+        while got < 5 {
+            while r.try_recv_into(&ctx, &mut buf).unwrap().is_some() {
+                got += 1;
+            }
+            r.report_head(&ctx, false).await.unwrap();
+            assert!(ctx.now_ns() < deadline, "the records never came");
+            ctx.sleep(5_000).unwrap().await;
+        }
+        assert_eq!(buf, vec![8; 400]);
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let waited = waited.lock().unwrap().clone();
+    assert_eq!(waited.len(), 2);
+    for t in waited {
+        assert!(t < 2 * FETCH_HEAD_NS, "waited {t} ns for room");
+    }
+}
