@@ -134,9 +134,16 @@ fn check(geo: Geometry, mix: Mix, r: &Report<WorkOut>) -> TxnPhase {
         let mut v = vec![0u8; len];
         match decode(copy, &mut v) {
             Ok(Ok(_)) => {
-                let b = BANK_START + i64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-                negative += u64::from(b < 0);
-                sum += b;
+                let v = i64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+                // Out of range is corrupt; the sum wraps (a wrong value
+                // still shows as a wrong sum).
+                match BANK_START.checked_add(v) {
+                    Some(b) => {
+                        negative += u64::from(b < 0);
+                        sum = i64::wrapping_add(sum, b);
+                    }
+                    None => unreadable += 1,
+                }
             }
             _ => unreadable += 1,
         }

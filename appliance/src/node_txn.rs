@@ -538,10 +538,17 @@ fn read_bank<N: nicdrv::Nic>(mut ex: Executor<N>, geo: Geometry) -> Result<BankS
             let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
             match object::read(&ctx, p, len, 64).await {
                 Ok(r) => {
-                    let b = BANK_START
-                        + i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
-                    st.negative += u64::from(b < 0);
-                    st.sum += b;
+                    let v = i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
+                    // A balance no transfer could make (out of i64's
+                    // range) is a corrupt object, not a panic; the sum
+                    // wraps, so a wrong value still shows as a wrong sum.
+                    match BANK_START.checked_add(v) {
+                        Some(b) => {
+                            st.negative += u64::from(b < 0);
+                            st.sum = st.sum.wrapping_add(b);
+                        }
+                        None => st.unreadable += 1,
+                    }
                 }
                 Err(_) => st.unreadable += 1,
             }

@@ -501,13 +501,16 @@ impl WorkClient {
         audits: &mut Vec<i64>,
     ) -> Body {
         let m = self.mix;
-        let bal = |v: i64| BANK_START + v;
+        // Wrapping: a balance read back corrupt shows in the audit's
+        // total rather than panicking here.
+        let bal = |v: i64| BANK_START.wrapping_add(v);
         let mut tx = c.begin();
         if rng.below(4) == 0 {
             let mut total = 0;
             let r = async {
                 for a in 0..accounts {
-                    total += bal(self.read8(ctx, c, &mut tx, m.at(&self.geo, a, 0)).await?);
+                    let v = self.read8(ctx, c, &mut tx, m.at(&self.geo, a, 0)).await?;
+                    total = i64::wrapping_add(total, bal(v));
                 }
                 Ok(())
             }
@@ -541,8 +544,12 @@ impl WorkClient {
             if bal(fb) < amount {
                 return Err(give_up());
             }
-            tx.write(fa, &row(fb - amount))?;
-            tx.write(ta, &row(tb + amount))?;
+            // Balances no transfer could reach (corrupt) transfer nothing.
+            let (Some(f), Some(t)) = (fb.checked_sub(amount), tb.checked_add(amount)) else {
+                return Err(give_up());
+            };
+            tx.write(fa, &row(f))?;
+            tx.write(ta, &row(t))?;
             Ok(())
         }
         .await;
