@@ -219,6 +219,17 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             a.keys.unwrap_or(0)
         )));
     }
+    // Each is an OS thread on emu and mlx5 (a spawn the OS refuses would
+    // end the run without a clear error): the bound `run --threads` has.
+    let pinned = machines as usize * a.threads as usize;
+    if !sim && pinned > 1024 {
+        return Err(ArgError(format!(
+            "--machines {machines} × --threads {}: {pinned} threads, more than the 1024 \
+             --backend {} runs (one OS thread each)",
+            a.threads,
+            a.backend.name()
+        )));
+    }
     if !sim {
         cmdline::warn_if_oversubscribed(
             "loch-bench txn",

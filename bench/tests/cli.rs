@@ -785,6 +785,16 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
         vec!["txn", "--fault", "nonsense"],
         vec!["txn", "--fault", "machine-crash@1ms:0", "--backend", "emu"],
         vec!["txn", "--fault", "machine-crash@1ms:0", "--seeds", "0"],
+        // One OS thread each: a spawn the OS refused once panicked.
+        vec![
+            "txn",
+            "--backend",
+            "emu",
+            "--machines",
+            "16",
+            "--threads",
+            "100",
+        ],
         vec![
             "txn",
             "--workload",

@@ -981,6 +981,10 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
             vec!["--workload-file", &baddist],
             format!("{baddist}:1: requestdistribution=`hotspot` is not supported"),
         ),
+        (
+            vec!["--workload-file", "/dev/zero"],
+            "--workload-file: `/dev/zero` is larger than 1 MiB".into(),
+        ),
         (vec!["--workload", "ycsb-z"], "unknown workload `ycsb-z`".into()),
         (
             vec!["--workload", "ycsb-a", "--workload-file", good.to_str().unwrap()],
@@ -1063,4 +1067,28 @@ fn help_documents_every_flag() {
     let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(words.contains("overrides the file's recordcount"));
     assert!(words.contains("overrides the file's operationcount"));
+}
+
+/// The hash table's location cache is allocated whole on every compute
+/// node: one larger than the machine's available memory is refused with
+/// one clear line (it once aborted the process, or drew the OOM killer).
+#[test]
+fn a_location_cache_larger_than_memory_is_refused() {
+    let args = tiny(&[
+        "--systems",
+        "cuckoo",
+        "--cache-mb",
+        "65536",
+        "--compute-nodes",
+        "256",
+    ]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = bench(&a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("65536 MiB on each of 256 compute nodes, 16777216 MiB in all, is more than this machine's"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }

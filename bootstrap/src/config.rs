@@ -180,17 +180,35 @@ struct RawNode {
     memory: Option<toml::Value>,
 }
 
+/// The largest cluster file read: 4096 nodes of a few lines each fit
+/// many times over.
+pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
+
 impl ClusterConfig {
     /// Reads, parses and validates `path`, and checks the secret file it
     /// names (exists, at least 32 bytes, not group/world-accessible).
     pub fn load(path: impl AsRef<Path>) -> Result<ClusterConfig, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let problem = |problem: String| ConfigError {
             file: path.to_path_buf(),
             field: "(file)".into(),
-            problem: format!("cannot read the cluster file: {e}"),
+            problem,
             more: Vec::new(),
-        })?;
+        };
+        // At most CONFIG_BYTES_MAX: a path that names no cluster file
+        // (`/dev/zero`) is an error, not memory read without end.
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(CONFIG_BYTES_MAX + 1).read_to_end(&mut bytes))
+            .map_err(|e| problem(format!("cannot read the cluster file: {e}")))?;
+        if bytes.len() as u64 > CONFIG_BYTES_MAX {
+            return Err(problem(format!(
+                "the cluster file is larger than {} KiB: not a cluster file",
+                CONFIG_BYTES_MAX >> 10
+            )));
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| problem(format!("the cluster file is not UTF-8 text: {e}")))?;
         let config = Self::parse(path, &text)?;
         config.secret()?;
         Ok(config)

@@ -507,3 +507,16 @@ fn the_shipped_example_files_parse() {
         );
     }
 }
+
+/// A path that names no cluster file is an error, not memory read without
+/// end (`/dev/zero`), and a file of bytes that are not text says so.
+#[test]
+fn an_endless_or_binary_file_is_not_a_cluster_file() {
+    let e = ClusterConfig::load("/dev/zero").unwrap_err();
+    assert_eq!(e.field, "(file)");
+    assert!(e.problem.contains("larger than 4096 KiB"), "{}", e.problem);
+    let (_dir, file) = setup("binary", GOOD);
+    std::fs::write(&file, [0xffu8, 0xfe, 0x00, 0x80]).unwrap();
+    let e = ClusterConfig::load(&file).unwrap_err();
+    assert!(e.problem.contains("not UTF-8"), "{}", e.problem);
+}

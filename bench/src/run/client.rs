@@ -93,6 +93,21 @@ pub(crate) const SCAN_HIGH: u64 = u64::MAX - 1;
 /// `dm_bytes`: the device memory each memory node has (the lock table's
 /// room).
 pub(crate) fn handles(spec: &RunSpec, dm_bytes: u64) -> Result<Vec<IndexHandle>, String> {
+    // The hash table's location cache is allocated whole, on every
+    // compute node: refused, not aborted on, where it cannot fit.
+    let cache_all = (spec.cache_bytes as u64).saturating_mul(spec.compute_nodes as u64);
+    if let (true, Some(avail)) = (spec.cuckoo && cache_all > 0, available_bytes()) {
+        if cache_all > avail {
+            return Err(format!(
+                "--cache-mb: the hash table's location cache, {} MiB on each of {} compute \
+                 nodes, {} MiB in all, is more than this machine's {} MiB of available memory",
+                spec.cache_bytes >> 20,
+                spec.compute_nodes,
+                cache_all >> 20,
+                avail >> 20
+            ));
+        }
+    }
     (0..spec.compute_nodes)
         .map(|_| {
             if spec.cuckoo {
@@ -429,6 +444,15 @@ pub(crate) async fn client_task<N: Nic>(
     }
     *sh.tree.borrow_mut() += c.tree_stats();
     sh.finished.set(sh.finished.get() + 1);
+}
+
+/// This machine's available memory (`MemAvailable` in /proc/meminfo), if
+/// it can be read.
+fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]

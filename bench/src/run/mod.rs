@@ -260,8 +260,7 @@ fn load_workload(
             ))
         }
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| ArgError(format!("--workload-file: cannot read `{path}`: {e}")))?;
+            let text = read_workload_file(&path)?;
             (path.clone(), path, text)
         }
         (name, None) => {
@@ -943,3 +942,23 @@ pub fn btreemap_lookup_rate(records: u64, zipf: f64, seed: u64) -> f64 {
 /// Timed passes of the `BTreeMap` reference, and keys looked up in each.
 const REFERENCE_PASSES: usize = 7;
 const REFERENCE_KEYS: usize = 500_000;
+
+/// A `--workload-file`, read whole up to 1 MiB (a YCSB property file is a
+/// few lines; `/dev/zero` is an error, not memory read without end).
+fn read_workload_file(path: &str) -> Result<String, ArgError> {
+    use std::io::Read;
+    const MAX: u64 = 1 << 20;
+    let cannot =
+        |e: std::io::Error| ArgError(format!("--workload-file: cannot read `{path}`: {e}"));
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX {
+        return Err(ArgError(format!(
+            "--workload-file: `{path}` is larger than 1 MiB: not a workload file"
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| ArgError(format!("--workload-file: `{path}` is not UTF-8 text: {e}")))
+}
