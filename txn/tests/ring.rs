@@ -666,6 +666,24 @@ mod on_mlx5 {
     }
 }
 
+/// A simulated cluster of two machines (0 and 1) with no threads yet, and
+/// a one-task executor's configuration.
+fn two_machines() -> (nicdrv::sim::World, nicdrv::ExecutorConfig) {
+    let w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
+        memory_nodes: 2,
+        compute_nodes: 2,
+        machines: 2,
+        host_bytes: common::HOST,
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg = nicdrv::ExecutorConfig {
+        slots: 1,
+        ..Default::default()
+    };
+    (w, cfg)
+}
+
 /// A reply whose append timed out did not tell the sender the head it
 /// carried: that head stays unreported, so the next report sends it (it
 /// was counted as told, and a sender waiting for room could wait on a
@@ -685,18 +703,7 @@ fn sim_a_reply_that_did_not_go_leaves_its_head_unreported() {
         sender_tail_off: 24,
     };
     back.check().unwrap();
-    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
-        memory_nodes: 2,
-        compute_nodes: 2,
-        machines: 2,
-        host_bytes: common::HOST,
-        ..Default::default()
-    })
-    .unwrap();
-    let cfg = nicdrv::ExecutorConfig {
-        slots: 1,
-        ..Default::default()
-    };
+    let (mut w, cfg) = two_machines();
     let t1 = w.add_thread(1, cfg).unwrap();
     w.spawn(t1, move |ctx| async move {
         let mut s = Sender::open(&ctx, back).unwrap();
@@ -751,18 +758,7 @@ fn sim_a_reply_that_did_not_go_leaves_its_head_unreported() {
 fn sim_a_sender_short_of_room_reads_the_head_a_polling_receiver_left() {
     use txn::ring::FETCH_HEAD_NS;
     let l = layout(1024);
-    let mut w = nicdrv::sim::World::new(nicdrv::sim::SimConfig {
-        memory_nodes: 2,
-        compute_nodes: 2,
-        machines: 2,
-        host_bytes: common::HOST,
-        ..Default::default()
-    })
-    .unwrap();
-    let cfg = nicdrv::ExecutorConfig {
-        slots: 1,
-        ..Default::default()
-    };
+    let (mut w, cfg) = two_machines();
     let t0 = w.add_thread(0, cfg).unwrap();
     let waited = Arc::new(Mutex::new(Vec::new()));
     let wt = waited.clone();
