@@ -799,6 +799,43 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
     }
 }
 
+/// Sherman's tree on one memory node, created by compute node 0's handle
+/// (the first), its root leaf filled to its fanout by client 7 of compute
+/// node 1's handle (the second), keys 0, 10, 20, ...: the world, both
+/// handles, client 7, and the fanout.
+fn full_root_leaf() -> (
+    nicdrv::sim::World,
+    std::sync::Arc<Tree>,
+    std::sync::Arc<Tree>,
+    TreeClient,
+    u64,
+) {
+    let cfg = TreeConfig::sherman(HOST);
+    let fanout = index::tree::layout::Layout::new(8, 8)
+        .unwrap()
+        .leaf_fanout() as u64;
+    let mut w = sim_world(5, 1, 2);
+    let (a, b) = (
+        Tree::new(cfg.clone(), DM).unwrap(),
+        Tree::new(cfg, DM).unwrap(),
+    );
+    sim_create(&mut w, &a);
+    let slot = Rc::new(RefCell::new(Some(b.client(7).unwrap())));
+    let s = slot.clone();
+    let t = w.add_thread(1, exec_cfg(1)).unwrap();
+    w.spawn(t, move |ctx| async move {
+        let mut c = s.borrow_mut().take().unwrap();
+        for k in 0..fanout {
+            c.put(&ctx, k * 10, k).await.unwrap();
+        }
+        *s.borrow_mut() = Some(c);
+    })
+    .unwrap();
+    assert_eq!(w.run(), nicdrv::sim::RunEnd::Done);
+    let c = slot.borrow_mut().take().unwrap();
+    (w, a, b, c, fanout)
+}
+
 /// A root split whose new root was never installed (its client's link cut
 /// after the split was written) is installed by the next client that
 /// needs the level above. On one memory node: compute node 1's client
@@ -815,29 +852,9 @@ fn a_lock_left_held_by_a_dead_client_ends_its_writers_in_lock_wait() {
 #[test]
 fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
     use nicdrv::sim::RunEnd;
-    let cfg = TreeConfig::sherman(HOST);
-    let fanout = index::tree::layout::Layout::new(8, 8)
-        .unwrap()
-        .leaf_fanout() as u64;
     let run = |cut: Option<u64>| {
-        let mut w = sim_world(5, 1, 2);
-        let (a, b) = (
-            Tree::new(cfg.clone(), DM).unwrap(),
-            Tree::new(cfg.clone(), DM).unwrap(),
-        );
-        sim_create(&mut w, &a);
-        let slot = Rc::new(RefCell::new(Some(b.client(7).unwrap())));
-        let s = slot.clone();
-        let t = w.add_thread(1, exec_cfg(1)).unwrap();
-        w.spawn(t, move |ctx| async move {
-            let mut c = s.borrow_mut().take().unwrap();
-            for k in 0..fanout {
-                c.put(&ctx, k * 10, k).await.unwrap();
-            }
-            *s.borrow_mut() = Some(c);
-        })
-        .unwrap();
-        assert_eq!(w.run(), RunEnd::Done);
+        let (mut w, a, _, c, fanout) = full_root_leaf();
+        let slot = Rc::new(RefCell::new(Some(c)));
         let heal = cut.map(|c| cut_for(&mut w, 1, 0, c, 200_000));
         let split_put = Rc::new(RefCell::new(None));
         let (s, sp) = (slot.clone(), split_put.clone());
@@ -886,6 +903,32 @@ fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
     assert!(helped > 0, "no cut left a root split uninstalled");
 }
 
+/// The tree configured as `name`, with a 1 ms lock wait, on one memory
+/// node: the world, compute node 0's handle (which created it), compute
+/// node 1's, and a node-aligned address in host memory whose lock the
+/// tests take (its word, in device memory or in the node's header, is
+/// what matters).
+fn lock_world(
+    name: &str,
+) -> (
+    nicdrv::sim::World,
+    std::sync::Arc<Tree>,
+    std::sync::Arc<Tree>,
+    nicdrv::GlobalAddr,
+) {
+    let cfg = TreeConfig {
+        lock_wait_ns: 1_000_000,
+        ..TreeConfig::named(name, HOST).unwrap()
+    };
+    let mut w = sim_world(5, 1, 2);
+    let (a, b) = (
+        Tree::new(cfg.clone(), DM).unwrap(),
+        Tree::new(cfg, DM).unwrap(),
+    );
+    sim_create(&mut w, &a);
+    (w, a, b, nicdrv::GlobalAddr::host(0, 16 << 20))
+}
+
 /// A lock word a cut stranded on a compute node whose clients then sit
 /// idle: another compute node's writer of it fails `LockWait` until a
 /// client of the stranding node calls `release_while_idle`. On one
@@ -898,20 +941,7 @@ fn a_root_split_left_uninstalled_is_installed_by_the_next_splitter() {
 /// stays stranded on node 1.
 fn idle_release(name: &str, releaser: Option<u64>) -> (u64, u64, bool) {
     use nicdrv::sim::RunEnd;
-    use nicdrv::GlobalAddr;
-    let cfg = TreeConfig {
-        lock_wait_ns: 1_000_000,
-        ..TreeConfig::named(name, HOST).unwrap()
-    };
-    let mut w = sim_world(5, 1, 2);
-    let (a, b) = (
-        Tree::new(cfg.clone(), DM).unwrap(),
-        Tree::new(cfg, DM).unwrap(),
-    );
-    sim_create(&mut w, &a);
-    // A node-aligned address in host memory: its lock word (in device
-    // memory, or in the node's header) is what matters here.
-    let node = GlobalAddr::host(0, 16 << 20);
+    let (mut w, a, b, node) = lock_world(name);
     let holder = Rc::new(RefCell::new(None));
     let (b2, h) = (b.clone(), holder.clone());
     let t = w.add_thread(1, exec_cfg(1)).unwrap();
@@ -997,27 +1027,8 @@ fn an_idle_compute_node_releases_a_stranded_lock_when_asked() {
 #[test]
 fn a_stalled_root_splitter_and_its_helper_install_one_root() {
     use nicdrv::sim::{Fault, FaultKind, RunEnd};
-    let cfg = TreeConfig::sherman(HOST);
-    let fanout = index::tree::layout::Layout::new(8, 8)
-        .unwrap()
-        .leaf_fanout() as u64;
     let run = |stall: Option<u64>| {
-        let mut w = sim_world(5, 1, 2);
-        let (a, b) = (
-            Tree::new(cfg.clone(), DM).unwrap(),
-            Tree::new(cfg.clone(), DM).unwrap(),
-        );
-        sim_create(&mut w, &a);
-        let t = w.add_thread(1, exec_cfg(1)).unwrap();
-        let b2 = b.clone();
-        w.spawn(t, move |ctx| async move {
-            let mut c = b2.client(7).unwrap();
-            for k in 0..fanout {
-                c.put(&ctx, k * 10, k).await.unwrap();
-            }
-        })
-        .unwrap();
-        assert_eq!(w.run(), RunEnd::Done);
+        let (mut w, a, b, _, fanout) = full_root_leaf();
         let splitter = w.add_thread(1, exec_cfg(1)).unwrap();
         w.spawn(splitter, move |ctx| async move {
             let mut c = b.client(8).unwrap();
@@ -1078,19 +1089,8 @@ fn a_stalled_root_splitter_and_its_helper_install_one_root() {
 #[test]
 fn a_lookup_does_not_wait_for_a_stranded_word_a_writer_holds() {
     use nicdrv::sim::RunEnd;
-    use nicdrv::GlobalAddr;
     for name in ["sherman", "sherman-2rt", "fg+comb+onchip+hier"] {
-        let cfg = TreeConfig {
-            lock_wait_ns: 1_000_000,
-            ..TreeConfig::named(name, HOST).unwrap()
-        };
-        let mut w = sim_world(5, 1, 2);
-        let (a, b) = (
-            Tree::new(cfg.clone(), DM).unwrap(),
-            Tree::new(cfg, DM).unwrap(),
-        );
-        sim_create(&mut w, &a);
-        let node = GlobalAddr::host(0, 16 << 20);
+        let (mut w, a, b, node) = lock_world(name);
         let t = w.add_thread(1, exec_cfg(3)).unwrap();
         cut_for(&mut w, 1, 0, 1_000, 100_000);
         let b7 = b.clone();
