@@ -778,7 +778,12 @@ impl Sender {
                 .wait_for_write(self.layout.sender_head_off, 8, Some(until))?
                 .await;
             if w == Woken::Deadline && self.free(ctx)? < need {
-                self.fetch_head(ctx).await?;
+                // A READ that failed (the receiver may be failing) leaves
+                // the wait to the deadline, as before it was tried.
+                match self.fetch_head(ctx).await {
+                    Ok(_) | Err(RingError::Verb(_)) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         self.write(ctx, payloads).await
