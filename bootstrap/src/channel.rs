@@ -856,10 +856,23 @@ pub fn agreement_fits(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Handshakes the coordinator runs at once, each on a thread of its own:
+/// a connection that sends nothing holds its thread to the handshake
+/// bound, not the admission of the nodes behind it.
+const HANDSHAKES_AT_ONCE: usize = 64;
+
+/// How often the coordinator looks for finished handshakes while some
+/// run.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
+
 /// The coordinator's wait for a run's nodes: accepts and authenticates
 /// until every node in `members` but this one has joined, handing each
 /// channel to `take`, or until `timeout` passes. Connections that fail the
-/// handshake are dropped and returned; the wait goes on.
+/// handshake are dropped and returned; the wait goes on. Handshakes run
+/// side by side (up to [`HANDSHAKES_AT_ONCE`]): before, one at a time,
+/// each connection that sent nothing (an unauthenticated peer, a port
+/// scan) held every node behind it for the whole handshake bound, and a
+/// few could push the rendezvous past its timeout.
 fn admit(
     listener: &TcpListener,
     members: &[u32],
@@ -868,7 +881,7 @@ fn admit(
     take: &mut dyn FnMut(ControlChannel),
 ) -> Result<Vec<ChannelError>, ChannelError> {
     let deadline = Instant::now() + timeout;
-    let mut waiting: BTreeSet<u32> = members
+    let waiting: BTreeSet<u32> = members
         .iter()
         .copied()
         .filter(|&m| m != opts.node_id)
@@ -879,49 +892,102 @@ fn admit(
             waiting.len() + 1
         )));
     }
+    // Shared with the handshakes, which refuse an id not awaited; a
+    // second channel for an id is dropped here.
+    let waiting = Arc::new(std::sync::Mutex::new(waiting));
+    let awaited = |w: &std::sync::Mutex<BTreeSet<u32>>| -> Vec<u32> {
+        w.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    };
+    let (done_tx, done) = std::sync::mpsc::channel::<Result<ControlChannel, ChannelError>>();
+    let mut running = 0usize;
     let mut refused: Vec<ChannelError> = Vec::new();
     // Refusals up to this index were reported already.
     let mut told = 0;
     let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
-    while !waiting.is_empty() {
-        // Accept in steps of at most a second, to report between them.
-        let step = match opts.on_wait {
+    let mut finish =
+        |r: Result<ControlChannel, ChannelError>, refused: &mut Vec<ChannelError>| match r {
+            Ok(ch) => {
+                let fresh = waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&ch.peer_id);
+                if fresh {
+                    take(ch);
+                } else {
+                    refused.push(ChannelError::Refused(format!(
+                        "node {} joined already",
+                        ch.peer_id
+                    )));
+                }
+            }
+            Err(e) => refused.push(e),
+        };
+    loop {
+        while let Ok(r) = done.try_recv() {
+            running -= 1;
+            finish(r, &mut refused);
+        }
+        let ids = awaited(&waiting);
+        if ids.is_empty() {
+            return Ok(refused);
+        }
+        if Instant::now() >= deadline {
+            let last = match refused.last() {
+                Some(e) => format!("; the last: {e}"),
+                None => String::new(),
+            };
+            return Err(ChannelError::Timeout(format!(
+                "nodes {ids:?} did not join within {timeout:?} ({} connections refused{last})",
+                refused.len()
+            )));
+        }
+        let fresh = refused[told..].last();
+        if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
+            told = refused.len();
+        }
+        if running >= HANDSHAKES_AT_ONCE {
+            // Room for no more: wait for one to end (each is bounded).
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(r) = done.recv_timeout(left.min(HANDSHAKE_POLL)) {
+                running -= 1;
+                finish(r, &mut refused);
+            }
+            continue;
+        }
+        // Accept in steps: of at most a second, to report between them,
+        // and of HANDSHAKE_POLL while handshakes run.
+        let mut step = match opts.on_wait {
             Some(_) => deadline.min(next_report),
             None => deadline,
         };
+        if running > 0 {
+            step = step.min(Instant::now() + HANDSHAKE_POLL);
+        }
         let stream = match accept_by(listener, step, &opts.cancel) {
             Ok(s) => s,
-            Err(ChannelError::Timeout(_)) if Instant::now() < deadline => {
-                let ids: Vec<u32> = waiting.iter().copied().collect();
-                let fresh = refused[told..].last();
-                if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
-                    told = refused.len();
-                }
-                continue;
-            }
-            Err(ChannelError::Timeout(_)) => {
-                let last = match refused.last() {
-                    Some(e) => format!("; the last: {e}"),
-                    None => String::new(),
-                };
-                return Err(ChannelError::Timeout(format!(
-                    "nodes {:?} did not join within {timeout:?} ({} connections refused{last})",
-                    waiting.iter().collect::<Vec<_>>(),
-                    refused.len()
-                )));
-            }
+            Err(ChannelError::Timeout(_)) => continue,
             Err(e) => return Err(e),
         };
         let nonce = fresh_nonce()?;
-        match ControlChannel::respond(stream, opts, &|id| waiting.contains(&id), nonce) {
-            Ok(ch) => {
-                waiting.remove(&ch.peer_id);
-                take(ch);
-            }
-            Err(e) => refused.push(e),
+        let (o, w, tx) = (opts.clone(), waiting.clone(), done_tx.clone());
+        let shake = move || {
+            let admit = |id: u32| w.lock().unwrap_or_else(|e| e.into_inner()).contains(&id);
+            // The admission may have ended (its receiver dropped): the
+            // channel is then dropped with the result.
+            let _ = tx.send(ControlChannel::respond(stream, &o, &admit, nonce));
+        };
+        match std::thread::Builder::new()
+            .name("loch-handshake".into())
+            .spawn(shake)
+        {
+            Ok(_) => running += 1,
+            Err(e) => refused.push(ChannelError::Io(e)),
         }
     }
-    Ok(refused)
 }
 
 impl Rendezvous {

@@ -1324,3 +1324,40 @@ fn a_coordinator_that_withdraws_tells_each_member() {
         assert!(withdrew(&r, 0, WHY), "node {id}: {r:?}");
     }
 }
+
+/// Connections that send nothing do not hold up the nodes behind them:
+/// the coordinator runs handshakes side by side. Five silent connections
+/// come first, each held to a 2 s handshake bound; the two members dial
+/// after them and are admitted well inside one bound (one at a time, they
+/// waited 10 s behind the five, past the rendezvous's 6 s timeout). The
+/// silent ones are refused once their bounds pass, or dropped with the
+/// finished admission.
+#[test]
+fn silent_connections_do_not_hold_up_the_nodes_behind_them() {
+    let (l, addr) = listener();
+    let silent: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut o = opts(0, 1);
+    o.handshake_timeout = Duration::from_secs(2);
+    let members: Vec<_> = [1u32, 2]
+        .into_iter()
+        .map(|id| {
+            thread::spawn(move || {
+                // After the silent ones are queued.
+                thread::sleep(Duration::from_millis(100));
+                Rendezvous::join(addr, 0, &opts(id, 1), Duration::from_secs(6)).map(drop)
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let rv = Rendezvous::coordinate(&l, &[0, 1, 2], &o, Duration::from_secs(6));
+    let took = t0.elapsed();
+    assert!(rv.is_ok(), "{:?}", rv.err());
+    assert!(
+        took < Duration::from_millis(1500),
+        "the members waited behind the silent connections: {took:?}"
+    );
+    for m in members {
+        m.join().unwrap().unwrap();
+    }
+    drop(silent);
+}
