@@ -10,7 +10,7 @@ use nicdrv::sim::SimModel;
 use std::fmt::Write as _;
 use txn::harness::{run_sim, run_threads, Report};
 use txn::object::{decode, object_bytes};
-use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
+use txn::workload::{BankTally, Mix, WorkClient, WorkOut, BANK_START};
 use txn::Geometry;
 
 /// Accounts of the demo's bank.
@@ -121,9 +121,7 @@ fn check(geo: Geometry, mix: Mix, r: &Report<WorkOut>) -> TxnPhase {
     let total = ACCOUNTS as i64 * BANK_START;
     let bad_audits = out.audits.iter().filter(|&&t| t != total).count() as u64;
     let map = geo.region_map().expect("a checked geometry");
-    let mut sum = 0;
-    let mut negative = 0;
-    let mut unreadable = 0;
+    let mut tally = BankTally::default();
     let mut backups_differ = 0;
     for (at, len) in mix.objects(&geo) {
         let n = object_bytes(len);
@@ -133,19 +131,10 @@ fn check(geo: Geometry, mix: Mix, r: &Report<WorkOut>) -> TxnPhase {
         let copy = &r.memory[p.node() as usize][p.offset() as usize..][..n];
         let mut v = vec![0u8; len];
         match decode(copy, &mut v) {
-            Ok(Ok(_)) => {
-                let v = i64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-                // Out of range is corrupt; the sum wraps (a wrong value
-                // still shows as a wrong sum).
-                match BANK_START.checked_add(v) {
-                    Some(b) => {
-                        negative += u64::from(b < 0);
-                        sum = i64::wrapping_add(sum, b);
-                    }
-                    None => unreadable += 1,
-                }
-            }
-            _ => unreadable += 1,
+            Ok(Ok(_)) => tally.add(Some(i64::from_le_bytes(
+                v[..8].try_into().expect("8 bytes"),
+            ))),
+            _ => tally.add(None),
         }
         for b in map
             .on_backups(at, n as u64)
@@ -155,7 +144,7 @@ fn check(geo: Geometry, mix: Mix, r: &Report<WorkOut>) -> TxnPhase {
             backups_differ += u64::from(bc != copy);
         }
     }
-    let total_ok = sum == total && negative == 0 && unreadable == 0;
+    let total_ok = tally.holds(total);
     let aborted: u64 = out.aborted.iter().sum();
     let elapsed = r
         .clients
@@ -203,7 +192,10 @@ fn check(geo: Geometry, mix: Mix, r: &Report<WorkOut>) -> TxnPhase {
     );
     let _ = writeln!(
         text,
-        "  check: final balances sum to {sum} (want {total}), {negative} negative, {unreadable} unreadable: {}",
+        "  check: final balances sum to {} (want {total}), {} negative, {} unreadable: {}",
+        tally.sum,
+        tally.negative,
+        tally.unreadable,
         verdict(total_ok)
     );
     let _ = writeln!(

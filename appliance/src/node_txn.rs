@@ -33,7 +33,7 @@ use txn::harness::{core_config, run_machine, ExecutorFactory};
 use txn::object::{self, object_bytes};
 use txn::records::ObjAddr;
 use txn::regions::RegionMap;
-use txn::workload::{Mix, WorkClient, WorkOut, BANK_START};
+use txn::workload::{BankTally, Mix, WorkClient, WorkOut, BANK_START};
 use txn::Geometry;
 
 const MIX: Mix = Mix::Bank { accounts: ACCOUNTS };
@@ -135,9 +135,7 @@ fn loss_warning(geo: &Geometry) -> Option<String> {
 
 /// What the bank holds at the end, as node 0 reads it.
 struct BankState {
-    sum: i64,
-    negative: u64,
-    unreadable: u64,
+    tally: BankTally,
     backups_differ: u64,
 }
 
@@ -273,9 +271,9 @@ pub fn run_bank<N: nicdrv::Nic>(
     }
     let c = report.counters();
     let aborted: u64 = out.aborted.iter().sum();
-    let bank_ok = bank.as_ref().is_none_or(|b| {
-        b.sum == total && b.negative == 0 && b.unreadable == 0 && b.backups_differ == 0
-    });
+    let bank_ok = bank
+        .as_ref()
+        .is_none_or(|b| b.tally.holds(total) && b.backups_differ == 0);
     let stopped = cmdline::signals::stop_requested();
     let ok = bad_audits == 0 && bank_ok && (out.committed > 0 || stopped);
     let line = json!({
@@ -297,8 +295,8 @@ pub fn run_bank<N: nicdrv::Nic>(
         "writes_per_commit": c.writes as f64 / out.committed.max(1) as f64,
         "reads_per_commit": c.reads as f64 / out.committed.max(1) as f64,
         "bank": bank.as_ref().map(|b| json!({
-            "total": b.sum, "want": total, "negative": b.negative,
-            "unreadable": b.unreadable, "backups_differ": b.backups_differ,
+            "total": b.tally.sum, "want": total, "negative": b.tally.negative,
+            "unreadable": b.tally.unreadable, "backups_differ": b.backups_differ,
         })),
         "ok": ok,
     });
@@ -307,10 +305,10 @@ pub fn run_bank<N: nicdrv::Nic>(
         out.committed,
         out.audits.len(),
         match (&bank, bank_ok) {
-            (Some(b), true) => format!("; the bank holds {} in all: ok", b.sum),
+            (Some(b), true) => format!("; the bank holds {} in all: ok", b.tally.sum),
             (Some(b), false) => format!(
                 "; the bank: total {} (want {total}), {} negative, {} backups differ: FAILED",
-                b.sum, b.negative, b.backups_differ
+                b.tally.sum, b.tally.negative, b.backups_differ
             ),
             (None, _) => String::new(),
         }
@@ -528,30 +526,16 @@ fn read_bank<N: nicdrv::Nic>(mut ex: Executor<N>, geo: Geometry) -> Result<BankS
     let objects = MIX.objects(&geo);
     run_task(&mut ex, move |ctx| async move {
         let mut st = BankState {
-            sum: 0,
-            negative: 0,
-            unreadable: 0,
+            tally: BankTally::default(),
             backups_differ: 0,
         };
         for (at, len) in objects {
             let n = object_bytes(len);
             let p = map.on_primary(at, n as u64).map_err(|e| e.to_string())?;
-            match object::read(&ctx, p, len, 64).await {
-                Ok(r) => {
-                    let v = i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
-                    // A balance no transfer could make (out of i64's
-                    // range) is a corrupt object, not a panic; the sum
-                    // wraps, so a wrong value still shows as a wrong sum.
-                    match BANK_START.checked_add(v) {
-                        Some(b) => {
-                            st.negative += u64::from(b < 0);
-                            st.sum = st.sum.wrapping_add(b);
-                        }
-                        None => st.unreadable += 1,
-                    }
-                }
-                Err(_) => st.unreadable += 1,
-            }
+            let stored = object::read(&ctx, p, len, 64).await.ok();
+            st.tally.add(
+                stored.map(|r| i64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"))),
+            );
             st.backups_differ += copies_differ(&ctx, &map, at, n).await?.1;
         }
         Ok(st)

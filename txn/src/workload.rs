@@ -48,6 +48,38 @@ pub const LIST_CAP: usize = 40;
 pub const LIST_BYTES: usize = 8 + 8 * LIST_CAP;
 /// Every bank account's starting balance.
 pub const BANK_START: i64 = 1000;
+/// A bank's accounts as read back after a run ([`Mix::Bank`]): their
+/// balances' sum, and how many were negative or unreadable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BankTally {
+    pub sum: i64,
+    pub negative: u64,
+    pub unreadable: u64,
+}
+
+impl BankTally {
+    /// Counts one account: its stored value (its balance less
+    /// [`BANK_START`]), or `None` if it could not be read. A value no
+    /// transfer could make (a balance out of i64's range) is corrupt:
+    /// counted unreadable, not a panic; the sum wraps, so a wrong value
+    /// still shows as a wrong sum.
+    pub fn add(&mut self, stored: Option<i64>) {
+        match stored.and_then(|v| BANK_START.checked_add(v)) {
+            Some(b) => {
+                self.negative += u64::from(b < 0);
+                self.sum = self.sum.wrapping_add(b);
+            }
+            None => self.unreadable += 1,
+        }
+    }
+
+    /// Whether the accounts hold `total` in all, none negative or
+    /// unreadable.
+    pub fn holds(&self, total: i64) -> bool {
+        self.sum == total && self.negative == 0 && self.unreadable == 0
+    }
+}
+
 /// Every SmallBank account's starting savings and checking balance.
 pub const SMALLBANK_START: i64 = 10_000;
 
@@ -635,4 +667,26 @@ pub fn merged_history<'a>(
         h.push(k, p, t, mops.clone());
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bank_tally_counts_a_corrupt_balance_unreadable_and_never_overflows() {
+        let mut t = BankTally::default();
+        t.add(Some(5));
+        t.add(Some(-5));
+        assert!(t.holds(2 * BANK_START), "{t:?}");
+        t.add(Some(-BANK_START - 1));
+        assert_eq!(t.negative, 1, "{t:?}");
+        t.add(Some(i64::MAX));
+        t.add(None);
+        assert_eq!(t.unreadable, 2, "{t:?}");
+        // Balances near i64's limit wrap the sum rather than panic.
+        t.add(Some(i64::MAX - BANK_START));
+        t.add(Some(i64::MAX - BANK_START));
+        assert!(!t.holds(2 * BANK_START), "{t:?}");
+    }
 }
