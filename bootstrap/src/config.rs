@@ -184,6 +184,17 @@ struct RawNode {
 /// many times over.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
+/// The file at `path`, read up to one byte past `max`: the caller refuses
+/// more than `max` (a path that names no such file, `/dev/zero`, is an
+/// error then, not memory read without end).
+fn read_at_most(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 impl ClusterConfig {
     /// Reads, parses and validates `path`, and checks the secret file it
     /// names (exists, at least 32 bytes, not group/world-accessible).
@@ -195,11 +206,7 @@ impl ClusterConfig {
             problem,
             more: Vec::new(),
         };
-        // At most CONFIG_BYTES_MAX: a path that names no cluster file
-        // (`/dev/zero`) is an error, not memory read without end.
-        let mut bytes = Vec::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(CONFIG_BYTES_MAX + 1).read_to_end(&mut bytes))
+        let bytes = read_at_most(path, CONFIG_BYTES_MAX)
             .map_err(|e| problem(format!("cannot read the cluster file: {e}")))?;
         if bytes.len() as u64 > CONFIG_BYTES_MAX {
             return Err(problem(format!(
@@ -284,9 +291,7 @@ impl ClusterConfig {
         }
         // A secret is a key, not a file's worth of data: a huge file (a
         // path mistaken for the secret's) is refused, never read whole.
-        let mut bytes = Vec::new();
-        std::fs::File::open(&self.secret_file)
-            .and_then(|f| f.take(SECRET_BYTES_MAX as u64 + 1).read_to_end(&mut bytes))
+        let bytes = read_at_most(&self.secret_file, SECRET_BYTES_MAX as u64)
             .map_err(|e| err(format!("cannot read {shown}: {e}")))?;
         if bytes.len() > SECRET_BYTES_MAX {
             return Err(err(format!(
