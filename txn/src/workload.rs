@@ -276,6 +276,13 @@ fn give_up() -> TxError {
     TxError::Usage(GIVE_UP.into())
 }
 
+/// `a + b` for values read back from memory: a sum out of i64's range
+/// (a corrupt row; no transaction could make one) gives the transaction
+/// up rather than panicking or writing a wrapped value.
+fn add(a: i64, b: i64) -> Result<i64, TxError> {
+    a.checked_add(b).ok_or_else(give_up)
+}
+
 impl WorkClient {
     /// Whether [`WorkClient::stop`] says to start no more transactions.
     pub fn stopped(&self) -> bool {
@@ -377,7 +384,9 @@ impl WorkClient {
         let a = rng.below(accounts);
         let b = (a + 1 + rng.below(accounts - 1)) % accounts;
         let (sav, chk) = (|k: u64| m.at(g, k, 0), |k: u64| m.at(g, k, 1));
-        let bal = |v: i64| SMALLBANK_START + v;
+        // A row holds its balance less the start; sums of rows read back
+        // are checked ([`add`]).
+        let bal = |v: i64| add(SMALLBANK_START, v);
         let p = rng.below(100);
         let v = 1 + rng.below(100) as i64;
         let kind = match p {
@@ -391,34 +400,34 @@ impl WorkClient {
         let mut tx = c.begin();
         let r = async {
             if p < 15 {
-                let sa = bal(self.read8(ctx, c, &mut tx, sav(a)).await?);
-                let ca = bal(self.read8(ctx, c, &mut tx, chk(a)).await?);
-                let cb = bal(self.read8(ctx, c, &mut tx, chk(b)).await?);
+                let sa = bal(self.read8(ctx, c, &mut tx, sav(a)).await?)?;
+                let ca = bal(self.read8(ctx, c, &mut tx, chk(a)).await?)?;
+                let cb = self.read8(ctx, c, &mut tx, chk(b)).await?;
                 tx.write(sav(a), &row(-SMALLBANK_START))?;
                 tx.write(chk(a), &row(-SMALLBANK_START))?;
-                tx.write(chk(b), &row(cb + sa + ca - SMALLBANK_START))?;
+                tx.write(chk(b), &row(add(cb, add(sa, ca)?)?))?;
             } else if p < 30 {
                 self.read8(ctx, c, &mut tx, sav(a)).await?;
                 self.read8(ctx, c, &mut tx, chk(a)).await?;
             } else if p < 45 {
                 let ca = self.read8(ctx, c, &mut tx, chk(a)).await?;
-                tx.write(chk(a), &row(ca + v))?;
+                tx.write(chk(a), &row(add(ca, v)?))?;
             } else if p < 70 {
                 let ca = self.read8(ctx, c, &mut tx, chk(a)).await?;
                 let cb = self.read8(ctx, c, &mut tx, chk(b)).await?;
-                if bal(ca) < v {
+                if bal(ca)? < v {
                     return Err(give_up());
                 }
-                tx.write(chk(a), &row(ca - v))?;
-                tx.write(chk(b), &row(cb + v))?;
+                tx.write(chk(a), &row(add(ca, -v)?))?;
+                tx.write(chk(b), &row(add(cb, v)?))?;
             } else if p < 85 {
                 let sa = self.read8(ctx, c, &mut tx, sav(a)).await?;
-                tx.write(sav(a), &row(sa + v))?;
+                tx.write(sav(a), &row(add(sa, v)?))?;
             } else {
                 let sa = self.read8(ctx, c, &mut tx, sav(a)).await?;
                 let ca = self.read8(ctx, c, &mut tx, chk(a)).await?;
-                let fee = i64::from(bal(sa) + bal(ca) < v);
-                tx.write(chk(a), &row(ca - v - fee))?;
+                let fee = i64::from(add(bal(sa)?, bal(ca)?)? < v);
+                tx.write(chk(a), &row(add(ca, -v - fee)?))?;
             }
             Ok(())
         }
@@ -449,7 +458,7 @@ impl WorkClient {
                 let at = self.mix.at(&self.geo, k, 0);
                 let v = self.read8(ctx, c, &mut tx, at).await?;
                 if (i as u32) < writes {
-                    tx.write(at, &row(v + 1))?;
+                    tx.write(at, &row(add(v, 1)?))?;
                 }
             }
             Ok(())
@@ -688,5 +697,16 @@ mod tests {
         t.add(Some(i64::MAX - BANK_START));
         t.add(Some(i64::MAX - BANK_START));
         assert!(!t.holds(2 * BANK_START), "{t:?}");
+    }
+
+    #[test]
+    fn a_sum_past_i64s_range_gives_the_transaction_up() {
+        assert_eq!(add(-SMALLBANK_START, 7).ok(), Some(7 - SMALLBANK_START));
+        for (a, b) in [(i64::MAX, 1), (i64::MIN, -1), (i64::MAX - 3, 100)] {
+            match add(a, b) {
+                Err(TxError::Usage(m)) => assert_eq!(m, GIVE_UP, "{a} + {b}"),
+                r => panic!("{a} + {b}: {r:?}"),
+            }
+        }
     }
 }

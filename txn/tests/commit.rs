@@ -665,3 +665,74 @@ fn a_full_log_at_reservation_aborts_cleanly() {
         );
     });
 }
+
+/// Writes a value near i64's limit into every row of a workload, then
+/// runs the workload's own transactions over them.
+struct Corrupted {
+    g: Geometry,
+    mix: txn::workload::Mix,
+    active: bool,
+    seed: u64,
+}
+
+impl<N: Nic> Client<N> for Corrupted {
+    type Out = txn::workload::WorkOut;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Self::Out, TxError> {
+        if !self.active {
+            return Ok(Default::default());
+        }
+        let mut tx = c.begin();
+        for (at, _) in self.mix.objects(&self.g) {
+            c.read(ctx, &mut tx, at, 8).await?;
+            tx.write(at, &(i64::MAX - 50).to_le_bytes())?;
+        }
+        assert_eq!(c.commit(ctx, tx).await?, Outcome::Committed);
+        txn::workload::WorkClient {
+            geo: self.g,
+            mix: self.mix,
+            seed: self.seed,
+            txs: 300,
+            process: 0,
+            stop: None,
+        }
+        .run(ctx, c)
+        .await
+    }
+}
+
+/// Rows read back corrupt (values near i64's limit, which no transaction
+/// of the workload could make) give the workload's transactions up; they
+/// neither panic on overflow nor write a wrapped value.
+#[test]
+fn workloads_give_up_on_rows_past_i64s_range() {
+    use txn::workload::Mix;
+    let g = geo(2, 1, 1);
+    for mix in [
+        Mix::SmallBank { accounts: 4 },
+        Mix::YcsbT {
+            keys: 4,
+            ops: 2,
+            writes: 2,
+        },
+    ] {
+        for_each_seed("workloads_give_up_on_rows_past_i64s_range", 3, |seed| {
+            let r = sim(g, seed, |m, _| Corrupted {
+                g,
+                mix,
+                active: m == 0,
+                seed,
+            });
+            no_errors(&r);
+            let out = r.clients[0].out.as_ref().unwrap();
+            assert!(out.given_up > 0, "seed {seed} {}: {out:?}", mix.name());
+            for (at, _) in mix.objects(&g) {
+                let v = i64::from_le_bytes(final_value(g, &r, at, 8).try_into().unwrap());
+                assert!(
+                    v >= i64::MAX - 50 - 200 * 300,
+                    "seed {seed} {}: a wrapped row {v}",
+                    mix.name()
+                );
+            }
+        });
+    }
+}
