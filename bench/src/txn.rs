@@ -550,9 +550,11 @@ fn check_faults(faults: &[nicdrv::sim::Fault], machines: u16) -> Result<(), Stri
         let node = match f.kind {
             K::CrashMemoryNode { node } | K::CrashComputeNode { node } => Some(node),
             K::CrashMachine { machine } => Some(machine),
-            K::CutLink { compute, memory } | K::HealLink { compute, memory } => {
-                Some(compute.max(memory))
-            }
+            K::CutLink { compute, memory }
+            | K::HealLink { compute, memory }
+            | K::QueueFull {
+                compute, memory, ..
+            } => Some(compute.max(memory)),
             K::Partition { side } | K::HealPartition { side } => {
                 (machines < 64 && side >> machines != 0).then(|| 63 - side.leading_zeros() as u16)
             }

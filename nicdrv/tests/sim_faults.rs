@@ -161,6 +161,77 @@ fn link_cut_fails_verbs_after_the_timeout_and_heal_restores_them() {
     }
 }
 
+/// A full send queue refuses posts on its link alone, for its duration:
+/// a batch to both memory nodes posts its first group (memory node 0)
+/// and is refused at the second, reporting the refusal as a post error
+/// with only node 0 posted; its FAA to node 0 executes, its FAA to node 1
+/// does not; before and after, every verb succeeds.
+#[test]
+fn a_full_queue_refuses_posts_to_its_node_alone_for_its_duration() {
+    let (from, until) = (40_000, 90_000);
+    let mut w = world(
+        7,
+        1,
+        vec![at(
+            from,
+            FaultKind::QueueFull {
+                compute: 0,
+                memory: 1,
+                duration_ns: until - from,
+            },
+        )],
+    );
+    let t = thread(&mut w, 0, 1);
+    type Op = (u64, Result<(), VerbError>, Option<(u64, u64)>);
+    let ops: Log<Op> = log();
+    let l = ops.clone();
+    let (a, b) = (GlobalAddr::host(0, 64), GlobalAddr::host(1, 64));
+    w.spawn(t, move |ctx| async move {
+        while ctx.now_ns() < until + 50_000 {
+            let t0 = ctx.now_ns();
+            let mut batch = ctx.batch();
+            batch.faa(a, 1);
+            batch.faa(b, 1);
+            let r = batch.submit().await.map(|_| ());
+            l.borrow_mut().push((t0, r, ctx.last_batch_nodes()));
+        }
+    })
+    .unwrap();
+    assert_eq!(w.run(), RunEnd::Done);
+    let ops = ops.borrow();
+    let (mut refused, mut ok) = (0u64, 0u64);
+    for (t0, r, nodes) in ops.iter() {
+        match r {
+            Ok(()) => {
+                // Posted (a doorbell's CPU cost after `t0`) outside it.
+                assert!(*t0 < from || *t0 + SLACK_NS >= until, "{t0}");
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(
+                    (from - SLACK_NS..until).contains(t0),
+                    "refused at {t0}: {e}"
+                );
+                assert!(
+                    matches!(
+                        e,
+                        VerbError::Post {
+                            node: 1,
+                            error: PostError::SendQueueFull { .. }
+                        }
+                    ),
+                    "{e}"
+                );
+                assert_eq!(*nodes, Some((0b01, 0)), "only node 0 posted");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 5 && ok > 5, "{ops:?}");
+    assert_eq!(w.read_u64(0, Space::Host, 64).unwrap(), refused + ok);
+    assert_eq!(w.read_u64(1, Space::Host, 64).unwrap(), ok);
+}
+
 /// Requests behind a lost one on the same queue pair never execute, even
 /// when the link heals before they are sent: they complete `Flushed` when
 /// the lost one times out, and memory shows none of them. (On a real RC

@@ -33,6 +33,15 @@ pub enum FaultKind {
     /// The links a `Partition` of `side` cut carry packets again (a link
     /// across it that a `CutLink` cut too is healed as well).
     HealPartition { side: u64 },
+    /// For `duration_ns`, the compute node's send queues to the memory
+    /// node refuse every post as full (`PostError::SendQueueFull`: on
+    /// mlx5, `ibv_post_send` failing with `ENOMEM`); a refused post sends
+    /// nothing, and the requests posted before it go on.
+    QueueFull {
+        compute: u16,
+        memory: u16,
+        duration_ns: u64,
+    },
 }
 
 /// A fault at a virtual time.
@@ -69,7 +78,8 @@ impl Fault {
     ) -> Result<(), String> {
         let dur = match self.kind {
             FaultKind::LatencySpike { duration_ns, .. }
-            | FaultKind::StallThread { duration_ns, .. } => duration_ns,
+            | FaultKind::StallThread { duration_ns, .. }
+            | FaultKind::QueueFull { duration_ns, .. } => duration_ns,
             _ => 0,
         };
         if self.at_ns > MAX_TIME_NS || dur > MAX_TIME_NS {
@@ -80,9 +90,11 @@ impl Fault {
         let ok = match self.kind {
             FaultKind::CrashMemoryNode { node } => mem_ok(node),
             FaultKind::CrashComputeNode { node } => cn_ok(node),
-            FaultKind::CutLink { compute, memory } | FaultKind::HealLink { compute, memory } => {
-                cn_ok(compute) && mem_ok(memory)
-            }
+            FaultKind::CutLink { compute, memory }
+            | FaultKind::HealLink { compute, memory }
+            | FaultKind::QueueFull {
+                compute, memory, ..
+            } => cn_ok(compute) && mem_ok(memory),
             FaultKind::LatencySpike { extra_ns, .. } => extra_ns <= MAX_TIME_NS,
             // Threads are made after the world; checked when the fault fires.
             FaultKind::StallThread { .. } => true,
@@ -227,7 +239,8 @@ fn draw_plan(
 /// The fault kinds' names on a command line, in `KIND@TIME[:TARGET]`.
 pub const FAULT_SYNTAX: &str = "memory-crash@TIME:NODE, compute-crash@TIME:NODE, \
 link-cut@TIME:COMPUTE-MEMORY[/DURATION] (healed after DURATION if given), \
-link-heal@TIME:COMPUTE-MEMORY, latency-spike@TIME:EXTRA/DURATION, \
+link-heal@TIME:COMPUTE-MEMORY, queue-full@TIME:COMPUTE-MEMORY/DURATION (posts refused), \
+latency-spike@TIME:EXTRA/DURATION, \
 thread-stall@TIME:THREAD/DURATION, machine-crash@TIME:MACHINE, \
 partition@TIME:NODE+NODE+...[/DURATION] (those nodes, machines as a whole, cut off from the \
 rest; healed after DURATION if given); times and durations take ns, us, ms or s \
@@ -325,6 +338,16 @@ pub fn parse_fault(spec: &str) -> Result<Vec<Fault>, String> {
             let (compute, memory) = pair(need("COMPUTE-MEMORY")?)?;
             one(FaultKind::HealLink { compute, memory })
         }
+        "queue-full" => {
+            let (link, duration_ns) =
+                with_duration(need("COMPUTE-MEMORY/DURATION")?, "COMPUTE-MEMORY")?;
+            let (compute, memory) = pair(&link)?;
+            one(FaultKind::QueueFull {
+                compute,
+                memory,
+                duration_ns,
+            })
+        }
         "latency-spike" => {
             let (extra, duration_ns) = with_duration(need("EXTRA/DURATION")?, "EXTRA")?;
             one(FaultKind::LatencySpike {
@@ -415,6 +438,15 @@ mod tests {
                 }
             }
         );
+        assert_eq!(
+            one("queue-full@1ms:2-3/40us")[0].kind,
+            FaultKind::QueueFull {
+                compute: 2,
+                memory: 3,
+                duration_ns: 40_000
+            }
+        );
+        assert!(parse_fault("queue-full@1ms:2-3").is_err());
         assert_eq!(
             one("latency-spike@1ms:20us/500us")[0].kind,
             FaultKind::LatencySpike {

@@ -336,7 +336,9 @@ impl QueuePair for SimQp {
             if wrs.is_empty() {
                 return Err(PostError::EmptyBatch);
             }
-            if q.outstanding as usize + wrs.len() > q.depth as usize {
+            if q.outstanding as usize + wrs.len() > q.depth as usize
+                || self.shared.queue_full(self.idx, self.thread)
+            {
                 return Err(PostError::SendQueueFull { depth: q.depth });
             }
         }

@@ -302,6 +302,35 @@ impl SimCluster {
         Some(e)
     }
 
+    /// Whether a post by `thread` on QP `qpi` now meets a
+    /// `FaultKind::QueueFull` on its link. Read from the fault list by the
+    /// thread's own clock, not applied when the fault's event runs: a
+    /// thread's turn runs ahead of the events, and a fault injected during
+    /// it (a test's trap) must refuse the posts later in that same turn.
+    pub(crate) fn queue_full(&self, qpi: u32, thread: u32) -> bool {
+        let now = if thread == NO_THREAD {
+            self.now.get()
+        } else {
+            self.threads.borrow()[thread as usize].clock
+        };
+        let (cn, mn) = {
+            let q = &self.qps.borrow()[qpi as usize];
+            (q.cn, q.mn)
+        };
+        self.faults.borrow().iter().any(|f| match f.kind {
+            FaultKind::QueueFull {
+                compute,
+                memory,
+                duration_ns,
+            } => {
+                compute == cn
+                    && memory == mn
+                    && (f.at_ns..f.at_ns.saturating_add(duration_ns)).contains(&now)
+            }
+            _ => false,
+        })
+    }
+
     fn link_cut(&self, cn: u16, mn: NodeId) -> bool {
         self.cut.borrow()[cn as usize * self.memory_nodes + mn as usize]
     }
@@ -1014,6 +1043,8 @@ impl SimCluster {
                 self.cut.borrow_mut()[compute as usize * self.memory_nodes + memory as usize] =
                     false
             }
+            // Read by `queue_full` from the fault list itself.
+            FaultKind::QueueFull { .. } => {}
             FaultKind::LatencySpike {
                 extra_ns,
                 duration_ns,
