@@ -893,12 +893,13 @@ impl Coordinator {
     /// recovery decides) or the gate's wait ends it. Whether they landed.
     /// Without a configuration to follow, nothing is tried.
     async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
-        // A record the failed batch never posted is not in flight to post
-        // again: the caller's error stands, and the rings it poisoned are
-        // given up for the configuration (a later heal must not deliver a
-        // record of a commit that returned an error).
-        let posted = ctx.last_batch_nodes().map_or(0, |n| n.0);
-        if ds.iter().any(|&d| d >= 64 || posted & 1 << d == 0) {
+        // Where the batch's nodes are unknown (one numbered 64 or more),
+        // the caller's error stands, and the rings it poisoned are given
+        // up for the configuration (a later heal must not deliver a record
+        // of a commit that returned an error). A record the batch never
+        // posted (refused: a full send queue) stays in flight
+        // (`land_what_landed`) and goes again like one whose WRITE failed.
+        if ctx.last_batch_nodes().is_none() || ds.iter().any(|&d| d >= 64) {
             self.give_up(ds);
             return Ok(false);
         }
@@ -1096,18 +1097,20 @@ impl Coordinator {
     }
 
     /// After a failed batch that staged records for machines `ds`: the
-    /// senders whose WRITEs all succeeded move on, those whose WRITEs
-    /// were never posted forget them, and the rest stay poisoned (their
-    /// machine failed; which WRITEs landed is unknown).
+    /// senders whose WRITEs were posted and all succeeded move on; the
+    /// rest stay poisoned, their records in flight: where a WRITE failed
+    /// (which landed is unknown), and where the post was refused (nothing
+    /// went). Both go again by [`Self::heal`] or are given up; a refused
+    /// record forgotten here instead left its commit's LOCKs held with
+    /// nothing to ask for the configuration change that would release
+    /// them (both machines hold their leases).
     fn land_what_landed<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<(), TxError> {
         let Some((posted, failed)) = ctx.last_batch_nodes() else {
             return Ok(());
         };
         for &d in ds.iter().filter(|&&d| d < 64) {
             let bit = 1u64 << d;
-            if posted & bit == 0 {
-                self.logs[d as usize].unstage();
-            } else if failed & bit == 0 {
+            if posted & bit != 0 && failed & bit == 0 {
                 self.landed(ctx, d)?;
             }
         }

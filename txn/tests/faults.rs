@@ -823,6 +823,82 @@ fn a_link_cut_between_live_machines_heals() {
     });
 }
 
+/// A send queue refuses a commit's COMMIT-BACKUP post to one backup for
+/// 200 µs (`FaultKind::QueueFull`: the post sends nothing), and on odd
+/// seeds the link to a backup posted before it in the same batch is cut
+/// for 5 ms as well (its WRITE fails). Before, a record refused at
+/// posting was forgotten and the rings its batch left poisoned were given
+/// up: the commit was cut off with its LOCKs held, and waited for a
+/// configuration change that nobody asked for, as both machines hold
+/// their leases. Now a refused record stays in flight like one whose
+/// WRITE failed, and goes again while its machine stays in the
+/// configuration. Nobody is removed, every check holds, and records went
+/// again.
+#[test]
+fn a_commit_record_refused_at_posting_goes_again() {
+    for_each_seed("a_commit_record_refused_at_posting_goes_again", 6, |seed| {
+        let fired = Arc::new(Mutex::new(false));
+        let f = fired.clone();
+        let nth = 1 + (seed % 5) as u32;
+        let mut seen = 0;
+        let mut trap = Some(Box::new(move |p: &TrapPoint<'_>| {
+            if p.step != Step::Validate || *f.lock().unwrap() {
+                return;
+            }
+            // Neither the CM (a full queue to it holds up lease renewals
+            // of the machine's other threads) nor the coordinator's own.
+            let far: Vec<NodeId> = p
+                .backups
+                .iter()
+                .copied()
+                .filter(|&b| b != TRAPPER && b != 0)
+                .collect();
+            let cut = seed % 2 == 1;
+            if far.len() < 1 + usize::from(cut) {
+                return;
+            }
+            seen += 1;
+            if seen < nth {
+                return;
+            }
+            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+            // Batches post in machine order: the cut one goes first.
+            let refused = *far.last().unwrap();
+            nic.inject(FaultKind::QueueFull {
+                compute: TRAPPER,
+                memory: refused,
+                duration_ns: 200_000,
+            })
+            .unwrap();
+            if cut {
+                let (compute, memory) = (TRAPPER, far[0]);
+                nic.inject(FaultKind::CutLink { compute, memory }).unwrap();
+                nic.inject_after(FaultKind::HealLink { compute, memory }, 5_000_000)
+                    .unwrap();
+            }
+            *f.lock().unwrap() = true;
+        }) as Trap);
+        let run = run(
+            seed,
+            Vec::new(),
+            |m, t| {
+                if m == TRAPPER && t == 0 {
+                    trap.take()
+                } else {
+                    None
+                }
+            },
+            0,
+        );
+        assert!(*fired.lock().unwrap(), "seed {seed}: never refused");
+        check(seed, &run, &[]);
+        assert!(
+            run.r.coord_stats().resends > 0,
+            "seed {seed}: nothing went again"
+        );
+    });
+}
+
 /// A coordinator's core stalls for three leases (a preemption, a page
 /// fault) just after its LOCK records went out, as its machine is cut
 /// off from the CM and the store. Meanwhile its lease runs out, the CM
