@@ -899,6 +899,60 @@ fn a_commit_record_refused_at_posting_goes_again() {
     });
 }
 
+/// Replies of a primary's servers to the coordinator's machine are
+/// refused at posting for 2 ms (`FaultKind::QueueFull` on the link from
+/// the primary's machine to the coordinator's memory, where the reply
+/// rings lie), from a commit's LOCK on: the replies are held and go
+/// again (`Server::resend`), and the commits waiting for them end.
+/// Nobody is removed and every check holds.
+#[test]
+fn a_reply_refused_at_posting_goes_again() {
+    for_each_seed("a_reply_refused_at_posting_goes_again", 6, |seed| {
+        let fired = Arc::new(Mutex::new(false));
+        let f = fired.clone();
+        let nth = 1 + (seed % 5) as u32;
+        let mut seen = 0;
+        let mut trap = Some(Box::new(move |p: &TrapPoint<'_>| {
+            if p.step != Step::Lock || *f.lock().unwrap() {
+                return;
+            }
+            let Some(&primary) = p.primaries.iter().find(|&&d| d != TRAPPER && d != 0) else {
+                return;
+            };
+            seen += 1;
+            if seen < nth {
+                return;
+            }
+            let nic = p.nic.downcast_ref::<SimNic>().unwrap();
+            nic.inject(FaultKind::QueueFull {
+                compute: primary,
+                memory: TRAPPER,
+                duration_ns: 2_000_000,
+            })
+            .unwrap();
+            *f.lock().unwrap() = true;
+        }) as Trap);
+        let run = run(
+            seed,
+            Vec::new(),
+            |m, t| {
+                if m == TRAPPER && t == 0 {
+                    trap.take()
+                } else {
+                    None
+                }
+            },
+            0,
+        );
+        assert!(*fired.lock().unwrap(), "seed {seed}: never refused");
+        check(seed, &run, &[]);
+        assert!(
+            run.r.live_server_stats().resends > 0,
+            "seed {seed}: nothing went again"
+        );
+    });
+}
+
 /// A coordinator's core stalls for three leases (a preemption, a page
 /// fault) just after its LOCK records went out, as its machine is cut
 /// off from the CM and the store. Meanwhile its lease runs out, the CM
