@@ -39,8 +39,8 @@ use crate::object::{self, object_bytes, Header, ObjectError, WriteOp};
 use crate::records::{Envelope, ObjAddr, Record, Round, TxId, Write};
 use crate::recovery::{recovered_word, Machine};
 use crate::regions::{RegionMap, SharedMap};
-use crate::ring::{Receiver, Reservation, RingError, Sender, FETCH_HEAD_NS};
-use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId, Woken};
+use crate::ring::{Receiver, Reservation, RingError, Sender};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId, OpId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -1826,21 +1826,11 @@ impl Coordinator {
                         if ctx.now_ns() >= deadline {
                             return Err(TxError::Aborted(Abort::LogFull));
                         }
-                        let head = self
-                            .geo
-                            .log_ring(self.thread, self.machine, d)
-                            .sender_head_off;
-                        let until = deadline.min(ctx.now_ns() + FETCH_HEAD_NS);
-                        let w = ctx.wait_for_write(head, 8, Some(until))?.await;
-                        // No report: a server reports each quarter ring, and
-                        // a backup's sends no reply to piggyback a head on;
-                        // this record may need more than what it consumed
-                        // since leaves. Read the head it persists (a failed
-                        // READ leaves the wait to the deadline).
-                        if w == Woken::Deadline && ctx.now_ns() < deadline {
-                            if let Ok(true) = self.logs[d as usize].fetch_head(ctx).await {
-                                self.stats.heads_fetched += 1;
-                            }
+                        if self.logs[d as usize]
+                            .wait_for_head(ctx, Some(deadline))
+                            .await?
+                        {
+                            self.stats.heads_fetched += 1;
                         }
                         continue 'again;
                     }

@@ -683,24 +683,22 @@ impl Sender {
 
     /// READs the head the receiver persists after every record and takes
     /// it as told ([`Sender::note_head`]): for a sender short of room that
-    /// waited [`FETCH_HEAD_NS`] for a report. Whether the head moved.
+    /// waited [`FETCH_HEAD_NS`] for a report. Whether the head it read was news.
     pub async fn fetch_head<N: Nic>(&self, ctx: &Ctx<N>) -> Result<bool, RingError> {
         let at = GlobalAddr::host(self.layout.receiver, self.layout.receiver_head_off);
         let head = ctx.read(at, 8).await?.u64_at(0);
-        let before = ctx.local().load(self.layout.sender_head_off)?;
-        self.note_head(ctx, head)?;
-        Ok(head > before)
+        self.note_head(ctx, head)
     }
 
     /// Takes a head the receiver piggybacked on a message of its own (FaRM's
     /// lazy head return): stored in the word the receiver would otherwise
     /// WRITE, if it is news. A head beyond the tail, or misaligned, is a
-    /// corrupt message, refused.
-    pub fn note_head<N: Nic>(&self, ctx: &Ctx<N>, head: u64) -> Result<(), RingError> {
+    /// corrupt message, refused. Whether it was news.
+    pub fn note_head<N: Nic>(&self, ctx: &Ctx<N>, head: u64) -> Result<bool, RingError> {
         let l = ctx.local();
         let mut known = l.load(self.layout.sender_head_off)?;
         if head <= known {
-            return Ok(());
+            return Ok(false);
         }
         if head > self.in_flight.unwrap_or(self.tail) || !head.is_multiple_of(ALIGN) {
             return Err(RingError::Corrupt(format!(
@@ -715,11 +713,12 @@ impl Sender {
         while head > known {
             let was = l.cas(self.layout.sender_head_off, known, head)?;
             if was == known {
-                break;
+                return Ok(true);
             }
             known = was;
         }
-        Ok(())
+        // The receiver's own WRITE moved it as far or further meanwhile.
+        Ok(false)
     }
 
     /// Appends `payload` if there is room now; [`RingError::Full`] if not.
@@ -768,25 +767,41 @@ impl Sender {
             return Err(RingError::Full { need, free: most });
         }
         while self.free(ctx)? < need {
-            let now = ctx.now_ns();
-            if deadline_ns.is_some_and(|d| now >= d) {
+            if deadline_ns.is_some_and(|d| ctx.now_ns() >= d) {
                 return Err(RingError::Deadline);
             }
-            let fetch_at = now.saturating_add(FETCH_HEAD_NS);
-            let until = deadline_ns.map_or(fetch_at, |d| d.min(fetch_at));
-            let w = ctx
-                .wait_for_write(self.layout.sender_head_off, 8, Some(until))?
-                .await;
-            if w == Woken::Deadline && self.free(ctx)? < need {
-                // A READ that failed (the receiver may be failing) leaves
-                // the wait to the deadline, as before it was tried.
-                match self.fetch_head(ctx).await {
-                    Ok(_) | Err(RingError::Verb(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            self.wait_for_head(ctx, deadline_ns).await?;
         }
         self.write(ctx, payloads).await
+    }
+
+    /// For a sender short of room: waits for the receiver to report its
+    /// head (a WRITE of the sender's head word) up to [`FETCH_HEAD_NS`]
+    /// or `deadline_ns`, whichever comes first; if no report came, READs
+    /// the head the receiver persists ([`Sender::fetch_head`]; at the
+    /// deadline too, a last try). A receiver reports only each quarter
+    /// ring, and a backup's sends no reply to piggyback a head on, so a
+    /// record that needs more than the receiver consumed since its last
+    /// report would otherwise wait for good. A READ that failed (the
+    /// receiver may be failing) leaves the wait to the deadline. Whether
+    /// a READ moved the head.
+    pub async fn wait_for_head<N: Nic>(
+        &self,
+        ctx: &Ctx<N>,
+        deadline_ns: Option<u64>,
+    ) -> Result<bool, RingError> {
+        let fetch_at = ctx.now_ns().saturating_add(FETCH_HEAD_NS);
+        let until = deadline_ns.map_or(fetch_at, |d| d.min(fetch_at));
+        let w = ctx
+            .wait_for_write(self.layout.sender_head_off, 8, Some(until))?
+            .await;
+        if w != Woken::Deadline {
+            return Ok(false);
+        }
+        match self.fetch_head(ctx).await {
+            Err(RingError::Verb(_)) => Ok(false),
+            r => r,
+        }
     }
 
     /// Sets aside room for records of the given payload lengths, wherever

@@ -746,7 +746,7 @@ fn sim_a_reply_that_did_not_go_leaves_its_head_unreported() {
 /// A sender short of room whose receiver only polls and reports each
 /// quarter ring (a server's log rings: a backup sends no reply to
 /// piggyback a head on) READs the head the receiver persists
-/// (`Sender::fetch_head`) after waiting `FETCH_HEAD_NS`, rather than
+/// (`Sender::wait_for_head`) after waiting `FETCH_HEAD_NS`, rather than
 /// waiting for a report that never comes. In a 1 KiB ring: records of
 /// 384 bytes (reported: a quarter) and 240 (consumed, not reported), then
 /// an append of 496 bytes that, with the PAD to the lap's end, needs 896
@@ -783,22 +783,21 @@ fn sim_a_sender_short_of_room_reads_the_head_a_polling_receiver_left() {
         assert_eq!(s.free(&ctx).unwrap(), 1024);
         s.append(&ctx, &[7; 224], None).await.unwrap();
         // As the coordinator's reserve does: wait for a report, and READ
-        // the head when none comes. 832 bytes against 784.
+        // the head when none comes (`wait_for_head`). 832 bytes against
+        // 784.
         let t = ctx.now_ns();
+        let mut read_news = false;
         let mut r = loop {
             match s.reserve(&ctx, &[400]) {
                 Ok(r) => break r,
                 Err(RingError::ReservationTooLarge { want: 832, .. }) => {
                     assert!(ctx.now_ns() - t < 1_000_000, "no room came");
-                    let head = l.sender_head_off;
-                    let w = ctx.wait_for_write(head, 8, Some(ctx.now_ns() + FETCH_HEAD_NS));
-                    if w.unwrap().await == nicdrv::Woken::Deadline {
-                        s.fetch_head(&ctx).await.unwrap();
-                    }
+                    read_news |= s.wait_for_head(&ctx, Some(t + 1_000_000)).await.unwrap();
                 }
                 Err(e) => panic!("{e}"),
             }
         };
+        assert!(read_news, "the room came by a READ of the head");
         wt.lock().unwrap().push(ctx.now_ns() - t);
         s.append_reserved(&ctx, &mut r, &[8; 400]).await.unwrap();
         s.release(r).unwrap();
