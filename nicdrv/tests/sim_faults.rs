@@ -232,6 +232,43 @@ fn a_full_queue_refuses_posts_to_its_node_alone_for_its_duration() {
     assert_eq!(w.read_u64(1, Space::Host, 64).unwrap(), ok);
 }
 
+/// A batch that fails as it is built (too many requests) posts nothing,
+/// and says so: after a batch whose WRITE failed on a cut link, the
+/// nodes of the last batch are none, not the failed batch's (a caller
+/// would take its WRITEs for failed where nothing went).
+#[test]
+fn a_batch_that_fails_unposted_reports_no_nodes() {
+    let mut w = world(
+        3,
+        1,
+        vec![at(
+            0,
+            FaultKind::CutLink {
+                compute: 0,
+                memory: 1,
+            },
+        )],
+    );
+    let t = thread(&mut w, 0, 1);
+    let seen: Log<Option<(u64, u64)>> = log();
+    let l = seen.clone();
+    w.spawn(t, move |ctx| async move {
+        let mut b = ctx.batch();
+        b.write_u64(GlobalAddr::host(1, 64), 7);
+        assert!(b.submit().await.is_err());
+        l.borrow_mut().push(ctx.last_batch_nodes());
+        let mut b = ctx.batch();
+        for i in 0..=nicdrv::exec::MAX_BATCH as u64 {
+            b.write_u64(GlobalAddr::host(0, 64 + 8 * i), i);
+        }
+        assert!(matches!(b.submit().await, Err(VerbError::BatchFull { .. })));
+        l.borrow_mut().push(ctx.last_batch_nodes());
+    })
+    .unwrap();
+    assert_eq!(w.run(), RunEnd::Done);
+    assert_eq!(*seen.borrow(), vec![Some((0b10, 0b10)), Some((0, 0))]);
+}
+
 /// Requests behind a lost one on the same queue pair never execute, even
 /// when the link heals before they are sent: they complete `Flushed` when
 /// the lost one times out, and memory shows none of them. (On a real RC

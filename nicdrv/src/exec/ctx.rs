@@ -200,9 +200,10 @@ impl<N: Nic> Ctx<N> {
     /// the nodes (bit n for node n) its groups were posted to, and those
     /// of them a request failed on. A WRITE to a node posted and not
     /// failed surely landed; one to a node not posted never left (a post
-    /// stops at the first refusal). None when the batch reached a node
-    /// numbered 64 or more (not tracked) or is still in flight. Ask
-    /// before the next batch.
+    /// stops at the first refusal; a batch that failed as it was built
+    /// posted to none). None when the batch reached a node numbered 64 or
+    /// more (not tracked) or is still in flight. Ask before the next
+    /// batch.
     pub fn last_batch_nodes(&self) -> Option<(u64, u64)> {
         let slot = self.s();
         if slot.wide.get() || slot.pending.get() > 0 {
@@ -748,8 +749,21 @@ impl<'a, N: Nic> Posting<'a, N> {
         let mut stage = b.stage.get();
         if stage == Stage::Building {
             if b.error.get().is_some() {
-                // Nothing was posted: free the buffers this batch took.
+                // Nothing was posted: free the buffers this batch took,
+                // and say so to `Ctx::last_batch_nodes` (which would
+                // otherwise describe the batch before: a failed one's
+                // nodes, taken for where this one's WRITEs failed or
+                // landed). With an earlier batch's groups still in flight,
+                // which nodes they reach is not this batch's to say: not
+                // tracked.
                 slot.clear_storage();
+                if slot.pending.get() == 0 && slot.arena.inflight() == 0 {
+                    slot.posted_nodes.set(0);
+                    slot.failed_nodes.set(0);
+                    slot.wide.set(false);
+                } else {
+                    slot.wide.set(true);
+                }
                 return Self::finish(slot, End::Failed);
             }
             if b.len.get() == 0 {
