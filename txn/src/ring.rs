@@ -790,13 +790,23 @@ impl Sender {
         ctx: &Ctx<N>,
         deadline_ns: Option<u64>,
     ) -> Result<bool, RingError> {
+        let off = self.layout.sender_head_off;
+        let before = ctx.local().load(off)?;
         let fetch_at = ctx.now_ns().saturating_add(FETCH_HEAD_NS);
         let until = deadline_ns.map_or(fetch_at, |d| d.min(fetch_at));
-        let w = ctx
-            .wait_for_write(self.layout.sender_head_off, 8, Some(until))?
-            .await;
-        if w != Woken::Deadline {
-            return Ok(false);
+        loop {
+            let w = ctx.wait_for_write(off, 8, Some(until))?.await;
+            if ctx.local().load(off)? != before {
+                return Ok(false); // reported
+            }
+            if w == Woken::Deadline {
+                break;
+            }
+            // Woken with the word unchanged: a backend that cannot watch
+            // writes (emu, mlx5) wakes the waiter every turn. Waiting on
+            // keeps the READ at FETCH_HEAD_NS there too, where returning
+            // had the caller start the wait afresh each turn and never
+            // READ (without a deadline, never end).
         }
         match self.fetch_head(ctx).await {
             Err(RingError::Verb(_)) => Ok(false),
