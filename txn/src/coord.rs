@@ -914,8 +914,23 @@ impl Coordinator {
     /// later). A machine whose ring has not healed after
     /// [`REPORT_LEASES`] leases is reported to the CM: both hold their
     /// leases, so only a report brings the configuration change that
-    /// decides the commits the link cut off.
+    /// decides the commits the link cut off. An error (a verb refused
+    /// locally, the executor's timer) gives the rings up too: the
+    /// caller's error stands, and what did not land must not go later.
     async fn heal_poisoned<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ds: &[NodeId],
+    ) -> Result<bool, TxError> {
+        let r = self.heal_until_given_up(ctx, ds).await;
+        if r.is_err() {
+            self.give_up(ds);
+        }
+        r
+    }
+
+    /// [`Self::heal_poisoned`]'s tries, errors aside.
+    async fn heal_until_given_up<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         ds: &[NodeId],
@@ -1110,7 +1125,12 @@ impl Coordinator {
         };
         for &d in ds.iter().filter(|&&d| d < 64) {
             let bit = 1u64 << d;
-            if posted & bit != 0 && failed & bit == 0 {
+            if posted & bit == 0 && self.follows.is_none() {
+                // Nothing heals a ring without a configuration to follow:
+                // a record that never went is forgotten, so that only
+                // its commit fails, not every later one to `d`.
+                self.logs[d as usize].unstage();
+            } else if posted & bit != 0 && failed & bit == 0 {
                 self.landed(ctx, d)?;
             }
         }
