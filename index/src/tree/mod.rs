@@ -306,6 +306,14 @@ struct Stranded {
     taker: u64,
 }
 
+impl Stranded {
+    /// Whether this is the word `word` holding `taker`: what identifies a
+    /// stranded word (one word may be stranded by several takers in turn).
+    fn is(&self, word: GlobalAddr, taker: u64) -> bool {
+        self.lock.word == word && self.taker == taker
+    }
+}
+
 /// The tree of `u64` keys.
 pub type Tree = TreeOf<u64>;
 
@@ -377,9 +385,7 @@ impl<K: TreeKey> TreeOf<K> {
             return false;
         }
         self.change_stranded(|s| {
-            let at = s
-                .iter()
-                .position(|x| x.lock.word == word && x.taker == taker);
+            let at = s.iter().position(|x| x.is(word, taker));
             at.map(|i| s.swap_remove(i)).is_some()
         })
     }
@@ -389,10 +395,7 @@ impl<K: TreeKey> TreeOf<K> {
     /// operation of the compute node walks the list.
     fn add_stranded(&self, x: Stranded) {
         self.change_stranded(|s| {
-            if !s
-                .iter()
-                .any(|y| y.lock.word == x.lock.word && y.taker == x.taker)
-            {
+            if !s.iter().any(|y| y.is(x.lock.word, x.taker)) {
                 s.push(x);
             }
         });
