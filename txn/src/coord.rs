@@ -426,6 +426,16 @@ pub const RESEND_PAUSE_NS: u64 = 500_000;
 /// suspected by its lease within one.
 pub const REPORT_LEASES: u64 = 2;
 
+/// Whether a failed batch's error is a post refused because its node is
+/// known dead (its queue pair in error and the peer's memory gone, so it
+/// cannot be recovered): nothing posted there can land, so its records
+/// are not tried again; the configuration change that the failure brings
+/// decides the commit. Any other refusal (a full send queue) is passing:
+/// the record goes again.
+fn refused_dead(e: &nicdrv::VerbError) -> bool {
+    matches!(e, nicdrv::VerbError::NodeDead { .. })
+}
+
 /// How often a waiting coordinator looks again.
 const GATE_POLL_NS: u64 = 20_000;
 
@@ -892,14 +902,21 @@ impl Coordinator {
     /// they land; a change of configuration (one of them failed for good:
     /// recovery decides) or the gate's wait ends it. Whether they landed.
     /// Without a configuration to follow, nothing is tried.
-    async fn heal<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<bool, TxError> {
+    async fn heal<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ds: &[NodeId],
+        dead: bool,
+    ) -> Result<bool, TxError> {
         // Where the batch's nodes are unknown (one numbered 64 or more),
-        // the caller's error stands, and the rings it poisoned are given
-        // up for the configuration (a later heal must not deliver a record
-        // of a commit that returned an error). A record the batch never
-        // posted (refused: a full send queue) stays in flight
+        // or a post was refused to a node known dead, the caller's error
+        // stands, and the rings it poisoned are given up for the
+        // configuration (a later heal must not deliver a record of a
+        // commit that returned an error); the configuration change that
+        // follows decides the commit. A record the batch never posted for
+        // another reason (a full send queue) stays in flight
         // (`land_what_landed`) and goes again like one whose WRITE failed.
-        if ctx.last_batch_nodes().is_none() || ds.iter().any(|&d| d >= 64) {
+        if dead || ctx.last_batch_nodes().is_none() || ds.iter().any(|&d| d >= 64) {
             self.give_up(ds);
             return Ok(false);
         }
@@ -1119,16 +1136,23 @@ impl Coordinator {
     /// record forgotten here instead left its commit's LOCKs held with
     /// nothing to ask for the configuration change that would release
     /// them (both machines hold their leases).
-    fn land_what_landed<N: Nic>(&mut self, ctx: &Ctx<N>, ds: &[NodeId]) -> Result<(), TxError> {
+    fn land_what_landed<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ds: &[NodeId],
+        dead: bool,
+    ) -> Result<(), TxError> {
         let Some((posted, failed)) = ctx.last_batch_nodes() else {
             return Ok(());
         };
         for &d in ds.iter().filter(|&&d| d < 64) {
             let bit = 1u64 << d;
-            if posted & bit == 0 && self.follows.is_none() {
-                // Nothing heals a ring without a configuration to follow:
-                // a record that never went is forgotten, so that only
-                // its commit fails, not every later one to `d`.
+            if posted & bit == 0 && (dead || self.follows.is_none()) {
+                // Nothing heals the ring: a record that never went is
+                // forgotten, so that only its commit fails, not every
+                // later one to `d` (without a configuration to follow),
+                // or the commit goes to the configuration change at once
+                // (the refusal was of a node known dead: [`refused_dead`]).
                 self.logs[d as usize].unstage();
             } else if posted & bit != 0 && failed & bit == 0 {
                 self.landed(ctx, d)?;
@@ -1253,7 +1277,7 @@ impl Coordinator {
             // An error is a failed record: land_what_landed tells which.
             let _ = ctx.settle().await;
             let ds = std::mem::take(&mut self.unsettled);
-            self.land_what_landed(ctx, &ds)?;
+            self.land_what_landed(ctx, &ds, false)?;
             self.hold_stuck(&ds);
         }
         self.unsettled_fence = None;
@@ -1963,8 +1987,9 @@ impl Coordinator {
             if self.follows.is_some() {
                 let _ = ctx.settle().await;
             }
-            self.land_what_landed(ctx, &ds)?;
-            if !self.heal(ctx, &ds).await? {
+            let dead = refused_dead(&e);
+            self.land_what_landed(ctx, &ds, dead)?;
+            if !self.heal(ctx, &ds, dead).await? {
                 return Err(e.into());
             }
             return Ok(());
@@ -2023,8 +2048,9 @@ impl Coordinator {
             // the configuration (a link that failed for a while), it goes
             // again.
             Err(e) => {
-                self.land_what_landed(ctx, &ds)?;
-                let healed = self.heal(ctx, &ds).await?;
+                let dead = refused_dead(&e);
+                self.land_what_landed(ctx, &ds, dead)?;
+                let healed = self.heal(ctx, &ds, dead).await?;
                 self.hold_stuck(&ds);
                 if healed || self.follows.is_some() {
                     Ok(())
@@ -2114,8 +2140,9 @@ impl Coordinator {
             }
             if let Err(e) = b.submit().await {
                 let ds: Vec<NodeId> = chunk.iter().map(|c| c.0).collect();
-                self.land_what_landed(ctx, &ds)?;
-                if !self.heal(ctx, &ds).await? {
+                let dead = refused_dead(&e);
+                self.land_what_landed(ctx, &ds, dead)?;
+                if !self.heal(ctx, &ds, dead).await? {
                     return Err(e.into());
                 }
             }
