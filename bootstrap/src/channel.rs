@@ -865,6 +865,13 @@ const HANDSHAKES_AT_ONCE: usize = 64;
 /// run.
 const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 
+/// The ids [`admit`] still awaits, shared with its handshakes' threads,
+/// which only look (a panic while holding the lock left the set whole:
+/// its one change, a remove, is made by `admit` itself).
+fn still_awaited(w: &std::sync::Mutex<BTreeSet<u32>>) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
+    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The coordinator's wait for a run's nodes: accepts and authenticates
 /// until every node in `members` but this one has joined, handing each
 /// channel to `take`, or until `timeout` passes. Connections that fail the
@@ -895,13 +902,6 @@ fn admit(
     // Shared with the handshakes, which refuse an id not awaited; a
     // second channel for an id is dropped here.
     let waiting = Arc::new(std::sync::Mutex::new(waiting));
-    let awaited = |w: &std::sync::Mutex<BTreeSet<u32>>| -> Vec<u32> {
-        w.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect()
-    };
     let (done_tx, done) = std::sync::mpsc::channel::<Result<ControlChannel, ChannelError>>();
     let mut running = 0usize;
     let mut refused: Vec<ChannelError> = Vec::new();
@@ -911,10 +911,7 @@ fn admit(
     let mut finish =
         |r: Result<ControlChannel, ChannelError>, refused: &mut Vec<ChannelError>| match r {
             Ok(ch) => {
-                let fresh = waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&ch.peer_id);
+                let fresh = still_awaited(&waiting).remove(&ch.peer_id);
                 if fresh {
                     take(ch);
                 } else {
@@ -931,7 +928,7 @@ fn admit(
             running -= 1;
             finish(r, &mut refused);
         }
-        let ids = awaited(&waiting);
+        let ids: Vec<u32> = still_awaited(&waiting).iter().copied().collect();
         if ids.is_empty() {
             return Ok(refused);
         }
@@ -975,7 +972,7 @@ fn admit(
         let nonce = fresh_nonce()?;
         let (o, w, tx) = (opts.clone(), waiting.clone(), done_tx.clone());
         let shake = move || {
-            let admit = |id: u32| w.lock().unwrap_or_else(|e| e.into_inner()).contains(&id);
+            let admit = |id: u32| still_awaited(&w).contains(&id);
             // The admission may have ended (its receiver dropped): the
             // channel is then dropped with the result.
             let _ = tx.send(ControlChannel::respond(stream, &o, &admit, nonce));
