@@ -894,6 +894,21 @@ impl Coordinator {
         }
     }
 
+    /// After a failed batch of records to machines `ds` (its error `e`):
+    /// the senders whose records landed move on
+    /// ([`Self::land_what_landed`]), the rest go again or are given up
+    /// ([`Self::heal`]). Whether every record landed.
+    async fn land_and_heal<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        ds: &[NodeId],
+        e: &nicdrv::VerbError,
+    ) -> Result<bool, TxError> {
+        let dead = refused_dead(e);
+        self.land_what_landed(ctx, ds, dead)?;
+        self.heal(ctx, ds, dead).await
+    }
+
     /// After a failed batch to machines `ds`: while every machine whose
     /// ring it left poisoned is still in this coordinator's configuration
     /// (a link between live machines failed for a while, longer than the
@@ -1987,9 +2002,7 @@ impl Coordinator {
             if self.follows.is_some() {
                 let _ = ctx.settle().await;
             }
-            let dead = refused_dead(&e);
-            self.land_what_landed(ctx, &ds, dead)?;
-            if !self.heal(ctx, &ds, dead).await? {
+            if !self.land_and_heal(ctx, &ds, &e).await? {
                 return Err(e.into());
             }
             return Ok(());
@@ -2048,9 +2061,7 @@ impl Coordinator {
             // the configuration (a link that failed for a while), it goes
             // again.
             Err(e) => {
-                let dead = refused_dead(&e);
-                self.land_what_landed(ctx, &ds, dead)?;
-                let healed = self.heal(ctx, &ds, dead).await?;
+                let healed = self.land_and_heal(ctx, &ds, &e).await?;
                 self.hold_stuck(&ds);
                 if healed || self.follows.is_some() {
                     Ok(())
@@ -2140,9 +2151,7 @@ impl Coordinator {
             }
             if let Err(e) = b.submit().await {
                 let ds: Vec<NodeId> = chunk.iter().map(|c| c.0).collect();
-                let dead = refused_dead(&e);
-                self.land_what_landed(ctx, &ds, dead)?;
-                if !self.heal(ctx, &ds, dead).await? {
+                if !self.land_and_heal(ctx, &ds, &e).await? {
                     return Err(e.into());
                 }
             }
