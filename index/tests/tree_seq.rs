@@ -399,6 +399,7 @@ fn grows_to_several_levels_and_shrinks_by_deletes() {
             c.put(&ctx, k, v).await.unwrap();
             model.insert(k, v);
         }
+        let peak = ctx.scratch_peak();
         let root = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
         *lv.borrow_mut() = (root & 1023) as u8;
         for (&k, &v) in model.iter().step_by(7) {
@@ -411,6 +412,16 @@ fn grows_to_several_levels_and_shrinks_by_deletes() {
         }
         check_ops(&ctx, &mut c, &[], &mut model).await;
         assert!(c.stats.splits > 800, "{} splits", c.stats.splits);
+        // The puts' splits that climbed to the root held two nodes of
+        // scratch at their peak (the halves being written), as a leaf's
+        // split does: each level's copy went back before the level above
+        // (it held k + 3 nodes for k levels, four here; with 16 KiB nodes
+        // the fourth level's ran a slot of `op_scratch_bytes` out).
+        let nb = tr.layout().node_bytes();
+        assert!(
+            peak < 3 * nb,
+            "{peak} bytes of scratch at the peak, {nb}-byte nodes"
+        );
     });
     assert!(*levels.borrow() >= 2, "root level {}", levels.borrow());
 }

@@ -201,15 +201,14 @@ impl Layout {
     pub fn node_bytes(&self) -> usize {
         self.node_bytes as usize
     }
-    /// Task scratch one tree operation may hold at once: six nodes (a
-    /// leaf read and locked, its two halves being written, then its
-    /// parent read and, splitting, its two halves) and [`SMALL_SCRATCH`]
-    /// for the word-sized verbs it posts while holding them (a lock's
-    /// CAS, a chunk's FAA, the root word). An executor running tree
-    /// operations needs at least this per slot: 10 KiB for 1 KiB nodes,
-    /// 100 KiB for 16 KiB nodes. Six nodes alone ran out at the word
-    /// after them: a put splitting a 16 KiB leaf and its parent, whose
-    /// slot had just six nodes' worth (`loch demo` with 1 KiB keys).
+    /// Task scratch to give a slot running tree operations: six nodes
+    /// and [`SMALL_SCRATCH`] for the word-sized verbs posted beside them
+    /// (a lock's CAS, a chunk's FAA, the root word). A put holds two
+    /// nodes at most, however many levels its split climbs (a node read
+    /// and locked, or a split's two halves being written: each level's
+    /// copy goes back before the level above, `split_leaf`); a scan reads
+    /// up to eight leaves at once in what there is, fewer when short.
+    /// 10 KiB for 1 KiB nodes, 100 KiB for 16 KiB nodes.
     pub fn op_scratch_bytes(&self) -> usize {
         6 * self.node_bytes() + SMALL_SCRATCH
     }

@@ -5,13 +5,19 @@
 use super::*;
 
 impl<K: TreeKey> TreeClientOf<K> {
-    /// Splits a full leaf whose new sorted contents are `entries`.
+    /// Splits a full leaf (read into `buf`) whose new sorted contents are
+    /// `entries`. The leaf's copy goes back to the task's scratch before
+    /// the halves are written, and so does each internal node's in
+    /// `insert_parent` before its own split is: a split that climbs k
+    /// levels then holds two nodes of scratch at its peak, not k + 3 (which
+    /// ran a slot of `Layout::op_scratch_bytes` out at the fourth level
+    /// with 16 KiB nodes).
     pub(super) async fn split_leaf<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         held: Held,
         addr: GlobalAddr,
-        buf: &mut Buf,
+        buf: Buf,
         entries: LeafItems<K>,
     ) -> Result<(), TreeError> {
         let mid = entries.len() / 2;
@@ -31,6 +37,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         l.init(0, low, sep, right_addr, version.wrapping_add(1));
         l.set_lock_word(lock_word);
         entries.fill(&mut l, 0..mid);
+        drop(buf);
         self.stats.splits += 1;
         self.write_split(ctx, held, addr, &left, right_addr, &right)
             .await?;
@@ -158,6 +165,9 @@ impl<K: TreeKey> TreeClientOf<K> {
                     &kids,
                     right_addr,
                 );
+                // Its copy is in the halves now: back to the task's
+                // scratch before the level above (`split_leaf`).
+                drop(buf);
                 self.stats.splits += 1;
                 self.write_split(ctx, held, addr, &lbuf, right_addr, &right)
                     .await?;

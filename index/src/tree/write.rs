@@ -586,7 +586,7 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         let mut addr = self.find_level(ctx, key, 0).await?;
         for _ in 0..MAX_RESTARTS {
-            let (held, mut buf) = self.lock_and_read(ctx, addr).await?;
+            let (held, buf) = self.lock_and_read(ctx, addr).await?;
             let (leaf, low, high, sibling) = {
                 let n = self.node(buf.as_slice());
                 (n.is_leaf(), n.low(), n.high(), n.sibling())
@@ -605,9 +605,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                 }
                 continue;
             }
-            return self
-                .change_leaf(ctx, held, addr, &mut buf, key, value)
-                .await;
+            return self.change_leaf(ctx, held, addr, buf, key, value).await;
         }
         Err(TreeError::Corrupt {
             addr,
@@ -615,14 +613,15 @@ impl<K: TreeKey> TreeClientOf<K> {
         })
     }
 
-    /// Applies a put or delete to a locked leaf we just read, then writes
-    /// back and unlocks (splitting if full).
+    /// Applies a put or delete to a locked leaf we just read (`buf`, handed
+    /// on to a split, which lets it go before the levels above: see
+    /// `split_leaf`), then writes back and unlocks (splitting if full).
     pub(super) async fn change_leaf<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
         held: Held,
         addr: GlobalAddr,
-        buf: &mut Buf,
+        mut buf: Buf,
         key: K,
         value: Option<&[u8]>,
     ) -> Result<bool, TreeError> {

@@ -165,6 +165,13 @@ impl<N: Nic> Ctx<N> {
         self.s().arena.used()
     }
 
+    /// The most bytes of this task's scratch window in use at once, over
+    /// the life of its slot (as [`Ctx::scratch_used`] counts them): what an
+    /// operation needs of [`crate::ExecutorConfig::scratch_bytes_per_slot`].
+    pub fn scratch_peak(&self) -> usize {
+        self.s().arena.peak()
+    }
+
     /// Whether the scratch window is back at `before` (a value of
     /// [`Ctx::scratch_used`] taken when an operation began). Debug builds and
     /// the simulator ([`Nic::ASSERTS_INVARIANTS`]) assert it.
