@@ -472,6 +472,52 @@ fn bulk_load_then_mixed_operations() {
     }
 }
 
+/// A bulk load writes its top node (or its only leaf) over the old empty
+/// root, where readers holding that address may be copying it: the node
+/// written there carries a version the old root did not, so a copy that
+/// mixes their lines reads as torn and is read again (with equal
+/// versions it passed as a node: a leaf of the new node's children as
+/// values, or a node of zeroed children). Loads of 3 records (one leaf)
+/// and of 5000 (levels above the leaves), on every configuration.
+#[test]
+fn a_bulk_load_writes_over_the_old_root_with_a_new_version() {
+    use index::tree::layout::Node;
+    for name in ["sherman", "sherman-2rt", "fg", "sherman-paper-versions"] {
+        for records in [3u64, 5000] {
+            let cfg = TreeConfig::named(name, HOST).unwrap();
+            let mut w = sim_world(5, 1, 1);
+            let tree = Tree::new(cfg, DM).unwrap();
+            sim_create(&mut w, &tree);
+            let tr = tree.clone();
+            sim_task(&mut w, move |ctx| async move {
+                let l = tr.layout();
+                let nb = l.node_bytes();
+                let word = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+                let root = nicdrv::GlobalAddr::from_raw(word & !1023);
+                let b = ctx.read(root, nb).await.unwrap();
+                let before = Node::<u64>::new(l, b.as_slice()).version();
+                drop(b);
+                let mut c = tr.client(1).unwrap();
+                let items: Vec<(u64, u64)> = (0..records).map(|i| (i * 3, i)).collect();
+                c.bulk_load(&ctx, items, 36).await.unwrap();
+                let now = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+                assert_eq!(now & !1023, word, "{name}: the root stays at its address");
+                assert_eq!(now & 1023 > 0, records > 36, "{name}: root level");
+                let b = ctx.read(root, nb).await.unwrap();
+                let after = Node::<u64>::new(l, b.as_slice()).version();
+                assert_ne!(
+                    after, before,
+                    "{name}, {records} records: the root's version"
+                );
+                assert_eq!(
+                    c.get(&ctx, 3 * (records - 1)).await.unwrap(),
+                    Some(records - 1)
+                );
+            });
+        }
+    }
+}
+
 #[test]
 fn bad_input_is_an_error() {
     let mut w = sim_world(1, 1, 1);

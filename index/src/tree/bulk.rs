@@ -42,19 +42,21 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
     }
 
+    /// The empty root leaf's address and version, or `NotEmpty`.
     pub(super) async fn check_empty<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
-    ) -> Result<GlobalAddr, TreeError> {
+    ) -> Result<(GlobalAddr, u8), TreeError> {
         let (root, level) = self.root(ctx, true).await?;
         if level != 0 {
             return Err(TreeError::NotEmpty);
         }
         let rbuf = self.read_node(ctx, root).await?;
-        if self.node(rbuf.as_slice()).entries().next().is_some() {
+        let n = self.node(rbuf.as_slice());
+        if n.entries().next().is_some() {
             return Err(TreeError::NotEmpty);
         }
-        Ok(root)
+        Ok((root, n.version()))
     }
 
     /// One part of a bulk load, run by any client in parallel with others:
@@ -138,10 +140,15 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// finds a node of another level there and rereads the root word — and
     /// swings the root word. An internal node is filled as the leaves
     /// are: `fill + 1` children where it holds as many entries as a leaf,
-    /// in proportion where it holds more (wide values). Fails with [`TreeError::NotEmpty`] if the tree has
-    /// data (or another load finished first), `NotCreated` before the tree
-    /// exists, `Alloc` when memory runs out, `Verb` when a verb fails,
-    /// `Corrupt` for a broken node.
+    /// in proportion where it holds more (wide values). Lookups and scans
+    /// may run meanwhile (they find the empty tree, then the loaded one:
+    /// the node written over the root carries a new version, so a copy
+    /// caught mid-write reads again); writes may not: a put that lands in
+    /// the empty root after the finish checked it is written over. Fails
+    /// with [`TreeError::NotEmpty`] if the tree has data (or another load
+    /// finished first), `NotCreated` before the tree exists, `Alloc` when
+    /// memory runs out, `Verb` when a verb fails, `Corrupt` for a broken
+    /// node.
     pub async fn bulk_load_finish<N: Nic>(
         &mut self,
         ctx: &Ctx<N>,
@@ -149,7 +156,13 @@ impl<K: TreeKey> TreeClientOf<K> {
         fill: usize,
     ) -> Result<(), TreeError> {
         let fill = fill.clamp(1, self.layout.leaf_fanout());
-        let root = self.check_empty(ctx).await?;
+        let (root, old_version) = self.check_empty(ctx).await?;
+        // The node written over the old root carries the next version: a
+        // reader's READ of the root that overlaps the WRITE then holds
+        // lines of two versions and reads again, where equal versions let
+        // a copy of old and new lines pass as a node (a leaf holding the
+        // new node's children as values, or a node of zeroed children).
+        let top_version = old_version.wrapping_add(1);
         let parts: Vec<Vec<(K, GlobalAddr)>> =
             parts.into_iter().filter(|p| !p.is_empty()).collect();
         if parts.is_empty() {
@@ -164,7 +177,8 @@ impl<K: TreeKey> TreeClientOf<K> {
         let mut level_nodes: Vec<(K, GlobalAddr)> = parts.into_iter().flatten().collect();
         if level_nodes.len() == 1 {
             // A single leaf: copy it to the root's address.
-            let buf = self.read_node(ctx, level_nodes[0].1).await?;
+            let mut buf = self.read_node(ctx, level_nodes[0].1).await?;
+            self.node_mut(buf.as_mut_slice()).set_version(top_version);
             ctx.write(root, buf.as_slice()).await?;
             return Ok(());
         }
@@ -187,7 +201,8 @@ impl<K: TreeKey> TreeClientOf<K> {
                 let sib = addrs.get(i + 1).copied().unwrap_or(GlobalAddr::NULL);
                 let mut buf = vec![0u8; self.layout.node_bytes()];
                 let mut m = self.node_mut(&mut buf);
-                m.init(level, low, high, sib, 1);
+                let version = if addrs[i] == root { top_version } else { 1 };
+                m.init(level, low, high, sib, version);
                 let mut kids = c.clone();
                 kids[0].0 = low;
                 fill_internal(&mut m, &kids);
