@@ -723,6 +723,7 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
         let cfg = TreeConfig::named(name, HOST).unwrap();
         // A second compute node's handle: its index cache is empty.
         let other = Tree::new(cfg.clone(), DM).unwrap();
+        let third = Tree::new(cfg.clone(), DM).unwrap();
         on_loaded_tree(cfg, name, move |ctx, mut c| async move {
             let l = Layout::new(8, 8).unwrap();
             let nb = l.node_bytes();
@@ -765,6 +766,22 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
             );
             let sa = ctx.read(GlobalAddr::host(0, 0), 1024).await.unwrap();
             assert_eq!(sa.as_slice(), &super_before[..], "{name}: the superblock");
+            // A scan across that leaf fails too, through the cache or not
+            // (it returned the keys up to the leaf's end as all there was).
+            for scanner in [&mut c, &mut third.client(3).unwrap()] {
+                let scan = scanner.scan(&ctx, 0, u64::MAX, usize::MAX).await;
+                let e = scan.map(|all| all.len()).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        TreeError::Corrupt {
+                            why: "key beyond the last node",
+                            ..
+                        }
+                    ),
+                    "{name}: {e}"
+                );
+            }
             // The root ends below 4001 and names itself as its sibling.
             let mut b = rb.clone();
             {
@@ -786,6 +803,31 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
                 ),
                 "{name}: {e}"
             );
+        });
+    }
+}
+
+/// A scan with no index cache to name its leaves goes from each leaf to
+/// its right sibling, one READ a leaf, rather than from the root again
+/// (a descent a leaf): over the 3000 keys of `on_loaded_tree` in 188
+/// leaves, at most the leaves and a descent in round trips.
+#[test]
+fn a_scan_without_a_cache_walks_the_sibling_links() {
+    for name in ["sherman", "fg"] {
+        let cfg = TreeConfig {
+            cache_bytes: 0,
+            ..TreeConfig::named(name, HOST).unwrap()
+        };
+        on_loaded_tree(cfg, name, move |ctx, mut c| async move {
+            let before = ctx.counters().round_trips;
+            let all = c.scan(&ctx, 0, u64::MAX, usize::MAX).await.unwrap();
+            let rt = ctx.counters().round_trips - before;
+            assert_eq!(all.len(), 3000, "{name}");
+            assert!(all
+                .iter()
+                .enumerate()
+                .all(|(i, &(k, v))| k == 2 * i as u64 && v == i as u64));
+            assert!(rt <= 188 + 4, "{name}: {rt} round trips for 188 leaves");
         });
     }
 }

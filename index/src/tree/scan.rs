@@ -71,55 +71,30 @@ impl<K: TreeKey> TreeClientOf<K> {
 
     /// The scan's walk over the leaves: batches of leaves named by the
     /// index cache, single leaves along sibling links or from the root.
+    /// Bounded by passes in a row that take no leaf, not by passes: a
+    /// scan that crosses more than `MAX_RESTARTS` leaves is progress.
     async fn scan_walk<N: Nic>(&mut self, ctx: &Ctx<N>, st: &mut Scan<K>) -> Result<(), TreeError> {
         // A right sibling to go on to (a leaf ended before `from`).
         let mut next: Option<GlobalAddr> = None;
-        for _ in 0..MAX_RESTARTS {
-            if let Some(addr) = next.take() {
-                match self.scan_leaves(ctx, &[addr], st).await? {
-                    Walk::Done => return Ok(()),
-                    Walk::On(_, sibling) => {
-                        next = sibling;
-                        continue;
-                    }
-                }
-            }
-            // The leaves from `from` on, as the index cache names them, read
-            // in one round trip (Sherman's range query fetches the leaves
-            // in parallel): as many as the entries still wanted need at the
-            // fill seen so far, counting half a leaf before `from`.
-            let fill = st
-                .entries
-                .checked_div(st.leaves)
-                .unwrap_or(self.leaf_fill_16 as usize / 16)
-                .max(1);
-            let want = st.limit - st.out.len();
-            let k = (want.saturating_add(fill / 2))
-                .div_ceil(fill)
-                .clamp(1, PARALLEL_LEAVES);
-            let mut addrs = [GlobalAddr::NULL; PARALLEL_LEAVES];
-            let k = self.tree.cache.leaves_from(st.from, &mut addrs[..k]);
-            if k > 1 {
-                match self.scan_leaves(ctx, &addrs[..k], st).await? {
-                    Walk::Done => return Ok(()),
-                    Walk::On(taken, sibling) => {
-                        next = sibling;
-                        if taken > 0 || next.is_some() {
-                            continue;
-                        }
-                    }
-                }
-            }
-            // One leaf, found through the cache or from the root.
-            let addr = self.find_level(ctx, st.from, 0).await?;
-            match self.scan_leaves(ctx, &[addr], st).await? {
+        // The right sibling of the last leaf taken, where `from` now is:
+        // read when the cache names no batch, instead of a descent from
+        // the root (a cold or empty cache took a descent a leaf).
+        let mut link: Option<GlobalAddr> = None;
+        let mut idle = 0;
+        while idle < MAX_RESTARTS {
+            let walk = match next.take() {
+                Some(addr) => self.scan_leaves(ctx, &[addr], st).await?,
+                None => self.scan_pass(ctx, st, link.take()).await?,
+            };
+            match walk {
                 Walk::Done => return Ok(()),
-                Walk::On(taken, sibling) => {
-                    next = sibling;
-                    if taken == 0 && next.is_none() {
-                        // Not a leaf, or one beyond `from`: from the root.
-                        self.tree.cache.invalidate_covering(1, st.from);
-                        self.root_hint = 0;
+                Walk::On(taken, on, last) => {
+                    next = on;
+                    if taken > 0 {
+                        idle = 0;
+                        link = last;
+                    } else {
+                        idle += 1;
                     }
                 }
             }
@@ -128,6 +103,49 @@ impl<K: TreeKey> TreeClientOf<K> {
             addr: GlobalAddr::NULL,
             why: "scan restarted without end",
         })
+    }
+
+    /// One pass of the walk from `from`: the leaves the index cache names,
+    /// read in one round trip (Sherman's range query fetches the leaves
+    /// in parallel), as many as the entries still wanted need at the fill
+    /// seen so far, counting half a leaf before `from`; else one leaf:
+    /// `link` (the last leaf taken's sibling), or the one found through
+    /// the cache or from the root.
+    async fn scan_pass<N: Nic>(
+        &mut self,
+        ctx: &Ctx<N>,
+        st: &mut Scan<K>,
+        link: Option<GlobalAddr>,
+    ) -> Result<Walk, TreeError> {
+        let fill = st
+            .entries
+            .checked_div(st.leaves)
+            .unwrap_or(self.leaf_fill_16 as usize / 16)
+            .max(1);
+        let want = st.limit - st.out.len();
+        let k = (want.saturating_add(fill / 2))
+            .div_ceil(fill)
+            .clamp(1, PARALLEL_LEAVES);
+        let mut addrs = [GlobalAddr::NULL; PARALLEL_LEAVES];
+        let k = self.tree.cache.leaves_from(st.from, &mut addrs[..k]);
+        if k > 1 {
+            let walk = self.scan_leaves(ctx, &addrs[..k], st).await?;
+            match walk {
+                Walk::On(0, None, _) => {}
+                _ => return Ok(walk),
+            }
+        }
+        if let Some(addr) = link {
+            return self.scan_leaves(ctx, &[addr], st).await;
+        }
+        let addr = self.find_level(ctx, st.from, 0).await?;
+        let walk = self.scan_leaves(ctx, &[addr], st).await?;
+        if let Walk::On(0, None, _) = walk {
+            // Not a leaf, or one beyond `from`: from the root.
+            self.tree.cache.invalidate_covering(1, st.from);
+            self.root_hint = 0;
+        }
+        Ok(walk)
     }
 
     /// Reads the leaves at `addrs` in one round trip (each until its copy
@@ -183,8 +201,8 @@ impl<K: TreeKey> TreeClientOf<K> {
                 // Go on along a link: this leaf's when it ended before
                 // `from`, else the last taken one's (a leaf split off
                 // since the cached node was read lies between).
-                let on = if n.is_leaf() && from >= n.high() && !n.sibling().is_null() {
-                    Some(n.sibling())
+                let on = if n.is_leaf() && from >= n.high() {
+                    Some(self.sibling_of(&n, addr)?)
                 } else {
                     link
                 };
@@ -195,7 +213,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                     // The cached node named a leaf that no longer follows.
                     self.tree.cache.invalidate_covering(1, from);
                 }
-                return Ok(Walk::On(taken, on));
+                return Ok(Walk::On(taken, on, link));
             }
             taken += 1;
             st.leaves += 1;
@@ -214,13 +232,27 @@ impl<K: TreeKey> TreeClientOf<K> {
             if st.out.len() >= st.limit {
                 return Ok(Walk::Done);
             }
-            if n.high() >= st.high || n.sibling().is_null() {
+            if n.high() >= st.high {
                 return Ok(Walk::Done);
             }
             st.from = n.high();
-            link = Some(n.sibling());
+            link = Some(self.sibling_of(&n, addr)?);
         }
-        Ok(Walk::On(taken, None))
+        Ok(Walk::On(taken, None, link))
+    }
+
+    /// The right sibling of leaf `n` (at `addr`), which ends below the
+    /// scan's end: a consistent leaf that ends short of the last key has
+    /// one, so a null one is corrupt (it cut the scan short, or sent it
+    /// back to the root without end).
+    fn sibling_of(&self, n: &Node<'_, K>, addr: GlobalAddr) -> Result<GlobalAddr, TreeError> {
+        match n.sibling() {
+            s if s.is_null() => Err(TreeError::Corrupt {
+                addr,
+                why: "key beyond the last node",
+            }),
+            s => Ok(s),
+        }
     }
 }
 
@@ -272,8 +304,9 @@ enum Walk {
     /// The scan is complete.
     Done,
     /// Leaves taken; the scan goes on from the updated `from`, at the
-    /// right sibling when there is one to follow.
-    On(usize, Option<GlobalAddr>),
+    /// right sibling when there is one to follow; and the right sibling
+    /// of the last leaf taken, where `from` now is.
+    On(usize, Option<GlobalAddr>, Option<GlobalAddr>),
 }
 
 /// Most leaves a range scan reads in one round trip.
