@@ -1112,6 +1112,73 @@ fn an_idle_compute_node_releases_a_stranded_lock_when_asked() {
     assert_eq!(idle_release("fg", Some(7)), (0, 1, false));
 }
 
+/// A stranded word whose memory node refuses its release is tried again
+/// at growing gaps, not at each operation (each paid a failed verb, in
+/// the word's local entry's turn, so every write of the compute node
+/// queued behind it); once the node takes posts again the word is
+/// released within the longest gap. On one memory node: compute node
+/// 1's client 7 takes a node's lock, then its send queues to memory node
+/// 0 refuse every post for 20 ms, so its unlock fails and strands the
+/// word; it calls `release_while_idle` every 10 µs through the refusal
+/// and after it until the word is released, and compute node 0's client
+/// then takes the lock at once.
+#[test]
+fn a_refused_stranded_release_is_tried_again_at_growing_gaps() {
+    use nicdrv::sim::{Fault, FaultKind, RunEnd};
+    for name in ["sherman", "sherman-2rt", "fg"] {
+        let (mut w, a, b, node) = lock_world(name);
+        let at_ns = w.now_ns() + 1_000;
+        let kind = FaultKind::QueueFull {
+            compute: 1,
+            memory: 0,
+            duration_ns: 20_000_000,
+        };
+        w.add_faults(&[Fault { at_ns, kind }]).unwrap();
+        let out = Rc::new(RefCell::new((0, 0, 0)));
+        let o = out.clone();
+        let t = w.add_thread(1, exec_cfg(1)).unwrap();
+        w.spawn(t, move |ctx| async move {
+            let mut c = b.client(7).unwrap();
+            let lock = c.lock_node(&ctx, node).await.unwrap();
+            ctx.sleep_until((at_ns + 1_000).max(ctx.now_ns()))
+                .unwrap()
+                .await;
+            assert!(c.unlock_node(&ctx, lock).await.is_err(), "{name}");
+            let mut calls = 0;
+            while c.release_while_idle(&ctx).await {
+                calls += 1;
+                assert!(
+                    calls < 10_000,
+                    "{name}: still stranded at {} ns",
+                    ctx.now_ns()
+                );
+                ctx.sleep(10_000).unwrap().await;
+            }
+            let released_after = ctx.now_ns() - (at_ns + 20_000_000);
+            *o.borrow_mut() = (c.stats.stranded_failed, calls, released_after);
+        })
+        .unwrap();
+        assert_eq!(w.run(), RunEnd::Done, "{name}");
+        sim_task(&mut w, move |ctx| async move {
+            let mut c = a.client(1).unwrap();
+            let lock = c.lock_node(&ctx, node).await.unwrap();
+            c.unlock_node(&ctx, lock).await.unwrap();
+        });
+        let (failed, calls, after) = *out.borrow();
+        // About 2,000 calls during the refusal; failures at 0, 50 µs, 150
+        // µs, .., then every 10 ms: ten or so.
+        assert!(calls > 1_900, "{name}: {calls} calls");
+        assert!(
+            (5..=15).contains(&failed),
+            "{name}: {failed} failed releases"
+        );
+        assert!(
+            after <= 10_100_000,
+            "{name}: released {after} ns after the refusal"
+        );
+    }
+}
+
 /// A root splitter that only stalls between its split and the new root's
 /// install, past `ROOT_HELP_NS`, races the client that helps it: both
 /// try to install a root, one wins, and the other goes on from the

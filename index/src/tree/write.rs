@@ -14,7 +14,10 @@
 //! `taker` to 0 at the start of a later operation of one of the compute
 //! node's clients (`release_stranded`), or when one that sits idle calls
 //! [`TreeClientOf::release_while_idle`], in the turn of the word's local
-//! entry; a failed release stays recorded. Sound because a client id is
+//! entry; a failed release stays recorded, and is not tried again for a
+//! while (50 µs, doubling with each failure to 10 ms): a word whose
+//! memory node stays dead otherwise made every write of the compute node
+//! queue at its entry and pay a failed verb first. Sound because a client id is
 //! used on one compute node only ([`TreeOf::client`]), so only this
 //! compute node's clients ever put `taker` in the word, and they take it,
 //! or get it handed over, only in the entry's turn: in that turn, with no
@@ -125,14 +128,20 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// locks" above).
     fn strand(&mut self, lock: LockRef, taker: u64) {
         self.stats.locks_stranded += 1;
-        self.tree.add_stranded(Stranded { lock, taker });
+        self.tree.add_stranded(Stranded {
+            lock,
+            taker,
+            retry_at: 0,
+            gap: 0,
+        });
     }
 
     /// Releases the lock words this compute node's clients stranded
     /// ("Stranded locks" above), each by CAS from what it holds to 0 in
     /// its local entry's turn; without a local table, only those this
-    /// client stranded. One whose verb fails again stays stranded. At the
-    /// start of each operation, when [`TreeOf::has_stranded`]. Unless
+    /// client stranded, and only those due (`Stranded::retry_at`). One
+    /// whose verb fails again stays stranded. At the start of each
+    /// operation, when [`TreeOf::has_stranded`]. Unless
     /// `wait`, only the words whose entry's turn comes at once: lookups
     /// and scans wait for no lock, so they leave a word whose entry a
     /// writer holds (or waits for) to a later operation.
@@ -140,9 +149,10 @@ impl<K: TreeKey> TreeClientOf<K> {
         // Without a local table only the taker itself may: nothing orders
         // it with another client's release.
         let (me, anyone) = (self.id, self.tree.cfg.local_lock_table);
+        let now = ctx.now_ns();
         let todo: Vec<Stranded> = self.tree.change_stranded(|s| {
             s.iter()
-                .filter(|x| anyone || x.taker == me)
+                .filter(|x| (anyone || x.taker == me) && x.retry_at <= now)
                 .copied()
                 .collect()
         });
@@ -156,7 +166,8 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// the start of its next operation would; whether any stays stranded
     /// (its release failed again: call it again later; or, without a
     /// local table, another client stranded it, and only that client
-    /// releases it). A stranded word
+    /// releases it; a word whose release failed is tried again only after
+    /// a wait, 50 µs doubling to 10 ms). A stranded word
     /// is otherwise released only when one of the node's clients runs an
     /// operation, and until then every other compute node's writer of
     /// the nodes it guards waits and fails with `LockWait`: a compute node
@@ -203,7 +214,15 @@ impl<K: TreeKey> TreeClientOf<K> {
                 Ok(old) if old == x.taker => self.stats.stranded_released += 1,
                 // Released after all (the lost release had landed).
                 Ok(_) => {}
-                Err(_) => self.tree.add_stranded(x),
+                Err(_) => {
+                    self.stats.stranded_failed += 1;
+                    let gap = (x.gap * 2).clamp(STRANDED_RETRY_MIN_NS, STRANDED_RETRY_MAX_NS);
+                    self.tree.add_stranded(Stranded {
+                        retry_at: ctx.now_ns().saturating_add(gap),
+                        gap,
+                        ..x
+                    });
+                }
             }
         }
         self.abandon(ctx, held, false).await;
