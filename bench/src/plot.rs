@@ -576,15 +576,7 @@ fn png_font() -> Result<(), PngError> {
         // A font, not whatever the variable names: at most 64 MiB, and a
         // regular file (a FIFO would block, /dev/zero never end).
         let font_err = |e: String| PngError(format!("PNG font `{}`: {e}", chosen.display()));
-        if !chosen.is_file() {
-            return Err(font_err("not a regular file".into()));
-        }
-        let mut bytes = Vec::new();
-        std::fs::File::open(&chosen)
-            .and_then(|f| {
-                use std::io::Read;
-                f.take(FONT_BYTES_MAX + 1).read_to_end(&mut bytes)
-            })
+        let bytes = bootstrap::config::read_file_at_most(&chosen, FONT_BYTES_MAX)
             .map_err(|e| font_err(e.to_string()))?;
         if bytes.len() as u64 > FONT_BYTES_MAX {
             return Err(font_err(format!(

@@ -947,6 +947,18 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
     let badzipf = write("badzipf.properties", "zipfianconstant=1.0\n");
     let baddist = write("baddist.properties", "requestdistribution=hotspot\n");
     let afile = write("a-file", "");
+    // A FIFO nobody writes (its open waited for a writer without end) and
+    // a file past the 1 MiB a workload file may hold.
+    let fifo = dir.join("fifo.properties");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let fifo = fifo.to_str().unwrap();
+    let big = dir.join("big.properties");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let big = big.to_str().unwrap();
     let missing = dir.join("missing.properties");
     let missing = missing.to_str().unwrap();
     let nodir = dir.join("nowhere/h.jsonl");
@@ -983,7 +995,15 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
         ),
         (
             vec!["--workload-file", "/dev/zero"],
-            "--workload-file: `/dev/zero` is larger than 1 MiB".into(),
+            "--workload-file: cannot read `/dev/zero`: not a regular file".into(),
+        ),
+        (
+            vec!["--workload-file", fifo],
+            format!("--workload-file: cannot read `{fifo}`: not a regular file"),
+        ),
+        (
+            vec!["--workload-file", big],
+            format!("--workload-file: `{big}` is larger than 1 MiB"),
         ),
         (vec!["--workload", "ycsb-z"], "unknown workload `ycsb-z`".into()),
         (

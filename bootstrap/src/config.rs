@@ -184,14 +184,30 @@ struct RawNode {
 /// many times over.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
-/// The file at `path`, read up to one byte past `max`: the caller refuses
-/// more than `max` (a path that names no such file, `/dev/zero`, is an
-/// error then, not memory read without end).
-fn read_at_most(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+/// The regular file at `path`, read up to one byte past `max`: the caller
+/// refuses more than `max` (a path that names `/dev/zero` is an error
+/// then, not memory read without end). Anything but a regular file is an
+/// error (`InvalidInput`, "not a regular file") before a byte is read:
+/// opened without blocking and looked at as opened, so a FIFO (whose open
+/// and read would wait for a writer without end) or a device is refused,
+/// with no window for the path to change between the look and the read.
+/// For the files a user names: a cluster file, its secret, a workload
+/// file, a font.
+pub fn read_file_at_most(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    // A regular file's reads ignore O_NONBLOCK.
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 
@@ -206,7 +222,7 @@ impl ClusterConfig {
             problem,
             more: Vec::new(),
         };
-        let bytes = read_at_most(path, CONFIG_BYTES_MAX)
+        let bytes = read_file_at_most(path, CONFIG_BYTES_MAX)
             .map_err(|e| problem(format!("cannot read the cluster file: {e}")))?;
         if bytes.len() as u64 > CONFIG_BYTES_MAX {
             return Err(problem(format!(
@@ -291,7 +307,7 @@ impl ClusterConfig {
         }
         // A secret is a key, not a file's worth of data: a huge file (a
         // path mistaken for the secret's) is refused, never read whole.
-        let bytes = read_at_most(&self.secret_file, SECRET_BYTES_MAX as u64)
+        let bytes = read_file_at_most(&self.secret_file, SECRET_BYTES_MAX as u64)
             .map_err(|e| err(format!("cannot read {shown}: {e}")))?;
         if bytes.len() > SECRET_BYTES_MAX {
             return Err(err(format!(

@@ -509,12 +509,31 @@ fn the_shipped_example_files_parse() {
 }
 
 /// A path that names no cluster file is an error, not memory read without
-/// end (`/dev/zero`), and a file of bytes that are not text says so.
+/// end (`/dev/zero`) nor a wait without end (a FIFO nobody writes), and
+/// neither is a regular file too large; a file of bytes that are not text
+/// says so.
 #[test]
 fn an_endless_or_binary_file_is_not_a_cluster_file() {
     let e = ClusterConfig::load("/dev/zero").unwrap_err();
     assert_eq!(e.field, "(file)");
+    assert!(e.problem.contains("not a regular file"), "{}", e.problem);
+    let (dir, file) = setup("fifo", GOOD);
+    let fifo = dir.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = ClusterConfig::load(&fifo).unwrap_err();
+    assert!(e.problem.contains("not a regular file"), "{}", e.problem);
+    let big = dir.join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(5 << 20)
+        .unwrap();
+    let e = ClusterConfig::load(&big).unwrap_err();
     assert!(e.problem.contains("larger than 4096 KiB"), "{}", e.problem);
+    drop((dir, file));
     let (_dir, file) = setup("binary", GOOD);
     std::fs::write(&file, [0xffu8, 0xfe, 0x00, 0x80]).unwrap();
     let e = ClusterConfig::load(&file).unwrap_err();

@@ -944,16 +944,13 @@ const REFERENCE_PASSES: usize = 7;
 const REFERENCE_KEYS: usize = 500_000;
 
 /// A `--workload-file`, read whole up to 1 MiB (a YCSB property file is a
-/// few lines; `/dev/zero` is an error, not memory read without end).
+/// few lines; `/dev/zero` is an error, not memory read without end, and a
+/// FIFO one, not a wait without end).
 fn read_workload_file(path: &str) -> Result<String, ArgError> {
-    use std::io::Read;
     const MAX: u64 = 1 << 20;
     let cannot =
         |e: std::io::Error| ArgError(format!("--workload-file: cannot read `{path}`: {e}"));
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX + 1).read_to_end(&mut bytes))
-        .map_err(cannot)?;
+    let bytes = bootstrap::config::read_file_at_most(path.as_ref(), MAX).map_err(cannot)?;
     if bytes.len() as u64 > MAX {
         return Err(ArgError(format!(
             "--workload-file: `{path}` is larger than 1 MiB: not a workload file"
