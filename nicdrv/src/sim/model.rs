@@ -251,6 +251,14 @@ impl SimModel {
         if times.iter().any(|&t| t > 3_600_000_000_000) {
             return Err("model times must be below one hour".into());
         }
+        // A packet's header is tens of bytes; the bound keeps the sums of
+        // lengths the simulator makes with it from wrapping.
+        if self.header_bytes > 1 << 20 {
+            return Err(format!(
+                "model.header_bytes must be at most 1 MiB (got {})",
+                self.header_bytes
+            ));
+        }
         Ok(())
     }
 

@@ -336,13 +336,16 @@ impl SimCluster {
     }
 
     fn latency(&self, at: u64) -> u64 {
-        let extra: u64 = self
+        // Each spike is at most a century (`Fault::check`), but spikes
+        // that overlap add up: their sum is held to a century too, so the
+        // times made from it stay far from wrapping.
+        let extra = self
             .spikes
             .borrow()
             .iter()
             .filter(|(s, e, _)| at >= *s && at < *e)
-            .map(|(_, _, x)| *x)
-            .sum();
+            .fold(0u64, |sum, (_, _, x)| sum.saturating_add(*x))
+            .min(super::fault::MAX_TIME_NS);
         self.model.link_latency_ns_one_way + extra
     }
 
