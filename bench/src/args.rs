@@ -184,6 +184,84 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Most queue pairs a simulated cluster may hold (compute threads × memory
+/// nodes): a paper-scale run holds about 1,400, and past this the
+/// simulator's records alone outgrow a host's memory.
+pub const SIM_QPS_MAX: u64 = 1 << 20;
+/// Most tasks a simulated cluster may run at once.
+pub const SIM_TASKS_MAX: u64 = 1 << 20;
+
+/// Refuses a simulated cluster past what one host holds, before anything
+/// is built (it was killed for memory, with no word why): `threads`
+/// compute threads in all, each with a queue pair to each of
+/// `memory_nodes`, running `tasks` tasks; `flags` names the flags whose
+/// product it is.
+pub fn check_sim_size(
+    flags: &str,
+    threads: u64,
+    memory_nodes: u64,
+    tasks: u64,
+) -> Result<(), ArgError> {
+    let qps = threads.saturating_mul(memory_nodes);
+    if qps > SIM_QPS_MAX {
+        return Err(ArgError(format!(
+            "{flags}: {threads} simulated compute threads, each with a queue pair to each of \
+             {memory_nodes} memory nodes, make {qps} queue pairs; at most {SIM_QPS_MAX} on sim"
+        )));
+    }
+    if tasks > SIM_TASKS_MAX {
+        return Err(ArgError(format!(
+            "{flags}: {tasks} simulated tasks; at most {SIM_TASKS_MAX} on sim"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a run whose memory — `what`, `bytes` of it, allocated in this
+/// process and touched as it runs — is more than this machine has
+/// available (it was killed for memory part-way, with no word why). Runs
+/// when the available memory cannot be read.
+pub fn check_memory(what: impl FnOnce() -> String, bytes: u64) -> Result<(), ArgError> {
+    match available_bytes() {
+        Some(avail) if bytes > avail => Err(ArgError(format!(
+            "{}: {} MiB, more than this machine's {} MiB of available memory",
+            what(),
+            bytes >> 20,
+            avail >> 20
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// This machine's available memory (`MemAvailable` in /proc/meminfo), if
+/// it can be read.
+pub fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses, on emu, executors of `slots` task slots whose completion
+/// queue could not serve a queue pair to each of `memory_nodes`, each as
+/// deep as its tasks' doorbells can fill (the boot failed, exit 1, as if
+/// the benchmark had); `what` names the flags that set them.
+pub fn check_emu_cq(what: &str, slots: usize, memory_nodes: usize) -> Result<(), ArgError> {
+    let cqe = nicdrv::ExecutorConfig {
+        slots,
+        ..Default::default()
+    }
+    .qp_depth() as u64
+        * memory_nodes as u64;
+    let max = nicdrv::emu::EmuConfig::default().max_cqe as u64;
+    if cqe > max {
+        return Err(ArgError(format!(
+            "{what} needs a completion queue of {cqe} entries a core; emu holds {max}"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

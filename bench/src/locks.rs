@@ -242,6 +242,30 @@ impl LocksArgs {
         if memory_nodes > u16::MAX as usize / 2 {
             return Err(ArgError("--memory-nodes is too large".into()));
         }
+        let threads_all = (compute_nodes * threads) as u64;
+        if sim {
+            crate::args::check_sim_size(
+                "--compute-nodes × --threads × --memory-nodes, × --coroutines",
+                threads_all,
+                memory_nodes as u64,
+                threads_all * self.coroutines as u64,
+            )?;
+            if self.no_pin {
+                return Err(ArgError(
+                    "--no-pin applies to emu and mlx5 (sim pins nothing)".into(),
+                ));
+            }
+        }
+        if self.backend == Backend::Emu {
+            crate::args::check_emu_cq(
+                &format!(
+                    "--coroutines {} with --memory-nodes {memory_nodes}",
+                    self.coroutines
+                ),
+                self.coroutines,
+                memory_nodes,
+            )?;
+        }
         // A sleep further ahead than the executor's timer horizon fails
         // every client at its first hold: bad input, refused before any run.
         let horizon = nicdrv::local::TIMER_HORIZON_NS;

@@ -65,13 +65,13 @@ pub struct TxnArgs {
     #[arg(long)]
     keys: Option<u64>,
     /// ycsb-t: keys a transaction touches
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = YCSB_T_OPS)]
     ops: u32,
     /// ycsb-t: of those, how many it read-modify-writes
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = YCSB_T_WRITES)]
     writes: u32,
     /// Bytes of each log ring (coordinator to machine)
-    #[arg(long, value_parser = crate::args::size_value, default_value = "64k")]
+    #[arg(long, value_parser = crate::args::size_value, default_value_t = LOG_BYTES)]
     log_bytes: usize,
     /// The simulation's seed (and the workload's)
     #[arg(long, default_value_t = 1)]
@@ -123,7 +123,31 @@ Pw(f+3) WRITEs and one READ per object validated (FaRM §4).
 Exit codes: 0 done; 1 the benchmark failed (a task's error, a bank total changed); 2 bad
 input (one line naming it; nothing run).";
 
+/// `--ops`, `--writes` and `--log-bytes` unless given.
+const YCSB_T_OPS: u32 = 4;
+const YCSB_T_WRITES: u32 = 2;
+const LOG_BYTES: usize = 64 << 10;
+
+/// The flags among `flags` (name, and whether it was set to other than
+/// its default) that a run would ignore, refused as `why`: what a run
+/// does not do is not silently skipped.
+fn refuse_ignored(flags: &[(&str, bool)], why: &str) -> Result<(), ArgError> {
+    match flags.iter().find(|(_, set)| *set) {
+        Some((flag, _)) => Err(ArgError(format!("{flag} does not apply {why}"))),
+        None => Ok(()),
+    }
+}
+
 fn mix(a: &TxnArgs) -> Result<Mix, ArgError> {
+    if a.workload != TxnWorkload::YcsbT {
+        refuse_ignored(
+            &[
+                ("--ops", a.ops != YCSB_T_OPS),
+                ("--writes", a.writes != YCSB_T_WRITES),
+            ],
+            "but to --workload ycsb-t",
+        )?;
+    }
     let keys = |d: u64| a.keys.unwrap_or(d);
     let m = match a.workload {
         TxnWorkload::Tatp => Mix::Tatp {
@@ -176,6 +200,9 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     }
     let sim = a.backend == Backend::Sim;
     let machines = a.machines.unwrap_or(if sim { 16 } else { 3 });
+    if sim {
+        check_sim_machines(machines, a.threads)?;
+    }
     let m = mix(&a)?;
     if a.replicas < 2 || a.replicas > machines as usize {
         return Err(ArgError(format!(
@@ -525,6 +552,14 @@ fn print_summary<R>(runs: &[R], steps: &[Step<'_, R>]) {
     }
 }
 
+/// Refuses a simulated cluster of `machines` with `threads` cores each
+/// past what one host holds: each core (a coordinator and a server task)
+/// and each machine's lease core has a queue pair to every machine.
+fn check_sim_machines(machines: u16, threads: u16) -> Result<(), ArgError> {
+    let (m, t) = (machines as u64, threads as u64);
+    crate::args::check_sim_size("--machines × --threads", m * (t + 1), m, m * (2 * t + 1))
+}
+
 /// `--fault`'s runs without `--seeds`.
 const SEEDS: u64 = 40;
 
@@ -578,6 +613,7 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         return Err(ArgError("--fault runs on --backend sim".into()));
     }
     let machines = a.machines.unwrap_or(16);
+    check_sim_machines(machines, a.threads)?;
     if a.replicas < 2 || a.replicas > machines as usize {
         return Err(ArgError(format!(
             "--replicas {} must be 2 ..= machines ({machines})",
@@ -588,16 +624,22 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     if n == 0 || n > 100_000 {
         return Err(ArgError(format!("--seeds {n}: 1 ..= 100000")));
     }
-    // What a run with --fault does not do is not silently skipped.
-    for (given, flag) in [
-        (a.txs.is_some(), "--txs"),
-        (a.history.is_some(), "--history"),
-    ] {
-        if given {
-            return Err(ArgError(format!(
-                "{flag} does not apply with --fault (its runs last until the fault's effects are measured, and record no history)"
-            )));
-        }
+    refuse_ignored(
+        &[("--txs", a.txs.is_some()), ("--history", a.history.is_some())],
+        "with --fault (its runs last until the fault's effects are measured, and record no history)",
+    )?;
+    if a.detection_only {
+        refuse_ignored(
+            &[
+                ("--workload", a.workload != TxnWorkload::Tatp),
+                ("--keys", a.keys.is_some()),
+                ("--threads", a.threads != 1),
+                ("--log-bytes", a.log_bytes != LOG_BYTES),
+                ("--ops", a.ops != YCSB_T_OPS),
+                ("--writes", a.writes != YCSB_T_WRITES),
+            ],
+            "with --detection-only (it runs no workload)",
+        )?;
     }
     if a.detection_only && a.plot.is_some() {
         return Err(ArgError(

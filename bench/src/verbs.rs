@@ -288,11 +288,18 @@ impl VerbsArgs {
         // simulated million of them is past any figure's need, and past
         // this host's memory long before the flags' own bounds.
         let tasks = threads * deepest;
-        if sim && tasks > 1 << 20 {
-            return Err(ArgError(format!(
-                "--threads × --depth is {tasks} tasks; at most {} on sim",
-                1 << 20
-            )));
+        if sim {
+            crate::args::check_sim_size(
+                "--threads × --memory-nodes, --threads × --depth",
+                threads as u64,
+                memory_nodes as u64,
+                tasks as u64,
+            )?;
+            if self.no_pin {
+                return Err(ArgError(
+                    "--no-pin applies to emu and mlx5 (sim pins nothing)".into(),
+                ));
+            }
         }
         if !(duration > 0.0 && duration <= 3600.0) {
             return Err(ArgError(format!(
@@ -303,18 +310,11 @@ impl VerbsArgs {
         // memory node, each as deep as its tasks' doorbells can fill
         // (it once failed the boot, exit 1).
         if backend == Backend::Emu {
-            let cqe = ExecutorConfig {
-                slots: deepest,
-                ..Default::default()
-            }
-            .qp_depth() as u64
-                * memory_nodes as u64;
-            let max = nicdrv::emu::EmuConfig::default().max_cqe as u64;
-            if cqe > max {
-                return Err(ArgError(format!(
-                    "--depth {deepest} with --memory-nodes {memory_nodes} needs a completion queue of {cqe} entries a core; emu holds {max}"
-                )));
-            }
+            crate::args::check_emu_cq(
+                &format!("--depth {deepest} with --memory-nodes {memory_nodes}"),
+                deepest,
+                memory_nodes,
+            )?;
         }
         if verb.is_atomic() {
             if size != 8 {
@@ -323,6 +323,20 @@ impl VerbsArgs {
         } else if size == 0 || size > 16 << 20 {
             return Err(ArgError(format!("--size must be 1 B..16 MiB, got {size}")));
         }
+        // Each task's scratch holds a doorbell's batch of its verbs, which
+        // READs fill as they complete.
+        let largest = if self.matrix {
+            MATRIX_LARGEST.max(size)
+        } else {
+            size
+        };
+        let per_task = (largest.next_multiple_of(8) * batch).max(4096) as u64;
+        crate::args::check_memory(
+            || {
+                format!("--threads {threads} × --depth {deepest} tasks with --batch {batch} of --size {largest} B in scratch each")
+            },
+            (tasks as u64).saturating_mul(per_task),
+        )?;
         nicdrv::emu::check_latency(self.latency_ns)
             .map_err(|e| ArgError(format!("--latency-ns {e}")))?;
         self.device.check(backend)?;

@@ -69,7 +69,7 @@ fn verbs_json_has_the_promised_keys() {
 #[test]
 fn verbs_spread_over_a_span_run_and_say_so() {
     for backend in ["emu", "sim"] {
-        let v = &first_point(&[
+        let mut args = vec![
             "verbs",
             "--backend",
             backend,
@@ -84,8 +84,11 @@ fn verbs_spread_over_a_span_run_and_say_so() {
             "--ops",
             "4000",
             "--json",
-            "--no-pin",
-        ]);
+        ];
+        if backend == "emu" {
+            args.push("--no-pin");
+        }
+        let v = &first_point(&args);
         assert_eq!(v["span"].as_u64(), Some(2 << 20), "{v}");
         assert!(v["ops"].as_u64().unwrap() >= 4000, "{v}");
         assert_eq!(v["errors"].as_u64(), Some(0));
@@ -225,11 +228,128 @@ fn bad_input_exits_2_with_a_clear_line() {
                 "--depth",
                 "1024",
             ],
-            "tasks; at most 1048576 on sim",
+            "simulated tasks; at most 1048576 on sim",
         ),
         (
             vec!["ring", "--backend", "sim", "--no-pin"],
             "--no-pin applies to emu and mlx5",
+        ),
+        (
+            vec!["locks", "--no-pin"],
+            "--no-pin applies to emu and mlx5",
+        ),
+        (
+            vec!["verbs", "--backend", "sim", "--no-pin"],
+            "--no-pin applies to emu and mlx5",
+        ),
+        // Simulated clusters past a host's memory (each flag in range,
+        // their product not): killed for memory, with no word why.
+        (
+            vec![
+                "locks",
+                "--compute-nodes",
+                "1024",
+                "--threads",
+                "1024",
+                "--memory-nodes",
+                "1024",
+            ],
+            "queue pairs; at most 1048576 on sim",
+        ),
+        (
+            vec![
+                "locks",
+                "--compute-nodes",
+                "1024",
+                "--threads",
+                "16",
+                "--coroutines",
+                "1024",
+                "--memory-nodes",
+                "1",
+            ],
+            "simulated tasks; at most 1048576 on sim",
+        ),
+        (
+            vec![
+                "verbs",
+                "--backend",
+                "sim",
+                "--threads",
+                "100000",
+                "--memory-nodes",
+                "64",
+            ],
+            "queue pairs; at most 1048576 on sim",
+        ),
+        (
+            vec!["txn", "--machines", "20000"],
+            "queue pairs; at most 1048576 on sim",
+        ),
+        (
+            vec![
+                "txn",
+                "--fault",
+                "machine-crash@30ms:3",
+                "--machines",
+                "2000",
+            ],
+            "queue pairs; at most 1048576 on sim",
+        ),
+        // Once the boot's failure, exit 1, as if the benchmark had failed.
+        (
+            vec![
+                "locks",
+                "--backend",
+                "emu",
+                "--coroutines",
+                "1024",
+                "--memory-nodes",
+                "128",
+            ],
+            "--coroutines 1024 with --memory-nodes 128 needs a completion queue",
+        ),
+        // Once silently ignored.
+        (
+            vec!["txn", "--workload", "tatp", "--ops", "9"],
+            "--ops does not apply but to --workload ycsb-t",
+        ),
+        (
+            vec!["txn", "--workload", "bank", "--writes", "1"],
+            "--writes does not apply but to --workload ycsb-t",
+        ),
+        (
+            vec![
+                "txn",
+                "--fault",
+                "machine-crash@30ms:3",
+                "--detection-only",
+                "--threads",
+                "8",
+            ],
+            "--threads does not apply with --detection-only",
+        ),
+        (
+            vec![
+                "txn",
+                "--fault",
+                "machine-crash@30ms:3",
+                "--detection-only",
+                "--keys",
+                "1",
+            ],
+            "--keys does not apply with --detection-only",
+        ),
+        // Sums with it wrapped (a panic in a debug build).
+        (
+            vec![
+                "run",
+                "--backend",
+                "sim",
+                "--sim-model",
+                "header_bytes=18446744073709551615",
+            ],
+            "header_bytes must be at most 1 MiB",
         ),
         (vec!["ring", "--seed", "3"], "--seed applies to sim"),
         (
@@ -242,6 +362,72 @@ fn bad_input_exits_2_with_a_clear_line() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?}: no partial output");
+    }
+}
+
+/// Runs whose memory is past this machine's available memory are refused
+/// before anything is built, naming it (they were killed for memory
+/// part-way): a load of 100 million records of 1 KiB keys and values
+/// (about 300 GB of leaves), and 100,000 simulated tasks each holding a
+/// 16 MiB READ (1.6 TB). Each is skipped on a machine with that memory.
+#[test]
+fn runs_past_this_machines_memory_are_refused() {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .unwrap();
+    let avail: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024;
+    for (args, need, what) in [
+        (
+            vec![
+                "run",
+                "--backend",
+                "sim",
+                "--systems",
+                "sherman",
+                "--records",
+                "100000000",
+                "--key-size",
+                "1024",
+                "--value-size",
+                "1024",
+            ],
+            250u64 << 30,
+            "--records 100000000 of 1024-byte keys and 1024-byte values",
+        ),
+        (
+            vec![
+                "verbs",
+                "--backend",
+                "sim",
+                "--threads",
+                "100000",
+                "--size",
+                "16m",
+                "--memory-nodes",
+                "1",
+            ],
+            1500 << 30,
+            "--threads 100000 × --depth 1 tasks",
+        ),
+    ] {
+        if avail >= need {
+            continue;
+        }
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(what) && err.contains("more than this machine's"),
+            "{args:?}: {err}"
+        );
     }
 }
 

@@ -96,7 +96,7 @@ pub(crate) fn handles(spec: &RunSpec, dm_bytes: u64) -> Result<Vec<IndexHandle>,
     // The hash table's location cache is allocated whole, on every
     // compute node: refused, not aborted on, where it cannot fit.
     let cache_all = (spec.cache_bytes as u64).saturating_mul(spec.compute_nodes as u64);
-    if let (true, Some(avail)) = (spec.cuckoo && cache_all > 0, available_bytes()) {
+    if let (true, Some(avail)) = (spec.cuckoo && cache_all > 0, crate::args::available_bytes()) {
         if cache_all > avail {
             return Err(format!(
                 "--cache-mb: the hash table's location cache, {} MiB on each of {} compute \
@@ -444,15 +444,6 @@ pub(crate) async fn client_task<N: Nic>(
     }
     *sh.tree.borrow_mut() += c.tree_stats();
     sh.finished.set(sh.finished.get() + 1);
-}
-
-/// This machine's available memory (`MemAvailable` in /proc/meminfo), if
-/// it can be read.
-fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 #[cfg(test)]

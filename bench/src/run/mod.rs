@@ -595,6 +595,20 @@ impl Cli {
     /// One run per (thread count, system), in that order.
     fn specs(&self) -> Result<Vec<RunSpec>, ArgError> {
         let sim = self.backend == Backend::Sim;
+        // The memory nodes live in this process (emu and sim: mappings
+        // touched as the load writes them; mlx5: registered here too): a
+        // load past this machine's memory was killed part-way.
+        crate::args::check_memory(
+            || {
+                format!(
+                    "--records {} of {}-byte keys and {}-byte values, loaded into tree leaves",
+                    self.records,
+                    self.layout.key_bytes(),
+                    self.layout.value_bytes()
+                )
+            },
+            self.layout.bytes_loaded(self.records),
+        )?;
         let mut specs = Vec::new();
         for &threads in &self.thread_list {
             let clients = (self.compute_nodes * threads * self.coroutines) as u64;
