@@ -807,6 +807,35 @@ fn corrupt_sibling_pointers_are_errors_not_endless_walks() {
     }
 }
 
+/// A root word whose level bits name a level past any tree's is corrupt,
+/// at once (the level was cut to 8 bits, and every descent restarted
+/// until its bound of a million).
+#[test]
+fn a_root_word_past_any_level_is_corrupt() {
+    let cfg = TreeConfig::sherman(HOST);
+    // A handle whose client has no root cached, nor its index cache a node.
+    let other = Tree::new(cfg.clone(), DM).unwrap();
+    on_loaded_tree(cfg, "sherman", move |ctx, _| async move {
+        let word = ctx.read(index::tree::ROOT_WORD, 8).await.unwrap().u64_at(0);
+        let bad = (word & !1023) | 300;
+        ctx.write(index::tree::ROOT_WORD, &bad.to_le_bytes())
+            .await
+            .unwrap();
+        let mut o = other.client(2).unwrap();
+        let e = o.get(&ctx, 2).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TreeError::Corrupt {
+                    why: "the root word names a level past any tree's",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    });
+}
+
 /// A scan with no index cache to name its leaves goes from each leaf to
 /// its right sibling, one READ a leaf, rather than from the root again
 /// (a descent a leaf): over the 3000 keys of `on_loaded_tree` in 188

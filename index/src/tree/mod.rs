@@ -51,6 +51,8 @@ use std::sync::Arc;
 /// level (nodes are 1 KiB aligned, so the level fits in the low bits).
 pub const ROOT_WORD: GlobalAddr = GlobalAddr::host(0, TREE_ROOT_OFF);
 const LEVEL_MASK: u64 = layout::NODE_ALIGN - 1;
+/// The highest level a root may have (the root word's check).
+const MAX_LEVEL: u8 = 63;
 /// READ retries of one node before giving up on it as corrupt.
 const MAX_READ_RETRIES: u32 = 100_000;
 /// Restarts of one operation before reporting a livelock.
@@ -583,6 +585,16 @@ impl<K: TreeKey> TreeClientOf<K> {
             let w = ctx.read(ROOT_WORD, 8).await?.u64_at(0);
             if w == 0 {
                 return Err(TreeError::NotCreated);
+            }
+            // The word's low bits hold the root's level: one past any
+            // tree's (a tree of 64 levels would outnumber memory's bytes)
+            // is a corrupt word, where a level cut to 8 bits had every
+            // descent restart until its bound.
+            if w & LEVEL_MASK > MAX_LEVEL as u64 {
+                return Err(TreeError::Corrupt {
+                    addr: ROOT_WORD,
+                    why: "the root word names a level past any tree's",
+                });
             }
             self.root_hint = w;
         }

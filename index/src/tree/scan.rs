@@ -217,7 +217,10 @@ impl<K: TreeKey> TreeClientOf<K> {
             }
             taken += 1;
             st.leaves += 1;
-            let (mut part, held) = leaf_part(&n, from, st.high);
+            // Up to the leaf's own end as well as the scan's: a copy
+            // holding a key at or past its high fence (none should) would
+            // repeat it, or put it out of order, before the next leaf's.
+            let (mut part, held) = leaf_part(&n, from, st.high.min(n.high()));
             st.entries += held;
             part.truncate(st.limit - st.out.len());
             if st.whole {
