@@ -397,15 +397,15 @@ impl<K: TreeKey> TreeOf<K> {
         self.strand_count.load(Ordering::Acquire) != 0
     }
 
-    /// Takes the stranded word `word` holding `taker` off the list; whether
-    /// it was on it.
-    fn unstrand(&self, word: GlobalAddr, taker: u64) -> bool {
+    /// Takes the stranded word `word` holding `taker` off the list: its
+    /// record as it was there, if it was.
+    fn unstrand(&self, word: GlobalAddr, taker: u64) -> Option<Stranded> {
         if !self.has_stranded() {
-            return false;
+            return None;
         }
         self.change_stranded(|s| {
             let at = s.iter().position(|x| x.is(word, taker));
-            at.map(|i| s.swap_remove(i)).is_some()
+            at.map(|i| s.swap_remove(i))
         })
     }
 

@@ -209,21 +209,25 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         // In the entry's turn (or, without a local table, between this
         // client's operations): nobody holds the word on `taker`'s behalf.
-        if mine {
-            match ctx.cas(x.lock.word, x.taker, 0).await {
-                Ok(old) if old == x.taker => self.stats.stranded_released += 1,
+        match mine {
+            // Another client's release failed while this one waited for
+            // the turn: its wait stands (the word was due when listed).
+            Some(rec) if rec.retry_at > ctx.now_ns() => self.tree.add_stranded(rec),
+            Some(rec) => match ctx.cas(rec.lock.word, rec.taker, 0).await {
+                Ok(old) if old == rec.taker => self.stats.stranded_released += 1,
                 // Released after all (the lost release had landed).
                 Ok(_) => {}
                 Err(_) => {
                     self.stats.stranded_failed += 1;
-                    let gap = (x.gap * 2).clamp(STRANDED_RETRY_MIN_NS, STRANDED_RETRY_MAX_NS);
+                    let gap = (rec.gap * 2).clamp(STRANDED_RETRY_MIN_NS, STRANDED_RETRY_MAX_NS);
                     self.tree.add_stranded(Stranded {
                         retry_at: ctx.now_ns().saturating_add(gap),
                         gap,
-                        ..x
+                        ..rec
                     });
                 }
-            }
+            },
+            None => {}
         }
         self.abandon(ctx, held, false).await;
     }
@@ -301,7 +305,8 @@ impl<K: TreeKey> TreeClientOf<K> {
                     // In the local entry's turn, a word this compute node
                     // stranded is nobody's: take it over.
                     expect = 0;
-                    if held.local.is_some() && self.tree.unstrand(held.lock.word, holder) {
+                    if held.local.is_some() && self.tree.unstrand(held.lock.word, holder).is_some()
+                    {
                         expect = holder;
                         continue;
                     }
