@@ -325,11 +325,8 @@ impl VerbsArgs {
         }
         // Each task's scratch holds a doorbell's batch of its verbs, which
         // READs fill as they complete.
-        let largest = if self.matrix {
-            MATRIX_LARGEST.max(size)
-        } else {
-            size
-        };
+        // The largest verb of the points this runs (--matrix's are its own).
+        let largest = if self.matrix { MATRIX_LARGEST } else { size };
         let per_task = (largest.next_multiple_of(8) * batch).max(4096) as u64;
         crate::args::check_memory(
             || {
@@ -348,7 +345,6 @@ impl VerbsArgs {
         }
         if let Some(span) = self.span {
             // The largest verb of the points this runs must fit a slot.
-            let largest = if self.matrix { MATRIX_LARGEST } else { size };
             let least = (largest as u64).next_multiple_of(64);
             if (span as u64) < least || span as u64 > MAX_SPAN {
                 return Err(ArgError(format!(

@@ -601,7 +601,7 @@ impl Cli {
         crate::args::check_memory(
             || {
                 format!(
-                    "--records {} of {}-byte keys and {}-byte values, loaded into tree leaves",
+                    "--records {} of {}-byte keys and {}-byte values, loaded (as tree leaves)",
                     self.records,
                     self.layout.key_bytes(),
                     self.layout.value_bytes()
