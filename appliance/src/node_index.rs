@@ -100,7 +100,6 @@ fn delta(now: TreeStats, before: TreeStats) -> TreeStats {
         lookups: now.lookups - before.lookups,
         locks_stranded: now.locks_stranded - before.locks_stranded,
         stranded_released: now.stranded_released - before.stranded_released,
-        stranded_failed: now.stranded_failed - before.stranded_failed,
         root_helps: now.root_helps - before.root_helps,
     }
 }

@@ -215,9 +215,6 @@ pub struct TreeStats {
     /// those it released later (`write.rs`, "Stranded locks").
     pub locks_stranded: u64,
     pub stranded_released: u64,
-    /// Releases of stranded words whose verb failed (each tried again
-    /// later, at gaps from 50 µs doubling to 10 ms).
-    pub stranded_failed: u64,
     /// Root splits another client left uninstalled past `ROOT_HELP_NS`,
     /// that this one installed (`split.rs`, `help_grow_root`).
     pub root_helps: u64,
@@ -237,7 +234,6 @@ impl std::ops::AddAssign for TreeStats {
         self.lookups += o.lookups;
         self.locks_stranded += o.locks_stranded;
         self.stranded_released += o.stranded_released;
-        self.stranded_failed += o.stranded_failed;
         self.root_helps += o.root_helps;
     }
 }
@@ -305,25 +301,12 @@ pub struct TreeOf<K: TreeKey> {
     strand_count: AtomicUsize,
 }
 
-/// A lock word a failed verb may have left taken: `lock`, holding `taker`;
-/// not tried again before `retry_at` (NIC clock, ns), `gap` after its last
-/// failed release (`write.rs`, "Stranded locks").
+/// A lock word a failed verb may have left taken: `lock`, holding `taker`.
 #[derive(Copy, Clone, Debug)]
 struct Stranded {
     lock: LockRef,
     taker: u64,
-    retry_at: u64,
-    gap: u64,
 }
-
-/// The wait after a stranded word's first failed release; it doubles with
-/// each failure after, up to [`STRANDED_RETRY_MAX_NS`].
-const STRANDED_RETRY_MIN_NS: u64 = 50_000;
-/// The longest wait between tries to release a stranded word: a word of a
-/// memory node that stays dead costs its compute node one failed verb per
-/// 10 ms, and one that comes back is released within 10 ms of it, far
-/// inside any writer's `lock_wait_ns` worth waiting.
-const STRANDED_RETRY_MAX_NS: u64 = 10_000_000;
 
 impl Stranded {
     /// Whether this is the word `word` holding `taker`: what identifies a
@@ -397,15 +380,15 @@ impl<K: TreeKey> TreeOf<K> {
         self.strand_count.load(Ordering::Acquire) != 0
     }
 
-    /// Takes the stranded word `word` holding `taker` off the list: its
-    /// record as it was there, if it was.
-    fn unstrand(&self, word: GlobalAddr, taker: u64) -> Option<Stranded> {
+    /// Takes the stranded word `word` holding `taker` off the list; whether
+    /// it was on it.
+    fn unstrand(&self, word: GlobalAddr, taker: u64) -> bool {
         if !self.has_stranded() {
-            return None;
+            return false;
         }
         self.change_stranded(|s| {
             let at = s.iter().position(|x| x.is(word, taker));
-            at.map(|i| s.swap_remove(i))
+            at.map(|i| s.swap_remove(i)).is_some()
         })
     }
 

@@ -14,10 +14,7 @@
 //! `taker` to 0 at the start of a later operation of one of the compute
 //! node's clients (`release_stranded`), or when one that sits idle calls
 //! [`TreeClientOf::release_while_idle`], in the turn of the word's local
-//! entry; a failed release stays recorded, and is not tried again for a
-//! while (50 µs, doubling with each failure to 10 ms): a word whose
-//! memory node stays dead otherwise made every write of the compute node
-//! queue at its entry and pay a failed verb first. Sound because a client id is
+//! entry; a failed release stays recorded. Sound because a client id is
 //! used on one compute node only ([`TreeOf::client`]), so only this
 //! compute node's clients ever put `taker` in the word, and they take it,
 //! or get it handed over, only in the entry's turn: in that turn, with no
@@ -128,20 +125,14 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// locks" above).
     fn strand(&mut self, lock: LockRef, taker: u64) {
         self.stats.locks_stranded += 1;
-        self.tree.add_stranded(Stranded {
-            lock,
-            taker,
-            retry_at: 0,
-            gap: 0,
-        });
+        self.tree.add_stranded(Stranded { lock, taker });
     }
 
     /// Releases the lock words this compute node's clients stranded
     /// ("Stranded locks" above), each by CAS from what it holds to 0 in
     /// its local entry's turn; without a local table, only those this
-    /// client stranded, and only those due (`Stranded::retry_at`). One
-    /// whose verb fails again stays stranded. At the start of each
-    /// operation, when [`TreeOf::has_stranded`]. Unless
+    /// client stranded. One whose verb fails again stays stranded. At the
+    /// start of each operation, when [`TreeOf::has_stranded`]. Unless
     /// `wait`, only the words whose entry's turn comes at once: lookups
     /// and scans wait for no lock, so they leave a word whose entry a
     /// writer holds (or waits for) to a later operation.
@@ -149,10 +140,9 @@ impl<K: TreeKey> TreeClientOf<K> {
         // Without a local table only the taker itself may: nothing orders
         // it with another client's release.
         let (me, anyone) = (self.id, self.tree.cfg.local_lock_table);
-        let now = ctx.now_ns();
         let todo: Vec<Stranded> = self.tree.change_stranded(|s| {
             s.iter()
-                .filter(|x| (anyone || x.taker == me) && x.retry_at <= now)
+                .filter(|x| anyone || x.taker == me)
                 .copied()
                 .collect()
         });
@@ -166,8 +156,7 @@ impl<K: TreeKey> TreeClientOf<K> {
     /// the start of its next operation would; whether any stays stranded
     /// (its release failed again: call it again later; or, without a
     /// local table, another client stranded it, and only that client
-    /// releases it; a word whose release failed is tried again only after
-    /// a wait, 50 µs doubling to 10 ms). A stranded word
+    /// releases it). A stranded word
     /// is otherwise released only when one of the node's clients runs an
     /// operation, and until then every other compute node's writer of
     /// the nodes it guards waits and fails with `LockWait`: a compute node
@@ -209,25 +198,13 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         // In the entry's turn (or, without a local table, between this
         // client's operations): nobody holds the word on `taker`'s behalf.
-        match mine {
-            // Another client's release failed while this one waited for
-            // the turn: its wait stands (the word was due when listed).
-            Some(rec) if rec.retry_at > ctx.now_ns() => self.tree.add_stranded(rec),
-            Some(rec) => match ctx.cas(rec.lock.word, rec.taker, 0).await {
-                Ok(old) if old == rec.taker => self.stats.stranded_released += 1,
+        if mine {
+            match ctx.cas(x.lock.word, x.taker, 0).await {
+                Ok(old) if old == x.taker => self.stats.stranded_released += 1,
                 // Released after all (the lost release had landed).
                 Ok(_) => {}
-                Err(_) => {
-                    self.stats.stranded_failed += 1;
-                    let gap = (rec.gap * 2).clamp(STRANDED_RETRY_MIN_NS, STRANDED_RETRY_MAX_NS);
-                    self.tree.add_stranded(Stranded {
-                        retry_at: ctx.now_ns().saturating_add(gap),
-                        gap,
-                        ..rec
-                    });
-                }
-            },
-            None => {}
+                Err(_) => self.tree.add_stranded(x),
+            }
         }
         self.abandon(ctx, held, false).await;
     }
@@ -305,8 +282,7 @@ impl<K: TreeKey> TreeClientOf<K> {
                     // In the local entry's turn, a word this compute node
                     // stranded is nobody's: take it over.
                     expect = 0;
-                    if held.local.is_some() && self.tree.unstrand(held.lock.word, holder).is_some()
-                    {
+                    if held.local.is_some() && self.tree.unstrand(held.lock.word, holder) {
                         expect = holder;
                         continue;
                     }
