@@ -145,14 +145,9 @@ impl<K: TreeKey> TreeClientOf<K> {
                     continue 'restart;
                 }
                 if key >= n.high() {
-                    if n.sibling().is_null() {
-                        return Err(TreeError::Corrupt {
-                            addr,
-                            why: "key beyond the last node",
-                        });
-                    }
+                    let sibling = self.sibling_of(&n, addr)?;
                     self.hop(&mut hops, addr)?;
-                    addr = n.sibling();
+                    addr = sibling;
                     continue;
                 }
                 self.tree.cache.insert(addr, &n);
@@ -256,6 +251,25 @@ impl<K: TreeKey> TreeClientOf<K> {
             addr,
             why: "lookup restarted without end",
         })
+    }
+
+    /// The right sibling of node `n` (at `addr`), for a key at or past its
+    /// high fence: a consistent node that ends short of the key space has
+    /// one, so a null one is corrupt (for a descent, the key lies beyond
+    /// the last node; for a scan, it ended short, or went back to the
+    /// root without end).
+    pub(super) fn sibling_of(
+        &self,
+        n: &Node<'_, K>,
+        addr: GlobalAddr,
+    ) -> Result<GlobalAddr, TreeError> {
+        match n.sibling() {
+            s if s.is_null() => Err(TreeError::Corrupt {
+                addr,
+                why: "key beyond the last node",
+            }),
+            s => Ok(s),
+        }
     }
 }
 

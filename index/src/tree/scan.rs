@@ -248,20 +248,6 @@ impl<K: TreeKey> TreeClientOf<K> {
         }
         Ok(Walk::On(taken, None, link))
     }
-
-    /// The right sibling of leaf `n` (at `addr`), which ends below the
-    /// scan's end: a consistent leaf that ends short of the last key has
-    /// one, so a null one is corrupt (it cut the scan short, or sent it
-    /// back to the root without end).
-    fn sibling_of(&self, n: &Node<'_, K>, addr: GlobalAddr) -> Result<GlobalAddr, TreeError> {
-        match n.sibling() {
-            s if s.is_null() => Err(TreeError::Corrupt {
-                addr,
-                why: "key beyond the last node",
-            }),
-            s => Ok(s),
-        }
-    }
 }
 
 /// A leaf copy's entries with keys in `from..high`, as (key, value's first 8
