@@ -573,10 +573,10 @@ fn png_font() -> Result<(), PngError> {
                     )
                 })?,
         };
-        // A font, not whatever the variable names: at most 64 MiB, and a
-        // regular file (a FIFO would block, /dev/zero never end).
+        // A font, not whatever the variable names: at most 64 MiB, from a
+        // regular file or a pipe (/dev/zero would never end).
         let font_err = |e: String| PngError(format!("PNG font `{}`: {e}", chosen.display()));
-        let bytes = bootstrap::config::read_file_at_most(&chosen, FONT_BYTES_MAX)
+        let bytes = bootstrap::config::read_input_at_most(&chosen, FONT_BYTES_MAX)
             .map_err(|e| font_err(e.to_string()))?;
         if bytes.len() as u64 > FONT_BYTES_MAX {
             return Err(font_err(format!(

@@ -441,6 +441,37 @@ fn a_workload_file_sets_the_run_and_flags_override_it() {
         "5",
     ]))[0];
     assert_eq!(d["request_distribution"], "uniform");
+
+    // From a pipe: `--workload-file /dev/stdin` fed by the caller, as a
+    // shell's `<(command)` would be.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
+        .args(tiny(&[
+            "--workload-file",
+            "/dev/stdin",
+            "--systems",
+            "sherman",
+        ]))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"readproportion=0.5\nupdateproportion=0.5\noperationcount=40\n")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = &serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()[0];
+    assert_eq!(d["ops"], 40);
+    assert!(count(d, "update") > 0 && count(d, "read") > 0, "{d}");
 }
 
 #[test]
@@ -947,8 +978,9 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
     let badzipf = write("badzipf.properties", "zipfianconstant=1.0\n");
     let baddist = write("baddist.properties", "requestdistribution=hotspot\n");
     let afile = write("a-file", "");
-    // A FIFO nobody writes (its open waited for a writer without end) and
-    // a file past the 1 MiB a workload file may hold.
+    // A FIFO nobody writes (its open waited for a writer without end; it
+    // reads as nothing now) and a file past the 1 MiB a workload file may
+    // hold.
     let fifo = dir.join("fifo.properties");
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
@@ -995,11 +1027,11 @@ fn bad_input_exits_2_with_one_line_and_no_files() {
         ),
         (
             vec!["--workload-file", "/dev/zero"],
-            "--workload-file: cannot read `/dev/zero`: not a regular file".into(),
+            "--workload-file: cannot read `/dev/zero`: not a regular file or a pipe".into(),
         ),
         (
             vec!["--workload-file", fifo],
-            format!("--workload-file: cannot read `{fifo}`: not a regular file"),
+            format!("--workload-file: cannot read `{fifo}`: a pipe with nothing in it"),
         ),
         (
             vec!["--workload-file", big],

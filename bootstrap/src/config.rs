@@ -189,25 +189,64 @@ pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 /// then, not memory read without end). Anything but a regular file is an
 /// error (`InvalidInput`, "not a regular file") before a byte is read:
 /// opened without blocking and looked at as opened, so a FIFO (whose open
-/// and read would wait for a writer without end) or a device is refused,
-/// with no window for the path to change between the look and the read.
-/// For the files a user names: a cluster file, its secret, a workload
-/// file, a font.
+/// would wait for a writer without end) or a device is refused, with no
+/// window for the path to change between the look and the read. For the
+/// files that must be files: a cluster file (its secret's path may be
+/// relative to the file's own) and its secret.
 pub fn read_file_at_most(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::OpenOptionsExt;
+    read_at_most(path, max, false)
+}
+
+/// As [`read_file_at_most`], and a pipe too: a FIFO, `/dev/stdin` fed by
+/// a pipe, a shell's `<(command)`. A pipe is read until its writers close
+/// it (a writer that holds it open and writes nothing keeps the read
+/// waiting, as for any reader of a pipe); its open never waits, and a FIFO
+/// no writer has opened reads as nothing, which is an error (`InvalidInput`)
+/// rather than an empty file. For a workload file and a font.
+pub fn read_input_at_most(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    read_at_most(path, max, true)
+}
+
+fn read_at_most(path: &Path, max: u64, pipes: bool) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let invalid = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
+    let kind = file.metadata()?.file_type();
+    let pipe = pipes && kind.is_fifo();
+    if !kind.is_file() && !pipe {
+        return Err(invalid(if pipes {
+            "not a regular file or a pipe"
+        } else {
+            "not a regular file"
+        }));
+    }
+    if pipe {
+        // The open did not wait for a writer; the read waits for the
+        // writers to finish. F_GETFL and F_SETFL take the descriptor
+        // `file` owns, open until it drops, and touch nothing else: a
+        // FIFO opened by path is its own open file description, so the
+        // flag does not change a descriptor this process inherited.
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on an open descriptor with integer arguments
+        // reads or writes no memory of ours.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
     // A regular file's reads ignore O_NONBLOCK.
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if pipe && bytes.is_empty() {
+        return Err(invalid(
+            "a pipe with nothing in it (a FIFO no writer had opened, or one closed empty)",
+        ));
+    }
     Ok(bytes)
 }
 

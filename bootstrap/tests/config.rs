@@ -508,6 +508,65 @@ fn the_shipped_example_files_parse() {
     }
 }
 
+/// `read_input_at_most` reads a pipe to its end (what a shell's
+/// `<(command)` or a piped `/dev/stdin` gives), bounded as a file is; a
+/// pipe with nothing in it, a FIFO no writer opened among them, is an
+/// error, never a wait; a device is refused. `read_file_at_most` refuses
+/// pipes.
+#[test]
+fn inputs_may_be_pipes_and_files_may_not() {
+    use bootstrap::config::{read_file_at_most, read_input_at_most};
+    use std::io::Write;
+    use std::os::unix::io::FromRawFd;
+    // A pipe by its path under /proc/self/fd, its writer closed after
+    // `text` (at most a pipe's buffer, so the write never waits).
+    let pipe_of = |text: &[u8]| {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is two writable ints, as pipe(2) needs.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe(2) just opened both; each is owned once, here.
+        let (reader, mut writer) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        writer.write_all(text).unwrap();
+        drop(writer);
+        let path = PathBuf::from(format!("/proc/self/fd/{}", fds[0]));
+        (reader, path)
+    };
+    let (_held, path) = pipe_of(b"twelve bytes");
+    assert_eq!(read_input_at_most(&path, 100).unwrap(), b"twelve bytes");
+    let (_held, path) = pipe_of(b"twelve bytes");
+    // One byte past the bound, for the caller to refuse.
+    assert_eq!(read_input_at_most(&path, 5).unwrap(), b"twelve");
+    let (_held, path) = pipe_of(b"");
+    let e = read_input_at_most(&path, 100).unwrap_err();
+    assert!(e.to_string().contains("a pipe with nothing in it"), "{e}");
+    let (_held, path) = pipe_of(b"twelve bytes");
+    let e = read_file_at_most(&path, 100).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+
+    let dir = scratch("pipes");
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = read_input_at_most(&fifo, 100).unwrap_err();
+    assert!(e.to_string().contains("a pipe with nothing in it"), "{e}");
+    let e = read_input_at_most(Path::new("/dev/zero"), 100).unwrap_err();
+    assert!(
+        e.to_string().contains("not a regular file or a pipe"),
+        "{e}"
+    );
+    let file = dir.join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert_eq!(read_input_at_most(&file, 100).unwrap(), b"");
+}
+
 /// A path that names no cluster file is an error, not memory read without
 /// end (`/dev/zero`) nor a wait without end (a FIFO nobody writes), and
 /// neither is a regular file too large; a file of bytes that are not text

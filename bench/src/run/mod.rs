@@ -79,7 +79,8 @@ pub struct RunArgs {
     /// operationcount, read/update/insert/scan/readmodifywriteproportion,
     /// requestdistribution (uniform|zipfian|latest), zipfianconstant,
     /// maxscanlength, scanlengthdistribution (uniform|zipfian|constant), fieldcount,
-    /// fieldlength; other keys are warned about and ignored
+    /// fieldlength; other keys are warned about and ignored. A pipe
+    /// works too (`/dev/stdin`, a shell's `<(command)`)
     #[arg(long, value_name = "FILE")]
     workload_file: Option<String>,
     /// Every second client thread (the odd-numbered ones) runs this
@@ -958,13 +959,14 @@ const REFERENCE_PASSES: usize = 7;
 const REFERENCE_KEYS: usize = 500_000;
 
 /// A `--workload-file`, read whole up to 1 MiB (a YCSB property file is a
-/// few lines; `/dev/zero` is an error, not memory read without end, and a
-/// FIFO one, not a wait without end).
+/// few lines; `/dev/zero` is an error, not memory read without end). A
+/// pipe is read to its end (`/dev/stdin`, `<(command)`); a FIFO nobody
+/// writes is an error, not a wait without end.
 fn read_workload_file(path: &str) -> Result<String, ArgError> {
     const MAX: u64 = 1 << 20;
     let cannot =
         |e: std::io::Error| ArgError(format!("--workload-file: cannot read `{path}`: {e}"));
-    let bytes = bootstrap::config::read_file_at_most(path.as_ref(), MAX).map_err(cannot)?;
+    let bytes = bootstrap::config::read_input_at_most(path.as_ref(), MAX).map_err(cannot)?;
     if bytes.len() as u64 > MAX {
         return Err(ArgError(format!(
             "--workload-file: `{path}` is larger than 1 MiB: not a workload file"
