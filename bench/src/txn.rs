@@ -96,7 +96,11 @@ pub struct TxnArgs {
     /// of the throughput before, and to every new backup copied (the
     /// first fault at 20 ms or later). The machines crashed must leave a
     /// majority of them for the workload to resume; fewer than --replicas
-    /// left run on with fewer replicas of each region (nothing to copy)
+    /// left run on with fewer replicas of each region (nothing to copy).
+    /// A thread-stall's THREAD: core t of machine m is thread m ×
+    /// --threads + t, then each machine's lease core, then its recovery
+    /// core (--detection-only: the lease cores, then the reconfiguration
+    /// cores)
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
     /// With --fault: runs (seeds from --seed on) [default: 40]
@@ -570,12 +574,26 @@ fn seeds(a: &TxnArgs) -> impl Iterator<Item = u64> {
     (0..a.seeds.unwrap_or(SEEDS)).map(move |i| first.wrapping_add(i))
 }
 
-/// The faults' targets exist among `machines` and their times lie within
-/// a run's virtual time limit (a run stops there, and a fault past it
-/// only made the run long, then fail).
-fn check_faults(faults: &[nicdrv::sim::Fault], machines: u16) -> Result<(), String> {
+/// The faults' targets exist among `machines` and the run's `threads`
+/// simulator threads (`layout` says how they are numbered), and their
+/// times lie within a run's virtual time limit (a run stops there, and a
+/// fault past it only made the run long, then fail).
+fn check_faults(
+    faults: &[nicdrv::sim::Fault],
+    machines: u16,
+    threads: usize,
+    layout: &str,
+) -> Result<(), String> {
     use nicdrv::sim::FaultKind as K;
     for f in faults {
+        if let K::StallThread { thread, .. } = f.kind {
+            if thread as usize >= threads {
+                return Err(format!(
+                    "there is no thread {thread} of {threads} (0 ..= {}): {layout}",
+                    threads - 1
+                ));
+            }
+        }
         if f.at_ns > txn::harness::SIM_LIMIT_NS {
             return Err(format!(
                 "at most {} s into the run",
@@ -646,15 +664,46 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
             "--plot draws the workload's throughput, which --detection-only does not run".into(),
         ));
     }
+    let ms = a.lease_ms.unwrap_or(10.0);
+    let timing = lease_of(ms)?;
+    // The threads a stall may name, as the harness makes them (a store
+    // only to say there is one).
+    let store: std::sync::Arc<dyn txn::config::ConfigStore> =
+        std::sync::Arc::new(txn::config::EmbeddedStore::new());
+    let (threads, layout) = if a.detection_only {
+        let plan = LeaseSim {
+            store: Some(store),
+            ..LeaseSim::of(timing.lease_ns, 0)
+        };
+        (
+            plan.sim_threads(machines),
+            format!("machine m's lease core is thread m, its reconfiguration core thread {machines} + m"),
+        )
+    } else {
+        let opts = RunOptions {
+            leases: Some(timing),
+            recovery: Some(store),
+            ..Default::default()
+        };
+        (
+            opts.sim_threads(machines, a.threads),
+            format!(
+                "core t of machine m is thread m × {t} + t, machine m's lease core thread {} + m, \
+                 its recovery core thread {} + m",
+                machines as usize * a.threads as usize,
+                machines as usize * (a.threads as usize + 1),
+                t = a.threads,
+            ),
+        )
+    };
     let mut faults = Vec::new();
     for f in &a.fault {
         let parsed = nicdrv::sim::parse_fault(f).map_err(|e| ArgError(format!("--fault {e}")))?;
-        check_faults(&parsed, machines).map_err(|why| ArgError(format!("--fault {f}: {why}")))?;
+        check_faults(&parsed, machines, threads, &layout)
+            .map_err(|why| ArgError(format!("--fault {f}: {why}")))?;
         faults.extend(parsed);
     }
     let first = faults.iter().map(|f| f.at_ns).min().expect("at least one");
-    let ms = a.lease_ms.unwrap_or(10.0);
-    let timing = lease_of(ms)?;
     if let Some(p) = &a.plot {
         check_file_target("--plot", p).map_err(ArgError)?;
     }

@@ -1011,6 +1011,24 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             "/tmp/t.svg",
         ],
         vec!["txn", "--fault", "machine-crash@30ms:99"],
+        // Threads past the run's (3 × (1 core + a lease core + a recovery
+        // core); 3 lease and 3 reconfiguration cores): the simulator
+        // refused them once the run began (exit 1).
+        vec![
+            "txn",
+            "--fault",
+            "thread-stall@30ms:9/1ms",
+            "--machines",
+            "3",
+        ],
+        vec![
+            "txn",
+            "--fault",
+            "thread-stall@30ms:6/1ms",
+            "--machines",
+            "3",
+            "--detection-only",
+        ],
         vec!["txn", "--fault", "machine-crash@30ms:3", "--machines", "3"],
         vec!["txn", "--fault", "partition@30ms:0+20", "--machines", "4"],
         // Crashes no configuration can recover from: once a run that
@@ -1048,6 +1066,26 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             String::from_utf8_lossy(&out.stderr).lines().count(),
             1,
             "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A fault run's last thread takes a stall, under the workload (its
+/// recovery core) and with `--detection-only` (a reconfiguration core):
+/// the thread numbers `txn --help` gives are the simulator's.
+#[test]
+fn txn_thread_stalls_reach_the_last_thread() {
+    for last in [
+        &["--fault", "thread-stall@30ms:8/1ms"][..],
+        &["--fault", "thread-stall@30ms:5/1ms", "--detection-only"],
+    ] {
+        let mut args = vec!["txn", "--machines", "3", "--seeds", "1"];
+        args.extend_from_slice(last);
+        let out = bench(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -195,6 +195,19 @@ pub struct RunOptions {
     pub alloc_pace: crate::alloc::Pace,
 }
 
+impl RunOptions {
+    /// The simulator threads [`run_sim_with`] makes for `machines`
+    /// machines of `threads` cores (a geometry's) with these options,
+    /// which a thread stall may name: the cores (core t of machine m is
+    /// thread m × threads + t), then a lease core a machine with leases,
+    /// then a recovery core a machine with recovery.
+    pub fn sim_threads(&self, machines: u16, threads: u16) -> usize {
+        let lease = usize::from(self.leases.is_some());
+        let recovery = usize::from(self.leases.is_some() && self.recovery.is_some());
+        machines as usize * (threads as usize + lease + recovery)
+    }
+}
+
 impl std::fmt::Debug for dyn crate::config::ConfigStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ConfigStore")
@@ -691,6 +704,11 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
             w.spawn(th, t).map_err(sim)?;
         }
     }
+    debug_assert_eq!(
+        w.threads(),
+        opts.sim_threads(geo.machines, geo.threads),
+        "sim_threads says the layout"
+    );
     w.add_faults(&opts.faults).map_err(sim)?;
     let crashed = |w: &World| {
         w.faults()
@@ -869,6 +887,18 @@ pub struct LeaseSim {
 }
 
 impl LeaseSim {
+    /// The simulator threads [`run_leases_sim`] makes for `machines`
+    /// machines with this plan, which a thread stall may name: machine m's
+    /// lease core is thread m, then the rogue writer's core where there
+    /// are rogue writes, then a reconfiguration core a machine with a
+    /// store.
+    pub fn sim_threads(&self, machines: u16) -> usize {
+        let machines = machines as usize;
+        machines
+            + usize::from(!self.rogue.is_empty())
+            + if self.store.is_some() { machines } else { 0 }
+    }
+
     /// Leases of `lease_ns` until `until_ns`, nothing else.
     pub fn of(lease_ns: u64, until_ns: u64) -> LeaseSim {
         LeaseSim {
@@ -988,6 +1018,11 @@ pub fn run_leases_sim_from(
             .map_err(sim)?;
         }
     }
+    debug_assert_eq!(
+        w.threads(),
+        run.sim_threads(geo.machines),
+        "sim_threads says the layout"
+    );
     w.add_faults(faults).map_err(sim)?;
     // Crashed machines' tasks never end: run past the stop by a lease and
     // the transport timeout, then take what ended.
