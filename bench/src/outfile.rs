@@ -41,7 +41,7 @@ pub fn tagged(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-pub use cmdline::{check_file_target, write_atomic};
+pub use cmdline::{check_file_target, write_atomic, write_atomic_with};
 
 #[cfg(test)]
 mod tests {

@@ -667,6 +667,29 @@ fn history_files_hold_the_initial_state_and_every_op_and_check_ok_from_outside()
         assert_eq!(file.ops.len(), 4 * 60);
         assert_eq!(d["history"]["check"], Value::Null, "not asked to check");
     }
+    // A thread sweep of one system: one file per thread count, each
+    // written as its run ended, with that run's clients.
+    let h = dir.join("sweep.jsonl");
+    let docs = run_ok(&tiny(&[
+        "--ops",
+        "10",
+        "--systems",
+        "sherman",
+        "--threads",
+        "1,2",
+        "--history",
+        h.to_str().unwrap(),
+    ]));
+    assert!(!h.exists());
+    assert_eq!(docs.len(), 2);
+    for d in &docs {
+        let threads = d["config"]["threads_per_compute_node"].as_u64().unwrap();
+        let f = dir.join(format!("sweep.t{threads}.jsonl"));
+        assert_eq!(d["history"]["file"], f.to_str().unwrap());
+        let file = read_history(&f);
+        assert_eq!(file.header["clients"], 2 * threads);
+        assert_eq!(file.ops.len() as u64, 2 * threads * 60);
+    }
     assert!(
         !listing(&dir).iter().any(|f| f.contains(".tmp")),
         "{:?}",

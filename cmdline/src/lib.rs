@@ -50,15 +50,24 @@ pub fn version(backends: &[&str]) -> String {
 /// then renamed over `path`, so a reader sees the old file or the new one,
 /// never half of it. On failure the temporary file is removed.
 pub fn write_atomic(path: &std::path::Path, contents: &[u8]) -> Result<(), String> {
-    use std::io::Write as _;
+    write_atomic_with(path, |f| f.write_all(contents))
+}
+
+/// As [`write_atomic`], the contents written by `write` as it makes them
+/// (buffered), never held whole in memory.
+pub fn write_atomic_with(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), String> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        write(&mut f)?;
+        let f = f.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -40,7 +40,6 @@ use nicdrv::{Ctx, ExecutorConfig, Nic, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -167,7 +166,8 @@ pub struct RunArgs {
     /// header, the bulk-loaded records (type initial), then every
     /// operation, warm-up included; a failed operation is pending; every
     /// put writes a unique value. With several systems or thread counts,
-    /// one file per run: FILE with .SYSTEM and/or .tN before its extension
+    /// one file per run: FILE with .SYSTEM and/or .tN before its extension,
+    /// written as that run ends (a run's history is in memory until then)
     #[arg(long, value_name = "FILE")]
     history: Option<PathBuf>,
     /// Check every operation (warm-up included) against the bulk-loaded
@@ -380,8 +380,6 @@ pub(crate) struct SystemRun {
     spec: RunSpec,
     report: Report,
     doc: serde_json::Value,
-    /// Measured events as JSON lines, for --history.
-    history_lines: Option<String>,
     verdict: Option<Verdict>,
 }
 
@@ -743,7 +741,8 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     }
     let mut done = match measure_all(&cli, specs) {
         Ok(done) => done,
-        Err(why) => return Ok(Outcome::Failed(why)),
+        Err(Stopped::Failed(why)) => return Ok(Outcome::Failed(why)),
+        Err(Stopped::Unwritten(e)) => return Err(e),
     };
     for d in done.iter().filter(|d| d.spec.backend != Backend::Sim) {
         if d.report.elapsed_ns < EMU_WINDOW_NS {
@@ -766,8 +765,8 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
         }
     }
     // Files, each whole, before anything is printed: a failure to write
-    // them is the one error after the runs.
-    write_histories(&cli, &mut done)?;
+    // one is the one error after the runs (history files are written as
+    // each run ends).
     // A run stopped before its first system ran has nothing to draw.
     if let (Some(dir), false) = (&cli.plot_dir, done.is_empty()) {
         write_plots(dir, &done, &cli.thread_list).map_err(ArgError)?;
@@ -779,9 +778,19 @@ pub fn run(args: RunArgs) -> Result<Outcome, ArgError> {
     })
 }
 
-/// Runs every spec, checking its history when asked; the first failed run
-/// is the error.
-fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String> {
+/// Why [`measure_all`] stopped short.
+enum Stopped {
+    /// A run failed (exit 1).
+    Failed(String),
+    /// A history file could not be written.
+    Unwritten(ArgError),
+}
+
+/// Runs every spec, checking its history when asked and writing its
+/// history file as it ends (`--history`: one run's history is in memory
+/// at a time, and the runs before a failed one keep their files); the
+/// first failed run is the error.
+fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, Stopped> {
     // The bulk-loaded records, for the history file and for the checker:
     // made once for every run.
     let initial_records: Vec<(u64, u64)> = if cli.records_wanted() {
@@ -802,10 +811,11 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
             );
             break;
         }
-        let mut report = measure(&spec)
-            .map_err(|e| format!("{} at {} threads: {e}", spec.system, spec.threads))?;
+        let mut report = measure(&spec).map_err(|e| {
+            Stopped::Failed(format!("{} at {} threads: {e}", spec.system, spec.threads))
+        })?;
         let mut doc = report_json(&spec, &report);
-        let (mut history_lines, mut verdict) = (None, None);
+        let mut verdict = None;
         if let Some(log) = report.history.take() {
             let measured = log.measured.iter().filter(|&&m| m).count();
             doc["history"] = json!({"events": log.history.len(), "measured_events": measured, "events_checked": null, "check": null});
@@ -819,10 +829,13 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
                 });
                 verdict = Some(v);
             }
-            history_lines = cli
-                .history_path
-                .is_some()
-                .then(|| log.file_lines(&history_header(&spec), &initial_records));
+            if let Some(path) = &cli.history_path {
+                let file = history_file(cli, path, planned, &spec);
+                let header = history_header(&spec);
+                outfile::write_atomic_with(&file, |w| log.write_file(w, &header, &initial_records))
+                    .map_err(|e| Stopped::Unwritten(ArgError(e)))?;
+                doc["history"]["file"] = json!(file.display().to_string());
+            }
         }
         if !cli.json {
             cmdline::errln!(
@@ -837,38 +850,26 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, String>
             spec,
             report,
             doc,
-            history_lines,
             verdict,
         });
     }
     Ok(done)
 }
 
-/// `--history`: one file per run, tagged with the system and thread count
-/// when there are several.
-fn write_histories(cli: &Cli, done: &mut [SystemRun]) -> Result<(), ArgError> {
-    let Some(path) = &cli.history_path else {
-        return Ok(());
-    };
-    let (runs, sweep) = (done.len(), cli.thread_list.len() > 1);
-    for d in done.iter_mut() {
-        let file = if runs == 1 {
-            path.clone()
-        } else {
-            let mut tag = Vec::new();
-            if cli.systems.len() > 1 {
-                tag.push(d.spec.system.clone());
-            }
-            if sweep {
-                tag.push(format!("t{}", d.spec.threads));
-            }
-            outfile::tagged(path, &tag.join("."))
-        };
-        let lines = d.history_lines.take().unwrap_or_default();
-        outfile::write_atomic(&file, lines.as_bytes()).map_err(ArgError)?;
-        d.doc["history"]["file"] = json!(file.display().to_string());
+/// `--history`'s file for the run of `spec`, one of `planned`: tagged
+/// with the system and thread count where several runs are planned.
+fn history_file(cli: &Cli, path: &Path, planned: usize, spec: &RunSpec) -> PathBuf {
+    if planned == 1 {
+        return path.to_path_buf();
     }
-    Ok(())
+    let mut tag = Vec::new();
+    if cli.systems.len() > 1 {
+        tag.push(spec.system.clone());
+    }
+    if cli.thread_list.len() > 1 {
+        tag.push(format!("t{}", spec.threads));
+    }
+    outfile::tagged(path, &tag.join("."))
 }
 
 /// Prints the history verdicts (stderr) and the results (stdout: JSON or

@@ -41,29 +41,36 @@ impl HistLog {
     /// The history file (see `docs/history-format.md`): `header`, then one
     /// `initial` line per bulk-loaded record, then every operation, warm-up
     /// included, in invocation order (emu merges per-core histories, so the
-    /// file sorts them), each marked `measured` or not.
-    pub fn file_lines(&self, header: &serde_json::Value, initial: &[(u64, u64)]) -> String {
+    /// file sorts them), each marked `measured` or not; written line by
+    /// line into `out`.
+    pub fn write_file(
+        &self,
+        out: &mut dyn std::io::Write,
+        header: &serde_json::Value,
+        initial: &[(u64, u64)],
+    ) -> std::io::Result<()> {
         let mut events: Vec<_> = self.history.events().iter().zip(&self.measured).collect();
         events.sort_by_key(|(e, _)| e.invoke_ns);
-        let mut out = String::with_capacity(96 * (events.len() + initial.len()) + 512);
-        out.push_str(&header.to_string());
-        out.push('\n');
+        writeln!(out, "{header}")?;
         for (k, v) in initial {
-            // Writing into a String cannot fail.
-            let _ = writeln!(out, "{{\"type\":\"initial\",\"key\":{k},\"value\":{v}}}");
+            writeln!(out, "{{\"type\":\"initial\",\"key\":{k},\"value\":{v}}}")?;
         }
+        // One line at a time through a buffer the lines reuse.
+        let mut line = String::with_capacity(256);
         for (e, &m) in &events {
+            line.clear();
             e.write_json(
-                &mut out,
+                &mut line,
                 if m {
                     "\"type\":\"op\",\"measured\":true,"
                 } else {
                     "\"type\":\"op\",\"measured\":false,"
                 },
             );
-            out.push('\n');
+            line.push('\n');
+            out.write_all(line.as_bytes())?;
         }
-        out
+        Ok(())
     }
 }
 
