@@ -351,6 +351,17 @@ fn bad_input_exits_2_with_a_clear_line() {
             ],
             "header_bytes must be at most 1 MiB",
         ),
+        // A verb that takes no time breaks the history checker's tie rule.
+        (
+            vec![
+                "run",
+                "--backend",
+                "sim",
+                "--sim-model",
+                "link_latency_ns_one_way=0",
+            ],
+            "link_latency_ns_one_way must be positive",
+        ),
         (vec!["ring", "--seed", "3"], "--seed applies to sim"),
         (
             vec!["verbs", "--depth", "1024", "--memory-nodes", "128"],

@@ -10,9 +10,17 @@
 //! An operation that never completed (its client crashed) or completed with
 //! [`Ret::Unknown`] (an error whose effect is unknown) is *pending*: it may
 //! take effect at any moment after its invocation, or never, and its result
-//! is not checked. Operation `a` *precedes* `b` when `a` completed strictly
-//! before `b` was invoked; equal time stamps count as concurrent, which can
-//! only hide a violation, never invent one.
+//! is not checked. Operation `a` *precedes* `b` when `a` completed before
+//! `b` was invoked, or at the same time stamp: a completion at `t` comes
+//! before an invocation at `t`. An operation invoked and completed at the
+//! same `t` (no verb between) comes after the completions at `t` and
+//! before the invocations at `t`, concurrent with others like it. Sound
+//! where a verb's effect lands strictly after its post and strictly
+//! before its completion is seen, as on the simulator (its link latency is
+//! positive) and on a NIC; and needed there: the simulator stamps a
+//! client's completion and its next invocation with the same virtual
+//! time, and counting the two as concurrent let that next operation read
+//! around the client's own write.
 //!
 //! What [`check`] promises:
 //!
@@ -515,21 +523,35 @@ fn validate(events: &[Event]) -> Result<(), String> {
 // questions the source test and the scan rules ask.
 
 /// Times widened so that "before everything" (an initial entry) and "never
-/// completes" (a pending operation) are ordinary values.
+/// completes" (a pending operation) are ordinary values, and scaled so
+/// that ties are ordered (the module's doc): a completion at `t` is `3t`,
+/// an invocation at `t` is `3t + 2`, and an operation invoked and
+/// completed at `t` is `3t + 1` at both ends. Strict comparisons of
+/// stamps then order what the rule orders and nothing else.
 type Stamp = i128;
 const BEFORE_ALL: Stamp = -1;
 const NEVER: Stamp = Stamp::MAX;
 
+/// Whether `e` completed at the time it was invoked.
+fn instant(e: &Event) -> bool {
+    !e.is_pending() && e.complete_ns == Some(e.invoke_ns)
+}
+
 fn invoked_at(e: &Event) -> Stamp {
-    Stamp::from(e.invoke_ns)
+    3 * Stamp::from(e.invoke_ns) + if instant(e) { 1 } else { 2 }
 }
 
 /// Completion time for ordering purposes: pending operations never complete.
 fn completed_at(e: &Event) -> Stamp {
     match (e.is_pending(), e.complete_ns) {
-        (false, Some(c)) => Stamp::from(c),
+        (false, Some(c)) => 3 * Stamp::from(c) + Stamp::from(instant(e)),
         _ => NEVER,
     }
+}
+
+/// The nanoseconds of a stamp (for messages).
+fn ns_of(s: Stamp) -> Stamp {
+    s.div_euclid(3)
 }
 
 /// The value an operation left or saw: `None` for absence.
@@ -1057,9 +1079,9 @@ enum Kind {
 #[derive(Clone, Copy, Debug)]
 struct KeyOp {
     ev: usize,
-    invoked: u64,
-    /// `u64::MAX` for a pending operation (only its `done` flag tells).
-    completed: u64,
+    invoked: Stamp,
+    /// `NEVER` for a pending operation (only its `done` flag tells).
+    completed: Stamp,
     done: bool,
     kind: Kind,
 }
@@ -1080,12 +1102,8 @@ fn key_ops(events: &[Event], evs: &[usize]) -> Vec<KeyOp> {
         };
         ops.push(KeyOp {
             ev: i,
-            invoked: e.invoke_ns,
-            completed: if done {
-                e.complete_ns.unwrap_or(u64::MAX)
-            } else {
-                u64::MAX
-            },
+            invoked: invoked_at(e),
+            completed: completed_at(e),
             done,
             kind,
         });
@@ -1395,10 +1413,10 @@ impl<'a> Search<'a> {
 
     /// The earliest completion among unlinearized completed operations:
     /// nothing invoked after it may linearize next.
-    fn horizon(&self) -> u64 {
+    fn horizon(&self) -> Stamp {
         self.by_cmp
             .first(0)
-            .map_or(u64::MAX, |i| self.ops[i].completed)
+            .map_or(NEVER, |i| self.ops[i].completed)
     }
 
     fn value(&self, v: Val) -> Option<u64> {
@@ -1704,7 +1722,9 @@ impl Deepest {
             .collect();
         let _ = writeln!(
             s,
-            "  operations on key {key} overlapping [{t0}, {t1}] ns, by invocation ({}):",
+            "  operations on key {key} overlapping [{}, {}] ns, by invocation ({}):",
+            ns_of(t0),
+            ns_of(t1),
             window.len()
         );
         const SHOWN: usize = 40;

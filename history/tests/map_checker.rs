@@ -83,8 +83,34 @@ fn get_overlapping_a_put_sees_old_or_new() {
         ];
         assert_ok(&h, &empty());
     }
-    // Equal time stamps count as concurrent.
-    assert_ok(&[put(1, 7, 1, 0, 10), get(2, 7, None, 10, 20)], &empty());
+}
+
+/// Ties: a completion at t comes before an invocation at t; an operation
+/// invoked and completed at t sits between the two, concurrent with
+/// others like it.
+#[test]
+fn a_completion_precedes_an_invocation_at_the_same_time() {
+    // The simulator stamps a client's completion and its next invocation
+    // alike: the get must see the client's own put.
+    assert_violation(&[put(1, 7, 1, 0, 10), get(1, 7, None, 10, 20)], &empty());
+    assert_violation(&[put(1, 7, 1, 0, 10), get(2, 7, None, 10, 20)], &empty());
+    assert_ok(&[put(1, 7, 1, 0, 10), get(2, 7, Some(1), 10, 20)], &empty());
+    // An instant get after a completion at its time, before an invocation.
+    assert_violation(&[put(1, 7, 1, 0, 10), get(2, 7, None, 10, 10)], &empty());
+    assert_violation(&[put(1, 7, 1, 10, 10), get(2, 7, None, 10, 20)], &empty());
+    // Two instants at one time: either order.
+    assert_ok(&[put(1, 7, 1, 10, 10), get(2, 7, None, 10, 10)], &empty());
+    assert_ok(
+        &[put(1, 7, 1, 10, 10), get(2, 7, Some(1), 10, 10)],
+        &empty(),
+    );
+    // A scan sees what completed at its invocation's time.
+    let h = [put(1, 7, 1, 0, 10), scan(2, 0, 10, 5, &[], 10, 20)];
+    assert!(check(&h, &empty()).is_violation());
+    assert_ok(
+        &[put(1, 7, 1, 0, 10), scan(2, 0, 10, 5, &[(7, 1)], 10, 20)],
+        &empty(),
+    );
 }
 
 #[test]

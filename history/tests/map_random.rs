@@ -70,7 +70,8 @@ fn generate(seed: u64, s: Shape) -> (Vec<Event>, BTreeMap<u64, u64>) {
             }
         }
     }
-    // (event, linearization time or None for "never", result unknown).
+    // (event, linearization time on the checker's tie-ordered scale or None
+    // for "never", result unknown).
     let mut planned: Vec<(Event, Option<u64>, bool)> = Vec::new();
     for c in 0..s.clients {
         let mut t = rng.below(50);
@@ -91,11 +92,16 @@ fn generate(seed: u64, s: Shape) -> (Vec<Event>, BTreeMap<u64, u64>) {
             };
             let dur = 1 + rng.below(s.max_duration_ns);
             let (inv, cmp) = (t, t + dur);
-            let lin = inv + rng.below(dur + 1);
+            // Linearization times on the checker's tie-ordered scale: an
+            // invocation at t is 3t + 2, a completion 3t, so the effect
+            // lands after every completion at `inv` and before every
+            // invocation at `cmp` (the next operation of this client may
+            // be invoked at `cmp`, and must see it).
+            let lin = 3 * inv + 2 + rng.below(3 * dur - 1);
             let event = Event::completed(c, op, Ret::Unknown, inv, cmp);
             if rng.chance(s.crash_percent) {
                 // The client dies mid-operation; the effect may land late.
-                let late = inv + rng.below(4 * dur);
+                let late = 3 * inv + 2 + rng.below(12 * dur);
                 let at = rng.chance(50).then_some(late);
                 planned.push((
                     Event {
@@ -169,7 +175,9 @@ fn generate(seed: u64, s: Shape) -> (Vec<Event>, BTreeMap<u64, u64>) {
                     break;
                 }
                 t += rng.below(cmp - t + 1);
-                if let Some(v) = value_at(k, t, rng.next()) {
+                // At t, on the tie-ordered scale: inside the scan.
+                let at = (3 * t).clamp(3 * e.invoke_ns + 2, 3 * cmp);
+                if let Some(v) = value_at(k, at, rng.next()) {
                     got.push((k, v));
                 }
             }
@@ -408,17 +416,29 @@ fn is_pending(e: &Event) -> bool {
     e.complete_ns.is_none() || e.ret == Ret::Unknown
 }
 
+/// The checker's tie rule, as times: a completion at t before an
+/// invocation at t, an operation invoked and completed at t between them.
+fn invoked3(e: &Event) -> u128 {
+    let instant = !is_pending(e) && e.complete_ns == Some(e.invoke_ns);
+    3 * e.invoke_ns as u128 + if instant { 1 } else { 2 }
+}
+
+fn completed3(e: &Event) -> Option<u128> {
+    let c = e.complete_ns.filter(|_| !is_pending(e))?;
+    Some(3 * c as u128 + u128::from(c == e.invoke_ns))
+}
+
 fn explore(ops: &[&Event], used: &mut [bool], state: Option<u64>) -> bool {
     let open = |i: usize| !used[i] && !is_pending(ops[i]);
     let Some(horizon) = (0..ops.len())
         .filter(|&i| open(i))
-        .filter_map(|i| ops[i].complete_ns)
+        .filter_map(|i| completed3(ops[i]))
         .min()
     else {
         return true; // every completed operation is linearized
     };
     for i in 0..ops.len() {
-        if used[i] || ops[i].invoke_ns > horizon {
+        if used[i] || invoked3(ops[i]) > horizon {
             continue;
         }
         let pending = is_pending(ops[i]);

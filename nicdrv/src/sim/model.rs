@@ -251,6 +251,13 @@ impl SimModel {
         if times.iter().any(|&t| t > 3_600_000_000_000) {
             return Err("model times must be below one hour".into());
         }
+        // A wire takes time: a verb's effect lands strictly after its post
+        // and strictly before its completion, which the history checker's
+        // tie rule relies on (an operation completed at t precedes one
+        // invoked at t).
+        if self.link_latency_ns_one_way == 0 {
+            return Err("model.link_latency_ns_one_way must be positive".into());
+        }
         // A packet's header is tens of bytes; the bound keeps the sums of
         // lengths the simulator makes with it from wrapping.
         if self.header_bytes > 1 << 20 {
