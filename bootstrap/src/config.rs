@@ -184,6 +184,10 @@ struct RawNode {
 /// many times over.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
+/// The most memory a node may export, and the most lock-table bytes: what
+/// a global address's 47-bit offset reaches.
+pub const MEMORY_BYTES_MAX: u64 = nicdrv::GlobalAddr::MAX_OFFSET;
+
 /// The regular file at `path`, read up to one byte past `max`: the caller
 /// refuses more than `max` (a path that names `/dev/zero` is an error
 /// then, not memory read without end). Anything but a regular file is an
@@ -436,6 +440,13 @@ impl Check<'_> {
     fn lock_table_words(&self, raw: Option<u64>) -> Result<u64, ConfigError> {
         Ok(match raw {
             Some(0) => return Err(self.err("lock_table_words", "must be greater than zero".into())),
+            Some(n) if n > MEMORY_BYTES_MAX / 8 => return Err(self.err(
+                "lock_table_words",
+                format!(
+                    "{n} words is more than a global address's 47-bit offset reaches ({} words)",
+                    MEMORY_BYTES_MAX / 8
+                ),
+            )),
             Some(n) => n,
             None => {
                 return Err(self.err(
@@ -753,6 +764,20 @@ impl Check<'_> {
                     return Err(self.err(
                         &f("memory"),
                         "is zero: a memory node must export some memory".into(),
+                    ));
+                }
+                if !bytes.is_multiple_of(8) {
+                    return Err(self.err(
+                        &f("memory"),
+                        format!("{bytes} bytes is not a multiple of 8 (memory is exported in 8-byte words)"),
+                    ));
+                }
+                if bytes > MEMORY_BYTES_MAX {
+                    return Err(self.err(
+                        &f("memory"),
+                        format!(
+                            "{bytes} bytes is more than a global address's 47-bit offset reaches ({MEMORY_BYTES_MAX} bytes)"
+                        ),
                     ));
                 }
                 bytes

@@ -240,6 +240,32 @@ fn memory_node_without_memory_and_compute_node_with_it() {
     assert!(problem.contains("only memory nodes"), "{problem}");
 }
 
+/// Sizes a memory node cannot export are the file's errors, naming the
+/// field (they passed, and the node failed to boot, exit 1).
+#[test]
+fn memory_and_lock_table_sizes_a_node_cannot_serve() {
+    for (bad, says) in [
+        ("100000001B", "not a multiple of 8"),
+        ("200TiB", "47-bit offset"),
+    ] {
+        let (field, problem) = reject(
+            "odd-mem",
+            &GOOD.replace("memory = \"1 GiB\"", &format!("memory = \"{bad}\"")),
+        );
+        assert_eq!(field, "nodes[2].memory", "{bad}");
+        assert!(problem.contains(says), "{bad}: {problem}");
+    }
+    let (field, problem) = reject(
+        "ltw-huge",
+        &GOOD.replace(
+            "lock_table_words = 4096",
+            "lock_table_words = 20000000000000",
+        ),
+    );
+    assert_eq!(field, "lock_table_words");
+    assert!(problem.contains("47-bit offset"), "{problem}");
+}
+
 #[test]
 fn missing_secret_path() {
     let (field, problem) = reject("no-secret", &GOOD.replace("secret_file = \"secret\"", ""));
