@@ -331,6 +331,13 @@ pub fn validate(cfg: &DemoConfig) -> Result<(), String> {
     if cfg.memory_nodes > 64 || cfg.cores > 1024 || cfg.tasks_per_core > 1024 {
         return Err("at most 64 memory nodes, 1024 cores and 1024 tasks per core".into());
     }
+    // The cores spread over the compute nodes: one with none runs nothing.
+    if cfg.compute_nodes > cfg.cores {
+        return Err(format!(
+            "{} compute nodes need at least as many cores, got {}",
+            cfg.compute_nodes, cfg.cores
+        ));
+    }
     if !(cfg.seconds > 0.0 && cfg.seconds <= 60.0) {
         return Err(format!("seconds must be in (0, 60], got {}", cfg.seconds));
     }

@@ -67,12 +67,15 @@ struct NodeId {
 struct NodeArgs {
     #[command(flatten)]
     node: NodeId,
-    /// Compute role: stop after S seconds [default: at SIGINT/SIGTERM]
+    /// Compute role: stop after S seconds [default: at SIGINT/SIGTERM;
+    /// leases and txn --etcd: 5, and a signal does not cut them short, as
+    /// the other machines' leases would take a machine that stopped early
+    /// for a failed one]
     #[arg(long, value_name = "S")]
     seconds: Option<f64>,
-    /// Compute role: tasks per core
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    tasks: usize,
+    /// Compute role: tasks per core [default: 8]
+    #[arg(long, value_name = "N")]
+    tasks: Option<usize>,
     /// Compute role: the seed of the tasks' streams
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -89,20 +92,21 @@ struct NodeArgs {
     #[arg(long, value_name = "W", value_parser = workload_value, default_value = "tree")]
     workload: Workload,
     /// --workload txn: transactions each core coordinates (without --etcd)
-    #[arg(long, value_name = "N", default_value_t = 2000)]
-    txs: u64,
+    /// [default: 2000]
+    #[arg(long, value_name = "N")]
+    txs: Option<u64>,
     /// --workload leases, or txn with failure handling: the etcd endpoint
     /// (http://HOST:PORT) that holds the cluster's configuration
     #[arg(long, value_name = "URL")]
     etcd: Option<String>,
     /// --workload leases or txn --etcd: the lease in milliseconds (renewed
-    /// every fifth)
-    #[arg(long, value_name = "MS", default_value_t = 10.0)]
-    lease_ms: f64,
+    /// every fifth) [default: 10]
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<f64>,
     /// Compute role: records loaded into the index; every compute node of
-    /// a cluster must get the same
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
-    records: u64,
+    /// a cluster must get the same [default: 100000]
+    #[arg(long, value_name = "N")]
+    records: Option<u64>,
     #[command(flatten)]
     sizes: SizeArgs,
     /// --workload tree: the tree, one of sherman (as the paper builds it),
@@ -129,27 +133,71 @@ impl NodeArgs {
     fn options(self) -> Result<NodeOptions, String> {
         let sizes = self.sizes.for_workload(self.workload)?;
         tree_for_workload(&self.tree, self.workload)?;
-        if self.etcd.is_some() && !self.workload.machines() {
+        let w = self.workload;
+        if self.etcd.is_some() && !w.machines() {
             return Err(format!(
                 "--etcd applies to --workload txn and leases, not {}",
-                self.workload.name()
+                w.name()
             ));
+        }
+        // Flags a workload would ignore are refused, naming what they
+        // apply to.
+        let leases = w == Workload::Leases || (w == Workload::Txn && self.etcd.is_some());
+        let ignored = [
+            (
+                "--tasks",
+                self.tasks.is_some() && w.machines(),
+                "the verbs, tree and hash workloads",
+            ),
+            (
+                "--records",
+                self.records.is_some() && w.machines(),
+                "the verbs, tree and hash workloads",
+            ),
+            (
+                "--histogram",
+                self.histogram.is_some() && w.machines(),
+                "the verbs, tree and hash workloads",
+            ),
+            (
+                "--no-pin",
+                self.no_pin && w.machines(),
+                "the verbs, tree and hash workloads",
+            ),
+            (
+                "--txs",
+                self.txs.is_some() && (w != Workload::Txn || leases),
+                "--workload txn without --etcd (with it the run lasts --seconds)",
+            ),
+            (
+                "--seconds",
+                self.seconds.is_some() && w == Workload::Txn && !leases,
+                "--workload txn with --etcd (without it each core runs --txs transactions)",
+            ),
+            (
+                "--lease-ms",
+                self.lease_ms.is_some() && !leases,
+                "--workload leases and txn --etcd",
+            ),
+        ];
+        if let Some((flag, _, to)) = ignored.iter().find(|i| i.1) {
+            return Err(format!("{flag} applies to {to}, not {}", w.name()));
         }
         Ok(NodeOptions {
             config: self.node.config,
             id: self.node.id,
             seconds: self.seconds,
-            tasks_per_core: self.tasks,
+            tasks_per_core: self.tasks.unwrap_or(8),
             pin: !self.no_pin,
             seed: self.seed,
-            workload: self.workload,
-            records: self.records,
+            workload: w,
+            records: self.records.unwrap_or(100_000),
             sizes,
             tree: self.tree,
             histogram: self.histogram,
-            txs: self.txs,
+            txs: self.txs.unwrap_or(2000),
             etcd: self.etcd,
-            lease_ms: self.lease_ms,
+            lease_ms: self.lease_ms.unwrap_or(10.0),
         })
     }
 }
@@ -258,9 +306,9 @@ struct DemoArgs {
     tree: String,
     /// Transactions each coordinator of the transactions phase runs (a
     /// replicated bank of transfers and audits; 0 skips it; not with
-    /// faults)
-    #[arg(long, value_name = "N", default_value_t = 2000)]
-    txn_txs: u64,
+    /// faults nor --processes) [default: 2000]
+    #[arg(long, value_name = "N")]
+    txn_txs: Option<u64>,
     /// Do not pin the compute cores
     #[arg(long)]
     no_pin: bool,
@@ -311,9 +359,9 @@ impl DemoArgs {
             tree_records: self.tree_records,
             sizes: self.sizes.sizes()?,
             tree: self.tree.clone(),
-            txn_txs: self.txn_txs,
             ..DemoConfig::default()
         };
+        cfg.txn_txs = self.txn_txs.unwrap_or(cfg.txn_txs);
         if let Some(n) = self.memory_nodes {
             cfg.memory_nodes = n;
         }
@@ -323,6 +371,12 @@ impl DemoArgs {
         // defaults to 4 compute nodes × 4 threads.
         cfg.seconds = self.seconds.unwrap_or(if sim { 0.005 } else { 3.0 });
         cfg.cores = self.cores.unwrap_or(if sim { 16 } else { 2 });
+        if self.compute_nodes.is_some() && !sim {
+            return Err(
+                "--compute-nodes applies to --backend sim only (the emu demo's compute cores are one compute node, this host)"
+                    .into(),
+            );
+        }
         cfg.compute_nodes = self.compute_nodes.unwrap_or(if sim { 4 } else { 1 });
         for spec in &self.fault {
             cfg.faults
@@ -362,6 +416,7 @@ impl DemoArgs {
             (self.latency_ns.is_some(), "--latency-ns"),
             (!self.fault.is_empty(), "--fault"),
             (self.fault_seed.is_some(), "--fault-seed"),
+            (self.txn_txs.is_some(), "--txn-txs"),
         ];
         if let Some((_, flag)) = unused.iter().find(|u| u.0) {
             return Err(format!(
@@ -381,9 +436,11 @@ impl DemoArgs {
         if let Some(w) = self.workload {
             cfg.workloads = match w.to_ascii_lowercase().as_str() {
                 "all" => ProcessesConfig::default().workloads,
-                one => vec![Workload::parse(one).ok_or_else(|| {
-                    format!("--workload: `{w}` is not one of verbs, tree, hash, all")
-                })?],
+                one => vec![Workload::parse(one)
+                    .filter(|w| matches!(w, Workload::Verbs | Workload::Tree | Workload::Hash))
+                    .ok_or_else(|| {
+                        format!("--workload: `{w}` is not one of verbs, tree, hash, all")
+                    })?],
             };
         }
         cfg.check()?;

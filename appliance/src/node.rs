@@ -229,6 +229,7 @@ pub fn check(o: &NodeOptions) -> Result<bool, NodeError> {
     let node = node_in(&cfg, &o.config, o.id)?;
     // What `loch node` would refuse is not ok here either.
     check_flags(o)?;
+    crate::node_mlx5::supported(&cfg)?;
     let report = preflight::run(&cfg, o.id, &Host::current(), PreflightOptions::default());
     cmdline::out!("{report}");
     let fits = if o.workload.machines() {
@@ -1148,6 +1149,18 @@ pub(crate) fn memory_role(
             backing: Backing::File(path.clone()),
         })
         .map_err(failed)?;
+        // All of it now: a /dev/shm too small for it would otherwise kill
+        // the loader with SIGBUS once the file outgrew it (the node's
+        // drop removes the file).
+        emu.reserve().map_err(|e| {
+            NodeError::Usage(format!(
+                "node {}: {e}: {} cannot hold the {} MiB this node exports (its `memory` \
+                 and the lock table); lower them or grow that file system",
+                o.id,
+                cmdline::parent_dir(&path).display(),
+                (node.memory_bytes + cfg.lock_table_words.saturating_mul(8)) >> 20
+            ))
+        })?;
         let (host, dm) = emu.register_all().map_err(failed)?;
         regions.push(Region {
             node_id: o.id,

@@ -101,6 +101,10 @@ pub fn run(
     run_leases(o, geo, &me, &flags, rv, machine.cluster.machine_executors())
 }
 
+/// Said as a run with leases starts: why SIGINT/SIGTERM do not end it.
+pub const SIGNALS_WAIT: &str = "SIGINT/SIGTERM do not cut it short: the other machines' leases \
+     would take a machine that stopped early for a failed one";
+
 impl StoreFlags {
     /// What every machine of a run with these flags (leases, or the bank
     /// with failure handling) must agree on at "memory-ready".
@@ -128,7 +132,7 @@ pub fn run_leases<N: nicdrv::Nic>(
     let current = first_configuration(&flags.store, geo, url, "leases")?;
     rv.barrier("leases-configured").map_err(failed)?;
     say(format_args!(
-        "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s",
+        "{me}: machine role: leases of {ms} ms on {} machines, configuration {} in etcd at {url}, for {seconds} s ({SIGNALS_WAIT})",
         geo.machines, current.config.id
     ));
     let unix0 = nicdrv::clock::unix_ns();

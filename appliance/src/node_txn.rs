@@ -374,10 +374,11 @@ pub fn run_bank_recovering<N: nicdrv::Nic>(
     crate::node_leases::first_configuration(store.as_ref(), geo, url, "txn")?;
     rv.barrier("txn-configured").map_err(failed)?;
     say(format_args!(
-        "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {ms} ms leases, configuration in etcd at {url}, for {seconds} s",
+        "{me}: machine role: a bank of {ACCOUNTS} accounts on {} machines × {} cores, {}-way replicated, {ms} ms leases, configuration in etcd at {url}, for {seconds} s ({})",
         geo.machines,
         geo.threads,
         geo.f + 1,
+        crate::node_leases::SIGNALS_WAIT,
     ));
     if let Some(w) = loss_warning(&geo) {
         say(format_args!("{me}: warning: {w}"));

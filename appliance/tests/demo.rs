@@ -94,6 +94,14 @@ fn demo_refuses_bad_flags_with_exit_2() {
         &["demo", "--backend", "sim", "--latency-ns", "1000000001"],
         &["demo", "--tree", "btree"],
         &["demo", "--processes", "--tree", "fg++"],
+        // Accepted once and then ignored (emu's one compute node; the
+        // processes have no transactions phase) or failed as a run
+        // (exit 1: the processes' nodes refused txn and leases).
+        &["demo", "--compute-nodes", "8"],
+        &["demo", "--backend", "sim", "--compute-nodes", "70000"],
+        &["demo", "--processes", "--txn-txs", "5"],
+        &["demo", "--processes", "--workload", "txn"],
+        &["demo", "--processes", "--workload", "leases"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_loch"))
             .args(args)

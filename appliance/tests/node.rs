@@ -268,9 +268,50 @@ fn check_takes_the_node_flags_and_counts_the_tasks() {
                 "--seconds must be in (0, 86400], got -1",
             ),
             (
-                &["--workload", "txn", "--seconds", "1e30"][..],
+                &[
+                    "--workload",
+                    "txn",
+                    "--etcd",
+                    "http://127.0.0.1:1",
+                    "--seconds",
+                    "1e30",
+                ][..],
                 "--seconds must be in (0, 86400]",
             ),
+            // Flags the machine workloads ignored.
+            (
+                &["--workload", "txn", "--seconds", "10"][..],
+                "--seconds applies to --workload txn with --etcd",
+            ),
+            (
+                &["--workload", "txn", "--tasks", "0"][..],
+                "--tasks applies to the verbs, tree and hash workloads, not txn",
+            ),
+            (
+                &["--workload", "leases", "--histogram", "/no/such/h.json"][..],
+                "--histogram applies to the verbs, tree and hash workloads, not leases",
+            ),
+            (&["--workload", "txn", "--no-pin"][..], "--no-pin applies"),
+            (
+                &["--workload", "txn", "--records", "5"][..],
+                "--records applies",
+            ),
+            (
+                &[
+                    "--workload",
+                    "txn",
+                    "--etcd",
+                    "http://127.0.0.1:1",
+                    "--txs",
+                    "5",
+                ][..],
+                "--txs applies to --workload txn without --etcd",
+            ),
+            (
+                &["--workload", "tree", "--lease-ms", "5"][..],
+                "--lease-ms applies to --workload leases and txn --etcd, not tree",
+            ),
+            (&["--workload", "verbs", "--txs", "5"][..], "--txs applies"),
             (
                 &["--workload", "tree", "--etcd", "http://127.0.0.1:1"][..],
                 "--etcd applies to --workload txn and leases, not tree",
@@ -772,11 +813,48 @@ fn node_rejects_bad_input_with_exit_2() {
         .unwrap()
         .replace("kind = \"emu\"", "kind = \"mlx5\"\ndevice = \"mlx5_0\"");
     let f = write(&dir, "mlx5.toml", &mlx5);
-    let out = loch_on("node", &f, &["--id", "0"]);
     // This build has no mlx5 feature (the workspace default): one clear
-    // sentence saying how to get one.
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("built without the mlx5 feature"));
+    // sentence saying how to get one, from `loch check` too (it passed
+    // what `loch node` then refused).
+    for cmd in ["node", "check"] {
+        let out = loch_on(cmd, &f, &["--id", "0"]);
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("built without the mlx5 feature"),
+            "{cmd}"
+        );
+    }
+}
+
+/// A memory node larger than the file system its memory lives in
+/// (`/dev/shm`) is refused as it starts, naming it (exit 2); it was made
+/// as a sparse file, so the node started, and the loader's writes died of
+/// SIGBUS once the file outgrew `/dev/shm`.
+#[test]
+fn a_memory_node_larger_than_dev_shm_is_refused() {
+    // SAFETY: statvfs fills the zeroed struct for a NUL-terminated path.
+    let shm = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c"/dev/shm".as_ptr(), &mut st), 0);
+        st.f_blocks as u64 * st.f_frsize as u64
+    };
+    let mib = (shm >> 20) + 1024;
+    let dir = PrivateDir::new("shmfull").unwrap();
+    let (file, _) = cluster(&dir, 1);
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("memory = \"16MiB\"", &format!("memory = \"{mib}MiB\""));
+    let file = write(&dir, "big.toml", &text);
+    let started = Instant::now();
+    let out = loch_on("node", &file, &["--id", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot reserve") && stderr.contains("/dev/shm cannot hold"),
+        "{stderr}"
+    );
+    // Refused as it started, not after waiting for the compute node.
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
 }
 
 /// Collects a child's stderr lines on a thread; `tx` hears of every line

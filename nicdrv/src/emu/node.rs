@@ -572,6 +572,33 @@ impl EmuNode {
         self.map.id
     }
 
+    /// Reserves the whole backing file (`posix_fallocate`), so that memory
+    /// its file system cannot hold (a `/dev/shm` smaller than the node)
+    /// is an error here rather than a SIGBUS at the first write past what
+    /// it held. For a node that must hold all it exports; without it the
+    /// memory is taken as it is first touched.
+    pub fn reserve(&self) -> Result<(), EmuError> {
+        let path = self.map.path();
+        let len = self
+            .map
+            .file
+            .metadata()
+            .map_err(io_err(path, "cannot size"))?
+            .len();
+        let len = libc::off_t::try_from(len)
+            .map_err(|_| EmuError::BadConfig(format!("{len} bytes is past a file offset")))?;
+        // SAFETY: posix_fallocate on the descriptor the map owns (open
+        // while `self` lives), with integer arguments: it touches no
+        // memory of ours.
+        let rc = unsafe { libc::posix_fallocate(self.map.file.as_raw_fd(), 0, len) };
+        if rc != 0 {
+            return Err(io_err(path, "cannot reserve")(
+                io::Error::from_raw_os_error(rc),
+            ));
+        }
+        Ok(())
+    }
+
     /// The path other processes attach with.
     pub fn path(&self) -> &Path {
         self.map.path()
