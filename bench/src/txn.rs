@@ -223,6 +223,15 @@ pub fn run(a: TxnArgs) -> Result<crate::run::Outcome, ArgError> {
         check_file_target("--history", p).map_err(ArgError)?;
     }
     let txs = a.txs.unwrap_or(if sim { 400 } else { 4000 });
+    // A coordinator numbers its appended values in 32 bits (beside its
+    // process number), at most four a transaction: past 2^30 transactions
+    // two values would be the same, which a list-append history forbids.
+    if a.workload == TxnWorkload::Append && txs > txn::workload::APPEND_TXS_MAX {
+        return Err(ArgError(format!(
+            "--txs {txs}: at most {} with --workload append (its values are numbered in 32 bits)",
+            txn::workload::APPEND_TXS_MAX
+        )));
+    }
     let leases = a.lease_ms.map(lease_of).transpose()?;
     let opts = RunOptions {
         leases,

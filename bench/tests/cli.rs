@@ -1022,6 +1022,8 @@ fn txn_runs_each_workload_and_counts_its_verbs() {
             "/tmp/t.svg",
         ],
         vec!["txn", "--fault", "machine-crash@30ms:99"],
+        // Past 2^32 appended values a coordinator's would repeat.
+        vec!["txn", "--workload", "append", "--txs", "1073741824"],
         // Threads past the run's (3 × (1 core + a lease core + a recovery
         // core); 3 lease and 3 reconfiguration cores): the simulator
         // refused them once the run began (exit 1).

@@ -440,13 +440,15 @@ impl Check<'_> {
     fn lock_table_words(&self, raw: Option<u64>) -> Result<u64, ConfigError> {
         Ok(match raw {
             Some(0) => return Err(self.err("lock_table_words", "must be greater than zero".into())),
-            Some(n) if n > MEMORY_BYTES_MAX / 8 => return Err(self.err(
-                "lock_table_words",
-                format!(
+            Some(n) if n > MEMORY_BYTES_MAX / 8 => {
+                return Err(self.err(
+                    "lock_table_words",
+                    format!(
                     "{n} words is more than a global address's 47-bit offset reaches ({} words)",
                     MEMORY_BYTES_MAX / 8
                 ),
-            )),
+                ))
+            }
             Some(n) => n,
             None => {
                 return Err(self.err(

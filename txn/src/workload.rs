@@ -165,6 +165,11 @@ pub struct WorkOut {
     pub audits: Vec<i64>,
 }
 
+/// The most transactions a coordinator of the list-append workload runs:
+/// its appended values are numbered in 32 bits, at most four a
+/// transaction.
+pub const APPEND_TXS_MAX: u64 = (1 << 30) - 1;
+
 /// One coordinator thread's workload: `txs` transactions of `mix`.
 #[derive(Copy, Clone, Debug)]
 pub struct WorkClient {
@@ -467,7 +472,9 @@ impl WorkClient {
         self.finish(ctx, c, tx, r).await
     }
 
-    /// 1–4 reads or appends of unique values; the history records each.
+    /// 1–4 reads or appends of unique values (`process << 32 | n`, n
+    /// counting this coordinator's appends from 1); the history records
+    /// each.
     async fn append<N: Nic>(
         &self,
         ctx: &Ctx<N>,
@@ -484,6 +491,9 @@ impl WorkClient {
                     Mop::Read { key, seen: None }
                 } else {
                     *next += 1;
+                    // Unique values: 32 bits of this process's count (at
+                    // most four a transaction, APPEND_TXS_MAX of them).
+                    assert!(*next < 1 << 32, "append values past 32 bits");
                     Mop::Append {
                         key,
                         value: self.process << 32 | *next,

@@ -313,7 +313,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "system": spec.system,
         "index": if spec.cuckoo { "hash" } else { "tree" },
         "backend": spec.backend.name(),
-        "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns (CLOCK_MONOTONIC)" },
+        "time": if spec.backend == Backend::Sim { "virtual ns" } else { "wall ns, monotonic, from the process's first clock read" },
         "workload": spec.mix.name,
         "half_workload": spec.half_mix.as_ref().map(|h| h.name.clone()),
         "seed": spec.seed,
