@@ -293,12 +293,12 @@ fn chunk_config(host_bytes: u64) -> ChunkConfig {
 }
 
 /// Refuses memory nodes of `want` bytes in all, for `records` records of
-/// `sizes`, when this host has less memory than that: the records would
-/// not fit once loaded.
+/// `sizes` and the tasks' chunks, when this host has less memory than
+/// that: the records would not fit once loaded.
 pub fn fits_this_host(want: u64, sizes: Sizes, records: u64) -> Result<(), String> {
     match physical_memory() {
         Some(have) if want > have => Err(format!(
-            "{records} records of {}-byte keys and {}-byte values need about {} MiB of memory nodes, more than this host's {} MiB; lower --tree-records",
+            "{records} records of {}-byte keys and {}-byte values need about {} MiB of memory nodes, more than this host's {} MiB; lower --tree-records, or --cores and --tasks (each task takes a chunk of memory of its own)",
             sizes.key_bytes(),
             sizes.value_bytes(),
             want >> 20,

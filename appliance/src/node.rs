@@ -427,7 +427,7 @@ pub fn memory_ready(rv: &mut Rendezvous, workload: Option<String>) -> Result<(),
     match rv.agree(MEMORY_READY, workload.as_deref()) {
         Ok(_) => Ok(()),
         Err(ChannelError::Disagreed(why)) => Err(NodeError::Usage(format!(
-            "the compute nodes were given different workloads ({why}); give every compute node the same --workload, --records, --key-size, --value-size and --tree"
+            "the compute nodes were given different workloads ({why}); give every compute node the same values of the flags shown"
         ))),
         Err(ChannelError::Limit(why)) => Err(NodeError::Usage(why)),
         Err(e) => Err(channel_failed("barrier memory-ready", e)),
