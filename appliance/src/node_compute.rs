@@ -135,6 +135,18 @@ impl Live {
     }
 }
 
+/// Counts a core finished ([`Live::finished`]) as it drops: when the
+/// core returns, and when it unwinds from a panic.
+struct Finished<'a>(&'a AtomicUsize);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        // Release: the core's last published counters are visible to the
+        // report loop that sees it finished.
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// Holds the cores between making their executors and starting their
 /// tasks: opened once with the deadline, or shut; the first word counts.
 pub struct Gate {
@@ -268,11 +280,11 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         } else {
             None
         };
-        let r = core_main(src, c, &live, &core, index.as_ref(), &gate, load);
-        // Release: the core's last published counters are visible to the
-        // report loop that sees it finished.
-        live.finished.fetch_add(1, Ordering::Release);
-        r
+        // Counted as finished when it returns or panics: the report loop
+        // waits for every core, and a panic that skipped the count held
+        // the node there without end (its join, after, reports it).
+        let _finished = Finished(&live.finished);
+        core_main(src, c, &live, &core, index.as_ref(), &gate, load)
     };
     // The cores wait at the gate until this has loaded the index (on core
     // 0) and met the other nodes; a failure shuts the gate. The control

@@ -9,17 +9,19 @@
 pub enum Pinning<'a> {
     /// Not pinned.
     None,
-    /// Core `i` on CPU `i mod cpus`.
+    /// Core `i` on the `i mod n`-th of the n CPUs this process may use
+    /// (its affinity mask: under `taskset` or a cpuset not CPUs 0..n).
     RoundRobin,
     /// Core `i` on CPU `cpus[i]` (a node's configured cores).
     Cpus(&'a [usize]),
 }
 
 impl Pinning<'_> {
-    fn cpu_of(self, i: usize, cpus: usize) -> Option<usize> {
+    /// Core `i`'s CPU number, given the CPUs this process may use.
+    fn cpu_of(self, i: usize, allowed: &[usize]) -> Option<usize> {
         match self {
             Pinning::None => None,
-            Pinning::RoundRobin => Some(i % cpus),
+            Pinning::RoundRobin => allowed.get(i % allowed.len().max(1)).copied(),
             Pinning::Cpus(list) => list.get(i).copied(),
         }
     }
@@ -39,13 +41,15 @@ pub fn run_threads_with<R: Send, M>(
     per_core: impl Fn(usize) -> R + Sync,
     meanwhile: impl FnOnce(Result<(), String>) -> M,
 ) -> (M, Vec<Result<R, String>>) {
-    let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len().max(1));
+    let allowed: Vec<usize> = core_affinity::get_core_ids()
+        .map(|ids| ids.into_iter().map(|c| c.id).collect())
+        .unwrap_or_default();
     std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(cores);
         let mut started = Ok(());
         for i in 0..cores {
             let per_core = &per_core;
-            let cpu = pin.cpu_of(i, cpus);
+            let cpu = pin.cpu_of(i, &allowed);
             // A node's cores are named by their configured CPU.
             let name = match pin {
                 Pinning::Cpus(_) => cpu.unwrap_or(i),
@@ -207,9 +211,16 @@ mod tests {
 
     #[test]
     fn pinnings_name_their_cpus() {
-        assert_eq!(Pinning::None.cpu_of(3, 2), None);
-        assert_eq!(Pinning::RoundRobin.cpu_of(3, 2), Some(1));
-        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(1, 2), Some(6));
-        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(2, 2), None);
+        assert_eq!(Pinning::None.cpu_of(3, &[0, 1]), None);
+        assert_eq!(Pinning::RoundRobin.cpu_of(3, &[0, 1]), Some(1));
+        // Under a cpuset of CPUs 0, 1 and 3 (`taskset -c 0,1,3`): the
+        // third core on CPU 3 (it was given CPU 2, which the process may
+        // not use, and ran unpinned), the fourth back on CPU 0 (it was
+        // given CPU 3, beside the third).
+        assert_eq!(Pinning::RoundRobin.cpu_of(2, &[0, 1, 3]), Some(3));
+        assert_eq!(Pinning::RoundRobin.cpu_of(3, &[0, 1, 3]), Some(0));
+        assert_eq!(Pinning::RoundRobin.cpu_of(0, &[]), None);
+        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(1, &[0, 1]), Some(6));
+        assert_eq!(Pinning::Cpus(&[4, 6]).cpu_of(2, &[0, 1]), None);
     }
 }

@@ -219,9 +219,21 @@ impl EmuCluster {
         cfg: ExecutorConfig,
     ) -> Result<Executor<EmuNic>, ClusterError> {
         let dev = |e: nicdrv::nic::RegError| ClusterError::Device(e.to_string());
-        let cq = nic
-            .create_cq(cfg.qp_depth() * self.endpoints.len() as u32)
-            .map_err(dev)?;
+        // Checked before its queue depth is used (Executor::new checks it
+        // too, after): slots past 65535 would overflow the sizes below.
+        cfg.check()
+            .map_err(|e| ClusterError::Device(e.to_string()))?;
+        let entries = u32::try_from(self.endpoints.len())
+            .ok()
+            .and_then(|n| cfg.qp_depth().checked_mul(n))
+            .ok_or_else(|| {
+                ClusterError::Device(format!(
+                    "a completion queue of {} entries for each of {} memory nodes is past 2^32",
+                    cfg.qp_depth(),
+                    self.endpoints.len()
+                ))
+            })?;
+        let cq = nic.create_cq(entries).map_err(dev)?;
         let mut qps = Vec::with_capacity(self.endpoints.len());
         for ep in &self.endpoints {
             qps.push(nic.create_qp(&cq, cfg.qp_depth()).map_err(dev)?.connect(ep));

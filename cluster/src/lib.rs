@@ -212,7 +212,9 @@ impl Cluster {
                     Space::Host => n.host(),
                     Space::Device => n.device(),
                 };
-                (offset.checked_add(8)? <= mem.len() as u64).then(|| mem.load_u64(offset))
+                // A word: 8-byte aligned (load_u64 asserts it), inside.
+                (offset.is_multiple_of(8) && offset.checked_add(8)? <= mem.len() as u64)
+                    .then(|| mem.load_u64(offset))
             }
             Cluster::Sim(w) => w.read_u64(node, space, offset),
             #[cfg(feature = "mlx5")]

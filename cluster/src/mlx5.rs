@@ -86,6 +86,9 @@ impl Mlx5Cluster {
             }
             None => self.nic.clone(),
         };
+        // Checked before its queue depth is used (Executor::new checks it
+        // too, after).
+        cfg.check().map_err(|e| e.to_string())?;
         let depth = cfg.qp_depth();
         let cq = nic
             .create_cq(depth.saturating_mul(self.nodes.len() as u32))

@@ -134,6 +134,13 @@ fn runs_on_cores_with_a_group_each(backend: Backend) {
     assert_eq!(c.read_u64(1, Space::Host, 8192), Some(4500));
     assert_eq!(c.read_u64(1, Space::Host, 4 << 20), None, "past the end");
     assert_eq!(c.read_u64(7, Space::Host, 0), None, "no such node");
+    // Not a word (emu's load asserted its alignment: a panic).
+    assert_eq!(c.read_u64(1, Space::Host, 8196), None, "unaligned");
+    // An executor configuration past the executor's bounds is an error
+    // before its queue sizes are computed (they overflowed: a panic in a
+    // debug build, a wrapped size in a release one).
+    let e = c.run(&work, 1, cfg(1 << 28)).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("slots must be 1..=65535"), "{e}");
 }
 
 #[test]

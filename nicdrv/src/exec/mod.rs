@@ -668,8 +668,8 @@ impl<N: Nic> Drop for Executor<N> {
     }
 }
 
-/// Pins the calling thread to `core` (by index among the cores the process
-/// may use). Returns false if the core does not exist or pinning failed.
+/// Pins the calling thread to CPU number `core`, one of those the process
+/// may use. Returns false if it is not one of them or pinning failed.
 pub fn pin_current_thread(core: usize) -> bool {
     core_affinity::get_core_ids()
         .and_then(|ids| ids.into_iter().find(|c| c.id == core))
