@@ -187,8 +187,11 @@ enum NodeState {
     Open,
     /// A FAA returned an index past capacity: never asked again.
     Full,
-    /// A verb to it failed with a node-dead error: never asked again (a
-    /// reconfiguration builds new allocators).
+    /// A verb to it failed because the node is dead (`NodeDead`): never
+    /// asked again (a reconfiguration builds new allocators). A verb that
+    /// failed otherwise, `RetryExceeded` on a cut link among them (a link
+    /// heals, and the executor repairs its queue pair), fails only that
+    /// refill's try of the node: the next refill asks it again.
     Dead(VerbError),
 }
 
@@ -494,7 +497,7 @@ impl RemoteAllocator {
                 Ok(None)
             }
             Err(e) => {
-                if e.is_node_dead() {
+                if matches!(e, VerbError::NodeDead { .. }) {
                     s.state.set(NodeState::Dead(e));
                 }
                 Err(e)
