@@ -330,6 +330,114 @@ fn attach_rejects_bad_paths_and_files() {
     assert!(!path.exists(), "the owner removes its file on close");
 }
 
+/// A new owner of a node whose file is stale does not reuse that file in
+/// place: processes attached to the old owner still map it (truncating it
+/// killed their next access with SIGBUS, and the new header showed them
+/// the old node alive again with the new node's memory). They keep the old
+/// file, dead; the new node is a file of its own, which the old owner's
+/// last mapping, dropped later, leaves at its path.
+#[test]
+fn a_new_owner_never_reuses_a_file_others_still_map() {
+    // Another process's node, attached here, then killed.
+    let path = shm_path("retake");
+    let mut child = child_owner(&path, 6);
+    let old = EmuEndpoint::attach(&path).unwrap();
+    assert!(old.is_alive());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    while old.is_alive() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "death noticed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let node = file_node(&path, 6);
+    assert!(
+        !old.is_alive(),
+        "the old owner's attacher sees it dead still"
+    );
+    assert!(old.owner_died());
+    let new = EmuEndpoint::attach(&path).unwrap();
+    assert!(new.is_alive());
+    drop((node, new, old));
+    assert!(!path.exists());
+
+    // In one process: the owner closed while an endpoint of its own still
+    // maps the node; a new owner takes the path over; the old mapping's
+    // last drop leaves the new owner's file where it is.
+    let path = shm_path("retake-local");
+    let first = file_node(&path, 7);
+    let lingering = first.endpoint();
+    drop(first);
+    let second = file_node(&path, 7);
+    assert!(!lingering.is_alive());
+    drop(lingering);
+    assert!(path.exists(), "the new owner's file stays at its path");
+    assert!(EmuEndpoint::attach(&path).unwrap().is_alive());
+    drop(second);
+    assert!(!path.exists());
+}
+
+/// A queue pair dropped with completions unpolled takes them with it, and
+/// its depth goes back to the CQ: the queue pair made next may fill the CQ
+/// and polls only its own (the dropped one's stayed queued: the next one's
+/// posts overflowed the queue, a panic mid-post). One made and never
+/// connected gives its depth back too (it was lost to the CQ for good).
+#[test]
+fn dropped_queue_pairs_give_back_their_completions_and_depth() {
+    let h = EmuHarness::new();
+    let mut cq = h.nic.create_cq(16).unwrap();
+    let mr = h
+        .nic
+        .register(HeapMem::zeroed(8 * 16).unwrap(), Access::LOCAL_WRITE)
+        .unwrap();
+    drop(h.nic.create_qp(&cq, 16).unwrap());
+    let post16 = |qp: &mut nicdrv::emu::EmuQp, first: u64| {
+        let rkey = qp
+            .remote_regions()
+            .iter()
+            .find(|r| r.space == Space::Host)
+            .unwrap()
+            .rkey;
+        let wrs: Vec<WorkRequest> = (0..16u64)
+            .map(|i| WorkRequest {
+                wr_id: first + i,
+                signaled: true,
+                op: WrOp::Read {
+                    remote: GlobalAddr::host(0, 64 + 8 * i),
+                    rkey,
+                    local: Sge {
+                        // SAFETY: inside the 128 registered bytes.
+                        addr: unsafe { mr.as_ptr().add(8 * i as usize) },
+                        len: 8,
+                        lkey: mr.lkey(),
+                    },
+                },
+            })
+            .collect();
+        // SAFETY: every SGE lies in `mr`, which outlives the polls below.
+        unsafe { qp.post_send(&wrs) }.unwrap();
+    };
+    let mut first = h.nic.create_qp(&cq, 16).unwrap().connect(&h.endpoints[0]);
+    post16(&mut first, 0);
+    drop(first);
+    let mut second = h.nic.create_qp(&cq, 16).unwrap().connect(&h.endpoints[0]);
+    post16(&mut second, 100);
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.len() < 16 && t0.elapsed() < Duration::from_secs(10) {
+        let mut out = [Completion::EMPTY; 32];
+        let n = cq.poll(&mut out);
+        got.extend(out[..n].iter().map(|c| (c.wr_id, c.status)));
+    }
+    let want: Vec<(u64, WcStatus)> = (100..116).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(got, want);
+    let mut out = [Completion::EMPTY; 4];
+    assert_eq!(cq.poll(&mut out), 0, "nothing of the dropped queue pair");
+}
+
 #[test]
 fn bad_node_configs_are_refused() {
     for (host, dm) in [(0u64, 0u64), (12, 0), (4096, 3), (1 << 48, 0)] {
@@ -690,7 +798,8 @@ fn attach_refuses_other_layouts_and_short_files() {
 /// node's memory is left out: a READ there is refused, not an access past
 /// the window (it passed the responder's check and tripped the bounds
 /// assertion). A table left mid-edit (its generation odd) by an owner that
-/// died ends the verbs as a dead node's do (they spun on it for good).
+/// died ends the verbs as a dead node's do (they spun on it for good); one
+/// odd for good under a live owner is waited for a bounded time.
 #[test]
 fn a_corrupt_region_table_is_not_trusted() {
     use std::os::unix::fs::FileExt;
@@ -712,7 +821,8 @@ fn a_corrupt_region_table_is_not_trusted() {
         .map(|i| REGIONS + 32 * i)
         .find(|&e| word(e) != 0 && word(e + 8) == 0)
         .expect("register_all registered the host memory");
-    let access = word(host + 24) & 0xff;
+    let len_acc = word(host + 24);
+    let access = len_acc & 0xff;
     file.write_all_at(&((4 * HOST) << 8 | access).to_le_bytes(), host + 24)
         .unwrap();
     let mut h = EmuHarness::new();
@@ -724,6 +834,37 @@ fn a_corrupt_region_table_is_not_trusted() {
             .map(|b| b.as_slice().to_vec())
     });
     assert!(past.is_err(), "a READ past the node's memory: {past:?}");
+    // The entry mended, as an owner's edit would (the generation moves
+    // on by two): read again, and READs there succeed.
+    file.write_all_at(&len_acc.to_le_bytes(), host + 24)
+        .unwrap();
+    let gen = word(GEN) + 2;
+    file.write_all_at(&gen.to_le_bytes(), GEN).unwrap();
+    let r = conformance::run_task(&h, |ctx| async move {
+        ctx.read(GlobalAddr::host(0, 64), 64).await.map(|_| ())
+    });
+    assert!(r.is_ok(), "a READ inside the mended table: {r:?}");
+    // A generation odd for good while the owner reads alive (a corrupt
+    // word, or an owner stopped mid-edit): after a bounded wait (it spun
+    // on it for good) a connection goes on with the table as it last read
+    // it; a new one has none, and its verbs fail as outside every region.
+    file.write_all_at(&(gen | 1).to_le_bytes(), GEN).unwrap();
+    let t0 = Instant::now();
+    let r = conformance::run_task(&h, |ctx| async move {
+        ctx.read(GlobalAddr::host(0, 64), 64).await.map(|_| ())
+    });
+    assert!(
+        matches!(
+            r,
+            Err(VerbError::Failed {
+                status: WcStatus::RemoteAccess,
+                ..
+            })
+        ),
+        "a READ with no table to go on: {r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    file.write_all_at(&gen.to_le_bytes(), GEN).unwrap();
     // The owner dies mid-edit of its table.
     let gen = word(GEN);
     file.write_all_at(&(gen | 1).to_le_bytes(), GEN).unwrap();

@@ -64,6 +64,11 @@ pub const MAX_REGIONS: usize = 32;
 const SMALL_PAGE: u64 = 4096;
 const HUGE_PAGE: u64 = 2 << 20;
 const HUGETLBFS_MAGIC: i64 = 0x958458f6;
+/// How long [`NodeMap::read_regions`] waits for an odd region generation
+/// to move while the owner reads alive: an edit is a few stores, so this
+/// is an owner stopped mid-edit or a corrupt word.
+const ODD_GEN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Largest host memory an emu node accepts (the 47-bit offset limit).
 pub const MAX_NODE_BYTES: u64 = crate::addr::GlobalAddr::MAX_OFFSET;
 
@@ -351,13 +356,23 @@ impl NodeMap {
     /// memory: an entry that does not lie inside its window is left out
     /// (a verb to it fails as one outside every region does), and an owner
     /// that died mid-edit (odd for good) leaves `out` as it was and the
-    /// odd generation returned: its verbs fail as a dead node's do.
+    /// odd generation returned: its verbs fail as a dead node's do. So
+    /// does a generation that stays odd for [`ODD_GEN_WAIT`] while the
+    /// owner reads alive (a corrupt word, or an owner stopped mid-edit):
+    /// `out` stays as it was, and a later call, once the word moves,
+    /// reads the table again.
     pub(crate) fn read_regions(&self, out: &mut Vec<RemoteRegion>) -> u64 {
+        let mut odd_since: Option<(u64, std::time::Instant)> = None;
         loop {
             let g1 = self.region_gen();
             if g1 % 2 == 1 {
                 if !self.is_alive() {
                     return g1;
+                }
+                match odd_since {
+                    Some((g, t)) if g == g1 && t.elapsed() >= ODD_GEN_WAIT => return g1,
+                    Some((g, _)) if g == g1 => {}
+                    _ => odd_since = Some((g1, std::time::Instant::now())),
                 }
                 // An edit is a few stores; an owner descheduled mid-edit
                 // gets the CPU back sooner if this thread gives it up.
@@ -413,8 +428,12 @@ impl Drop for NodeMap {
         );
         if self.owner {
             self.header.store_u64(HDR_STATE, STATE_CLOSED);
+            // Only its own file: a later owner of the same node may have
+            // replaced the path with a file of its own since (`file_backing`).
             if let Backing::File(_) = self.backing() {
-                let _ = std::fs::remove_file(&self.path);
+                if names(&self.path, &self.file) {
+                    let _ = std::fs::remove_file(&self.path);
+                }
             }
         }
         // SAFETY: unmapping exactly the mapping made in `from_file`; every
@@ -468,43 +487,87 @@ fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> 
     Ok((f, path, page))
 }
 
-/// The node file at `path`, made anew or taken over from an owner that is
-/// gone (an owner that holds its lock makes it `InUse`); the file, its
-/// path and its page size.
+/// The node file at `path`, made anew (a file an owner that is gone left
+/// there is removed first; an owner that holds its lock makes it
+/// `InUse`); the file, locked, its path and its page size.
+///
+/// A stale file is never reused in place: processes that attached to the
+/// old owner still map it, and truncating or resizing it under them would
+/// kill them with SIGBUS or show them the new node's memory as the old
+/// one's. Removed instead, its inode lives on for them (dead or closed),
+/// and the new node is a file of its own. Each file is locked before
+/// anything is decided about it, so of two processes making the same node
+/// one wins and the other is told `InUse`.
 fn file_backing(path: &PathBuf) -> Result<(File, PathBuf, u64), EmuError> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(io_err(path, "cannot open"))?;
-            if owner_holds_lock(f.as_raw_fd()) {
-                let pid = read_owner_pid(&f).unwrap_or(0);
-                return Err(EmuError::InUse {
-                    path: path.clone(),
-                    pid,
-                });
+    let in_use = |f: Option<&File>| EmuError::InUse {
+        path: path.clone(),
+        pid: f.and_then(read_owner_pid).unwrap_or(0),
+    };
+    // Each round creates the file, or finds it held, or removes a stale
+    // one; a round can only be lost to another creator's removal, so a
+    // few are plenty.
+    for _ in 0..4 {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(f) => {
+                // Locked at once: another creator that found the file
+                // now finds it held. If one locked it first (taking it
+                // for stale), it is that creator's.
+                if !lock_exclusive(&f) {
+                    return Err(in_use(None));
+                }
+                let page = if is_hugetlbfs(&f) {
+                    HUGE_PAGE
+                } else {
+                    SMALL_PAGE
+                };
+                return Ok((f, path.clone(), page));
             }
-            log::info!("reusing stale memory node file {}", path.display());
-            f.set_len(0).map_err(io_err(path, "cannot truncate"))?;
-            f
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let f = match OpenOptions::new().read(true).write(true).open(path) {
+                    Ok(f) => f,
+                    // Removed since: try to create it again.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io_err(path, "cannot open")(e)),
+                };
+                if owner_holds_lock(f.as_raw_fd()) || !lock_exclusive(&f) {
+                    return Err(in_use(Some(&f)));
+                }
+                // Held by this process now; removed only if the path
+                // still names it (another creator may have replaced it).
+                if names(path, &f) {
+                    log::info!("replacing stale memory node file {}", path.display());
+                    match std::fs::remove_file(path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io_err(path, "cannot remove stale")(e)),
+                    }
+                }
+            }
+            Err(e) => return Err(io_err(path, "cannot create")(e)),
         }
-        Err(e) => return Err(io_err(path, "cannot create")(e)),
-    };
-    let page = if is_hugetlbfs(&file) {
-        HUGE_PAGE
-    } else {
-        SMALL_PAGE
-    };
-    Ok((file, path.clone(), page))
+    }
+    Err(in_use(None))
+}
+
+/// Takes `f`'s exclusive lock without waiting; whether it did.
+fn lock_exclusive(f: &File) -> bool {
+    // SAFETY: flock on a descriptor `f` owns; LOCK_NB never blocks.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether `path` names the file `f` is open on (same device and inode).
+fn names(path: &Path, f: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), f.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// A memory node owned by this process.

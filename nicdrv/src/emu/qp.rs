@@ -120,7 +120,7 @@ impl EmuNic {
                 self.inner.cfg.max_send_wr
             )));
         }
-        let reserved = cq.inner.reserved.get() + depth;
+        let reserved = cq.inner.reserved.get().saturating_add(depth);
         if reserved > cq.inner.capacity {
             return Err(RegError::Device(format!(
                 "completion queue of {} entries cannot serve another queue pair of depth {depth}",
@@ -343,7 +343,10 @@ pub struct EmuPreparedQp {
 
 impl EmuPreparedQp {
     /// Connects to a memory node (INIT → RTR → RTS), learning its regions.
-    pub fn connect(self, peer: &EmuEndpoint) -> EmuQp {
+    pub fn connect(mut self, peer: &EmuEndpoint) -> EmuQp {
+        // The reservation passes to the connected queue pair (this one's
+        // drop gives back none).
+        let depth = std::mem::take(&mut self.depth);
         let shared = Rc::new(QpShared {
             outstanding: Cell::new(0),
         });
@@ -357,12 +360,12 @@ impl EmuPreparedQp {
         EmuQp {
             caps: self.nic.caps(),
             delay: self.nic.inner.cfg.injects_delay(),
-            nic: self.nic,
-            cq: self.cq,
+            nic: self.nic.clone(),
+            cq: self.cq.clone(),
             shared,
             slot,
             qp_num: self.qp_num,
-            depth: self.depth,
+            depth,
             peer: peer.clone(),
             regions,
             regions_gen,
@@ -603,8 +606,23 @@ impl QueuePair for EmuQp {
     }
 }
 
-impl Drop for EmuQp {
+impl Drop for EmuPreparedQp {
+    /// One never connected gives its reservation back.
     fn drop(&mut self) {
+        self.cq.reserved.set(self.cq.reserved.get() - self.depth);
+    }
+}
+
+impl Drop for EmuQp {
+    /// Its completions not yet polled go with it: its depth goes back to
+    /// the CQ for queue pairs made later, whose completions would
+    /// otherwise find the queue fuller than the reservations say (an
+    /// overflow, asserted in `push`).
+    fn drop(&mut self) {
+        self.cq
+            .queue
+            .borrow_mut()
+            .retain(|p| p.qp_slot != self.slot);
         self.cq.reserved.set(self.cq.reserved.get() - self.depth);
     }
 }
