@@ -163,7 +163,9 @@ impl Cluster {
 
     /// Runs `work` on `cores` cores to the end: on emu one group per core
     /// (one `Out` each, in core order), on sim one group for all the cores,
-    /// placed round robin over the compute nodes (one `Out`).
+    /// placed round robin over the compute nodes (one `Out`). On sim, a
+    /// run that ended early leaves its unfinished tasks in the world: boot
+    /// a new cluster for the next run ([`sim::run`]).
     pub fn run<W: Workload>(
         &mut self,
         work: &W,

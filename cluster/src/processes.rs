@@ -146,6 +146,9 @@ impl Processes {
         Ok(())
     }
 
+    /// Node `id`, which this started: the methods below take only those
+    /// ids (the caller's own, from [`Processes::ids`]), and another is a
+    /// caller's bug, asserted.
     fn node(&mut self, id: u32) -> &mut NodeProcess {
         self.nodes
             .iter_mut()

@@ -109,7 +109,9 @@ pub fn spawn_with(
 
 /// Spawns `work` on `cores` cores, runs the world until every task has
 /// ended, and finishes: what the group reported, or why the run ended
-/// early.
+/// early. A world whose run ended early keeps the unfinished tasks (a
+/// later run in it ends early too, whatever its own tasks do): make a new
+/// world for the next.
 pub fn run<W: Workload>(
     w: &mut World,
     work: &W,

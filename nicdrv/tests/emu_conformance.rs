@@ -380,6 +380,38 @@ fn a_new_owner_never_reuses_a_file_others_still_map() {
     assert!(!path.exists());
 }
 
+/// The owner's pid comes from the node's header, which another process
+/// wrote: an attacher whose header names some other live process (here
+/// this test's own parent) still learns of the owner's death, by its lock
+/// (a pidfd of the wrong process never fired).
+#[test]
+fn an_owner_death_is_noticed_whatever_pid_the_header_names() {
+    use std::os::unix::fs::FileExt;
+    const OWNER_PID: u64 = 48;
+    let path = shm_path("wrongpid");
+    let mut child = child_owner(&path, 8);
+    // SAFETY: getppid has no preconditions.
+    let other = unsafe { libc::getppid() } as u64;
+    open_rw(&path)
+        .write_all_at(&other.to_le_bytes(), OWNER_PID)
+        .unwrap();
+    let ep = EmuEndpoint::attach(&path).unwrap();
+    assert!(ep.is_alive());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while ep.is_alive() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "owner death not noticed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(ep.owner_died());
+    drop(ep);
+    let _ = std::fs::remove_file(&path);
+}
+
 /// A queue pair dropped with completions unpolled takes them with it, and
 /// its depth goes back to the CQ: the queue pair made next may fill the CQ
 /// and polls only its own (the dropped one's stayed queued: the next one's

@@ -555,10 +555,22 @@ fn file_backing(path: &PathBuf) -> Result<(File, PathBuf, u64), EmuError> {
     Err(in_use(None))
 }
 
-/// Takes `f`'s exclusive lock without waiting; whether it did.
+/// Takes `f`'s exclusive lock without waiting on an owner; whether it did.
+/// Attachers' watchdogs try the lock shared for a moment now and then
+/// (`owner_holds_lock`): a refusal while nobody holds it exclusively is
+/// tried again, a few times over a few milliseconds.
 fn lock_exclusive(f: &File) -> bool {
-    // SAFETY: flock on a descriptor `f` owns; LOCK_NB never blocks.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    for _ in 0..50 {
+        // SAFETY: flock on a descriptor `f` owns; LOCK_NB never blocks.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        if owner_holds_lock(f.as_raw_fd()) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    false
 }
 
 /// Whether `path` names the file `f` is open on (same device and inode).

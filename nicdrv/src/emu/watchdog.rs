@@ -103,7 +103,10 @@ fn wait_for_death(pidfd: Option<OwnedFd>, lock_fd: RawFd, cancel_fd: RawFd) -> b
                 revents: 0,
             },
         ];
-        let timeout_ms = if pidfd.is_some() { -1 } else { 2 };
+        // With a pidfd the lock is tried too, now and then: the pid came
+        // from the node's header, which another process wrote, and a
+        // wrong one (another live process) would never say the owner died.
+        let timeout_ms = if pidfd.is_some() { 100 } else { 2 };
         // SAFETY: `fds` is a valid array of two pollfds; a negative fd is
         // ignored by poll.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
@@ -116,11 +119,10 @@ fn wait_for_death(pidfd: Option<OwnedFd>, lock_fd: RawFd, cancel_fd: RawFd) -> b
         if fds[0].revents != 0 {
             return false;
         }
-        if pidfd.is_some() {
-            if fds[1].revents != 0 {
-                return true;
-            }
-        } else if !owner_holds_lock(lock_fd) {
+        if pidfd.is_some() && fds[1].revents != 0 {
+            return true;
+        }
+        if (pidfd.is_none() || r == 0) && !owner_holds_lock(lock_fd) {
             return true;
         }
     }
