@@ -37,11 +37,10 @@ fn calibrate() -> Calib {
     let epoch = Instant::now();
     #[cfg(target_arch = "x86_64")]
     if tsc_invariant() {
-        let t0 = rdtsc();
-        let i0 = Instant::now();
+        let (t0, i0) = paired();
         std::thread::sleep(Duration::from_millis(10));
-        let t1 = rdtsc();
-        let ns = i0.elapsed().as_nanos() as u64;
+        let (t1, i1) = paired();
+        let ns = (i1 - i0).as_nanos() as u64;
         let ticks = t1.wrapping_sub(t0);
         if ticks > 0 && ns > 0 {
             let ns_per_tick_fp = ((ns as u128) << 32) / ticks as u128;
@@ -56,6 +55,29 @@ fn calibrate() -> Calib {
     }
     let _ = Duration::ZERO;
     Calib { epoch, tsc: None }
+}
+
+/// A TSC reading and the `Instant` it was taken at, read between two
+/// `Instant`s close together: a thread preempted between the two clocks'
+/// reads (a loaded machine) would skew the calibrated rate, and with it
+/// every emulated delay, by as long as it was away.
+#[cfg(target_arch = "x86_64")]
+fn paired() -> (u64, Instant) {
+    let mut best: Option<(Duration, u64, Instant)> = None;
+    for _ in 0..16 {
+        let a = Instant::now();
+        let t = rdtsc();
+        let b = Instant::now();
+        let gap = b - a;
+        if best.is_none_or(|(g, ..)| gap < g) {
+            best = Some((gap, t, a + gap / 2));
+        }
+        if gap < Duration::from_micros(1) {
+            break;
+        }
+    }
+    let (_, t, at) = best.expect("sixteen tries");
+    (t, at)
 }
 
 /// Nanoseconds since the first call in this process.
