@@ -428,6 +428,32 @@ fn runs_past_this_machines_memory_are_refused() {
             1500 << 30,
             "--threads 100000 × --depth 1 tasks",
         ),
+        // A history held whole until the run ends: 4 clients × 10^11
+        // operations, past any machine's memory, once recorded until the
+        // run was killed for memory.
+        (
+            vec![
+                "run",
+                "--backend",
+                "sim",
+                "--systems",
+                "sherman",
+                "--records",
+                "2000",
+                "--memory-nodes",
+                "2",
+                "--compute-nodes",
+                "2",
+                "--threads",
+                "2",
+                "--ops",
+                "100000000000",
+                "--history",
+                "/tmp/never-written.jsonl",
+            ],
+            1 << 50,
+            "the history of 400000000200 operations",
+        ),
     ] {
         if avail >= need {
             continue;

@@ -632,6 +632,27 @@ impl Cli {
                 None if sim => Length::Ops(200),
                 None => Length::Nanos(EMU_WINDOW_NS),
             });
+            // The history is kept whole until the run ends (the checker
+            // needs it; the file is written then): a run that counts its
+            // operations says up front what it will hold, at least.
+            if let (true, Length::Ops(n)) = (self.records_wanted(), length) {
+                let events = history_events_at_least(
+                    clients,
+                    n.saturating_add(self.warmup),
+                    std::iter::once(&self.mix).chain(&self.half_mix),
+                );
+                crate::args::check_memory(
+                    || {
+                        format!(
+                            "--records {} loaded, and the history of {events} operations at {threads} threads (held until the run ends)",
+                            self.records
+                        )
+                    },
+                    self.layout
+                        .bytes_loaded(self.records)
+                        .saturating_add(events.saturating_mul(HISTORY_EVENT_BYTES)),
+                )?;
+            }
             let faults = fault_plan_for(
                 &self.fault_plan,
                 self.fault_seed,
@@ -689,6 +710,30 @@ impl Cli {
         }
         Ok(specs)
     }
+}
+
+/// Bytes a recorded operation takes at least: its event (a scan's result
+/// comes on top) and its measured flag.
+const HISTORY_EVENT_BYTES: u64 = std::mem::size_of::<history::map::Event>() as u64 + 1;
+
+/// The events `clients` clients of `ops` operations each record at
+/// least, under the mixes given (a read-modify-write records two).
+fn history_events_at_least<'a>(
+    clients: u64,
+    ops: u64,
+    mixes: impl Iterator<Item = &'a Mix>,
+) -> u64 {
+    // The least of the mixes' (half the threads may run the other).
+    let rmw = mixes
+        .map(|m| m.props[Kind::ReadModifyWrite.ix()])
+        .fold(f64::INFINITY, f64::min);
+    let rmw = if rmw.is_finite() {
+        rmw.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let per_client = ops.saturating_add((ops as f64 * rmw) as u64);
+    clients.saturating_mul(per_client)
 }
 
 /// `--ops` or `--seconds` (not both); `None` when neither was given.
