@@ -634,7 +634,7 @@ fn check_faults(
 
 /// `--fault`: detection and reconfiguration over seeds.
 fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
-    use txn::harness::{run_leases_sim, LeaseSim};
+    use txn::harness::{lease_sim_threads, run_leases_sim, sim_threads, LeaseSim};
     use txn::reconfig::Event;
     if a.backend != Backend::Sim {
         return Err(ArgError("--fault runs on --backend sim".into()));
@@ -675,33 +675,24 @@ fn run_faults(a: &TxnArgs) -> Result<crate::run::Outcome, ArgError> {
     }
     let ms = a.lease_ms.unwrap_or(10.0);
     let timing = lease_of(ms)?;
-    // The threads a stall may name, as the harness makes them (a store
-    // only to say there is one).
-    let store: std::sync::Arc<dyn txn::config::ConfigStore> =
-        std::sync::Arc::new(txn::config::EmbeddedStore::new());
+    // The threads a stall may name, as the harness makes them.
     let (threads, layout) = if a.detection_only {
-        let plan = LeaseSim {
-            store: Some(store),
-            ..LeaseSim::of(timing.lease_ns, 0)
-        };
         (
-            plan.sim_threads(machines),
-            format!("machine m's lease core is thread m, its reconfiguration core thread {machines} + m"),
+            lease_sim_threads(machines, false, true),
+            format!(
+                "machine m's lease core is thread m, its reconfiguration core thread {} + m",
+                lease_sim_threads(machines, false, false)
+            ),
         )
     } else {
-        let opts = RunOptions {
-            leases: Some(timing),
-            recovery: Some(store),
-            ..Default::default()
-        };
         (
-            opts.sim_threads(machines, a.threads),
+            sim_threads(machines, a.threads, true, true),
             format!(
-                "core t of machine m is thread m × {t} + t, machine m's lease core thread {} + m, \
+                "core t of machine m is thread m × {} + t, machine m's lease core thread {} + m, \
                  its recovery core thread {} + m",
-                machines as usize * a.threads as usize,
-                machines as usize * (a.threads as usize + 1),
-                t = a.threads,
+                a.threads,
+                sim_threads(machines, a.threads, false, false),
+                sim_threads(machines, a.threads, true, false),
             ),
         )
     };

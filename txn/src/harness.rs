@@ -195,17 +195,27 @@ pub struct RunOptions {
     pub alloc_pace: crate::alloc::Pace,
 }
 
-impl RunOptions {
-    /// The simulator threads [`run_sim_with`] makes for `machines`
-    /// machines of `threads` cores (a geometry's) with these options,
-    /// which a thread stall may name: the cores (core t of machine m is
-    /// thread m × threads + t), then a lease core a machine with leases,
-    /// then a recovery core a machine with recovery.
-    pub fn sim_threads(&self, machines: u16, threads: u16) -> usize {
-        let lease = usize::from(self.leases.is_some());
-        let recovery = usize::from(self.leases.is_some() && self.recovery.is_some());
-        machines as usize * (threads as usize + lease + recovery)
-    }
+/// The simulator threads [`run_sim_with`] makes for `machines` machines
+/// of `threads` cores (a geometry's), with or without `leases` and
+/// `recovery` (which needs leases), which a thread stall may name: the
+/// cores (core t of machine m is thread m × threads + t), then a lease
+/// core a machine with leases, then a recovery core a machine with
+/// recovery. With neither it is where the lease cores start, with leases
+/// alone where the recovery cores do.
+pub fn sim_threads(machines: u16, threads: u16, leases: bool, recovery: bool) -> usize {
+    let lease = usize::from(leases);
+    let recovery = usize::from(leases && recovery);
+    machines as usize * (threads as usize + lease + recovery)
+}
+
+/// The simulator threads [`run_leases_sim`] makes for `machines`
+/// machines, with or without `rogue` writes and a `store`, which a thread
+/// stall may name: machine m's lease core is thread m, then the rogue
+/// writer's core where there are rogue writes, then a reconfiguration
+/// core a machine with a store.
+pub fn lease_sim_threads(machines: u16, rogue: bool, store: bool) -> usize {
+    let machines = machines as usize;
+    machines + usize::from(rogue) + if store { machines } else { 0 }
 }
 
 impl std::fmt::Debug for dyn crate::config::ConfigStore {
@@ -706,7 +716,12 @@ pub fn run_sim_with<C: Client<nicdrv::sim::SimNic>>(
     }
     debug_assert_eq!(
         w.threads(),
-        opts.sim_threads(geo.machines, geo.threads),
+        sim_threads(
+            geo.machines,
+            geo.threads,
+            opts.leases.is_some(),
+            opts.recovery.is_some()
+        ),
         "sim_threads says the layout"
     );
     w.add_faults(&opts.faults).map_err(sim)?;
@@ -887,18 +902,6 @@ pub struct LeaseSim {
 }
 
 impl LeaseSim {
-    /// The simulator threads [`run_leases_sim`] makes for `machines`
-    /// machines with this plan, which a thread stall may name: machine m's
-    /// lease core is thread m, then the rogue writer's core where there
-    /// are rogue writes, then a reconfiguration core a machine with a
-    /// store.
-    pub fn sim_threads(&self, machines: u16) -> usize {
-        let machines = machines as usize;
-        machines
-            + usize::from(!self.rogue.is_empty())
-            + if self.store.is_some() { machines } else { 0 }
-    }
-
     /// Leases of `lease_ns` until `until_ns`, nothing else.
     pub fn of(lease_ns: u64, until_ns: u64) -> LeaseSim {
         LeaseSim {
@@ -1020,7 +1023,7 @@ pub fn run_leases_sim_from(
     }
     debug_assert_eq!(
         w.threads(),
-        run.sim_threads(geo.machines),
+        lease_sim_threads(geo.machines, !rogue.is_empty(), store.is_some()),
         "sim_threads says the layout"
     );
     w.add_faults(faults).map_err(sim)?;
