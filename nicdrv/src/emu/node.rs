@@ -535,7 +535,8 @@ fn file_backing(path: &PathBuf) -> Result<(File, PathBuf, u64), EmuError> {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(io_err(path, "cannot open")(e)),
                 };
-                if owner_holds_lock(f.as_raw_fd()) || !lock_exclusive(&f) {
+                // Refused while an owner holds it (lock_exclusive asks).
+                if !lock_exclusive(&f) {
                     return Err(in_use(Some(&f)));
                 }
                 // Held by this process now; removed only if the path
