@@ -723,15 +723,11 @@ fn history_events_at_least<'a>(
     ops: u64,
     mixes: impl Iterator<Item = &'a Mix>,
 ) -> u64 {
-    // The least of the mixes' (half the threads may run the other).
+    // The least of the mixes' (half the threads may run the other); a
+    // proportion is in [0, 1].
     let rmw = mixes
         .map(|m| m.props[Kind::ReadModifyWrite.ix()])
-        .fold(f64::INFINITY, f64::min);
-    let rmw = if rmw.is_finite() {
-        rmw.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+        .fold(1.0, f64::min);
     let per_client = ops.saturating_add((ops as f64 * rmw) as u64);
     clients.saturating_mul(per_client)
 }
