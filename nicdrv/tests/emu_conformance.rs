@@ -55,6 +55,21 @@ fn open_rw(path: &std::path::Path) -> std::fs::File {
         .unwrap()
 }
 
+/// Waits, looking every `step`, until `ep` reads its owner dead (a death,
+/// not a clean close), at most `within`; how long that took.
+fn wait_owner_death(ep: &EmuEndpoint, within: Duration, step: Duration) -> Duration {
+    let t0 = Instant::now();
+    while ep.is_alive() {
+        assert!(
+            t0.elapsed() < within,
+            "owner death not noticed within {within:?}"
+        );
+        std::thread::sleep(step);
+    }
+    assert!(ep.owner_died());
+    t0.elapsed()
+}
+
 /// Starts a child process owning node `id` at `path`.
 fn child_owner(path: &std::path::Path, id: u16) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_loch-emu-child"))
@@ -198,19 +213,8 @@ impl Harness for EmuHarness {
                 c.wait().unwrap();
                 let _ = std::fs::remove_file(p);
                 let ep = &self.endpoints[node as usize];
-                let t0 = Instant::now();
-                while ep.is_alive() {
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(5),
-                        "owner death not noticed within 5 s"
-                    );
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-                assert!(ep.owner_died());
-                eprintln!(
-                    "owner death noticed {:?} after the child was reaped",
-                    t0.elapsed()
-                );
+                let took = wait_owner_death(ep, Duration::from_secs(5), Duration::from_micros(100));
+                eprintln!("owner death noticed {took:?} after the child was reaped");
             }
             Owner::Gone => {}
         }
@@ -345,14 +349,7 @@ fn a_new_owner_never_reuses_a_file_others_still_map() {
     assert!(old.is_alive());
     child.kill().unwrap();
     child.wait().unwrap();
-    let t0 = std::time::Instant::now();
-    while old.is_alive() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(10),
-            "death noticed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_owner_death(&old, Duration::from_secs(10), Duration::from_millis(5));
     let node = file_node(&path, 6);
     assert!(
         !old.is_alive(),
@@ -399,15 +396,7 @@ fn an_owner_death_is_noticed_whatever_pid_the_header_names() {
     assert!(ep.is_alive());
     child.kill().unwrap();
     child.wait().unwrap();
-    let t0 = Instant::now();
-    while ep.is_alive() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "owner death not noticed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(ep.owner_died());
+    wait_owner_death(&ep, Duration::from_secs(5), Duration::from_millis(5));
     drop(ep);
     let _ = std::fs::remove_file(&path);
 }
