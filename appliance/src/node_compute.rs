@@ -34,7 +34,7 @@ use crate::node_work::{self, CoreState, Layout, NodeTally, AREA_BYTES};
 use crate::stats::OpTally;
 use bootstrap::config::NodeConfig;
 use bootstrap::{ClusterConfig, Rendezvous};
-use cluster::cores::{run_threads_with, Pinning};
+use cluster::cores::{run_threads_with, Ended, Pinning};
 use cluster::stats::latency_histogram;
 use cmdline::signals;
 use hdrhistogram::Histogram;
@@ -44,7 +44,7 @@ use nicdrv::rng::{Domain, Rng};
 use nicdrv::{Executor, ExecutorConfig, Nic, NodeId, VerbCounters};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -118,7 +118,6 @@ struct Live {
     cache_hits: Vec<AtomicU64>,
     cache_misses: Vec<AtomicU64>,
     interval: Mutex<Histogram<u64>>,
-    finished: AtomicUsize,
 }
 
 impl Live {
@@ -130,20 +129,7 @@ impl Live {
             cache_hits: counters(),
             cache_misses: counters(),
             interval: Mutex::new(latency_histogram()),
-            finished: AtomicUsize::new(0),
         }
-    }
-}
-
-/// Counts a core finished ([`Live::finished`]) as it drops: when the
-/// core returns, and when it unwinds from a panic.
-struct Finished<'a>(&'a AtomicUsize);
-
-impl Drop for Finished<'_> {
-    fn drop(&mut self) {
-        // Release: the core's last published counters are visible to the
-        // report loop that sees it finished.
-        self.0.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -280,10 +266,6 @@ pub fn run<N: Nic, S: CoreSource<N>>(
         } else {
             None
         };
-        // Counted as finished when it returns or panics: the report loop
-        // waits for every core, and a panic that skipped the count held
-        // the node there without end (its join, after, reports it).
-        let _finished = Finished(&live.finished);
         core_main(src, c, &live, &core, index.as_ref(), &gate, load)
     };
     // The cores wait at the gate until this has loaded the index (on core
@@ -291,7 +273,7 @@ pub fn run<N: Nic, S: CoreSource<N>>(
     // channel is kept for "compute-done" where a node both holds memory
     // and computes.
     let keep = shared_nodes(cfg);
-    let meanwhile = |started: Result<(), String>| -> Result<Started, NodeError> {
+    let meanwhile = |started: Result<(), String>, ended: &Ended| -> Result<Started, NodeError> {
         let shut = |e: NodeError| {
             gate.shut();
             e
@@ -322,8 +304,11 @@ pub fn run<N: Nic, S: CoreSource<N>>(
             c.mem_ids
         ));
         gate.open(deadline_ns);
+        // Waits on the cores' end count, which counts a panicked core
+        // too (its join, after, reports it).
         report_loop(
             &live,
+            ended,
             cores,
             index.as_ref().is_some_and(|ix| !ix.is_hash()),
             me,
@@ -730,14 +715,14 @@ fn report(c: &Compute<'_>, indexed: bool, run: Run) -> u8 {
     ))
 }
 
-/// Prints a stats line per second until every core finished; `cache`:
+/// Prints a stats line per second until every core ended; `cache`:
 /// with the index cache's hit ratio over the second.
-fn report_loop(live: &Live, cores: usize, cache: bool, me: &str) {
+fn report_loop(live: &Live, ended: &Ended, cores: usize, cache: bool, me: &str) {
     let t0 = Instant::now();
     let (mut last_ops, mut last_rt, mut tick) = (0u64, 0u64, 1u64);
     let (mut last_hits, mut last_misses) = (0u64, 0u64);
     let sum = |v: &[AtomicU64]| v.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
-    while live.finished.load(Ordering::Acquire) < cores {
+    while ended.count() < cores {
         std::thread::sleep(Duration::from_millis(20));
         if t0.elapsed() < Duration::from_secs(tick) {
             continue;

@@ -4,6 +4,8 @@
 //! given on it, while the calling thread does what the run needs meanwhile
 //! (barriers, a progress line).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 /// Which CPU each core's thread is pinned to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pinning<'a> {
@@ -27,28 +29,60 @@ impl Pinning<'_> {
     }
 }
 
+/// How many of [`run_threads_with`]'s core threads have ended so far,
+/// returned or panicked: what `meanwhile` waits on when it waits for the
+/// cores, so that a core that died is not waited for without end.
+#[derive(Debug, Default)]
+pub struct Ended(AtomicUsize);
+
+impl Ended {
+    /// Threads ended so far. Everything an ended thread wrote before it
+    /// ended is visible to the caller that saw it counted.
+    pub fn count(&self) -> usize {
+        // Acquire: pairs with the Release of `EndGuard::drop`.
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Counts its thread in [`Ended`] as it drops: when the thread's work
+/// returns, and when it unwinds from a panic.
+struct EndGuard<'a>(&'a Ended);
+
+impl Drop for EndGuard<'_> {
+    fn drop(&mut self) {
+        // Release: what the thread published before it ended (counters,
+        // results in shared state) is visible to whoever sees the count.
+        self.0 .0.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// Runs `cores` threads, named `loch-core-{i}` (`-{cpu}` for
 /// [`Pinning::Cpus`]);
 /// thread `i` pins itself as `pin` says and returns `per_core(i)`.
 /// Meanwhile the calling thread runs `meanwhile`, told whether every thread
 /// started (when one did not, `meanwhile` must release the cores already
-/// started from any wait it holds them in: they are joined after it). What
-/// `meanwhile` returned and what each core returned, in core order; an
-/// error for a core whose thread panicked.
+/// started from any wait it holds them in: they are joined after it) and
+/// handed the count of threads that ended, panicked ones included (a wait
+/// for the cores waits on it, not on something each core sets as it
+/// finishes, which a panic would skip). What `meanwhile` returned and
+/// what each core returned, in core order; an error for a core whose
+/// thread panicked.
 pub fn run_threads_with<R: Send, M>(
     cores: usize,
     pin: Pinning<'_>,
     per_core: impl Fn(usize) -> R + Sync,
-    meanwhile: impl FnOnce(Result<(), String>) -> M,
+    meanwhile: impl FnOnce(Result<(), String>, &Ended) -> M,
 ) -> (M, Vec<Result<R, String>>) {
     let allowed: Vec<usize> = core_affinity::get_core_ids()
         .map(|ids| ids.into_iter().map(|c| c.id).collect())
         .unwrap_or_default();
+    let ended = Ended::default();
     std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(cores);
         let mut started = Ok(());
         for i in 0..cores {
             let per_core = &per_core;
+            let ended = &ended;
             let cpu = pin.cpu_of(i, &allowed);
             // A node's cores are named by their configured CPU.
             let name = match pin {
@@ -58,6 +92,7 @@ pub fn run_threads_with<R: Send, M>(
             let spawned = std::thread::Builder::new()
                 .name(format!("loch-core-{name}"))
                 .spawn_scoped(s, move || {
+                    let _ended = EndGuard(ended);
                     if let Some(cpu) = cpu {
                         if !nicdrv::exec::pin_current_thread(cpu) {
                             log::warn!("could not pin core thread {i} to CPU {cpu}");
@@ -73,7 +108,7 @@ pub fn run_threads_with<R: Send, M>(
                 }
             }
         }
-        let m = meanwhile(started);
+        let m = meanwhile(started, &ended);
         let results = handles
             .into_iter()
             .enumerate()
@@ -103,7 +138,7 @@ pub fn run_threads<N: nicdrv::Nic, R: Send>(
             let mut ex = executor(i).map_err(|e| format!("core {i}: {e}"))?;
             Ok(per_core(i, &mut ex))
         },
-        |started| started,
+        |started, _| started,
     );
     started?;
     results.into_iter().map(|r| r.and_then(|r| r)).collect()
@@ -169,7 +204,7 @@ pub fn run_workload<N: nicdrv::Nic, W: crate::Workload>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::AtomicBool;
 
     #[test]
     fn meanwhile_runs_while_the_cores_wait_for_it() {
@@ -184,7 +219,7 @@ mod tests {
                 }
                 i * 10
             },
-            |started| {
+            |started, _| {
                 go.store(true, Ordering::Release);
                 started.is_ok()
             },
@@ -203,10 +238,38 @@ mod tests {
                 assert!(i != 1, "core 1 fails on purpose");
                 i
             },
-            |_| (),
+            |_, _| (),
         );
         assert_eq!(results[0], Ok(0));
         assert!(results[1].as_ref().unwrap_err().contains("core 1"));
+    }
+
+    #[test]
+    fn meanwhile_sees_a_core_that_panicked_as_ended() {
+        // Core 1 panics before publishing anything; a wait for every
+        // core to end must still end (the cores are joined only after
+        // `meanwhile` returns, so a count that skipped the panic would
+        // hold this test forever).
+        let published = AtomicUsize::new(0);
+        let (waited, results) = run_threads_with(
+            3,
+            Pinning::None,
+            |i| {
+                assert!(i != 1, "core 1 fails on purpose");
+                // Relaxed: ordered by the end count's Release/Acquire.
+                published.fetch_add(1, Ordering::Relaxed);
+            },
+            |started, ended| {
+                assert!(started.is_ok());
+                while ended.count() < 3 {
+                    std::thread::yield_now();
+                }
+                // Both surviving cores' writes are visible once counted.
+                published.load(Ordering::Relaxed)
+            },
+        );
+        assert_eq!(waited, 2);
+        assert!(results[1].is_err());
     }
 
     #[test]
