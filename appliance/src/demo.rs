@@ -92,9 +92,8 @@ const TASK_WORDS: u64 = 512;
 /// ([`host_bytes`]).
 const HOST_BYTES: u64 = 64 << 20;
 const CHUNK_BYTES: u64 = 256 << 10;
-/// The shared FAA counter lives in node 0's superblock spare space
-/// (mempool reserves the first 4 KiB; words past 1 KiB are unused).
-const SHARED_FAA: GlobalAddr = GlobalAddr::host(0, 2048);
+/// The shared FAA counter: node 0's superblock word kept for it.
+const SHARED_FAA: GlobalAddr = GlobalAddr::host(0, mempool::VERB_COUNTER_OFF);
 
 /// The word the tasks of one core CAS-increment: in device memory (where
 /// NIC atomics are cheapest, as HOCL's locks are), one per core, so a core's

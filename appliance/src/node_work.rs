@@ -7,9 +7,10 @@
 //! dead node cannot block anyone's allocation), disjoint from what the
 //! index workloads ([`crate::node_index`]) use — the superblock's words and
 //! the chunks below [`Layout::areas_off`]:
-//! - `[0, 8)`: the node's shared FAA counter, bumped by every compute node;
-//!   the launcher checks it against the FAAs the compute nodes report. The
-//!   superblock leaves this word unused by every index.
+//! - [`FAA_OFFSET`]: the node's shared FAA counter, bumped by every compute
+//!   node; the launcher checks it against the FAAs the compute nodes
+//!   report. The superblock keeps this word for it; no index uses it, and
+//!   offset 0 (the null address's word on node 0) stays untouched.
 //! - `areas_off + g · AREA_BYTES`: task `g`'s private words (`g` counts
 //!   tasks over compute nodes in id order, then cores, then tasks), one per
 //!   64-byte line; only task `g` writes there, so a READ must return what
@@ -27,7 +28,7 @@ use std::rc::Rc;
 pub const TASK_WORDS: u64 = 256;
 pub const AREA_BYTES: u64 = TASK_WORDS * 64;
 /// The shared FAA counter's offset on every memory node.
-pub const FAA_OFFSET: u64 = 0;
+pub const FAA_OFFSET: u64 = mempool::VERB_COUNTER_OFF;
 
 /// Host bytes a memory node needs for `tasks` tasks in all: the superblock
 /// and the areas.

@@ -20,6 +20,7 @@ use cluster::processes::{free_ports, PrivateDir, Processes};
 use cluster::stats::latency_histogram;
 use cluster::EmuCluster;
 use hdrhistogram::Histogram;
+use mempool::NULL_WORD_OFF;
 use nicdrv::clock::unix_ns;
 use nicdrv::emu::{EmuConfig, EmuEndpoint};
 use nicdrv::{ExecutorConfig, GlobalAddr};
@@ -210,8 +211,10 @@ fn write_cluster(cfg: &ProcessesConfig) -> Result<(PrivateDir, PathBuf), String>
     Ok((dir, file))
 }
 
-/// Reads the shared FAA counter of every memory node (attached by path).
-fn read_faa_counters(eps: Vec<EmuEndpoint>) -> Result<Vec<u64>, String> {
+/// Reads the shared FAA counter of every memory node (attached by path),
+/// and its word at offset 0 (node 0's null address): (counter, offset 0)
+/// per node.
+fn read_faa_counters(eps: Vec<EmuEndpoint>) -> Result<Vec<(u64, u64)>, String> {
     let ids: Vec<u16> = eps.iter().map(|e| e.node()).collect();
     let cluster = EmuCluster::attach(eps, EmuConfig::default());
     let mut ex = cluster
@@ -221,12 +224,15 @@ fn read_faa_counters(eps: Vec<EmuEndpoint>) -> Result<Vec<u64>, String> {
             poll_batch: 8,
         })
         .map_err(|e| e.to_string())?;
-    let out: Rc<Vec<Cell<Option<u64>>>> = Rc::new(ids.iter().map(|_| Cell::new(None)).collect());
+    type Words = Vec<Cell<Option<(u64, u64)>>>;
+    let out: Rc<Words> = Rc::new(ids.iter().map(|_| Cell::new(None)).collect());
     let o = out.clone();
     ex.spawn(move |ctx| async move {
         for (i, &n) in ids.iter().enumerate() {
-            if let Ok(b) = ctx.read(GlobalAddr::host(n, FAA_OFFSET), 8).await {
-                o[i].set(Some(b.u64_at(0)));
+            let counter = ctx.read(GlobalAddr::host(n, FAA_OFFSET), 8).await;
+            let null = ctx.read(GlobalAddr::host(n, NULL_WORD_OFF), 8).await;
+            if let (Ok(c), Ok(z)) = (counter, null) {
+                o[i].set(Some((c.u64_at(0), z.u64_at(0))));
             }
         }
     })
@@ -349,10 +355,16 @@ fn run_workload(
             if pass { "ok" } else { "FAILED" }
         );
     };
-    for (k, (&c, &f)) in counters.iter().zip(&t.faa).enumerate() {
+    for (k, (&(c, null), &f)) in counters.iter().zip(&t.faa).enumerate() {
         check(
             format!("memory node {k} FAA counter {c} = FAAs issued {f}"),
             c == f,
+        );
+        // Nothing is kept at offset 0 (node 0's null address): a verb that
+        // landed there wrote through an address it should not have.
+        check(
+            format!("memory node {k} word at offset 0 is {null}"),
+            null == 0,
         );
     }
     let mism = t.mismatches;

@@ -463,9 +463,14 @@ fn demo_processes_runs_a_cluster_of_processes_and_passes_its_checks() {
         stderr.contains("loch node 0: compute run 3 joined"),
         "{stderr}"
     );
-    // Verbs: 2 FAA counters + mismatches + failures + exits; each index:
-    // mismatches + failures + exits; then the memory nodes' teardown.
-    assert_eq!(stdout.matches(": ok").count(), 5 + 3 + 3 + 1, "{stdout}");
+    // Verbs: 2 FAA counters + 2 words at offset 0 + mismatches + failures
+    // + exits; each index: mismatches + failures + exits; then the memory
+    // nodes' teardown.
+    assert_eq!(stdout.matches(": ok").count(), 7 + 3 + 3 + 1, "{stdout}");
+    for k in 0..2 {
+        let null = format!("memory node {k} word at offset 0 is 0: ok");
+        assert!(stdout.contains(&null), "{null}: {stdout}");
+    }
     assert!(!stdout.contains("FAILED"), "{stdout}");
     assert!(figure(&stdout, "operations ") > 1000.0, "{stdout}");
     assert!(figure(&stdout, "operations/s") > 1000.0, "{stdout}");

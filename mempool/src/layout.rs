@@ -23,7 +23,9 @@
 //!                           classes (index::cuckoo::lend), on every node
 //! 832     HASH_WANT_OFF     reserved: the cuckoo table's want count, node 0
 //!                           only (index::cuckoo::lend)
-//! 896..   unassigned        add new words here, one 64-byte line each
+//! 896     VERB_COUNTER_OFF  reserved: the shared FAA counter of the
+//!                           appliance's verb workloads, on every node
+//! 960..   unassigned        add new words here, one 64-byte line each
 //! 4096    first chunk
 //! ```
 
@@ -63,6 +65,11 @@ pub const HASH_LEND_WORDS: u64 = 8;
 /// Unused here.
 pub const HASH_WANT_OFF: u64 = HASH_LEND_OFF + 64 * HASH_LEND_WORDS;
 
+/// Reserved for the appliance's verb workloads (`loch demo`, `loch node`):
+/// on every memory node, the counter every compute task FAAs and the
+/// launcher checks against the FAAs issued. Unused here.
+pub const VERB_COUNTER_OFF: u64 = HASH_WANT_OFF + 64;
+
 /// Chunks start on this boundary, and allocations may ask for at most this
 /// alignment.
 ///
@@ -94,6 +101,7 @@ mod tests {
         ];
         words.extend((0..HASH_LEND_WORDS).map(|c| HASH_LEND_OFF + 64 * c));
         words.push(HASH_WANT_OFF);
+        words.push(VERB_COUNTER_OFF);
         for (i, &w) in words.iter().enumerate() {
             assert_eq!(w % 64, 0, "word {w} not on its own line");
             assert!(w + 8 <= SUPERBLOCK_BYTES);

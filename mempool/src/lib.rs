@@ -19,7 +19,10 @@ pub mod layout;
 pub use chunk::{AllocError, ChunkConfig, RemoteAllocator, DEFAULT_CHUNK_BYTES, MIN_ALIGN};
 pub use core_pool::CorePool;
 pub use huge::{check_memlock, memlock_limit, HugeMem, HUGE_PAGE_BYTES};
-pub use layout::{first_chunk_off, CHUNK_ALIGN, CHUNK_CURSOR_OFF, SUPERBLOCK_BYTES, TREE_ROOT_OFF};
+pub use layout::{
+    first_chunk_off, CHUNK_ALIGN, CHUNK_CURSOR_OFF, NULL_WORD_OFF, SUPERBLOCK_BYTES, TREE_ROOT_OFF,
+    VERB_COUNTER_OFF,
+};
 
 use std::fmt;
 use std::io;
