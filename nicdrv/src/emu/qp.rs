@@ -181,7 +181,13 @@ impl EmuNic {
     fn local_ok(&self, sge: &Sge, need: Access) -> bool {
         let idx = (sge.lkey.0 & LKEY_INDEX_MASK) as usize;
         let slot = &self.inner.mrs[idx];
-        if sge.lkey.0 == 0 || slot.lkey.load(Ordering::Acquire) != sge.lkey.0 {
+        // 0 is no key and all ones the claim marker of a slot being
+        // registered (whose range may still be the last region's): no
+        // registration hands either out.
+        if sge.lkey.0 == 0
+            || sge.lkey.0 == u32::MAX
+            || slot.lkey.load(Ordering::Acquire) != sge.lkey.0
+        {
             return false;
         }
         let base = slot.base.load(Ordering::Relaxed);
@@ -651,6 +657,29 @@ mod tests {
                 assert_eq!((k & LKEY_INDEX_MASK) as usize, idx);
             }
         }
+    }
+
+    /// An SGE naming the claim marker as its key is refused, though the
+    /// last slot, mid-claim, holds that marker over the range of the
+    /// region it held before.
+    #[test]
+    fn the_claim_marker_is_no_key() {
+        let nic = EmuNic::new(EmuConfig::default());
+        let mut mem = vec![0u8; 64];
+        let slot = &nic.inner.mrs[MAX_LOCAL_MRS - 1];
+        // As `register_raw` leaves the slot between its claim and its
+        // range stores, over a range that was live before.
+        slot.base.store(mem.as_mut_ptr() as u64, Ordering::Relaxed);
+        slot.len.store(64, Ordering::Relaxed);
+        slot.access
+            .store(Access::LOCAL_WRITE.bits(), Ordering::Relaxed);
+        slot.lkey.store(u32::MAX, Ordering::Release);
+        let sge = Sge {
+            addr: mem.as_mut_ptr(),
+            len: 8,
+            lkey: LKey(u32::MAX),
+        };
+        assert!(!nic.local_ok(&sge, Access::LOCAL_WRITE));
     }
 
     /// An SGE whose end wraps past 2^64 is outside its region, however its
