@@ -280,7 +280,7 @@ impl Nic for EmuNic {
 struct Pending {
     due_ns: u64,
     wc: Completion,
-    qp_slot: u16,
+    qp_slot: u32,
     retire: u32,
 }
 
@@ -356,11 +356,26 @@ impl EmuPreparedQp {
         let shared = Rc::new(QpShared {
             outstanding: Cell::new(0),
         });
+        // A dropped queue pair's slot is taken again (its drop took its
+        // completions from the queue, and only the list still holds its
+        // count), so the list is as long as the most queue pairs ever
+        // connected at once, which the CQ's reservations bound.
         let slot = {
             let mut qps = self.cq.qps.borrow_mut();
-            qps.push(shared.clone());
-            (qps.len() - 1) as u16
+            match qps.iter().position(|q| Rc::strong_count(q) == 1) {
+                Some(free) => {
+                    qps[free] = shared.clone();
+                    free
+                }
+                None => {
+                    qps.push(shared.clone());
+                    qps.len() - 1
+                }
+            }
         };
+        // Every connected queue pair reserves at least one entry of the
+        // CQ's u32 capacity, so fewer than 2^32 are connected at once.
+        let slot = u32::try_from(slot).expect("more queue pairs than CQ entries");
         let mut regions = Vec::with_capacity(super::MAX_REGIONS);
         let regions_gen = peer.map.read_regions(&mut regions);
         EmuQp {
@@ -390,7 +405,7 @@ pub struct EmuQp {
     delay: bool,
     cq: Rc<CqInner>,
     shared: Rc<QpShared>,
-    slot: u16,
+    slot: u32,
     qp_num: u32,
     depth: u32,
     peer: EmuEndpoint,
@@ -657,6 +672,40 @@ mod tests {
                 assert_eq!((k & LKEY_INDEX_MASK) as usize, idx);
             }
         }
+    }
+
+    /// Queue pairs connected and dropped one after another on one CQ take
+    /// the same slot: its list does not grow with every connect (a 16-bit
+    /// slot aliased the 65,537th), and a slot taken again starts with
+    /// nothing outstanding.
+    #[test]
+    fn a_dropped_queue_pairs_slot_is_taken_again() {
+        use super::super::{Backing, EmuNode, EmuNodeConfig};
+        let node = EmuNode::create(&EmuNodeConfig {
+            id: 0,
+            host_bytes: 4096,
+            dm_bytes: 0,
+            backing: Backing::Memfd,
+        })
+        .unwrap();
+        let ep = node.endpoint();
+        let nic = EmuNic::new(EmuConfig::default());
+        let cq = nic.create_cq(4).unwrap();
+        let kept = nic.create_qp(&cq, 1).unwrap().connect(&ep);
+        for _ in 0..100 {
+            let qp = nic.create_qp(&cq, 2).unwrap().connect(&ep);
+            assert_eq!(qp.slot, 1);
+            assert_eq!(qp.shared.outstanding.get(), 0);
+        }
+        let (a, b) = (
+            nic.create_qp(&cq, 1).unwrap().connect(&ep),
+            nic.create_qp(&cq, 1).unwrap().connect(&ep),
+        );
+        assert_eq!((kept.slot, a.slot, b.slot), (0, 1, 2));
+        drop(a);
+        let c = nic.create_qp(&cq, 1).unwrap().connect(&ep);
+        assert_eq!(c.slot, 1, "the lowest free slot");
+        assert_eq!(cq.inner.qps.borrow().len(), 3);
     }
 
     /// An SGE naming the claim marker as its key is refused, though the
