@@ -380,25 +380,29 @@ fn a_new_owner_never_reuses_a_file_others_still_map() {
 /// The owner's pid comes from the node's header, which another process
 /// wrote: an attacher whose header names some other live process (here
 /// this test's own parent) still learns of the owner's death, by its lock
-/// (a pidfd of the wrong process never fired).
+/// (a pidfd of the wrong process never fired); so does one whose header
+/// names the attacher itself, as an owner in another pid namespace may
+/// (it took the node for one of its own and started no watchdog).
 #[test]
 fn an_owner_death_is_noticed_whatever_pid_the_header_names() {
     use std::os::unix::fs::FileExt;
     const OWNER_PID: u64 = 48;
-    let path = shm_path("wrongpid");
-    let mut child = child_owner(&path, 8);
-    // SAFETY: getppid has no preconditions.
-    let other = unsafe { libc::getppid() } as u64;
-    open_rw(&path)
-        .write_all_at(&other.to_le_bytes(), OWNER_PID)
-        .unwrap();
-    let ep = EmuEndpoint::attach(&path).unwrap();
-    assert!(ep.is_alive());
-    child.kill().unwrap();
-    child.wait().unwrap();
-    wait_owner_death(&ep, Duration::from_secs(5), Duration::from_millis(5));
-    drop(ep);
-    let _ = std::fs::remove_file(&path);
+    // SAFETY: getppid and getpid have no preconditions.
+    let (parent, me) = unsafe { (libc::getppid(), libc::getpid()) };
+    for (k, named) in [parent as u64, me as u64].into_iter().enumerate() {
+        let path = shm_path("wrongpid");
+        let mut child = child_owner(&path, 8 + k as u16);
+        open_rw(&path)
+            .write_all_at(&named.to_le_bytes(), OWNER_PID)
+            .unwrap();
+        let ep = EmuEndpoint::attach(&path).unwrap();
+        assert!(ep.is_alive());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        wait_owner_death(&ep, Duration::from_secs(5), Duration::from_millis(5));
+        drop(ep);
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// A queue pair dropped with completions unpolled takes them with it, and

@@ -587,6 +587,8 @@ fn names(path: &Path, f: &File) -> bool {
 pub struct EmuNode {
     map: Arc<NodeMap>,
     key_seed: u32,
+    /// Dropped after `Drop for EmuNode` released the owner's lock.
+    _owned: OwnedHere,
 }
 
 impl EmuNode {
@@ -618,6 +620,7 @@ impl EmuNode {
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(EmuError::InUse { path, pid: 0 });
         }
+        let owned = OwnedHere::take(&file).map_err(io_err(&path, "cannot stat"))?;
         let layout = Layout::new(page, cfg.host_bytes, cfg.dm_bytes);
         let total = layout.total;
         file.set_len(total).map_err(io_err(&path, "cannot size"))?;
@@ -641,6 +644,7 @@ impl EmuNode {
         Ok(EmuNode {
             map: Arc::new(map),
             key_seed: random_u32() | 1,
+            _owned: owned,
         })
     }
 
@@ -802,6 +806,49 @@ impl Drop for EmuNode {
     }
 }
 
+/// The files (device and inode) the nodes of this process own: how an
+/// attacher tells a node of its own process from a header that only names
+/// its pid.
+static OWNED_HERE: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// A node file counted in [`OWNED_HERE`] while this lives (the node's
+/// lifetime: dropped with it, after its lock is released).
+struct OwnedHere((u64, u64));
+
+impl OwnedHere {
+    fn take(file: &File) -> io::Result<OwnedHere> {
+        let key = file_key(&file.metadata()?);
+        OWNED_HERE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(key);
+        Ok(OwnedHere(key))
+    }
+}
+
+impl Drop for OwnedHere {
+    fn drop(&mut self) {
+        let mut owned = OWNED_HERE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = owned.iter().position(|&k| k == self.0) {
+            owned.swap_remove(i);
+        }
+    }
+}
+
+fn file_key(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// True when a node of this process owns the file `meta` describes.
+fn owned_here(meta: &std::fs::Metadata) -> bool {
+    let key = file_key(meta);
+    OWNED_HERE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&key)
+}
+
 fn read_owner_pid(f: &File) -> Option<u64> {
     let mut buf = [0u8; 8];
     std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, HDR_OWNER_PID).ok()?;
@@ -853,7 +900,8 @@ impl EmuEndpoint {
             path: path.to_path_buf(),
             why,
         };
-        let file_len = file.metadata().map_err(io_err(path, "cannot stat"))?.len();
+        let meta = file.metadata().map_err(io_err(path, "cannot stat"))?;
+        let file_len = meta.len();
         let page = if is_hugetlbfs(&file) {
             HUGE_PAGE
         } else {
@@ -916,8 +964,13 @@ impl EmuEndpoint {
         // fool the watchdog: if the owner died before this point the lock
         // check below catches it.
         // SAFETY: getpid has no preconditions.
-        let same_process = pid == unsafe { libc::getpid() } as u64;
-        let pidfd = if same_process {
+        let our_pid = pid == unsafe { libc::getpid() } as u64;
+        // A node of this process needs no watchdog (its owner dies with
+        // us). A header that names our pid for a file no node here owns
+        // (an owner in another pid namespace, a header written wrong) is
+        // watched by its lock alone: a pidfd of our own pid never fires.
+        let same_process = our_pid && owned_here(&meta);
+        let pidfd = if our_pid {
             None
         } else {
             pidfd_open(pid as i32)
