@@ -44,17 +44,26 @@ impl HugeMem {
     ///
     /// Tries `MAP_HUGETLB` first. Without reserved huge pages that `mmap`
     /// fails at once (the kernel reserves hugetlb pages at `mmap` time, and
-    /// we do not pass `MAP_NORESERVE`, so there is no later `SIGBUS`), and we
-    /// fall back to ordinary pages with `madvise(MADV_HUGEPAGE)`, warning
-    /// once per process.
+    /// we do not pass `MAP_NORESERVE`), and where they cannot be faulted in
+    /// (a hugetlb cgroup limit, charged at first touch) the prefault fails
+    /// rather than raise SIGBUS; either way we fall back to ordinary pages
+    /// with `madvise(MADV_HUGEPAGE)`, warning once per process. The mapping
+    /// is not inherited by children (`MADV_DONTFORK`).
     pub fn alloc(bytes: usize) -> Result<HugeMem, MemError> {
         if bytes == 0 {
             return Err(MemError::ZeroBytes);
         }
         let huge_len = round_up(bytes, HUGE_PAGE_BYTES).ok_or(MemError::TooLarge { bytes })?;
-        match map_huge(huge_len) {
+        let huge =
+            map_huge(huge_len).and_then(|ptr| match prefault(ptr, huge_len, HUGE_PAGE_BYTES) {
+                Ok(()) => Ok(ptr),
+                Err(e) => {
+                    unmap(ptr, huge_len);
+                    Err(e)
+                }
+            });
+        match huge {
             Ok(ptr) => {
-                prefault(ptr, huge_len, HUGE_PAGE_BYTES);
                 return Ok(HugeMem {
                     ptr,
                     len: huge_len,
@@ -66,7 +75,10 @@ impl HugeMem {
         let page = page_bytes();
         let len = round_up(bytes, page).ok_or(MemError::TooLarge { bytes })?;
         let ptr = map_small(len).map_err(|err| MemError::Mmap { bytes: len, err })?;
-        prefault(ptr, len, page);
+        if let Err(err) = prefault(ptr, len, page) {
+            unmap(ptr, len);
+            return Err(MemError::Mmap { bytes: len, err });
+        }
         Ok(HugeMem {
             ptr,
             len,
@@ -154,6 +166,14 @@ fn mmap_anon(len: usize, extra_flags: libc::c_int) -> io::Result<NonNull<u8>> {
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: advising on the mapping just made. MADV_DONTFORK keeps it
+    // out of any child this process forks: a registered page left shared
+    // copy-on-write with a child would be copied at the parent's next
+    // write, and the NIC would go on reading and writing the old copy
+    // (rdma-core's fork caveat, on kernels that do not copy pinned pages
+    // at fork). The children this process starts exec at once and need
+    // none of it. It fails only for ranges that are not a mapping.
+    let _ = unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
     NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned a null mapping"))
 }
 
@@ -179,12 +199,37 @@ fn map_small(len: usize) -> io::Result<NonNull<u8>> {
 
 /// Faults every page in now, at start-up, so the data path never waits on
 /// a page fault (nothing allocates on the data path).
-fn prefault(ptr: NonNull<u8>, len: usize, page: usize) {
+///
+/// `MADV_POPULATE_WRITE` first: where the pages cannot be had (a hugetlb
+/// cgroup limit, which is charged at first touch, not at `mmap`; memory
+/// exhausted) it fails with an error where a write would raise SIGBUS or
+/// wake the OOM killer. Kernels before 5.14 do not know it (EINVAL): there
+/// each page is written once.
+fn prefault(ptr: NonNull<u8>, len: usize, page: usize) -> io::Result<()> {
+    // SAFETY: advising on our fresh private mapping of `len` bytes;
+    // populating faults its pages in writable and keeps their zeroes.
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EINVAL) {
+        return Err(err);
+    }
     for off in (0..len).step_by(page) {
         // SAFETY: `off < len`, inside our fresh private mapping, which no one
         // else can see yet; writing the zero it already holds keeps it zeroed.
         unsafe { ptr.as_ptr().add(off).write_volatile(0) };
     }
+    Ok(())
+}
+
+/// Unmaps a mapping `alloc` made and gives up on.
+fn unmap(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: `ptr..ptr+len` is a mapping made by `alloc` and not yet
+    // handed to any `HugeMem`; nothing else refers to it.
+    let rc = unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+    debug_assert_eq!(rc, 0, "munmap of our own mapping failed");
 }
 
 /// The locked-memory limit (`RLIMIT_MEMLOCK`, soft) in bytes; `None` when
@@ -260,6 +305,44 @@ mod tests {
             // SAFETY: unmapping the mapping made just above, used by no one.
             unsafe { libc::munmap(p.as_ptr().cast(), HUGE_PAGE_BYTES) };
         }
+    }
+
+    /// The VmFlags of the mapping that starts at `addr`, from smaps.
+    fn vm_flags(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines();
+        while let Some(l) = lines.next() {
+            let start = l
+                .split('-')
+                .next()
+                .and_then(|h| usize::from_str_radix(h, 16).ok());
+            if start != Some(addr) {
+                continue;
+            }
+            for l in lines.by_ref() {
+                if let Some(flags) = l.strip_prefix("VmFlags:") {
+                    return flags.split_whitespace().map(String::from).collect();
+                }
+            }
+        }
+        panic!("no mapping at {addr:#x} in /proc/self/smaps")
+    }
+
+    /// Registered memory is kept out of forked children (`dc`: "do not
+    /// copy area on fork"), and is resident once allocated.
+    #[test]
+    fn memory_is_not_inherited_by_children_and_is_resident() {
+        let m = HugeMem::alloc(3 << 20).unwrap();
+        let flags = vm_flags(m.as_ptr() as usize);
+        assert!(flags.iter().any(|f| f == "dc"), "{flags:?}");
+        // Every page is in: mincore reports each resident.
+        let page = page_bytes();
+        let mut vec = vec![0u8; m.len().div_ceil(page)];
+        // SAFETY: mincore reads the page tables of our own mapping and
+        // writes one byte per page into `vec`, which has that many.
+        let rc = unsafe { libc::mincore(m.as_ptr().cast(), m.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        assert!(vec.iter().all(|b| b & 1 == 1), "a page not resident");
     }
 
     #[test]
