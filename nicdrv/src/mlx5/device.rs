@@ -185,10 +185,34 @@ fn dev_name(d: *mut ibv_device) -> String {
     }
 }
 
+/// Makes this process's registrations fork-safe, once, before its first
+/// other verbs call (as `ibv_fork_init` must come): where the kernel does
+/// not copy pinned pages at fork, libibverbs then keeps every registered
+/// range out of forked children, so a parent's write after a fork cannot
+/// move a page the NIC still reads and writes. Kernels that do copy them
+/// need nothing (`IBV_FORK_UNNEEDED`). A failure is said, not fatal:
+/// registrations still work, and only a fork would then be unsafe.
+fn fork_safe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: takes no arguments; libibverbs may be called from any
+        // thread, and the Once runs it before this process's first other
+        // verbs call (every one goes through `with_device_list` first).
+        let rc = unsafe { ibv_fork_init() };
+        if rc != 0 {
+            log::warn!(
+                "ibv_fork_init failed ({}): registered memory is not fork-safe in this process",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
+    });
+}
+
 /// Runs `f` over the device list and frees the list afterwards.
 fn with_device_list<T>(
     f: impl FnOnce(&[*mut ibv_device]) -> Result<T, Mlx5Error>,
 ) -> Result<T, Mlx5Error> {
+    fork_safe();
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed below.
     let list = unsafe { ibv_get_device_list(&mut n) };
@@ -643,3 +667,18 @@ impl Drop for DeviceMemory {
 // SAFETY: the DM and its MR are plain device handles usable from any
 // thread; they are freed only in Drop.
 unsafe impl Send for DeviceMemory {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opening the device list turns fork protection on first (or finds
+    /// the kernel needs none): it was never asked for before.
+    #[test]
+    fn the_device_list_makes_registrations_fork_safe() {
+        let _ = with_device_list(|devs| Ok(devs.len()));
+        // SAFETY: takes no arguments, reads libibverbs' own state.
+        let status = unsafe { ibv_is_fork_initialized() };
+        assert_ne!(status, IBV_FORK_DISABLED);
+    }
+}
