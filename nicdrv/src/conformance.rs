@@ -584,9 +584,11 @@ fn sge<N: Nic>(rig: &RawRig<N>, off: usize, len: u32) -> Sge {
     }
 }
 
-fn host_rkey<N: Nic>(rig: &RawRig<N>) -> RKey {
-    rig.qp
-        .remote_regions()
+/// The rkey of the host memory of the node `qp` is connected to (for
+/// verbs posted by hand). Panics if the node exposes none: the case cannot
+/// run.
+pub fn host_rkey(qp: &impl QueuePair) -> RKey {
+    qp.remote_regions()
         .iter()
         .find(|r| r.space == Space::Host)
         .expect("node exposes host memory")
@@ -598,7 +600,7 @@ fn host_rkey<N: Nic>(rig: &RawRig<N>) -> RKey {
 pub fn selective_signaling<H: Harness>(h: &H) {
     let (a, _) = two_nodes(h);
     let mut rig = raw(h, a, 4096);
-    let rkey = host_rkey(&rig);
+    let rkey = host_rkey(&rig.qp);
     let mut wrs = Vec::new();
     for i in 0..4u64 {
         wrs.push(WorkRequest {
@@ -833,7 +835,7 @@ pub fn remote_errors<H: Harness>(h: &H) {
 pub fn flush_on_error<H: Harness>(h: &H) {
     let (a, _) = two_nodes(h);
     let mut rig = raw(h, a, 4096);
-    let rkey = host_rkey(&rig);
+    let rkey = host_rkey(&rig.qp);
     let base = 0xc000u64;
     // Local words 0..3 hold the payloads 11, 22, 33.
     for (i, v) in [11u64, 22, 33].iter().enumerate() {
@@ -903,7 +905,7 @@ pub fn flush_on_error<H: Harness>(h: &H) {
 pub fn post_refusals<H: Harness>(h: &H) {
     let (a, b) = two_nodes(h);
     let mut rig = raw(h, a, 4096);
-    let rkey = host_rkey(&rig);
+    let rkey = host_rkey(&rig.qp);
     let remote = GlobalAddr::host(a, 0xd000);
     // The oversized READ below (u32::MAX bytes into a 4 KiB rig) is safe
     // to post only while the device refuses it by length.

@@ -420,12 +420,7 @@ fn dropped_queue_pairs_give_back_their_completions_and_depth() {
         .unwrap();
     drop(h.nic.create_qp(&cq, 16).unwrap());
     let post16 = |qp: &mut nicdrv::emu::EmuQp, first: u64| {
-        let rkey = qp
-            .remote_regions()
-            .iter()
-            .find(|r| r.space == Space::Host)
-            .unwrap()
-            .rkey;
+        let rkey = conformance::host_rkey(qp);
         let wrs: Vec<WorkRequest> = (0..16u64)
             .map(|i| WorkRequest {
                 wr_id: first + i,

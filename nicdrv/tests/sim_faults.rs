@@ -345,12 +345,7 @@ fn local_failure_flushes_later_doorbells_unexecuted() {
             Access::LOCAL_WRITE,
         )
         .unwrap();
-    let rkey = qp
-        .remote_regions()
-        .iter()
-        .find(|r| r.space == Space::Host)
-        .unwrap()
-        .rkey;
+    let rkey = nicdrv::conformance::host_rkey(&qp);
     let sge = |off: usize, len: u32, lkey: LKey| Sge {
         // SAFETY: callers stay inside the registered region.
         addr: unsafe { mr.as_ptr().add(off) },
