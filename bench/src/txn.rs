@@ -583,49 +583,26 @@ fn seeds(a: &TxnArgs) -> impl Iterator<Item = u64> {
     (0..a.seeds.unwrap_or(SEEDS)).map(move |i| first.wrapping_add(i))
 }
 
-/// The faults' targets exist among `machines` and the run's `threads`
-/// simulator threads (`layout` says how they are numbered), and their
-/// times lie within a run's virtual time limit (a run stops there, and a
-/// fault past it only made the run long, then fail).
+/// The faults' targets exist among `machines` (each a memory node and a
+/// compute node) and the run's `threads` simulator threads (`layout` says
+/// how they are numbered), and their times lie within a run's virtual time
+/// limit (a run stops there, and a fault past it only made the run long,
+/// then fail).
 fn check_faults(
     faults: &[nicdrv::sim::Fault],
     machines: u16,
     threads: usize,
     layout: &str,
 ) -> Result<(), String> {
-    use nicdrv::sim::FaultKind as K;
+    let m = usize::from(machines);
     for f in faults {
-        if let K::StallThread { thread, .. } = f.kind {
-            if thread as usize >= threads {
-                return Err(format!(
-                    "there is no thread {thread} of {threads} (0 ..= {}): {layout}",
-                    threads - 1
-                ));
-            }
-        }
+        f.check_machines(m, m, m)?;
+        f.check_threads(threads)
+            .map_err(|e| format!("{e} (0 ..= {}): {layout}", threads - 1))?;
         if f.at_ns > txn::harness::SIM_LIMIT_NS {
             return Err(format!(
                 "at most {} s into the run",
                 txn::harness::SIM_LIMIT_NS / 1_000_000_000
-            ));
-        }
-        let node = match f.kind {
-            K::CrashMemoryNode { node } | K::CrashComputeNode { node } => Some(node),
-            K::CrashMachine { machine } => Some(machine),
-            K::CutLink { compute, memory }
-            | K::HealLink { compute, memory }
-            | K::QueueFull {
-                compute, memory, ..
-            } => Some(compute.max(memory)),
-            K::Partition { side } | K::HealPartition { side } => {
-                (machines < 64 && side >> machines != 0).then(|| 63 - side.leading_zeros() as u16)
-            }
-            K::LatencySpike { .. } | K::StallThread { .. } => None,
-        };
-        if let Some(n) = node.filter(|&n| n >= machines) {
-            return Err(format!(
-                "there is no machine {n} of {machines} (0 ..= {})",
-                machines - 1
             ));
         }
     }

@@ -128,6 +128,12 @@ impl Fault {
         threads: usize,
     ) -> Result<(), String> {
         self.check(memory_nodes, compute_nodes)?;
+        self.check_threads(threads)
+    }
+
+    /// A thread stall names one of `threads` threads (numbered from 0);
+    /// other faults name no thread.
+    pub fn check_threads(&self, threads: usize) -> Result<(), String> {
         match self.kind {
             FaultKind::StallThread { thread, .. } if thread as usize >= threads => Err(format!(
                 "fault {self} names thread {thread}; there are {threads} threads"
