@@ -515,6 +515,8 @@ fn read_history(path: &Path) -> HistoryFile {
     assert_eq!(header["type"], "header");
     assert_eq!(header["format"], "loch-history");
     assert_eq!(header["version"], 2);
+    // Every run these tests read ran to its end.
+    assert!(header["failure"].is_null(), "{header}");
     let (mut initial, mut ops) = (BTreeMap::new(), Vec::new());
     for l in lines {
         match l["type"].as_str().unwrap() {

@@ -14,7 +14,7 @@ pub(crate) fn exec_cfg(spec: &RunSpec) -> ExecutorConfig {
     }
 }
 
-pub fn measure(spec: &RunSpec) -> Result<Report, String> {
+pub fn measure(spec: &RunSpec) -> Result<Report, Failed> {
     match spec.backend {
         Backend::Sim => measure_sim(spec),
         Backend::Emu | Backend::Mlx5 => measure_threads(spec),
@@ -27,9 +27,17 @@ pub(crate) fn finish(
     elapsed_ns: u64,
     wall_sec: f64,
     sim_events: u64,
-) -> Result<Report, String> {
+) -> Result<Report, Failed> {
+    let history = || {
+        sh.history
+            .as_ref()
+            .map(|h| std::mem::take(&mut *h.borrow_mut()))
+    };
     if let Some(e) = sh.failure.borrow_mut().take() {
-        return Err(format!("an operation failed: {e}"));
+        return Err(Failed {
+            why: format!("an operation failed: {e}"),
+            history: history(),
+        });
     }
     let kinds = std::mem::take(&mut *sh.kinds.borrow_mut());
     let ops = kinds.iter().map(|k| k.count).sum();
@@ -47,10 +55,7 @@ pub(crate) fn finish(
         ops,
         wall_sec,
         sim_events,
-        history: sh
-            .history
-            .as_ref()
-            .map(|h| std::mem::take(&mut *h.borrow_mut())),
+        history: history(),
         unfinished_clients: clients.saturating_sub(sh.finished.get()),
     })
 }
@@ -132,7 +137,7 @@ impl<'a> ClientWork<'a> {
 
 impl Workload for ClientWork<'_> {
     type Group = (Rc<ClientTally>, Rc<RunSpec>, Rc<KeyDist>);
-    type Out = Result<Report, String>;
+    type Out = Result<Report, Failed>;
 
     fn group(&self, index: usize, groups: usize) -> Self::Group {
         let sh = ClientTally::new(
@@ -178,7 +183,7 @@ impl Workload for ClientWork<'_> {
     }
 }
 
-pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
+pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, Failed> {
     let mut w = World::new(SimConfig {
         seed: spec.seed,
         memory_nodes: spec.memory_nodes,
@@ -247,9 +252,14 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, String> {
     });
     let wall_sec = wall.elapsed().as_secs_f64();
     if end != RunEnd::Done && sh.failure.borrow().is_none() && faults.is_empty() {
-        return Err(format!(
-            "the simulation ended {end:?} with clients unfinished"
-        ));
+        return Err(Failed {
+            why: format!("the simulation ended {end:?} with clients unfinished"),
+            // The stuck clients' operations stay pending in it.
+            history: sh
+                .history
+                .as_ref()
+                .map(|h| std::mem::take(&mut *h.borrow_mut())),
+        });
     }
     // Under faults the measured interval ends with the last operation that
     // ended, not with the quiet time the run waited out.
@@ -325,7 +335,7 @@ fn client_faults(spec: &RunSpec, start: u64, first_client_thread: u32) -> Vec<Fa
 pub(crate) const FAULT_QUIET_NS: u64 = 20_000_000;
 
 /// A run on threads of this host (emu, mlx5), wall clock.
-pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
+pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, Failed> {
     // The loader's core is not pinned, the clients' are.
     let backend = spec.backend.cluster(false, spec.seed, 1, &spec.device)?;
     let mut cluster = Cluster::boot(&ClusterSpec {
@@ -371,7 +381,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
         });
         let loaded = loaded.map_err(|e| e.to_string())?;
         if let Some(Some(e)) = loaded.into_iter().next() {
-            return Err(format!("loading failed: {e}"));
+            return Err(format!("loading failed: {e}").into());
         }
     }
     progress.finish();
@@ -383,20 +393,40 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, String> {
         .run_pinned(&clients, spec.threads, exec_cfg(spec), true)
         .map_err(|e| e.to_string())?;
     let wall_sec = wall.elapsed().as_secs_f64();
-    let mut merged: Option<Report> = None;
+    let (mut merged, mut failed): (Option<Report>, Option<Failed>) = (None, None);
     for r in reports {
-        let r = r?;
-        merged = Some(match merged {
-            None => r,
-            Some(mut m) => {
-                m.absorb(r);
-                m
+        match r {
+            Ok(r) => {
+                merged = Some(match merged {
+                    None => r,
+                    Some(mut m) => {
+                        m.absorb(r);
+                        m
+                    }
+                })
             }
-        });
+            // The first core's failure is the run's; every core's history
+            // goes with it.
+            Err(f) => match &mut failed {
+                None => failed = Some(f),
+                Some(first) => append_history(&mut first.history, f.history),
+            },
+        }
+    }
+    if let Some(mut f) = failed {
+        append_history(&mut f.history, merged.and_then(|m| m.history));
+        return Err(f);
     }
     let mut m = merged.ok_or("no cores ran")?;
     let start = clients.from.load(Ordering::Relaxed);
     m.elapsed_ns = m.elapsed_ns.saturating_sub(start.min(m.elapsed_ns));
     m.wall_sec = wall_sec;
     Ok(m)
+}
+
+/// Adds `more` to `to` (where both were recorded).
+fn append_history(to: &mut Option<HistLog>, more: Option<HistLog>) {
+    if let (Some(a), Some(b)) = (to.as_mut(), more) {
+        a.append(b);
+    }
 }

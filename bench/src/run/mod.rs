@@ -167,7 +167,9 @@ pub struct RunArgs {
     /// operation, warm-up included; a failed operation is pending; every
     /// put writes a unique value. With several systems or thread counts,
     /// one file per run: FILE with .SYSTEM and/or .tN before its extension,
-    /// written as that run ends (a run's history is in memory until then)
+    /// written as that run ends (a run's history is in memory until then);
+    /// a run that fails writes its history up to the failure too, and its
+    /// header's failure says why
     #[arg(long, value_name = "FILE")]
     history: Option<PathBuf>,
     /// Check every operation (warm-up included) against the bulk-loaded
@@ -324,6 +326,7 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "values": "a put writes client << 39 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
         "key_bytes": spec.key_bytes,
         "value_bytes": spec.tree.value_bytes,
+        "failure": null,
     })
 }
 
@@ -852,9 +855,14 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, Stopped
             );
             break;
         }
-        let mut report = measure(&spec).map_err(|e| {
-            Stopped::Failed(format!("{} at {} threads: {e}", spec.system, spec.threads))
-        })?;
+        let mut report = match measure(&spec) {
+            Ok(r) => r,
+            Err(f) => {
+                let at = format!("{} at {} threads", spec.system, spec.threads);
+                let what = failed_history(cli, &spec, planned, &f, &initial, &initial_records);
+                return Err(Stopped::Failed(format!("{at}: {}{what}", f.why)));
+            }
+        };
         let mut doc = report_json(&spec, &report);
         let mut verdict = None;
         if let Some(log) = report.history.take() {
@@ -895,6 +903,42 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, Stopped
         });
     }
     Ok(done)
+}
+
+/// What becomes of a failed run's history: checked when `--check-history`
+/// asks, written when `--history` does (its header's `failure` says why
+/// the run failed; the operation that failed, and any a stuck client had
+/// begun, are pending in it); said as words to add to the failure, or
+/// nothing.
+fn failed_history(
+    cli: &Cli,
+    spec: &RunSpec,
+    planned: usize,
+    failed: &Failed,
+    initial: &Option<BTreeMap<u64, u64>>,
+    initial_records: &[(u64, u64)],
+) -> String {
+    let (Some(log), why) = (&failed.history, &failed.why) else {
+        return String::new();
+    };
+    let mut said = String::new();
+    if let Some(initial) = initial {
+        said += match log.history.check(initial) {
+            Verdict::Ok => "; its history until then: check ok",
+            Verdict::Violation(_) => "; its history until then: check found a violation",
+            Verdict::Undecided(_) => "; its history until then: check undecided",
+        };
+    }
+    if let Some(path) = &cli.history_path {
+        let file = history_file(cli, path, planned, spec);
+        let mut header = history_header(spec);
+        header["failure"] = json!(why);
+        match outfile::write_atomic_with(&file, |w| log.write_file(w, &header, initial_records)) {
+            Ok(()) => said += &format!("; its history until then is in {}", file.display()),
+            Err(e) => said += &format!("; its history could not be written: {e}"),
+        }
+    }
+    said
 }
 
 /// `--history`'s file for the run of `spec`, one of `planned`: tagged
@@ -1016,4 +1060,82 @@ fn read_workload_file(path: &str) -> Result<String, ArgError> {
     }
     String::from_utf8(bytes)
         .map_err(|e| ArgError(format!("--workload-file: `{path}` is not UTF-8 text: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// A run whose operation failed keeps what its clients recorded: the
+    /// failure carries the history, the failed operation pending in it,
+    /// and `--history` writes it with the failure in its header, checked
+    /// where `--check-history` asks (it was dropped with the report).
+    #[test]
+    fn a_failed_runs_history_is_checked_and_written() {
+        let dir = std::env::temp_dir().join(format!("loch-failed-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("h.jsonl");
+        let args = Args::try_parse_from([
+            "run",
+            "--backend",
+            "sim",
+            "--systems",
+            "sherman",
+            "--records",
+            "10",
+            "--ops",
+            "5",
+            "--threads",
+            "1",
+            "--check-history",
+            "--history",
+            path.to_str().unwrap(),
+        ])
+        .unwrap();
+        let cli = Cli::parse(args.run).unwrap();
+        let spec = cli.specs().unwrap().remove(0);
+        let zero = || Arc::new(AtomicU64::new(0));
+        let sh = client::ClientTally::new(&spec, zero(), zero(), 1, 0);
+        let records = index::keys::records_sorted(10);
+        let (key, value) = records[3];
+        {
+            let mut log = sh.history.as_ref().expect("recording").borrow_mut();
+            let got = log.invoke(1, Op::Get(key), 10, true);
+            log.history.complete(got, Ret::Get(Some(value)), 20);
+            // Never completed: it is the one that failed.
+            let _ = log.invoke(1, Op::Put(key, 1 << 40), 30, true);
+        }
+        *sh.failure.borrow_mut() = Some(format!("put of key {key}: memory node 0 is dead"));
+        let Err(failed) = drive::finish(&sh, 1, 40, 0.0, 0) else {
+            panic!("a failed operation fails the run")
+        };
+        assert!(
+            failed.why.contains("memory node 0 is dead"),
+            "{}",
+            failed.why
+        );
+        let initial: BTreeMap<u64, u64> = records.iter().copied().collect();
+        let said = failed_history(&cli, &spec, 1, &failed, &Some(initial), &records);
+        assert!(said.contains("check ok"), "{said}");
+        assert!(said.contains(path.to_str().unwrap()), "{said}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["failure"], json!(failed.why));
+        assert_eq!(lines.len(), 1 + records.len() + 2, "{text}");
+        let put = &lines[lines.len() - 1];
+        assert_eq!(put["op"], "put");
+        assert_eq!(put["ret"], "unknown", "{text}");
+        assert!(put["complete_ns"].is_null(), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

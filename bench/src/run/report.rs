@@ -18,6 +18,26 @@ pub struct KindStats {
     pub failed: u64,
 }
 
+/// A run that failed: why, and the history its clients recorded until
+/// then (where one was recorded), the operation that failed left pending.
+pub struct Failed {
+    pub why: String,
+    pub history: Option<HistLog>,
+}
+
+impl From<String> for Failed {
+    /// A failure before any client ran: no history.
+    fn from(why: String) -> Failed {
+        Failed { why, history: None }
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(why: &str) -> Failed {
+        Failed::from(why.to_string())
+    }
+}
+
 /// A history and which of its events were measured (not warm-up).
 #[derive(Default)]
 pub struct HistLog {
