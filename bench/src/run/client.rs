@@ -23,6 +23,10 @@ pub(crate) struct ClientTally {
     pub(crate) insert_stride: u64,
     pub(crate) insert_offset: u64,
     pub(crate) history: Option<RefCell<HistLog>>,
+    /// Events this executor's history may hold: its share of what the
+    /// machine's memory holds (a `--seconds` run cannot say up front how
+    /// many operations it will record).
+    pub(crate) history_cap: u64,
     /// Clients that ran to their end (a run with faults may stop others).
     pub(crate) finished: Cell<u64>,
     /// When the last measured operation ended (completed or failed); kept
@@ -64,6 +68,7 @@ impl ClientTally {
             history: spec
                 .record_history
                 .then(|| RefCell::new(HistLog::default())),
+            history_cap: spec.history_cap / insert_stride.max(1),
             finished: Cell::new(0),
             last_done_ns: Cell::new(0),
         })
@@ -381,6 +386,24 @@ pub(crate) async fn client_task<N: Nic>(
                 break
             }
             _ => {}
+        }
+        if let Some(log) = &sh.history {
+            let held = log.borrow().history.len() as u64;
+            if held >= sh.history_cap {
+                // The run fails, its history (this far) kept and written.
+                let mut failure = sh.failure.borrow_mut();
+                if failure.is_none() {
+                    *failure = Some(format!(
+                        "the history reached {held} operations on one core, its share of what this \
+                         machine's available memory holds; record a shorter --seconds, or count --ops \
+                         (checked up front)"
+                    ));
+                }
+                if i < spec.warmup {
+                    warmed();
+                }
+                return;
+            }
         }
         let kind = pick(&spec.mix, &mut rng);
         let rec = if spec.mix.request == RequestDist::Latest {

@@ -705,6 +705,10 @@ impl Cli {
                     cache_bytes: (self.cache_mb * (1 << 20) as f64) as usize,
                     hash_grace_ns: self.hash_grace_ms.map(|g| (g * 1e6) as u64),
                     record_history: self.records_wanted(),
+                    history_cap: history_cap(
+                        crate::args::available_bytes(),
+                        self.layout.bytes_loaded(self.records),
+                    ),
                     cuckoo,
                     model: self.model.clone(),
                     faults: faults.clone(),
@@ -718,6 +722,13 @@ impl Cli {
 /// Bytes a recorded operation takes at least: its event (a scan's result
 /// comes on top) and its measured flag.
 const HISTORY_EVENT_BYTES: u64 = std::mem::size_of::<history::map::Event>() as u64 + 1;
+
+/// The events a history may hold, given the machine's available memory
+/// (unbounded where it cannot be read) and the bytes the loaded records
+/// take.
+fn history_cap(available: Option<u64>, loaded: u64) -> u64 {
+    available.map_or(u64::MAX, |a| a.saturating_sub(loaded) / HISTORY_EVENT_BYTES)
+}
 
 /// The events `clients` clients of `ops` operations each record at
 /// least, under the mixes given (a read-modify-write records two).
@@ -1071,6 +1082,48 @@ mod tests {
     struct Args {
         #[command(flatten)]
         run: RunArgs,
+    }
+
+    /// A timed run whose history reaches what memory holds stops there
+    /// and fails, its history up to then kept (it grew until the run
+    /// ended, and could take more than the machine had).
+    #[test]
+    fn a_timed_run_stops_where_its_history_would_outgrow_memory() {
+        assert_eq!(history_cap(None, 1 << 30), u64::MAX);
+        assert_eq!(history_cap(Some(1 << 20), 1 << 30), 0);
+        assert_eq!(
+            history_cap(Some((1 << 20) + 100 * HISTORY_EVENT_BYTES), 1 << 20),
+            100
+        );
+        let args = Args::try_parse_from([
+            "run",
+            "--backend",
+            "sim",
+            "--systems",
+            "sherman",
+            "--records",
+            "1000",
+            "--seconds",
+            "1",
+            "--threads",
+            "1",
+            "--check-history",
+        ])
+        .unwrap();
+        let cli = Cli::parse(args.run).unwrap();
+        let mut spec = cli.specs().unwrap().remove(0);
+        assert!(spec.history_cap > 1_000_000, "this machine holds more");
+        spec.history_cap = 500;
+        let Err(failed) = drive::measure(&spec) else {
+            panic!("the run went on past its history's room")
+        };
+        assert!(failed.why.contains("history reached 500"), "{}", failed.why);
+        let log = failed.history.expect("kept");
+        assert!(log.history.len() >= 500, "{}", log.history.len());
+        // Each client stops at its next operation: one more each at most.
+        assert!(log.history.len() <= 500 + spec.clients() as usize * 2);
+        let initial = records_sorted(1000).into_iter().collect();
+        assert!(matches!(log.history.check(&initial), Verdict::Ok));
     }
 
     /// A run whose operation failed keeps what its clients recorded: the

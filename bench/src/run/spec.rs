@@ -156,6 +156,10 @@ pub struct RunSpec {
     pub hash_grace_ns: Option<u64>,
     /// Record every operation into a history.
     pub record_history: bool,
+    /// Events the run's history may hold in all (what this machine's
+    /// available memory holds beside the records); a run that reaches it
+    /// fails, its history kept.
+    pub history_cap: u64,
     /// Run the Nessie hash table instead of a tree (`--systems cuckoo`).
     pub cuckoo: bool,
     /// The simulator's model (`--sim-model`).
