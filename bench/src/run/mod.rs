@@ -1084,6 +1084,15 @@ mod tests {
         run: RunArgs,
     }
 
+    /// `loch-bench run` of Sherman on sim, one thread, its history
+    /// checked, with `more` flags.
+    fn sherman_on_sim(more: &[&str]) -> Cli {
+        let mut argv = vec!["run", "--backend", "sim", "--systems", "sherman"];
+        argv.extend(["--threads", "1", "--check-history"]);
+        argv.extend(more);
+        Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap()
+    }
+
     /// A timed run whose history reaches what memory holds stops there
     /// and fails, its history up to then kept (it grew until the run
     /// ended, and could take more than the machine had).
@@ -1095,22 +1104,7 @@ mod tests {
             history_cap(Some((1 << 20) + 100 * HISTORY_EVENT_BYTES), 1 << 20),
             100
         );
-        let args = Args::try_parse_from([
-            "run",
-            "--backend",
-            "sim",
-            "--systems",
-            "sherman",
-            "--records",
-            "1000",
-            "--seconds",
-            "1",
-            "--threads",
-            "1",
-            "--check-history",
-        ])
-        .unwrap();
-        let cli = Cli::parse(args.run).unwrap();
+        let cli = sherman_on_sim(&["--records", "1000", "--seconds", "1"]);
         let mut spec = cli.specs().unwrap().remove(0);
         assert!(spec.history_cap > 1_000_000, "this machine holds more");
         spec.history_cap = 500;
@@ -1135,24 +1129,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("loch-failed-run-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("h.jsonl");
-        let args = Args::try_parse_from([
-            "run",
-            "--backend",
-            "sim",
-            "--systems",
-            "sherman",
+        let cli = sherman_on_sim(&[
             "--records",
             "10",
             "--ops",
             "5",
-            "--threads",
-            "1",
-            "--check-history",
             "--history",
             path.to_str().unwrap(),
-        ])
-        .unwrap();
-        let cli = Cli::parse(args.run).unwrap();
+        ]);
         let spec = cli.specs().unwrap().remove(0);
         let zero = || Arc::new(AtomicU64::new(0));
         let sh = client::ClientTally::new(&spec, zero(), zero(), 1, 0);
