@@ -307,16 +307,20 @@ mod tests {
         }
     }
 
-    /// The VmFlags of the mapping that starts at `addr`, from smaps.
+    /// The VmFlags of the mapping that holds `addr`, from smaps (the
+    /// kernel may have merged ours with a neighbour of the same flags).
     fn vm_flags(addr: usize) -> Vec<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut lines = smaps.lines();
         while let Some(l) = lines.next() {
-            let start = l
-                .split('-')
-                .next()
-                .and_then(|h| usize::from_str_radix(h, 16).ok());
-            if start != Some(addr) {
+            let range = l.split_whitespace().next().and_then(|r| {
+                let (a, b) = r.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            });
+            if !range.is_some_and(|(start, end)| start <= addr && addr < end) {
                 continue;
             }
             for l in lines.by_ref() {

@@ -12,7 +12,8 @@
 //!
 //! ```text
 //! offset  word
-//! 0       NULL_WORD_OFF     never read or written: a verb through a null
+//! 0       NULL_WORD_OFF     never written (`loch demo --processes` reads
+//!                           it to check that): a verb through a null
 //!                           address touches nothing anyone uses
 //! 64      CHUNK_CURSOR_OFF  chunk cursor (FAA by compute threads, chunk.rs)
 //! 128     TREE_ROOT_OFF     reserved: B+tree root word, node 0 only (index::tree)
@@ -32,8 +33,8 @@
 /// Bytes reserved at the start of each memory node's host memory.
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 
-/// Offset 0: deliberately unused, so that the null address is never a live
-/// word.
+/// Offset 0: deliberately unused (never written), so that the null
+/// address is never a live word.
 pub const NULL_WORD_OFF: u64 = 0;
 
 /// The chunk cursor: the index of the next chunk the node will hand out,

@@ -14,7 +14,8 @@ pub fn warn_no_huge_pages(why: &std::io::Error) {
         log::warn!(
             "2 MiB huge pages unavailable ({why}): memory and scratch use ordinary 4 KiB pages, so \
              address translation misses more often; reserve huge pages as root with \
-             `echo N > /proc/sys/vm/nr_hugepages` (said once per process)"
+             `echo N > /proc/sys/vm/nr_hugepages`, and where a cgroup limits them \
+             (hugetlb.2MB.max) raise its limit (said once per process)"
         )
     });
 }

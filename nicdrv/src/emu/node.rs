@@ -459,9 +459,20 @@ impl NodeMap {
 fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> {
     let need = Layout::new(HUGE_PAGE, cfg.host_bytes, cfg.dm_bytes).total;
     // A hugetlb memfd only fails at fault time without reserved
-    // pages, so ask the kernel whether enough are free first.
+    // pages, so ask the kernel whether enough are free first, then take
+    // them all now: a hugetlb cgroup limit, which the free count does not
+    // see, fails the allocation here rather than SIGBUS a first write.
     let huge = if crate::emu::hugepages_free() * HUGE_PAGE >= need {
-        memfd(true).and_then(|f| f.set_len(need).map(|_| f))
+        memfd(true).and_then(|f| {
+            f.set_len(need)?;
+            let len = libc::off_t::try_from(need).map_err(io::Error::other)?;
+            // SAFETY: posix_fallocate on the descriptor just made, with
+            // integer arguments: it touches no memory of ours.
+            match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) } {
+                0 => Ok(f),
+                rc => Err(io::Error::from_raw_os_error(rc)),
+            }
+        })
     } else {
         Err(io::Error::new(
             io::ErrorKind::OutOfMemory,
