@@ -555,15 +555,7 @@ impl World {
         let now = self.now_ns();
         for f in faults {
             f.check_machines(self.memory_nodes(), self.compute_nodes(), self.machines())
-                .and_then(|()| match f.kind {
-                    FaultKind::StallThread { thread, .. } if thread as usize >= self.threads() => {
-                        Err(format!(
-                            "fault {f} names thread {thread}; there are {} threads",
-                            self.threads()
-                        ))
-                    }
-                    _ => Ok(()),
-                })
+                .and_then(|()| f.check_threads(self.threads()))
                 .map_err(SimError::Config)?;
             if f.at_ns < now {
                 return Err(SimError::Config(format!(
