@@ -412,7 +412,27 @@ fn an_owner_death_is_noticed_whatever_pid_the_header_names() {
 /// connected gives its depth back too (it was lost to the CQ for good).
 #[test]
 fn dropped_queue_pairs_give_back_their_completions_and_depth() {
-    let h = EmuHarness::new();
+    dropped_queue_pairs_on(EmuHarness::new(), Duration::ZERO);
+}
+
+/// The same with completions not yet due when the queue pair drops (an
+/// injected one-way delay): the next queue pair takes the dropped one's
+/// slot on the CQ, and none of the dropped one's completions reaches it,
+/// however late they fall due.
+#[test]
+fn a_reused_slot_gets_none_of_a_dropped_queue_pairs_late_completions() {
+    let one_way = Duration::from_millis(2);
+    let h = EmuHarness::with_config(EmuConfig {
+        latency_ns_one_way: one_way.as_nanos() as u64,
+        ..Default::default()
+    });
+    dropped_queue_pairs_on(h, one_way * 3);
+}
+
+/// Makes a queue pair, posts 16 signaled READs, drops it, and polls a
+/// second one's 16 on the same CQ, after waiting `settle` (past the first
+/// one's completions' due time, where the NIC delays them).
+fn dropped_queue_pairs_on(h: EmuHarness, settle: Duration) {
     let mut cq = h.nic.create_cq(16).unwrap();
     let mr = h
         .nic
@@ -444,6 +464,8 @@ fn dropped_queue_pairs_give_back_their_completions_and_depth() {
     post16(&mut first, 0);
     drop(first);
     let mut second = h.nic.create_qp(&cq, 16).unwrap().connect(&h.endpoints[0]);
+    std::thread::sleep(settle);
+    assert_eq!(second.outstanding(), 0);
     post16(&mut second, 100);
     let mut got = Vec::new();
     let t0 = Instant::now();
