@@ -216,6 +216,15 @@ impl History {
         &self.events
     }
 
+    /// Moves `other`'s events (and any recording mistakes it noted) to
+    /// the end of this one, without copying them: the histories of several
+    /// executors made one. `other`'s operation ids do not name its events
+    /// here.
+    pub fn append(&mut self, other: History) {
+        self.events.extend(other.events);
+        self.misuse.extend(other.misuse);
+    }
+
     pub fn len(&self) -> usize {
         self.events.len()
     }

@@ -497,6 +497,14 @@ fn malformed_histories_are_violations_not_panics() {
     h.complete(id, Ret::Get(None), 1);
     h.complete(id, Ret::Get(None), 2);
     assert!(matches!(h.check(&empty()), Verdict::Violation(s) if s.contains("completed twice")));
+    // A history appended to another brings its mistakes along.
+    let mut merged = History::new();
+    let _ = merged.invoke(2, Op::Get(1), 0);
+    merged.append(h);
+    assert_eq!(merged.len(), 2);
+    assert!(
+        matches!(merged.check(&empty()), Verdict::Violation(s) if s.contains("completed twice"))
+    );
     let mut other = History::new();
     let _ = other.invoke(1, Op::Get(1), 0);
     let far = other.invoke(1, Op::Get(1), 0);

@@ -23,9 +23,10 @@ pub(crate) struct ClientTally {
     pub(crate) insert_stride: u64,
     pub(crate) insert_offset: u64,
     pub(crate) history: Option<RefCell<HistLog>>,
-    /// Events this executor's history may hold: its share of what the
-    /// machine's memory holds (a `--seconds` run cannot say up front how
-    /// many operations it will record).
+    /// Events this executor's history may hold: an equal share of what
+    /// the machine's memory holds (a `--seconds` run cannot say up front
+    /// how many operations it will record; a core of a heavier half-mix
+    /// reaches its share first, which only errs on the safe side).
     pub(crate) history_cap: u64,
     /// Clients that ran to their end (a run with faults may stop others).
     pub(crate) finished: Cell<u64>,
@@ -396,7 +397,7 @@ pub(crate) async fn client_task<N: Nic>(
                     *failure = Some(format!(
                         "the history reached {held} operations on one core, its share of what this \
                          machine's available memory holds; record a shorter --seconds, or count --ops \
-                         (checked up front)"
+                         (a counted run's history is checked before it starts)"
                     ));
                 }
                 if i < spec.warmup {

@@ -705,10 +705,17 @@ impl Cli {
                     cache_bytes: (self.cache_mb * (1 << 20) as f64) as usize,
                     hash_grace_ns: self.hash_grace_ms.map(|g| (g * 1e6) as u64),
                     record_history: self.records_wanted(),
-                    history_cap: history_cap(
-                        crate::args::available_bytes(),
-                        self.layout.bytes_loaded(self.records),
-                    ),
+                    // A counted run's history was checked above, whole.
+                    history_cap: match length {
+                        Length::Nanos(_) => history_cap(
+                            crate::args::available_bytes(),
+                            self.layout.bytes_loaded(self.records),
+                            history_event_bytes_at_most(
+                                std::iter::once(&self.mix).chain(&self.half_mix),
+                            ),
+                        ),
+                        Length::Ops(_) => u64::MAX,
+                    },
                     cuckoo,
                     model: self.model.clone(),
                     faults: faults.clone(),
@@ -723,11 +730,28 @@ impl Cli {
 /// comes on top) and its measured flag.
 const HISTORY_EVENT_BYTES: u64 = std::mem::size_of::<history::map::Event>() as u64 + 1;
 
-/// The events a history may hold, given the machine's available memory
-/// (unbounded where it cannot be read) and the bytes the loaded records
-/// take.
-fn history_cap(available: Option<u64>, loaded: u64) -> u64 {
-    available.map_or(u64::MAX, |a| a.saturating_sub(loaded) / HISTORY_EVENT_BYTES)
+/// The events a timed run's history may hold, given the machine's
+/// available memory (unbounded where it cannot be read), the bytes the
+/// loaded records take and what an event takes at most on average
+/// ([`history_event_bytes_at_most`]): half of what is left, as the end of
+/// the run needs room of its own (the cores' histories merged, checked
+/// and sorted for the file).
+fn history_cap(available: Option<u64>, loaded: u64, event_bytes: u64) -> u64 {
+    available.map_or(u64::MAX, |a| {
+        a.saturating_sub(loaded) / 2 / event_bytes.max(1)
+    })
+}
+
+/// Bytes a recorded event takes at most on average under `mixes`: the
+/// event and its measured flag, and in the share of operations that are
+/// scans, a result of the longest scan (16 bytes a record).
+fn history_event_bytes_at_most<'a>(mixes: impl Iterator<Item = &'a Mix>) -> u64 {
+    mixes
+        .map(|m| {
+            let scan = m.props[Kind::Scan.ix()] * m.max_scan.saturating_mul(16) as f64;
+            HISTORY_EVENT_BYTES.saturating_add(scan.ceil() as u64)
+        })
+        .fold(HISTORY_EVENT_BYTES, u64::max)
 }
 
 /// The events `clients` clients of `ops` operations each record at
@@ -1098,12 +1122,16 @@ mod tests {
     /// ended, and could take more than the machine had).
     #[test]
     fn a_timed_run_stops_where_its_history_would_outgrow_memory() {
-        assert_eq!(history_cap(None, 1 << 30), u64::MAX);
-        assert_eq!(history_cap(Some(1 << 20), 1 << 30), 0);
-        assert_eq!(
-            history_cap(Some((1 << 20) + 100 * HISTORY_EVENT_BYTES), 1 << 20),
-            100
-        );
+        assert_eq!(history_cap(None, 1 << 30, 100), u64::MAX);
+        assert_eq!(history_cap(Some(1 << 20), 1 << 30, 100), 0);
+        assert_eq!(history_cap(Some((1 << 20) + 200 * 90), 1 << 20, 90), 100);
+        // A scan's result counts in its share of the operations.
+        let range = sherman_on_sim(&["--workload", "range-100", "--seconds", "1"]);
+        let scans = history_event_bytes_at_most(std::iter::once(&range.mix));
+        assert_eq!(scans, HISTORY_EVENT_BYTES + 1600);
+        // A counted run is bounded before it starts, not as it runs.
+        let counted = sherman_on_sim(&["--records", "1000", "--ops", "10"]);
+        assert_eq!(counted.specs().unwrap()[0].history_cap, u64::MAX);
         let cli = sherman_on_sim(&["--records", "1000", "--seconds", "1"]);
         let mut spec = cli.specs().unwrap().remove(0);
         assert!(spec.history_cap > 1_000_000, "this machine holds more");

@@ -52,9 +52,9 @@ impl HistLog {
     }
 
     pub(crate) fn append(&mut self, other: HistLog) {
-        for e in other.history.events() {
-            self.history.push(e.clone());
-        }
+        // Moved, not cloned: a scan's result is not copied at the end of
+        // a run, when the history is at its largest.
+        self.history.append(other.history);
         self.measured.extend(other.measured);
     }
 
