@@ -144,6 +144,17 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
             a.updates
         )));
     }
+    // Every insert and update is kept until the table is full (for its
+    // rows): about a key a slot of the largest size, each updated
+    // `--updates` times.
+    let ops = a
+        .max_capacity
+        .unwrap_or(a.capacity)
+        .saturating_mul(1 + a.updates);
+    crate::args::check_memory(
+        || format!("the {ops} inserts and updates kept for the table's rows"),
+        ops.saturating_mul(std::mem::size_of::<Op>() as u64),
+    )?;
     if let Some(p) = &a.plot {
         check_file_target("--plot", p).map_err(ArgError)?;
     }
@@ -159,6 +170,13 @@ pub fn run(a: HashLoadArgs) -> Result<crate::run::Outcome, ArgError> {
             )))
         }
     };
+    if cmdline::signals::stop_requested() {
+        // As its help says: 130, nothing reported from a table not filled.
+        cmdline::errln!(
+            "loch-bench hash-load: stopped by SIGINT/SIGTERM before the table was full"
+        );
+        return Ok(crate::run::Outcome::Interrupted);
+    }
     if let Some(why) = &m.failure {
         return Ok(crate::run::Outcome::Failed(format!(
             "an operation failed after {} inserts: {why}",
@@ -432,33 +450,42 @@ impl Figures {
 }
 
 /// The operations filed by the load factor they began at, in buckets of
-/// `width`, the empty ones left out.
+/// `width`, the empty ones left out. One pass over the operations (a
+/// pass a row took rows × operations: hours for a large table in fine
+/// buckets).
 fn buckets(m: &Measured, width: f64) -> Vec<Row> {
     let n = (1.0 / width).ceil() as usize;
-    (0..n)
-        .filter_map(|i| {
-            let (from, to) = (i as f64 * width, ((i + 1) as f64 * width).min(1.0));
-            let here = |insert: bool| -> Vec<Op> {
-                m.ops
-                    .iter()
-                    .filter(|o| o.insert == insert && o.load >= from && (o.load < to || i == n - 1))
-                    .copied()
-                    .collect()
-            };
-            let (ins, upd) = (here(true), here(false));
-            if ins.is_empty() && upd.is_empty() {
-                return None;
-            }
+    let from = |i: usize| i as f64 * width;
+    // Per bucket: its inserts and its updates, in the order they ran.
+    let mut by: Vec<(Vec<Op>, Vec<Op>)> = (0..n).map(|_| (Vec::new(), Vec::new())).collect();
+    for o in &m.ops {
+        // Bucket i holds loads in [from(i), from(i + 1)), the last one
+        // every load from its start up: the quotient's guess, then moved
+        // to where those bounds, computed as they are, put it.
+        let mut i = ((o.load / width) as usize).min(n - 1);
+        while i > 0 && o.load < from(i) {
+            i -= 1;
+        }
+        while i + 1 < n && o.load >= from(i + 1) {
+            i += 1;
+        }
+        let (ins, upd) = &mut by[i];
+        if o.insert { ins } else { upd }.push(*o);
+    }
+    by.into_iter()
+        .enumerate()
+        .filter(|(_, (ins, upd))| !ins.is_empty() || !upd.is_empty())
+        .map(|(i, (ins, upd))| {
             let moves: Vec<u64> = ins.iter().map(|o| o.moves).collect();
-            Some(Row {
-                from,
-                to,
+            Row {
+                from: from(i),
+                to: from(i + 1).min(1.0),
                 moves_mean: (!moves.is_empty())
                     .then(|| moves.iter().sum::<u64>() as f64 / moves.len() as f64),
                 moves_max: moves.iter().copied().max(),
                 inserts: Figures::of(ins.iter().map(|o| o.round_trips).collect()),
                 updates: Figures::of(upd.iter().map(|o| o.round_trips).collect()),
-            })
+            }
         })
         .collect()
 }

@@ -454,6 +454,13 @@ fn runs_past_this_machines_memory_are_refused() {
             1 << 50,
             "the history of 400000000200 operations",
         ),
+        // hash-load keeps every operation for its rows: 2^24 keys, each
+        // updated 64 times, 32 bytes each (it ran until killed).
+        (
+            vec!["hash-load", "--capacity", "16777216", "--updates", "64"],
+            (1 << 24) * 65 * 32,
+            "the 1090519040 inserts and updates kept",
+        ),
     ] {
         if avail >= need {
             continue;
@@ -750,12 +757,12 @@ fn sigint_ends_a_run_with_its_results_and_exit_130() {
     );
 }
 
-/// `txn`, `ring` and `hash-grow` stop on SIGINT too (they once ran on to
+/// `txn`, `ring`, `hash-grow` and `hash-load` stop on SIGINT too (they once ran on to
 /// the end, their signal swallowed): each coordinator ends its transaction
 /// in flight, the ring's sender sends an end record, and what ran is
 /// reported.
 #[test]
-fn sigint_ends_txn_ring_and_hash_grow_runs_with_exit_130() {
+fn sigint_ends_txn_ring_and_hash_table_runs_with_exit_130() {
     let lots = "100000000000";
     let txn = interrupted_json(&["txn", "--txs", lots, "--json"]);
     let committed = txn["committed"].as_u64().unwrap();
@@ -775,6 +782,12 @@ fn sigint_ends_txn_ring_and_hash_grow_runs_with_exit_130() {
         err.contains("stopped by SIGINT/SIGTERM before the growth"),
         "{err}"
     );
+    // hash-load likewise (it exited 1, "an operation failed", though its
+    // help promised 130).
+    let load = interrupted(&["hash-load", "--capacity", "16777216", "--json"]);
+    assert!(load.stdout.is_empty());
+    let err = String::from_utf8_lossy(&load.stderr);
+    assert!(err.contains("before the table was full"), "{err}");
 }
 
 #[test]
