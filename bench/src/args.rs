@@ -157,13 +157,17 @@ pub fn parse_size(s: &str) -> Option<usize> {
         (n, 1usize << 10)
     } else if let Some(n) = t.strip_suffix("mib").or_else(|| t.strip_suffix('m')) {
         (n, 1 << 20)
+    } else if let Some(n) = t.strip_suffix("gib").or_else(|| t.strip_suffix('g')) {
+        // `--span` goes to 16 GiB.
+        (n, 1 << 30)
     } else {
         (t.as_str(), 1)
     };
     num.trim().parse::<usize>().ok()?.checked_mul(mult)
 }
 
-/// A size flag's value parser: bytes, with an optional k/KiB or m/MiB.
+/// A size flag's value parser: bytes, with an optional k/KiB, m/MiB or
+/// g/GiB.
 pub fn size_value(s: &str) -> Result<usize, String> {
     parse_size(s).ok_or_else(|| format!("cannot parse `{s}` as a size (such as 64, 4k, 1MiB)"))
 }
@@ -270,6 +274,8 @@ mod tests {
     fn sizes_take_units() {
         assert_eq!(parse_size("1KiB"), Some(1024));
         assert_eq!(parse_size("4m"), Some(4 << 20));
+        assert_eq!(parse_size("16g"), Some(16 << 30));
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
         assert_eq!(parse_size(" 8 "), Some(8));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size("99999999999999999999m"), None);

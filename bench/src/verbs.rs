@@ -301,9 +301,11 @@ impl VerbsArgs {
                 ));
             }
         }
-        if !(duration > 0.0 && duration <= 3600.0) {
+        // At least a nanosecond: a shorter one ran nothing and reported a
+        // row of zeros.
+        if !(1e-9..=3600.0).contains(&duration) {
             return Err(ArgError(format!(
-                "--duration must be in (0, 3600] seconds, got {duration}"
+                "--duration must be in [1e-9, 3600] seconds, got {duration}"
             )));
         }
         // An emu core's completion queue serves a queue pair to every
@@ -328,11 +330,25 @@ impl VerbsArgs {
         // The largest verb of the points this runs (--matrix's are its own).
         let largest = if self.matrix { MATRIX_LARGEST } else { size };
         let per_task = (largest.next_multiple_of(8) * batch).max(4096) as u64;
+        // And the memory nodes' memory, which the verbs touch: a slot a
+        // verb (or all of `--span`) on each node, as `host_bytes` sizes it.
+        let slot = (largest as u64).next_multiple_of(64).max(64);
+        let area = ((tasks * batch) as u64)
+            .div_ceil(memory_nodes as u64)
+            .saturating_mul(slot)
+            .max(self.span.map_or(0, |b| b as u64));
+        let nodes = (memory_nodes as u64).saturating_mul(
+            mempool::SUPERBLOCK_BYTES
+                .saturating_add(area)
+                .next_multiple_of(1 << 20),
+        );
         crate::args::check_memory(
             || {
-                format!("--threads {threads} × --depth {deepest} tasks with --batch {batch} of --size {largest} B in scratch each")
+                format!("--threads {threads} × --depth {deepest} tasks with --batch {batch} of --size {largest} B in scratch each, and {memory_nodes} memory nodes of {} MiB", (nodes / memory_nodes as u64) >> 20)
             },
-            (tasks as u64).saturating_mul(per_task),
+            (tasks as u64)
+                .saturating_mul(per_task)
+                .saturating_add(nodes),
         )?;
         nicdrv::emu::check_latency(self.latency_ns)
             .map_err(|e| ArgError(format!("--latency-ns {e}")))?;

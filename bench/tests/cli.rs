@@ -165,6 +165,8 @@ fn bad_input_exits_2_with_a_clear_line() {
         ),
         (vec!["verbs", "--matrix", "--span", "1000"], "--span"),
         (vec!["verbs", "--span", "17g"], "--span"),
+        // Rounded to 0 ns: a row of zeros, exit 0.
+        (vec!["verbs", "-D", "1e-10"], "--duration must be in"),
         (
             vec!["verbs", "--span", "1m", "--contended"],
             "cannot be used with",
@@ -453,6 +455,13 @@ fn runs_past_this_machines_memory_are_refused() {
             ],
             1 << 50,
             "the history of 400000000200 operations",
+        ),
+        // The memory nodes' memory counts too (only the tasks' scratch
+        // did; the emu nodes faulted the span in until killed).
+        (
+            vec!["verbs", "--span", "16g", "--memory-nodes", "64", "-D", "60"],
+            64 << 34,
+            "64 memory nodes of 16385 MiB",
         ),
         // hash-load keeps every operation for its rows: 2^24 keys, each
         // updated 64 times, 32 bytes each (it ran until killed).
