@@ -11,7 +11,7 @@ pub fn check_dir_target(flag: &str, dir: &Path) -> Result<(), String> {
         return Err(format!("{flag}: empty path"));
     }
     if dir.is_dir() {
-        return Ok(());
+        return cmdline::check_folder_takes_files(flag, dir);
     }
     if dir.exists() {
         return Err(format!(
@@ -26,7 +26,7 @@ pub fn check_dir_target(flag: &str, dir: &Path) -> Result<(), String> {
             parent.display()
         ));
     }
-    Ok(())
+    cmdline::check_folder_takes_files(flag, parent)
 }
 
 /// `path` with `tag` before its extension: `h.jsonl` + `fg` → `h.fg.jsonl`.
@@ -57,6 +57,20 @@ mod tests {
             .unwrap_err()
             .contains("does not exist"));
         assert!(check_file_target("--history", Path::new("h.jsonl")).is_ok());
+        // Replaced, not written through, by the rename: refused.
+        assert!(check_file_target("--history", Path::new("/dev/stdout"))
+            .unwrap_err()
+            .contains("not a regular file"));
+        assert!(check_file_target("--history", Path::new("/dev/null"))
+            .unwrap_err()
+            .contains("not a regular file"));
+        // A folder that takes no new files (/proc's files are not made).
+        assert!(check_file_target("--plot", Path::new("/proc/x.svg"))
+            .unwrap_err()
+            .contains("cannot write in folder"));
+        assert!(check_dir_target("--plot", Path::new("/proc"))
+            .unwrap_err()
+            .contains("cannot write in folder"));
         assert!(check_dir_target("--plot", &dir).is_ok());
         assert!(check_dir_target("--plot", &dir.join("new")).is_ok());
         assert!(check_dir_target("--plot", &dir.join("a/b")).is_err());

@@ -165,6 +165,16 @@ fn bad_input_exits_2_with_a_clear_line() {
         ),
         (vec!["verbs", "--matrix", "--span", "1000"], "--span"),
         (vec!["verbs", "--span", "17g"], "--span"),
+        // Output paths that would fail only after the run (exit 1), or
+        // replace a device's link in /dev.
+        (
+            vec!["hash-load", "--plot", "/proc/x.svg"],
+            "cannot write in folder",
+        ),
+        (
+            vec!["run", "--history", "/dev/stdout"],
+            "not a regular file",
+        ),
         // Rounded to 0 ns: a row of zeros, exit 0.
         (vec!["verbs", "-D", "1e-10"], "--duration must be in"),
         (

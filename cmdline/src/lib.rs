@@ -86,8 +86,11 @@ pub fn parent_dir(path: &std::path::Path) -> &std::path::Path {
 }
 
 /// Checks, before a run, that `path` can become a file: its folder exists
-/// and it is not a folder itself (so a bad path fails at once, not after
-/// the run). `flag` names the option in the message.
+/// and takes new files, and it is not a folder itself, nor anything but a
+/// regular file where it exists (so a bad path fails at once, not after
+/// the run). [`write_atomic_with`] renames a new file over the target: a
+/// device, a pipe or a link there would be replaced, not written through
+/// (`/dev/stdout` is a link). `flag` names the option in the message.
 pub fn check_file_target(flag: &str, path: &std::path::Path) -> Result<(), String> {
     if path.as_os_str().is_empty() {
         return Err(format!("{flag}: empty path"));
@@ -102,7 +105,40 @@ pub fn check_file_target(flag: &str, path: &std::path::Path) -> Result<(), Strin
             parent.display()
         ));
     }
-    Ok(())
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_file() {
+            return Err(format!(
+                "{flag}: `{}` exists and is not a regular file (the output is written beside it \
+                 and renamed over it)",
+                path.display()
+            ));
+        }
+    }
+    check_folder_takes_files(flag, parent)
+}
+
+/// Checks that folder `dir` takes new files, by making and removing one
+/// there (permissions, a read-only file system, a full one: what would
+/// otherwise fail the write after the run). `flag` names the option.
+pub fn check_folder_takes_files(flag: &str, dir: &std::path::Path) -> Result<(), String> {
+    let probe = dir.join(format!(".loch-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(f) => {
+            drop(f);
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        // Left by an earlier process of the same pid: the folder took it.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!(
+            "{flag}: cannot write in folder `{}`: {e}",
+            dir.display()
+        )),
+    }
 }
 
 /// CPUs online on this machine (at least 1).
