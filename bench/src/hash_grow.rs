@@ -301,6 +301,13 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
         s.measure_from = start + quiet / 5;
         s.inserts_from = start + quiet;
     }
+    // Every YCSB-A operation is kept until the table grew (for the rates
+    // and latencies around the growth): at most half of what this
+    // machine's memory holds, and a run that reaches it fails there
+    // rather than being killed for memory (a low --fill with many
+    // clients recorded billions).
+    let kept_max = crate::args::available_bytes()
+        .map_or(u64::MAX, |b| b / 2 / std::mem::size_of::<Done>() as u64);
     for (cn, table) in tables.iter().enumerate() {
         for i in 0..a.threads {
             let th = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
@@ -326,7 +333,19 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
                     if let Err(e) = r {
                         return fail(&s, format!("YCSB-A on key {k}: {e}"));
                     }
-                    s.borrow_mut().ops.push(Done {
+                    let mut sn = s.borrow_mut();
+                    if sn.ops.len() as u64 >= kept_max {
+                        drop(sn);
+                        return fail(
+                            &s,
+                            format!(
+                                "{kept_max} operations recorded before the table grew, half of what \
+                                 this machine's available memory holds: fewer --compute-nodes × \
+                                 --threads, or a --fill nearer growth"
+                            ),
+                        );
+                    }
+                    sn.ops.push(Done {
                         start: t0,
                         end: ctx.now_ns(),
                     });
