@@ -125,14 +125,16 @@ pub struct VerbsArgs {
     /// Compute nodes the sim threads spread over (default 8)
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
-    /// The simulation's seed
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// The simulation's seed (sim), and the seed of `--span`'s draws
+    /// [default: 1]
+    #[arg(long)]
+    seed: Option<u64>,
     /// Extra one-way link latency (emu), or the link latency itself (sim);
     /// none on mlx5
     #[arg(long, value_name = "NS", default_value_t = 0)]
     latency_ns: u64,
-    /// Every verb on one word instead of a slot of its own
+    /// Every verb on one word instead of a slot of its own (a word of
+    /// memory node 0, whatever --memory-nodes)
     #[arg(long)]
     contended: bool,
     /// Every verb to a random slot (the size rounded up to 64 bytes) of
@@ -359,6 +361,13 @@ impl VerbsArgs {
                     .into(),
             ));
         }
+        // Off sim, only `--span` draws anything (it was accepted and
+        // unused, as if it changed the run).
+        if backend != Backend::Sim && self.span.is_none() && self.seed.is_some() {
+            return Err(ArgError(
+                "--seed applies to sim, and to --span's draws on emu and mlx5".into(),
+            ));
+        }
         if let Some(span) = self.span {
             // The largest verb of the points this runs must fit a slot.
             let least = (largest as u64).next_multiple_of(64);
@@ -384,7 +393,7 @@ impl VerbsArgs {
             span: self.span.map(|b| b as u64),
             device: self.device.clone(),
             pin: !self.no_pin,
-            seed: self.seed,
+            seed: self.seed.unwrap_or(1),
         };
         Ok(base)
     }

@@ -175,6 +175,8 @@ fn bad_input_exits_2_with_a_clear_line() {
             vec!["run", "--history", "/dev/stdout"],
             "not a regular file",
         ),
+        // Accepted and unused (emu draws nothing without --span).
+        (vec!["verbs", "--seed", "7"], "--seed applies to sim"),
         // Rounded to 0 ns: a row of zeros, exit 0.
         (vec!["verbs", "-D", "1e-10"], "--duration must be in"),
         (
