@@ -41,7 +41,7 @@ pub struct HashGrowArgs {
     #[arg(long, value_name = "THETA", default_value_t = 0.99)]
     zipf: f64,
     /// Virtual milliseconds of YCSB-A before the inserts start, and after
-    /// the growth ends
+    /// the growth ends (1 ..= 1000)
     #[arg(long, value_name = "MS", default_value_t = 5)]
     quiet_ms: u64,
     /// The simulation's seed

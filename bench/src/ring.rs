@@ -37,7 +37,8 @@ pub struct RingArgs {
     /// Records per doorbell (1 ..= 15), each its own WRITE
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Ring capacity (a multiple of 16; a record carries at most half)
+    /// Ring capacity (a multiple of 16; a record carries at most half; at
+    /// most what a machine here holds for it, 4032 KiB)
     #[arg(long, value_parser = size_value, default_value = "64k")]
     capacity: usize,
     /// The simulation's seed (sim) [default: 1]

@@ -100,11 +100,13 @@ pub struct VerbsArgs {
     /// Tasks per thread, each keeping one doorbell in flight (1 ..= 1024)
     #[arg(long, default_value_t = 1)]
     depth: usize,
-    /// Verbs per doorbell, perftest's post list (latency is per doorbell)
+    /// Verbs per doorbell, perftest's post list (latency is per doorbell;
+    /// 1 ..= 16)
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Client threads: emu and mlx5 pinned cores (default 1); sim simulated threads
-    /// over --compute-nodes (default 176)
+    /// Client threads: emu and mlx5 pinned cores (default 1, at most 256);
+    /// sim simulated threads over --compute-nodes (default 176, at most
+    /// 100,000)
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Seconds to measure: emu and mlx5 wall (default 2); sim virtual (default 0.01)
