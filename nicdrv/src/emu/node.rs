@@ -465,13 +465,8 @@ fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> 
     let huge = if crate::emu::hugepages_free() * HUGE_PAGE >= need {
         memfd(true).and_then(|f| {
             f.set_len(need)?;
-            let len = libc::off_t::try_from(need).map_err(io::Error::other)?;
-            // SAFETY: posix_fallocate on the descriptor just made, with
-            // integer arguments: it touches no memory of ours.
-            match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) } {
-                0 => Ok(f),
-                rc => Err(io::Error::from_raw_os_error(rc)),
-            }
+            allocate(&f, need)?;
+            Ok(f)
         })
     } else {
         Err(io::Error::new(
@@ -587,9 +582,8 @@ fn lock_exclusive(f: &File) -> bool {
 
 /// Whether `path` names the file `f` is open on (same device and inode).
 fn names(path: &Path, f: &File) -> bool {
-    use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(path), f.metadata()) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        (Ok(a), Ok(b)) => file_key(&a) == file_key(&b),
         _ => false,
     }
 }
@@ -676,18 +670,7 @@ impl EmuNode {
             .metadata()
             .map_err(io_err(path, "cannot size"))?
             .len();
-        let len = libc::off_t::try_from(len)
-            .map_err(|_| EmuError::BadConfig(format!("{len} bytes is past a file offset")))?;
-        // SAFETY: posix_fallocate on the descriptor the map owns (open
-        // while `self` lives), with integer arguments: it touches no
-        // memory of ours.
-        let rc = unsafe { libc::posix_fallocate(self.map.file.as_raw_fd(), 0, len) };
-        if rc != 0 {
-            return Err(io_err(path, "cannot reserve")(
-                io::Error::from_raw_os_error(rc),
-            ));
-        }
-        Ok(())
+        allocate(&self.map.file, len).map_err(io_err(path, "cannot reserve"))
     }
 
     /// The path other processes attach with.
@@ -843,6 +826,19 @@ impl Drop for OwnedHere {
         if let Some(i) = owned.iter().position(|&k| k == self.0) {
             owned.swap_remove(i);
         }
+    }
+}
+
+/// Allocates the first `len` bytes of `f` (`posix_fallocate`): memory its
+/// file system cannot hold is an error now, not a SIGBUS at first touch.
+fn allocate(f: &File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "past a file offset"))?;
+    // SAFETY: posix_fallocate on a descriptor the caller holds open, with
+    // integer arguments: it touches no memory of ours.
+    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        rc => Err(io::Error::from_raw_os_error(rc)),
     }
 }
 
