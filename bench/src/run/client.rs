@@ -36,6 +36,13 @@ pub(crate) struct ClientTally {
 }
 
 impl ClientTally {
+    /// The history recorded so far, taken out (where one is recorded).
+    pub(crate) fn take_history(&self) -> Option<HistLog> {
+        self.history
+            .as_ref()
+            .map(|h| std::mem::take(&mut *h.borrow_mut()))
+    }
+
     pub(crate) fn new(
         spec: &RunSpec,
         measuring_from: Arc<AtomicU64>,

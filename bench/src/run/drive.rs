@@ -28,15 +28,10 @@ pub(crate) fn finish(
     wall_sec: f64,
     sim_events: u64,
 ) -> Result<Report, Failed> {
-    let history = || {
-        sh.history
-            .as_ref()
-            .map(|h| std::mem::take(&mut *h.borrow_mut()))
-    };
     if let Some(e) = sh.failure.borrow_mut().take() {
         return Err(Failed {
             why: format!("an operation failed: {e}"),
-            history: history(),
+            history: sh.take_history(),
         });
     }
     let kinds = std::mem::take(&mut *sh.kinds.borrow_mut());
@@ -55,7 +50,7 @@ pub(crate) fn finish(
         ops,
         wall_sec,
         sim_events,
-        history: history(),
+        history: sh.take_history(),
         unfinished_clients: clients.saturating_sub(sh.finished.get()),
     })
 }
@@ -255,10 +250,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, Failed> {
         return Err(Failed {
             why: format!("the simulation ended {end:?} with clients unfinished"),
             // The stuck clients' operations stay pending in it.
-            history: sh
-                .history
-                .as_ref()
-                .map(|h| std::mem::take(&mut *h.borrow_mut())),
+            history: sh.take_history(),
         });
     }
     // Under faults the measured interval ends with the last operation that

@@ -307,7 +307,8 @@ fn parse_threads(s: &str) -> Result<Vec<usize>, ArgError> {
 }
 
 /// The first line of a history file: what ran, and how to read the rest.
-fn history_header(spec: &RunSpec) -> serde_json::Value {
+/// `failure`: why the run failed, for a run that did.
+fn history_header(spec: &RunSpec, failure: Option<&str>) -> serde_json::Value {
     json!({
         "type": "header",
         "format": "loch-history",
@@ -326,8 +327,29 @@ fn history_header(spec: &RunSpec) -> serde_json::Value {
         "values": "a put writes client << 39 | n for its client's n-th put (unique in the run); initial values are record numbers, below 2^32",
         "key_bytes": spec.key_bytes,
         "value_bytes": spec.tree.value_bytes,
-        "failure": null,
+        "failure": failure,
     })
+}
+
+/// Writes `log` as the history file of `spec`'s run (one of `planned`)
+/// where `--history` asks for one: the file, or why it could not be
+/// written; `None` where none was asked for. `failure` as in
+/// [`history_header`].
+fn write_history(
+    cli: &Cli,
+    spec: &RunSpec,
+    planned: usize,
+    log: &HistLog,
+    failure: Option<&str>,
+    initial_records: &[(u64, u64)],
+) -> Option<Result<PathBuf, String>> {
+    let path = cli.history_path.as_ref()?;
+    let file = history_file(cli, path, planned, spec);
+    let header = history_header(spec, failure);
+    Some(
+        outfile::write_atomic_with(&file, |w| log.write_file(w, &header, initial_records))
+            .map(|()| file),
+    )
 }
 
 /// Faults drawn by `--fault-seed`, and the window they fall in when the run
@@ -707,7 +729,10 @@ impl Cli {
                     record_history: self.records_wanted(),
                     // A counted run's history was checked above, whole.
                     history_cap: match length {
-                        Length::Nanos(_) => history_cap(
+                        // Half of what is left beside the records: the
+                        // end of the run needs room of its own (the cores'
+                        // histories merged, checked and sorted).
+                        Length::Nanos(_) => crate::args::half_memory_holds(
                             crate::args::available_bytes(),
                             self.layout.bytes_loaded(self.records),
                             history_event_bytes_at_most(
@@ -729,18 +754,6 @@ impl Cli {
 /// Bytes a recorded operation takes at least: its event (a scan's result
 /// comes on top) and its measured flag.
 const HISTORY_EVENT_BYTES: u64 = std::mem::size_of::<history::map::Event>() as u64 + 1;
-
-/// The events a timed run's history may hold, given the machine's
-/// available memory (unbounded where it cannot be read), the bytes the
-/// loaded records take and what an event takes at most on average
-/// ([`history_event_bytes_at_most`]): half of what is left, as the end of
-/// the run needs room of its own (the cores' histories merged, checked
-/// and sorted for the file).
-fn history_cap(available: Option<u64>, loaded: u64, event_bytes: u64) -> u64 {
-    available.map_or(u64::MAX, |a| {
-        a.saturating_sub(loaded) / 2 / event_bytes.max(1)
-    })
-}
 
 /// Bytes a recorded event takes at most on average under `mixes`: the
 /// event and its measured flag, and in the share of operations that are
@@ -913,11 +926,9 @@ fn measure_all(cli: &Cli, specs: Vec<RunSpec>) -> Result<Vec<SystemRun>, Stopped
                 });
                 verdict = Some(v);
             }
-            if let Some(path) = &cli.history_path {
-                let file = history_file(cli, path, planned, &spec);
-                let header = history_header(&spec);
-                outfile::write_atomic_with(&file, |w| log.write_file(w, &header, &initial_records))
-                    .map_err(|e| Stopped::Unwritten(ArgError(e)))?;
+            if let Some(written) = write_history(cli, &spec, planned, &log, None, &initial_records)
+            {
+                let file = written.map_err(|e| Stopped::Unwritten(ArgError(e)))?;
                 doc["history"]["file"] = json!(file.display().to_string());
             }
         }
@@ -964,14 +975,10 @@ fn failed_history(
             Verdict::Undecided(_) => "; its history until then: check undecided",
         };
     }
-    if let Some(path) = &cli.history_path {
-        let file = history_file(cli, path, planned, spec);
-        let mut header = history_header(spec);
-        header["failure"] = json!(why);
-        match outfile::write_atomic_with(&file, |w| log.write_file(w, &header, initial_records)) {
-            Ok(()) => said += &format!("; its history until then is in {}", file.display()),
-            Err(e) => said += &format!("; its history could not be written: {e}"),
-        }
+    match write_history(cli, spec, planned, log, Some(why), initial_records) {
+        Some(Ok(file)) => said += &format!("; its history until then is in {}", file.display()),
+        Some(Err(e)) => said += &format!("; its history could not be written: {e}"),
+        None => {}
     }
     said
 }
@@ -1122,9 +1129,13 @@ mod tests {
     /// ended, and could take more than the machine had).
     #[test]
     fn a_timed_run_stops_where_its_history_would_outgrow_memory() {
-        assert_eq!(history_cap(None, 1 << 30, 100), u64::MAX);
-        assert_eq!(history_cap(Some(1 << 20), 1 << 30, 100), 0);
-        assert_eq!(history_cap(Some((1 << 20) + 200 * 90), 1 << 20, 90), 100);
+        use crate::args::half_memory_holds;
+        assert_eq!(half_memory_holds(None, 1 << 30, 100), u64::MAX);
+        assert_eq!(half_memory_holds(Some(1 << 20), 1 << 30, 100), 0);
+        assert_eq!(
+            half_memory_holds(Some((1 << 20) + 200 * 90), 1 << 20, 90),
+            100
+        );
         // A scan's result counts in its share of the operations.
         let range = sherman_on_sim(&["--workload", "range-100", "--seconds", "1"]);
         let scans = history_event_bytes_at_most(std::iter::once(&range.mix));
