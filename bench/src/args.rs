@@ -237,6 +237,14 @@ pub fn check_memory(what: impl FnOnce() -> String, bytes: u64) -> Result<(), Arg
     }
 }
 
+/// How many items of `each` bytes half of `available` memory holds beside
+/// `beside` bytes already taken (unbounded where the available memory is
+/// not known): what a run may keep as it goes, the other half left for
+/// the work at its end.
+pub fn half_memory_holds(available: Option<u64>, beside: u64, each: u64) -> u64 {
+    available.map_or(u64::MAX, |a| a.saturating_sub(beside) / 2 / each.max(1))
+}
+
 /// This machine's available memory (`MemAvailable` in /proc/meminfo), if
 /// it can be read.
 pub fn available_bytes() -> Option<u64> {

@@ -306,8 +306,11 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
     // machine's memory holds, and a run that reaches it fails there
     // rather than being killed for memory (a low --fill with many
     // clients recorded billions).
-    let kept_max = crate::args::available_bytes()
-        .map_or(u64::MAX, |b| b / 2 / std::mem::size_of::<Done>() as u64);
+    let kept_max = crate::args::half_memory_holds(
+        crate::args::available_bytes(),
+        0,
+        std::mem::size_of::<Done>() as u64,
+    );
     for (cn, table) in tables.iter().enumerate() {
         for i in 0..a.threads {
             let th = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
