@@ -334,18 +334,13 @@ impl VerbsArgs {
         // The largest verb of the points this runs (--matrix's are its own).
         let largest = if self.matrix { MATRIX_LARGEST } else { size };
         let per_task = (largest.next_multiple_of(8) * batch).max(4096) as u64;
-        // And the memory nodes' memory, which the verbs touch: a slot a
-        // verb (or all of `--span`) on each node, as `host_bytes` sizes it.
-        let slot = (largest as u64).next_multiple_of(64).max(64);
-        let area = ((tasks * batch) as u64)
-            .div_ceil(memory_nodes as u64)
-            .saturating_mul(slot)
-            .max(self.span.map_or(0, |b| b as u64));
-        let nodes = (memory_nodes as u64).saturating_mul(
-            mempool::SUPERBLOCK_BYTES
-                .saturating_add(area)
-                .next_multiple_of(1 << 20),
-        );
+        // And the memory nodes' memory, which the verbs touch.
+        let nodes = (memory_nodes as u64).saturating_mul(node_bytes(
+            largest,
+            (tasks * batch) as u64,
+            memory_nodes,
+            self.span.map(|b| b as u64),
+        ));
         crate::args::check_memory(
             || {
                 format!("--threads {threads} × --depth {deepest} tasks with --batch {batch} of --size {largest} B in scratch each, and {memory_nodes} memory nodes of {} MiB", (nodes / memory_nodes as u64) >> 20)
@@ -464,14 +459,30 @@ const MATRIX_LARGEST: usize = 1024;
 pub const MAX_SPAN: u64 = 16 << 30;
 
 fn stride(spec: &VerbSpec) -> u64 {
-    spec.size.next_multiple_of(64).max(64) as u64
+    slot_bytes(spec.size)
+}
+
+/// A verb's slot: its size in whole 64-byte lines.
+fn slot_bytes(size: usize) -> u64 {
+    size.next_multiple_of(64).max(64) as u64
 }
 
 fn host_bytes(spec: &VerbSpec) -> u64 {
     let slots_total = (spec.threads * spec.depth * spec.batch) as u64;
-    let per_node = slots_total.div_ceil(spec.memory_nodes as u64) * stride(spec);
-    let area = per_node.max(spec.span.unwrap_or(0));
-    (mempool::SUPERBLOCK_BYTES + area).next_multiple_of(1 << 20)
+    node_bytes(spec.size, slots_total, spec.memory_nodes, spec.span)
+}
+
+/// Host memory of each memory node for `slots` verbs of `size` bytes in
+/// flight over `memory_nodes` nodes, a slot each (or `span` bytes, if
+/// more): the superblock and the slots, in whole MiB.
+fn node_bytes(size: usize, slots: u64, memory_nodes: usize, span: Option<u64>) -> u64 {
+    let per_node = slots
+        .div_ceil(memory_nodes as u64)
+        .saturating_mul(slot_bytes(size));
+    let area = per_node.max(span.unwrap_or(0));
+    mempool::SUPERBLOCK_BYTES
+        .saturating_add(area)
+        .next_multiple_of(1 << 20)
 }
 
 /// Where verb `k` of the run (the task's first plus its place in the
