@@ -522,6 +522,7 @@ fn node_main(cmd: &str, o: &NodeOptions, check_only: bool) -> ExitCode {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    cmdline::raise_open_files_limit();
     // A `loch node` whose command line clap refuses tells the other nodes
     // why, as one refusing its flags' values does below.
     let refused = |args: &[std::ffi::OsString], why: &str| {

@@ -84,6 +84,7 @@ fn main() -> ExitCode {
     };
     // SIGINT/SIGTERM end the run early, and what it measured is reported.
     cmdline::signals::install();
+    cmdline::raise_open_files_limit();
     let (name, result) = match cli.command {
         Command::Verbs(a) => ("loch-bench verbs", verbs::run(a)),
         Command::Run(a) => ("loch-bench run", run::run(*a)),

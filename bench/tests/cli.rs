@@ -845,6 +845,50 @@ fn more_threads_than_cpus_online_are_warned_about() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("CPUs online"));
 }
 
+/// An emu cluster of more memory nodes than the soft limit on open files
+/// allows boots, the soft limit raised to the hard one; under a hard limit
+/// too low the boot fails saying which limit to raise.
+#[test]
+fn emu_nodes_past_the_soft_open_file_limit_boot() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct it is given; checked.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    assert!(
+        lim.rlim_max >= 1024,
+        "this test needs a hard limit on open files of at least 1024 (`ulimit -Hn`: {})",
+        lim.rlim_max
+    );
+    let with_limit = |ulimit: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit {ulimit} 64 && exec \"$0\" verbs --backend emu --memory-nodes 200 \
+                 -n 2000 --no-pin --json"
+            ))
+            .arg(env!("CARGO_BIN_EXE_loch-bench"))
+            .output()
+            .expect("run sh")
+    };
+    let out = with_limit("-Sn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc[0]["memory_nodes"], 200, "{doc}");
+    let out = with_limit("-n");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Too many open files") && err.contains("`ulimit -n`"),
+        "{err}"
+    );
+}
+
 /// `loch-bench ring`: every record arrives, in order and whole (the
 /// receiver checks), on both backends; on sim the run is reproducible and
 /// its median one-way latency sits at what the model predicts for one

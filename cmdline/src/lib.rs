@@ -148,6 +148,32 @@ pub fn cpus_online() -> usize {
     usize::try_from(n).unwrap_or(1).max(1)
 }
 
+/// Raises this process's soft limit on open files to its hard limit. Every
+/// emu memory node holds a descriptor, so a cluster of about a thousand
+/// nodes passed the usual soft limit of 1,024 and failed to boot though
+/// the hard limit allowed far more; the soft limit is a default for
+/// programs that may use `select`, which nothing here does. Children
+/// (`loch demo --processes`' nodes) inherit the raised limit.
+pub fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct it is given, which lives on
+    // this stack frame; the result is checked.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
+    {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads only the struct it is given; raising the
+        // soft limit up to the hard one needs no privilege. A refusal (a
+        // hard limit the kernel caps lower) leaves the soft limit as it was.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    }
+}
+
 /// Warns on stderr (as `command: warning: ...`) when a run asks for more
 /// busy threads than the machine has CPUs online: pinned, polling cores
 /// then share CPUs, and what is measured is the sharing. Whether it

@@ -113,7 +113,18 @@ pub enum EmuError {
 impl fmt::Display for EmuError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EmuError::Io { path, what, err } => write!(f, "{what} {}: {err}", path.display()),
+            EmuError::Io { path, what, err } => {
+                write!(f, "{what} {}: {err}", path.display())?;
+                if err.raw_os_error() == Some(libc::EMFILE) {
+                    // Each memory node holds a descriptor: the fix is
+                    // the limit, not the node.
+                    write!(
+                        f,
+                        " (each emu memory node holds an open file: raise the limit, `ulimit -n`)"
+                    )?;
+                }
+                Ok(())
+            }
             EmuError::NotALochNode { path, why } => {
                 write!(f, "{} is not a Loch memory node: {why}", path.display())
             }
