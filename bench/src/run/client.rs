@@ -9,12 +9,8 @@ pub(crate) struct ClientTally {
     /// operation.
     pub(crate) kinds: RefCell<Vec<KindStats>>,
     pub(crate) tree: RefCell<TreeStats>,
-    /// When the first measured operation began, over every client (and
-    /// every core on emu): the start of the measured interval.
-    pub(crate) measuring_from: Arc<AtomicU64>,
-    /// Clients past their warm-up, over every client (and every core on
-    /// emu): under `--seconds`, measuring starts once all are.
-    pub(crate) warm: Arc<AtomicU64>,
+    /// What every client of the run shares, over every core on emu.
+    pub(crate) across: Arc<Across>,
     pub(crate) failure: RefCell<Option<String>>,
     /// Inserts by this executor's clients. The n-th is record
     /// `records + n * insert_stride + insert_offset`: on sim one executor
@@ -23,16 +19,71 @@ pub(crate) struct ClientTally {
     pub(crate) insert_stride: u64,
     pub(crate) insert_offset: u64,
     pub(crate) history: Option<RefCell<HistLog>>,
-    /// Events this executor's history may hold: an equal share of what
-    /// the machine's memory holds (a `--seconds` run cannot say up front
-    /// how many operations it will record; a core of a heavier half-mix
-    /// reaches its share first, which only errs on the safe side).
-    pub(crate) history_cap: u64,
+    /// Events this executor's history may hold: what it has claimed of
+    /// the run's room ([`Across::history_left`]) so far.
+    pub(crate) history_room: Cell<u64>,
+    /// How many events it claims at a time.
+    pub(crate) history_chunk: u64,
     /// Clients that ran to their end (a run with faults may stop others).
     pub(crate) finished: Cell<u64>,
     /// When the last measured operation ended (completed or failed); kept
     /// only under faults, where the run's end is not the last event.
     pub(crate) last_done_ns: Cell<u64>,
+}
+
+/// What every client of a run shares: over every core on emu and mlx5 (on
+/// sim, one executor holds every client). Relaxed throughout: counts, time
+/// stamps and a stop flag, each read for itself; nothing is published
+/// through them (a core's failure and history stay in its own tally).
+pub(crate) struct Across {
+    /// When the first measured operation began: the start of the measured
+    /// interval (`u64::MAX` until then).
+    pub(crate) from: AtomicU64,
+    /// Clients past their warm-up: under `--seconds`, measuring starts
+    /// once all are.
+    pub(crate) warm: AtomicU64,
+    /// Set by the first client whose failure fails the run: every client,
+    /// on every core, stops before its next operation. The run has failed
+    /// by then, and the other cores ran on to their end (a `--seconds`
+    /// run's whole length) with nothing left to measure.
+    pub(crate) halted: AtomicBool,
+    /// History events no core has claimed yet, of what a timed run's
+    /// history may hold ([`RunSpec::history_cap`]). Cores claim it in
+    /// chunks, as they record: one shared bound rather than an equal share
+    /// each, which the core of a quicker half-mix reached first, failing
+    /// the run with the others' shares unused.
+    pub(crate) history_left: AtomicU64,
+}
+
+impl Across {
+    pub(crate) fn new(spec: &RunSpec) -> Across {
+        Across {
+            from: AtomicU64::new(u64::MAX),
+            warm: AtomicU64::new(0),
+            halted: AtomicBool::new(false),
+            history_left: AtomicU64::new(spec.history_cap),
+        }
+    }
+
+    /// Takes up to `want` events of the history's room; what it got (0
+    /// once the room is spent).
+    fn claim_history(&self, want: u64) -> u64 {
+        // The update is one atomic read-modify-write, so claims never
+        // total more than the room whatever the ordering.
+        match self
+            .history_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                (left > 0).then(|| left - want.min(left))
+            }) {
+            Ok(left) => want.min(left),
+            Err(_) => 0,
+        }
+    }
+
+    /// Stops every client of the run at its next operation.
+    pub(crate) fn halt(&self) {
+        self.halted.store(true, Ordering::Relaxed);
+    }
 }
 
 impl ClientTally {
@@ -43,10 +94,24 @@ impl ClientTally {
             .map(|h| std::mem::take(&mut *h.borrow_mut()))
     }
 
+    /// Whether this executor's history, holding `held` events, may take
+    /// one more: within what it claimed, or once it claimed more.
+    pub(crate) fn history_has_room(&self, held: u64) -> bool {
+        if held < self.history_room.get() {
+            return true;
+        }
+        // A chunk, or what brings the room past `held` if more (a test's
+        // room of a few events, several clients recording into it).
+        let want = self.history_chunk.max(held + 1 - self.history_room.get());
+        let got = self.across.claim_history(want);
+        self.history_room
+            .set(self.history_room.get().saturating_add(got));
+        held < self.history_room.get()
+    }
+
     pub(crate) fn new(
         spec: &RunSpec,
-        measuring_from: Arc<AtomicU64>,
-        warm: Arc<AtomicU64>,
+        across: Arc<Across>,
         insert_stride: u64,
         insert_offset: u64,
     ) -> Rc<ClientTally> {
@@ -67,8 +132,7 @@ impl ClientTally {
                     .collect(),
             ),
             tree: RefCell::new(TreeStats::default()),
-            measuring_from,
-            warm,
+            across,
             failure: RefCell::new(None),
             inserted: Cell::new(0),
             insert_stride,
@@ -76,7 +140,11 @@ impl ClientTally {
             history: spec
                 .record_history
                 .then(|| RefCell::new(HistLog::default())),
-            history_cap: spec.history_cap / insert_stride.max(1),
+            history_room: Cell::new(0),
+            // A 16th of an equal share, so that what cores claimed and
+            // did not fill is small beside the whole; at most 4096 events
+            // a claim, so that claims stay rare.
+            history_chunk: (spec.history_cap / insert_stride.max(1) / 16).clamp(1, 4096),
             finished: Cell::new(0),
             last_done_ns: Cell::new(0),
         })
@@ -366,11 +434,14 @@ pub(crate) async fn client_task<N: Nic>(
     // Relaxed throughout: counts and time stamps, read for the start and
     // end of the window and the report; nothing is published through them.
     let warmed = || {
-        sh.warm.fetch_add(1, Ordering::Relaxed);
+        sh.across.warm.fetch_add(1, Ordering::Relaxed);
     };
     for i in 0.. {
         if cmdline::signals::stop_requested() {
             break; // SIGINT/SIGTERM: the run ends with what it measured
+        }
+        if sh.across.halted.load(Ordering::Relaxed) {
+            return; // another client's failure failed the run
         }
         let t0 = ctx.now_ns();
         if i == spec.warmup {
@@ -378,9 +449,9 @@ pub(crate) async fn client_task<N: Nic>(
         }
         if !measuring
             && i >= spec.warmup
-            && (!barrier || sh.warm.load(Ordering::Relaxed) >= spec.clients())
+            && (!barrier || sh.across.warm.load(Ordering::Relaxed) >= spec.clients())
         {
-            sh.measuring_from.fetch_min(t0, Ordering::Relaxed);
+            sh.across.from.fetch_min(t0, Ordering::Relaxed);
             c.reset_stats();
             measuring = true;
         }
@@ -388,8 +459,7 @@ pub(crate) async fn client_task<N: Nic>(
         match spec.length {
             Length::Ops(n) if i >= spec.warmup + n => break,
             Length::Nanos(d)
-                if measured
-                    && t0 >= sh.measuring_from.load(Ordering::Relaxed).saturating_add(d) =>
+                if measured && t0 >= sh.across.from.load(Ordering::Relaxed).saturating_add(d) =>
             {
                 break
             }
@@ -397,19 +467,18 @@ pub(crate) async fn client_task<N: Nic>(
         }
         if let Some(log) = &sh.history {
             let held = log.borrow().history.len() as u64;
-            if held >= sh.history_cap {
+            if !sh.history_has_room(held) {
                 // The run fails, its history (this far) kept and written.
                 let mut failure = sh.failure.borrow_mut();
                 if failure.is_none() {
                     *failure = Some(format!(
-                        "the history reached {held} operations on one core, its share of what this \
-                         machine's available memory holds; record a shorter --seconds, or count --ops \
-                         (a counted run's history is checked before it starts)"
+                        "the history reached {} operations, what half of this machine's available \
+                         memory holds; record a shorter --seconds, or count --ops (a counted run's \
+                         history is checked before it starts)",
+                        spec.history_cap
                     ));
                 }
-                if i < spec.warmup {
-                    warmed();
-                }
+                sh.across.halt();
                 return;
             }
         }
@@ -440,11 +509,7 @@ pub(crate) async fn client_task<N: Nic>(
             if !faulty {
                 *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
                 *sh.tree.borrow_mut() += c.tree_stats();
-                if i < spec.warmup {
-                    // Counted as warm, so that the others' window opens
-                    // and their run ends.
-                    warmed();
-                }
+                sh.across.halt();
                 return;
             }
             // Under faults the client goes on; the failure is counted and

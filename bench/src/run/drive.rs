@@ -15,9 +15,14 @@ pub(crate) fn exec_cfg(spec: &RunSpec) -> ExecutorConfig {
 }
 
 pub fn measure(spec: &RunSpec) -> Result<Report, Failed> {
+    measure_across(spec, Arc::new(Across::new(spec)))
+}
+
+/// [`measure`], its clients sharing `across` (which a test may look into).
+pub(crate) fn measure_across(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
     match spec.backend {
-        Backend::Sim => measure_sim(spec),
-        Backend::Emu | Backend::Mlx5 => measure_threads(spec),
+        Backend::Sim => measure_sim(spec, across),
+        Backend::Emu | Backend::Mlx5 => measure_threads(spec, across),
     }
 }
 
@@ -112,20 +117,21 @@ pub(crate) struct ClientWork<'a> {
     /// One handle per compute node.
     pub(crate) indexes: &'a [IndexHandle],
     pub(crate) dist: KeyDist,
-    /// The start of the measured interval, over every group.
-    pub(crate) from: Arc<AtomicU64>,
-    /// Clients past their warm-up, over every group.
-    pub(crate) warm: Arc<AtomicU64>,
+    /// What every group's clients share.
+    pub(crate) across: Arc<Across>,
 }
 
 impl<'a> ClientWork<'a> {
-    pub(crate) fn new(spec: &'a RunSpec, indexes: &'a [IndexHandle]) -> ClientWork<'a> {
+    pub(crate) fn new(
+        spec: &'a RunSpec,
+        indexes: &'a [IndexHandle],
+        across: Arc<Across>,
+    ) -> ClientWork<'a> {
         ClientWork {
             spec,
             indexes,
             dist: KeyDist::new(spec.records, spec.zipf),
-            from: Arc::new(AtomicU64::new(u64::MAX)),
-            warm: Arc::new(AtomicU64::new(0)),
+            across,
         }
     }
 }
@@ -135,13 +141,7 @@ impl Workload for ClientWork<'_> {
     type Out = Result<Report, Failed>;
 
     fn group(&self, index: usize, groups: usize) -> Self::Group {
-        let sh = ClientTally::new(
-            self.spec,
-            self.from.clone(),
-            self.warm.clone(),
-            groups as u64,
-            index as u64,
-        );
+        let sh = ClientTally::new(self.spec, self.across.clone(), groups as u64, index as u64);
         (sh, Rc::new(self.spec.clone()), Rc::new(self.dist.clone()))
     }
 
@@ -178,7 +178,7 @@ impl Workload for ClientWork<'_> {
     }
 }
 
-pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, Failed> {
+fn measure_sim(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
     let mut w = World::new(SimConfig {
         seed: spec.seed,
         memory_nodes: spec.memory_nodes,
@@ -193,7 +193,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, Failed> {
     load_sim(&mut w, spec, &trees)?;
     // Fault times count from here, the start of the workload.
     let start = w.now_ns();
-    let clients = ClientWork::new(spec, &trees);
+    let clients = ClientWork::new(spec, &trees, across);
     let cores = spec.threads * trees.len();
     let spawned = simrun::spawn(
         &mut w,
@@ -260,7 +260,7 @@ pub(crate) fn measure_sim(spec: &RunSpec) -> Result<Report, Failed> {
     } else {
         sh.last_done_ns.get()
     };
-    let elapsed = now.saturating_sub(clients.from.load(Ordering::Relaxed).min(now));
+    let elapsed = now.saturating_sub(clients.across.from.load(Ordering::Relaxed).min(now));
     let events = w.events();
     finish(sh, spec.clients(), elapsed, wall_sec, events)
 }
@@ -327,7 +327,7 @@ fn client_faults(spec: &RunSpec, start: u64, first_client_thread: u32) -> Vec<Fa
 pub(crate) const FAULT_QUIET_NS: u64 = 20_000_000;
 
 /// A run on threads of this host (emu, mlx5), wall clock.
-pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, Failed> {
+fn measure_threads(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
     // The loader's core is not pinned, the clients' are.
     let backend = spec.backend.cluster(false, spec.seed, 1, &spec.device)?;
     let mut cluster = Cluster::boot(&ClusterSpec {
@@ -380,7 +380,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, Failed> {
     let wall = std::time::Instant::now();
     // Shared by the cores: the measured interval starts at the first
     // measured operation of any core, and --seconds counts from there.
-    let clients = ClientWork::new(spec, &trees);
+    let clients = ClientWork::new(spec, &trees, across);
     let reports = cluster
         .run_pinned(&clients, spec.threads, exec_cfg(spec), true)
         .map_err(|e| e.to_string())?;
@@ -410,7 +410,7 @@ pub(crate) fn measure_threads(spec: &RunSpec) -> Result<Report, Failed> {
         return Err(f);
     }
     let mut m = merged.ok_or("no cores ran")?;
-    let start = clients.from.load(Ordering::Relaxed);
+    let start = clients.across.from.load(Ordering::Relaxed);
     m.elapsed_ns = m.elapsed_ns.saturating_sub(start.min(m.elapsed_ns));
     m.wall_sec = wall_sec;
     Ok(m)

@@ -1147,16 +1147,90 @@ mod tests {
         let mut spec = cli.specs().unwrap().remove(0);
         assert!(spec.history_cap > 1_000_000, "this machine holds more");
         spec.history_cap = 500;
-        let Err(failed) = drive::measure(&spec) else {
+        let across = Arc::new(client::Across::new(&spec));
+        let Err(failed) = drive::measure_across(&spec, across.clone()) else {
             panic!("the run went on past its history's room")
         };
         assert!(failed.why.contains("history reached 500"), "{}", failed.why);
+        assert!(
+            across.halted.load(Ordering::Relaxed),
+            "the failure stops every client"
+        );
         let log = failed.history.expect("kept");
         assert!(log.history.len() >= 500, "{}", log.history.len());
         // Each client stops at its next operation: one more each at most.
         assert!(log.history.len() <= 500 + spec.clients() as usize * 2);
         let initial = records_sorted(1000).into_iter().collect();
         assert!(matches!(log.history.check(&initial), Verdict::Ok));
+    }
+
+    /// The cores of an emu run share one bound on their history, claimed
+    /// as they record: a core may take what the others leave (an equal
+    /// share each failed the run at the quicker core's half of it).
+    #[test]
+    fn the_cores_share_one_bound_on_their_history() {
+        let cli = sherman_on_sim(&["--records", "1000", "--seconds", "1"]);
+        let mut spec = cli.specs().unwrap().remove(0);
+        spec.history_cap = 1000;
+        let across = Arc::new(client::Across::new(&spec));
+        let (quick, slow) = (
+            client::ClientTally::new(&spec, across.clone(), 2, 0),
+            client::ClientTally::new(&spec, across.clone(), 2, 1),
+        );
+        // A chunk: a 16th of an equal share.
+        let chunk = 1000 / 2 / 16;
+        assert!(slow.history_has_room(0));
+        let mut held = 0;
+        while quick.history_has_room(held) {
+            held += 1;
+        }
+        assert_eq!(held, 1000 - chunk, "all but the slow core's chunk");
+        // The slow core fills what it claimed, and no more.
+        assert!(slow.history_has_room(chunk - 1));
+        assert!(!slow.history_has_room(chunk));
+        assert!(!quick.history_has_room(held));
+        assert_eq!(across.history_left.load(Ordering::Relaxed), 0);
+        // A counted run's bound does not end.
+        let counted = sherman_on_sim(&["--records", "1000", "--ops", "10"]);
+        let spec = counted.specs().unwrap().remove(0);
+        let one = client::ClientTally::new(&spec, Arc::new(client::Across::new(&spec)), 1, 0);
+        assert!(one.history_has_room(1 << 40));
+    }
+
+    /// Once a client's failure has failed the run, every client on every
+    /// core stops before its next operation (they ran on to their end: a
+    /// `--seconds` run's whole length, all of it waited for).
+    #[test]
+    fn a_halted_run_starts_no_more_operations() {
+        for backend in ["sim", "emu"] {
+            let argv = [
+                "run",
+                "--systems",
+                "sherman",
+                "--check-history",
+                "--records",
+                "100",
+                "--ops",
+                "100000",
+                "--backend",
+                backend,
+                "--threads",
+                "2",
+            ];
+            let cli = Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap();
+            let spec = cli.specs().unwrap().remove(0);
+            let across = Arc::new(client::Across::new(&spec));
+            across.halt();
+            let report = match drive::measure_across(&spec, across) {
+                Ok(r) => r,
+                Err(f) => panic!("{backend}: {}", f.why),
+            };
+            assert_eq!(report.ops, 0, "{backend}");
+            let log = report.history.expect("recorded");
+            let initial = records_sorted(100).into_iter().collect();
+            assert!(matches!(log.history.check(&initial), Verdict::Ok));
+            assert_eq!(log.history.len(), 0, "{backend}: no operation was started");
+        }
     }
 
     /// A run whose operation failed keeps what its clients recorded: the
@@ -1177,8 +1251,8 @@ mod tests {
             path.to_str().unwrap(),
         ]);
         let spec = cli.specs().unwrap().remove(0);
-        let zero = || Arc::new(AtomicU64::new(0));
-        let sh = client::ClientTally::new(&spec, zero(), zero(), 1, 0);
+        let across = Arc::new(client::Across::new(&spec));
+        let sh = client::ClientTally::new(&spec, across, 1, 0);
         let records = index::keys::records_sorted(10);
         let (key, value) = records[3];
         {
