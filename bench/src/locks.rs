@@ -23,6 +23,7 @@ use nicdrv::{Ctx, ExecutorConfig, GlobalAddr, Nic, Space, VerbCounters};
 use serde_json::json;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -311,6 +312,11 @@ struct Measured {
 }
 
 fn measure(spec: &LockSpec) -> Result<Measured, String> {
+    measure_halting(spec, Arc::new(AtomicBool::new(false)))
+}
+
+/// [`measure`], its clients stopping once `halted` is set.
+fn measure_halting(spec: &LockSpec, halted: Arc<AtomicBool>) -> Result<Measured, String> {
     let host_bytes = spec.host_bytes();
     let cfg = TreeConfig {
         // Every holder here is alive and may hold for up to an hour
@@ -339,7 +345,11 @@ fn measure(spec: &LockSpec) -> Result<Measured, String> {
         scratch_bytes_per_slot: 4096,
         poll_batch: 32,
     };
-    let work = LockWork { spec, trees };
+    let work = LockWork {
+        spec,
+        trees,
+        halted,
+    };
     let groups = c
         .run(&work, cores, exec)?
         .into_iter()
@@ -388,6 +398,10 @@ struct GroupOut {
 struct LockWork<'a> {
     spec: &'a LockSpec,
     trees: Vec<Arc<Tree>>,
+    /// Set by the first client that fails: every client, on every core,
+    /// stops before its next acquisition (the run has failed). Relaxed: a
+    /// stop flag; the failure itself stays in its core's tally.
+    halted: Arc<AtomicBool>,
 }
 
 impl Workload for LockWork<'_> {
@@ -415,8 +429,8 @@ impl Workload for LockWork<'_> {
             // Client ids: non-zero and unique in the cluster.
             let id = 1 + (place.core * self.spec.coroutines + k) as u64;
             let client = tree.client(id).map_err(|e| e.to_string())?;
-            let (spec, t) = (self.spec.clone(), tally.clone());
-            on.spawn_task(move |ctx| lock_task(ctx, spec, client, id, t))?;
+            let (spec, t, h) = (self.spec.clone(), tally.clone(), self.halted.clone());
+            on.spawn_task(move |ctx| lock_task(ctx, spec, client, id, t, h))?;
         }
         tally.began.set(Some(Instant::now()));
         Ok(())
@@ -446,11 +460,16 @@ async fn lock_task<N: Nic>(
     mut client: index::tree::TreeClient,
     id: u64,
     tally: Rc<Tally>,
+    halted: Arc<AtomicBool>,
 ) {
     let mut rng = Rng::stream(spec.seed, Domain::Client, id);
     let zipf = (spec.zipf > 0.0).then(|| Zipfian::new(spec.locks, spec.zipf));
+    let fail = |why: String| {
+        *tally.failure.borrow_mut() = Some(why);
+        halted.store(true, Ordering::Relaxed);
+    };
     for _ in 0..spec.ops {
-        if cmdline::signals::stop_requested() || tally.failure.borrow().is_some() {
+        if cmdline::signals::stop_requested() || halted.load(Ordering::Relaxed) {
             break;
         }
         let lock = match &zipf {
@@ -461,7 +480,7 @@ async fn lock_task<N: Nic>(
         let held = match client.lock_node(&ctx, spec.node_of(lock)).await {
             Ok(h) => h,
             Err(e) => {
-                *tally.failure.borrow_mut() = Some(format!("client {id}: lock {lock}: {e}"));
+                fail(format!("client {id}: lock {lock}: {e}"));
                 break;
             }
         };
@@ -470,14 +489,14 @@ async fn lock_task<N: Nic>(
             match ctx.sleep(spec.hold_ns) {
                 Ok(s) => s.await,
                 Err(e) => {
-                    *tally.failure.borrow_mut() = Some(format!("client {id}: {e}"));
+                    fail(format!("client {id}: {e}"));
                     let _ = client.unlock_node(&ctx, held).await;
                     break;
                 }
             }
         }
         if let Err(e) = client.unlock_node(&ctx, held).await {
-            *tally.failure.borrow_mut() = Some(format!("client {id}: unlock {lock}: {e}"));
+            fail(format!("client {id}: unlock {lock}: {e}"));
             break;
         }
         let _ = tally.latency_ns.borrow_mut().record(waited.max(1));
@@ -599,5 +618,42 @@ mod tests {
             .collect();
         assert_eq!(counts, [0, 1, 2, 3, 4]);
         assert!(variant("nope", 1 << 20).is_none());
+    }
+
+    /// Once a client has failed, no client on any core starts another
+    /// acquisition (the others ran their whole count first).
+    #[test]
+    fn a_halted_run_takes_no_more_locks() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            locks: LocksArgs,
+        }
+        for backend in ["sim", "emu"] {
+            let argv = [
+                "locks",
+                "--backend",
+                backend,
+                "--threads",
+                "2",
+                "--variants",
+                "dm",
+            ];
+            let spec = Cli::try_parse_from(argv)
+                .unwrap()
+                .locks
+                .specs()
+                .unwrap()
+                .remove(0);
+            let halted = Arc::new(AtomicBool::new(true));
+            let m = measure_halting(&spec, halted).unwrap();
+            assert_eq!(m.acquisitions, 0, "{backend}");
+            let m = measure_halting(&spec, Arc::new(AtomicBool::new(false))).unwrap();
+            assert_eq!(
+                m.acquisitions,
+                spec.ops * spec.threads as u64 * spec.compute_nodes as u64
+            );
+        }
     }
 }
