@@ -631,15 +631,12 @@ mod tests {
             locks: LocksArgs,
         }
         for backend in ["sim", "emu"] {
-            let argv = [
-                "locks",
-                "--backend",
-                backend,
-                "--threads",
-                "2",
-                "--variants",
-                "dm",
-            ];
+            let mut argv = vec!["locks", "--backend", backend, "--variants", "dm"];
+            argv.extend(["--threads", "2", "-n", "200"]);
+            if backend == "emu" {
+                // Other tests' cores may be pinned beside it.
+                argv.push("--no-pin");
+            }
             let spec = Cli::try_parse_from(argv)
                 .unwrap()
                 .locks

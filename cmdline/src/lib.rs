@@ -163,13 +163,16 @@ pub fn raise_open_files_limit() {
     // this stack frame; the result is checked.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
     {
+        // At most 2^20 (Linux's default `nr_open`): a hard limit of 2^30,
+        // as some containers set, would slow programs that walk every
+        // descriptor, children included, and no run needs that many.
         let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
+            rlim_cur: lim.rlim_max.min(1 << 20).max(lim.rlim_cur),
             rlim_max: lim.rlim_max,
         };
         // SAFETY: setrlimit reads only the struct it is given; raising the
-        // soft limit up to the hard one needs no privilege. A refusal (a
-        // hard limit the kernel caps lower) leaves the soft limit as it was.
+        // soft limit up to the hard one needs no privilege. Were it refused,
+        // the soft limit stays as it was.
         let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
     }
 }

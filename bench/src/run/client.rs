@@ -43,9 +43,9 @@ pub(crate) struct Across {
     /// once all are.
     pub(crate) warm: AtomicU64,
     /// Set by the first client whose failure fails the run: every client,
-    /// on every core, stops before its next operation. The run has failed
-    /// by then, and the other cores ran on to their end (a `--seconds`
-    /// run's whole length) with nothing left to measure.
+    /// on every core, stops before its next operation (without it, the
+    /// other cores ran on to their end, a `--seconds` run's whole length,
+    /// with nothing left to measure).
     pub(crate) halted: AtomicBool,
     /// History events no core has claimed yet, of what a timed run's
     /// history may hold ([`RunSpec::history_cap`]). Cores claim it in
@@ -472,9 +472,9 @@ pub(crate) async fn client_task<N: Nic>(
                 let mut failure = sh.failure.borrow_mut();
                 if failure.is_none() {
                     *failure = Some(format!(
-                        "the history reached {} operations, what half of this machine's available \
-                         memory holds; record a shorter --seconds, or count --ops (a counted run's \
-                         history is checked before it starts)",
+                        "the history reached its bound of {} operations, what half of this \
+                         machine's available memory holds; record a shorter --seconds, or count \
+                         --ops (a counted run's history is checked before it starts)",
                         spec.history_cap
                     ));
                 }
@@ -507,7 +507,10 @@ pub(crate) async fn client_task<N: Nic>(
         }
         if let Err(e) = r {
             if !faulty {
-                *sh.failure.borrow_mut() = Some(format!("{} of key {key}: {e}", kind.name()));
+                // The core's first failure is the one reported.
+                sh.failure
+                    .borrow_mut()
+                    .get_or_insert_with(|| format!("{} of key {key}: {e}", kind.name()));
                 *sh.tree.borrow_mut() += c.tree_stats();
                 sh.across.halt();
                 return;

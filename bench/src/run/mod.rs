@@ -1151,7 +1151,11 @@ mod tests {
         let Err(failed) = drive::measure_across(&spec, across.clone()) else {
             panic!("the run went on past its history's room")
         };
-        assert!(failed.why.contains("history reached 500"), "{}", failed.why);
+        assert!(
+            failed.why.contains("history reached its bound of 500"),
+            "{}",
+            failed.why
+        );
         assert!(
             across.halted.load(Ordering::Relaxed),
             "the failure stops every client"
@@ -1160,8 +1164,33 @@ mod tests {
         assert!(log.history.len() >= 500, "{}", log.history.len());
         // Each client stops at its next operation: one more each at most.
         assert!(log.history.len() <= 500 + spec.clients() as usize * 2);
-        let initial = records_sorted(1000).into_iter().collect();
+        let initial: BTreeMap<u64, u64> = records_sorted(1000).into_iter().collect();
         assert!(matches!(log.history.check(&initial), Verdict::Ok));
+        // On emu the cores share the bound: the first to find it spent
+        // fails the run and stops the other, within an hour's run.
+        let mut argv = vec!["run", "--backend", "emu", "--systems", "sherman"];
+        argv.extend(["--check-history", "--records", "1000"]);
+        argv.extend(["--seconds", "3600", "--threads", "2"]);
+        let cli = Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap();
+        let mut spec = cli.specs().unwrap().remove(0);
+        spec.history_cap = 400;
+        let across = Arc::new(client::Across::new(&spec));
+        let Err(failed) = drive::measure_across(&spec, across.clone()) else {
+            panic!("the emu run went on past its history's room")
+        };
+        assert!(failed.why.contains("bound of 400"), "{}", failed.why);
+        assert!(across.halted.load(Ordering::Relaxed));
+        let held = failed.history.expect("kept").history;
+        // All of it but what the other core claimed and did not fill (a
+        // chunk, 400 / 2 / 16), and at most one operation a client more.
+        let chunk = 400 / 2 / 16;
+        assert!(held.len() >= 400 - chunk, "{}", held.len());
+        assert!(
+            held.len() <= 400 + spec.clients() as usize,
+            "{}",
+            held.len()
+        );
+        assert!(matches!(held.check(&initial), Verdict::Ok));
     }
 
     /// The cores of an emu run share one bound on their history, claimed

@@ -487,6 +487,11 @@ fn memfd_backing(cfg: &EmuNodeConfig) -> Result<(File, PathBuf, u64), EmuError> 
     };
     let (f, page) = match huge {
         Ok(f) => (f, HUGE_PAGE),
+        // Out of descriptors, an ordinary memfd fails too: said as that,
+        // not as huge pages missing.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+            return Err(io_err(Path::new("memfd"), "cannot create")(e));
+        }
         Err(e) => {
             crate::pages::warn_no_huge_pages(&e);
             (
