@@ -219,10 +219,12 @@ impl fmt::Display for ChannelError {
             ChannelError::Cancelled => {
                 write!(f, "cancelled (stop requested) while waiting for peers")
             }
-            ChannelError::Disagreed(what) => write!(f, "the nodes disagree: {what}"),
+            ChannelError::Disagreed(what) => {
+                write!(f, "the nodes disagree: {}", Printable(what))
+            }
             ChannelError::Limit(what) => write!(f, "{what}"),
             ChannelError::Withdrew { node, why } => {
-                write!(f, "node {node} withdrew from the run: {why}")
+                write!(f, "node {node} withdrew from the run: {}", Printable(why))
             }
             ChannelError::Io(e) => write!(f, "control channel: {e}"),
         }
@@ -799,10 +801,57 @@ pub struct Rendezvous {
     role: Role,
     epoch: u64,
     barrier_timeout: Duration,
-    refused: Vec<ChannelError>,
+    refused: Refusals,
+}
+
+/// How many refused handshakes a rendezvous keeps to say why (the most
+/// recent; the rest are counted).
+pub const REFUSALS_KEPT: usize = 16;
+
+/// The handshakes a coordinator refused: how many, and the last
+/// [`REFUSALS_KEPT`] of them. Kept whole, the list grew with every
+/// connection a peer opened and closed, unauthenticated, for as long as
+/// the admission ran.
+#[derive(Debug, Default)]
+struct Refusals {
+    count: u64,
+    recent: Vec<ChannelError>,
+}
+
+impl Refusals {
+    fn push(&mut self, e: ChannelError) {
+        self.count += 1;
+        if self.recent.len() == REFUSALS_KEPT {
+            self.recent.remove(0);
+        }
+        self.recent.push(e);
+    }
+
+    fn last(&self) -> Option<&ChannelError> {
+        self.recent.last()
+    }
 }
 
 const EXCHANGE: &str = "exchange";
+
+/// Text that came from a peer (why it withdrew, the values nodes held at a
+/// barrier), as it may be printed: control characters escaped, so that an
+/// authenticated but wayward peer can neither forge a line of another
+/// node's log with a newline nor drive its terminal with escapes.
+struct Printable<'a>(&'a str);
+
+impl fmt::Display for Printable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(f, c)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// The wait of [`Rendezvous::final_barrier`]: ten years, a deadline
 /// that an `Instant` and a socket timeout both hold without overflow.
@@ -875,8 +924,9 @@ fn still_awaited(w: &std::sync::Mutex<BTreeSet<u32>>) -> std::sync::MutexGuard<'
 /// The coordinator's wait for a run's nodes: accepts and authenticates
 /// until every node in `members` but this one has joined, handing each
 /// channel to `take`, or until `timeout` passes. Connections that fail the
-/// handshake are dropped and returned; the wait goes on. Handshakes run
-/// side by side (up to [`HANDSHAKES_AT_ONCE`]): before, one at a time,
+/// handshake are dropped and counted, the last few kept; the wait goes
+/// on. Handshakes run side by side (up to [`HANDSHAKES_AT_ONCE`]): before,
+/// one at a time,
 /// each connection that sent nothing (an unauthenticated peer, a port
 /// scan) held every node behind it for the whole handshake bound, and a
 /// few could push the rendezvous past its timeout.
@@ -886,7 +936,7 @@ fn admit(
     opts: &ChannelOptions,
     timeout: Duration,
     take: &mut dyn FnMut(ControlChannel),
-) -> Result<Vec<ChannelError>, ChannelError> {
+) -> Result<Refusals, ChannelError> {
     let deadline = Instant::now() + timeout;
     let waiting: BTreeSet<u32> = members
         .iter()
@@ -904,25 +954,24 @@ fn admit(
     let waiting = Arc::new(std::sync::Mutex::new(waiting));
     let (done_tx, done) = std::sync::mpsc::channel::<Result<ControlChannel, ChannelError>>();
     let mut running = 0usize;
-    let mut refused: Vec<ChannelError> = Vec::new();
-    // Refusals up to this index were reported already.
+    let mut refused = Refusals::default();
+    // This many refusals were reported already.
     let mut told = 0;
     let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
-    let mut finish =
-        |r: Result<ControlChannel, ChannelError>, refused: &mut Vec<ChannelError>| match r {
-            Ok(ch) => {
-                let fresh = still_awaited(&waiting).remove(&ch.peer_id);
-                if fresh {
-                    take(ch);
-                } else {
-                    refused.push(ChannelError::Refused(format!(
-                        "node {} joined already",
-                        ch.peer_id
-                    )));
-                }
+    let mut finish = |r: Result<ControlChannel, ChannelError>, refused: &mut Refusals| match r {
+        Ok(ch) => {
+            let fresh = still_awaited(&waiting).remove(&ch.peer_id);
+            if fresh {
+                take(ch);
+            } else {
+                refused.push(ChannelError::Refused(format!(
+                    "node {} joined already",
+                    ch.peer_id
+                )));
             }
-            Err(e) => refused.push(e),
-        };
+        }
+        Err(e) => refused.push(e),
+    };
     loop {
         while let Ok(r) = done.try_recv() {
             running -= 1;
@@ -939,12 +988,12 @@ fn admit(
             };
             return Err(ChannelError::Timeout(format!(
                 "nodes {ids:?} did not join within {timeout:?} ({} connections refused{last})",
-                refused.len()
+                refused.count
             )));
         }
-        let fresh = refused[told..].last();
+        let fresh = refused.last().filter(|_| refused.count > told);
         if report_wait(&opts.on_wait, &mut next_report, &ids, fresh) {
-            told = refused.len();
+            told = refused.count;
         }
         if running >= HANDSHAKES_AT_ONCE {
             // Room for no more: wait for one to end (each is bounded).
@@ -1067,7 +1116,7 @@ impl Rendezvous {
             role: Role::Member { coordinator: ch },
             epoch: 0,
             barrier_timeout: opts.barrier_timeout,
-            refused: Vec::new(),
+            refused: Refusals::default(),
         })
     }
 
@@ -1075,9 +1124,16 @@ impl Rendezvous {
         self.node_id
     }
 
-    /// Handshakes the coordinator refused while waiting for members.
+    /// The last handshakes (at most [`REFUSALS_KEPT`]) the coordinator
+    /// refused while waiting for members, oldest first.
     pub fn refused(&self) -> &[ChannelError] {
-        &self.refused
+        &self.refused.recent
+    }
+
+    /// How many handshakes the coordinator refused while waiting for
+    /// members.
+    pub fn refused_count(&self) -> u64 {
+        self.refused.count
     }
 
     /// Publishes `mine` and returns every node's records (including ours).

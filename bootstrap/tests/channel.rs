@@ -1361,3 +1361,60 @@ fn silent_connections_do_not_hold_up_the_nodes_behind_them() {
     }
     drop(silent);
 }
+
+/// A peer that opens and closes connections, unauthenticated, for as long
+/// as the admission runs is counted, and only the last few refusals are
+/// kept (the list grew with every connection); the member behind it joins.
+#[test]
+fn refused_handshakes_are_counted_and_the_last_few_kept() {
+    use bootstrap::channel::REFUSALS_KEPT;
+    let (l, addr) = listener();
+    let coord = thread::spawn(move || {
+        let rv = Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(20)).unwrap();
+        (
+            rv.refused_count(),
+            rv.refused().len(),
+            rv.refused().last().map(|e| e.to_string()),
+        )
+    });
+    let knocks = 3 * REFUSALS_KEPT as u64;
+    for _ in 0..knocks {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        // The coordinator drops the connection once its handshake failed.
+        read_all(&mut s);
+    }
+    // The last refusal is on its way to the admission: let it land first.
+    thread::sleep(Duration::from_millis(100));
+    let member = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5)).unwrap();
+    let (count, kept, last) = coord.join().unwrap();
+    assert_eq!(count, knocks);
+    assert_eq!(kept, REFUSALS_KEPT);
+    assert!(last.is_some());
+    drop(member);
+}
+
+/// What a peer says when it withdraws, and the values nodes held at a
+/// barrier, are printed with control characters escaped: a peer cannot
+/// forge a log line of another node's, or drive its terminal.
+#[test]
+fn a_peers_text_is_printed_with_control_characters_escaped() {
+    let forged = "fine\n[node 0] all checks passed\x1b[2J";
+    for e in [
+        ChannelError::Withdrew {
+            node: 3,
+            why: forged.into(),
+        },
+        ChannelError::Disagreed(forged.into()),
+    ] {
+        let shown = e.to_string();
+        assert!(
+            !shown.contains('\n') && !shown.contains('\x1b'),
+            "{shown:?}"
+        );
+        assert!(
+            shown.contains("fine\\n[node 0]") && shown.contains("\\u{1b}[2J"),
+            "{shown}"
+        );
+    }
+}
