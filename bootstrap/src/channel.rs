@@ -446,6 +446,18 @@ impl ControlChannel {
         admit: &dyn Fn(u32) -> bool,
         nonce: [u8; NONCE_BYTES],
     ) -> Result<Self, ChannelError> {
+        Self::respond_telling(stream, opts, admit, nonce, &|| {})
+    }
+
+    /// [`respond`](Self::respond), calling `authenticated` once the
+    /// initiator's proof checked out (what follows is one write).
+    fn respond_telling(
+        stream: TcpStream,
+        opts: &ChannelOptions,
+        admit: &dyn Fn(u32) -> bool,
+        nonce: [u8; NONCE_BYTES],
+        authenticated: &dyn Fn(),
+    ) -> Result<Self, ChannelError> {
         let deadline = Instant::now() + opts.handshake_timeout;
         stream.set_nodelay(true)?;
         let (peer_id, peer_nonce, peer_protocol) = match recv_by(&stream, deadline, &opts.cancel)? {
@@ -503,6 +515,7 @@ impl ControlChannel {
                 )))
             }
         }
+        authenticated();
         send_within(
             &stream,
             &Message::Auth {
@@ -686,6 +699,19 @@ fn accept_by(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Whether a connection waits in `listener`'s queue to be accepted.
+fn connection_pending(listener: &TcpListener) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1, no wait; the fd is the
+    // listener's, open for this call.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n == 1 && pfd.revents & libc::POLLIN != 0
 }
 
 /// What the cluster has published: every node's endpoints and regions,
@@ -914,6 +940,44 @@ const HANDSHAKES_AT_ONCE: usize = 64;
 /// run.
 const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 
+/// How old an unauthenticated handshake must be before a new connection
+/// may push it out when [`HANDSHAKES_AT_ONCE`] run (a node's handshake
+/// takes a few round trips; a connection that sends nothing, the whole
+/// handshake bound).
+const EVICT_AFTER: Duration = Duration::from_millis(100);
+
+/// A running handshake as [`admit`] sees it: when it started, and a
+/// second handle on its connection while the peer is unauthenticated,
+/// which the handshake's thread takes away once the peer proved itself
+/// or the handshake ended. Under the lock, so that a handshake is either
+/// pushed out before its peer proved itself or not at all.
+type Shaking = (Instant, Arc<std::sync::Mutex<Option<TcpStream>>>);
+
+/// Ends the oldest unauthenticated handshake of `shaking` older than
+/// [`EVICT_AFTER`], if any, by shutting its connection (its thread then
+/// fails and ends); whether it ended one. Forgets the handshakes that
+/// ended on their own or authenticated.
+fn evict_oldest(shaking: &mut std::collections::VecDeque<Shaking>) -> bool {
+    let lock = |m: &std::sync::Mutex<Option<TcpStream>>| {
+        // A thread that panicked holding it left it whole: it only takes.
+        m.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    };
+    while let Some((at, handle)) = shaking.front() {
+        if at.elapsed() < EVICT_AFTER {
+            return false;
+        }
+        let taken = lock(handle);
+        shaking.pop_front();
+        if let Some(stream) = taken {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return true;
+        }
+    }
+    false
+}
+
 /// The ids [`admit`] still awaits, shared with its handshakes' threads,
 /// which only look (a panic while holding the lock left the set whole:
 /// its one change, a remove, is made by `admit` itself).
@@ -954,6 +1018,7 @@ fn admit(
     let waiting = Arc::new(std::sync::Mutex::new(waiting));
     let (done_tx, done) = std::sync::mpsc::channel::<Result<ControlChannel, ChannelError>>();
     let mut running = 0usize;
+    let mut shaking = std::collections::VecDeque::<Shaking>::new();
     let mut refused = Refusals::default();
     // This many refusals were reported already.
     let mut told = 0;
@@ -996,7 +1061,14 @@ fn admit(
             told = refused.count;
         }
         if running >= HANDSHAKES_AT_ONCE {
-            // Room for no more: wait for one to end (each is bounded).
+            // Room for no more. Where a connection waits behind them,
+            // push out the oldest peer that has not proved itself (else
+            // connections that send nothing, opened as fast as the
+            // handshake bound lets them go, held every node queued behind
+            // them); then wait for one to end (each is bounded).
+            if connection_pending(listener) {
+                evict_oldest(&mut shaking);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if let Ok(r) = done.recv_timeout(left.min(HANDSHAKE_POLL)) {
                 running -= 1;
@@ -1020,11 +1092,32 @@ fn admit(
         };
         let nonce = fresh_nonce()?;
         let (o, w, tx) = (opts.clone(), waiting.clone(), done_tx.clone());
+        let handle = Arc::new(std::sync::Mutex::new(stream.try_clone().ok()));
+        shaking.push_back((Instant::now(), handle.clone()));
+        if shaking.len() > 2 * HANDSHAKES_AT_ONCE {
+            // Those that ended hold nothing any more.
+            shaking.retain(|(_, h)| {
+                h.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .is_some()
+            });
+        }
         let shake = move || {
             let admit = |id: u32| still_awaited(&w).contains(&id);
+            // Taken under the lock: from here the handshake cannot be
+            // pushed out, and its connection is no longer held open by
+            // the second handle once it ends.
+            let settle = || {
+                handle
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+            };
+            let r = ControlChannel::respond_telling(stream, &o, &admit, nonce, &settle);
+            settle();
             // The admission may have ended (its receiver dropped): the
             // channel is then dropped with the result.
-            let _ = tx.send(ControlChannel::respond(stream, &o, &admit, nonce));
+            let _ = tx.send(r);
         };
         match std::thread::Builder::new()
             .name("loch-handshake".into())

@@ -1418,3 +1418,44 @@ fn a_peers_text_is_printed_with_control_characters_escaped() {
         );
     }
 }
+
+/// More silent connections than the coordinator runs handshakes at once,
+/// opened on and on through the admission: the oldest unauthenticated
+/// ones are pushed out, so the member queued behind them joins (they held
+/// every handshake to its bound, and the member's join timed out).
+#[test]
+fn a_flood_of_silent_connections_does_not_keep_a_member_out() {
+    let (l, addr) = listener();
+    let mut o = opts(0, 1);
+    // Longer than the test: a silent connection ends only if pushed out.
+    o.handshake_timeout = Duration::from_secs(60);
+    let coord = thread::spawn(move || {
+        Rendezvous::coordinate(&l, &[0, 1], &o, Duration::from_secs(20))
+            .map(|rv| rv.refused_count())
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(s) = TcpStream::connect(addr) {
+                    held.push(s);
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            held.len()
+        })
+    };
+    // About 100 connections, past the 64 handshakes at once, before the
+    // member knocks; the flood goes on while it joins.
+    thread::sleep(Duration::from_secs(1));
+    let joined = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    let opened = flood.join().unwrap();
+    assert!(opened > 64, "the flood opened {opened} connections");
+    let rv = joined.expect("the member joins through the flood");
+    let refused = coord.join().unwrap().expect("the admission ends");
+    assert!(refused > 0, "the oldest silent connections were pushed out");
+    drop(rv);
+}
