@@ -686,14 +686,8 @@ fn accept_by(
                 }
                 // Sleep until a connection is pending or the deadline; a
                 // spurious wake-up just loops.
-                let mut pfd = libc::pollfd {
-                    fd: listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
                 let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-                // SAFETY: one valid pollfd, count 1; the fd is the listener's, open for this call.
-                unsafe { libc::poll(&mut pfd, 1, ms) };
+                connection_pending_within(listener, ms);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
@@ -701,16 +695,17 @@ fn accept_by(
     }
 }
 
-/// Whether a connection waits in `listener`'s queue to be accepted.
-fn connection_pending(listener: &TcpListener) -> bool {
+/// Whether a connection waits in `listener`'s queue to be accepted, or
+/// comes within `ms` milliseconds (0: only look).
+fn connection_pending_within(listener: &TcpListener, ms: libc::c_int) -> bool {
     let mut pfd = libc::pollfd {
         fd: listener.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one valid pollfd, count 1, no wait; the fd is the
-    // listener's, open for this call.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    // SAFETY: one valid pollfd, count 1; the fd is the listener's, open
+    // for this call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
     n == 1 && pfd.revents & libc::POLLIN != 0
 }
 
@@ -955,34 +950,32 @@ type Shaking = (Instant, Arc<std::sync::Mutex<Option<TcpStream>>>);
 
 /// Ends the oldest unauthenticated handshake of `shaking` older than
 /// [`EVICT_AFTER`], if any, by shutting its connection (its thread then
-/// fails and ends); whether it ended one. Forgets the handshakes that
-/// ended on their own or authenticated.
-fn evict_oldest(shaking: &mut std::collections::VecDeque<Shaking>) -> bool {
-    let lock = |m: &std::sync::Mutex<Option<TcpStream>>| {
-        // A thread that panicked holding it left it whole: it only takes.
-        m.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    };
+/// fails and ends). Forgets the handshakes that ended on their own or
+/// authenticated.
+fn evict_oldest(shaking: &mut std::collections::VecDeque<Shaking>) {
     while let Some((at, handle)) = shaking.front() {
         if at.elapsed() < EVICT_AFTER {
-            return false;
+            return;
         }
-        let taken = lock(handle);
+        let taken = locked(handle).take();
         shaking.pop_front();
         if let Some(stream) = taken {
             let _ = stream.shutdown(std::net::Shutdown::Both);
-            return true;
+            return;
         }
     }
-    false
 }
 
-/// The ids [`admit`] still awaits, shared with its handshakes' threads,
-/// which only look (a panic while holding the lock left the set whole:
-/// its one change, a remove, is made by `admit` itself).
+/// What `m` holds, shared between [`admit`] and its handshakes' threads,
+/// each of whose changes is one step (a remove, a take), so a panic while
+/// holding the lock left it whole.
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The ids [`admit`] still awaits; its handshakes' threads only look.
 fn still_awaited(w: &std::sync::Mutex<BTreeSet<u32>>) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
-    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(w)
 }
 
 /// The coordinator's wait for a run's nodes: accepts and authenticates
@@ -990,10 +983,9 @@ fn still_awaited(w: &std::sync::Mutex<BTreeSet<u32>>) -> std::sync::MutexGuard<'
 /// channel to `take`, or until `timeout` passes. Connections that fail the
 /// handshake are dropped and counted, the last few kept; the wait goes
 /// on. Handshakes run side by side (up to [`HANDSHAKES_AT_ONCE`]): before,
-/// one at a time,
-/// each connection that sent nothing (an unauthenticated peer, a port
-/// scan) held every node behind it for the whole handshake bound, and a
-/// few could push the rendezvous past its timeout.
+/// one at a time, each connection that sent nothing (an unauthenticated
+/// peer, a port scan) held every node behind it for the whole handshake
+/// bound, and a few could push the rendezvous past its timeout.
 fn admit(
     listener: &TcpListener,
     members: &[u32],
@@ -1066,7 +1058,7 @@ fn admit(
             // connections that send nothing, opened as fast as the
             // handshake bound lets them go, held every node queued behind
             // them); then wait for one to end (each is bounded).
-            if connection_pending(listener) {
+            if connection_pending_within(listener, 0) {
                 evict_oldest(&mut shaking);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -1096,11 +1088,7 @@ fn admit(
         shaking.push_back((Instant::now(), handle.clone()));
         if shaking.len() > 2 * HANDSHAKES_AT_ONCE {
             // Those that ended hold nothing any more.
-            shaking.retain(|(_, h)| {
-                h.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .is_some()
-            });
+            shaking.retain(|(_, h)| locked(h).is_some());
         }
         let shake = move || {
             let admit = |id: u32| still_awaited(&w).contains(&id);
@@ -1108,10 +1096,7 @@ fn admit(
             // pushed out, and its connection is no longer held open by
             // the second handle once it ends.
             let settle = || {
-                handle
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
+                locked(&handle).take();
             };
             let r = ControlChannel::respond_telling(stream, &o, &admit, nonce, &settle);
             settle();
