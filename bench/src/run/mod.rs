@@ -1118,8 +1118,14 @@ mod tests {
     /// `loch-bench run` of Sherman on sim, one thread, its history
     /// checked, with `more` flags.
     fn sherman_on_sim(more: &[&str]) -> Cli {
-        let mut argv = vec!["run", "--backend", "sim", "--systems", "sherman"];
-        argv.extend(["--threads", "1", "--check-history"]);
+        sherman_on("sim", "1", more)
+    }
+
+    /// `loch-bench run` of Sherman on `backend` with `threads`, its
+    /// history checked, with `more` flags.
+    fn sherman_on(backend: &str, threads: &str, more: &[&str]) -> Cli {
+        let mut argv = vec!["run", "--backend", backend, "--systems", "sherman"];
+        argv.extend(["--threads", threads, "--check-history"]);
         argv.extend(more);
         Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap()
     }
@@ -1168,10 +1174,7 @@ mod tests {
         assert!(matches!(log.history.check(&initial), Verdict::Ok));
         // On emu the cores share the bound: the first to find it spent
         // fails the run and stops the other, within an hour's run.
-        let mut argv = vec!["run", "--backend", "emu", "--systems", "sherman"];
-        argv.extend(["--check-history", "--records", "1000"]);
-        argv.extend(["--seconds", "3600", "--threads", "2"]);
-        let cli = Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap();
+        let cli = sherman_on("emu", "2", &["--records", "1000", "--seconds", "3600"]);
         let mut spec = cli.specs().unwrap().remove(0);
         spec.history_cap = 400;
         let across = Arc::new(client::Across::new(&spec));
@@ -1232,21 +1235,7 @@ mod tests {
     #[test]
     fn a_halted_run_starts_no_more_operations() {
         for backend in ["sim", "emu"] {
-            let argv = [
-                "run",
-                "--systems",
-                "sherman",
-                "--check-history",
-                "--records",
-                "100",
-                "--ops",
-                "100000",
-                "--backend",
-                backend,
-                "--threads",
-                "2",
-            ];
-            let cli = Cli::parse(Args::try_parse_from(argv).unwrap().run).unwrap();
+            let cli = sherman_on(backend, "2", &["--records", "100", "--ops", "100000"]);
             let spec = cli.specs().unwrap().remove(0);
             let across = Arc::new(client::Across::new(&spec));
             across.halt();
