@@ -10,7 +10,10 @@
 //!   Endpoint or Region is ever written to an unauthenticated socket, and
 //!   every later frame carries a session MAC ([`crate::auth::SessionMac`]).
 //! - Every read and write has a deadline: a silent or trickling peer costs at
-//!   most the configured timeout, then an error (never a hang).
+//!   most the configured timeout, then an error (never a hang). A meeting
+//!   (exchange, barrier, agreement) has one deadline for all the coordinator
+//!   waits for, so members arriving one after another, or a member sending
+//!   its records one at a time, cannot stretch it past the barrier timeout.
 //! - With [`ChannelOptions::cancel`] set, every wait (accept, dial, read)
 //!   looks at it at least every [`CANCEL_POLL`] and ends with
 //!   [`ChannelError::Cancelled`] once it says stop.
@@ -30,7 +33,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -140,9 +143,14 @@ pub struct ChannelOptions {
     pub secret: ClusterSecret,
     /// Bound on the whole handshake of one connection.
     pub handshake_timeout: Duration,
-    /// Bound on sending or receiving one ordinary message.
+    /// Bound on sending or receiving one ordinary message (the whole
+    /// message, however the peer trickles it).
     pub io_timeout: Duration,
-    /// Bound on waiting at a barrier (for the slowest node to arrive).
+    /// Bound on one barrier, exchange or agreement as a whole: from its
+    /// start until the slowest node has arrived (at the coordinator) or
+    /// the release has come (at a member; in an exchange, a member bounds
+    /// instead each record it is sent, which the coordinator sends every
+    /// member in turn).
     pub barrier_timeout: Duration,
     /// Ends any wait early with [`ChannelError::Cancelled`]; `None` waits
     /// out the timeouts.
@@ -304,11 +312,33 @@ fn recv_by(
     .map_err(|e| or_cancelled(e, cancel))
 }
 
-fn send_within(stream: &TcpStream, m: &Message, timeout: Duration) -> Result<(), WireError> {
-    stream
-        .set_write_timeout(Some(timeout))
-        .map_err(WireError::Io)?;
-    wire::write_message(&mut &*stream, m)
+/// Writes to a stream so that the whole write ends by `deadline`, however
+/// slowly the peer drains it: each write(2) waits only for what is left
+/// of the time (a socket's write timeout alone restarts with every
+/// partial write, so a peer reading a trickle would hold a send for as
+/// long as it likes).
+struct DeadlineWriter<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Write for DeadlineWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_write_timeout(Some(left))?;
+        (&*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self.stream).flush()
+    }
+}
+
+fn send_by(stream: &TcpStream, m: &Message, deadline: Instant) -> Result<(), WireError> {
+    wire::write_message(&mut DeadlineWriter { stream, deadline }, m)
 }
 
 /// An authenticated connection to one peer.
@@ -344,14 +374,14 @@ impl ControlChannel {
     ) -> Result<Self, ChannelError> {
         let deadline = Instant::now() + opts.handshake_timeout;
         stream.set_nodelay(true)?;
-        send_within(
+        send_by(
             &stream,
             &Message::Hello {
                 node_id: opts.node_id,
                 nonce,
                 protocol: PROTOCOL,
             },
-            opts.handshake_timeout,
+            deadline,
         )?;
         let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel) {
             Ok(Message::Hello {
@@ -396,12 +426,12 @@ impl ControlChannel {
             initiator_nonce: nonce,
             responder_nonce: peer_nonce,
         };
-        send_within(
+        send_by(
             &stream,
             &Message::Auth {
                 mac: t.prove(&opts.secret, Direction::Initiator),
             },
-            opts.handshake_timeout,
+            deadline,
         )?;
         match recv_by(&stream, deadline, &opts.cancel) {
             Ok(Message::Auth { mac }) if t.verify(&opts.secret, Direction::Responder, &mac) => {}
@@ -478,14 +508,14 @@ impl ControlChannel {
                 "node id {peer_id} is not admitted here"
             )));
         }
-        send_within(
+        send_by(
             &stream,
             &Message::Hello {
                 node_id: opts.node_id,
                 nonce,
                 protocol: PROTOCOL,
             },
-            opts.handshake_timeout,
+            deadline,
         )?;
         // Refused after our Hello, which tells the initiator our version:
         // both ends name the mismatch.
@@ -516,12 +546,12 @@ impl ControlChannel {
             }
         }
         authenticated();
-        send_within(
+        send_by(
             &stream,
             &Message::Auth {
                 mac: t.prove(&opts.secret, Direction::Responder),
             },
-            opts.handshake_timeout,
+            deadline,
         )?;
         Ok(ControlChannel {
             stream,
@@ -546,8 +576,11 @@ impl ControlChannel {
         let mut body = Vec::with_capacity(64);
         m.encode_body(&mut body);
         let trailer = self.mac.seal(&body);
-        self.stream.set_write_timeout(Some(self.io_timeout))?;
-        Ok(wire::write_frame(&mut &self.stream, &[&body, &trailer])?)
+        let mut w = DeadlineWriter {
+            stream: &self.stream,
+            deadline: Instant::now() + self.io_timeout,
+        };
+        Ok(wire::write_frame(&mut w, &[&body, &trailer])?)
     }
 
     /// Receives one message within the I/O timeout.
@@ -570,7 +603,12 @@ impl ControlChannel {
     /// check (altered, injected, replayed, reordered) is
     /// [`ChannelError::Tampered`].
     pub fn recv_within(&mut self, timeout: Duration) -> Result<Message, ChannelError> {
-        let deadline = Instant::now() + timeout;
+        self.recv_by(Instant::now() + timeout)
+    }
+
+    /// Receives one message by `deadline`, as
+    /// [`recv_within`](Self::recv_within).
+    fn recv_by(&mut self, deadline: Instant) -> Result<Message, ChannelError> {
         let frame = wire::read_frame(&mut DeadlineReader {
             stream: &self.stream,
             deadline,
@@ -616,22 +654,22 @@ impl ControlChannel {
         let Err(e) = send(self) else {
             return Ok(());
         };
-        match self.recv_meeting(HEARD_WAIT, false) {
+        match self.recv_meeting(Instant::now() + HEARD_WAIT, false) {
             Err(w @ ChannelError::Withdrew { .. }) => Err(w),
             _ => Err(e),
         }
     }
 
-    /// The next message of a meeting (an exchange or a barrier) within
-    /// `timeout`, a withdrawal being [`ChannelError::Withdrew`]. A member
+    /// The next message of a meeting (an exchange or a barrier) by
+    /// `deadline`, a withdrawal being [`ChannelError::Withdrew`]. A member
     /// (`from_member`: this end coordinates) withdraws only itself; the
     /// coordinator passes on anyone's.
     fn recv_meeting(
         &mut self,
-        timeout: Duration,
+        deadline: Instant,
         from_member: bool,
     ) -> Result<Message, ChannelError> {
-        match self.recv_within(timeout)? {
+        match self.recv_by(deadline)? {
             Message::Withdraw { node_id, .. } if from_member && node_id != self.peer_id => {
                 Err(self.protocol(format!("withdrew node {node_id}, not itself")))
             }
@@ -1250,7 +1288,11 @@ impl Rendezvous {
                 && mine.regions.iter().all(|r| r.node_id == me),
             "a node publishes only its own records"
         );
+        // The coordinator's wait for every member's records has one
+        // deadline, not one per message: a member that sends its records
+        // one at a time is not given a timeout each.
         let barrier_timeout = self.barrier_timeout;
+        let deadline = Instant::now() + barrier_timeout;
         match &mut self.role {
             Role::Member { coordinator } => {
                 coordinator.send_hearing(|c| {
@@ -1263,7 +1305,11 @@ impl Rendezvous {
                 let mut all = Directory::default();
                 let limit = RECORDS_PER_NODE_MAX * NODES_MAX;
                 loop {
-                    match coordinator.recv_meeting(barrier_timeout, false)? {
+                    // A member's wait bounds each message instead: the
+                    // coordinator sends every record to every member in
+                    // turn, so the last member's share of a large cluster
+                    // comes long after the first's.
+                    match coordinator.recv_meeting(Instant::now() + barrier_timeout, false)? {
                         Message::Endpoint(e) => all.endpoints.push(e),
                         Message::Region(r) => all.regions.push(r),
                         Message::BarrierRelease { name, epoch: e }
@@ -1290,7 +1336,7 @@ impl Rendezvous {
                 for ch in members.iter_mut() {
                     let mut count = 0usize;
                     loop {
-                        match ch.recv_meeting(barrier_timeout, true)? {
+                        match ch.recv_meeting(deadline, true)? {
                             Message::Endpoint(e) if e.node_id == ch.peer_id => {
                                 all.endpoints.push(e)
                             }
@@ -1431,7 +1477,8 @@ impl Rendezvous {
             let ready = readable(members, &pending, wait)?;
             for &i in &ready {
                 let ch = &mut members[i];
-                let got = ch.recv_meeting(frame_timeout, true);
+                // The member is readable: a bound for its frame alone.
+                let got = ch.recv_meeting(Instant::now() + frame_timeout, true);
                 if arrival(ch, got, name, epoch, true)? {
                     left.push(ch.peer_id);
                 }
@@ -1452,7 +1499,9 @@ impl Rendezvous {
         matches!(self.role, Role::Coordinator { .. })
     }
 
-    /// A barrier waiting at most `barrier_timeout` for each message; with
+    /// A barrier that fails where the nodes have not all arrived within
+    /// `barrier_timeout` of this call (the coordinator), or it is not
+    /// released by then (a member); with
     /// `leaving_arrives`, a member that leaves counts as arrived (the
     /// coordinator returns their ids) rather than failing it.
     fn barrier_within(
@@ -1476,6 +1525,7 @@ impl Rendezvous {
             "barrier names are at most {NAME_BYTES_MAX} bytes"
         );
         let epoch = self.next_epoch();
+        let deadline = Instant::now() + barrier_timeout;
         match &mut self.role {
             Role::Member { coordinator } => {
                 coordinator.send_hearing(|c| {
@@ -1484,7 +1534,7 @@ impl Rendezvous {
                         epoch,
                     })
                 })?;
-                match coordinator.recv_meeting(barrier_timeout, false)? {
+                match coordinator.recv_meeting(deadline, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if n == name && e == epoch => {
                         Ok(Vec::new())
                     }
@@ -1496,7 +1546,7 @@ impl Rendezvous {
             Role::Coordinator { members } => {
                 let mut left = Vec::new();
                 for ch in members.iter_mut() {
-                    let got = ch.recv_meeting(barrier_timeout, true);
+                    let got = ch.recv_meeting(deadline, true);
                     if arrival(ch, got, name, epoch, leaving_arrives)? {
                         left.push(ch.peer_id);
                     }
@@ -1537,12 +1587,12 @@ impl Rendezvous {
         }
         let own = Agreed::Held(mine.map(str::to_string)).tag(name);
         let epoch = self.next_epoch();
-        let barrier_timeout = self.barrier_timeout;
+        let deadline = Instant::now() + self.barrier_timeout;
         let me = self.node_id;
         let (release, from) = match &mut self.role {
             Role::Member { coordinator } => {
                 coordinator.send_hearing(|c| c.send(&Message::Barrier { name: own, epoch }))?;
-                match coordinator.recv_meeting(barrier_timeout, false)? {
+                match coordinator.recv_meeting(deadline, false)? {
                     Message::BarrierRelease { name: n, epoch: e } if e == epoch => {
                         (n, coordinator.peer_id)
                     }
@@ -1555,7 +1605,7 @@ impl Rendezvous {
             Role::Coordinator { members } => {
                 let mut held: Vec<(u32, Option<String>)> = vec![(me, mine.map(str::to_string))];
                 for ch in members.iter_mut() {
-                    let got = match ch.recv_meeting(barrier_timeout, true)? {
+                    let got = match ch.recv_meeting(deadline, true)? {
                         Message::Barrier { name: n, epoch: e } if e == epoch => n,
                         m => {
                             return Err(ch.protocol(format!(
@@ -1680,5 +1730,57 @@ impl Rendezvous {
         let e = self.epoch;
         self.epoch += 1;
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A peer that reads a trickle lets each write(2) make progress within
+    /// any per-call timeout, yet the write as a whole ends at its deadline.
+    #[test]
+    fn a_trickling_reader_cannot_stretch_a_write_past_its_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16384];
+                // Relaxed: a flag polled between reads, ordering nothing.
+                while !stop.load(Ordering::Relaxed) {
+                    match (&rx).read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        // At most 1.6 MB/s: 16 MiB take some 8 s (whatever the
+                        // buffers hold aside).
+                        Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+            })
+        };
+        let t0 = Instant::now();
+        let r = DeadlineWriter {
+            stream: &tx,
+            deadline: t0 + Duration::from_millis(300),
+        }
+        .write_all(&vec![7u8; 16 << 20]);
+        let took = t0.elapsed();
+        let e = r.unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{e:?}"
+        );
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        stop.store(true, Ordering::Relaxed);
+        drop(tx);
+        reader.join().unwrap();
     }
 }

@@ -1459,3 +1459,90 @@ fn a_flood_of_silent_connections_does_not_keep_a_member_out() {
     assert!(refused > 0, "the oldest silent connections were pushed out");
     drop(rv);
 }
+
+/// A barrier's timeout bounds the whole meeting, not each member's wait:
+/// members that arrive one after another, each within the timeout of the
+/// one before, still fail it once the timeout has passed since it began.
+#[test]
+fn members_arriving_one_after_another_cannot_stretch_a_barrier() {
+    let (l, addr) = listener();
+    let members: Vec<_> = [(1u32, 700u64), (2, 1400)]
+        .into_iter()
+        .map(|(id, late)| {
+            thread::spawn(move || {
+                let mut rv =
+                    Rendezvous::join(addr, 0, &opts(id, 1), Duration::from_secs(5)).unwrap();
+                thread::sleep(Duration::from_millis(late));
+                // The coordinator has failed the barrier by now; whatever
+                // this member hears, it is not a release.
+                rv.barrier("spaced").unwrap_err()
+            })
+        })
+        .collect();
+    let mut o = opts(0, 1);
+    o.barrier_timeout = Duration::from_millis(1000);
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1, 2], &o, Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
+    // Each wait alone (700 ms for node 1, then 700 ms more for node 2)
+    // is within the timeout; together they are not.
+    let e = rv.barrier("spaced").unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, ChannelError::Wire(WireError::Timeout)), "{e:?}");
+    assert!(took < Duration::from_millis(1350), "took {took:?}");
+    drop(rv);
+    for m in members {
+        m.join().unwrap();
+    }
+}
+
+/// Likewise an exchange: a member that sends its records one at a time,
+/// each within the timeout of the last, fails it once the timeout has
+/// passed since it began.
+#[test]
+fn a_member_trickling_its_records_cannot_stretch_an_exchange() {
+    let (l, addr) = listener();
+    let member = hand_member(addr, |s, m| {
+        for r in records(1, 2)
+            .endpoints
+            .iter()
+            .map(|&e| Message::Endpoint(e))
+            .chain((0..4).map(|i| {
+                Message::Region(Region {
+                    node_id: 1,
+                    space: Space::Host,
+                    base: 0x1000 * i,
+                    len: 0x1000,
+                    rkey: 0x300 + i as u32,
+                })
+            }))
+            .chain([Message::Barrier {
+                name: "exchange".into(),
+                epoch: 0,
+            }])
+        {
+            let mut body = Vec::new();
+            r.encode_body(&mut body);
+            let trailer = m.seal(&body);
+            // The coordinator gives up and closes part way.
+            if wire::write_frame(s, &[&body, &trailer]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(400));
+        }
+    });
+    let mut o = opts(0, 1);
+    o.barrier_timeout = Duration::from_millis(1000);
+    let mut rv = Rendezvous::coordinate(&l, &[0, 1], &o, Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
+    // Five records and the barrier, 400 ms apart: the barrier comes at
+    // 2 s, each message within the timeout of the one before.
+    let e = rv.exchange(&records(0, 2)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, ChannelError::Wire(WireError::Timeout)), "{e:?}");
+    assert!(took < Duration::from_millis(1350), "took {took:?}");
+    drop(rv);
+    assert!(
+        member.join().unwrap().is_empty(),
+        "the member receives no records"
+    );
+}
