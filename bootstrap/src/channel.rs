@@ -181,6 +181,16 @@ pub enum ChannelError {
     /// The handshake failed: the peer does not hold the secret, or is not
     /// who we expected.
     Refused(String),
+    /// The peer closed the connection before its Hello, which is how a
+    /// responder refuses node `node` without a word: it does not admit
+    /// that id there, or it runs a build older than this control protocol
+    /// (which cannot read this build's Hello). A coordinator also sheds
+    /// handshakes that have not finished within 100 ms when a flood of
+    /// connections fills its slots, so [`Rendezvous::join`] tries again a
+    /// few times before it gives up.
+    ShutOut {
+        node: u32,
+    },
     /// An authenticated peer broke the protocol.
     Protocol {
         peer: u32,
@@ -216,6 +226,12 @@ impl fmt::Display for ChannelError {
         match self {
             ChannelError::Wire(e) => write!(f, "{e}"),
             ChannelError::Refused(why) => write!(f, "handshake refused: {why}"),
+            ChannelError::ShutOut { node } => write!(
+                f,
+                "handshake refused: the peer closed the connection before its Hello: it does not \
+                 admit node {node} there, or it runs a Loch build older than control protocol \
+                 {PROTOCOL}, which cannot read this build's Hello"
+            ),
             ChannelError::Protocol { peer, why } => {
                 write!(f, "node {peer} broke the control protocol: {why}")
             }
@@ -337,6 +353,21 @@ impl Write for DeadlineWriter<'_> {
     }
 }
 
+/// Whether `e` is the peer's end of the connection: a close, or the
+/// reset of a close with our bytes unread.
+fn closed(e: &WireError) -> bool {
+    match e {
+        WireError::Closed => true,
+        WireError::Io(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+        ),
+        _ => false,
+    }
+}
+
 fn send_by(stream: &TcpStream, m: &Message, deadline: Instant) -> Result<(), WireError> {
     wire::write_message(&mut DeadlineWriter { stream, deadline }, m)
 }
@@ -374,15 +405,16 @@ impl ControlChannel {
     ) -> Result<Self, ChannelError> {
         let deadline = Instant::now() + opts.handshake_timeout;
         stream.set_nodelay(true)?;
-        send_by(
-            &stream,
-            &Message::Hello {
-                node_id: opts.node_id,
-                nonce,
-                protocol: PROTOCOL,
-            },
-            deadline,
-        )?;
+        let hello = Message::Hello {
+            node_id: opts.node_id,
+            nonce,
+            protocol: PROTOCOL,
+        };
+        let shut_out = ChannelError::ShutOut { node: opts.node_id };
+        match send_by(&stream, &hello, deadline) {
+            Err(e) if closed(&e) => return Err(shut_out),
+            r => r?,
+        }
         let (peer_id, peer_nonce) = match recv_by(&stream, deadline, &opts.cancel) {
             Ok(Message::Hello {
                 node_id,
@@ -398,15 +430,9 @@ impl ControlChannel {
                     m.kind()
                 )))
             }
-            // A responder says nothing to a node it refuses.
-            Err(ChannelError::Wire(WireError::Closed)) => {
-                return Err(ChannelError::Refused(format!(
-                    "the peer closed the connection before its Hello: it does not admit node {} \
-                     there, or it runs a Loch build older than control protocol {PROTOCOL}, which \
-                     cannot read this build's Hello",
-                    opts.node_id
-                )))
-            }
+            // A responder says nothing to a node it refuses. Where it
+            // closed with our Hello unread, the close is a reset.
+            Err(ChannelError::Wire(e)) if closed(&e) => return Err(shut_out),
             Err(e) => return Err(e),
         };
         if let Some(want) = expect_peer {
@@ -979,6 +1005,10 @@ const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 /// handshake bound).
 const EVICT_AFTER: Duration = Duration::from_millis(100);
 
+/// How many times [`Rendezvous::join`] dials again after the coordinator
+/// closed a connection before its Hello ([`ChannelError::ShutOut`]).
+pub const SHUT_OUT_RETRIES: u32 = 3;
+
 /// A running handshake as [`admit`] sees it: when it started, and a
 /// second handle on its connection while the peer is unauthenticated,
 /// which the handshake's thread takes away once the peer proved itself
@@ -1202,7 +1232,11 @@ impl Rendezvous {
 
     /// As member: dials the coordinator at `addr`, which must be node
     /// `coordinator_id`, retrying refused connections until `timeout` (the
-    /// coordinator may not be listening yet).
+    /// coordinator may not be listening yet), and a connection the
+    /// coordinator closes before its Hello ([`ChannelError::ShutOut`]) up
+    /// to [`SHUT_OUT_RETRIES`] times within it (a coordinator under a
+    /// flood of connections sheds handshakes; one that does not admit this
+    /// node says the same each time, and the last is the error).
     pub fn join(
         addr: SocketAddr,
         coordinator_id: u32,
@@ -1211,6 +1245,7 @@ impl Rendezvous {
     ) -> Result<Rendezvous, ChannelError> {
         let deadline = Instant::now() + timeout;
         let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
+        let mut shut_out = 0;
         let ch = loop {
             if cancelled(&opts.cancel) {
                 return Err(ChannelError::Cancelled);
@@ -1223,6 +1258,17 @@ impl Rendezvous {
                 {
                     report_wait(&opts.on_wait, &mut next_report, &[coordinator_id], None);
                     std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(ChannelError::ShutOut { .. })
+                    if shut_out < SHUT_OUT_RETRIES && Instant::now() < deadline =>
+                {
+                    shut_out += 1;
+                    // Past the shedding of a burst (50, then 100 ms; no
+                    // longer than a stop request may wait).
+                    let pause = Duration::from_millis(50 * u64::from(shut_out)).min(CANCEL_POLL);
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
                 }
                 Err(e) => return Err(or_cancelled(e, &opts.cancel)),
             }

@@ -437,9 +437,11 @@ fn nodes_of_different_control_protocols_are_refused_naming_both() {
         s.read_exact(&mut b).unwrap();
     });
     let e = ControlChannel::connect(addr, Some(0), &opts(1, 1)).unwrap_err();
+    let why = e.to_string();
     assert!(
-        matches!(&e, ChannelError::Refused(why)
-            if why.contains("older than control protocol") && why.contains("admit node 1")),
+        matches!(&e, ChannelError::ShutOut { node: 1 })
+            && why.contains("older than control protocol")
+            && why.contains("admit node 1"),
         "{e}"
     );
     closes.join().unwrap();
@@ -1545,4 +1547,36 @@ fn a_member_trickling_its_records_cannot_stretch_an_exchange() {
         member.join().unwrap().is_empty(),
         "the member receives no records"
     );
+}
+
+/// A coordinator that closes a member's connection before its Hello (as
+/// it sheds handshakes under a flood) is dialled again; one that does not
+/// admit the member's id is dialled a few times, then named.
+#[test]
+fn a_member_shut_out_once_dials_again_and_one_not_admitted_is_told() {
+    let (l, addr) = listener();
+    let coordinator = thread::spawn(move || {
+        // The first connection is closed unheard, as a shed handshake is.
+        drop(l.accept().unwrap());
+        Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(5)).map(drop)
+    });
+    let rv = Rendezvous::join(addr, 0, &opts(1, 1), Duration::from_secs(5));
+    assert!(rv.is_ok(), "{:?}", rv.err());
+    drop(rv);
+    coordinator.join().unwrap().unwrap();
+
+    let (l, addr) = listener();
+    let coordinator = thread::spawn(move || {
+        Rendezvous::coordinate(&l, &[0, 1], &opts(0, 1), Duration::from_secs(3)).map(drop)
+    });
+    let t0 = Instant::now();
+    let e = Rendezvous::join(addr, 0, &opts(2, 1), Duration::from_secs(30))
+        .err()
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(matches!(e, ChannelError::ShutOut { node: 2 }), "{e:?}");
+    assert!(e.to_string().contains("does not admit node 2"), "{e}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let refused = coordinator.join().unwrap().unwrap_err();
+    assert!(matches!(refused, ChannelError::Timeout(_)), "{refused:?}");
 }
