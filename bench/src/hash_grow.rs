@@ -230,6 +230,21 @@ fn table_config(a: &HashGrowArgs) -> CuckooConfig {
 }
 
 fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
+    // Every YCSB-A operation is kept until the table grew (for the rates
+    // and latencies around the growth): at most half of what this
+    // machine's memory holds, and a run that reaches it fails there
+    // rather than being killed for memory (a low --fill with many
+    // clients recorded billions).
+    let kept_max = crate::args::half_memory_holds(
+        crate::args::available_bytes(),
+        0,
+        std::mem::size_of::<Done>() as u64,
+    );
+    measure_keeping(a, cfg, kept_max)
+}
+
+/// [`measure`], keeping at most `kept_max` YCSB-A operations.
+fn measure_keeping(a: &HashGrowArgs, cfg: CuckooConfig, kept_max: u64) -> Result<Seen, String> {
     let mut w = World::new(SimConfig {
         seed: a.seed,
         memory_nodes: a.memory_nodes,
@@ -254,16 +269,22 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
         slots_before: slots,
         ..Seen::default()
     }));
-    let fail = |s: &Rc<RefCell<Seen>>, e: String| {
+    // When the YCSB-A clients stop (virtual ns): one quiet period after
+    // the growth, or at once where anything failed.
+    let stop = Rc::new(std::cell::Cell::new(u64::MAX));
+    // The first failure is the run's; the others stop at their next step.
+    let fail = |s: &Rc<RefCell<Seen>>, stop: &std::cell::Cell<u64>, e: String| {
         s.borrow_mut().failure.get_or_insert(e);
+        stop.set(0);
     };
+    let failed = |s: &Rc<RefCell<Seen>>| s.borrow().failure.is_some();
     // Create, then preload in parallel: one loader per compute node.
     let th = w.add_thread(0, exec).map_err(|e| e.to_string())?;
-    let (t, s) = (tables[0].clone(), seen.clone());
+    let (t, s, st) = (tables[0].clone(), seen.clone(), stop.clone());
     w.spawn(th, move |ctx| async move {
         let r = async { t.client()?.create(&ctx).await }.await;
         if let Err(e) = r {
-            fail(&s, format!("create: {e}"));
+            fail(&s, &st, format!("create: {e}"));
         }
     })
     .map_err(|e| e.to_string())?;
@@ -271,17 +292,18 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
     let loaders = a.compute_nodes as u64;
     for (cn, table) in tables.iter().enumerate() {
         let th = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
-        let (t, s) = (table.clone(), seen.clone());
+        let (t, s, st) = (table.clone(), seen.clone(), stop.clone());
         w.spawn(th, move |ctx| async move {
             let mut c = match t.client() {
                 Ok(c) => c,
-                Err(e) => return fail(&s, e.to_string()),
+                Err(e) => return fail(&s, &st, e.to_string()),
             };
             let mut k = cn as u64;
-            // SIGINT/SIGTERM: the preload ends, and with it the run.
-            while k < records && !cmdline::signals::stop_requested() {
+            // SIGINT/SIGTERM, or another loader's failure: the preload
+            // ends, and with it the run.
+            while k < records && !cmdline::signals::stop_requested() && !failed(&s) {
                 if let Err(e) = c.put(&ctx, &k.to_le_bytes(), &k.to_le_bytes()).await {
-                    return fail(&s, format!("preload of key {k}: {e}"));
+                    return fail(&s, &st, format!("preload of key {k}: {e}"));
                 }
                 k += loaders;
             }
@@ -295,22 +317,11 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
     // YCSB-A clients, and the inserter.
     let start = w.now_ns();
     let quiet = a.quiet_ms * 1_000_000;
-    let stop = Rc::new(std::cell::Cell::new(u64::MAX));
     {
         let mut s = seen.borrow_mut();
         s.measure_from = start + quiet / 5;
         s.inserts_from = start + quiet;
     }
-    // Every YCSB-A operation is kept until the table grew (for the rates
-    // and latencies around the growth): at most half of what this
-    // machine's memory holds, and a run that reaches it fails there
-    // rather than being killed for memory (a low --fill with many
-    // clients recorded billions).
-    let kept_max = crate::args::half_memory_holds(
-        crate::args::available_bytes(),
-        0,
-        std::mem::size_of::<Done>() as u64,
-    );
     for (cn, table) in tables.iter().enumerate() {
         for i in 0..a.threads {
             let th = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
@@ -320,7 +331,7 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
             w.spawn(th, move |ctx| async move {
                 let mut c = match t.client() {
                     Ok(c) => c,
-                    Err(e) => return fail(&s, e.to_string()),
+                    Err(e) => return fail(&s, &stop, e.to_string()),
                 };
                 let mut rng = Rng::new(seed);
                 let mut v = seed;
@@ -334,13 +345,14 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
                         c.put(&ctx, &k.to_le_bytes(), &v.to_le_bytes()).await
                     };
                     if let Err(e) = r {
-                        return fail(&s, format!("YCSB-A on key {k}: {e}"));
+                        return fail(&s, &stop, format!("YCSB-A on key {k}: {e}"));
                     }
                     let mut sn = s.borrow_mut();
                     if sn.ops.len() as u64 >= kept_max {
                         drop(sn);
                         return fail(
                             &s,
+                            &stop,
                             format!(
                                 "{kept_max} operations recorded before the table grew, half of what \
                                  this machine's available memory holds: fewer --compute-nodes × \
@@ -370,6 +382,10 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
             loop {
                 if cmdline::signals::stop_requested() {
                     return Err(STOPPED.to_string());
+                }
+                if failed(&s) {
+                    // A client's failure failed the run: no more inserts.
+                    return Ok(());
                 }
                 let t0 = ctx.now_ns();
                 let steps = c.stats.growth_steps;
@@ -401,10 +417,11 @@ fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
         }
         .await;
         if let Err(e) = r {
-            fail(&s, e);
+            fail(&s, &stop2, e);
         }
-        // The YCSB-A clients stop one quiet period after this.
-        stop2.set(ctx.now_ns() + quiet);
+        // The YCSB-A clients stop one quiet period after this (at once
+        // where the run failed).
+        stop2.set(stop2.get().min(ctx.now_ns() + quiet));
     })
     .map_err(|e| e.to_string())?;
     run_all(&mut w)?;
@@ -419,5 +436,38 @@ fn run_all(w: &mut World) -> Result<(), String> {
     match w.run() {
         RunEnd::Done => Ok(()),
         other => Err(format!("the simulation ended early: {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// A run whose clients fail (here: they keep more operations than it
+    /// may) stops there: the inserter never starts the growth, and no
+    /// client goes on past the failure.
+    #[test]
+    fn a_failed_run_stops_its_clients_and_its_inserts() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: HashGrowArgs,
+        }
+        let argv = ["hash-grow", "--capacity", "2048", "--compute-nodes", "2"];
+        let a = Cli::try_parse_from(argv.iter().chain(&["--threads", "2"]))
+            .unwrap()
+            .a;
+        let seen = measure_keeping(&a, table_config(&a), 500).unwrap();
+        let why = seen.failure.as_deref().unwrap_or("none");
+        assert!(why.contains("500 operations recorded"), "{why}");
+        assert_eq!(seen.ops.len(), 500);
+        assert_eq!(seen.inserts, 0, "inserts after the run failed");
+        assert!(seen.growth.is_none());
+
+        // Without the bound the same run grows the table.
+        let seen = measure_keeping(&a, table_config(&a), u64::MAX).unwrap();
+        assert!(seen.failure.is_none(), "{:?}", seen.failure);
+        assert!(seen.growth.is_some() && seen.inserts > 0);
     }
 }
