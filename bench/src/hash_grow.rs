@@ -230,21 +230,16 @@ fn table_config(a: &HashGrowArgs) -> CuckooConfig {
 }
 
 fn measure(a: &HashGrowArgs, cfg: CuckooConfig) -> Result<Seen, String> {
-    // Every YCSB-A operation is kept until the table grew (for the rates
-    // and latencies around the growth): at most half of what this
-    // machine's memory holds, and a run that reaches it fails there
-    // rather than being killed for memory (a low --fill with many
-    // clients recorded billions).
-    let kept_max = crate::args::half_memory_holds(
-        crate::args::available_bytes(),
-        0,
-        std::mem::size_of::<Done>() as u64,
-    );
-    measure_keeping(a, cfg, kept_max)
+    measure_keeping(a, cfg, None)
 }
 
-/// [`measure`], keeping at most `kept_max` YCSB-A operations.
-fn measure_keeping(a: &HashGrowArgs, cfg: CuckooConfig, kept_max: u64) -> Result<Seen, String> {
+/// [`measure`], keeping at most `kept_max` YCSB-A operations (`None`: as
+/// many as half the memory left after the preload holds).
+fn measure_keeping(
+    a: &HashGrowArgs,
+    cfg: CuckooConfig,
+    kept_max: Option<u64>,
+) -> Result<Seen, String> {
     let mut w = World::new(SimConfig {
         seed: a.seed,
         memory_nodes: a.memory_nodes,
@@ -317,6 +312,18 @@ fn measure_keeping(a: &HashGrowArgs, cfg: CuckooConfig, kept_max: u64) -> Result
     // YCSB-A clients, and the inserter.
     let start = w.now_ns();
     let quiet = a.quiet_ms * 1_000_000;
+    // Every YCSB-A operation is kept until the table grew (for the rates
+    // and latencies around the growth): at most half of what this
+    // machine's memory holds once the table is preloaded, and a run that
+    // reaches it fails there rather than being killed for memory (a low
+    // --fill with many clients recorded billions).
+    let kept_max = kept_max.unwrap_or_else(|| {
+        crate::args::half_memory_holds(
+            crate::args::available_bytes(),
+            0,
+            std::mem::size_of::<Done>() as u64,
+        )
+    });
     {
         let mut s = seen.borrow_mut();
         s.measure_from = start + quiet / 5;
@@ -458,7 +465,7 @@ mod tests {
         let a = Cli::try_parse_from(argv.iter().chain(&["--threads", "2"]))
             .unwrap()
             .a;
-        let seen = measure_keeping(&a, table_config(&a), 500).unwrap();
+        let seen = measure_keeping(&a, table_config(&a), Some(500)).unwrap();
         let why = seen.failure.as_deref().unwrap_or("none");
         assert!(why.contains("500 operations recorded"), "{why}");
         assert_eq!(seen.ops.len(), 500);
@@ -466,7 +473,7 @@ mod tests {
         assert!(seen.growth.is_none());
 
         // Without the bound the same run grows the table.
-        let seen = measure_keeping(&a, table_config(&a), u64::MAX).unwrap();
+        let seen = measure_keeping(&a, table_config(&a), None).unwrap();
         assert!(seen.failure.is_none(), "{:?}", seen.failure);
         assert!(seen.growth.is_some() && seen.inserts > 0);
     }

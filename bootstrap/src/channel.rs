@@ -181,15 +181,23 @@ pub enum ChannelError {
     /// The handshake failed: the peer does not hold the secret, or is not
     /// who we expected.
     Refused(String),
-    /// The peer closed the connection before its Hello, which is how a
-    /// responder refuses node `node` without a word: it does not admit
-    /// that id there, or it runs a build older than this control protocol
-    /// (which cannot read this build's Hello). A coordinator also sheds
-    /// handshakes that have not finished within 100 ms when a flood of
-    /// connections fills its slots, so [`Rendezvous::join`] tries again a
-    /// few times before it gives up.
+    /// The peer closed (or reset) the connection before its Hello, which
+    /// is how a responder refuses node `node` without a word: it does not
+    /// admit that id there, or it runs a build older than this control
+    /// protocol (which cannot read this build's Hello). A coordinator also
+    /// sheds handshakes that have not finished within 100 ms when a flood
+    /// of connections fills its slots, so [`Rendezvous::join`] tries again
+    /// a few times before it gives up.
     ShutOut {
         node: u32,
+    },
+    /// Node `peer` closed (or reset) the connection after our proof,
+    /// which is how a responder refuses a wrong one: the two nodes hold
+    /// different secrets. Or it shed the handshake under a flood of
+    /// connections, as for [`ChannelError::ShutOut`], which
+    /// [`Rendezvous::join`] tries again likewise.
+    ProofRejected {
+        peer: u32,
     },
     /// An authenticated peer broke the protocol.
     Protocol {
@@ -230,7 +238,14 @@ impl fmt::Display for ChannelError {
                 f,
                 "handshake refused: the peer closed the connection before its Hello: it does not \
                  admit node {node} there, or it runs a Loch build older than control protocol \
-                 {PROTOCOL}, which cannot read this build's Hello"
+                 {PROTOCOL}, which cannot read this build's Hello (or, if it was busy, it shed \
+                 the handshake under a flood of connections)"
+            ),
+            ChannelError::ProofRejected { peer } => write!(
+                f,
+                "handshake refused: node {peer} closed the connection: it rejected our proof (do \
+                 both nodes hold the same secret?), or it shed the handshake under a flood of \
+                 connections"
             ),
             ChannelError::Protocol { peer, why } => {
                 write!(f, "node {peer} broke the control protocol: {why}")
@@ -281,10 +296,20 @@ struct DeadlineReader<'a> {
 impl Read for DeadlineReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || cancelled(self.cancel) {
+            if cancelled(self.cancel) {
                 // The caller maps a cancelled wait to `Cancelled`.
                 return Err(io::ErrorKind::TimedOut.into());
+            }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Past the deadline, what has already arrived is still
+                // taken (a coordinator that reads its members in turn
+                // comes to the last ones late): one look, no wait.
+                let mut fd = [poll_in(self.stream.as_raw_fd())];
+                return match poll(&mut fd, Duration::ZERO)? {
+                    0 => Err(io::ErrorKind::TimedOut.into()),
+                    _ => (&*self.stream).read(buf),
+                };
             }
             let slice = if self.cancel.is_some() {
                 left.min(CANCEL_POLL)
@@ -452,21 +477,29 @@ impl ControlChannel {
             initiator_nonce: nonce,
             responder_nonce: peer_nonce,
         };
-        send_by(
-            &stream,
-            &Message::Auth {
-                mac: t.prove(&opts.secret, Direction::Initiator),
-            },
-            deadline,
-        )?;
+        let proof = Message::Auth {
+            mac: t.prove(&opts.secret, Direction::Initiator),
+        };
+        match send_by(&stream, &proof, deadline) {
+            // Shed while it waited for our proof.
+            Err(e) if closed(&e) => return Err(ChannelError::ProofRejected { peer: peer_id }),
+            r => r?,
+        }
         match recv_by(&stream, deadline, &opts.cancel) {
             Ok(Message::Auth { mac }) if t.verify(&opts.secret, Direction::Responder, &mac) => {}
-            Ok(Message::Auth { .. }) => return Err(ChannelError::Refused(format!("node {peer_id} sent a wrong proof"))),
-            Ok(m) => return Err(ChannelError::Refused(format!("expected Auth, got {}", m.kind()))),
-            Err(ChannelError::Wire(WireError::Closed)) => {
+            Ok(Message::Auth { .. }) => {
                 return Err(ChannelError::Refused(format!(
-                    "node {peer_id} closed the connection: it rejected our proof (do both nodes hold the same secret?)"
+                    "node {peer_id} sent a wrong proof"
                 )))
+            }
+            Ok(m) => {
+                return Err(ChannelError::Refused(format!(
+                    "expected Auth, got {}",
+                    m.kind()
+                )))
+            }
+            Err(ChannelError::Wire(e)) if closed(&e) => {
+                return Err(ChannelError::ProofRejected { peer: peer_id })
             }
             Err(e) => return Err(e),
         }
@@ -750,8 +783,7 @@ fn accept_by(
                 }
                 // Sleep until a connection is pending or the deadline; a
                 // spurious wake-up just loops.
-                let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-                connection_pending_within(listener, ms);
+                connection_pending_within(listener, left.max(Duration::from_millis(1)));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
@@ -760,17 +792,36 @@ fn accept_by(
 }
 
 /// Whether a connection waits in `listener`'s queue to be accepted, or
-/// comes within `ms` milliseconds (0: only look).
-fn connection_pending_within(listener: &TcpListener, ms: libc::c_int) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
+/// comes within `wait` (0: only look).
+fn connection_pending_within(listener: &TcpListener, wait: Duration) -> bool {
+    let mut fd = [poll_in(listener.as_raw_fd())];
+    matches!(poll(&mut fd, wait), Ok(1)) && fd[0].revents & libc::POLLIN != 0
+}
+
+/// A pollfd asking whether `fd` has something to read (or has ended).
+fn poll_in(fd: std::os::fd::RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: one valid pollfd, count 1; the fd is the listener's, open
-    // for this call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    n == 1 && pfd.revents & libc::POLLIN != 0
+    }
+}
+
+/// poll(2) over `fds`, waiting at most `wait` (0: a look, no wait); how
+/// many have an event. A signal ends the wait with none.
+fn poll(fds: &mut [libc::pollfd], wait: Duration) -> io::Result<usize> {
+    let ms = wait.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfds, each naming
+    // a descriptor the caller holds open for the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(0),
+            _ => Err(e),
+        };
+    }
+    Ok(n as usize)
 }
 
 /// What the cluster has published: every node's endpoints and regions,
@@ -849,24 +900,11 @@ fn readable(
 ) -> Result<Vec<usize>, ChannelError> {
     let mut fds: Vec<libc::pollfd> = pending
         .iter()
-        .map(|&i| libc::pollfd {
-            fd: members[i].stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|&i| poll_in(members[i].stream.as_raw_fd()))
         .collect();
-    let ms = wait.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfds, each naming
-    // an open socket of `members`, which outlives the call.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        // A signal: the caller looks at its stop request and polls again.
-        return match e.kind() {
-            io::ErrorKind::Interrupted => Ok(Vec::new()),
-            _ => Err(e.into()),
-        };
-    }
+    // A signal reads as nobody: the caller looks at its stop request and
+    // polls again.
+    poll(&mut fds, wait)?;
     Ok(pending
         .iter()
         .zip(&fds)
@@ -1006,7 +1044,8 @@ const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 const EVICT_AFTER: Duration = Duration::from_millis(100);
 
 /// How many times [`Rendezvous::join`] dials again after the coordinator
-/// closed a connection before its Hello ([`ChannelError::ShutOut`]).
+/// closed a connection unauthenticated ([`ChannelError::ShutOut`],
+/// [`ChannelError::ProofRejected`]).
 pub const SHUT_OUT_RETRIES: u32 = 3;
 
 /// A running handshake as [`admit`] sees it: when it started, and a
@@ -1126,7 +1165,7 @@ fn admit(
             // connections that send nothing, opened as fast as the
             // handshake bound lets them go, held every node queued behind
             // them); then wait for one to end (each is bounded).
-            if connection_pending_within(listener, 0) {
+            if connection_pending_within(listener, Duration::ZERO) {
                 evict_oldest(&mut shaking);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -1233,10 +1272,12 @@ impl Rendezvous {
     /// As member: dials the coordinator at `addr`, which must be node
     /// `coordinator_id`, retrying refused connections until `timeout` (the
     /// coordinator may not be listening yet), and a connection the
-    /// coordinator closes before its Hello ([`ChannelError::ShutOut`]) up
-    /// to [`SHUT_OUT_RETRIES`] times within it (a coordinator under a
-    /// flood of connections sheds handshakes; one that does not admit this
-    /// node says the same each time, and the last is the error).
+    /// coordinator closes unauthenticated ([`ChannelError::ShutOut`],
+    /// [`ChannelError::ProofRejected`]) up to [`SHUT_OUT_RETRIES`] times
+    /// within it (a coordinator under a flood of connections sheds
+    /// handshakes; one that does not admit this node, or holds another
+    /// secret, says the same each time, and the last is the error; each
+    /// try counts as one more refused handshake at the coordinator).
     pub fn join(
         addr: SocketAddr,
         coordinator_id: u32,
@@ -1259,7 +1300,7 @@ impl Rendezvous {
                     report_wait(&opts.on_wait, &mut next_report, &[coordinator_id], None);
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(ChannelError::ShutOut { .. })
+                Err(ChannelError::ShutOut { .. } | ChannelError::ProofRejected { .. })
                     if shut_out < SHUT_OUT_RETRIES && Instant::now() < deadline =>
                 {
                     shut_out += 1;
@@ -1802,8 +1843,8 @@ mod tests {
                 while !stop.load(Ordering::Relaxed) {
                     match (&rx).read(&mut buf) {
                         Ok(0) | Err(_) => break,
-                        // At most 1.6 MB/s: 16 MiB take some 8 s (whatever the
-                        // buffers hold aside).
+                        // At most 1.6 MB/s: 256 MiB (more than any
+                        // socket buffers hold) take minutes.
                         Ok(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
                 }
@@ -1814,7 +1855,7 @@ mod tests {
             stream: &tx,
             deadline: t0 + Duration::from_millis(300),
         }
-        .write_all(&vec![7u8; 16 << 20]);
+        .write_all(&vec![0u8; 256 << 20]);
         let took = t0.elapsed();
         let e = r.unwrap_err();
         assert!(
@@ -1828,5 +1869,38 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         drop(tx);
         reader.join().unwrap();
+    }
+
+    /// Past its deadline a read still takes what has already arrived, and
+    /// fails at once where nothing has.
+    #[test]
+    fn a_read_past_its_deadline_takes_what_has_arrived() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let mut r = DeadlineReader {
+            stream: &rx,
+            deadline: Instant::now(),
+            cancel: &None,
+        };
+        let mut buf = [0u8; 8];
+        let t0 = Instant::now();
+        let e = r.read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        tx.write_all(b"arrived").unwrap();
+        // Loopback delivers at once, but give it a moment on a busy host.
+        let until = Instant::now() + Duration::from_secs(5);
+        let n = loop {
+            match r.read(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if Instant::now() < until => {
+                    assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert_eq!(&buf[..n], b"arrived");
     }
 }
