@@ -1,25 +1,11 @@
 //! `loch-bench` as scripts use it: JSON with the promised keys, and exit
 //! code 2 with one clear line on bad input.
 
+mod common;
+
 use std::process::Command;
 
-fn bench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_loch-bench"))
-        .args(args)
-        .output()
-        .expect("run loch-bench")
-}
-
-/// The JSON document of a `--json` run that must succeed.
-fn json_doc(args: &[&str]) -> serde_json::Value {
-    let out = bench(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
-}
+use common::{bench, json_doc};
 
 /// The first point of a `--json` run that must succeed.
 fn first_point(args: &[&str]) -> serde_json::Value {

@@ -7,9 +7,11 @@
 //! so that `results/` never shows what the code no longer does (two hash
 //! figures once went stale that way for a day).
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
+use std::path::Path;
+
+use common::json_doc;
 use serde_json::Value;
 
 /// `v` without its wall-clock fields, which differ from run to run.
@@ -60,19 +62,6 @@ fn committed(file: &str) -> Value {
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
-}
-
-fn run(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_loch-bench"))
-        .args(args)
-        .output()
-        .expect("run loch-bench");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 /// The one element of the committed array `file` whose `key` is `name`.
@@ -155,7 +144,7 @@ fn the_committed_simulator_figures_are_what_the_code_produces() {
     ];
     let mut stale = Vec::new();
     for (name, script, want, args) in cases {
-        let got = run(&args);
+        let got = json_doc(&args);
         let mut diff = Vec::new();
         differences(
             &without_wall_time(&want),

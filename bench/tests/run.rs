@@ -3,11 +3,14 @@
 //! `--check-history`) and `--plot` write what they say, and bad input exits
 //! 2 with one line and no files.
 
+mod common;
+
+use common::bench;
 use history::map::{check, Event, Op, Ret, Verdict};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 const TINY: [&str; 10] = [
     "run",
@@ -36,13 +39,6 @@ const SHIPPED: [&str; 12] = [
     "range-100",
     "range-1000",
 ];
-
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_loch-bench"))
-        .args(args)
-        .output()
-        .expect("run loch-bench")
-}
 
 /// `TINY` with `extra`; a flag in `extra` replaces TINY's.
 fn tiny(extra: &[&str]) -> Vec<String> {
