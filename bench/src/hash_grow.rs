@@ -264,22 +264,19 @@ fn measure_keeping(
         slots_before: slots,
         ..Seen::default()
     }));
-    // When the YCSB-A clients stop (virtual ns): one quiet period after
-    // the growth, or at once where anything failed.
-    let stop = Rc::new(std::cell::Cell::new(u64::MAX));
-    // The first failure is the run's; the others stop at their next step.
-    let fail = |s: &Rc<RefCell<Seen>>, stop: &std::cell::Cell<u64>, e: String| {
+    // The first failure is the run's; every loader, client and the
+    // inserter stops at its next step once there is one.
+    let fail = |s: &Rc<RefCell<Seen>>, e: String| {
         s.borrow_mut().failure.get_or_insert(e);
-        stop.set(0);
     };
     let failed = |s: &Rc<RefCell<Seen>>| s.borrow().failure.is_some();
     // Create, then preload in parallel: one loader per compute node.
     let th = w.add_thread(0, exec).map_err(|e| e.to_string())?;
-    let (t, s, st) = (tables[0].clone(), seen.clone(), stop.clone());
+    let (t, s) = (tables[0].clone(), seen.clone());
     w.spawn(th, move |ctx| async move {
         let r = async { t.client()?.create(&ctx).await }.await;
         if let Err(e) = r {
-            fail(&s, &st, format!("create: {e}"));
+            fail(&s, format!("create: {e}"));
         }
     })
     .map_err(|e| e.to_string())?;
@@ -287,18 +284,18 @@ fn measure_keeping(
     let loaders = a.compute_nodes as u64;
     for (cn, table) in tables.iter().enumerate() {
         let th = w.add_thread(cn as u16, exec).map_err(|e| e.to_string())?;
-        let (t, s, st) = (table.clone(), seen.clone(), stop.clone());
+        let (t, s) = (table.clone(), seen.clone());
         w.spawn(th, move |ctx| async move {
             let mut c = match t.client() {
                 Ok(c) => c,
-                Err(e) => return fail(&s, &st, e.to_string()),
+                Err(e) => return fail(&s, e.to_string()),
             };
             let mut k = cn as u64;
             // SIGINT/SIGTERM, or another loader's failure: the preload
             // ends, and with it the run.
             while k < records && !cmdline::signals::stop_requested() && !failed(&s) {
                 if let Err(e) = c.put(&ctx, &k.to_le_bytes(), &k.to_le_bytes()).await {
-                    return fail(&s, &st, format!("preload of key {k}: {e}"));
+                    return fail(&s, format!("preload of key {k}: {e}"));
                 }
                 k += loaders;
             }
@@ -312,6 +309,7 @@ fn measure_keeping(
     // YCSB-A clients, and the inserter.
     let start = w.now_ns();
     let quiet = a.quiet_ms * 1_000_000;
+    let stop = Rc::new(std::cell::Cell::new(u64::MAX));
     // Every YCSB-A operation is kept until the table grew (for the rates
     // and latencies around the growth): at most half of what this
     // machine's memory holds once the table is preloaded, and a run that
@@ -338,11 +336,16 @@ fn measure_keeping(
             w.spawn(th, move |ctx| async move {
                 let mut c = match t.client() {
                     Ok(c) => c,
-                    Err(e) => return fail(&s, &stop, e.to_string()),
+                    Err(e) => return fail(&s, e.to_string()),
                 };
                 let mut rng = Rng::new(seed);
                 let mut v = seed;
-                while ctx.now_ns() < stop.get() && !cmdline::signals::stop_requested() {
+                // Until a quiet period after the growth, a signal, or a
+                // failure anywhere.
+                while ctx.now_ns() < stop.get()
+                    && !cmdline::signals::stop_requested()
+                    && !failed(&s)
+                {
                     let k = dist.next(&mut rng);
                     let t0 = ctx.now_ns();
                     let r = if rng.below(2) == 0 {
@@ -352,14 +355,13 @@ fn measure_keeping(
                         c.put(&ctx, &k.to_le_bytes(), &v.to_le_bytes()).await
                     };
                     if let Err(e) = r {
-                        return fail(&s, &stop, format!("YCSB-A on key {k}: {e}"));
+                        return fail(&s, format!("YCSB-A on key {k}: {e}"));
                     }
                     let mut sn = s.borrow_mut();
                     if sn.ops.len() as u64 >= kept_max {
                         drop(sn);
                         return fail(
                             &s,
-                            &stop,
                             format!(
                                 "{kept_max} operations recorded before the table grew, half of what \
                                  this machine's available memory holds: fewer --compute-nodes × \
@@ -424,11 +426,10 @@ fn measure_keeping(
         }
         .await;
         if let Err(e) = r {
-            fail(&s, &stop2, e);
+            fail(&s, e);
         }
-        // The YCSB-A clients stop one quiet period after this (at once
-        // where the run failed).
-        stop2.set(stop2.get().min(ctx.now_ns() + quiet));
+        // The YCSB-A clients stop one quiet period after this.
+        stop2.set(ctx.now_ns() + quiet);
     })
     .map_err(|e| e.to_string())?;
     run_all(&mut w)?;

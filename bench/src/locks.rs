@@ -596,6 +596,22 @@ fn print_row(j: &serde_json::Value) {
 mod tests {
     use super::*;
 
+    /// The first spec of the `loch-bench locks` command line `argv`.
+    fn spec_of(argv: &[&str]) -> LockSpec {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            locks: LocksArgs,
+        }
+        Cli::try_parse_from(argv)
+            .unwrap()
+            .locks
+            .specs()
+            .unwrap()
+            .remove(0)
+    }
+
     #[test]
     fn every_variant_names_a_valid_configuration_adding_one_technique() {
         let on = |c: &TreeConfig| {
@@ -625,12 +641,6 @@ mod tests {
     /// acquisition (the others ran their whole count first).
     #[test]
     fn a_halted_run_takes_no_more_locks() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            locks: LocksArgs,
-        }
         for backend in ["sim", "emu"] {
             let mut argv = vec!["locks", "--backend", backend, "--variants", "dm"];
             argv.extend(["--threads", "2", "-n", "200"]);
@@ -638,12 +648,7 @@ mod tests {
                 // Other tests' cores may be pinned beside it.
                 argv.push("--no-pin");
             }
-            let spec = Cli::try_parse_from(argv)
-                .unwrap()
-                .locks
-                .specs()
-                .unwrap()
-                .remove(0);
+            let spec = spec_of(&argv);
             let halted = Arc::new(AtomicBool::new(true));
             let m = measure_halting(&spec, halted).unwrap();
             assert_eq!(m.acquisitions, 0, "{backend}");
@@ -659,19 +664,8 @@ mod tests {
     /// whichever came last.
     #[test]
     fn a_failed_run_reports_its_first_failure() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            locks: LocksArgs,
-        }
         let argv = ["locks", "--backend", "sim", "--variants", "dm"];
-        let mut spec = Cli::try_parse_from(argv.iter().chain(&["--coroutines", "4"]))
-            .unwrap()
-            .locks
-            .specs()
-            .unwrap()
-            .remove(0);
+        let mut spec = spec_of(&[&argv[..], &["--coroutines", "4"]].concat());
         // Every client takes its first lock, then fails to sleep past the
         // timers' horizon.
         spec.hold_ns = nicdrv::local::TIMER_HORIZON_NS + 1;

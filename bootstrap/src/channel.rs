@@ -1080,11 +1080,6 @@ fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The ids [`admit`] still awaits; its handshakes' threads only look.
-fn still_awaited(w: &std::sync::Mutex<BTreeSet<u32>>) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
-    locked(w)
-}
-
 /// The coordinator's wait for a run's nodes: accepts and authenticates
 /// until every node in `members` but this one has joined, handing each
 /// channel to `take`, or until `timeout` passes. Connections that fail the
@@ -1112,8 +1107,9 @@ fn admit(
             waiting.len() + 1
         )));
     }
-    // Shared with the handshakes, which refuse an id not awaited; a
-    // second channel for an id is dropped here.
+    // The ids still awaited, shared with the handshakes, which only look
+    // (they refuse an id not awaited); a second channel for an id is
+    // dropped here.
     let waiting = Arc::new(std::sync::Mutex::new(waiting));
     let (done_tx, done) = std::sync::mpsc::channel::<Result<ControlChannel, ChannelError>>();
     let mut running = 0usize;
@@ -1124,7 +1120,7 @@ fn admit(
     let mut next_report = Instant::now() + WAIT_REPORT_EVERY;
     let mut finish = |r: Result<ControlChannel, ChannelError>, refused: &mut Refusals| match r {
         Ok(ch) => {
-            let fresh = still_awaited(&waiting).remove(&ch.peer_id);
+            let fresh = locked(&waiting).remove(&ch.peer_id);
             if fresh {
                 take(ch);
             } else {
@@ -1141,7 +1137,7 @@ fn admit(
             running -= 1;
             finish(r, &mut refused);
         }
-        let ids: Vec<u32> = still_awaited(&waiting).iter().copied().collect();
+        let ids: Vec<u32> = locked(&waiting).iter().copied().collect();
         if ids.is_empty() {
             return Ok(refused);
         }
@@ -1198,7 +1194,7 @@ fn admit(
             shaking.retain(|(_, h)| locked(h).is_some());
         }
         let shake = move || {
-            let admit = |id: u32| still_awaited(&w).contains(&id);
+            let admit = |id: u32| locked(&w).contains(&id);
             // Taken under the lock: from here the handshake cannot be
             // pushed out, and its connection is no longer held open by
             // the second handle once it ends.
@@ -1827,13 +1823,19 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    /// Two ends of one loopback TCP connection: the dialler's, then the
+    /// acceptor's.
+    fn loopback() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dialled = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (dialled, l.accept().unwrap().0)
+    }
+
     /// A peer that reads a trickle lets each write(2) make progress within
     /// any per-call timeout, yet the write as a whole ends at its deadline.
     #[test]
     fn a_trickling_reader_cannot_stretch_a_write_past_its_deadline() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (rx, _) = l.accept().unwrap();
+        let (tx, rx) = loopback();
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
             let stop = stop.clone();
@@ -1875,9 +1877,7 @@ mod tests {
     /// fails at once where nothing has.
     #[test]
     fn a_read_past_its_deadline_takes_what_has_arrived() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (rx, _) = l.accept().unwrap();
+        let (mut tx, rx) = loopback();
         let mut r = DeadlineReader {
             stream: &rx,
             deadline: Instant::now(),
