@@ -1363,6 +1363,17 @@ impl Coordinator {
         self.stats
     }
 
+    /// Machine `d`'s reply ring to this coordinator, for checks and
+    /// diagnosis: the head it consumed to, and the head counted as told
+    /// to `d`'s server (by a report, or on a record that landed). The
+    /// second is never past what the server heard (the word at its ring's
+    /// `sender_head_off`): counting one it never heard would keep the
+    /// report back while the server waits for room.
+    pub fn reply_heads(&self, d: NodeId) -> (u64, u64) {
+        let r = &self.replies[d as usize];
+        (r.head(), r.reported())
+    }
+
     /// This machine's region map (a read lock: drop it before awaiting).
     pub fn map(&self) -> std::sync::RwLockReadGuard<'_, RegionMap> {
         self.map.read().expect("no panics hold the map")

@@ -389,6 +389,12 @@ impl Receiver {
         self.head
     }
 
+    /// The head last counted as told to the sender ([`Receiver::told`],
+    /// [`Receiver::report_head`]).
+    pub fn reported(&self) -> u64 {
+        self.reported
+    }
+
     /// How often the record at the head was there in part: its position
     /// written, the rest not yet whole (each such look read it again).
     pub fn torn_looks(&self) -> u64 {

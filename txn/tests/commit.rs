@@ -1,17 +1,19 @@
 //! FaRM's commit, end to end, on the simulator (over seeds) and on emu
 //! (threads over real shared memory): its exact cost in one-sided verbs,
 //! a bank whose invariant must hold under contention, list-append
-//! histories checked for strict serializability by `adya`, and backup
-//! copies equal to their primaries once truncated.
+//! histories checked for strict serializability by `adya`, backup
+//! copies equal to their primaries once truncated, and a reply ring's
+//! head counted as told only once its server heard it.
 
 mod common;
 
 use adya::{check, History as AdyaHistory, Opts, Valid, Workload};
 use nicdrv::rng::Rng;
-use nicdrv::sim::{for_each_seed, SimModel};
-use nicdrv::{Ctx, Nic};
+use nicdrv::sim::{for_each_seed, FaultKind, SimModel, SimNic};
+use nicdrv::{Ctx, GlobalAddr, Nic, NodeId};
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use txn::coord::{Step, TrapPoint};
 use txn::harness::{run_sim, Client, Report};
 use txn::history::{History, Kind, Mop};
 use txn::object::{decode, object_bytes};
@@ -187,6 +189,138 @@ fn a_commit_costs_pw_f_plus_3_writes_and_pr_reads() {
     // read of what it is installing: that read is retried, and counted.
     let r = run_emu(g, |m, _| Costs { n, active: m == 0 });
     commit_costs(g, &r, n, false);
+}
+
+// ---------------------------------------------------------------------
+// The reply ring's head told to a server.
+
+/// Machine `a`'s coordinator commits `x` and `y` four times; at the
+/// fourth commit's validation, `a`'s posts to `p` (the primary of `x`,
+/// a backup of `y`) are refused for 100 µs, so the COMMIT-BACKUP record
+/// to `p`, which carries the reply ring's head past `p`'s LOCK reply, is
+/// never posted. Then: the reply ring's (consumed, counted as told)
+/// heads, and the head `p`'s server heard.
+struct ToldHeads {
+    g: Geometry,
+    a: NodeId,
+    p: NodeId,
+    x: ObjAddr,
+    y: ObjAddr,
+    active: bool,
+}
+
+/// What [`ToldHeads`] saw: the reply ring's heads as `reply_heads` gives
+/// them, the head the server heard, and the fourth commit's result.
+#[derive(Debug)]
+struct Told {
+    consumed: u64,
+    reported: u64,
+    heard: u64,
+    fourth: Result<Outcome, TxError>,
+}
+
+impl<N: Nic> Client<N> for ToldHeads {
+    type Out = Option<Told>;
+    async fn run(self, ctx: &Ctx<N>, c: &mut Coordinator) -> Result<Option<Told>, TxError> {
+        if !self.active {
+            return Ok(None);
+        }
+        let (a, p) = (self.a, self.p);
+        let mut validated = 0;
+        c.set_trap(Some(Box::new(move |t: &TrapPoint<'_>| {
+            if t.step != Step::Validate {
+                return;
+            }
+            validated += 1;
+            if validated == 4 {
+                let nic = t.nic.downcast_ref::<SimNic>().expect("a simulated NIC");
+                let full = FaultKind::QueueFull {
+                    compute: a,
+                    memory: p,
+                    duration_ns: 100_000,
+                };
+                nic.inject_after(full, 0).expect("a fault the world takes");
+            }
+        })));
+        let mut fourth = Ok(Outcome::Committed);
+        for i in 1..=4u64 {
+            let mut tx = c.begin();
+            for at in [self.x, self.y] {
+                c.read(ctx, &mut tx, at, 8).await?;
+                tx.write(at, &i.to_le_bytes())?;
+            }
+            let r = c.commit(ctx, tx).await;
+            if i < 4 {
+                assert_eq!(r?, Outcome::Committed);
+            } else {
+                fourth = r;
+            }
+        }
+        ctx.sleep(200_000)?.await;
+        let word = self.g.reply_ring(0, p, a).sender_head_off;
+        let heard = ctx.read(GlobalAddr::host(p, word), 8).await?.u64_at(0);
+        let (consumed, reported) = c.reply_heads(p);
+        Ok(Some(Told {
+            consumed,
+            reported,
+            heard,
+            fourth,
+        }))
+    }
+}
+
+/// A reply ring's head is counted as told to its server only once the
+/// server heard it: a record carrying a head that was never posted (its
+/// batch refused before posting, as here) told nothing. Counted at
+/// staging, the told head ran past the one the server heard, and the
+/// receiver held back the report a server short of room waited for
+/// (a79bf0a). This checks the count itself, since the reports a
+/// coordinator makes on its reply rings no longer hinge on it: its
+/// recovery query lands a newer head first, and a server short of room
+/// reads the head after 50 µs.
+#[test]
+fn a_reply_head_counts_as_told_only_once_heard() {
+    let g = geo(3, 1, 1);
+    let map = g.region_map().unwrap();
+    let n = object_bytes(8) as u64;
+    let objects: Vec<ObjAddr> = (0..g.regions())
+        .map(|region| ObjAddr { region, offset: 0 })
+        .collect();
+    let p = 1;
+    let primary = |at: ObjAddr| map.on_primary(at, n).unwrap().node();
+    let backs = |at: ObjAddr| map.backs_up(at, n, p);
+    let x = *objects.iter().find(|&&at| primary(at) == p).unwrap();
+    let y = *objects.iter().find(|&&at| backs(at)).unwrap();
+    let a = (0..g.machines).find(|&m| m != p).unwrap();
+    for_each_seed("a_reply_head_counts_as_told_only_once_heard", 4, |seed| {
+        let r = sim(g, seed, |m, _| ToldHeads {
+            g,
+            a,
+            p,
+            x,
+            y,
+            active: m == a,
+        });
+        no_errors(&r);
+        let t = r.clients[a as usize]
+            .out
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap();
+        assert!(
+            t.fourth.is_err(),
+            "seed {seed}: the fourth commit went: {t:?}"
+        );
+        assert!(
+            t.consumed > t.reported,
+            "seed {seed}: nothing consumed past the head told: {t:?}"
+        );
+        assert!(
+            t.reported <= t.heard,
+            "seed {seed}: a head counted as told that the server never heard: {t:?}"
+        );
+    });
 }
 
 // ---------------------------------------------------------------------
