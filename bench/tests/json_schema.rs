@@ -1,0 +1,189 @@
+//! `docs/benchmark-json.md` against what `loch-bench --json` prints: for
+//! each command it has a section for, every field a small run prints is
+//! named there, and every field named there is printed by one of the
+//! runs. A field added, renamed or dropped without the document fails
+//! here.
+
+mod common;
+
+use common::json_doc;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+const DOC: &str = include_str!("../../docs/benchmark-json.md");
+
+/// The fields each section (`loch-bench NAME`) names in its tables' first
+/// column: a top-level field by its name (`latency_ns.{p50,p99}` and
+/// `buckets[]` name `latency_ns` and `buckets`), and a configuration
+/// field as `config.NAME`.
+fn documented() -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut section = None;
+    for line in DOC.lines() {
+        if let Some(rest) = line.strip_prefix("## `loch-bench ") {
+            let name = rest.split('`').next().unwrap_or_default().to_string();
+            out.entry(name.clone()).or_default();
+            section = Some(name);
+            continue;
+        }
+        let (Some(s), Some(row)) = (&section, line.strip_prefix("| `")) else {
+            continue;
+        };
+        let cell = format!("`{}", row.split('|').next().unwrap_or_default());
+        for name in cell.split('`').skip(1).step_by(2) {
+            let mut segs = name.split(['.', '[']);
+            let first = segs.next().unwrap_or_default();
+            let field = match (first, segs.next()) {
+                ("config", Some(c)) => format!("config.{}", c.split(['{', ' ']).next().unwrap()),
+                _ => first.to_string(),
+            };
+            out.get_mut(s).unwrap().insert(field);
+        }
+    }
+    out
+}
+
+/// The fields of a `--json` document (an array of objects, or one
+/// object), named as [`documented`] names them.
+fn printed(doc: &Value) -> BTreeSet<String> {
+    let objects = match doc {
+        Value::Array(a) => a.iter().collect(),
+        one => vec![one],
+    };
+    let mut out = BTreeSet::new();
+    for o in objects {
+        for (k, v) in o.as_object().expect("an object") {
+            match (k.as_str(), v) {
+                ("config", Value::Object(c)) => out.extend(c.keys().map(|c| format!("config.{c}"))),
+                _ => {
+                    out.insert(k.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_json_field_is_documented_and_every_documented_field_printed() {
+    let sections = documented();
+    let history =
+        std::env::temp_dir().join(format!("loch-json-schema-{}.jsonl", std::process::id()));
+    let history = history.to_str().unwrap();
+    let runs: &[(&str, &[&[&str]])] = &[
+        (
+            "run",
+            &[
+                &[
+                    "run",
+                    "--records",
+                    "2000",
+                    "--ops",
+                    "20",
+                    "--warmup",
+                    "5",
+                    "--threads",
+                    "2",
+                    "--compute-nodes",
+                    "2",
+                    "--memory-nodes",
+                    "2",
+                    "--systems",
+                    "sherman,cuckoo",
+                    "--history",
+                    history,
+                    "--json",
+                ],
+                // The BTreeMap reference is emu's alone.
+                &[
+                    "run",
+                    "--backend",
+                    "emu",
+                    "--records",
+                    "2000",
+                    "-D",
+                    "0.05",
+                    "--threads",
+                    "1",
+                    "--systems",
+                    "sherman",
+                    "--json",
+                ],
+            ],
+        ),
+        (
+            "verbs",
+            &[
+                &["verbs", "--backend", "sim", "--ops", "100", "--json"],
+                &["verbs", "-D", "0.05", "--no-pin", "--json"],
+            ],
+        ),
+        (
+            "ring",
+            &[&["ring", "--backend", "sim", "-n", "100", "--json"]],
+        ),
+        (
+            "locks",
+            &[&["locks", "--backend", "sim", "--ops", "50", "--json"]],
+        ),
+        (
+            "hash-load",
+            &[&["hash-load", "--capacity", "1024", "--json"]],
+        ),
+        (
+            "hash-grow",
+            &[&[
+                "hash-grow",
+                "--capacity",
+                "2048",
+                "--compute-nodes",
+                "1",
+                "--threads",
+                "2",
+                "--json",
+            ]],
+        ),
+        (
+            "txn",
+            &[&["txn", "--backend", "sim", "--txs", "50", "--json"]],
+        ),
+        (
+            "txn --fault",
+            &[&[
+                "txn",
+                "--fault",
+                "machine-crash@30ms:3",
+                "--seeds",
+                "1",
+                "--json",
+            ]],
+        ),
+    ];
+    assert_eq!(
+        sections.keys().collect::<Vec<_>>(),
+        runs.iter()
+            .map(|r| r.0)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        "a section of the document without a run here, or a run without a section"
+    );
+    let mut wrong = Vec::new();
+    for (section, args) in runs {
+        let mut seen = BTreeSet::new();
+        for a in *args {
+            seen.extend(printed(&json_doc(a)));
+        }
+        let named = &sections[*section];
+        let undocumented: Vec<_> = seen.difference(named).collect();
+        let unprinted: Vec<_> = named.difference(&seen).collect();
+        if !undocumented.is_empty() || !unprinted.is_empty() {
+            wrong.push(format!(
+                "loch-bench {section}: printed but not in docs/benchmark-json.md: \
+                 {undocumented:?}; there but not printed: {unprinted:?}"
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(history);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
