@@ -2,7 +2,8 @@
 //! each command it has a section for, every field a small run prints is
 //! named there, and every field named there is printed by one of the
 //! runs. A field added, renamed or dropped without the document fails
-//! here.
+//! here. Likewise `docs/history-format.md` against a `--history` file:
+//! its header's fields and its operations' fields.
 
 mod common;
 
@@ -11,19 +12,33 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
 const DOC: &str = include_str!("../../docs/benchmark-json.md");
+const HISTORY_DOC: &str = include_str!("../../docs/history-format.md");
 
 /// The fields each section (`loch-bench NAME`) names in its tables' first
 /// column: a top-level field by its name (`latency_ns.{p50,p99}` and
 /// `buckets[]` name `latency_ns` and `buckets`), and a configuration
 /// field as `config.NAME`.
 fn documented() -> BTreeMap<String, BTreeSet<String>> {
+    sections(DOC, |heading| {
+        let rest = heading.strip_prefix("`loch-bench ")?;
+        Some(rest.split('`').next().unwrap_or_default().to_string())
+    })
+}
+
+/// The fields named in the first column of the tables under each `## `
+/// heading of `doc` that `name` names (the rest are skipped).
+fn sections(
+    doc: &str,
+    name: impl Fn(&str) -> Option<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut section = None;
-    for line in DOC.lines() {
-        if let Some(rest) = line.strip_prefix("## `loch-bench ") {
-            let name = rest.split('`').next().unwrap_or_default().to_string();
-            out.entry(name.clone()).or_default();
-            section = Some(name);
+    for line in doc.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            section = name(heading);
+            if let Some(n) = &section {
+                out.entry(n.clone()).or_default();
+            }
             continue;
         }
         let (Some(s), Some(row)) = (&section, line.strip_prefix("| `")) else {
@@ -65,10 +80,11 @@ fn printed(doc: &Value) -> BTreeSet<String> {
 }
 
 #[test]
-fn every_json_field_is_documented_and_every_documented_field_printed() {
+fn every_field_written_is_documented_and_every_documented_field_written() {
     let sections = documented();
-    let history =
-        std::env::temp_dir().join(format!("loch-json-schema-{}.jsonl", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("loch-json-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let history = dir.join("history.jsonl");
     let history = history.to_str().unwrap();
     let runs: &[(&str, &[&[&str]])] = &[
         (
@@ -90,6 +106,27 @@ fn every_json_field_is_documented_and_every_documented_field_printed() {
                     "2",
                     "--systems",
                     "sherman,cuckoo",
+                    "--json",
+                ],
+                // Scans and inserts: every field of a history's operations.
+                &[
+                    "run",
+                    "--records",
+                    "2000",
+                    "--ops",
+                    "20",
+                    "--warmup",
+                    "5",
+                    "--threads",
+                    "2",
+                    "--compute-nodes",
+                    "1",
+                    "--memory-nodes",
+                    "2",
+                    "--systems",
+                    "sherman",
+                    "--workload",
+                    "ycsb-e",
                     "--history",
                     history,
                     "--json",
@@ -184,6 +221,41 @@ fn every_json_field_is_documented_and_every_documented_field_printed() {
             ));
         }
     }
-    let _ = std::fs::remove_file(history);
+    wrong.extend(history_fields_documented(history));
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// What differs between `docs/history-format.md` and the history file at
+/// `path`: the header's fields, and the fields of its operations (with
+/// `type`, which the document names in the heading).
+fn history_fields_documented(path: &str) -> Vec<String> {
+    let doc = sections(HISTORY_DOC, |heading| match heading {
+        h if h.contains("The header") => Some("header".into()),
+        h if h.contains("Operations") => Some("op".into()),
+        _ => None,
+    });
+    let text = std::fs::read_to_string(path).expect("the history file");
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).expect("a JSON line");
+        let o = v.as_object().expect("an object");
+        let kind = o["type"].as_str().expect("a type").to_string();
+        seen.entry(kind).or_default().extend(o.keys().cloned());
+    }
+    let mut wrong = Vec::new();
+    for kind in ["header", "op"] {
+        let mut named = doc[kind].clone();
+        named.insert("type".into());
+        let got = &seen[kind];
+        let undocumented: Vec<_> = got.difference(&named).collect();
+        let unprinted: Vec<_> = named.difference(got).collect();
+        if !undocumented.is_empty() || !unprinted.is_empty() {
+            wrong.push(format!(
+                "history {kind} lines: written but not in docs/history-format.md: \
+                 {undocumented:?}; there but not written: {unprinted:?}"
+            ));
+        }
+    }
+    wrong
 }
