@@ -1,5 +1,6 @@
 //! Cluster-file validation: accepted files parse to what they say; each
-//! rejected file gives the promised file, field and problem.
+//! rejected file gives the promised file, field and problem; the fields
+//! the parser takes are those `docs/cluster-file.md` names.
 
 mod common;
 
@@ -623,4 +624,57 @@ fn an_endless_or_binary_file_is_not_a_cluster_file() {
     std::fs::write(&file, [0xffu8, 0xfe, 0x00, 0x80]).unwrap();
     let e = ClusterConfig::load(&file).unwrap_err();
     assert!(e.problem.contains("not UTF-8"), "{}", e.problem);
+}
+
+/// `docs/cluster-file.md` names exactly the fields the parser takes, in
+/// each of its three tables (the top level, `[backend]`, `[[nodes]]`): an
+/// unknown key in each is refused naming the fields expected, and those
+/// are the document's, in its table's first column.
+#[test]
+fn the_document_names_every_field_the_parser_takes() {
+    const DOC: &str = include_str!("../../docs/cluster-file.md");
+    let mut documented: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    let mut section = None;
+    for line in DOC.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            section = match h {
+                "Top level" => Some("top"),
+                "`[backend]`" => Some("backend"),
+                "`[[nodes]]`" => Some("nodes"),
+                _ => None,
+            };
+            continue;
+        }
+        if let (Some(s), Some(row)) = (section, line.strip_prefix("| `")) {
+            let name = row.split('`').next().unwrap();
+            // A table names itself as `[backend]`, `[[nodes]]`.
+            let name = name.trim_matches(|c| c == '[' || c == ']');
+            documented.entry(s).or_default().push(name.to_string());
+        }
+    }
+    for (table, text) in [
+        ("top", format!("colour = 1\n{GOOD}")),
+        ("backend", GOOD.replace("port = 1", "port = 1\ncolour = 1")),
+        (
+            "nodes",
+            GOOD.replace("cores = [4, 5]", "cores = [4, 5]\ncolour = 1"),
+        ),
+    ] {
+        let (_, problem) = reject(&format!("doc-{table}"), &text);
+        let expected = problem
+            .split("expected one of ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{table}: no fields named: {problem}"));
+        let mut taken: Vec<String> = expected
+            .split(", ")
+            .map(|f| f.trim_matches('`').to_string())
+            .collect();
+        let mut named = documented.get(table).cloned().unwrap_or_default();
+        taken.sort();
+        named.sort();
+        assert_eq!(
+            taken, named,
+            "{table}: the parser's fields against docs/cluster-file.md's"
+        );
+    }
 }
