@@ -2,11 +2,14 @@
 //! its files, free ports for its control channel, and the node processes
 //! themselves — started, waited for with a bound, stopped by SIGTERM, and
 //! killed and reaped on every path out (a panic included) so that no node
-//! outlives its cluster. What the processes run (`loch node` and its
-//! cluster file) is the caller's; this owns their lifetimes.
+//! outlives its cluster; a launcher killed outright (SIGKILL, the OOM
+//! killer), which runs no code on its way out, has its nodes sent SIGTERM
+//! by the kernel. What the processes run (`loch node` and its cluster
+//! file) is the caller's; this owns their lifetimes.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
@@ -122,6 +125,9 @@ impl Processes {
 
     /// Starts node `id`'s process from `cmd` (stdin closed). Whatever of
     /// stdout and stderr `cmd` pipes is collected for [`Processes::output`].
+    /// The node is sent SIGTERM when the thread calling this ends (Linux's
+    /// parent-death signal): call it from a thread that outlives the
+    /// cluster, as a launcher's main thread does.
     /// A node's earlier process, once exited, is replaced (a compute node
     /// started again for the next run); a running one is an error.
     pub fn spawn(&mut self, id: u32, cmd: &mut Command) -> Result<(), String> {
@@ -131,6 +137,29 @@ impl Processes {
             }
             self.nodes.remove(i);
         }
+        let launcher = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the forked child before exec, where
+        // only async-signal-safe calls are allowed: prctl(2) and getppid(2)
+        // are plain system calls that allocate and lock nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // SIGTERM to the node when the thread that started it ends
+                // (the launcher dies): a node stops on SIGTERM as on a
+                // stop, removing its memory files, where SIGKILL on the
+                // launcher left memory nodes serving nobody, holding
+                // their memory, until someone found them.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher died before the request took: nothing
+                // would send it now. (An error without allocating: ESRCH,
+                // no such process.)
+                if libc::getppid() != launcher {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            })
+        };
         let mut child = cmd
             .stdin(Stdio::null())
             .spawn()
@@ -301,5 +330,77 @@ mod tests {
         // SAFETY: waitpid(2) with a null status pointer writes nothing.
         let r = unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
         assert_eq!(r, -1);
+    }
+
+    /// The launcher's part of the test below, in a process of its own:
+    /// starts a node (`sleep 30`), says its pid, and waits to be killed.
+    #[test]
+    fn launcher_for_a_test() {
+        if std::env::var_os("LOCH_TEST_LAUNCHER").is_none() {
+            return;
+        }
+        let mut ps = Processes::new();
+        ps.spawn(0, Command::new("sleep").arg("30")).unwrap();
+        println!("node pid {}", ps.pid(0));
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(30));
+    }
+
+    /// Whether process `pid` is gone (or a zombie: dead, not yet reaped by
+    /// whoever inherited it).
+    fn gone(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            // The state follows the command's closing parenthesis.
+            Ok(stat) => stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z'),
+        }
+    }
+
+    /// A launcher killed with SIGKILL runs no drop: its node is stopped by
+    /// the parent-death signal instead. Before, the node outlived it (a
+    /// `loch demo --processes` killed so left its memory nodes serving,
+    /// their memory files held).
+    #[test]
+    fn a_node_stops_when_its_launcher_is_killed() {
+        let exe = std::env::current_exe().unwrap();
+        let mut launcher = Command::new(exe)
+            .args([
+                "--exact",
+                "processes::tests::launcher_for_a_test",
+                "--nocapture",
+            ])
+            .env("LOCH_TEST_LAUNCHER", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(launcher.stdout.take().unwrap());
+        let mut line = String::new();
+        let pid = loop {
+            line.clear();
+            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            assert!(n > 0, "the launcher ended without starting its node");
+            if let Some(p) = line.trim().strip_prefix("node pid ") {
+                break p.parse::<u32>().unwrap();
+            }
+        };
+        assert!(!gone(pid), "the node runs");
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
+        let by = Instant::now() + Duration::from_secs(10);
+        while !gone(pid) && Instant::now() < by {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !gone(pid) {
+            // SAFETY: kill(2) takes no pointers; the pid was the node's,
+            // seen alive just now.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("node {pid} outlived its launcher by 10 s");
+        }
     }
 }
