@@ -498,8 +498,9 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport, String> {
             text.push_str(&crate::demo_index::summary(p));
         }
     }
-    // Transactions run on machines of their own (no faults: failure
-    // handling is not built yet); a stop request skips them.
+    // Transactions run on machines of their own, which the demo's faults
+    // (memory and compute nodes of the other phases) do not name: with
+    // faults the phase is skipped. A stop request skips it too.
     let txn = if cfg.txn_txs > 0 && !faulty && !cmdline::signals::stop_requested() {
         let t = crate::demo_txn::run(cfg, cfg.txn_txs)?;
         text.push_str(&t.text);

@@ -35,24 +35,40 @@ const BACKENDS: &[&str] = &["emu", "sim"];
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a whole cluster with a self-checking workload: the verb mix,
-    /// then the B+tree, then the hash table; on this host (emu) or
-    /// simulated in virtual time (sim)
+    /// then the B+tree, then the hash table, then a replicated bank of
+    /// FaRM transactions; on this host (emu) or simulated in virtual time
+    /// (sim)
     Demo(DemoArgs),
     /// Boot one node of a cluster file: a memory node serves compute runs
     /// (any number, one after another, when the coordinator is a
     /// memory-only node) until SIGINT/SIGTERM, a compute node runs its
     /// workload
+    #[command(after_help = NODE_AFTER_HELP)]
     Node(NodeArgs),
     /// Run node N's preflight checks and print each, then whether the
     /// memory nodes can hold the workload `loch node` would run with the
-    /// same flags (it takes all of them, and refuses what `loch node`
-    /// would refuse)
+    /// same flags (it takes all of them: flags `loch node` refuses are
+    /// refused here too, exit 2; a workload the memory nodes cannot hold
+    /// is a FAIL line, exit 1)
+    #[command(after_help = CHECK_AFTER_HELP)]
     Check(NodeArgs),
 }
 
+/// `loch node`'s exit codes: a signal is how a memory node, and a
+/// compute run without `--seconds`, end when all is well.
+const NODE_AFTER_HELP: &str = "Exit codes: 0 done, every check passed (also a memory node \
+stopped by SIGINT or SIGTERM, and a verbs, tree or hash run they end); 1 the system failed (a \
+check, a verb, a node; the message on stderr); 2 bad input (the first line names it; nothing \
+ran, and the node tells the others why, for up to 5 s); 130 a --workload txn run cut short by \
+SIGINT or SIGTERM (the summary of what ran is still printed).";
+
+/// `loch check`'s exit codes.
+const CHECK_AFTER_HELP: &str = "Exit codes: 0 every check passed (warnings allowed); 1 a check \
+failed (a FAIL line); 2 bad input (one line naming it: the cluster file, the node, or a flag \
+`loch node` would refuse).";
+
 /// Which node of which cluster file.
 #[derive(clap::Args, Debug)]
-#[command(after_help = cmdline::EXIT_CODES_HELP)]
 struct NodeId {
     /// The cluster file (docs/cluster-file.md)
     #[arg(long, value_name = "FILE")]
@@ -62,8 +78,10 @@ struct NodeId {
     id: u32,
 }
 
+/// `loch node`'s and `loch check`'s flags (each its own exit codes:
+/// [`NODE_AFTER_HELP`], [`CHECK_AFTER_HELP`]).
 #[derive(clap::Args, Debug)]
-#[command(allow_negative_numbers = true, after_help = cmdline::EXIT_CODES_HELP)]
+#[command(allow_negative_numbers = true)]
 struct NodeArgs {
     #[command(flatten)]
     node: NodeId,
@@ -288,11 +306,12 @@ struct DemoArgs {
     /// 4]
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
-    /// One-way link latency: emu injected; sim the link's own [default: 0,
-    /// the model's]
+    /// One-way link latency of the verb and index phases: emu injected;
+    /// sim the link's own [default: 0, the model's]
     #[arg(long, value_name = "NS")]
     latency_ns: Option<u64>,
-    /// Records bulk-loaded into each index phase (0 skips them)
+    /// Records bulk-loaded into each index phase, up to 10,000,000 (0
+    /// skips them; with --processes at least 1)
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     tree_records: u64,
     #[command(flatten)]
@@ -305,8 +324,8 @@ struct DemoArgs {
     #[arg(long, value_name = "NAME", default_value = DEFAULT_TREE)]
     tree: String,
     /// Transactions each coordinator of the transactions phase runs (a
-    /// replicated bank of transfers and audits; 0 skips it; not with
-    /// faults nor --processes) [default: 2000]
+    /// replicated bank of transfers and audits; 0 skips it, as injected
+    /// faults do; refused with --processes) [default: 2000]
     #[arg(long, value_name = "N")]
     txn_txs: Option<u64>,
     /// Do not pin the compute cores
