@@ -112,7 +112,10 @@ pub struct VerbsArgs {
     /// Seconds to measure: emu and mlx5 wall (default 2); sim virtual (default 0.01)
     #[arg(short = 'D', long, value_name = "SECS")]
     duration: Option<f64>,
-    /// Stop after N verbs in all (0: run for --duration), perftest's -n
+    /// Stop after about N verbs in all, perftest's -n (on emu and mlx5
+    /// each core stops once its share, N / --threads rounded up, is
+    /// posted; a doorbell per task may go past it); with --duration too,
+    /// whichever comes first; 0: run for --duration
     #[arg(
         short = 'n',
         long,
@@ -131,8 +134,8 @@ pub struct VerbsArgs {
     /// [default: 1]
     #[arg(long)]
     seed: Option<u64>,
-    /// Extra one-way link latency (emu), or the link latency itself (sim);
-    /// none on mlx5
+    /// Extra one-way link latency (emu), or the link latency itself (sim:
+    /// 0 keeps the model's); none on mlx5
     #[arg(long, value_name = "NS", default_value_t = 0)]
     latency_ns: u64,
     /// Every verb on one word instead of a slot of its own (a word of
@@ -381,7 +384,12 @@ impl VerbsArgs {
             depth,
             batch,
             threads,
-            duration_ns: (duration * 1e9) as u64,
+            // --ops alone runs until its verbs are done (perftest's -n);
+            // with --duration, whichever comes first.
+            duration_ns: match (self.duration, self.ops) {
+                (None, 1..) => u64::MAX,
+                _ => (duration * 1e9) as u64,
+            },
             max_ops: self.ops,
             memory_nodes,
             compute_nodes,
@@ -587,7 +595,7 @@ async fn verb_task<N: Nic>(ctx: Ctx<N>, spec: VerbSpec, first: u64, tally: Rc<Ta
     let mut addrs: Vec<GlobalAddr> = (0..spec.batch)
         .map(|i| target(&spec, first + i as u64, &mut rng))
         .collect();
-    let deadline = ctx.nic().now_ns() + spec.duration_ns;
+    let deadline = ctx.nic().now_ns().saturating_add(spec.duration_ns);
     let mut bufs: Vec<Option<Buf>> = Vec::with_capacity(spec.batch);
     for _ in 0..spec.batch {
         match ctx.alloc(spec.size) {

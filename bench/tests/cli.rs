@@ -653,6 +653,36 @@ fn perftest_flags_sweep_sizes_and_report_gbits() {
     assert!(v[0]["ops"].as_u64().unwrap() >= 3000);
 }
 
+/// `-n` alone runs every verb it asks for (perftest's -n), however long
+/// they take; with `-D` too, whichever comes first. Before, `-n` stopped
+/// at the default duration as well: on sim 10 ms of virtual time, about
+/// 4,000 verbs of one task in a row.
+#[test]
+fn verbs_ops_alone_run_every_verb_and_a_duration_still_bounds_them() {
+    let one_task = [
+        "verbs",
+        "--backend",
+        "sim",
+        "--threads",
+        "1",
+        "--compute-nodes",
+        "1",
+        "--memory-nodes",
+        "1",
+        "--depth",
+        "1",
+        "--json",
+    ];
+    let ops = |more: &[&str]| {
+        let mut args = one_task.to_vec();
+        args.extend(more);
+        first_point(&args)["ops"].as_u64().unwrap()
+    };
+    assert_eq!(ops(&["-n", "20000"]), 20000);
+    let bounded = ops(&["-n", "20000", "-D", "0.001"]);
+    assert!(bounded < 20000, "{bounded} verbs in 1 ms of virtual time");
+}
+
 #[test]
 fn a_closed_stdout_ends_the_output_quietly() {
     use std::io::{BufRead, BufReader};
