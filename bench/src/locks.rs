@@ -66,7 +66,7 @@ pub struct LocksArgs {
     /// Clients per thread (coroutines)
     #[arg(long, value_name = "N", default_value_t = 1)]
     coroutines: usize,
-    /// Acquisitions per client [default: sim 2000, emu 200000]
+    /// Acquisitions per client [default: sim 2000, emu and mlx5 200000]
     #[arg(short = 'n', long, value_name = "N")]
     ops: Option<u64>,
     /// Nanoseconds each holder keeps the lock (a sleep; 0: release at once)

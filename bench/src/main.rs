@@ -36,12 +36,18 @@ const BACKENDS: &[&str] = &["emu", "sim"];
 /// or the sim backend (a simulated cluster, virtual time); and, with
 /// --backend mlx5 (a --features mlx5 build), on this host's RDMA device in
 /// loopback.
+/// The exit codes every subcommand shares (each one's --help says what
+/// they mean for it).
+const BENCH_EXIT_CODES_HELP: &str = "Exit codes: 0 done; 1 the benchmark or the system under \
+it failed (the message on stderr); 2 bad input (one line naming it; nothing ran); 130 stopped \
+by SIGINT or SIGTERM. Each subcommand's --help says what they mean for it.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "loch-bench",
     version = cmdline::version(BACKENDS),
     propagate_version = true,
-    after_help = cmdline::EXIT_CODES_HELP
+    after_help = BENCH_EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]

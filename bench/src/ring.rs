@@ -31,14 +31,15 @@ pub struct RingArgs {
     /// the record's number)
     #[arg(short = 's', long, value_parser = size_value, default_value = "64")]
     size: usize,
-    /// Records to send (default emu 2000000, sim 100000)
+    /// Records to send (default emu and mlx5 2000000, sim 100000)
     #[arg(short = 'n', long, visible_alias = "iters", value_name = "N")]
     records: Option<u64>,
     /// Records per doorbell (1 ..= 15), each its own WRITE
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Ring capacity (a multiple of 16; a record carries at most half; at
-    /// most what a machine here holds for it, 4032 KiB)
+    /// Ring capacity (a multiple of 16, at least 32; a record's payload is
+    /// at most half of it less 16 bytes; at most what a machine here holds
+    /// for it, 4032 KiB)
     #[arg(long, value_parser = size_value, default_value = "64k")]
     capacity: usize,
     /// The simulation's seed (sim) [default: 1]
@@ -58,7 +59,8 @@ p50/p90/p99/p999/max in microseconds (sender's clock at append to receiver's clo
 acceptance), sender waits (appends that found the ring full), torn looks (receiver looks that
 found a record in part and read it again).
 Exit codes: 0 done; 1 the benchmark failed (a record lost or altered, a verb failed); 2 bad
-input (one line naming it; nothing run).";
+input (one line naming it; nothing run); 130 stopped by SIGINT or SIGTERM (the records sent
+until then are reported).";
 
 const HOST: u64 = 4 << 20;
 
@@ -329,7 +331,7 @@ pub fn run(a: RingArgs) -> Result<crate::run::Outcome, ArgError> {
     }
     if a.size < 16 || a.size as u64 > l.max_payload() {
         return Err(ArgError(format!(
-            "--size {} must be 16 ..= {} bytes for a ring of {} (a record carries at most half)",
+            "--size {} must be 16 ..= {} bytes for a ring of {} (a record's payload is at most half the ring less 16 bytes)",
             a.size,
             l.max_payload(),
             a.capacity

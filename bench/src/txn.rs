@@ -47,7 +47,7 @@ pub struct TxnArgs {
     device: crate::args::DeviceArgs,
     #[arg(long, value_enum, default_value_t = TxnWorkload::Tatp)]
     workload: TxnWorkload,
-    /// Machines (default sim 16, emu 3)
+    /// Machines (default sim 16, emu and mlx5 3)
     #[arg(long)]
     machines: Option<u16>,
     /// Cores per machine, each a coordinator and a server thread
@@ -56,7 +56,7 @@ pub struct TxnArgs {
     /// Replicas of every region (f + 1; FaRM's 3-way is 3)
     #[arg(long, default_value_t = 3)]
     replicas: usize,
-    /// Transactions each coordinator runs (default sim 400, emu 4000)
+    /// Transactions each coordinator runs (default sim 400, emu and mlx5 4000)
     #[arg(long)]
     txs: Option<u64>,
     /// Subscribers (tatp), customers (smallbank), keys (ycsb-t, append) or
@@ -86,15 +86,21 @@ pub struct TxnArgs {
     /// saw (FaRM: 10 ms leases, no false suspicion under load)
     #[arg(long, value_name = "MS")]
     lease_ms: Option<f64>,
-    /// A simulator fault (repeatable; see `loch-bench run --help` for the
-    /// syntax, e.g. machine-crash@20ms:3 or partition@20ms:0+1): the
+    /// A simulator fault (repeatable), KIND@TIME[:TARGET], TIME from the
+    /// start: machine-crash@TIME:MACHINE, partition@TIME:M+M+...[/DURATION]
+    /// (those machines cut off from the rest), link-cut@TIME:FROM-TO
+    /// [/DURATION], link-heal@TIME:FROM-TO, queue-full@TIME:FROM-TO/DURATION
+    /// (machine FROM's posts to TO refused), latency-spike@TIME:EXTRA/DURATION,
+    /// thread-stall@TIME:THREAD/DURATION (memory-crash and compute-crash
+    /// take the whole machine out); times take ns, us, ms or s. The
     /// workload runs with FaRM's whole failure handling (leases,
     /// reconfiguration, transaction-state recovery, re-replication) over
     /// --seeds seeds, reporting throughput in 1 ms buckets around the
     /// first fault and the time from it to the first suspicion, to the new
     /// configuration stored and committed, to every region active, to 80%
     /// of the throughput before, and to every new backup copied (the
-    /// first fault at 20 ms or later). The machines crashed must leave a
+    /// first fault at 10 ms + --lease-ms or later: 20 ms at the default
+    /// lease; any time with --detection-only). The machines crashed must leave a
     /// majority of them for the workload to resume; fewer than --replicas
     /// left run on with fewer replicas of each region (nothing to copy).
     /// A thread-stall's THREAD: core t of machine m is thread m ×
@@ -125,7 +131,8 @@ committed transaction: one-sided WRITEs, READs, ring messages (records and repli
 bytes, summed over every core's task counters. A committed read-write transaction costs
 Pw(f+3) WRITEs and one READ per object validated (FaRM §4).
 Exit codes: 0 done; 1 the benchmark failed (a task's error, a bank total changed); 2 bad
-input (one line naming it; nothing run).";
+input (one line naming it; nothing run); 130 stopped by SIGINT or SIGTERM (what ran is
+reported; with --fault, the seeds whose runs ended).";
 
 /// `--ops`, `--writes` and `--log-bytes` unless given.
 const YCSB_T_OPS: u32 = 4;

@@ -124,7 +124,7 @@ pub struct VerbsArgs {
         default_value_t = 0
     )]
     ops: u64,
-    /// Memory nodes (default emu 1, sim 8)
+    /// Memory nodes (default emu and mlx5 1, sim 8)
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
     /// Compute nodes the sim threads spread over (default 8)

@@ -92,7 +92,7 @@ pub struct RunArgs {
     /// Key skew: 0 is uniform, else in (0,1) or (1,5]; overrides the
     /// file's requestdistribution (latest stays latest) and
     /// zipfianconstant [default: the file's; 0.99 in every shipped
-    /// workload]
+    /// workload but range-100 and range-1000, which are uniform]
     #[arg(long, value_name = "THETA")]
     zipf: Option<f64>,
     /// Systems side by side: sherman, sherman-2rt (writes in 2 round
@@ -101,21 +101,22 @@ pub struct RunArgs {
     /// no scans)
     #[arg(long, value_name = "A,B,...", default_value = "sherman,fg")]
     systems: String,
-    /// Memory nodes [default: sim 8, emu 2]
+    /// Memory nodes [default: sim 8, emu and mlx5 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
     /// Compute nodes [default: sim 8; emu runs one: this process]
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
     /// Client threads per compute node; a list such as 4,8,16,22 runs
-    /// every system at each point [default: sim 22, emu 2]
+    /// every system at each point [default: sim 22, emu and mlx5 2]
     #[arg(long, value_name = "N[,N,...]")]
     threads: Option<String>,
     /// Clients per thread
     #[arg(long, value_name = "N", default_value_t = 1)]
     coroutines: usize,
     /// Records bulk-loaded first; overrides the file's recordcount
-    /// [default: sim 1000000, emu 200000]
+    /// [default: the file's recordcount, else sim 1000000, emu and mlx5
+    /// 200000]
     #[arg(long, value_name = "N")]
     records: Option<u64>,
     /// Measured operations per client (perftest's -n); overrides the
@@ -128,7 +129,7 @@ pub struct RunArgs {
     /// -D)
     #[arg(short = 'D', long, visible_alias = "duration", value_name = "S")]
     seconds: Option<f64>,
-    /// Unmeasured operations per client first [default: sim 50, emu 2000]
+    /// Unmeasured operations per client first [default: sim 50, emu and mlx5 2000]
     #[arg(long, value_name = "N")]
     warmup: Option<u64>,
     /// Index cache per compute node, MiB (the hash table's location cache
@@ -208,9 +209,11 @@ pub struct RunArgs {
 const RUN_AFTER_HELP: &str = "\
 Exit codes: 0 done; 1 the system under test failed: a history violation, a failed operation
 where none may fail (no faults injected), task scratch exhausted, clients left stuck (the
-message on stderr); 2 bad input (one line naming it; nothing run, nothing written); 130 stopped
-by SIGINT or SIGTERM (the runs until then are reported and written; the one running ends early).
-Files are written only after every run succeeded, each whole (written aside, then renamed).";
+message on stderr); 2 bad input (one line naming it; nothing run, nothing written), or a
+history or plot file that could not be written once the runs ran; 130 stopped by SIGINT or
+SIGTERM (the runs until then are reported and written; the one running ends early). History
+files are written as each run ends (a failed run's up to its failure), plots after every run,
+each file whole (written aside, then renamed).";
 
 /// The measured window below which an emu figure is not to be trusted,
 /// and the default length of an emu run.
