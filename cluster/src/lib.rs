@@ -181,6 +181,26 @@ impl Cluster {
         self.run_pinned(work, cores, cfg, pin)
     }
 
+    /// As [`run`](Self::run), ending early once `stop` says so: `Ok(None)`
+    /// on sim when it stopped the world before its tasks ended
+    /// ([`sim::run_or_stop`]). On emu and mlx5 the tasks run on threads
+    /// of their own and must look at the stop themselves: this is `run`.
+    pub fn run_or_stop<W: Workload>(
+        &mut self,
+        work: &W,
+        cores: usize,
+        cfg: ExecutorConfig,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<W::Out>>, String> {
+        match self {
+            Cluster::Sim(w) => {
+                sim::run_or_stop(w, work, cores, cfg, sim::Placement::RoundRobin, stop)
+                    .map(|out| out.map(|o| vec![o]))
+            }
+            _ => self.run(work, cores, cfg).map(Some),
+        }
+    }
+
     /// As [`run`](Self::run), the cores' threads pinned or not as `pin`
     /// says rather than as the backend was booted with (a simulated world
     /// has no threads to pin).

@@ -128,6 +128,45 @@ pub fn run<W: Workload>(
     }
 }
 
+/// Events [`run_or_stop`] runs between two looks at its stop request:
+/// milliseconds of wall time at the simulator's speed, a few looks a
+/// second at the least.
+const EVENTS_PER_LOOK: u32 = 100_000;
+
+/// As [`run`], looking at `stop` every [`EVENTS_PER_LOOK`] events:
+/// `Ok(None)` when it said stop before every task ended (the unfinished
+/// tasks stay in the world, as after any early end). For a stop that
+/// must not wait for the tasks to notice it: in a large world a task
+/// may take minutes of wall time to end the operation it is in (the
+/// simulation runs its own order of events either way).
+pub fn run_or_stop<W: Workload>(
+    w: &mut World,
+    work: &W,
+    cores: usize,
+    cfg: ExecutorConfig,
+    place: Placement,
+    stop: &dyn Fn() -> bool,
+) -> Result<Option<W::Out>, String> {
+    let spawned = spawn(w, work, cores, cfg, place)?;
+    while w.live_tasks() > 0 {
+        for _ in 0..EVENTS_PER_LOOK {
+            if w.live_tasks() == 0 {
+                break;
+            }
+            if !w.step() {
+                return Err(format!(
+                    "the simulation ended {:?} with tasks unfinished",
+                    RunEnd::Stalled
+                ));
+            }
+        }
+        if w.live_tasks() > 0 && stop() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(spawned.finish(w, work)))
+}
+
 /// After a slice: run on, or stop here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
