@@ -792,6 +792,11 @@ fn sigint_ends_a_run_with_its_results_and_exit_130() {
         run["elapsed_ns"].as_u64().unwrap() < 30_000_000_000,
         "{run}"
     );
+    // On sim the world stops at the next slice, its operations in flight
+    // pending: 11,264 FG+ clients spinning on hot locks each took minutes
+    // of wall time to end the put they were in.
+    let run = interrupted_json(&["run", "--systems", "fg", "--coroutines", "64", "--json"]);
+    assert!(run["unfinished_clients"].as_u64().unwrap() > 0, "{run}");
 }
 
 /// `txn`, `ring`, `hash-grow`, `hash-load` and `locks` stop on SIGINT too (they once ran on to

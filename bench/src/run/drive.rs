@@ -214,8 +214,17 @@ fn measure_sim(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
     // operation has ended for FAULT_QUIET_NS of virtual time.
     let mut quiet_since = (w.now_ns(), sh.last_done_ns.get());
     let last_fault_ns = faults.iter().map(|f| f.at_ns).max().unwrap_or(0);
+    // A stop request ends the world at the slice's end, its operations in
+    // flight pending: the clients look at it only between operations, and
+    // with thousands spinning on hot locks (FG+ at --coroutines 64) an
+    // operation took minutes of wall time to end.
+    let mut stopped = false;
     // Slices of virtual time, so a long run can report progress.
     let end = simrun::run_slices(&mut w, 1_000_000, |w, until| {
+        if cmdline::signals::stop_requested() {
+            stopped = true;
+            return Flow::Stop;
+        }
         if !faults.is_empty() {
             let last = sh.last_done_ns.get();
             if last != quiet_since.1 || last_fault_ns > until {
@@ -246,7 +255,8 @@ fn measure_sim(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
         Flow::Go
     });
     let wall_sec = wall.elapsed().as_secs_f64();
-    if end != RunEnd::Done && sh.failure.borrow().is_none() && faults.is_empty() {
+    let stuck_ends = faults.is_empty() && !stopped;
+    if end != RunEnd::Done && sh.failure.borrow().is_none() && stuck_ends {
         return Err(Failed {
             why: format!("the simulation ended {end:?} with clients unfinished"),
             // The stuck clients' operations stay pending in it.
@@ -254,7 +264,8 @@ fn measure_sim(spec: &RunSpec, across: Arc<Across>) -> Result<Report, Failed> {
         });
     }
     // Under faults the measured interval ends with the last operation that
-    // ended, not with the quiet time the run waited out.
+    // ended, not with the quiet time the run waited out (a stopped run's
+    // ends at the stop).
     let now = if faults.is_empty() {
         w.now_ns()
     } else {
