@@ -86,10 +86,11 @@ pub struct TxnArgs {
     /// saw (FaRM: 10 ms leases, no false suspicion under load)
     #[arg(long, value_name = "MS")]
     lease_ms: Option<f64>,
-    /// A simulator fault (repeatable), KIND@TIME[:TARGET], TIME from the
+    /// A simulator fault (repeatable), `KIND@TIME[:TARGET]`, TIME from the
     /// start: machine-crash@TIME:MACHINE, partition@TIME:M+M+...[/DURATION]
-    /// (those machines cut off from the rest), link-cut@TIME:FROM-TO
-    /// [/DURATION], link-heal@TIME:FROM-TO, queue-full@TIME:FROM-TO/DURATION
+    /// (those machines cut off from the rest),
+    /// link-cut@TIME:FROM-TO[/DURATION], link-heal@TIME:FROM-TO,
+    /// queue-full@TIME:FROM-TO/DURATION
     /// (machine FROM's posts to TO refused), latency-spike@TIME:EXTRA/DURATION,
     /// thread-stall@TIME:THREAD/DURATION (memory-crash and compute-crash
     /// take the whole machine out); times take ns, us, ms or s. The

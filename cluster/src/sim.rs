@@ -133,7 +133,7 @@ pub fn run<W: Workload>(
 /// second at the least.
 const EVENTS_PER_LOOK: u32 = 100_000;
 
-/// As [`run`], looking at `stop` every [`EVENTS_PER_LOOK`] events:
+/// As [`run`], looking at `stop` every 100,000 events (`EVENTS_PER_LOOK`):
 /// `Ok(None)` when it said stop before every task ended (the unfinished
 /// tasks stay in the world, as after any early end). For a stop that
 /// must not wait for the tasks to notice it: in a large world a task
