@@ -85,13 +85,14 @@ struct NodeId {
 struct NodeArgs {
     #[command(flatten)]
     node: NodeId,
-    /// Compute role: stop after S seconds [default: at SIGINT/SIGTERM;
+    /// Compute role: stop after S seconds, at most 86400 [default: at
+    /// SIGINT/SIGTERM;
     /// leases and txn --etcd: 5, and a signal does not cut them short, as
     /// the other machines' leases would take a machine that stopped early
     /// for a failed one]
     #[arg(long, value_name = "S")]
     seconds: Option<f64>,
-    /// Compute role: tasks per core [default: 8]
+    /// Compute role: tasks per core, 1 ..= 64 [default: 8]
     #[arg(long, value_name = "N")]
     tasks: Option<usize>,
     /// Compute role: the seed of the tasks' streams
@@ -117,12 +118,12 @@ struct NodeArgs {
     /// (http://HOST:PORT) that holds the cluster's configuration
     #[arg(long, value_name = "URL")]
     etcd: Option<String>,
-    /// --workload leases or txn --etcd: the lease in milliseconds (renewed
-    /// every fifth) [default: 10]
+    /// --workload leases or txn --etcd: the lease in milliseconds, at most
+    /// 10000 (renewed every fifth) [default: 10]
     #[arg(long, value_name = "MS")]
     lease_ms: Option<f64>,
-    /// Compute role: records loaded into the index; every compute node of
-    /// a cluster must get the same [default: 100000]
+    /// Compute role: records loaded into the index, 1 ..= 10000000; every
+    /// compute node of a cluster must get the same [default: 100000]
     #[arg(long, value_name = "N")]
     records: Option<u64>,
     #[command(flatten)]
@@ -284,19 +285,19 @@ struct DemoArgs {
     /// emu: this host, wall clock; sim: a simulated cluster in virtual time
     #[arg(long, value_enum, ignore_case = true, default_value_t = BackendArg::Emu)]
     backend: BackendArg,
-    /// Memory nodes [default: 2]
+    /// Memory nodes, 1 ..= 64 [default: 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute cores: emu pinned threads [default: 2]; sim threads spread
-    /// over --compute-nodes [default: 16]; with --processes, per compute
-    /// node [default: 1]
+    /// Compute cores, 1 ..= 1024: emu pinned threads [default: 2]; sim
+    /// threads spread over --compute-nodes [default: 16]; with
+    /// --processes, per compute node, up to this host's CPUs [default: 1]
     #[arg(long, value_name = "N")]
     cores: Option<usize>,
-    /// Tasks per core
+    /// Tasks per core, 1 ..= 1024 (with --processes 1 ..= 64)
     #[arg(long, value_name = "N", default_value_t = 8)]
     tasks: usize,
-    /// Seconds per phase: emu wall [default: 3]; sim virtual [default:
-    /// 0.005]
+    /// Seconds per phase, at most 60 (with --processes 600): emu wall
+    /// [default: 3]; sim virtual [default: 0.005]
     #[arg(long, value_name = "S")]
     seconds: Option<f64>,
     /// The simulation's seed (sim), or the tasks' streams (emu)
@@ -306,8 +307,8 @@ struct DemoArgs {
     /// 4]
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
-    /// One-way link latency of the verb and index phases: emu injected;
-    /// sim the link's own [default: 0, the model's]
+    /// One-way link latency of the verb and index phases, at most a second:
+    /// emu injected; sim the link's own [default: 0, the model's]
     #[arg(long, value_name = "NS")]
     latency_ns: Option<u64>,
     /// Records bulk-loaded into each index phase, up to 10,000,000 (0

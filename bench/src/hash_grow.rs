@@ -22,19 +22,20 @@ use std::rc::Rc;
 #[derive(clap::Args, Debug)]
 #[command(after_help = HASH_GROW_AFTER_HELP)]
 pub struct HashGrowArgs {
-    /// Keys the table is made for (it may grow to twice that)
+    /// Keys the table is made for, 1024 ..= 4194304 (it may grow to twice
+    /// that)
     #[arg(long, value_name = "N", default_value_t = 32_768)]
     capacity: u64,
-    /// Keys preloaded, as a share of the slots
+    /// Keys preloaded, as a share of the slots, 0.1 ..= 0.99
     #[arg(long, value_name = "F", default_value_t = 0.97)]
     fill: f64,
-    /// Memory nodes
+    /// Memory nodes (1 ..= 64)
     #[arg(long, value_name = "N", default_value_t = 8)]
     memory_nodes: usize,
-    /// Compute nodes running YCSB-A
+    /// Compute nodes running YCSB-A (1 ..= 64)
     #[arg(long, value_name = "N", default_value_t = 4)]
     compute_nodes: usize,
-    /// YCSB-A clients per compute node (one per thread)
+    /// YCSB-A clients per compute node, one per thread (1 ..= 64)
     #[arg(long, value_name = "N", default_value_t = 8)]
     threads: usize,
     /// Key skew of the gets and updates

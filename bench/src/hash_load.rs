@@ -26,26 +26,27 @@ use std::rc::Rc;
 #[derive(clap::Args, Debug)]
 #[command(after_help = HASH_LOAD_AFTER_HELP)]
 pub struct HashLoadArgs {
-    /// Keys the table is sized for: ceil(N / 8) buckets of 8 slots
-    /// (rounded up to an even count)
+    /// Keys the table is sized for, 16 ..= 16777216: ceil(N / 8) buckets
+    /// of 8 slots (rounded up to an even count)
     #[arg(long, value_name = "N", default_value_t = 65_536)]
     capacity: u64,
-    /// Let the table grow online up to N keys (it doubles when an insert
-    /// finds no room); the load factor is then that of the size new keys
+    /// Let the table grow online up to N keys, --capacity ..= 16777216 (it
+    /// doubles when an insert finds no room); the load factor is then that of the size new keys
     /// go to, and the inserts that grew the table are reported apart
     #[arg(long, value_name = "N")]
     max_capacity: Option<u64>,
-    /// Updates of present keys (drawn uniformly) after each insert
+    /// Updates of present keys (drawn uniformly) after each insert, at
+    /// most 64
     #[arg(long, value_name = "N", default_value_t = 1)]
     updates: u64,
     /// Buckets a displacement search may read before an insert gives up
-    /// (the table's `max_search_buckets`)
+    /// (the table's `max_search_buckets`), 2 ..= 65536
     #[arg(long, value_name = "N", default_value_t = 512)]
     max_search_buckets: usize,
-    /// Memory nodes the table and its entries spread over
+    /// Memory nodes the table and its entries spread over, 1 ..= 64
     #[arg(long, value_name = "N", default_value_t = 8)]
     memory_nodes: usize,
-    /// Width of a load-factor bucket
+    /// Width of a load-factor bucket, 0.001 ..= 0.5
     #[arg(long, value_name = "W", default_value_t = 0.05)]
     bucket: f64,
     /// The simulation's seed (also the keys drawn)

@@ -47,23 +47,24 @@ pub struct LocksArgs {
         default_value = "host,dm,dm+local,dm+local+queue,dm+local+queue+handover"
     )]
     variants: String,
-    /// Lock words, spread over the memory nodes
+    /// Lock words, spread over the memory nodes (1 ..= 16777216)
     #[arg(long, default_value_t = 1000)]
     locks: u64,
     /// Skew of the lock drawn: 0 is uniform, else zipfian in (0,1) or
     /// (1,5]
     #[arg(long, value_name = "THETA", default_value_t = 0.99)]
     zipf: f64,
-    /// Memory nodes [default: sim 8, emu and mlx5 2]
+    /// Memory nodes, 1 ..= 1024 [default: sim 8, emu and mlx5 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute nodes (sim; emu and mlx5 are one) [default: 8]
+    /// Compute nodes (sim, 1 ..= 1024; emu and mlx5 are one) [default: 8]
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
-    /// Client threads per compute node [default: sim 22, emu and mlx5 1]
+    /// Client threads per compute node, 1 ..= 1024 [default: sim 22, emu
+    /// and mlx5 1]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Clients per thread (coroutines)
+    /// Clients per thread (coroutines), 1 ..= 1024
     #[arg(long, value_name = "N", default_value_t = 1)]
     coroutines: usize,
     /// Acquisitions per client [default: sim 2000, emu and mlx5 200000]

@@ -109,7 +109,8 @@ pub struct VerbsArgs {
     /// 100,000)
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Seconds to measure: emu and mlx5 wall (default 2); sim virtual (default 0.01)
+    /// Seconds to measure, at most 3600: emu and mlx5 wall (default 2);
+    /// sim virtual (default 0.01)
     #[arg(short = 'D', long, value_name = "SECS")]
     duration: Option<f64>,
     /// Stop after about N verbs in all, perftest's -n (on emu and mlx5
@@ -124,10 +125,10 @@ pub struct VerbsArgs {
         default_value_t = 0
     )]
     ops: u64,
-    /// Memory nodes (default emu and mlx5 1, sim 8)
+    /// Memory nodes, 1 ..= 1024 (default emu and mlx5 1, sim 8)
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute nodes the sim threads spread over (default 8)
+    /// Compute nodes the sim threads spread over, 1 ..= 1024 (default 8)
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
     /// The simulation's seed (sim), and the seed of `--span`'s draws

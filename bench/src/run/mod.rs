@@ -101,20 +101,23 @@ pub struct RunArgs {
     /// no scans)
     #[arg(long, value_name = "A,B,...", default_value = "sherman,fg")]
     systems: String,
-    /// Memory nodes [default: sim 8, emu and mlx5 2]
+    /// Memory nodes, 1 ..= 256 [default: sim 8, emu and mlx5 2]
     #[arg(long, value_name = "N")]
     memory_nodes: Option<usize>,
-    /// Compute nodes [default: sim 8; emu runs one: this process]
+    /// Compute nodes, 1 ..= 256 [default: sim 8; emu and mlx5 run one:
+    /// this process]
     #[arg(long, value_name = "N")]
     compute_nodes: Option<usize>,
-    /// Client threads per compute node; a list such as 4,8,16,22 runs
-    /// every system at each point [default: sim 22, emu and mlx5 2]
+    /// Client threads per compute node, 1 ..= 1024; a list such as
+    /// 4,8,16,22 (no count twice) runs every system at each point
+    /// [default: sim 22, emu and mlx5 2]
     #[arg(long, value_name = "N[,N,...]")]
     threads: Option<String>,
-    /// Clients per thread
+    /// Clients per thread, 1 ..= 64
     #[arg(long, value_name = "N", default_value_t = 1)]
     coroutines: usize,
-    /// Records bulk-loaded first; overrides the file's recordcount
+    /// Records bulk-loaded first, 1 ..= 100000000; overrides the file's
+    /// recordcount
     /// [default: the file's recordcount, else sim 1000000, emu and mlx5
     /// 200000]
     #[arg(long, value_name = "N")]
@@ -132,8 +135,8 @@ pub struct RunArgs {
     /// Unmeasured operations per client first [default: sim 50, emu and mlx5 2000]
     #[arg(long, value_name = "N")]
     warmup: Option<u64>,
-    /// Index cache per compute node, MiB (the hash table's location cache
-    /// too)
+    /// Index cache per compute node, MiB, 0 ..= 65536 (the hash table's
+    /// location cache too)
     #[arg(long, value_name = "MIB", default_value_t = 64.0)]
     cache_mb: f64,
     /// The hash table's grace period G before a freed entry is reused, in
