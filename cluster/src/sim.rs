@@ -119,13 +119,8 @@ pub fn run<W: Workload>(
     cfg: ExecutorConfig,
     place: Placement,
 ) -> Result<W::Out, String> {
-    let spawned = spawn(w, work, cores, cfg, place)?;
-    match w.run() {
-        RunEnd::Done => Ok(spawned.finish(w, work)),
-        end => Err(format!(
-            "the simulation ended {end:?} with tasks unfinished"
-        )),
-    }
+    let out = run_or_stop(w, work, cores, cfg, place, &|| false)?;
+    Ok(out.expect("a run never stopped ends only when its tasks have"))
 }
 
 /// Events [`run_or_stop`] runs between two looks at its stop request:
@@ -154,10 +149,9 @@ pub fn run_or_stop<W: Workload>(
                 break;
             }
             if !w.step() {
-                return Err(format!(
-                    "the simulation ended {:?} with tasks unfinished",
-                    RunEnd::Stalled
-                ));
+                // Nothing left to happen, yet tasks remain: they wait
+                // forever (`RunEnd::Stalled`).
+                return Err("the simulation ended Stalled with tasks unfinished".into());
             }
         }
         if w.live_tasks() > 0 && stop() {
